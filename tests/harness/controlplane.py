@@ -1,4 +1,4 @@
-"""A real local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager.
+"""A real local Kubernetes control plane: etcd, apiserver, scheduler, controller-manager.
 
 Why this exists: every integration test, every end-to-end test and the demo need a real API
 server (CRD validation, server-side apply, watches, the scheduler's binding, the garbage
@@ -220,7 +220,7 @@ class ControlPlane:
         while self.get_json("/api/v1/namespaces/default/serviceaccounts/default") is None:
             self._check_alive()
             if time.monotonic() > deadline:
-                raise TimeoutError("kube-controller-manager never created the default ServiceAccount")
+                raise TimeoutError("kube-controller-manager never made the default ServiceAccount")
             time.sleep(READY_POLL_S)
 
     # -- readiness and requests -------------------------------------------------------------

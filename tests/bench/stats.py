@@ -1,0 +1,29 @@
+"""Summaries for benchmark samples, written with a noisy 2-core machine in mind.
+
+Why this exists: every benchmark reports the same way (median, p95, p99, spread over several
+runs), so figures in README.md can be compared run to run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile; ``fraction`` in [0, 1]."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    rank = max(0, min(len(ordered) - 1, round(fraction * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summary(label: str, samples: Sequence[float], unit: str = "ms", scale: float = 1000.0) -> str:
+    """One line: median, p95, p99, min, max and the sample count."""
+    scaled = [value * scale for value in samples]
+    return (
+        f"{label}: median {statistics.median(scaled):.2f} {unit}, "
+        f"p95 {percentile(scaled, 0.95):.2f}, p99 {percentile(scaled, 0.99):.2f}, "
+        f"min {min(scaled):.2f}, max {max(scaled):.2f} (n={len(scaled)})"
+    )
