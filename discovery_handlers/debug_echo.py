@@ -1,0 +1,129 @@
+"""``debugEcho``: a discovery handler whose devices are a list in its details, for tests and demos.
+
+Why this exists: Akri ships the same handler so the whole path (discovery → Instance → device
+plugin → broker) can be exercised without hardware. Details (YAML)::
+
+    descriptions: [foo0, foo1]   # required, non-empty, unique strings; each is one device
+    shared: true                 # optional, default true (Akri's chart registers debugEcho
+                                 # as shared); false makes one Instance per node
+    availabilityFile: /tmp/x     # optional: a file listing, one per line, the descriptions
+                                 # currently offline; a line ``OFFLINE`` takes every device
+                                 # offline (Akri's convention); a missing file means all online
+
+The device id is the description and the device carries ``DEBUG_ECHO_DESCRIPTION``. The file is
+polled every ``AVAILABILITY_POLL_INTERVAL`` seconds (cheap: one ``stat`` per poll, read only when
+it changed) and a new list is yielded only when the visible set changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from discovery_handlers.contract import Device, InvalidDetails
+
+NAME = "debugEcho"
+DESCRIPTION_PROPERTY = "DEBUG_ECHO_DESCRIPTION"
+ALL_OFFLINE_MARKER = "OFFLINE"
+AVAILABILITY_POLL_INTERVAL = 0.05  # seconds between stat() calls on the availability file
+_KNOWN_FIELDS = frozenset({"descriptions", "shared", "availabilityFile"})
+
+
+@dataclass(frozen=True)
+class DebugEchoDetails:
+    """Parsed ``discoveryDetails`` of a debugEcho Configuration."""
+
+    descriptions: tuple[str, ...]
+    shared: bool = True
+    availability_file: Path | None = None
+
+
+class DebugEchoHandler:
+    """The debugEcho handler; ``handler`` below is the entry point's object."""
+
+    name = NAME
+    shared = True
+
+    def parse_details(self, details: str, properties: Mapping[str, str]) -> DebugEchoDetails:
+        try:
+            raw: Any = yaml.safe_load(details) if details.strip() else None
+        except yaml.YAMLError as exc:
+            raise InvalidDetails("(root)", f"not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise InvalidDetails("descriptions", "required: a non-empty list of strings")
+        unknown = sorted(set(map(str, raw)) - _KNOWN_FIELDS)
+        if unknown:
+            raise InvalidDetails(unknown[0], f"unknown field (known: {sorted(_KNOWN_FIELDS)})")
+        descriptions = raw.get("descriptions")
+        if not isinstance(descriptions, list) or not descriptions:
+            raise InvalidDetails("descriptions", "required: a non-empty list of strings")
+        seen: set[str] = set()
+        for index, item in enumerate(descriptions):
+            if not isinstance(item, str) or not item:
+                raise InvalidDetails(f"descriptions[{index}]", "must be a non-empty string")
+            if item in seen:
+                raise InvalidDetails(f"descriptions[{index}]", f"duplicate description {item!r}")
+            seen.add(item)
+        shared = raw.get("shared", True)
+        if not isinstance(shared, bool):
+            raise InvalidDetails("shared", "must be true or false")
+        availability = raw.get("availabilityFile")
+        if availability is not None and (not isinstance(availability, str) or not availability):
+            raise InvalidDetails("availabilityFile", "must be a file path")
+        return DebugEchoDetails(
+            descriptions=tuple(descriptions),
+            shared=shared,
+            availability_file=Path(availability) if availability else None,
+        )
+
+    async def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]:
+        assert isinstance(details, DebugEchoDetails)
+        last: tuple[str, ...] | None = None
+        stamp: tuple[int, int, int] | None = None
+        offline: frozenset[str] = frozenset()
+        while True:
+            if details.availability_file is not None:
+                current = _stamp(details.availability_file)
+                if current != stamp:
+                    stamp = current
+                    offline = _read_offline(details.availability_file)
+            visible = tuple(d for d in details.descriptions if _online(d, offline))
+            if visible != last:
+                last = visible
+                yield [_device(d) for d in visible]
+            if details.availability_file is None:
+                await asyncio.Event().wait()  # the list never changes: wait to be cancelled
+            await asyncio.sleep(AVAILABILITY_POLL_INTERVAL)
+
+
+def _device(description: str) -> Device:
+    return Device(id=description, properties={DESCRIPTION_PROPERTY: description})
+
+
+def _online(description: str, offline: frozenset[str]) -> bool:
+    return ALL_OFFLINE_MARKER not in offline and description not in offline
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _read_offline(path: Path) -> frozenset[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return frozenset()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+handler = DebugEchoHandler()

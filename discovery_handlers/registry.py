@@ -1,0 +1,75 @@
+"""Find discovery handlers by name through the ``edgeplug.discovery_handlers`` entry-point group.
+
+Why this exists: a Configuration names its handler (``discoveryHandler.name``) and third parties
+add handlers by installing a package that declares an entry point in this group. Handlers can
+import heavy vendor libraries (asyncua, zeep, pyudev), so nothing is imported until a
+Configuration actually names a handler: the agent on a small gateway pays only for what it runs.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+
+from discovery_handlers.contract import DiscoveryHandler
+
+ENTRY_POINT_GROUP = "edgeplug.discovery_handlers"
+
+_loaded: dict[str, DiscoveryHandler] = {}
+
+
+class UnknownHandler(LookupError):
+    """No installed package declares a handler of this name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        listing = ", ".join(known) if known else "none installed"
+        super().__init__(
+            f"unknown discovery handler {name!r}; known handlers: {listing} "
+            f"(entry-point group {ENTRY_POINT_GROUP!r})"
+        )
+        self.name = name
+        self.known = known
+
+
+class BrokenHandler(ImportError):
+    """The entry point exists but does not load, or does not give a handler."""
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def known_handler_names() -> list[str]:
+    """Names of every installed handler, sorted; imports none of them."""
+    return sorted(_entry_points())
+
+
+def load_handler(name: str) -> DiscoveryHandler:
+    """Import (once) and return the handler a Configuration names.
+
+    Raises ``UnknownHandler`` listing the known names, or ``BrokenHandler`` when the entry point
+    fails to import or does not satisfy the ``DiscoveryHandler`` protocol.
+    """
+    cached = _loaded.get(name)
+    if cached is not None:
+        return cached
+    points = _entry_points()
+    point = points.get(name)
+    if point is None:
+        raise UnknownHandler(name, sorted(points))
+    try:
+        loaded = point.load()
+    except Exception as exc:
+        raise BrokenHandler(
+            f"discovery handler {name!r} ({point.value}) failed to load: {exc}"
+        ) from exc
+    if not isinstance(loaded, DiscoveryHandler):
+        raise BrokenHandler(
+            f"discovery handler {name!r} ({point.value}) is a {type(loaded).__name__}, "
+            "not a DiscoveryHandler (needs name, shared, parse_details, discover)"
+        )
+    if loaded.name != name:
+        raise BrokenHandler(
+            f"entry point {name!r} ({point.value}) gives a handler named {loaded.name!r}"
+        )
+    _loaded[name] = loaded
+    return loaded

@@ -1,0 +1,78 @@
+"""debugEcho: details parsing (errors name the field) and the availability file."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from discovery_handlers.contract import Device, InvalidDetails
+from discovery_handlers.debug_echo import DESCRIPTION_PROPERTY, DebugEchoDetails, handler
+
+NEXT_LIST_TIMEOUT = 5.0
+
+
+def test_parses_descriptions_shared_and_file() -> None:
+    details = handler.parse_details(
+        "descriptions: [foo0, foo1]\nshared: false\navailabilityFile: /tmp/x\n", {}
+    )
+    assert details == DebugEchoDetails(("foo0", "foo1"), shared=False,
+                                       availability_file=Path("/tmp/x"))
+
+
+def test_shared_defaults_to_true() -> None:
+    assert handler.parse_details("descriptions: [a]", {}).shared is True
+
+
+@pytest.mark.parametrize(
+    ("details", "field"),
+    [
+        ("", "descriptions"),
+        ("descriptions: []", "descriptions"),
+        ("descriptions: foo", "descriptions"),
+        ("descriptions: [a, 3]", "descriptions[1]"),
+        ("descriptions: [a, b, a]", "descriptions[2]"),
+        ("descriptions: [a]\nshared: maybe", "shared"),
+        ("descriptions: [a]\navailabilityFile: 7", "availabilityFile"),
+        ("descriptions: [a]\ncolour: red", "colour"),
+        ("descriptions: [a", "(root)"),
+    ],
+)
+def test_bad_details_name_the_field(details: str, field: str) -> None:
+    with pytest.raises(InvalidDetails) as caught:
+        handler.parse_details(details, {})
+    assert caught.value.field == field
+    assert field in str(caught.value)
+
+
+async def _next(stream: AsyncIterator[Sequence[Device]]) -> list[str]:
+    devices = await asyncio.wait_for(anext(stream), NEXT_LIST_TIMEOUT)
+    return [d.id for d in devices]
+
+
+async def test_devices_carry_their_description() -> None:
+    stream = handler.discover(handler.parse_details("descriptions: [foo0, foo1]", {}))
+    devices = await asyncio.wait_for(anext(stream), NEXT_LIST_TIMEOUT)
+    assert [(d.id, dict(d.properties)) for d in devices] == [
+        ("foo0", {DESCRIPTION_PROPERTY: "foo0"}),
+        ("foo1", {DESCRIPTION_PROPERTY: "foo1"}),
+    ]
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_availability_file_takes_devices_offline_and_back(tmp_path: Path) -> None:
+    availability = tmp_path / "offline"
+    details = handler.parse_details(
+        f"descriptions: [foo0, foo1]\navailabilityFile: {availability}", {}
+    )
+    stream = handler.discover(details)
+    assert await _next(stream) == ["foo0", "foo1"]
+    availability.write_text("foo1\n")
+    assert await _next(stream) == ["foo0"]
+    availability.write_text("OFFLINE\n")
+    assert await _next(stream) == []
+    availability.unlink()
+    assert await _next(stream) == ["foo0", "foo1"]
+    await stream.aclose()  # type: ignore[attr-defined]
