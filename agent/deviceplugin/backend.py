@@ -1,0 +1,118 @@
+"""The seam between the generic plugin lifecycle and device logic.
+
+Why this exists: serving a socket, registering with the kubelet and streaming ``ListAndWatch``
+are the same for every plugin; which devices exist, whether they are healthy and what
+``Allocate`` hands out are not. A ``PluginBackend`` answers the device questions in plain Python
+types, a ``DeviceFeed`` carries the advertised list (deduplicated, so the kubelet only hears
+about real changes), and ``PluginError`` carries the gRPC status a refusal maps to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+
+from discovery_handlers.contract import DeviceSpec, Mount
+
+
+@dataclass(frozen=True, order=True)
+class AdvertisedDevice:
+    """One device id as the kubelet sees it."""
+
+    id: str
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """What one container gets for the devices allocated to it."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    device_specs: tuple[DeviceSpec, ...] = ()
+    cdi_devices: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+class PluginError(Exception):
+    """A refusal the kubelet should see as a gRPC status with a message naming the cause."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class PluginBackend(Protocol):
+    """Device logic behind one plugin. Every method may raise ``PluginError``."""
+
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
+        """Claim the devices of each container request; one answer per request, in order."""
+        ...
+
+    async def preferred_allocation(
+        self, *, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> Sequence[str]:
+        """Pick ``size`` ids from ``available``, always including ``must_include``."""
+        ...
+
+    async def pre_start(self, device_ids: Sequence[str]) -> None:
+        """Prepare the devices before a container starts (only asked when options say so)."""
+        ...
+
+
+class DeviceFeed:
+    """The advertised device list, with change notification and deduplication.
+
+    ``publish`` is synchronous so device logic can call it from anywhere in the event loop; it
+    returns whether the list really changed. ``updates`` yields the current list at once and then
+    each distinct list, which is exactly what ``ListAndWatch`` needs.
+    """
+
+    def __init__(self, devices: Iterable[AdvertisedDevice] = ()) -> None:
+        self._devices: tuple[AdvertisedDevice, ...] = tuple(sorted(devices))
+        self._changed = asyncio.Event()
+
+    @property
+    def devices(self) -> tuple[AdvertisedDevice, ...]:
+        return self._devices
+
+    def publish(self, devices: Iterable[AdvertisedDevice]) -> bool:
+        new = tuple(sorted(devices))
+        if new == self._devices:
+            return False
+        self._devices = new
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        return True
+
+    async def updates(self) -> AsyncIterator[tuple[AdvertisedDevice, ...]]:
+        sent: tuple[AdvertisedDevice, ...] | None = None
+        while True:
+            waiter = self._changed
+            if self._devices != sent:
+                sent = self._devices
+                yield sent
+                continue
+            await waiter.wait()
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(d.id for d in self._devices)
+
+    def healthy_ids(self) -> frozenset[str]:
+        return frozenset(d.id for d in self._devices if d.healthy)
+
+
+@dataclass
+class PluginSpec:
+    """Everything the lifecycle needs to run one plugin."""
+
+    resource_name: str
+    socket_name: str
+    backend: PluginBackend
+    feed: DeviceFeed
+    pre_start_required: bool = False

@@ -1,0 +1,156 @@
+"""Many plugins, one kubelet: serving, registering, and surviving kubelet restarts.
+
+Why this exists: when the kubelet restarts it deletes every plugin socket in its directory and
+creates a fresh ``kubelet.sock``; a plugin that does not notice is silently gone from the node
+(Akri's agent never re-registers). The manager polls, every ``KUBELET_WATCH_INTERVAL_SECONDS``,
+the identity (inode, ctime) of ``kubelet.sock`` and of each plugin's own socket: a plugin whose
+socket vanished is served again, and every plugin not yet registered with the current kubelet
+is registered again, concurrently, so a restart is repaired within one tick plus one
+registration round trip. Registration failures are retried after
+``REGISTER_RETRY_SECONDS`` for as long as the plugin exists (the kubelet may simply be down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.deviceplugin.backend import PluginSpec
+from agent.deviceplugin.registration import KUBELET_SOCKET_NAME, RegistrationFailed, register
+from agent.deviceplugin.server import PluginServer
+from agent.metrics import AgentMetrics
+
+log = logging.getLogger(__name__)
+
+#: How often kubelet.sock and the plugin sockets are checked for a kubelet restart.
+KUBELET_WATCH_INTERVAL_SECONDS = 0.1
+#: Wait after a failed registration before trying that plugin again.
+REGISTER_RETRY_SECONDS = 1.0
+
+_Identity = tuple[int, int]
+
+
+def _identity(path: Path) -> _Identity | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+@dataclass
+class _Plugin:
+    server: PluginServer
+    registered_with: _Identity | None = None
+    ever_registered: bool = False
+    retry_after: float = 0.0
+
+
+class PluginManager:
+    """Runs plugins in ``plugin_dir`` and keeps them registered with its kubelet."""
+
+    def __init__(
+        self,
+        *,
+        plugin_dir: Path,
+        metrics: AgentMetrics,
+        watch_interval: float = KUBELET_WATCH_INTERVAL_SECONDS,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = plugin_dir / KUBELET_SOCKET_NAME
+        self._metrics = metrics
+        self._watch_interval = watch_interval
+        self._plugins: dict[str, _Plugin] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def resource_names(self) -> frozenset[str]:
+        return frozenset(self._plugins)
+
+    def spec(self, resource_name: str) -> PluginSpec | None:
+        plugin = self._plugins.get(resource_name)
+        return plugin.server.spec if plugin else None
+
+    async def add(self, spec: PluginSpec) -> None:
+        """Serve ``spec`` (replacing a plugin of the same resource) and register it if we can."""
+        async with self._lock:
+            old = self._plugins.pop(spec.resource_name, None)
+            if old is not None:
+                await old.server.stop()
+            server = PluginServer(spec=spec, plugin_dir=self.plugin_dir)
+            await server.start()
+            plugin = _Plugin(server=server, ever_registered=old is not None and old.ever_registered)
+            self._plugins[spec.resource_name] = plugin
+            kubelet = _identity(self.kubelet_socket)
+            if kubelet is not None:
+                await self._register(plugin, kubelet)
+
+    async def remove(self, resource_name: str) -> None:
+        """Stop serving ``resource_name`` and delete its socket (the kubelet then drops it)."""
+        async with self._lock:
+            plugin = self._plugins.pop(resource_name, None)
+            if plugin is not None:
+                await plugin.server.stop()
+                log.info("device plugin removed", extra={"resource": resource_name})
+
+    async def run(self) -> None:
+        """Watch for kubelet restarts until cancelled; then stop every plugin."""
+        try:
+            while True:
+                await self.reconcile()
+                await asyncio.sleep(self._watch_interval)
+        finally:
+            await self.close()
+
+    async def reconcile(self) -> None:
+        """One watch tick: re-serve plugins whose socket went, register unregistered ones."""
+        async with self._lock:
+            kubelet = _identity(self.kubelet_socket)
+            pending = []
+            for plugin in self._plugins.values():
+                if not plugin.server.socket_intact():
+                    log.info(
+                        "plugin socket gone (kubelet restart?): serving again",
+                        extra={"resource": plugin.server.spec.resource_name},
+                    )
+                    await plugin.server.start()
+                    plugin.registered_with = None
+                if (
+                    kubelet is not None
+                    and plugin.registered_with != kubelet
+                    and time.monotonic() >= plugin.retry_after
+                ):
+                    pending.append(self._register(plugin, kubelet))
+            if pending:
+                await asyncio.gather(*pending)
+
+    async def close(self) -> None:
+        async with self._lock:
+            plugins, self._plugins = self._plugins, {}
+            for plugin in plugins.values():
+                with contextlib.suppress(Exception):
+                    await plugin.server.stop()
+
+    async def _register(self, plugin: _Plugin, kubelet: _Identity) -> None:
+        spec = plugin.server.spec
+        try:
+            await register(
+                kubelet_socket=self.kubelet_socket,
+                endpoint=spec.socket_name,
+                resource_name=spec.resource_name,
+                pre_start_required=spec.pre_start_required,
+            )
+        except RegistrationFailed as error:
+            plugin.retry_after = time.monotonic() + REGISTER_RETRY_SECONDS
+            log.warning("registration failed; will retry", extra={"error": str(error)})
+            return
+        kind = "re" if plugin.ever_registered else "first"
+        plugin.registered_with = kubelet
+        plugin.ever_registered = True
+        self._metrics.kubelet_registrations.labels(kind=kind).inc()
+        log.info("registered with kubelet", extra={"resource": spec.resource_name, "kind": kind})
