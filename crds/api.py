@@ -1,0 +1,76 @@
+"""The constants of edgeplug's API and the loader of its CRD manifests.
+
+Every part that talks to the API server (agent, controller, CLI, tests) names the group, version,
+kinds and plurals through this module, so a rename happens in one place. The manifests in
+``crds/manifests/`` are the source of truth for the schema; the defaults repeated here as Python
+constants are checked against them by ``tests/unit/test_crd_views.py``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any, Final
+
+import yaml
+
+GROUP: Final = "edgeplug.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+CONFIGURATION_KIND: Final = "Configuration"
+CONFIGURATION_PLURAL: Final = "configurations"
+CONFIGURATION_SINGULAR: Final = "configuration"
+CONFIGURATION_CRD_NAME: Final = f"{CONFIGURATION_PLURAL}.{GROUP}"
+
+INSTANCE_KIND: Final = "Instance"
+INSTANCE_PLURAL: Final = "instances"
+INSTANCE_SINGULAR: Final = "instance"
+INSTANCE_CRD_NAME: Final = f"{INSTANCE_PLURAL}.{GROUP}"
+
+#: Defaults the API server fills in (the manifests say the same; a unit test proves it).
+DEFAULT_CAPACITY: Final = 1
+DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS: Final = 300
+#: Upper bound on ``capacity`` (and so on the slots of one Instance), to keep objects small.
+MAX_CAPACITY: Final = 1024
+
+#: Names of discoveryProperties and brokerProperties: they become environment variables.
+PROPERTY_NAME_PATTERN: Final = r"^[_A-Za-z][_A-Za-z0-9]*$"
+
+#: The string a broker pod spec puts where the Instance's resource name goes (Akri's).
+RESOURCE_PLACEHOLDER: Final = "{{PLACEHOLDER}}"
+
+#: Condition types the controller sets on a Configuration's status.
+CONDITION_READY: Final = "Ready"
+CONDITION_DISCOVERY_DETAILS_VALID: Final = "DiscoveryDetailsValid"
+
+MANIFEST_PACKAGE: Final = "crds"
+MANIFEST_DIR: Final = "manifests"
+MANIFEST_FILES: Final = ("configurations.yaml", "instances.yaml")
+
+
+def manifests_text() -> str:
+    """The CRD manifests as one multi-document YAML string, ready for ``kubectl apply -f -``."""
+    directory = resources.files(MANIFEST_PACKAGE).joinpath(MANIFEST_DIR)
+    parts = [directory.joinpath(name).read_text(encoding="utf-8") for name in MANIFEST_FILES]
+    return "---\n".join(part if part.endswith("\n") else part + "\n" for part in parts)
+
+
+def load_manifests() -> list[dict[str, Any]]:
+    """The CRD manifests as dicts, Configuration's first."""
+    documents = [doc for doc in yaml.safe_load_all(manifests_text()) if doc]
+    for doc in documents:
+        if not isinstance(doc, dict):
+            raise ValueError(f"CRD manifest is not a mapping: {doc!r}")
+    return documents
+
+
+def crd_schema(kind: str) -> dict[str, Any]:
+    """The OpenAPI schema of ``kind`` (``Configuration`` or ``Instance``) at :data:`VERSION`."""
+    for doc in load_manifests():
+        if doc["spec"]["names"]["kind"] != kind:
+            continue
+        for version in doc["spec"]["versions"]:
+            if version["name"] == VERSION:
+                schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+                return schema
+    raise KeyError(f"no CRD for kind {kind!r} at version {VERSION}")

@@ -1,0 +1,254 @@
+"""Typed, read-only view of a ``Configuration`` as the API server returns it.
+
+The agent and the controller both read Configurations; they read them through these frozen
+dataclasses rather than raw dicts, so a field is spelt once. The API server has already validated
+and defaulted the object (see ``crds/manifests/configurations.yaml``), so parsing here trusts the
+shape and only fills the same defaults for objects that never went through the server (tests,
+dry runs). ``SPEC_FIELDS`` maps every wire field to its attribute; a unit test checks it against
+the manifest's schema so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from crds.api import (
+    API_VERSION,
+    CONFIGURATION_KIND,
+    DEFAULT_CAPACITY,
+    DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS,
+)
+from crds.selectors import LabelSelector, LabelSelectorRequirement, SelectorOperator
+
+__all__ = [
+    "SPEC_FIELDS",
+    "Configuration",
+    "ConfigurationSpec",
+    "DiscoveryHandlerInfo",
+    "DiscoveryProperty",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "SelectorOperator",
+    "ValueSource",
+    "ValueSourceKind",
+]
+
+#: Wire path (dotted, under ``spec``) → ``ConfigurationSpec`` attribute.
+SPEC_FIELDS: Final[Mapping[str, str]] = {
+    "discoveryHandler": "discovery_handler",
+    "capacity": "capacity",
+    "brokerSpec.brokerPodSpec": "broker_pod_spec",
+    "brokerSpec.brokerJobSpec": "broker_job_spec",
+    "instanceServiceSpec": "instance_service_spec",
+    "configurationServiceSpec": "configuration_service_spec",
+    "brokerProperties": "broker_properties",
+    "offlineGracePeriodSeconds": "offline_grace_period_seconds",
+    "resourceName": "resource_name",
+    "nodeSelector": "node_selector",
+}
+
+
+class ValueSourceKind(enum.StrEnum):
+    SECRET = "secretKeyRef"
+    CONFIG_MAP = "configMapKeyRef"
+
+
+@dataclass(frozen=True)
+class ValueSource:
+    """Where a discovery property's value lives: one key of a Secret or a ConfigMap."""
+
+    kind: ValueSourceKind
+    name: str
+    key: str
+    namespace: str | None = None
+    optional: bool | None = None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ValueSource:
+        for kind in ValueSourceKind:
+            ref = obj.get(kind.value)
+            if ref is not None:
+                return cls(
+                    kind=kind,
+                    name=str(ref["name"]),
+                    key=str(ref["key"]),
+                    namespace=ref.get("namespace"),
+                    optional=ref.get("optional"),
+                )
+        raise ValueError(f"valueFrom names neither a Secret nor a ConfigMap: {dict(obj)!r}")
+
+    def to_object(self) -> dict[str, Any]:
+        ref: dict[str, Any] = {"name": self.name, "key": self.key}
+        if self.namespace is not None:
+            ref["namespace"] = self.namespace
+        if self.optional is not None:
+            ref["optional"] = self.optional
+        return {self.kind.value: ref}
+
+
+@dataclass(frozen=True)
+class DiscoveryProperty:
+    """A ``{name, value}`` or ``{name, valueFrom}`` entry of ``discoveryProperties``."""
+
+    name: str
+    value: str | None = None
+    value_from: ValueSource | None = None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> DiscoveryProperty:
+        value_from = obj.get("valueFrom")
+        return cls(
+            name=str(obj["name"]),
+            value=obj.get("value"),
+            value_from=ValueSource.from_object(value_from) if value_from is not None else None,
+        )
+
+    def to_object(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.value is not None:
+            out["value"] = self.value
+        if self.value_from is not None:
+            out["valueFrom"] = self.value_from.to_object()
+        return out
+
+
+@dataclass(frozen=True)
+class DiscoveryHandlerInfo:
+    """Which handler discovers, with its YAML ``discovery_details`` still unparsed."""
+
+    name: str
+    discovery_details: str = ""
+    discovery_properties: tuple[DiscoveryProperty, ...] = ()
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> DiscoveryHandlerInfo:
+        return cls(
+            name=str(obj["name"]),
+            discovery_details=str(obj.get("discoveryDetails") or ""),
+            discovery_properties=tuple(
+                DiscoveryProperty.from_object(p) for p in obj.get("discoveryProperties") or ()
+            ),
+        )
+
+    def to_object(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "discoveryDetails": self.discovery_details}
+        if self.discovery_properties:
+            out["discoveryProperties"] = [p.to_object() for p in self.discovery_properties]
+        return out
+
+
+@dataclass(frozen=True)
+class ConfigurationSpec:
+    discovery_handler: DiscoveryHandlerInfo
+    capacity: int = DEFAULT_CAPACITY
+    broker_pod_spec: dict[str, Any] | None = None
+    broker_job_spec: dict[str, Any] | None = None
+    instance_service_spec: dict[str, Any] | None = None
+    configuration_service_spec: dict[str, Any] | None = None
+    broker_properties: Mapping[str, str] = field(default_factory=dict)
+    offline_grace_period_seconds: int = DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS
+    resource_name: str | None = None
+    node_selector: LabelSelector | None = None
+
+    @property
+    def has_broker(self) -> bool:
+        return self.broker_pod_spec is not None or self.broker_job_spec is not None
+
+    @classmethod
+    def from_object(cls, spec: Mapping[str, Any]) -> ConfigurationSpec:
+        broker = spec.get("brokerSpec") or {}
+        selector = spec.get("nodeSelector")
+        capacity = spec.get("capacity")
+        grace = spec.get("offlineGracePeriodSeconds")
+        return cls(
+            discovery_handler=DiscoveryHandlerInfo.from_object(spec["discoveryHandler"]),
+            capacity=DEFAULT_CAPACITY if capacity is None else int(capacity),
+            broker_pod_spec=broker.get("brokerPodSpec"),
+            broker_job_spec=broker.get("brokerJobSpec"),
+            instance_service_spec=spec.get("instanceServiceSpec"),
+            configuration_service_spec=spec.get("configurationServiceSpec"),
+            broker_properties={
+                str(k): str(v) for k, v in (spec.get("brokerProperties") or {}).items()
+            },
+            offline_grace_period_seconds=(
+                DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS if grace is None else int(grace)
+            ),
+            resource_name=spec.get("resourceName") or None,
+            node_selector=LabelSelector.from_object(selector) if selector is not None else None,
+        )
+
+    def to_object(self) -> dict[str, Any]:
+        """The ``spec`` dict for the API server (defaults written out explicitly)."""
+        out: dict[str, Any] = {
+            "discoveryHandler": self.discovery_handler.to_object(),
+            "capacity": self.capacity,
+            "offlineGracePeriodSeconds": self.offline_grace_period_seconds,
+        }
+        broker: dict[str, Any] = {}
+        if self.broker_pod_spec is not None:
+            broker["brokerPodSpec"] = self.broker_pod_spec
+        if self.broker_job_spec is not None:
+            broker["brokerJobSpec"] = self.broker_job_spec
+        if broker:
+            out["brokerSpec"] = broker
+        if self.instance_service_spec is not None:
+            out["instanceServiceSpec"] = self.instance_service_spec
+        if self.configuration_service_spec is not None:
+            out["configurationServiceSpec"] = self.configuration_service_spec
+        if self.broker_properties:
+            out["brokerProperties"] = dict(self.broker_properties)
+        if self.resource_name is not None:
+            out["resourceName"] = self.resource_name
+        if self.node_selector is not None:
+            out["nodeSelector"] = self.node_selector.to_object()
+        return out
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    namespace: str
+    spec: ConfigurationSpec
+    uid: str = ""
+    generation: int = 0
+    resource_version: str = ""
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> Configuration:
+        """Accepts the dict a Kubernetes client returns (``.to_dict()``/raw JSON)."""
+        meta = obj.get("metadata") or {}
+        return cls(
+            name=str(meta["name"]),
+            namespace=str(meta.get("namespace") or ""),
+            uid=str(meta.get("uid") or ""),
+            generation=int(meta.get("generation") or 0),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            spec=ConfigurationSpec.from_object(obj["spec"]),
+        )
+
+    def to_object(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name}
+        if self.namespace:
+            meta["namespace"] = self.namespace
+        return {
+            "apiVersion": API_VERSION,
+            "kind": CONFIGURATION_KIND,
+            "metadata": meta,
+            "spec": self.spec.to_object(),
+        }
+
+    def owner_reference(self, *, controller: bool = True) -> dict[str, Any]:
+        """An ownerReference to this Configuration, so owned objects go when it goes."""
+        if not self.uid:
+            raise ValueError(f"Configuration {self.namespace}/{self.name} has no uid yet")
+        return {
+            "apiVersion": API_VERSION,
+            "kind": CONFIGURATION_KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": controller,
+            "blockOwnerDeletion": True,
+        }

@@ -1,0 +1,187 @@
+"""Typed, read-only view of an ``Instance``, and the grammar of its ``deviceUsage`` values.
+
+An Instance is one discovered device. Its ``deviceUsage`` maps each capacity slot to who holds
+it: ``""`` (free), ``"<node>"`` (allocated through the Instance's own device plugin on that node),
+or ``"C:<virtual id>:<node>"`` (allocated through the configuration-level plugin as that virtual
+device). :class:`SlotUsage` parses and formats those strings so nobody else splits on ``:``.
+``status.reservations`` maps a slot to the node that holds it in reserve (see the agent's slot
+design), and ``status.used`` is the count of held slots that ``kubectl get instances`` prints.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from crds.api import API_VERSION, DEFAULT_CAPACITY, INSTANCE_KIND
+
+__all__ = [
+    "SPEC_FIELDS",
+    "Instance",
+    "InstanceSpec",
+    "SlotUsage",
+    "SlotUsageKind",
+]
+
+#: Wire field (under ``spec``) → ``InstanceSpec`` attribute.
+SPEC_FIELDS: Final[Mapping[str, str]] = {
+    "configurationName": "configuration_name",
+    "cdiName": "cdi_name",
+    "capacity": "capacity",
+    "brokerProperties": "broker_properties",
+    "shared": "shared",
+    "nodes": "nodes",
+    "deviceUsage": "device_usage",
+}
+
+CONFIGURATION_USAGE_PREFIX: Final = "C:"
+
+
+class SlotUsageKind(enum.Enum):
+    FREE = "free"
+    NODE = "node"
+    CONFIGURATION = "configuration"
+
+
+@dataclass(frozen=True)
+class SlotUsage:
+    """Who holds one slot: nobody, a node (Instance plugin), or a configuration-level vdev."""
+
+    kind: SlotUsageKind
+    node: str = ""
+    virtual_id: str = ""
+
+    @classmethod
+    def free(cls) -> SlotUsage:
+        return cls(SlotUsageKind.FREE)
+
+    @classmethod
+    def by_node(cls, node: str) -> SlotUsage:
+        if not node:
+            raise ValueError("a slot held by a node needs the node's name")
+        return cls(SlotUsageKind.NODE, node=node)
+
+    @classmethod
+    def by_configuration(cls, virtual_id: str, node: str) -> SlotUsage:
+        if not virtual_id or not node:
+            raise ValueError("a configuration-level slot needs a virtual id and a node")
+        return cls(SlotUsageKind.CONFIGURATION, node=node, virtual_id=virtual_id)
+
+    @classmethod
+    def parse(cls, value: str) -> SlotUsage:
+        """Parses a ``deviceUsage`` value. Node names never contain ``:``, so the last ``:``
+        separates the node even if a virtual id contains one."""
+        if value == "":
+            return cls.free()
+        if value.startswith(CONFIGURATION_USAGE_PREFIX):
+            virtual_id, sep, node = value[len(CONFIGURATION_USAGE_PREFIX):].rpartition(":")
+            if not sep or not virtual_id or not node:
+                raise ValueError(f"malformed configuration slot usage {value!r}")
+            return cls.by_configuration(virtual_id, node)
+        if ":" in value:
+            raise ValueError(f"malformed slot usage {value!r}")
+        return cls.by_node(value)
+
+    def format(self) -> str:
+        if self.kind is SlotUsageKind.FREE:
+            return ""
+        if self.kind is SlotUsageKind.NODE:
+            return self.node
+        return f"{CONFIGURATION_USAGE_PREFIX}{self.virtual_id}:{self.node}"
+
+    def __str__(self) -> str:
+        return self.format()
+
+    @property
+    def is_free(self) -> bool:
+        return self.kind is SlotUsageKind.FREE
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    configuration_name: str
+    cdi_name: str = ""
+    capacity: int = DEFAULT_CAPACITY
+    broker_properties: Mapping[str, str] = field(default_factory=dict)
+    shared: bool = False
+    nodes: tuple[str, ...] = ()
+    device_usage: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_object(cls, spec: Mapping[str, Any]) -> InstanceSpec:
+        capacity = spec.get("capacity")
+        return cls(
+            configuration_name=str(spec["configurationName"]),
+            cdi_name=str(spec.get("cdiName") or ""),
+            capacity=DEFAULT_CAPACITY if capacity is None else int(capacity),
+            broker_properties={
+                str(k): str(v) for k, v in (spec.get("brokerProperties") or {}).items()
+            },
+            shared=bool(spec.get("shared", False)),
+            nodes=tuple(str(n) for n in spec.get("nodes") or ()),
+            device_usage={str(k): str(v) for k, v in (spec.get("deviceUsage") or {}).items()},
+        )
+
+    def to_object(self) -> dict[str, Any]:
+        return {
+            "configurationName": self.configuration_name,
+            "cdiName": self.cdi_name,
+            "capacity": self.capacity,
+            "brokerProperties": dict(self.broker_properties),
+            "shared": self.shared,
+            "nodes": list(self.nodes),
+            "deviceUsage": dict(self.device_usage),
+        }
+
+    def slot_usage(self) -> dict[str, SlotUsage]:
+        """``deviceUsage`` parsed, slot id → :class:`SlotUsage`."""
+        return {slot: SlotUsage.parse(value) for slot, value in self.device_usage.items()}
+
+    @property
+    def used(self) -> int:
+        """How many slots someone holds (what ``status.used`` should say)."""
+        return sum(1 for value in self.device_usage.values() if value)
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    namespace: str
+    spec: InstanceSpec
+    uid: str = ""
+    resource_version: str = ""
+    reservations: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> Instance:
+        """Accepts the dict a Kubernetes client returns (``.to_dict()``/raw JSON)."""
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        return cls(
+            name=str(meta["name"]),
+            namespace=str(meta.get("namespace") or ""),
+            uid=str(meta.get("uid") or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            spec=InstanceSpec.from_object(obj["spec"]),
+            reservations={
+                str(k): str(v) for k, v in (status.get("reservations") or {}).items()
+            },
+        )
+
+    def spec_to_object(self) -> dict[str, Any]:
+        """The whole object with its ``spec`` (no status), for create or server-side apply."""
+        meta: dict[str, Any] = {"name": self.name}
+        if self.namespace:
+            meta["namespace"] = self.namespace
+        return {
+            "apiVersion": API_VERSION,
+            "kind": INSTANCE_KIND,
+            "metadata": meta,
+            "spec": self.spec.to_object(),
+        }
+
+    def status_to_object(self) -> dict[str, Any]:
+        """The ``status`` this Instance should carry: reservations and the used-slot count."""
+        return {"reservations": dict(self.reservations), "used": self.spec.used}
