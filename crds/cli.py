@@ -1,0 +1,43 @@
+"""``edgeplug``: the small user CLI that ships with the API package.
+
+``edgeplug crds | kubectl apply -f -`` installs the CRDs from the installed package (no repo
+checkout needed); ``edgeplug instance-name`` predicts an Instance's name the way the agent will
+compute it, for GitOps users who request ``edgeplug.io/<instance>`` before the device shows up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from crds.api import manifests_text
+from crds.naming import instance_name
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgeplug", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("crds", help="print the CRD manifests (pipe into kubectl apply -f -)")
+    name = commands.add_parser("instance-name", help="print the Instance name of a device")
+    name.add_argument("configuration", help="the Configuration's name")
+    name.add_argument("device_id", help="the id the discovery handler gives the device")
+    name.add_argument("--node", default="", help="node that sees the device (local devices)")
+    name.add_argument("--shared", action="store_true", help="the device is shared across nodes")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "crds":
+        sys.stdout.write(manifests_text())
+        return 0
+    if not args.shared and not args.node:
+        print("edgeplug: --node is required for a device that is not --shared", file=sys.stderr)
+        return 2
+    print(instance_name(args.configuration, args.device_id, shared=args.shared, node=args.node))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
