@@ -1,0 +1,145 @@
+"""Tell users, on the Configuration itself, what this node's discovery run thinks of it.
+
+Why this exists: a user who applies a Configuration with bad ``discoveryDetails`` looks at
+``kubectl describe configuration``; the agent answers there with a core/v1 Event and a status
+condition whose message names the offending field. The condition is written by server-side apply
+on the status subresource with this node's field manager, so the controller's status fields
+(and other nodes' conditions) are never clobbered. Each node owns one condition type,
+``DiscoveryReady.<node>``: one Configuration runs on many nodes, and one shared type would make
+agents overwrite each other's verdicts.
+
+Nothing here ever includes a discovery property's value: messages come from handlers' field
+errors and from property *names*.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event
+from lightkube.types import PatchType
+
+from agent.kube import ConfigurationResource, field_manager
+from crds.api import API_VERSION, CONFIGURATION_KIND
+from crds.configuration import Configuration
+
+log = logging.getLogger(__name__)
+
+CONDITION_TYPE_PREFIX = "DiscoveryReady"
+EVENT_COMPONENT = "edgeplug-agent"
+#: Reasons, CamelCase as Kubernetes conventions ask.
+REASON_RUNNING = "DiscoveryRunning"
+REASON_INVALID_DETAILS = "InvalidDiscoveryDetails"
+REASON_UNKNOWN_HANDLER = "UnknownDiscoveryHandler"
+REASON_PROPERTY_UNAVAILABLE = "DiscoveryPropertyUnavailable"
+REASON_DISCOVERY_FAILED = "DiscoveryFailed"
+MAX_MESSAGE_LENGTH = 1024
+
+
+def condition_type(node_name: str) -> str:
+    return f"{CONDITION_TYPE_PREFIX}.{node_name}"
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    ok: bool
+    reason: str
+    message: str
+
+
+class ConfigurationReporter:
+    """Events and this node's condition for one Configuration (one per discovery run)."""
+
+    def __init__(self, *, client: AsyncClient, node_name: str, configuration: Configuration):
+        self._client = client
+        self._node = node_name
+        self._configuration = configuration
+        self._last: _Verdict | None = None
+        self._since = datetime.now(UTC)
+
+    async def ok(self, message: str) -> None:
+        await self._report(_Verdict(True, REASON_RUNNING, message), event=False)
+
+    async def problem(self, reason: str, message: str) -> None:
+        """A Warning Event and a False condition; repeated identical problems are written once."""
+        await self._report(_Verdict(False, reason, message[:MAX_MESSAGE_LENGTH]), event=True)
+
+    async def _report(self, verdict: _Verdict, *, event: bool) -> None:
+        if verdict == self._last:
+            return
+        if self._last is None or self._last.ok != verdict.ok:
+            self._since = datetime.now(UTC)
+        self._last = verdict
+        cfg = self._configuration
+        log.log(
+            logging.INFO if verdict.ok else logging.WARNING,
+            "discovery %s: %s",
+            verdict.reason,
+            verdict.message,
+            extra={"configuration": f"{cfg.namespace}/{cfg.name}", "reason": verdict.reason,
+                   "node": self._node},
+        )
+        try:
+            await self._write_condition(verdict)
+            if event:
+                await self._emit_event(verdict)
+        except ApiError as exc:  # the Configuration may be going away; never fail the run
+            log.warning("could not report on %s/%s: %s", cfg.namespace, cfg.name, exc)
+
+    async def _write_condition(self, verdict: _Verdict) -> None:
+        cfg = self._configuration
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": CONFIGURATION_KIND,
+            "metadata": {"name": cfg.name, "namespace": cfg.namespace},
+            "status": {
+                "conditions": [
+                    {
+                        "type": condition_type(self._node),
+                        "status": "True" if verdict.ok else "False",
+                        "reason": verdict.reason,
+                        "message": verdict.message,
+                        "lastTransitionTime": self._since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "observedGeneration": cfg.generation,
+                    }
+                ]
+            },
+        }
+        await self._client.patch(
+            ConfigurationResource.Status,
+            cfg.name,
+            body,
+            namespace=cfg.namespace,
+            patch_type=PatchType.APPLY,
+            field_manager=field_manager(self._node),
+            force=True,
+        )
+
+    async def _emit_event(self, verdict: _Verdict) -> None:
+        cfg = self._configuration
+        now = datetime.now(UTC)
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{cfg.name}.", namespace=cfg.namespace),
+            involvedObject=ObjectReference(
+                apiVersion=API_VERSION,
+                kind=CONFIGURATION_KIND,
+                name=cfg.name,
+                namespace=cfg.namespace,
+                uid=cfg.uid or None,
+            ),
+            reason=verdict.reason,
+            message=verdict.message,
+            type="Warning",
+            source=EventSource(component=EVENT_COMPONENT, host=self._node),
+            reportingComponent=EVENT_COMPONENT,
+            reportingInstance=self._node,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            count=1,
+        )
+        await self._client.create(event)

@@ -1,0 +1,63 @@
+"""The agent's one seam to the Kubernetes API: lightkube resources and client construction.
+
+Why this exists: the agent runs on every node, so it uses lightkube (22 MiB) rather than the
+official client (see DESIGN.md, "Memory"), and every other agent module names the edgeplug
+resources and the field manager through here. Errors stay lightkube's ``ApiError``; the helpers
+below say which statuses the callers treat as "not there" or "lost a race".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.generic_resource import create_namespaced_resource
+
+from crds.api import (
+    CONFIGURATION_KIND,
+    CONFIGURATION_PLURAL,
+    GROUP,
+    INSTANCE_KIND,
+    INSTANCE_PLURAL,
+    VERSION,
+)
+
+ConfigurationResource = create_namespaced_resource(
+    GROUP, VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL
+)
+InstanceResource = create_namespaced_resource(GROUP, VERSION, INSTANCE_KIND, INSTANCE_PLURAL)
+
+#: Label the agent puts on every Instance it publishes, so it can list one Configuration's.
+CONFIGURATION_LABEL = f"{GROUP}/configuration"
+
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+def field_manager(node_name: str) -> str:
+    """The server-side-apply field manager of this node's agent."""
+    return f"edgeplug-agent-{node_name}"
+
+
+def make_client(kubeconfig: Path | None) -> AsyncClient:
+    """A client from ``kubeconfig``, or in-cluster (service account) when it is None."""
+    if kubeconfig is not None:
+        config = KubeConfig.from_file(str(kubeconfig))
+    else:
+        config = KubeConfig.from_service_account()
+    return AsyncClient(config)
+
+
+def is_not_found(error: ApiError) -> bool:
+    return error.status.code == HTTP_NOT_FOUND
+
+
+def is_conflict(error: ApiError) -> bool:
+    return error.status.code == HTTP_CONFLICT
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """The plain-dict form of a lightkube object (generic resources are dicts already)."""
+    result: dict[str, Any] = obj.to_dict()
+    return result
