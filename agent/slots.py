@@ -1,0 +1,221 @@
+"""Slots across nodes: which slots a node advertises, reserves, releases and may claim.
+
+Why this exists: a shared Instance is served by the agent of every node in ``spec.nodes``, and
+each kubelet allocates only from what its own agent advertises. If every agent advertised every
+free slot, two kubelets could pick the same slot; the loser's ``Allocate`` must fail and its
+kubelet fails the pod with ``UnexpectedAdmissionError`` (akri#722, akri#849). This module is the
+pure decision logic (no I/O, unit-tested); ``agent.slot_ledger`` does the writes.
+
+The design, and why it is safe:
+
+- ``status.reservations`` maps a slot to the node that holds it in reserve. A node advertises a
+  slot as Healthy only when the slot is reserved for it and free, or already held by it; every
+  other slot is advertised Unhealthy (counted in capacity, never allocatable). So, in the steady
+  state, two kubelets never even try the same slot: a pod that finds no slot stays Pending.
+- Free, unreserved slots (or slots reserved for a node no longer in ``nodes``) are reserved by
+  a fair-share rule: slot ``i`` belongs to ``sorted(nodes)[i % len(nodes)]``. Every agent
+  computes the same answer from the same object, so concurrent agents do not fight. A node
+  releases a free reservation the rule gives to another listed node (it stops advertising the
+  slot first, then releases under the Instance's lock, the lock ``Allocate`` takes).
+- Claims are optimistic: a node writes ``deviceUsage[slot]`` only in a write conditioned on the
+  ``resourceVersion`` of an object in which the slot is free and reserved for it (or unreserved,
+  in which case it first reserves it, conditioned the same way). All writes to one object are
+  serialised by ``resourceVersion``, so the state a claim was judged on is the state it changes;
+  a 409 means "re-read and judge again". No node reserves a slot that is in use, and a holder
+  never releases a slot it uses, so no slot is ever held twice. Reservations only steer who
+  tries; correctness rests on the conditioned claim alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.deviceplugin.backend import AdvertisedDevice
+from crds.instance import Instance, SlotUsage, SlotUsageKind
+from crds.naming import slot_id
+
+
+def slot_ids(instance: Instance) -> list[str]:
+    return [slot_id(instance.name, i) for i in range(instance.spec.capacity)]
+
+
+def preferred_node(index: int, nodes: Iterable[str]) -> str | None:
+    """The node the fair-share rule gives slot ``index`` to (None when no node lists it)."""
+    ordered = sorted(set(nodes))
+    return ordered[index % len(ordered)] if ordered else None
+
+
+def usage_of(instance: Instance, slot: str) -> SlotUsage:
+    value = instance.spec.device_usage.get(slot, "")
+    try:
+        return SlotUsage.parse(value)
+    except ValueError:
+        # A value we cannot read is somebody's: never treat it as free.
+        return SlotUsage.by_node(value)
+
+
+def reservation_of(instance: Instance, slot: str) -> str | None:
+    """The node holding ``slot`` in reserve, ignoring reservations of nodes no longer listed."""
+    holder = instance.reservations.get(slot) or None
+    return holder if holder in instance.spec.nodes else None
+
+
+def is_held_by(usage: SlotUsage, node: str) -> bool:
+    return usage.kind is not SlotUsageKind.FREE and usage.node == node
+
+
+def available_to(instance: Instance, slot: str, node: str) -> bool:
+    """Free and reserved for ``node``: the slot ``node`` may hand out next."""
+    return usage_of(instance, slot).is_free and reservation_of(instance, slot) == node
+
+
+def instance_devices(instance: Instance, node: str, *, healthy: bool) -> list[AdvertisedDevice]:
+    """What the Instance's own plugin on ``node`` advertises: every slot, healthy when usable.
+
+    A slot is usable through the Instance plugin when it is available to ``node`` or held by
+    ``node`` through this plugin (a pod of ours has it). Slots held through the configuration
+    plugin, or reserved for or held by another node, are Unhealthy.
+    """
+    devices = []
+    for slot in slot_ids(instance):
+        usage = usage_of(instance, slot)
+        mine = usage.kind is SlotUsageKind.NODE and usage.node == node
+        devices.append(
+            AdvertisedDevice(slot, healthy=healthy and (mine or available_to(instance, slot, node)))
+        )
+    return devices
+
+
+@dataclass(frozen=True)
+class ReservationPlan:
+    reserve: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.reserve or self.release)
+
+
+def reservation_plan(instance: Instance, node: str) -> ReservationPlan:
+    """Slots ``node`` should reserve now, and free reservations it should give back."""
+    if node not in instance.spec.nodes:
+        return ReservationPlan()
+    reserve, release = [], []
+    for index, slot in enumerate(slot_ids(instance)):
+        usage = usage_of(instance, slot)
+        holder = reservation_of(instance, slot)
+        owner = preferred_node(index, instance.spec.nodes)
+        if is_held_by(usage, node):
+            if holder != node:
+                reserve.append(slot)  # we use it: make the reservation say so
+        elif usage.is_free and holder is None and owner == node:
+            reserve.append(slot)
+        elif usage.is_free and holder == node and owner != node:
+            release.append(slot)
+    return ReservationPlan(reserve=tuple(reserve), release=tuple(release))
+
+
+class Verdict(enum.Enum):
+    HELD_ALREADY = "held already"  # the slot already carries exactly this usage
+    CLAIM = "claim"  # free and reserved for us
+    RESERVE_AND_CLAIM = "reserve and claim"  # free and unreserved
+    HELD_ELSEWHERE = "held elsewhere"
+    RESERVED_ELSEWHERE = "reserved elsewhere"
+    UNKNOWN = "unknown"
+
+
+def judge_claim(instance: Instance, slot: str, want: SlotUsage) -> Verdict:
+    """May ``want.node`` put ``want`` on ``slot`` of this exact version of the Instance?"""
+    if slot not in slot_ids(instance):
+        return Verdict.UNKNOWN
+    usage = usage_of(instance, slot)
+    if usage == want:
+        return Verdict.HELD_ALREADY
+    if not usage.is_free:
+        return Verdict.HELD_ELSEWHERE
+    holder = reservation_of(instance, slot)
+    if holder == want.node:
+        return Verdict.CLAIM
+    if holder is None:
+        return Verdict.RESERVE_AND_CLAIM
+    return Verdict.RESERVED_ELSEWHERE
+
+
+def instance_hash(instance_name: str) -> str:
+    """The digest suffix of an Instance name (``<configuration>-<digest>``), upper case."""
+    return instance_name.rpartition("-")[2].upper()
+
+
+def broker_envs(instance_name: str, properties: Mapping[str, str]) -> dict[str, str]:
+    """Every property as ``KEY`` and ``KEY_<HASH>`` (two devices of a kind don't collide)."""
+    suffix = instance_hash(instance_name)
+    envs: dict[str, str] = {}
+    for key, value in properties.items():
+        envs[key] = value
+        envs[f"{key}_{suffix}"] = value
+    return envs
+
+
+# --- the configuration-level plugin's virtual devices ---------------------------------------
+
+
+def virtual_id(configuration: str, index: int) -> str:
+    return f"{configuration}-v{index}"
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    namespace: str
+    instance: str
+    slot: str
+
+
+def held_virtual_ids(instances: Iterable[Instance], node: str) -> dict[str, SlotRef]:
+    """Virtual id → the slot it holds, for configuration-level usage by ``node``."""
+    held: dict[str, SlotRef] = {}
+    for instance in instances:
+        for slot in slot_ids(instance):
+            usage = usage_of(instance, slot)
+            if usage.kind is SlotUsageKind.CONFIGURATION and usage.node == node:
+                held[usage.virtual_id] = SlotRef(instance.namespace, instance.name, slot)
+    return held
+
+
+def available_slots(instances: Iterable[Instance], node: str) -> list[SlotRef]:
+    """Slots available to ``node`` across the Instances, round-robin over Instances so that
+    taking them in order spreads a multi-device request over distinct Instances."""
+    per_instance = [
+        [SlotRef(i.namespace, i.name, s) for s in slot_ids(i) if available_to(i, s, node)]
+        for i in sorted(instances, key=lambda i: i.name)
+    ]
+    ordered: list[SlotRef] = []
+    for depth in range(max((len(p) for p in per_instance), default=0)):
+        ordered.extend(p[depth] for p in per_instance if depth < len(p))
+    return ordered
+
+
+def configuration_devices(
+    configuration: str, instances: Sequence[Instance], node: str, *, healthy: Iterable[str] = ()
+) -> list[AdvertisedDevice]:
+    """Virtual devices: as many as the Instances have slots; healthy are those ``node`` holds
+    plus one per slot available to it (lowest free ids first, so ids stay stable).
+
+    ``healthy`` names Instances whose NodeDevice is healthy; slots of other Instances count as
+    unavailable.
+    """
+    healthy_instances = set(healthy)
+    usable = [i for i in instances if i.name in healthy_instances]
+    held = held_virtual_ids(instances, node)
+    total = sum(i.spec.capacity for i in instances)
+    ids = [virtual_id(configuration, k) for k in range(total)]
+    extra = len(available_slots(usable, node))
+    good = set(held)
+    for vid in ids:
+        if extra <= 0:
+            break
+        if vid not in good:
+            good.add(vid)
+            extra -= 1
+    ids.extend(sorted(set(held) - set(ids)))  # held beyond a shrunken capacity: still ours
+    return [AdvertisedDevice(vid, healthy=vid in good) for vid in ids]
