@@ -1,0 +1,297 @@
+"""The emulated kubelet's pod side: watch the node's pods, admit them with devices, report them.
+
+Why this exists: a pod that asks for an extended resource only gets its device after the kubelet
+admits it: picks free healthy device ids, asks the plugin (GetPreferredAllocation when offered,
+Allocate, PreStartContainer when asked) and starts the containers, or rejects the pod with
+``UnexpectedAdmissionError`` when that fails. ``PodManager`` does the same for the pods the real
+scheduler binds to the emulated node, one pod at a time in watch order (as the kubelet admits
+pods serially), records what each Allocate returned, and confirms deletions as a kubelet does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc.aio
+from lightkube import ALL_NS, ApiError, AsyncClient
+from lightkube.models.core_v1 import Container
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import OnErrorAction, OnErrorResult
+from lightkube.utils.quantity import parse_quantity
+
+from tests.harness.kubelet_devices import DeviceManager, PluginEndpoint
+from tests.harness.kubelet_records import ContainerAllocation, is_extended_resource_name
+
+log = logging.getLogger(__name__)
+
+#: A pod arriving while its resource's plugin is (re)connecting waits this long for it
+#: before it is rejected (the plugin re-registers right after an emulated kubelet restart).
+PLUGIN_WAIT_S = 10.0
+PLUGIN_WAIT_POLL_S = 0.05
+#: Pause before re-opening a failed pod watch, growing with consecutive failures up to the max.
+WATCH_RETRY_S = 0.2
+WATCH_RETRY_MAX_S = 5.0
+FIELD_MANAGER = "edgeplug-node-emulator"
+ADMISSION_ERROR = "UnexpectedAdmissionError"
+
+
+class AdmissionError(Exception):
+    """The kubelet cannot give a pod its devices; the pod fails."""
+
+
+@dataclass
+class PodRecord:
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[str, ...]
+    allocations: list[ContainerAllocation] = field(default_factory=list)
+    live: bool = True  # admitted and not deleted: holds its devices
+
+
+def _retry_watch(_error: Exception, count: int) -> OnErrorResult:
+    return OnErrorResult(OnErrorAction.RETRY, sleep=min(WATCH_RETRY_S * count, WATCH_RETRY_MAX_S))
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def extended_requests(container: Container) -> Iterator[tuple[str, int]]:
+    """(resource, count) for each extended resource a container asks for (limits win)."""
+    resources = container.resources
+    if resources is None:
+        return
+    wanted = {**(resources.requests or {}), **(resources.limits or {})}
+    for name, quantity in sorted(wanted.items()):
+        if is_extended_resource_name(name):
+            count = parse_quantity(str(quantity))
+            if count is not None and int(count) > 0:
+                yield name, int(count)
+
+
+class PodManager:
+    """Admits the pods bound to one node and remembers their device allocations."""
+
+    def __init__(self, *, client: AsyncClient, node_name: str, devices: DeviceManager) -> None:
+        self._client = client
+        self.node_name = node_name
+        self._devices = devices
+        self.records: dict[str, PodRecord] = {}  # by pod uid
+        self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest uid
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name=f"pods of {self.node_name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def record(self, namespace: str, name: str) -> PodRecord | None:
+        uid = self._by_name.get((namespace, name))
+        return self.records.get(uid) if uid is not None else None
+
+    def live_records(self) -> list[PodRecord]:
+        return [record for record in self.records.values() if record.live]
+
+    def held_ids(self, resource_name: str) -> set[str]:
+        return {
+            device
+            for record in self.live_records()
+            for allocation in record.allocations
+            if allocation.resource_name == resource_name
+            for device in allocation.device_ids
+        }
+
+    # -- the watch -------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        stream = self._client.watch(Pod, namespace=ALL_NS, fields={"spec.nodeName": self.node_name},
+                                    on_error=_retry_watch)
+        async for event, pod in stream:
+            try:
+                await self._handle(event, pod)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("node %s: handling %s of a pod failed", self.node_name, event)
+
+    async def _handle(self, event: str, pod: Pod) -> None:
+        meta = pod.metadata
+        assert meta is not None
+        assert meta.uid is not None
+        assert meta.name is not None
+        namespace = meta.namespace or "default"
+        if event == "DELETED":
+            self._release(meta.uid)
+            return
+        if meta.deletionTimestamp is not None:
+            # Containers "stop" at once; confirm the deletion as the kubelet does.
+            self._release(meta.uid)
+            with contextlib.suppress(ApiError):
+                await self._client.delete(Pod, meta.name, namespace=namespace, grace_period=0)
+            return
+        if meta.uid in self.records:
+            return
+        assert pod.spec is not None
+        record = PodRecord(namespace=namespace, name=meta.name, uid=meta.uid,
+                           containers=tuple(c.name for c in pod.spec.containers))
+        self.records[meta.uid] = record
+        self._by_name[(namespace, meta.name)] = meta.uid
+        phase = pod.status.phase if pod.status is not None else None
+        if phase in ("Succeeded", "Failed"):
+            record.live = False
+            return
+        if phase == "Running":
+            return  # admitted by an earlier emulator: its devices are unknown to this one
+        await self._admit(pod, record)
+
+    def _release(self, uid: str) -> None:
+        record = self.records.get(uid)
+        if record is not None and record.live:
+            record.live = False
+            log.info("node %s: pod %s/%s released its devices", self.node_name,
+                     record.namespace, record.name)
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def _admit(self, pod: Pod, record: PodRecord) -> None:
+        try:
+            record.allocations = await self._allocate(pod)
+        except AdmissionError as error:
+            record.live = False
+            log.warning("node %s: rejecting pod %s/%s: %s", self.node_name,
+                        record.namespace, record.name, error)
+            await self._patch_status(record, {
+                "phase": "Failed", "reason": ADMISSION_ERROR,
+                "message": f"Pod was rejected: {error}",
+            })
+            return
+        await self._patch_status(record, self._running_status(pod))
+
+    async def _allocate(self, pod: Pod) -> list[ContainerAllocation]:
+        assert pod.spec is not None
+        allocations: list[ContainerAllocation] = []
+        app_held: dict[str, set[str]] = {}  # devices of this pod's app containers so far
+        ordered = [(c, True) for c in pod.spec.initContainers or []]
+        ordered += [(c, False) for c in pod.spec.containers]
+        for container, is_init in ordered:
+            for resource, count in extended_requests(container):
+                if not self._devices.knows(resource):
+                    continue  # not a device-plugin resource: the kubelet leaves it alone
+                endpoint = await self._wait_for_plugin(resource)
+                taken = self.held_ids(resource) | app_held.get(resource, set())
+                # Init containers run before app containers, so their devices are reusable.
+                available = [d for d in endpoint.healthy_ids() if d not in taken]
+                if len(available) < count:
+                    raise AdmissionError(
+                        f"Allocate failed due to requested number of devices unavailable for "
+                        f"{resource}. Requested: {count}, Available: {len(available)}, "
+                        "which is unexpected")
+                chosen = await self._choose(endpoint, available, count)
+                allocations.append(await self._call_plugin(endpoint, container.name, chosen,
+                                                           is_init=is_init))
+                if not is_init:
+                    app_held.setdefault(resource, set()).update(chosen)
+        return allocations
+
+    async def _wait_for_plugin(self, resource: str) -> PluginEndpoint:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PLUGIN_WAIT_S
+        while True:
+            endpoint = self._devices.endpoint(resource)
+            if endpoint is not None and endpoint.streaming:
+                return endpoint
+            if loop.time() >= deadline:
+                raise AdmissionError(f"Allocate failed due to no plugin serving {resource}, "
+                                     "which is unexpected")
+            await asyncio.sleep(PLUGIN_WAIT_POLL_S)
+
+    async def _choose(self, endpoint: PluginEndpoint, available: Sequence[str],
+                      count: int) -> list[str]:
+        if endpoint.preferred_allocation_available:
+            try:
+                preferred = await endpoint.preferred(available=available, size=count)
+            except (grpc.aio.AioRpcError, ValueError) as error:
+                log.warning("%s: GetPreferredAllocation failed, choosing myself: %s",
+                            endpoint.resource_name, error)
+            else:
+                valid = len(set(preferred)) == count == len(preferred)
+                if valid and set(preferred) <= set(available):
+                    return preferred
+                log.warning("%s: ignoring invalid preferred allocation %s", endpoint.resource_name,
+                            preferred)
+        return list(available[:count])
+
+    async def _call_plugin(self, endpoint: PluginEndpoint, container: str, device_ids: list[str],
+                           *, is_init: bool) -> ContainerAllocation:
+        try:
+            response = await endpoint.allocate(device_ids)
+            if endpoint.pre_start_required:
+                await endpoint.pre_start(device_ids)
+        except grpc.aio.AioRpcError as error:
+            raise AdmissionError(f"Allocate failed due to rpc error: code = {error.code().name} "
+                                 f"desc = {error.details()}, which is unexpected") from error
+        except ValueError as error:
+            raise AdmissionError(f"Allocate failed due to {error}, which is unexpected") from error
+        return ContainerAllocation(
+            resource_name=endpoint.resource_name,
+            device_ids=tuple(device_ids),
+            envs=dict(response.envs),
+            mounts=tuple((m.container_path, m.host_path, m.read_only) for m in response.mounts),
+            devices=tuple((d.container_path, d.host_path, d.permissions) for d in response.devices),
+            cdi_devices=tuple(c.name for c in response.cdi_devices),
+            annotations=dict(response.annotations),
+            container=container,
+            init_container=is_init,
+        )
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _running_status(self, pod: Pod) -> dict[str, Any]:
+        assert pod.spec is not None
+        assert pod.metadata is not None
+        now = _now()
+        uid = pod.metadata.uid
+
+        def container_status(container: Container, state: dict[str, Any],
+                             ready: bool) -> dict[str, Any]:
+            return {"name": container.name, "image": container.image or "", "imageID": "",
+                    "containerID": f"emulated://{uid}/{container.name}", "ready": ready,
+                    "started": ready, "restartCount": 0, "state": state}
+
+        running = {"running": {"startedAt": now}}
+        done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now,
+                               "finishedAt": now}}
+        conditions = [{"type": kind, "status": "True", "lastTransitionTime": now}
+                      for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady",
+                                   "Ready")]
+        return {
+            "phase": "Running", "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "startTime": now,
+            "conditions": conditions,
+            "containerStatuses": [container_status(c, running, True) for c in pod.spec.containers],
+            "initContainerStatuses": [container_status(c, done, False)
+                                      for c in pod.spec.initContainers or []],
+        }
+
+    async def _patch_status(self, record: PodRecord, status: dict[str, Any]) -> None:
+        try:
+            await self._client.patch(Pod.Status, record.name, {"status": status},
+                                     namespace=record.namespace, field_manager=FIELD_MANAGER)
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+            record.live = False  # deleted meanwhile

@@ -1,0 +1,153 @@
+"""A kubelet stand-in for tests and the demo: one emulated node against a real API server.
+
+Why this exists: the real kubelet needs a container runtime, which this machine lacks, yet
+edgeplug's device plugins must be exercised by the kubelet's real gRPC API and its pods placed by
+the real scheduler. ``NodeEmulator`` is the one public face of the ``kubelet_*`` modules:
+
+- ``kubelet_node``: the Node object, its Lease heartbeat and capacity/allocatable;
+- ``kubelet_devices``: ``kubelet.sock``, plugin endpoints and their ListAndWatch streams;
+- ``kubelet_pods``: pod admission (GetPreferredAllocation, Allocate, PreStartContainer),
+  Running/Failed status, deletion;
+- ``kubelet_podresources``: the pod-resources ``List`` API.
+
+Several emulators can run in one process (each with its own plugin directory and client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from lightkube import AsyncClient, KubeConfig
+
+from tests.harness.kubelet_devices import KUBELET_SOCKET, PLUGIN_RPC_TIMEOUT_S, DeviceManager
+from tests.harness.kubelet_node import HEARTBEAT_INTERVAL_S, NodeReporter
+from tests.harness.kubelet_podresources import PodResourcesServer
+from tests.harness.kubelet_pods import ADMISSION_ERROR, PodManager
+from tests.harness.kubelet_records import ContainerAllocation, Registration
+
+__all__ = [
+    "ADMISSION_ERROR",
+    "HEARTBEAT_INTERVAL_S",
+    "KUBELET_SOCKET",
+    "PLUGIN_RPC_TIMEOUT_S",
+    "ContainerAllocation",
+    "NodeEmulator",
+    "Registration",
+]
+
+log = logging.getLogger(__name__)
+
+#: How often ``wait_for`` re-checks its predicate.
+WAIT_POLL_S = 0.05
+
+
+class NodeEmulator:
+    """An emulated kubelet: a Node, kubelet.sock, device plugins' devices and pod admission."""
+
+    def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
+                 pod_resources_socket: Path | None = None,
+                 labels: Mapping[str, str] | None = None) -> None:
+        self.node_name = node_name
+        self.plugin_dir = plugin_dir
+        self.pod_resources_socket = pod_resources_socket
+        self._client = AsyncClient(KubeConfig.from_file(str(kubeconfig)))
+        self._node = NodeReporter(client=self._client, node_name=node_name, labels=labels or {},
+                                  device_counts=self._device_counts)
+        self._devices = DeviceManager(plugin_dir=plugin_dir, on_change=self._node.poke)
+        self._pods = PodManager(client=self._client, node_name=node_name, devices=self._devices)
+        self._pod_resources = (
+            PodResourcesServer(socket_path=pod_resources_socket, pods=self._pods,
+                               devices=self._devices)
+            if pod_resources_socket is not None else None
+        )
+        self._started = False
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    @property
+    def registrations(self) -> list[Registration]:
+        """Every registration kubelet.sock accepted, oldest first."""
+        return self._devices.registrations
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create or adopt the Node, serve kubelet.sock (and pod-resources), admit pods."""
+        await self._devices.start()
+        try:
+            await self._node.start()
+            if self._pod_resources is not None:
+                await self._pod_resources.start()
+            await self._pods.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._started = True
+        log.info("emulated kubelet for node %s serving %s", self.node_name, self.kubelet_socket)
+
+    async def stop(self, *, delete_node: bool = False) -> None:
+        """Stop heartbeats, admission and servers; optionally delete the Node and its Lease."""
+        await self._pods.stop()
+        if self._pod_resources is not None:
+            await self._pod_resources.stop()
+        await self._devices.stop()
+        self._devices.socket_path.unlink(missing_ok=True)
+        await self._node.stop(delete_node=delete_node)
+        await self._client.close()
+        self._started = False
+
+    async def __aenter__(self) -> NodeEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def restart_kubelet(self) -> None:
+        """As a real kubelet restarts: drop plugin connections, delete every socket in the
+        plugin directory (the plugins' too) and serve a fresh kubelet.sock. Pod allocations
+        survive (the real kubelet keeps them in a checkpoint file)."""
+        await self._devices.restart()
+
+    # -- what tests read -------------------------------------------------------------------
+
+    def allocations(self, namespace: str, pod: str) -> list[ContainerAllocation]:
+        """What Allocate returned for each container of the newest pod of that name."""
+        record = self._pods.record(namespace, pod)
+        return list(record.allocations) if record is not None else []
+
+    def allocated_device_ids(self, resource_name: str) -> set[str]:
+        """Device ids of the resource that live pods on this node hold."""
+        return self._pods.held_ids(resource_name)
+
+    def healthy_device_ids(self, resource_name: str) -> list[str]:
+        """Device ids the resource's plugin last reported Healthy (empty when not connected)."""
+        return self._devices.healthy_ids(resource_name)
+
+    def pod_admitted(self, namespace: str, pod: str) -> bool:
+        """Whether the newest pod of that name was admitted and still holds its devices."""
+        record = self._pods.record(namespace, pod)
+        return record is not None and record.live
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], *,
+        timeout: float,  # noqa: ASYNC109 - the harness API every test shares
+        what: str,
+    ) -> None:
+        """Wait until ``predicate()`` is true; TimeoutError naming ``what`` after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            if loop.time() >= deadline:
+                raise TimeoutError(f"node {self.node_name}: waited {timeout:.0f}s for {what}")
+            await asyncio.sleep(WAIT_POLL_S)
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _device_counts(self) -> dict[str, int]:
+        return self._devices.healthy_counts()
