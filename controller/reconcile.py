@@ -1,0 +1,232 @@
+"""Diffs the objects the controller wants against the ones that exist, into a plan.
+
+Why this exists: "what to create and what to delete" is the heart of the controller and must not
+depend on kopf, on the API or on the clock, so it is a pure function tested in isolation. A plan
+is idempotent: applying it twice, or by two replicas at once, is harmless, because names are
+deterministic (a second create is ``409``, a second delete ``404``).
+
+Rules for broker pods (issue 4, item 2):
+
+- a desired pod that does not exist is created; an existing pod that is not desired (its node
+  left the Instance's ``nodes``) is deleted;
+- a pod whose spec-hash annotation differs from the desired one is deleted, and created anew from
+  the new spec once it is gone (the rollout of a changed Configuration);
+- a pod that failed or finished is deleted after a backoff that doubles with every recreation of
+  that broker (bounded); a pod still Pending after a grace period is deleted and recreated;
+- a pod already being deleted is left alone until it is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from controller import naming
+
+#: How long a broker pod may stay Pending before it is recreated (it may be waiting for a slot
+#: another pod holds, so this is long; the controller's settings can change it).
+DEFAULT_PENDING_GRACE_S: Final = 300.0
+#: First delay before a failed or finished broker is recreated; it doubles per recreation.
+DEFAULT_RESTART_BACKOFF_BASE_S: Final = 1.0
+#: The longest delay before a failed broker is recreated.
+DEFAULT_RESTART_BACKOFF_MAX_S: Final = 300.0
+
+REASON_NODE_GONE: Final = "NodeRemoved"
+REASON_SPEC_CHANGED: Final = "SpecChanged"
+REASON_FAILED: Final = "BrokerFailed"
+REASON_FINISHED: Final = "BrokerFinished"
+REASON_PENDING: Final = "PendingTooLong"
+REASON_NOT_WANTED: Final = "NotWanted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerPolicy:
+    pending_grace_s: float = DEFAULT_PENDING_GRACE_S
+    restart_backoff_base_s: float = DEFAULT_RESTART_BACKOFF_BASE_S
+    restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S
+
+    def backoff_s(self, restarts: int) -> float:
+        """Delay before recreating a broker that has been recreated ``restarts`` times."""
+        exponent = min(max(restarts, 0), 30)
+        return float(min(self.restart_backoff_base_s * 2**exponent, self.restart_backoff_max_s))
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A Kubernetes RFC 3339 timestamp (``...Z``) as an aware datetime."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObservedPod:
+    """What the controller needs to know about one existing broker pod."""
+
+    name: str
+    phase: str
+    ready: bool
+    spec_hash: str
+    deleting: bool
+    created_at: datetime | None
+    finished_at: datetime | None
+    node: str = ""
+
+    @classmethod
+    def from_object(cls, pod: Mapping[str, Any]) -> ObservedPod:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        conditions = status.get("conditions") or []
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        )
+        finished: list[datetime] = []
+        for container in status.get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            at = parse_time(terminated.get("finishedAt"))
+            if at is not None:
+                finished.append(at)
+        if not finished:
+            for condition in conditions:
+                at = parse_time(condition.get("lastTransitionTime"))
+                if at is not None:
+                    finished.append(at)
+        return cls(
+            name=str(meta.get("name", "")),
+            phase=str(status.get("phase") or "Pending"),
+            ready=ready,
+            spec_hash=str((meta.get("annotations") or {}).get(naming.ANNOTATION_SPEC_HASH, "")),
+            deleting=bool(meta.get("deletionTimestamp")),
+            created_at=parse_time(meta.get("creationTimestamp")),
+            finished_at=max(finished) if finished else None,
+            node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Deletion:
+    name: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What to do. ``retry_after_s`` is when a waiting decision (backoff, grace) comes due."""
+
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[Deletion] = field(default_factory=list)
+    update: list[dict[str, Any]] = field(default_factory=list)
+    retry_after_s: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.create or self.delete or self.update)
+
+    def wait(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        if self.retry_after_s is None or seconds < self.retry_after_s:
+            self.retry_after_s = seconds
+
+    def extend(self, other: Plan) -> None:
+        self.create += other.create
+        self.delete += other.delete
+        self.update += other.update
+        if other.retry_after_s is not None:
+            self.wait(other.retry_after_s)
+
+
+def _desired_hash(obj: Mapping[str, Any]) -> str:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(naming.ANNOTATION_SPEC_HASH, ""))
+
+
+def plan_pods(
+    *,
+    desired: Mapping[str, Mapping[str, Any]],
+    actual: Iterable[ObservedPod],
+    now: datetime,
+    policy: BrokerPolicy,
+    restarts: Mapping[str, int],
+) -> Plan:
+    """The plan that turns ``actual`` broker pods (of one Instance) into ``desired`` ones."""
+    plan = Plan()
+    existing: dict[str, ObservedPod] = {}
+    for pod in actual:
+        existing[pod.name] = pod
+        if pod.deleting:
+            continue
+        want = desired.get(pod.name)
+        if want is None:
+            plan.delete.append(
+                Deletion(pod.name, REASON_NODE_GONE, "its node no longer sees the device")
+            )
+            continue
+        if pod.spec_hash != _desired_hash(want):
+            plan.delete.append(
+                Deletion(pod.name, REASON_SPEC_CHANGED, "the Configuration's broker spec changed")
+            )
+            continue
+        if pod.phase in ("Failed", "Succeeded"):
+            _plan_restart(plan, pod, now=now, policy=policy, restarts=restarts.get(pod.name, 0))
+        elif pod.phase == "Pending" and pod.created_at is not None:
+            age = (now - pod.created_at).total_seconds()
+            if age >= policy.pending_grace_s:
+                plan.delete.append(
+                    Deletion(
+                        pod.name, REASON_PENDING, f"still Pending after {age:.0f}s; recreating"
+                    )
+                )
+            else:
+                plan.wait(policy.pending_grace_s - age)
+    for name, want in desired.items():
+        if name not in existing:
+            plan.create.append(dict(want))
+    return plan
+
+
+def _plan_restart(
+    plan: Plan, pod: ObservedPod, *, now: datetime, policy: BrokerPolicy, restarts: int
+) -> None:
+    delay = policy.backoff_s(restarts)
+    since = pod.finished_at or pod.created_at or now
+    waited = (now - since).total_seconds()
+    if waited < delay:
+        plan.wait(delay - waited)
+        return
+    reason = REASON_FAILED if pod.phase == "Failed" else REASON_FINISHED
+    message = f"broker {pod.phase.lower()}; recreating (restart {restarts + 1})"
+    plan.delete.append(Deletion(pod.name, reason, message))
+
+
+def plan_objects(
+    *,
+    desired: Mapping[str, Mapping[str, Any]],
+    actual: Mapping[str, str],
+    update_in_place: bool,
+) -> Plan:
+    """Jobs and services: ``actual`` maps existing names to their spec-hash annotation.
+
+    Missing objects are created, unwanted ones deleted; one whose hash differs is updated in
+    place (services) or deleted to be created anew once gone (jobs, whose pod template is
+    immutable).
+    """
+    plan = Plan()
+    for name, current_hash in actual.items():
+        want = desired.get(name)
+        if want is None:
+            plan.delete.append(Deletion(name, REASON_NOT_WANTED, "no longer wanted"))
+        elif current_hash != _desired_hash(want):
+            if update_in_place:
+                plan.update.append(dict(want))
+            else:
+                plan.delete.append(
+                    Deletion(name, REASON_SPEC_CHANGED, "the Configuration's broker spec changed")
+                )
+    for name, want in desired.items():
+        if name not in actual:
+            plan.create.append(dict(want))
+    return plan

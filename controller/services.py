@@ -1,0 +1,93 @@
+"""Builds the Instance and Configuration services, as plain Kubernetes dicts.
+
+Why this exists: Akri users reach brokers through two services — one per Instance selecting that
+Instance's brokers, one per Configuration selecting all of its brokers — created from the
+Configuration's ``instanceServiceSpec`` / ``configurationServiceSpec``. The user's ServiceSpec is
+kept as written except for the selector, which the controller owns. The Instance service is owned
+by the Instance (the garbage collector removes it with the Instance), the Configuration service by
+the Configuration; the controller also deletes them when no broker remains.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from controller import naming
+from controller.brokers import hash_of, instance_owner_reference
+from crds.configuration import Configuration
+from crds.instance import Instance
+
+
+def _labels(*, configuration: str, instance: str | None, component: str) -> dict[str, str]:
+    labels = {
+        naming.LABEL_CONFIGURATION: configuration,
+        naming.LABEL_COMPONENT: component,
+        naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+    }
+    if instance is not None:
+        labels[naming.LABEL_INSTANCE] = instance
+    return labels
+
+
+def instance_service_selector(instance: str) -> dict[str, str]:
+    return {naming.LABEL_INSTANCE: instance, naming.LABEL_COMPONENT: naming.COMPONENT_BROKER}
+
+
+def configuration_service_selector(configuration: str) -> dict[str, str]:
+    return {
+        naming.LABEL_CONFIGURATION: configuration,
+        naming.LABEL_COMPONENT: naming.COMPONENT_BROKER,
+    }
+
+
+def render_instance_service(
+    *, configuration: Configuration, instance: Instance
+) -> dict[str, Any] | None:
+    """The Instance's service, or ``None`` when the Configuration asks for none."""
+    template = configuration.spec.instance_service_spec
+    if template is None:
+        return None
+    spec = copy.deepcopy(dict(template))
+    spec["selector"] = instance_service_selector(instance.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.instance_service_name(instance.name),
+            "namespace": instance.namespace,
+            "labels": _labels(
+                configuration=configuration.name,
+                instance=instance.name,
+                component=naming.COMPONENT_INSTANCE_SERVICE,
+            ),
+            "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(spec)},
+            "ownerReferences": [instance_owner_reference(instance)],
+        },
+        "spec": spec,
+    }
+
+
+def render_configuration_service(*, configuration: Configuration) -> dict[str, Any] | None:
+    """The Configuration's service, or ``None`` when it asks for none."""
+    template = configuration.spec.configuration_service_spec
+    if template is None:
+        return None
+    spec = copy.deepcopy(dict(template))
+    spec["selector"] = configuration_service_selector(configuration.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.configuration_service_name(configuration.name),
+            "namespace": configuration.namespace,
+            "labels": _labels(
+                configuration=configuration.name,
+                instance=None,
+                component=naming.COMPONENT_CONFIGURATION_SERVICE,
+            ),
+            "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(spec)},
+            "ownerReferences": [configuration.owner_reference()],
+        },
+        "spec": spec,
+    }

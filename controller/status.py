@@ -1,0 +1,143 @@
+"""Computes the part of a Configuration's status the controller owns.
+
+Why this exists: users read ``kubectl get configurations`` and ``kubectl describe`` to learn
+whether their brokers run and, if not, why. The controller owns ``observedGeneration``,
+``instanceCount``, ``brokers {desired, ready}`` and two condition types; the agent writes its
+own discovery condition in the same list (a map list keyed by ``type``), which the controller
+never touches because it writes through server-side apply with its own field manager and sends
+only its own condition types. A condition keeps its ``lastTransitionTime`` while its status stays
+the same, so an unchanged cluster produces an identical status and the controller writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+CONDITION_BROKER_SPEC_VALID: Final = "BrokerSpecValid"
+CONDITION_BROKERS_READY: Final = "BrokersReady"
+OWNED_CONDITIONS: Final = (CONDITION_BROKER_SPEC_VALID, CONDITION_BROKERS_READY)
+
+REASON_VALID: Final = "Valid"
+REASON_NO_BROKER_SPEC: Final = "NoBrokerSpec"
+REASON_INVALID: Final = "InvalidBrokerSpec"
+REASON_REFUSED: Final = "BrokerCreationRefused"
+REASON_ALL_READY: Final = "AllBrokersReady"
+REASON_NO_BROKERS: Final = "NoBrokers"
+REASON_NOT_READY: Final = "BrokersNotReady"
+MESSAGE_MAX: Final = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerCounts:
+    instances: int
+    desired: int
+    ready: int
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _by_type(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    conditions = (status or {}).get("conditions") or []
+    return {str(c.get("type")): c for c in conditions if isinstance(c, Mapping)}
+
+
+def _condition(
+    *,
+    kind: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Mapping[str, Any] | None,
+    now: datetime,
+) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    if previous is not None and previous.get("status") == status:
+        since = str(previous.get("lastTransitionTime") or format_time(now))
+    else:
+        since = format_time(now)
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message[:MESSAGE_MAX],
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }
+
+
+def desired_status(
+    *,
+    generation: int,
+    counts: BrokerCounts,
+    has_broker_spec: bool,
+    spec_problems: Sequence[str],
+    refusal: str | None,
+    current: Mapping[str, Any] | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The controller's fields of ``status``, ready for a server-side apply."""
+    previous = _by_type(current)
+    if not has_broker_spec:
+        spec_ok, spec_reason = True, REASON_NO_BROKER_SPEC
+        spec_message = "no broker spec: brokers are not created"
+    elif spec_problems:
+        spec_ok, spec_reason, spec_message = False, REASON_INVALID, "; ".join(spec_problems)
+    elif refusal:
+        spec_ok, spec_reason, spec_message = False, REASON_REFUSED, refusal
+    else:
+        spec_ok, spec_reason, spec_message = True, REASON_VALID, "the broker spec is valid"
+    if counts.desired == 0:
+        ready_ok, ready_reason = True, REASON_NO_BROKERS
+        ready_message = "no broker is wanted"
+    else:
+        ready_ok = counts.ready >= counts.desired
+        ready_reason = REASON_ALL_READY if ready_ok else REASON_NOT_READY
+        ready_message = f"{counts.ready}/{counts.desired} brokers ready"
+    return {
+        "observedGeneration": generation,
+        "instanceCount": counts.instances,
+        "brokers": {"desired": counts.desired, "ready": counts.ready},
+        "conditions": [
+            _condition(
+                kind=CONDITION_BROKER_SPEC_VALID,
+                ok=spec_ok,
+                reason=spec_reason,
+                message=spec_message,
+                generation=generation,
+                previous=previous.get(CONDITION_BROKER_SPEC_VALID),
+                now=now,
+            ),
+            _condition(
+                kind=CONDITION_BROKERS_READY,
+                ok=ready_ok,
+                reason=ready_reason,
+                message=ready_message,
+                generation=generation,
+                previous=previous.get(CONDITION_BROKERS_READY),
+                now=now,
+            ),
+        ],
+    }
+
+
+def needs_write(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    """Whether ``current`` differs from ``desired`` in any field the controller owns."""
+    current = current or {}
+    for key in ("observedGeneration", "instanceCount", "brokers"):
+        if current.get(key) != desired.get(key):
+            return True
+    have = _by_type(current)
+    for condition in desired.get("conditions") or []:
+        existing = have.get(condition["type"])
+        if existing is None:
+            return True
+        for key in ("status", "reason", "message", "observedGeneration"):
+            if existing.get(key) != condition.get(key):
+                return True
+    return False
