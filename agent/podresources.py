@@ -1,0 +1,42 @@
+"""The kubelet's pod-resources API: which device ids live pods hold right now.
+
+Why this exists: a slot recorded in ``deviceUsage`` stays held until someone frees it, and the
+kubelet never tells a device plugin that a pod went away. Its pod-resources ``List`` (a Unix
+socket, normally ``/var/lib/kubelet/pod-resources/kubelet.sock``) is the authoritative answer;
+this module is the one narrow seam to it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from grpc import aio
+
+from agent.kubeletapi import podresources_v1_pb2 as pb
+from agent.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+
+#: Longest a List call may take.
+LIST_TIMEOUT_SECONDS = 5.0
+
+
+class PodResourcesClient:
+    """A channel to the pod-resources socket, opened once and closed by ``close``."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self._channel = aio.insecure_channel(f"unix://{socket_path}")
+        self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+
+    async def devices_in_use(self) -> dict[str, frozenset[str]]:
+        """Resource name → the device ids that containers of existing pods hold."""
+        response = await self._stub.List(pb.ListPodResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
+        in_use: dict[str, set[str]] = defaultdict(set)
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    in_use[devices.resource_name].update(devices.device_ids)
+        return {name: frozenset(ids) for name, ids in in_use.items()}
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,198 @@
+"""Writes to one Instance's slots from this node: claims, frees and reservations.
+
+Why this exists: every change to ``deviceUsage`` and ``status.reservations`` must be judged on
+the object it changes (see ``agent.slots`` for the rules and why they are safe). A ledger holds
+the one lock per Instance that ``Allocate``, freeing and reservation moves all take, re-reads
+the Instance, and writes JSON merge patches carrying ``metadata.resourceVersion``: the API
+server applies such a patch only if the object is still at that version (409 otherwise), which
+makes every write conditional on the exact state it was judged on. Conflicts are retried after
+a re-read, at most ``MAX_WRITE_ATTEMPTS`` times.
+
+A claim of an unreserved slot is two writes (status, then spec), each conditioned: if another
+writer slips in between, the spec write gets a 409 and the claim is judged again on the new
+state (where the slot is now reserved for us, or taken) — so the split never lets a slot be
+held twice; at worst it leaves a reservation that the fair-share rule later moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import PatchType
+
+from agent.kube import InstanceResource, as_dict, is_conflict, is_not_found
+from agent.slots import Verdict, judge_claim, reservation_of, usage_of
+from crds.instance import Instance, SlotUsage
+
+log = logging.getLogger(__name__)
+
+#: Bound on re-read-and-retry rounds after 409 Conflicts, per operation.
+MAX_WRITE_ATTEMPTS = 8
+
+
+class SlotUnavailable(Exception):
+    """A slot cannot be claimed: held by or reserved for another, or not a slot at all."""
+
+    def __init__(self, slot: str, verdict: Verdict, detail: str) -> None:
+        super().__init__(f"slot {slot}: {verdict.value} ({detail})")
+        self.slot = slot
+        self.verdict = verdict
+
+
+class InstanceGone(Exception):
+    """The Instance no longer exists."""
+
+
+class TooManyConflicts(Exception):
+    """Every write attempt lost a race; the caller reports it and may try again later."""
+
+
+class SlotLedger:
+    """One Instance's slot writes for ``node``; all serialised by ``lock``."""
+
+    def __init__(self, *, client: AsyncClient, node: str, namespace: str, name: str) -> None:
+        self._client = client
+        self.node = node
+        self.namespace = namespace
+        self.name = name
+        self.lock = asyncio.Lock()
+
+    async def read(self) -> Instance:
+        try:
+            obj = await self._client.get(InstanceResource, self.name, namespace=self.namespace)
+        except ApiError as error:
+            if is_not_found(error):
+                raise InstanceGone(f"Instance {self.namespace}/{self.name} is gone") from error
+            raise
+        return Instance.from_object(as_dict(obj))
+
+    async def claim(self, wanted: Mapping[str, SlotUsage]) -> Instance:
+        """Put ``wanted`` (slot → usage by this node) into deviceUsage, all or nothing.
+
+        The caller holds ``lock``. Raises ``SlotUnavailable`` naming the first slot that is not
+        ours to take, ``InstanceGone``, or ``TooManyConflicts``.
+        """
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            instance = await self.read()
+            verdicts = {slot: judge_claim(instance, slot, want) for slot, want in wanted.items()}
+            for slot, verdict in verdicts.items():
+                if verdict in (Verdict.UNKNOWN, Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE):
+                    detail = (
+                        f"deviceUsage={instance.spec.device_usage.get(slot, '')!r}, "
+                        f"reserved for {reservation_of(instance, slot)!r}"
+                    )
+                    raise SlotUnavailable(slot, verdict, detail)
+            to_reserve = [s for s, v in verdicts.items() if v is Verdict.RESERVE_AND_CLAIM]
+            to_write = {
+                s: wanted[s].format() for s, v in verdicts.items() if v is not Verdict.HELD_ALREADY
+            }
+            if not to_write:
+                return instance
+            try:
+                version = instance.resource_version
+                if to_reserve:
+                    version = await self._patch_status(
+                        version, {"reservations": {s: self.node for s in to_reserve}}
+                    )
+                return await self._patch_usage(version, to_write, instance)
+            except ApiError as error:
+                if not is_conflict(error):
+                    raise
+                log.info("slot claim lost a race; re-reading", extra={"instance": self.name})
+        raise TooManyConflicts(f"claiming {sorted(wanted)} on {self.namespace}/{self.name}")
+
+    async def free(self, slots: Mapping[str, SlotUsage]) -> Instance | None:
+        """Set each slot free if it still carries the given usage. The caller holds ``lock``."""
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            try:
+                instance = await self.read()
+            except InstanceGone:
+                return None
+            to_free = {s: "" for s, u in slots.items() if usage_of(instance, s) == u}
+            if not to_free:
+                return instance
+            try:
+                return await self._patch_usage(instance.resource_version, to_free, instance)
+            except ApiError as error:
+                if not is_conflict(error):
+                    raise
+        raise TooManyConflicts(f"freeing {sorted(slots)} on {self.namespace}/{self.name}")
+
+    async def reserve(self, slots: list[str]) -> None:
+        """Reserve free slots that nobody (still listed) holds in reserve. Holds ``lock``."""
+        await self._move_reservations(slots, release=False)
+
+    async def release(self, slots: list[str]) -> None:
+        """Give back reservations of ours on slots we do not use. Holds ``lock``."""
+        await self._move_reservations(slots, release=True)
+
+    async def _move_reservations(self, slots: list[str], *, release: bool) -> None:
+        for _ in range(MAX_WRITE_ATTEMPTS):
+            instance = await self.read()
+            changes: dict[str, str | None] = {}
+            for slot in slots:
+                usage, holder = usage_of(instance, slot), reservation_of(instance, slot)
+                if release and holder == self.node and usage.is_free:
+                    changes[slot] = None  # JSON merge patch: null deletes the key
+                elif not release and holder is None and (usage.is_free or usage.node == self.node):
+                    changes[slot] = self.node
+                elif not release and holder != self.node and usage.node == self.node:
+                    changes[slot] = self.node  # we hold it: the reservation follows the use
+            if not changes:
+                return
+            try:
+                await self._patch_status(instance.resource_version, {"reservations": changes})
+                log.info(
+                    "reservations changed",
+                    extra={"instance": self.name, "node": self.node, "changes": changes},
+                )
+                return
+            except ApiError as error:
+                if not is_conflict(error):
+                    raise
+        raise TooManyConflicts(f"moving reservations {slots} on {self.namespace}/{self.name}")
+
+    async def _patch_status(self, version: str, status: dict[str, Any]) -> str:
+        obj = await self._client.patch(
+            InstanceResource.Status,
+            self.name,
+            {"metadata": {"resourceVersion": version}, "status": status},
+            namespace=self.namespace,
+            patch_type=PatchType.MERGE,
+        )
+        return str(as_dict(obj)["metadata"]["resourceVersion"])
+
+    async def _patch_usage(
+        self, version: str, usage: Mapping[str, str], before: Instance
+    ) -> Instance:
+        obj = await self._client.patch(
+            InstanceResource,
+            self.name,
+            {"metadata": {"resourceVersion": version}, "spec": {"deviceUsage": dict(usage)}},
+            namespace=self.namespace,
+            patch_type=PatchType.MERGE,
+        )
+        after = Instance.from_object(as_dict(obj))
+        await self._write_used(after)
+        return after
+
+    async def _write_used(self, instance: Instance) -> None:
+        """Best effort: ``status.used`` for ``kubectl get instances`` (a display field)."""
+        try:
+            await self._client.patch(
+                InstanceResource.Status,
+                self.name,
+                {
+                    "metadata": {"resourceVersion": instance.resource_version},
+                    "status": {"used": instance.spec.used},
+                },
+                namespace=self.namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except ApiError as error:
+            # A newer write won; whoever made it (or the next reconcile) writes the count.
+            log.debug("status.used not written", extra={"instance": self.name, "error": str(error)})
