@@ -39,4 +39,4 @@ class PodResourcesClient:
         return {name: frozenset(ids) for name, ids in in_use.items()}
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
