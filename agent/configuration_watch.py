@@ -1,0 +1,220 @@
+"""Watch Configurations and keep one discovery run per Configuration that selects this node.
+
+Why this exists: it is the agent's control loop. A Configuration appears (or starts selecting
+this node through ``nodeSelector``) → a run starts; its spec changes (``generation``) → the run
+restarts and adopts its own Instances; it goes (or stops selecting the node) → the run stops and
+this node leaves its Instances. A change to a Secret or ConfigMap a run reads restarts that run
+only when its resolved properties changed. Withdrawals run as tasks of their own so a slow API
+call for one Configuration never holds up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Node
+from lightkube.types import OnErrorAction, OnErrorResult
+
+from agent.discovery_run import RESYNC_INTERVAL, DiscoveryRun, RunKey
+from agent.instance_publisher import InstancePublisher
+from agent.kube import ConfigurationResource, as_dict, is_not_found
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDeviceTable
+from agent.node_labels import NodeLabels
+from agent.properties import (
+    PropertyUnavailable,
+    Reference,
+    ReferenceWatch,
+    resolve_properties,
+)
+from crds.configuration import Configuration
+
+log = logging.getLogger(__name__)
+
+WATCH_RETRY_BASE = 0.5  # seconds before re-opening a failed watch, doubling
+WATCH_RETRY_MAX = 30.0
+
+
+def _on_watch_error(what: str) -> Callable[[Exception, int], OnErrorResult]:
+    def handler(exc: Exception, count: int) -> OnErrorResult:
+        log.warning("watch of %s failed (%s: %s); retrying", what, type(exc).__name__, exc)
+        delay = min(WATCH_RETRY_MAX, WATCH_RETRY_BASE * 2 ** min(count, 10))
+        return OnErrorResult(OnErrorAction.RETRY, sleep=delay)
+
+    return handler
+
+
+class ConfigurationWatch:
+    """The set of discovery runs this node should have, kept in line with the API."""
+
+    def __init__(
+        self,
+        *,
+        client: AsyncClient,
+        node_name: str,
+        namespace: str | None,
+        devices: NodeDeviceTable,
+        metrics: AgentMetrics,
+        resync_interval: float = RESYNC_INTERVAL,
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._namespace = namespace
+        self._devices = devices
+        self._metrics = metrics
+        self._resync_interval = resync_interval
+        self._labels = NodeLabels(client=client, node_name=node_name)
+        self._references = ReferenceWatch(
+            client=client, namespace=namespace, on_change=self._on_reference_change
+        )
+        self._configurations: dict[RunKey, Configuration] = {}
+        self._runs: dict[RunKey, DiscoveryRun] = {}
+        self._node_labels: Mapping[str, str] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+
+    @property
+    def runs(self) -> Mapping[RunKey, DiscoveryRun]:
+        return dict(self._runs)
+
+    async def run(self) -> None:
+        """Run until cancelled; on cancel, stop every run and leave the Instances in place."""
+        try:
+            self._node_labels = await self._read_node_labels()
+            node_watch = asyncio.create_task(self._watch_node(), name="watch-node")
+            self._background.add(node_watch)
+            stream = self._client.watch(
+                ConfigurationResource,
+                namespace=self._namespace or "*",
+                on_error=_on_watch_error("configurations"),
+            )
+            async for op, obj in stream:
+                cfg = Configuration.from_object(as_dict(obj))
+                key = (cfg.namespace, cfg.name)
+                async with self._lock:
+                    if op == "DELETED":
+                        self._configurations.pop(key, None)
+                    else:
+                        self._configurations[key] = cfg
+                    await self._reconcile(key)
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        runs = list(self._runs.values())
+        self._runs.clear()
+        for run in runs:
+            await run.stop(withdraw=False)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._references.close()
+
+    def _selected(self, cfg: Configuration) -> bool:
+        selector = cfg.spec.node_selector
+        return selector is None or selector.matches(self._node_labels)
+
+    async def _reconcile(self, key: RunKey) -> None:
+        cfg = self._configurations.get(key)
+        run = self._runs.get(key)
+        wanted = cfg is not None and self._selected(cfg)
+        if run is not None and (not wanted or cfg is None):
+            del self._runs[key]
+            log.info("stopping discovery", extra={"configuration": "/".join(key)})
+            self._in_background(run.stop(withdraw=True), f"withdraw-{key[1]}")
+            return
+        if cfg is None or not wanted:
+            return
+        if run is not None:
+            same = (run.configuration.uid, run.configuration.generation) == (
+                cfg.uid, cfg.generation,
+            )
+            if same:
+                return
+            await run.stop(withdraw=run.configuration.uid != cfg.uid)
+        self._start(cfg)
+
+    def _start(self, cfg: Configuration) -> None:
+        publisher = InstancePublisher(
+            client=self._client, node_name=self._node, configuration=cfg,
+            devices=self._devices, labels=self._labels, metrics=self._metrics,
+        )
+        run = DiscoveryRun(
+            client=self._client, node_name=self._node, configuration=cfg,
+            publisher=publisher, references=self._references, metrics=self._metrics,
+            resync_interval=self._resync_interval,
+        )
+        self._runs[run.key] = run
+        log.info(
+            "starting discovery (generation %d)", cfg.generation,
+            extra={"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node},
+        )
+        run.start()
+
+    def _in_background(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except ApiError as exc:
+                log.warning("%s failed: %s", name, exc)
+
+        task = asyncio.create_task(guarded(), name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _on_reference_change(self, ref: Reference) -> None:
+        async with self._lock:
+            for key, run in list(self._runs.items()):
+                cfg = run.configuration
+                props = cfg.spec.discovery_handler.discovery_properties
+                if not any(
+                    p.value_from is not None
+                    and p.value_from.kind == ref.kind
+                    and p.value_from.name == ref.name
+                    and (p.value_from.namespace or cfg.namespace) == ref.namespace
+                    for p in props
+                ):
+                    continue
+                try:
+                    resolved = await resolve_properties(
+                        self._client, namespace=cfg.namespace, properties=props
+                    )
+                    changed = resolved.values != run.properties
+                except PropertyUnavailable:
+                    changed = run.properties is not None
+                if changed:
+                    log.info(
+                        "discovery properties changed (%s %s/%s); restarting",
+                        ref.kind, ref.namespace, ref.name,
+                        extra={"configuration": "/".join(key)},
+                    )
+                    del self._runs[key]
+                    await run.stop(withdraw=False)
+                    self._start(cfg)
+
+    async def _read_node_labels(self) -> Mapping[str, str]:
+        try:
+            node = await self._client.get(Node, self._node)
+        except ApiError as exc:
+            if is_not_found(exc):
+                log.warning("Node %s not found yet; selectors see no labels", self._node)
+                return {}
+            raise
+        return dict((node.metadata.labels if node.metadata else None) or {})
+
+    async def _watch_node(self) -> None:
+        stream = self._client.watch(
+            Node, fields={"metadata.name": self._node}, on_error=_on_watch_error("node")
+        )
+        async for _op, node in stream:
+            labels = dict((node.metadata.labels if node.metadata else None) or {})
+            if labels == self._node_labels:
+                continue
+            async with self._lock:
+                self._node_labels = labels
+                for key in list(self._configurations):
+                    await self._reconcile(key)

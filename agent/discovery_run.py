@@ -1,0 +1,193 @@
+"""One discovery run: one Configuration's handler, on this node, as one asyncio task.
+
+Why this exists: each Configuration's discovery runs in its own task, so one handler that is
+slow, hangs or fails never stalls another. A run loads the handler (lazily: only now is its
+module imported), resolves ``discoveryProperties``, parses ``discoveryDetails`` and feeds every
+device list to its ``InstancePublisher``. Bad input (unknown handler, invalid details, a missing
+Secret) is reported on the Configuration and the run waits for a change (spec or referenced
+Secret/ConfigMap restarts it); discovery errors are retried with exponential backoff, bounded
+to ``MAX_CONSECUTIVE_FAILURES`` attempts before the run gives up and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+
+from agent.events import (
+    REASON_DISCOVERY_FAILED,
+    REASON_INVALID_DETAILS,
+    REASON_PROPERTY_UNAVAILABLE,
+    REASON_UNKNOWN_HANDLER,
+    ConfigurationReporter,
+)
+from agent.instance_publisher import InstancePublisher
+from agent.metrics import AgentMetrics
+from agent.properties import PropertyUnavailable, ReferenceWatch, resolve_properties
+from crds.configuration import Configuration
+from discovery_handlers.contract import DiscoveryHandler, InvalidDetails
+from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_handler
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_BASE = 1.0  # seconds before the first restart of a failed discovery
+RESTART_BACKOFF_MAX = 60.0
+MAX_CONSECUTIVE_FAILURES = 8
+RESYNC_INTERVAL = 60.0  # seconds between re-applies of every visible device's Instance
+
+RunKey = tuple[str, str]  # (namespace, configuration name)
+
+
+def details_shared(handler: DiscoveryHandler, details: Any) -> bool:
+    """Whether this Configuration's devices are shared.
+
+    A handler says so in ``shared``; a handler whose details choose per Configuration (debugEcho's
+    ``shared``) exposes a boolean ``shared`` attribute on its parsed details, which wins.
+    """
+    override = getattr(details, "shared", None)
+    return override if isinstance(override, bool) else handler.shared
+
+
+class DiscoveryRun:
+    """Owns the task of one Configuration's discovery on this node."""
+
+    def __init__(
+        self,
+        *,
+        client: AsyncClient,
+        node_name: str,
+        configuration: Configuration,
+        publisher: InstancePublisher,
+        references: ReferenceWatch,
+        metrics: AgentMetrics,
+        resync_interval: float = RESYNC_INTERVAL,
+    ) -> None:
+        self.configuration = configuration
+        self.publisher = publisher
+        self.key: RunKey = (configuration.namespace, configuration.name)
+        self.properties: Mapping[str, str] | None = None
+        self._client = client
+        self._node = node_name
+        self._references = references
+        self._metrics = metrics
+        self._resync_interval = resync_interval
+        self._reporter = ConfigurationReporter(
+            client=client, node_name=node_name, configuration=configuration
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._got_result = False
+
+    def start(self) -> None:
+        name = f"discovery-{self.key[0]}/{self.key[1]}"
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    async def stop(self, *, withdraw: bool) -> None:
+        """Cancel the run; ``withdraw`` also removes this node from the Instances."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._references.track(self.key, frozenset())
+        if withdraw:
+            await self.publisher.withdraw()
+
+    async def _run(self) -> None:
+        cfg = self.configuration
+        extra = {"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node}
+        handler_name = cfg.spec.discovery_handler.name
+        try:
+            handler = load_handler(handler_name)
+        except (UnknownHandler, BrokenHandler) as exc:
+            self._metrics.discovery_errors.labels(handler_name, REASON_UNKNOWN_HANDLER).inc()
+            await self._reporter.problem(REASON_UNKNOWN_HANDLER, str(exc))
+            return
+        try:
+            await self.publisher.adopt()
+            await self._discover_with_backoff(handler, extra)
+        except Exception:
+            log.exception("discovery run crashed", extra=extra)
+            raise
+        finally:
+            await self.publisher.close()
+
+    async def _discover_with_backoff(
+        self, handler: DiscoveryHandler, extra: Mapping[str, str]
+    ) -> None:
+        cfg = self.configuration
+        failures = 0
+        while True:
+            try:
+                resolved = await resolve_properties(
+                    self._client, namespace=cfg.namespace,
+                    properties=cfg.spec.discovery_handler.discovery_properties,
+                )
+                self._references.track(self.key, resolved.references)
+                self.properties = resolved.values
+                details = handler.parse_details(
+                    cfg.spec.discovery_handler.discovery_details, resolved.values
+                )
+            except InvalidDetails as exc:
+                self._metrics.discovery_errors.labels(handler.name, REASON_INVALID_DETAILS).inc()
+                await self._reporter.problem(REASON_INVALID_DETAILS, str(exc))
+                return
+            except PropertyUnavailable as exc:
+                self._metrics.discovery_errors.labels(
+                    handler.name, REASON_PROPERTY_UNAVAILABLE
+                ).inc()
+                await self._reporter.problem(REASON_PROPERTY_UNAVAILABLE, str(exc))
+                return
+            self._got_result = False
+            try:
+                await self._discover(handler, details)
+                return  # the handler's stream ended: nothing more will come
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures = 1 if self._got_result else failures + 1
+                self._metrics.discovery_errors.labels(handler.name, type(exc).__name__).inc()
+                if failures >= MAX_CONSECUTIVE_FAILURES:
+                    await self._reporter.problem(
+                        REASON_DISCOVERY_FAILED,
+                        f"gave up after {failures} consecutive failures: {exc}",
+                    )
+                    return
+                delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_BASE * 2 ** (failures - 1))
+                log.warning("discovery failed (%s); retrying in %.1fs", exc, delay, extra=extra)
+                await self._reporter.problem(
+                    REASON_DISCOVERY_FAILED, f"{exc} (attempt {failures}, retrying)"
+                )
+                await asyncio.sleep(delay)
+
+    async def _discover(self, handler: DiscoveryHandler, details: Any) -> None:
+        shared = details_shared(handler, details)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = True
+        resync = asyncio.create_task(self._resync_forever(), name=f"resync-{self.key[1]}")
+        try:
+            async for devices in handler.discover(details):
+                now = loop.time()
+                self._metrics.discovery_duration.labels(handler.name).observe(now - started)
+                started = now
+                await self.publisher.publish(handler, devices, shared=shared)
+                if first:
+                    first = False
+                    self._got_result = True
+                    await self._reporter.ok(f"discovery running on node {self._node}")
+        finally:
+            resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resync
+
+    async def _resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._resync_interval)
+            try:
+                await self.publisher.resync()
+            except ApiError as exc:
+                log.warning("resync of %s/%s failed: %s", *self.key, exc)

@@ -1,0 +1,336 @@
+"""Turn one Configuration's device lists into Instances, for this node.
+
+Why this exists: this is where discovery meets the API. Every full device list a handler yields
+becomes Instances (one per shared device, listing every node that sees it; one per node for a
+local device), entries in the ``NodeDeviceTable`` the device plugins serve, this node's labels
+and the instances gauge.
+
+How the Instance is written, and why slots are safe:
+
+- Agents on several nodes write one shared Instance. Each uses server-side apply with its own
+  field manager (``edgeplug-agent-<node>``) and applies ``nodes: [<node>]``: ``nodes`` is a set
+  list, so the API server merges every agent's element and each agent owns exactly its own.
+  The other applied fields (configurationName, cdiName, capacity, shared, brokerProperties,
+  owner reference) are a pure function of the Configuration and the device, so agents apply
+  identical values and share ownership. ``force=True`` only settles the short window in which
+  agents disagree because a Configuration change has not reached all of them; it cannot touch a
+  field this node does not apply.
+- ``deviceUsage`` is never in an apply. Were it applied, this node's manager would own the slot
+  values and a later apply could reset a slot the device-plugin side claimed. Instead the
+  Instance is *created* (plain POST, ``409 AlreadyExists`` means another agent won the race)
+  with every slot ``crds.naming.slot_id(instance, i)`` set to ``""``, and slots that are missing
+  afterwards (capacity raised, or an Instance re-created by apply) are added by a merge patch
+  that carries the read ``resourceVersion``: an optimistic-concurrency write that fails instead
+  of overwriting a claim made in between, and names only missing keys.
+- Leaving a shared Instance is an apply of the same body without ``nodes``: the API server drops
+  the element this manager owned and nothing else. The node that finds ``nodes`` empty
+  afterwards deletes the Instance. (Between that read and the delete another agent can join; it
+  re-creates the Instance at its next resync, ``RESYNC_INTERVAL`` in ``discovery_run``.)
+- A local device that goes is deleted at once; a shared one keeps this node (marked unhealthy in
+  the table) for ``offlineGracePeriodSeconds`` and is left only if it does not come back.
+- Restart adoption: ``adopt`` lists the Configuration's Instances that already name this node
+  and keeps them untouched; reconciliation waits for the first device list, so an agent restart
+  deletes and re-creates nothing and every slot (and uid) survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import PatchType
+
+from agent.kube import (
+    InstanceResource,
+    as_dict,
+    field_manager,
+    is_conflict,
+    is_not_found,
+)
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.node_labels import NodeLabels
+from crds.api import API_VERSION, INSTANCE_KIND
+from crds.configuration import Configuration
+from crds.instance import Instance
+from crds.naming import cdi_name, instance_digest, instance_name, slot_id
+from discovery_handlers.contract import Device, DiscoveryHandler, PreparingHandler
+
+log = logging.getLogger(__name__)
+
+
+class InstancePublisher:
+    """Instances of one Configuration as this node sees them. Not shared between runs."""
+
+    def __init__(
+        self,
+        *,
+        client: AsyncClient,
+        node_name: str,
+        configuration: Configuration,
+        devices: NodeDeviceTable,
+        labels: NodeLabels,
+        metrics: AgentMetrics,
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._cfg = configuration
+        self._table = devices
+        self._labels = labels
+        self._metrics = metrics
+        self._manager = field_manager(node_name)
+        self._owned: dict[str, bool] = {}  # Instance name → shared, for Instances naming us
+        self._applied: dict[str, dict[str, Any]] = {}  # last body applied per Instance
+        self._grace: dict[str, asyncio.Task[None]] = {}
+        self._last: tuple[DiscoveryHandler, Sequence[Device], bool] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def owned(self) -> Mapping[str, bool]:
+        return dict(self._owned)
+
+    async def adopt(self) -> None:
+        """Take over the Instances an earlier run or agent left naming this node."""
+        cfg = self._cfg
+        async for obj in self._client.list(InstanceResource, namespace=cfg.namespace):
+            instance = Instance.from_object(as_dict(obj))
+            spec = instance.spec
+            if spec.configuration_name == cfg.name and self._node in spec.nodes:
+                self._owned[instance.name] = spec.shared
+        log.info(
+            "adopted %d Instances", len(self._owned),
+            extra={"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node},
+        )
+
+    async def publish(
+        self, handler: DiscoveryHandler, devices: Sequence[Device], *, shared: bool
+    ) -> None:
+        """Make the API and the table say what the latest full device list says."""
+        async with self._lock:
+            self._last = (handler, devices, shared)
+            desired: dict[str, Device] = {}
+            for device in devices:
+                name = instance_name(self._cfg.name, device.id, shared=shared, node=self._node)
+                desired[name] = device
+            for name, device in desired.items():
+                task = self._grace.pop(name, None)
+                if task is not None:
+                    task.cancel()
+                await self._ensure(name, device, shared=shared)
+                self._owned[name] = shared
+                await self._table.put(self._node_device(name, handler, device, shared=shared))
+            for name, was_shared in list(self._owned.items()):
+                if name in desired:
+                    continue
+                if not was_shared:
+                    await self._leave(name, shared=False)
+                elif name not in self._grace:
+                    await self._mark_unhealthy(name)
+                    self._grace[name] = asyncio.create_task(
+                        self._leave_after_grace(name), name=f"grace-{name}"
+                    )
+            await self._report()
+
+    async def resync(self) -> None:
+        """Re-apply every visible device (heals Instances deleted behind our back)."""
+        if self._last is None:
+            return
+        self._applied.clear()
+        handler, devices, shared = self._last
+        await self.publish(handler, devices, shared=shared)
+
+    async def withdraw(self) -> None:
+        """This node stops serving the Configuration: leave (or delete) all its Instances."""
+        await self.close()
+        async with self._lock:
+            for name, shared in list(self._owned.items()):
+                await self._leave(name, shared=shared)
+            await self._report()
+
+    async def close(self) -> None:
+        """Stop grace timers; the Instances stay as they are (a restart adopts them)."""
+        tasks = list(self._grace.values())
+        self._grace.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _body(self, name: str, device: Device, *, shared: bool) -> dict[str, Any]:
+        cfg = self._cfg
+        digest = instance_digest(device.id, shared=shared, node=self._node)
+        return {
+            "apiVersion": API_VERSION,
+            "kind": INSTANCE_KIND,
+            "metadata": {
+                "name": name,
+                "namespace": cfg.namespace,
+                "ownerReferences": [cfg.owner_reference()],
+            },
+            "spec": {
+                "configurationName": cfg.name,
+                "cdiName": cdi_name(cfg.name, digest),
+                "capacity": cfg.spec.capacity,
+                "brokerProperties": self._properties(device),
+                "shared": shared,
+                "nodes": [self._node],
+            },
+        }
+
+    def _properties(self, device: Device) -> dict[str, str]:
+        return {**device.properties, **self._cfg.spec.broker_properties}
+
+    async def _ensure(self, name: str, device: Device, *, shared: bool) -> None:
+        body = self._body(name, device, shared=shared)
+        if self._applied.get(name) == body:
+            return
+        if name not in self._owned:
+            await self._create(name, body)
+        applied = await self._client.patch(
+            InstanceResource, name, body, namespace=self._cfg.namespace,
+            patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
+        )
+        await self._fill_slots(as_dict(applied))
+        self._applied[name] = body
+
+    async def _create(self, name: str, body: dict[str, Any]) -> None:
+        spec = {k: v for k, v in body["spec"].items() if k != "nodes"}
+        spec["deviceUsage"] = {slot_id(name, i): "" for i in range(self._cfg.spec.capacity)}
+        created = {**body, "spec": spec}
+        try:
+            await self._client.create(
+                InstanceResource.from_dict(created), field_manager=self._manager
+            )
+            log.info("created Instance %s", name, extra=self._extra(name))
+        except ApiError as exc:
+            if not is_conflict(exc):
+                raise
+
+    async def _fill_slots(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        usage = obj.get("spec", {}).get("deviceUsage") or {}
+        missing = {
+            slot_id(name, i): ""
+            for i in range(self._cfg.spec.capacity)
+            if slot_id(name, i) not in usage
+        }
+        if not missing:
+            return
+        patch = {
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "spec": {"deviceUsage": missing},
+        }
+        try:
+            await self._client.patch(
+                InstanceResource, name, patch, namespace=self._cfg.namespace,
+                patch_type=PatchType.MERGE, field_manager=self._manager,
+            )
+        except ApiError as exc:
+            if not is_conflict(exc):
+                raise
+            self._applied.pop(name, None)  # someone wrote in between: fill at the next pass
+
+    async def _leave(self, name: str, *, shared: bool) -> None:
+        """Remove this node from ``name``; delete it when local or when no node is left."""
+        self._owned.pop(name, None)
+        self._applied.pop(name, None)
+        await self._table.remove(self._cfg.namespace, name)
+        if not shared:
+            await self._delete(name)
+            return
+        body = self._leave_body(name)
+        try:
+            left = await self._client.patch(
+                InstanceResource, name, body, namespace=self._cfg.namespace,
+                patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
+            )
+        except ApiError as exc:
+            if is_not_found(exc):
+                return
+            raise
+        nodes = as_dict(left).get("spec", {}).get("nodes") or []
+        log.info("left Instance %s (nodes now %s)", name, nodes, extra=self._extra(name))
+        if not nodes:
+            await self._delete(name)
+
+    def _leave_body(self, name: str) -> dict[str, Any]:
+        cfg = self._cfg
+        return {
+            "apiVersion": API_VERSION,
+            "kind": INSTANCE_KIND,
+            "metadata": {"name": name, "namespace": cfg.namespace},
+        }
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self._client.delete(InstanceResource, name, namespace=self._cfg.namespace)
+            log.info("deleted Instance %s", name, extra=self._extra(name))
+        except ApiError as exc:
+            if not is_not_found(exc):
+                raise
+
+    async def _leave_after_grace(self, name: str) -> None:
+        await asyncio.sleep(self._cfg.spec.offline_grace_period_seconds)
+        async with self._lock:
+            if self._grace.get(name) is not asyncio.current_task():
+                return
+            del self._grace[name]
+            try:
+                await self._leave(name, shared=True)
+            except ApiError as exc:
+                log.warning("could not leave Instance %s: %s", name, exc, extra=self._extra(name))
+            await self._report()
+
+    # -- the node's view -------------------------------------------------------------------
+
+    def _node_device(
+        self, name: str, handler: DiscoveryHandler, device: Device, *, shared: bool
+    ) -> NodeDevice:
+        digest = instance_digest(device.id, shared=shared, node=self._node)
+        prepare = (
+            functools.partial(handler.prepare, device)
+            if isinstance(handler, PreparingHandler)
+            else None
+        )
+        return NodeDevice(
+            instance=name,
+            namespace=self._cfg.namespace,
+            configuration=self._cfg.name,
+            properties=self._properties(device),
+            mounts=device.mounts,
+            device_specs=device.device_specs,
+            cdi_name=cdi_name(self._cfg.name, digest),
+            healthy=True,
+            prepare=prepare,
+        )
+
+    async def _mark_unhealthy(self, name: str) -> None:
+        current = self._table.get(self._cfg.namespace, name)
+        if current is not None and current.healthy:
+            await self._table.put(
+                NodeDevice(
+                    instance=current.instance, namespace=current.namespace,
+                    configuration=current.configuration, properties=current.properties,
+                    mounts=current.mounts, device_specs=current.device_specs,
+                    cdi_name=current.cdi_name, healthy=False, prepare=current.prepare,
+                )
+            )
+
+    async def _report(self) -> None:
+        cfg = self._cfg
+        self._metrics.instances.labels(cfg.namespace, cfg.name).set(len(self._owned))
+        await self._labels.set(
+            namespace=cfg.namespace, configuration=cfg.name, has_devices=bool(self._owned)
+        )
+
+    def _extra(self, name: str) -> dict[str, str]:
+        return {
+            "configuration": f"{self._cfg.namespace}/{self._cfg.name}",
+            "instance": name,
+            "node": self._node,
+        }

@@ -1,0 +1,107 @@
+"""``edgeplug-agent``: wiring only. Settings in, metrics, configuration watch and device plugins up.
+
+Why this exists: the DaemonSet runs ``edgeplug-agent``; tests and the demo run the same agent
+in-process with ``run_agent(settings)`` or as a subprocess with ``python -m agent.main`` (the
+restart test SIGKILLs it). All logic lives in the modules wired here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from agent.configuration_watch import ConfigurationWatch
+from agent.discovery_run import RESYNC_INTERVAL
+from agent.kube import make_client
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDeviceTable
+from agent.settings import AgentSettings, SettingsError
+
+log = logging.getLogger("agent")
+
+#: Attributes every LogRecord has; anything else came in through ``extra`` and is printed.
+_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``time level logger message key=value ...``: the ``extra`` fields become key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        pairs = [
+            f"{k}={v}" for k, v in sorted(vars(record).items()) if k not in _STANDARD_ATTRS
+        ]
+        return f"{line} {' '.join(pairs)}" if pairs else line
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+async def run_agent(
+    settings: AgentSettings,
+    *,
+    devices: NodeDeviceTable | None = None,
+    metrics: AgentMetrics | None = None,
+    resync_interval: float = RESYNC_INTERVAL,
+) -> None:
+    """Run the whole agent until cancelled. Instances are left in place on the way out."""
+    devices = devices if devices is not None else NodeDeviceTable()
+    metrics = metrics if metrics is not None else AgentMetrics()
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
+    client = make_client(settings.kubeconfig)
+    watch = ConfigurationWatch(
+        client=client, node_name=settings.node_name, namespace=settings.namespace,
+        devices=devices, metrics=metrics, resync_interval=resync_interval,
+    )
+    parts: list[Coroutine[Any, Any, None]] = [watch.run()]
+    if settings.serve_device_plugins:
+        # Imported here so the discovery side runs (and is tested) on its own.
+        from agent.deviceplugin.service import serve_device_plugins
+
+        parts.append(
+            serve_device_plugins(
+                client=client, node_name=settings.node_name, plugin_dir=settings.plugin_dir,
+                pod_resources_socket=settings.pod_resources_socket, devices=devices,
+                metrics=metrics,
+            )
+        )
+    log.info("agent starting", extra={"node": settings.node_name})
+    try:
+        async with asyncio.TaskGroup() as group:
+            for part in parts:
+                group.create_task(part)
+    finally:
+        await client.close()
+        log.info("agent stopped", extra={"node": settings.node_name})
+
+
+async def _serve_until_signalled(settings: AgentSettings) -> None:
+    task = asyncio.create_task(run_agent(settings))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def main() -> None:
+    configure_logging()
+    try:
+        settings = AgentSettings.from_env()
+    except SettingsError as exc:
+        log.error("%s", exc)
+        raise SystemExit(2) from exc
+    asyncio.run(_serve_until_signalled(settings))
+
+
+if __name__ == "__main__":
+    main()
