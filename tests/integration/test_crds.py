@@ -270,8 +270,10 @@ def test_agents_merge_nodes_and_slots_with_server_side_apply(
 
 
 def test_instance_rejects_mistakes(control_plane: ControlPlane, namespace: str) -> None:
-    base = {"apiVersion": API_VERSION, "kind": INSTANCE_KIND, "metadata": {"name": "i"},
-            "spec": {"configurationName": "c", "deviceUsage": {"i-0": ""}}}
+    base: dict[str, Any] = {
+        "apiVersion": API_VERSION, "kind": INSTANCE_KIND, "metadata": {"name": "i"},
+        "spec": {"configurationName": "c", "deviceUsage": {"i-0": ""}},
+    }
     apply(control_plane, namespace, base)
     cases = [
         ({"configurationName": "other"}, "spec.configurationName"),
