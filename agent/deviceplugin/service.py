@@ -1,0 +1,374 @@
+"""The agent's device-plugin side: Instances in, kubelet plugins and slot bookkeeping out.
+
+Why this exists: ``agent.main`` needs one entry point, ``serve_device_plugins``, that keeps the
+kubelet's view in line with the API server and with what this node can serve. It watches
+Instances, reacts to the ``NodeDeviceTable``, and on every change (and every
+``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists this node,
+one configuration-level plugin per Configuration with such Instances, advertised lists computed
+by ``agent.slots``, reservations moved through ``agent.slot_ledger`` (advertising stops before a
+reservation is released), this node's usage freed when an Instance stops listing it, and slots
+of vanished pods freed by ``agent.slot_freeing``. The lifecycle (sockets, registration, kubelet
+restarts) is ``PluginManager``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import OnErrorAction, OnErrorResult
+
+from agent.deviceplugin.backend import AdvertisedDevice, DeviceFeed, PluginBackend, PluginSpec
+from agent.deviceplugin.manager import PluginManager
+from agent.kube import ConfigurationResource, InstanceResource, as_dict, is_not_found
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.podresources import PodResourcesClient
+from agent.slot_backends import ConfigurationBackend, InstanceBackend
+from agent.slot_freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
+from agent.slot_ledger import SlotLedger
+from agent.slots import (
+    SlotRef,
+    configuration_devices,
+    instance_devices,
+    is_held_by,
+    reservation_plan,
+    usage_of,
+)
+from crds.configuration import Configuration
+from crds.instance import Instance
+from crds.naming import configuration_resource_name, instance_resource_name
+
+log = logging.getLogger(__name__)
+
+#: Reconcile at least this often even without events (retries, orphan sweeps).
+RESYNC_SECONDS = 1.0
+#: Delay before a failed Instance watch is opened again (doubling, capped below).
+WATCH_RETRY_SECONDS = 0.5
+WATCH_RETRY_MAX_SECONDS = 10.0
+#: Socket names longer than this are replaced by a digest (Unix socket paths are short).
+MAX_SOCKET_NAME = 60
+
+_Key = tuple[str, str]
+
+
+def socket_name(resource: str) -> str:
+    """``edgeplug.io/cam-1a2b3c`` → ``edgeplug.io_cam-1a2b3c.sock`` (digest when too long)."""
+    name = resource.replace("/", "_") + ".sock"
+    if len(name) > MAX_SOCKET_NAME:
+        name = "ep-" + hashlib.blake2b(resource.encode(), digest_size=8).hexdigest() + ".sock"
+    return name
+
+
+def _watch_retry(count: int) -> float:
+    return float(min(WATCH_RETRY_MAX_SECONDS, WATCH_RETRY_SECONDS * 2 ** min(count, 10)))
+
+
+@dataclass
+class _Served:
+    """A plugin this service runs, and what it was built from."""
+
+    spec: PluginSpec
+    key: tuple[str, str, str]  # ("instance"|"configuration", namespace, name)
+
+
+class DevicePluginService:
+    """Everything behind ``serve_device_plugins``; also the ``SlotWorld`` backends use."""
+
+    def __init__(
+        self,
+        *,
+        client: AsyncClient,
+        node_name: str,
+        plugin_dir: Path,
+        pod_resources_socket: Path | None,
+        devices: NodeDeviceTable,
+        metrics: AgentMetrics,
+        orphan_grace: float = ORPHAN_GRACE_SECONDS,
+    ) -> None:
+        self.node = node_name
+        self.metrics = metrics
+        self._client = client
+        self._devices = devices
+        self.manager = PluginManager(plugin_dir=plugin_dir, metrics=metrics)
+        self._instances: dict[_Key, Instance] = {}
+        self._ledgers: dict[_Key, SlotLedger] = {}
+        self._served: dict[str, _Served] = {}
+        self._config_resources: dict[_Key, str] = {}
+        self._wake = asyncio.Event()
+        self._pod_resources = (
+            PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
+        )
+        self._freer = (
+            OrphanFreer(
+                client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace
+            )
+            if self._pod_resources
+            else None
+        )
+
+    # -- SlotWorld ---------------------------------------------------------------------------
+
+    def ledger(self, namespace: str, instance: str) -> SlotLedger:
+        key = (namespace, instance)
+        if key not in self._ledgers:
+            self._ledgers[key] = SlotLedger(
+                client=self._client, node=self.node, namespace=namespace, name=instance
+            )
+        return self._ledgers[key]
+
+    def instance(self, namespace: str, instance: str) -> Instance | None:
+        return self._instances.get((namespace, instance))
+
+    def device(self, namespace: str, instance: str) -> NodeDevice | None:
+        return self._devices.get(namespace, instance)
+
+    def configuration_instances(self, namespace: str, configuration: str) -> list[Instance]:
+        return [
+            i
+            for k, i in self._instances.items()
+            if k[0] == namespace
+            and i.spec.configuration_name == configuration
+            and self._serves(k, i)
+        ]
+
+    def slots_changed(self, refs: Iterable[SlotRef]) -> None:
+        if self._freer is not None:
+            self._freer.claimed(refs)
+        self._wake.set()
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self.manager.run(), name="plugin-manager")
+                tasks.create_task(self._watch_instances(), name="watch-instances")
+                tasks.create_task(self._watch_table(), name="watch-node-devices")
+                tasks.create_task(self._reconcile_loop(), name="reconcile-plugins")
+        finally:
+            if self._pod_resources is not None:
+                await self._pod_resources.close()
+
+    async def _watch_instances(self) -> None:
+        def on_error(error: Exception, count: int) -> OnErrorResult:
+            log.warning("Instance watch failed (%s); retrying", error)
+            return OnErrorResult(OnErrorAction.RETRY, sleep=_watch_retry(count))
+
+        stream = self._client.watch(InstanceResource, namespace="*", on_error=on_error)
+        async for op, obj in stream:
+            instance = Instance.from_object(as_dict(obj))
+            key = (instance.namespace, instance.name)
+            if op == "DELETED":
+                self._instances.pop(key, None)
+                self._ledgers.pop(key, None)
+            else:
+                self._instances[key] = instance
+            self._wake.set()
+
+    async def _watch_table(self) -> None:
+        version = self._devices.version
+        while True:
+            version = await self._devices.wait_changed(version)
+            self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), RESYNC_SECONDS)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except (ApiError, OSError) as error:
+                log.warning("device-plugin reconcile failed; retrying: %s", error)
+
+    def _serves(self, key: _Key, instance: Instance) -> bool:
+        return self.node in instance.spec.nodes and self._devices.get(*key) is not None
+
+    async def reconcile(self) -> None:
+        served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
+        wanted: set[str] = set()
+        groups: dict[_Key, list[Instance]] = {}
+        for key, instance in served.items():
+            wanted.add(await self._ensure_instance_plugin(key, instance))
+            groups.setdefault((key[0], instance.spec.configuration_name), []).append(instance)
+        for (namespace, configuration), instances in groups.items():
+            wanted.add(await self._ensure_configuration_plugin(namespace, configuration, instances))
+        for resource in set(self._served) - wanted:
+            served_plugin = self._served.pop(resource)
+            if served_plugin.key[0] == "configuration":
+                self._config_resources.pop(served_plugin.key[1:], None)
+            await self.manager.remove(resource)
+        await self._move_reservations(served)
+        await self._withdraw_from_unlisted()
+        if self._freer is not None:
+            await self._freer.sweep(list(self._instances.values()), self._config_resources)
+
+    async def _ensure_instance_plugin(self, key: _Key, instance: Instance) -> str:
+        resource = instance_resource_name(instance.name)
+        device = self._devices.get(*key)
+        assert device is not None
+        advertised = instance_devices(instance, self.node, healthy=device.healthy)
+        await self._ensure(
+            resource,
+            ("instance", *key),
+            advertised,
+            pre_start=device.prepare is not None,
+            backend_for=lambda feed: InstanceBackend(
+                world=self, namespace=key[0], instance=key[1], resource=resource
+            ),
+        )
+        return resource
+
+    async def _ensure_configuration_plugin(
+        self, namespace: str, configuration: str, instances: list[Instance]
+    ) -> str:
+        resource = self._config_resources.get((namespace, configuration))
+        if resource is None:
+            resource = await self._configuration_resource(namespace, configuration)
+            self._config_resources[(namespace, configuration)] = resource
+        devices = {i.name: self._devices.get(namespace, i.name) for i in instances}
+        advertised = configuration_devices(
+            configuration,
+            instances,
+            self.node,
+            healthy=[name for name, d in devices.items() if d is not None and d.healthy],
+        )
+        await self._ensure(
+            resource,
+            ("configuration", namespace, configuration),
+            advertised,
+            pre_start=any(d is not None and d.prepare is not None for d in devices.values()),
+            backend_for=lambda feed: ConfigurationBackend(
+                world=self,
+                namespace=namespace,
+                configuration=configuration,
+                resource=resource,
+                feed=feed,
+            ),
+        )
+        return resource
+
+    async def _ensure(
+        self,
+        resource: str,
+        key: tuple[str, str, str],
+        advertised: list[AdvertisedDevice],
+        *,
+        pre_start: bool,
+        backend_for: Callable[[DeviceFeed], PluginBackend],
+    ) -> None:
+        served = self._served.get(resource)
+        if served is not None and served.key == key and served.spec.pre_start_required == pre_start:
+            served.spec.feed.publish(advertised)
+            return
+        feed = DeviceFeed(advertised)
+        spec = PluginSpec(
+            resource_name=resource,
+            socket_name=socket_name(resource),
+            backend=backend_for(feed),
+            feed=feed,
+            pre_start_required=pre_start,
+        )
+        self._served[resource] = _Served(spec=spec, key=key)
+        await self.manager.add(spec)
+
+    async def _configuration_resource(self, namespace: str, configuration: str) -> str:
+        override = None
+        try:
+            obj = await self._client.get(ConfigurationResource, configuration, namespace=namespace)
+            override = Configuration.from_object(as_dict(obj)).spec.resource_name
+        except ApiError as error:
+            if not is_not_found(error):
+                raise
+        return configuration_resource_name(configuration, override)
+
+    async def _move_reservations(self, served: dict[_Key, Instance]) -> None:
+        for key, instance in served.items():
+            plan = reservation_plan(instance, self.node)
+            if not plan:
+                continue
+            if plan.release:
+                # Stop advertising first, so the kubelet does not pick a slot we give away.
+                self._withhold(key, set(plan.release))
+            ledger = self.ledger(*key)
+            async with ledger.lock:
+                if plan.release:
+                    await ledger.release(list(plan.release))
+                if plan.reserve:
+                    await ledger.reserve(list(plan.reserve))
+
+    def _withhold(self, key: _Key, slots: set[str]) -> None:
+        served = self._served.get(instance_resource_name(key[1]))
+        if served is not None:
+            feed = served.spec.feed
+            feed.publish(
+                AdvertisedDevice(d.id, healthy=d.healthy and d.id not in slots)
+                for d in feed.devices
+            )
+        # The configuration plugin's virtual devices count available slots: recount without.
+        instance = self._instances[key]
+        reduced = replace(
+            instance,
+            reservations={s: n for s, n in instance.reservations.items() if s not in slots},
+        )
+        configuration = instance.spec.configuration_name
+        resource = self._config_resources.get((key[0], configuration))
+        served_config = self._served.get(resource) if resource else None
+        if served_config is not None:
+            others = [
+                i for i in self.configuration_instances(key[0], configuration) if i.name != key[1]
+            ]
+            healthy = [
+                i.name
+                for i in [*others, reduced]
+                if (d := self._devices.get(key[0], i.name)) is not None and d.healthy
+            ]
+            served_config.spec.feed.publish(
+                configuration_devices(configuration, [*others, reduced], self.node, healthy=healthy)
+            )
+
+    async def _withdraw_from_unlisted(self) -> None:
+        """Free this node's usage on Instances that no longer list it."""
+        for key, instance in list(self._instances.items()):
+            if self.node in instance.spec.nodes:
+                continue
+            mine = {
+                slot: usage_of(instance, slot)
+                for slot in instance.spec.device_usage
+                if is_held_by(usage_of(instance, slot), self.node)
+            }
+            if mine:
+                ledger = self.ledger(*key)
+                async with ledger.lock:
+                    await ledger.free(mine)
+
+
+async def serve_device_plugins(
+    *,
+    client: AsyncClient,
+    node_name: str,
+    plugin_dir: Path,
+    pod_resources_socket: Path | None,
+    devices: NodeDeviceTable,
+    metrics: AgentMetrics,
+    orphan_grace: float = ORPHAN_GRACE_SECONDS,
+) -> None:
+    """Serve a kubelet device plugin for every Instance this node can serve; runs until
+    cancelled, then removes every plugin socket."""
+    service = DevicePluginService(
+        client=client,
+        node_name=node_name,
+        plugin_dir=plugin_dir,
+        pod_resources_socket=pod_resources_socket,
+        devices=devices,
+        metrics=metrics,
+        orphan_grace=orphan_grace,
+    )
+    await service.run()

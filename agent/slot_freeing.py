@@ -1,0 +1,101 @@
+"""Freeing slots this node holds for pods that no longer exist.
+
+Why this exists: the kubelet never tells a device plugin that a pod has gone, so a slot written
+into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-resources ``List``
+says which device ids live pods hold; a slot of ours whose id no live pod holds, continuously for
+``ORPHAN_GRACE_SECONDS`` (and not claimed within that time: the kubelet lists a pod only after
+admitting it), is freed through its ledger, under the lock ``Allocate`` takes, and only if it
+still carries the same usage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import grpc
+
+from agent.podresources import PodResourcesClient
+from agent.slot_ledger import SlotLedger
+from agent.slots import SlotRef, usage_of
+from crds.instance import Instance, SlotUsage, SlotUsageKind
+from crds.naming import instance_resource_name
+
+log = logging.getLogger(__name__)
+
+#: How long a held slot must have no live pod before it is freed.
+ORPHAN_GRACE_SECONDS = 5.0
+
+_Key = tuple[str, str, str, str]  # namespace, instance, slot, usage value
+
+
+class OrphanFreer:
+    """Remembers since when each held slot has looked orphaned; frees it after the grace."""
+
+    def __init__(
+        self,
+        *,
+        client: PodResourcesClient,
+        node: str,
+        ledger: Callable[[str, str], SlotLedger],
+        grace: float = ORPHAN_GRACE_SECONDS,
+    ) -> None:
+        self._client = client
+        self._node = node
+        self._ledger = ledger
+        self._grace = grace
+        self._orphan_since: dict[_Key, float] = {}
+        self._claimed_at: dict[tuple[str, str, str], float] = {}
+
+    def claimed(self, refs: Iterable[SlotRef]) -> None:
+        now = time.monotonic()
+        for ref in refs:
+            self._claimed_at[(ref.namespace, ref.instance, ref.slot)] = now
+
+    async def sweep(
+        self, instances: Iterable[Instance], configuration_resources: Mapping[tuple[str, str], str]
+    ) -> None:
+        """One pass: look at every slot this node holds, free those orphaned long enough."""
+        try:
+            in_use = await self._client.devices_in_use()
+        except grpc.RpcError as error:
+            log.warning("pod-resources List failed; not freeing slots this time: %s", error)
+            return
+        now = time.monotonic()
+        seen: set[_Key] = set()
+        for instance in instances:
+            for slot, value in instance.spec.device_usage.items():
+                usage = usage_of(instance, slot)
+                if usage.is_free or usage.node != self._node:
+                    continue
+                if usage.kind is SlotUsageKind.NODE:
+                    resource: str | None = instance_resource_name(instance.name)
+                    device_id = slot
+                else:
+                    resource = configuration_resources.get(
+                        (instance.namespace, instance.spec.configuration_name)
+                    )
+                    device_id = usage.virtual_id
+                key = (instance.namespace, instance.name, slot, value)
+                seen.add(key)
+                claimed = self._claimed_at.get(key[:3], float("-inf"))
+                live = resource is not None and device_id in in_use.get(resource, frozenset())
+                if live or now - claimed < self._grace:
+                    self._orphan_since.pop(key, None)
+                    continue
+                since = self._orphan_since.setdefault(key, now)
+                if now - since >= self._grace:
+                    await self._free(instance, slot, usage)
+                    self._orphan_since.pop(key, None)
+        for key in set(self._orphan_since) - seen:
+            del self._orphan_since[key]
+
+    async def _free(self, instance: Instance, slot: str, usage: SlotUsage) -> None:
+        ledger = self._ledger(instance.namespace, instance.name)
+        async with ledger.lock:
+            await ledger.free({slot: usage})
+        log.info(
+            "freed a slot no live pod holds",
+            extra={"instance": instance.name, "slot": slot, "usage": usage.format()},
+        )
