@@ -35,7 +35,8 @@ class AgentSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
         """``NODE_NAME`` (required), ``KUBECONFIG`` (else in-cluster), ``PLUGIN_DIR``,
         ``POD_RESOURCES_SOCKET`` (empty: none), ``METRICS_PORT`` (unset: no metrics server),
-        ``WATCH_NAMESPACE`` (unset: all namespaces)."""
+        ``WATCH_NAMESPACE`` (unset: all namespaces), ``DEVICE_PLUGINS`` (``off``: discovery
+        only, no kubelet plugins)."""
         env = os.environ if env is None else env
         node_name = env.get("NODE_NAME", "").strip()
         if not node_name:
@@ -54,4 +55,5 @@ class AgentSettings:
             pod_resources_socket=Path(pod_resources) if pod_resources else None,
             metrics_port=metrics_port,
             namespace=env.get("WATCH_NAMESPACE") or None,
+            serve_device_plugins=env.get("DEVICE_PLUGINS", "on").lower() != "off",
         )

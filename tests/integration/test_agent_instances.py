@@ -1,0 +1,204 @@
+"""debugEcho devices become Instances with the right names, properties, nodes, slots and labels.
+
+Against the real control plane; the agent's discovery side runs in-process on an emulated node
+name (a Node object the test creates).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lightkube.resources.core_v1 import Node
+
+from crds.naming import cdi_name, instance_digest, instance_name, slot_id
+from tests.harness.agent_process import (
+    agent_in_process,
+    api_client,
+    apply,
+    create_node,
+    debug_echo_configuration,
+    eventually,
+    instances,
+)
+from tests.harness.controlplane import ControlPlane
+
+SHORT_GRACE = 2  # seconds: offlineGracePeriodSeconds for the grace tests
+
+
+def _node() -> str:
+    return f"node-{uuid.uuid4().hex[:8]}"
+
+
+async def test_shared_and_local_devices_become_instances(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    node = _node()
+    create_node(control_plane, node)
+    shared_cfg = debug_echo_configuration(
+        "echo-shared", descriptions=["foo0", "foo1"], capacity=2,
+        broker_properties={"COLOUR": "blue"},
+    )
+    local_cfg = debug_echo_configuration("echo-local", descriptions=["usb0"], shared=False)
+    client = api_client(control_plane)
+    async with agent_in_process(control_plane, node_name=node, namespace=namespace) as agent:
+        apply(control_plane, namespace, shared_cfg, local_cfg)
+        expected = {
+            instance_name("echo-shared", "foo0", shared=True, node=node),
+            instance_name("echo-shared", "foo1", shared=True, node=node),
+            instance_name("echo-local", "usb0", shared=False, node=node),
+        }
+
+        async def all_there() -> dict[str, dict[str, Any]] | None:
+            found = await instances(client, namespace)
+            return found if set(found) == expected else None
+
+        found = await eventually(all_there, what=f"Instances {sorted(expected)}")
+        foo0 = found[instance_name("echo-shared", "foo0", shared=True, node=node)]
+        spec = foo0["spec"]
+        assert spec["configurationName"] == "echo-shared"
+        assert spec["nodes"] == [node]
+        assert spec["shared"] is True
+        assert spec["capacity"] == 2
+        assert spec["brokerProperties"] == {"DEBUG_ECHO_DESCRIPTION": "foo0", "COLOUR": "blue"}
+        assert spec["cdiName"] == cdi_name("echo-shared", instance_digest("foo0", shared=True,
+                                                                           node=node))
+        name = foo0["metadata"]["name"]
+        assert spec["deviceUsage"] == {slot_id(name, 0): "", slot_id(name, 1): ""}
+        owners = foo0["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["name"]) for o in owners] == [("Configuration", "echo-shared")]
+
+        local = found[instance_name("echo-local", "usb0", shared=False, node=node)]
+        assert local["spec"]["shared"] is False
+        assert local["spec"]["nodes"] == [node]
+        assert local["metadata"]["name"] != instance_name("echo-local", "usb0", shared=True,
+                                                          node=node)
+
+        # The node device table has what the device plugins serve.
+        table = agent.devices.snapshot()
+        assert set(name for _, name in table) == expected
+        assert table[(namespace, name)].properties["DEBUG_ECHO_DESCRIPTION"] == "foo0"
+
+        # The node is labelled with both Configurations.
+        async def labelled() -> dict[str, str] | None:
+            got = await client.get(Node, node)
+            labels = dict((got.metadata.labels if got.metadata else None) or {})
+            wanted = {"edgeplug.io/echo-shared": "true", "edgeplug.io/echo-local": "true"}
+            return labels if wanted.items() <= labels.items() else None
+
+        await eventually(labelled, what=f"labels edgeplug.io/echo-* on Node {node}")
+
+        # Deleting a Configuration removes the node's Instances of it and its label.
+        control_plane.kubectl("delete", "configuration", "echo-local", "-n", namespace)
+
+        async def local_gone() -> bool:
+            found = await instances(client, namespace)
+            got = await client.get(Node, node)
+            labels = (got.metadata.labels if got.metadata else None) or {}
+            return (
+                not any(n.startswith("echo-local-") for n in found)
+                and "edgeplug.io/echo-local" not in labels
+            )
+
+        await eventually(local_gone, what="echo-local's Instance and node label gone")
+    await client.close()
+
+
+async def test_two_nodes_share_one_instance(control_plane: ControlPlane, namespace: str) -> None:
+    node_a, node_b = sorted([_node(), _node()])
+    for node in (node_a, node_b):
+        create_node(control_plane, node)
+    cfg = debug_echo_configuration("cam", descriptions=["camera-1"])
+    client = api_client(control_plane)
+    name = instance_name("cam", "camera-1", shared=True, node=node_a)
+    apply(control_plane, namespace, cfg)
+    async with (
+        agent_in_process(control_plane, node_name=node_a, namespace=namespace),
+        agent_in_process(control_plane, node_name=node_b, namespace=namespace) as agent_b,
+    ):
+        async def both() -> bool:
+            found = await instances(client, namespace)
+            return name in found and sorted(found[name]["spec"]["nodes"]) == [node_a, node_b]
+
+        await eventually(both, what=f"Instance {name} listing {node_a} and {node_b}")
+        uid = (await instances(client, namespace))[name]["metadata"]["uid"]
+
+        # One agent's Configuration stops selecting its node: it leaves, the other stays.
+        await agent_b.watch.runs[(namespace, "cam")].stop(withdraw=True)
+
+        async def only_a() -> bool:
+            found = await instances(client, namespace)
+            nodes: list[str] = found[name]["spec"]["nodes"]
+            return nodes == [node_a]
+
+        await eventually(only_a, what=f"Instance {name} listing only {node_a}")
+        assert (await instances(client, namespace))[name]["metadata"]["uid"] == uid
+    await client.close()
+
+
+async def test_offline_devices_local_at_once_shared_after_grace(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    node = _node()
+    create_node(control_plane, node)
+    availability = tmp_path / "offline"
+    shared_cfg = debug_echo_configuration(
+        "net", descriptions=["cam0", "cam1"], availability_file=availability, grace=SHORT_GRACE
+    )
+    local_cfg = debug_echo_configuration(
+        "usb", descriptions=["port0"], shared=False, availability_file=availability
+    )
+    cam0 = instance_name("net", "cam0", shared=True, node=node)
+    cam1 = instance_name("net", "cam1", shared=True, node=node)
+    port0 = instance_name("usb", "port0", shared=False, node=node)
+    client = api_client(control_plane)
+    async with agent_in_process(control_plane, node_name=node, namespace=namespace) as agent:
+        apply(control_plane, namespace, shared_cfg, local_cfg)
+
+        async def all_three() -> dict[str, dict[str, Any]] | None:
+            found = await instances(client, namespace)
+            return found if {cam0, cam1, port0} <= set(found) else None
+
+        before = await eventually(all_three, what="three Instances")
+
+        # port0 and cam0 go offline: port0's Instance goes at once, cam0's stays for the grace
+        # (unhealthy in the node's table) and goes once it has passed.
+        availability.write_text("port0\ncam0\n")
+
+        async def port0_gone() -> dict[str, dict[str, Any]] | None:
+            found = await instances(client, namespace)
+            return found if port0 not in found else None
+
+        after_local = await eventually(port0_gone, what=f"local Instance {port0} deleted")
+        assert cam0 in after_local, "a shared Instance must outlive its device by the grace"
+        device = agent.devices.get(namespace, cam0)
+        assert device is not None
+        assert device.healthy is False
+
+        async def cam0_gone() -> bool:
+            return cam0 not in await instances(client, namespace)
+
+        await eventually(cam0_gone, what=f"shared Instance {cam0} deleted after the grace",
+                         deadline=SHORT_GRACE + 15)
+
+        # cam1 goes offline and comes back within the grace: nothing changes.
+        availability.write_text("cam1\n")
+
+        async def cam1_unhealthy() -> bool:
+            device = agent.devices.get(namespace, cam1)
+            return device is not None and not device.healthy
+
+        await eventually(cam1_unhealthy, what=f"{cam1} marked unhealthy")
+        availability.write_text("")
+
+        async def cam1_healthy() -> bool:
+            device = agent.devices.get(namespace, cam1)
+            return device is not None and device.healthy
+
+        await eventually(cam1_healthy, what=f"{cam1} healthy again")
+        found = await instances(client, namespace)
+        assert found[cam1]["metadata"]["uid"] == before[cam1]["metadata"]["uid"]
+        assert found[cam1]["spec"]["nodes"] == [node]
+        assert agent.watch.runs[(namespace, "net")].publisher.owned.get(cam1) is True
+    await client.close()
