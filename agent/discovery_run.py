@@ -28,7 +28,12 @@ from agent.events import (
 )
 from agent.instance_publisher import InstancePublisher
 from agent.metrics import AgentMetrics
-from agent.properties import PropertyUnavailable, ReferenceWatch, resolve_properties
+from agent.properties import (
+    PropertyUnavailable,
+    ReferenceWatch,
+    references_of,
+    resolve_properties,
+)
 from crds.configuration import Configuration
 from discovery_handlers.contract import DiscoveryHandler, InvalidDetails
 from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_handler
@@ -107,7 +112,6 @@ class DiscoveryRun:
             await self._reporter.problem(REASON_UNKNOWN_HANDLER, str(exc))
             return
         try:
-            await self.publisher.adopt()
             await self._discover_with_backoff(handler, extra)
         except Exception:
             log.exception("discovery run crashed", extra=extra)
@@ -120,13 +124,20 @@ class DiscoveryRun:
     ) -> None:
         cfg = self.configuration
         failures = 0
+        adopted = False
         while True:
             try:
+                if not adopted:
+                    await self.publisher.adopt()
+                    adopted = True
+                props = cfg.spec.discovery_handler.discovery_properties
+                self._references.track(
+                    self.key, references_of(namespace=cfg.namespace, properties=props)
+                )
                 resolved = await resolve_properties(
                     self._client, namespace=cfg.namespace,
-                    properties=cfg.spec.discovery_handler.discovery_properties,
+                    properties=props,
                 )
-                self._references.track(self.key, resolved.references)
                 self.properties = resolved.values
                 details = handler.parse_details(
                     cfg.spec.discovery_handler.discovery_details, resolved.values
@@ -141,6 +152,11 @@ class DiscoveryRun:
                 ).inc()
                 await self._reporter.problem(REASON_PROPERTY_UNAVAILABLE, str(exc))
                 return
+            except ApiError as exc:  # adoption or a property read hit a transient API error
+                failures += 1
+                if not await self._back_off(handler, failures, exc, extra):
+                    return
+                continue
             self._got_result = False
             try:
                 await self._discover(handler, details)
@@ -149,19 +165,26 @@ class DiscoveryRun:
                 raise
             except Exception as exc:
                 failures = 1 if self._got_result else failures + 1
-                self._metrics.discovery_errors.labels(handler.name, type(exc).__name__).inc()
-                if failures >= MAX_CONSECUTIVE_FAILURES:
-                    await self._reporter.problem(
-                        REASON_DISCOVERY_FAILED,
-                        f"gave up after {failures} consecutive failures: {exc}",
-                    )
+                if not await self._back_off(handler, failures, exc, extra):
                     return
-                delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_BASE * 2 ** (failures - 1))
-                log.warning("discovery failed (%s); retrying in %.1fs", exc, delay, extra=extra)
-                await self._reporter.problem(
-                    REASON_DISCOVERY_FAILED, f"{exc} (attempt {failures}, retrying)"
-                )
-                await asyncio.sleep(delay)
+
+    async def _back_off(
+        self, handler: DiscoveryHandler, failures: int, exc: Exception, extra: Mapping[str, str]
+    ) -> bool:
+        """Count and report a failure, wait; False once the run should give up."""
+        self._metrics.discovery_errors.labels(handler.name, type(exc).__name__).inc()
+        if failures >= MAX_CONSECUTIVE_FAILURES:
+            await self._reporter.problem(
+                REASON_DISCOVERY_FAILED, f"gave up after {failures} consecutive failures: {exc}"
+            )
+            return False
+        delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_BASE * 2 ** (failures - 1))
+        log.warning("discovery failed (%s); retrying in %.1fs", exc, delay, extra=extra)
+        await self._reporter.problem(
+            REASON_DISCOVERY_FAILED, f"{exc} (attempt {failures}, retrying)"
+        )
+        await asyncio.sleep(delay)
+        return True
 
     async def _discover(self, handler: DiscoveryHandler, details: Any) -> None:
         shared = details_shared(handler, details)

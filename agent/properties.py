@@ -53,6 +53,17 @@ class ResolvedProperties:
     references: frozenset[Reference]
 
 
+def references_of(
+    *, namespace: str, properties: Sequence[DiscoveryProperty]
+) -> frozenset[Reference]:
+    """The Secrets and ConfigMaps ``properties`` read, whether or not they exist yet."""
+    return frozenset(
+        Reference(p.value_from.kind, p.value_from.namespace or namespace, p.value_from.name)
+        for p in properties
+        if p.value_from is not None
+    )
+
+
 async def resolve_properties(
     client: AsyncClient, *, namespace: str, properties: Sequence[DiscoveryProperty]
 ) -> ResolvedProperties:
