@@ -1,0 +1,394 @@
+"""Turns what the controller sees into writes: brokers, services, status, node cleanup.
+
+Why this exists: the kopf handlers (``controller/handlers.py``) only translate watch events into
+calls here; this module reads the current state through a :class:`ClusterView` (kopf's in-memory
+indices, so a reconcile costs no API reads), asks the pure planners (``brokers``, ``services``,
+``reconcile``, ``status``) what should exist, and applies the difference through
+:class:`controller.kube.Kube`. Every step is idempotent, so a handler may run twice, a replica may
+restart half-way, and two replicas may overlap during a takeover without ever making a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+from lightkube import ApiError
+
+from controller import brokers, naming, nodes, services, status
+from controller.kube import Kube, Refused
+from controller.reconcile import (
+    REASON_FAILED,
+    REASON_FINISHED,
+    REASON_PENDING,
+    Deletion,
+    ObservedPod,
+    Plan,
+    plan_objects,
+    plan_pods,
+)
+from controller.settings import ControllerSettings
+from crds.configuration import Configuration
+from crds.instance import Instance
+
+log = logging.getLogger(__name__)
+
+#: Writes in flight at once while reconciling one Configuration's Instances.
+MAX_PARALLEL_INSTANCES: Final = 16
+#: Status is recomputed at most this often per Configuration after broker events.
+STATUS_DEBOUNCE_S: Final = 0.3
+
+REASON_INSTANCE_GONE: Final = "InstanceDeleted"
+_RESTART_REASONS: Final = (REASON_FAILED, REASON_FINISHED, REASON_PENDING)
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    instance: Instance
+    created_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ConfigurationRecord:
+    configuration: Configuration
+    body: Mapping[str, Any]  # apiVersion, kind, metadata, status: for Events and status diffs
+
+
+@dataclass(frozen=True)
+class OwnedObject:
+    """A Job or Service the controller made, as its index remembers it."""
+
+    name: str
+    spec_hash: str
+    component: str
+    instance: str
+    ready: bool = False
+
+
+class ClusterView(Protocol):
+    def configuration(self, namespace: str, name: str) -> ConfigurationRecord | None: ...
+    def instance(self, namespace: str, name: str) -> InstanceRecord | None: ...
+    def instances_of(self, namespace: str, configuration: str) -> list[InstanceRecord]: ...
+    def instances_on(self, node: str) -> list[tuple[str, str]]: ...
+    def broker_pods(self, namespace: str, instance: str) -> list[ObservedPod]: ...
+    def broker_jobs(self, namespace: str, instance: str) -> list[OwnedObject]: ...
+    def services(self, namespace: str, configuration: str) -> list[OwnedObject]: ...
+    def node(self, name: str) -> nodes.NodeHealth | None: ...
+
+
+class EventSink(Protocol):
+    def __call__(
+        self, body: Mapping[str, Any], *, warning: bool, reason: str, message: str
+    ) -> None: ...
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Reconciler:
+    """Process-wide state (backoff counters, last refusals) and the reconcile steps."""
+
+    def __init__(self, *, kube: Kube, settings: ControllerSettings, events: EventSink) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.policy = settings.policy
+        self.events = events
+        self.restarts: dict[tuple[str, str], int] = {}
+        self.refusals: dict[tuple[str, str], tuple[int, str]] = {}
+        self.node_missing_since: dict[str, datetime] = {}
+        self.invalid_reported: dict[tuple[str, str], int] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._status_pending: set[tuple[str, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- one Instance ------------------------------------------------------------------------
+
+    async def instance(self, view: ClusterView, namespace: str, name: str) -> None:
+        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
+        async with lock:
+            record = view.instance(namespace, name)
+            if record is None:
+                return
+            config = view.configuration(namespace, record.instance.spec.configuration_name)
+            if config is None:
+                await self._orphan(record)
+                return
+            await self._instance(view, config, record)
+        self.status_soon(view, namespace, config.configuration.name)
+
+    async def instance_deleted(
+        self, view: ClusterView, namespace: str, name: str, configuration: str
+    ) -> None:
+        """Deletes a gone Instance's brokers and service at once; the garbage collector would
+        too (owner references), but only after its own discovery and queue delays."""
+        config = view.configuration(namespace, configuration)
+        async with self._locks.setdefault((namespace, name), asyncio.Lock()):
+            plan = Plan()
+            plan.delete += [
+                Deletion(p.name, REASON_INSTANCE_GONE, "its Instance was deleted")
+                for p in view.broker_pods(namespace, name) if not p.deleting
+            ]
+            job_plan = Plan(delete=[
+                Deletion(j.name, REASON_INSTANCE_GONE, "its Instance was deleted")
+                for j in view.broker_jobs(namespace, name)
+            ])
+            svc_plan = Plan(delete=[
+                Deletion(s.name, REASON_INSTANCE_GONE, "its Instance was deleted")
+                for s in view.services(namespace, configuration)
+                if s.component == naming.COMPONENT_INSTANCE_SERVICE and s.instance == name
+            ])
+            if config is not None:
+                await self._apply(config, namespace, plan, kind="Pod")
+                await self._apply(config, namespace, job_plan, kind="Job")
+                await self._apply(config, namespace, svc_plan, kind="Service")
+            else:
+                for kind, each in (("Pod", plan), ("Job", job_plan), ("Service", svc_plan)):
+                    for deletion in each.delete:
+                        await self.kube.delete(kind, namespace, deletion.name)
+        self._locks.pop((namespace, name), None)
+        self.status_soon(view, namespace, configuration)
+
+    async def _orphan(self, record: InstanceRecord) -> None:
+        inst = record.instance
+        age = (_now() - record.created_at).total_seconds() if record.created_at else 0.0
+        if age >= self.settings.orphan_instance_grace_s and await self.kube.delete_instance(
+            inst.namespace, inst.name
+        ):
+            log.info("deleted Instance %s/%s: its Configuration %s is gone",
+                     inst.namespace, inst.name, inst.spec.configuration_name)
+
+    async def _instance(
+        self, view: ClusterView, config: ConfigurationRecord, record: InstanceRecord
+    ) -> None:
+        cfg, inst = config.configuration, record.instance
+        if brokers.validate_broker_spec(cfg):
+            return  # the status says why; running brokers are left as they are
+        plan = Plan()
+        pods = view.broker_pods(inst.namespace, inst.name)
+        for pod in pods:
+            if pod.ready:
+                self.restarts.pop((inst.namespace, pod.name), None)
+        desired_pods: dict[str, dict[str, Any]] = {}
+        if cfg.spec.broker_pod_spec is not None:
+            for node in inst.spec.nodes:
+                pod_obj = brokers.render_broker_pod(configuration=cfg, instance=inst, node=node)
+                desired_pods[pod_obj["metadata"]["name"]] = pod_obj
+        plan.extend(
+            plan_pods(
+                desired=desired_pods, actual=pods, now=_now(), policy=self.policy,
+                restarts={
+                    pod.name: self.restarts.get((inst.namespace, pod.name), 0) for pod in pods
+                },
+            )
+        )
+        desired_jobs: dict[str, dict[str, Any]] = {}
+        if cfg.spec.broker_job_spec is not None and inst.spec.nodes:
+            job = brokers.render_broker_job(configuration=cfg, instance=inst)
+            desired_jobs[job["metadata"]["name"]] = job
+        jobs = view.broker_jobs(inst.namespace, inst.name)
+        job_plan = plan_objects(
+            desired=desired_jobs, actual={j.name: j.spec_hash for j in jobs}, update_in_place=False
+        )
+        wants_brokers = bool(desired_pods or desired_jobs)
+        svc = services.render_instance_service(configuration=cfg, instance=inst)
+        desired_svcs = {svc["metadata"]["name"]: svc} if svc is not None and wants_brokers else {}
+        actual_svcs = {
+            s.name: s.spec_hash
+            for s in view.services(inst.namespace, cfg.name)
+            if s.component == naming.COMPONENT_INSTANCE_SERVICE and s.instance == inst.name
+        }
+        svc_plan = plan_objects(desired=desired_svcs, actual=actual_svcs, update_in_place=True)
+        await self._apply(config, inst.namespace, plan, kind="Pod")
+        await self._apply(config, inst.namespace, job_plan, kind="Job")
+        await self._apply(config, inst.namespace, svc_plan, kind="Service")
+
+    async def _apply(
+        self, config: ConfigurationRecord, namespace: str, plan: Plan, *, kind: str
+    ) -> None:
+        cfg = config.configuration
+        for deletion in plan.delete:
+            await self._delete(config, namespace, deletion, kind=kind)
+        for obj in plan.create:
+            name = obj["metadata"]["name"]
+            try:
+                created = await self.kube.create(obj)
+            except Refused as refused:
+                self._refused(config, kind=kind, name=name, message=refused.message)
+                return
+            if created:
+                self.refusals.pop((namespace, cfg.name), None)
+                log.info("created %s %s/%s", kind, namespace, name)
+                self.events(config.body, warning=False, reason=f"{kind}Created",
+                            message=f"created {kind.lower()} {name}")
+        for obj in plan.update:
+            try:
+                await self.kube.merge_patch(obj)
+            except Refused as refused:
+                self._refused(config, kind=kind, name=obj["metadata"]["name"],
+                              message=refused.message)
+
+    async def _delete(
+        self, config: ConfigurationRecord, namespace: str, deletion: Deletion, *, kind: str
+    ) -> None:
+        if not await self.kube.delete(kind, namespace, deletion.name):
+            return
+        warning = deletion.reason in (REASON_FAILED, REASON_PENDING)
+        if deletion.reason in _RESTART_REASONS:
+            key = (namespace, deletion.name)
+            self.restarts[key] = self.restarts.get(key, 0) + 1
+        log.info("deleted %s %s/%s: %s", kind, namespace, deletion.name, deletion.message)
+        self.events(config.body, warning=warning, reason=f"{kind}Deleted",
+                    message=f"deleted {kind.lower()} {deletion.name}: {deletion.message}")
+
+    def _refused(self, config: ConfigurationRecord, *, kind: str, name: str, message: str) -> None:
+        cfg = config.configuration
+        key = (cfg.namespace, cfg.name)
+        if self.refusals.get(key) != (cfg.generation, message):
+            self.refusals[key] = (cfg.generation, message)
+            log.warning("API server refused %s %s/%s: %s", kind, cfg.namespace, name, message)
+            self.events(config.body, warning=True, reason="BrokerRefused",
+                        message=f"{kind.lower()} {name} refused: {message}")
+
+    # -- one Configuration -------------------------------------------------------------------
+
+    async def configuration(self, view: ClusterView, namespace: str, name: str) -> None:
+        """Everything about one Configuration: its Instances' brokers, node health, the
+        Configuration service and the status. Run on its events and every resync."""
+        config = view.configuration(namespace, name)
+        if config is None:
+            return
+        records = view.instances_of(namespace, name)
+        await self._release_unhealthy_nodes(view, records)
+        limit = asyncio.Semaphore(MAX_PARALLEL_INSTANCES)
+
+        async def one(record: InstanceRecord) -> None:
+            async with limit:
+                await self.instance(view, namespace, record.instance.name)
+
+        await asyncio.gather(*(one(r) for r in records))
+        await self.configuration_service_and_status(view, namespace, name)
+
+    async def configuration_deleted(self, view: ClusterView, namespace: str, name: str) -> None:
+        """Deletes the Instances of a deleted Configuration (their brokers and services follow
+        through owner references); the Configuration service goes through its own."""
+        for record in view.instances_of(namespace, name):
+            await self.kube.delete_instance(namespace, record.instance.name)
+        self.refusals.pop((namespace, name), None)
+
+    def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
+        cfg = config.configuration
+        records = view.instances_of(cfg.namespace, cfg.name)
+        desired = ready = 0
+        for record in records:
+            inst = record.instance
+            if cfg.spec.broker_pod_spec is not None:
+                desired += len(inst.spec.nodes)
+                ready += sum(
+                    1 for p in view.broker_pods(cfg.namespace, inst.name)
+                    if p.ready and not p.deleting
+                )
+            elif cfg.spec.broker_job_spec is not None and inst.spec.nodes:
+                desired += 1
+                ready += any(j.ready for j in view.broker_jobs(cfg.namespace, inst.name))
+        return status.BrokerCounts(instances=len(records), desired=desired, ready=ready)
+
+    async def configuration_service_and_status(
+        self, view: ClusterView, namespace: str, name: str
+    ) -> None:
+        config = view.configuration(namespace, name)
+        if config is None:
+            return
+        cfg = config.configuration
+        counts = self._counts(view, config)
+        svc = services.render_configuration_service(configuration=cfg)
+        wanted = svc is not None and counts.desired > 0 and not brokers.validate_broker_spec(cfg)
+        desired = {svc["metadata"]["name"]: svc} if svc is not None and wanted else {}
+        actual = {
+            s.name: s.spec_hash
+            for s in view.services(namespace, name)
+            if s.component == naming.COMPONENT_CONFIGURATION_SERVICE
+        }
+        await self._apply(
+            config, namespace,
+            plan_objects(desired=desired, actual=actual, update_in_place=True), kind="Service",
+        )
+        refusal = self.refusals.get((namespace, name))
+        current = config.body.get("status") or {}
+        problems = brokers.validate_broker_spec(cfg)
+        self._report_invalid(config, problems)
+        new = status.desired_status(
+            generation=cfg.generation,
+            counts=counts,
+            has_broker_spec=cfg.spec.has_broker,
+            spec_problems=problems,
+            refusal=refusal[1] if refusal and refusal[0] == cfg.generation else None,
+            current=current,
+            now=_now(),
+        )
+        if status.needs_write(current, new):
+            await self.kube.apply_configuration_status(namespace, name, new)
+
+    def _report_invalid(self, config: ConfigurationRecord, problems: list[str]) -> None:
+        """One Warning Event per generation of a Configuration with an invalid broker spec."""
+        cfg = config.configuration
+        key = (cfg.namespace, cfg.name)
+        if not problems:
+            self.invalid_reported.pop(key, None)
+        elif self.invalid_reported.get(key) != cfg.generation:
+            self.invalid_reported[key] = cfg.generation
+            log.warning("Configuration %s/%s: invalid broker spec: %s", cfg.namespace, cfg.name,
+                        "; ".join(problems))
+            self.events(config.body, warning=True, reason="InvalidBrokerSpec",
+                        message="; ".join(problems))
+
+    def status_soon(self, view: ClusterView, namespace: str, name: str) -> None:
+        """Schedules one status recomputation shortly (coalescing bursts of broker events)."""
+        key = (namespace, name)
+        if key in self._status_pending:
+            return
+        self._status_pending.add(key)
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(STATUS_DEBOUNCE_S)
+                self._status_pending.discard(key)
+                await self.configuration_service_and_status(view, namespace, name)
+            except ApiError as error:
+                log.warning("status of Configuration %s/%s not written: %s", namespace, name,
+                            error)
+            finally:
+                self._status_pending.discard(key)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    async def node_deleted(self, view: ClusterView, node: str) -> None:
+        for namespace, name in view.instances_on(node):
+            await nodes.remove_node_from_instance(self.kube, namespace, name, node)
+
+    async def _release_unhealthy_nodes(
+        self, view: ClusterView, records: Iterable[InstanceRecord]
+    ) -> None:
+        now = _now()
+        for record in records:
+            for node in record.instance.spec.nodes:
+                if self._node_is_gone(view, node, now):
+                    await nodes.remove_node_from_instance(
+                        self.kube, record.instance.namespace, record.instance.name, node
+                    )
+
+    def _node_is_gone(self, view: ClusterView, node: str, now: datetime) -> bool:
+        health = view.node(node)
+        if health is None:
+            since = self.node_missing_since.setdefault(node, now)
+            return (now - since).total_seconds() >= nodes.NODE_MISSING_GRACE_S
+        self.node_missing_since.pop(node, None)
+        return health.unhealthy_for(now) >= self.settings.node_not_ready_grace_s

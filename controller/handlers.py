@@ -1,0 +1,206 @@
+"""The kopf face of the controller: indices and thin handlers that call the reconciler.
+
+Why this exists: kopf does the watching, the in-memory indexing, the peering between replicas
+(only the active one runs handlers; the others are paused) and the posting of Events. Each index
+keeps just what the reconciler needs (small records, not whole objects), and kopf starts the
+handlers only once every index holds the initial listing, so a restarted replica sees every
+existing broker before it creates any. Handlers are ``on.event`` (no annotations written on the
+objects) plus one resync timer per Configuration, the net under missed events, backoffs and
+grace periods (kopf guards a timer with a finalizer on the Configuration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import kopf
+
+from controller import naming
+from controller.converge import (
+    ConfigurationRecord,
+    InstanceRecord,
+    OwnedObject,
+    Reconciler,
+)
+from controller.nodes import NodeHealth
+from controller.reconcile import ObservedPod, parse_time
+from crds.api import CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL, VERSION
+from crds.configuration import Configuration
+from crds.instance import Instance
+
+_Labels = Mapping[str, Any]  # str or kopf.PRESENT
+_MANAGED: Final[_Labels] = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+# Broker pods carry the target-node label; a broker Job's pods do not (they are the Job's).
+_BROKER_POD_LABELS: Final[_Labels] = {**_MANAGED, naming.LABEL_TARGET_NODE: kopf.PRESENT}
+_BROKER_JOB_LABELS: Final[_Labels] = {**_MANAGED, naming.LABEL_COMPONENT: naming.COMPONENT_BROKER}
+_SERVICE_LABELS: Final[_Labels] = {**_MANAGED, naming.LABEL_CONFIGURATION: kopf.PRESENT}
+
+
+def _values(index: Any, key: object) -> list[Any]:
+    store = index.get(key)
+    return list(store) if store is not None else []
+
+
+class IndexView:
+    """A :class:`controller.converge.ClusterView` over kopf's live indices."""
+
+    def __init__(self, indices: Mapping[str, Any]) -> None:
+        self._i = indices
+
+    def configuration(self, namespace: str, name: str) -> ConfigurationRecord | None:
+        found = _values(self._i["ep_configurations"], (namespace, name))
+        return found[0] if found else None
+
+    def instance(self, namespace: str, name: str) -> InstanceRecord | None:
+        found = _values(self._i["ep_instances"], (namespace, name))
+        return found[0] if found else None
+
+    def instances_of(self, namespace: str, configuration: str) -> list[InstanceRecord]:
+        return _values(self._i["ep_instances_by_configuration"], (namespace, configuration))
+
+    def instances_on(self, node: str) -> list[tuple[str, str]]:
+        return _values(self._i["ep_instances_by_node"], node)
+
+    def broker_pods(self, namespace: str, instance: str) -> list[ObservedPod]:
+        return _values(self._i["ep_broker_pods"], (namespace, instance))
+
+    def broker_jobs(self, namespace: str, instance: str) -> list[OwnedObject]:
+        return _values(self._i["ep_broker_jobs"], (namespace, instance))
+
+    def services(self, namespace: str, configuration: str) -> list[OwnedObject]:
+        return _values(self._i["ep_services"], (namespace, configuration))
+
+    def node(self, name: str) -> NodeHealth | None:
+        found = _values(self._i["ep_nodes"], name)
+        return found[0] if found else None
+
+
+def _owned(body: Mapping[str, Any], *, ready: bool = False) -> OwnedObject:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return OwnedObject(
+        name=str(meta.get("name", "")),
+        spec_hash=str((meta.get("annotations") or {}).get(naming.ANNOTATION_SPEC_HASH, "")),
+        component=str(labels.get(naming.LABEL_COMPONENT, "")),
+        instance=str(labels.get(naming.LABEL_INSTANCE, "")),
+        ready=ready,
+    )
+
+
+def _instance_record(body: Mapping[str, Any]) -> InstanceRecord:
+    return InstanceRecord(
+        instance=Instance.from_object(body),
+        created_at=parse_time((body.get("metadata") or {}).get("creationTimestamp")),
+    )
+
+
+def _is_deleted(event: Mapping[str, Any]) -> bool:
+    return event.get("type") == "DELETED"
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+    """Registers the controller's indices and handlers in ``registry``."""
+    cfgs = (GROUP, VERSION, CONFIGURATION_PLURAL)
+    insts = (GROUP, VERSION, INSTANCE_PLURAL)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    # -- indices -----------------------------------------------------------------------------
+
+    @kopf.index(*cfgs, id="ep_configurations", registry=registry)
+    def ep_configurations(body: kopf.Body, **_: Any) -> dict[object, ConfigurationRecord]:
+        raw = dict(body)
+        meta = raw.get("metadata") or {}
+        slim = {
+            "apiVersion": raw.get("apiVersion"),
+            "kind": raw.get("kind"),
+            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")},
+            "status": raw.get("status") or {},
+        }
+        record = ConfigurationRecord(Configuration.from_object(raw), slim)
+        return {(meta.get("namespace"), meta.get("name")): record}
+
+    @kopf.index(*insts, id="ep_instances", registry=registry)
+    def ep_instances(body: kopf.Body, **_: Any) -> dict[object, InstanceRecord]:
+        record = _instance_record(dict(body))
+        return {(record.instance.namespace, record.instance.name): record}
+
+    @kopf.index(*insts, id="ep_instances_by_configuration", registry=registry)
+    def ep_instances_by_configuration(body: kopf.Body, **_: Any) -> dict[object, InstanceRecord]:
+        record = _instance_record(dict(body))
+        inst = record.instance
+        return {(inst.namespace, inst.spec.configuration_name): record}
+
+    @kopf.index(*insts, id="ep_instances_by_node", registry=registry)
+    def ep_instances_by_node(body: kopf.Body, **_: Any) -> dict[object, tuple[str, str]]:
+        inst = Instance.from_object(dict(body))
+        return {node: (inst.namespace, inst.name) for node in inst.spec.nodes}
+
+    @kopf.index("pods", id="ep_broker_pods", labels=_BROKER_POD_LABELS, registry=registry)
+    def ep_broker_pods(body: kopf.Body, **_: Any) -> dict[object, ObservedPod]:
+        raw = dict(body)
+        meta = raw.get("metadata") or {}
+        instance = (meta.get("labels") or {}).get(naming.LABEL_INSTANCE)
+        return {(meta.get("namespace"), instance): ObservedPod.from_object(raw)}
+
+    @kopf.index("batch", "v1", "jobs", id="ep_broker_jobs", labels=_BROKER_JOB_LABELS,
+                registry=registry)
+    def ep_broker_jobs(body: kopf.Body, **_: Any) -> dict[object, OwnedObject]:
+        raw = dict(body)
+        status = raw.get("status") or {}
+        ready = bool(status.get("succeeded") or status.get("ready"))
+        record = _owned(raw, ready=ready)
+        return {((raw.get("metadata") or {}).get("namespace"), record.instance): record}
+
+    @kopf.index("services", id="ep_services", labels=_SERVICE_LABELS, registry=registry)
+    def ep_services(body: kopf.Body, **_: Any) -> dict[object, OwnedObject]:
+        raw = dict(body)
+        meta = raw.get("metadata") or {}
+        configuration = (meta.get("labels") or {}).get(naming.LABEL_CONFIGURATION)
+        return {(meta.get("namespace"), configuration): _owned(raw)}
+
+    @kopf.index("nodes", id="ep_nodes", registry=registry)
+    def ep_nodes(body: kopf.Body, **_: Any) -> dict[object, NodeHealth]:
+        health = NodeHealth.from_object(dict(body))
+        return {health.name: health}
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    @kopf.on.event(*cfgs, registry=registry)
+    async def configuration_event(**kw: Any) -> None:
+        view, namespace, name = IndexView(kw), kw["namespace"], kw["name"]
+        if _is_deleted(kw["event"]):
+            await reconciler.configuration_deleted(view, namespace, name)
+        else:
+            await reconciler.configuration(view, namespace, name)
+
+    @kopf.timer(*cfgs, interval=reconciler.settings.resync_interval_s, registry=registry)
+    async def configuration_resync(**kw: Any) -> None:
+        await reconciler.configuration(IndexView(kw), kw["namespace"], kw["name"])
+
+    @kopf.on.event(*insts, registry=registry)
+    async def instance_event(**kw: Any) -> None:
+        view, namespace, name = IndexView(kw), kw["namespace"], kw["name"]
+        if _is_deleted(kw["event"]):
+            configuration = str((kw["body"].get("spec") or {}).get("configurationName", ""))
+            await reconciler.instance_deleted(view, namespace, name, configuration)
+        else:
+            await reconciler.instance(view, namespace, name)
+
+    @kopf.on.event("pods", labels=_BROKER_POD_LABELS, registry=registry)
+    async def broker_pod_event(**kw: Any) -> None:
+        instance = kw["labels"][naming.LABEL_INSTANCE]
+        await reconciler.instance(IndexView(kw), kw["namespace"], instance)
+
+    @kopf.on.event("batch", "v1", "jobs", labels=_BROKER_JOB_LABELS, registry=registry)
+    async def broker_job_event(**kw: Any) -> None:
+        instance = kw["labels"][naming.LABEL_INSTANCE]
+        await reconciler.instance(IndexView(kw), kw["namespace"], instance)
+
+    @kopf.on.event("nodes", registry=registry)
+    async def node_event(**kw: Any) -> None:
+        if _is_deleted(kw["event"]):
+            await reconciler.node_deleted(IndexView(kw), kw["name"])

@@ -1,0 +1,201 @@
+"""The controller's one seam for writes to the Kubernetes API (lightkube), errors translated here.
+
+Why this exists: kopf watches and indexes (reads); every create, delete and patch the controller
+makes goes through :class:`Kube`, so "already exists" and "already gone" are answered the same way
+everywhere (they are success: names are deterministic, so a second replica or a restarted one
+repeats writes harmlessly), and a refusal by the API server (422, 400: a malformed broker spec)
+becomes :class:`Refused` with the server's message for the Configuration's status and Events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.codecs import from_dict
+from lightkube.core.resource import NamespacedResource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Pod, Service
+from lightkube.types import CascadeType, PatchType
+
+from crds.api import (
+    CONFIGURATION_KIND,
+    CONFIGURATION_PLURAL,
+    GROUP,
+    INSTANCE_KIND,
+    INSTANCE_PLURAL,
+    VERSION,
+)
+
+FIELD_MANAGER: Final = "edgeplug-controller"
+HTTP_BAD_REQUEST: Final = 400
+HTTP_NOT_FOUND: Final = 404
+HTTP_CONFLICT: Final = 409
+HTTP_INVALID: Final = 422
+
+ConfigurationResource = create_namespaced_resource(
+    GROUP, VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL
+)
+InstanceResource = create_namespaced_resource(GROUP, VERSION, INSTANCE_KIND, INSTANCE_PLURAL)
+KopfPeeringResource = create_namespaced_resource("kopf.dev", "v1", "KopfPeering", "kopfpeerings")
+ClusterKopfPeeringResource = create_global_resource(
+    "kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings"
+)
+
+_RESOURCES: Final[Mapping[str, type[NamespacedResource]]] = {
+    "Pod": Pod,
+    "Service": Service,
+    "Job": Job,
+}
+
+
+class Refused(Exception):
+    """The API server refused an object as invalid; ``message`` is its explanation."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Conflict(Exception):
+    """A write lost an optimistic-concurrency race (``resourceVersion`` moved on)."""
+
+
+def make_client(kubeconfig: Path | None) -> AsyncClient:
+    """A client from ``kubeconfig``, from ``$KUBECONFIG``/in-cluster when it is None."""
+    config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_env()
+    return AsyncClient(config, field_manager=FIELD_MANAGER)
+
+
+def _code(error: ApiError) -> int:
+    return int(error.status.code or 0)
+
+
+def _refusal(error: ApiError) -> Refused | None:
+    if _code(error) in (HTTP_INVALID, HTTP_BAD_REQUEST):
+        return Refused(str(error.status.message or error))
+    return None
+
+
+class Kube:
+    """Idempotent writes. ``create``/``delete`` return whether this call changed anything."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def create(self, obj: Mapping[str, Any]) -> bool:
+        try:
+            await self.client.create(from_dict(dict(obj)), field_manager=FIELD_MANAGER)
+        except ApiError as error:
+            if _code(error) == HTTP_CONFLICT:
+                return False
+            refused = _refusal(error)
+            if refused is not None:
+                raise refused from error
+            raise
+        return True
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        try:
+            await self.client.delete(
+                _RESOURCES[kind], name, namespace=namespace, cascade=CascadeType.BACKGROUND
+            )
+        except ApiError as error:
+            if _code(error) == HTTP_NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def merge_patch(self, obj: Mapping[str, Any]) -> None:
+        """Replaces the labels, annotations and spec of an existing object (services)."""
+        meta = obj["metadata"]
+        patch = {
+            "metadata": {"labels": meta.get("labels"), "annotations": meta.get("annotations")},
+            "spec": obj["spec"],
+        }
+        try:
+            await self.client.patch(
+                _RESOURCES[str(obj["kind"])], meta["name"], patch, namespace=meta["namespace"],
+                patch_type=PatchType.MERGE, field_manager=FIELD_MANAGER,
+            )
+        except ApiError as error:
+            refused = _refusal(error)
+            if refused is not None:
+                raise refused from error
+            if _code(error) != HTTP_NOT_FOUND:
+                raise
+
+    async def get_instance(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj = await self.client.get(InstanceResource, name, namespace=namespace)
+        except ApiError as error:
+            if _code(error) == HTTP_NOT_FOUND:
+                return None
+            raise
+        as_dict: dict[str, Any] = obj.to_dict()  # type: ignore[no-untyped-call]
+        return as_dict
+
+    async def patch_instance(
+        self, namespace: str, name: str, *, resource_version: str, spec: Mapping[str, Any]
+    ) -> None:
+        """A merge patch of ``spec`` that applies only if the Instance is still at
+        ``resource_version``; :class:`Conflict` when an agent wrote it in between."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "spec": dict(spec)}
+        try:
+            await self.client.patch(
+                InstanceResource, name, patch, namespace=namespace,
+                patch_type=PatchType.MERGE, field_manager=FIELD_MANAGER,
+            )
+        except ApiError as error:
+            if _code(error) == HTTP_CONFLICT:
+                raise Conflict(f"Instance {namespace}/{name} changed meanwhile") from error
+            if _code(error) != HTTP_NOT_FOUND:
+                raise
+
+    async def delete_instance(self, namespace: str, name: str) -> bool:
+        try:
+            await self.client.delete(InstanceResource, name, namespace=namespace)
+        except ApiError as error:
+            if _code(error) == HTTP_NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def apply_configuration_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Server-side apply of the controller's status fields, as ``edgeplug-controller``;
+        the agent's condition (another field manager) is left as it is."""
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": CONFIGURATION_KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": dict(status),
+        }
+        try:
+            await self.client.patch(
+                ConfigurationResource.Status, name, body, namespace=namespace,
+                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True,
+            )
+        except ApiError as error:
+            if _code(error) != HTTP_NOT_FOUND:
+                raise
+
+    async def ensure_peering(self, namespace: str | None, name: str) -> None:
+        """Creates the peering object the replicas elect their active one through: a
+        KopfPeering in ``namespace``, or a ClusterKopfPeering when it is None."""
+        body: dict[str, Any] = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "KopfPeering" if namespace else "ClusterKopfPeering",
+            "metadata": {"name": name},
+        }
+        if namespace:
+            body["metadata"]["namespace"] = namespace
+        try:
+            await self.client.create(from_dict(body))
+        except ApiError as error:
+            if _code(error) != HTTP_CONFLICT:
+                raise
