@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 
 #: Writes in flight at once while reconciling one Configuration's Instances.
 MAX_PARALLEL_INSTANCES: Final = 16
+#: After the API server refused a broker, creations for that Configuration generation are
+#: retried this often at most (the refusal is in its status; a spec change retries at once).
+REFUSAL_RETRY_S: Final = 30.0
 #: Status is recomputed at most this often per Configuration after broker events.
 STATUS_DEBOUNCE_S: Final = 0.3
 
@@ -100,6 +104,7 @@ class Reconciler:
         self.events = events
         self.restarts: dict[tuple[str, str], int] = {}
         self.refusals: dict[tuple[str, str], tuple[int, str]] = {}
+        self._refused_at: dict[tuple[str, str], float] = {}
         self.node_missing_since: dict[str, datetime] = {}
         self.invalid_reported: dict[tuple[str, str], int] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -213,6 +218,8 @@ class Reconciler:
         cfg = config.configuration
         for deletion in plan.delete:
             await self._delete(config, namespace, deletion, kind=kind)
+        if plan.create and self._recently_refused(cfg):
+            return
         for obj in plan.create:
             name = obj["metadata"]["name"]
             try:
@@ -245,9 +252,17 @@ class Reconciler:
         self.events(config.body, warning=warning, reason=f"{kind}Deleted",
                     message=f"deleted {kind.lower()} {deletion.name}: {deletion.message}")
 
+    def _recently_refused(self, cfg: Configuration) -> bool:
+        key = (cfg.namespace, cfg.name)
+        refusal = self.refusals.get(key)
+        if refusal is None or refusal[0] != cfg.generation:
+            return False
+        return time.monotonic() - self._refused_at.get(key, 0.0) < REFUSAL_RETRY_S
+
     def _refused(self, config: ConfigurationRecord, *, kind: str, name: str, message: str) -> None:
         cfg = config.configuration
         key = (cfg.namespace, cfg.name)
+        self._refused_at[key] = time.monotonic()
         if self.refusals.get(key) != (cfg.generation, message):
             self.refusals[key] = (cfg.generation, message)
             log.warning("API server refused %s %s/%s: %s", kind, cfg.namespace, name, message)

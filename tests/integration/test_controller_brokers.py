@@ -117,3 +117,157 @@ def test_instance_gets_pinned_owned_brokers_and_services(
     control_plane.kubectl("delete", "instances.edgeplug.io", inst, "-n", namespace)
     wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker pod left")
     wait_until(lambda: not services(control_plane, namespace), what="no service left")
+
+
+def jobs_by_name(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
+    return {
+        j["metadata"]["name"]: j
+        for j in items(plane, f"/apis/batch/v1/namespaces/{namespace}/jobs")
+    }
+
+
+def test_job_broker_per_instance_and_new_job_on_spec_change(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg = unique("job")
+    job_spec = {"backoffLimit": 1, "template": {"spec": broker_pod_spec()}}
+    apply(control_plane, configuration(namespace, cfg, job_spec=job_spec))
+    first, second = f"{cfg}-aaaaaa", f"{cfg}-bbbbbb"
+    for name in (first, second):
+        apply(control_plane, instance(namespace, name, configuration_name=cfg, nodes=["n-1"]))
+    generation = get(control_plane, configuration_path(namespace, cfg))["metadata"]["generation"]
+    wait_until(
+        lambda: set(jobs_by_name(control_plane, namespace))
+        == {f"{first}-{generation}-job", f"{second}-{generation}-job"},
+        what="one Job per Instance named with the generation",
+    )
+    job = jobs_by_name(control_plane, namespace)[f"{first}-{generation}-job"]
+    template = job["spec"]["template"]["spec"]["containers"][0]
+    assert template["resources"]["limits"] == {f"edgeplug.io/{first}": "1"}
+
+    changed = {"backoffLimit": 1, "template": {"spec": broker_pod_spec(image="other:2")}}
+    apply(control_plane, configuration(namespace, cfg, job_spec=changed))
+    new_generation = get(control_plane, configuration_path(namespace, cfg))["metadata"][
+        "generation"
+    ]
+    assert new_generation > generation
+    jobs = wait_until(
+        lambda: (j := jobs_by_name(control_plane, namespace))
+        and set(j) == {f"{first}-{new_generation}-job", f"{second}-{new_generation}-job"}
+        and j,
+        what="the old Jobs replaced by new-generation ones",
+    )
+    image = jobs[f"{first}-{new_generation}-job"]["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ]
+    assert image == "other:2"
+
+
+def test_changed_broker_spec_rolls_the_pods(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg = unique("roll")
+    inst = f"{cfg}-cccccc"
+    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
+    apply(control_plane, instance(namespace, inst, configuration_name=cfg, nodes=["n-1"]))
+    old = wait_until(
+        lambda: pods_by_name(control_plane, namespace).get(f"{inst}-n-1-pod"),
+        what="the broker pod",
+    )
+    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec(image="v2:2")))
+    new = wait_until(
+        lambda: (p := pods_by_name(control_plane, namespace).get(f"{inst}-n-1-pod"))
+        and p["metadata"]["uid"] != old["metadata"]["uid"] and p,
+        what="the broker pod recreated from the new spec",
+    )
+    assert new["spec"]["containers"][0]["image"] == "v2:2"
+    assert len(pods_by_name(control_plane, namespace)) == 1, "never two brokers for one node"
+
+
+def condition(plane: ControlPlane, namespace: str, cfg: str, kind: str) -> dict[str, Any] | None:
+    obj = get(plane, configuration_path(namespace, cfg)) or {}
+    for found in (obj.get("status") or {}).get("conditions") or []:
+        if found["type"] == kind:
+            return dict(found)
+    return None
+
+
+def events_for(plane: ControlPlane, namespace: str, cfg: str) -> list[dict[str, Any]]:
+    return [
+        e for e in items(plane, f"/api/v1/namespaces/{namespace}/events")
+        if (e.get("involvedObject") or {}).get("name") == cfg
+    ]
+
+
+def test_malformed_broker_spec_is_reported_and_others_unaffected(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    bad, refused, good = unique("bad"), unique("refused"), unique("good")
+    # Caught by the controller: an invalid container name and a container without image.
+    bad_spec = {"containers": [{"name": "Not_A_Label", "image": "x:1"}, {"name": "noimage"}]}
+    # Caught only by the API server: a restart policy that does not exist.
+    refused_spec = {**broker_pod_spec(), "restartPolicy": "Sometimes"}
+    apply(control_plane, configuration(namespace, bad, pod_spec=bad_spec))
+    apply(control_plane, configuration(namespace, refused, pod_spec=refused_spec))
+    apply(control_plane, configuration(namespace, good, pod_spec=broker_pod_spec()))
+    for cfg in (bad, refused, good):
+        apply(control_plane, instance(namespace, f"{cfg}-dddddd", configuration_name=cfg,
+                                      nodes=["n-1"]))
+
+    invalid = wait_until(
+        lambda: (c := condition(control_plane, namespace, bad, "BrokerSpecValid"))
+        and c["status"] == "False" and c,
+        what="BrokerSpecValid=False on the malformed Configuration",
+    )
+    assert invalid["reason"] == "InvalidBrokerSpec"
+    assert "containers[0].name" in invalid["message"]
+    assert "containers[1].image: required" in invalid["message"]
+    wait_until(
+        lambda: any(e["reason"] == "InvalidBrokerSpec" and e["type"] == "Warning"
+                    for e in events_for(control_plane, namespace, bad)),
+        what="a Warning Event saying the broker spec is invalid",
+    )
+    refusal = wait_until(
+        lambda: (c := condition(control_plane, namespace, refused, "BrokerSpecValid"))
+        and c["status"] == "False" and c,
+        what="BrokerSpecValid=False on the Configuration the API server refused",
+    )
+    assert refusal["reason"] == "BrokerCreationRefused"
+    assert "restartPolicy" in refusal["message"]
+    wait_until(
+        lambda: any(e["reason"] == "BrokerRefused" and "restartPolicy" in e["message"]
+                    for e in events_for(control_plane, namespace, refused)),
+        what="a Warning Event with the API server's refusal",
+    )
+    pods = wait_until(
+        lambda: (p := pods_by_name(control_plane, namespace)) and p, what="the good broker"
+    )
+    assert set(pods) == {f"{good}-dddddd-n-1-pod"}
+    ok = condition(control_plane, namespace, good, "BrokerSpecValid")
+    assert ok is not None
+    assert ok["status"] == "True"
+    wait_until(
+        lambda: any(e["reason"] == "PodCreated" for e in events_for(control_plane, namespace,
+                                                                      good)),
+        what="a PodCreated Event on the good Configuration",
+    )
+
+
+def test_deleted_configuration_takes_instances_brokers_and_services(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg = unique("gone")
+    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec(),
+                                       instance_service=True, configuration_service=True))
+    for suffix in ("eeeeee", "ffffff"):
+        apply(control_plane, instance(namespace, f"{cfg}-{suffix}", configuration_name=cfg,
+                                      nodes=["n-1"]))
+    wait_until(lambda: len(pods_by_name(control_plane, namespace)) == 2, what="two brokers")
+    wait_until(lambda: len(services(control_plane, namespace)) == 3, what="three services")
+    control_plane.kubectl("delete", "configurations.edgeplug.io", cfg, "-n", namespace)
+    path = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+    wait_until(lambda: not items(control_plane, path), what="the Instances deleted")
+    wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker left")
+    wait_until(lambda: not services(control_plane, namespace), what="no service left")
+    wait_until(lambda: get(control_plane, configuration_path(namespace, cfg)) is None,
+               what="the Configuration itself gone (finalizer released)")
