@@ -126,6 +126,12 @@ def jobs_by_name(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any
     }
 
 
+def generation_of(plane: ControlPlane, namespace: str, cfg: str) -> int:
+    obj = get(plane, configuration_path(namespace, cfg))
+    assert obj is not None, f"Configuration {cfg} missing"
+    return int(obj["metadata"]["generation"])
+
+
 def test_job_broker_per_instance_and_new_job_on_spec_change(
     control_plane: ControlPlane, namespace: str, controller: ControllerProcess
 ) -> None:
@@ -135,7 +141,7 @@ def test_job_broker_per_instance_and_new_job_on_spec_change(
     first, second = f"{cfg}-aaaaaa", f"{cfg}-bbbbbb"
     for name in (first, second):
         apply(control_plane, instance(namespace, name, configuration_name=cfg, nodes=["n-1"]))
-    generation = get(control_plane, configuration_path(namespace, cfg))["metadata"]["generation"]
+    generation = generation_of(control_plane, namespace, cfg)
     wait_until(
         lambda: set(jobs_by_name(control_plane, namespace))
         == {f"{first}-{generation}-job", f"{second}-{generation}-job"},
@@ -147,9 +153,7 @@ def test_job_broker_per_instance_and_new_job_on_spec_change(
 
     changed = {"backoffLimit": 1, "template": {"spec": broker_pod_spec(image="other:2")}}
     apply(control_plane, configuration(namespace, cfg, job_spec=changed))
-    new_generation = get(control_plane, configuration_path(namespace, cfg))["metadata"][
-        "generation"
-    ]
+    new_generation = generation_of(control_plane, namespace, cfg)
     assert new_generation > generation
     jobs = wait_until(
         lambda: (j := jobs_by_name(control_plane, namespace))
