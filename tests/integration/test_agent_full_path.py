@@ -1,0 +1,95 @@
+"""The whole path: debugEcho device → Instance → allocatable on the Node → a pod gets its env.
+
+Real control plane and scheduler, the node emulator as the kubelet, and the whole agent
+(``run_agent``: discovery and device plugins) in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lightkube.resources.core_v1 import Node
+
+from agent.main import run_agent
+from agent.settings import AgentSettings
+from crds.naming import instance_name, instance_resource_name
+from tests.harness.agent_process import (
+    api_client,
+    apply,
+    debug_echo_configuration,
+    eventually,
+    instances,
+)
+from tests.harness.controlplane import ControlPlane
+from tests.harness.node_emulator import NodeEmulator
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    # Unix socket paths are limited to 108 bytes: keep the directory short.
+    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_pod_requesting_an_instance_gets_its_properties(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path
+) -> None:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                            plugin_dir=plugin_dir)
+    client = api_client(control_plane)
+    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
+                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             namespace=namespace)
+    name = instance_name("echo", "foo0", shared=False, node=node)
+    resource = instance_resource_name(name)
+    await emulator.start()
+    agent = asyncio.create_task(run_agent(settings))
+    try:
+        apply(control_plane, namespace, debug_echo_configuration(
+            "echo", descriptions=["foo0"], shared=False, capacity=2,
+            broker_properties={"MODE": "test"},
+        ))
+
+        async def allocatable() -> str | None:
+            got = await client.get(Node, node)
+            alloc = (got.status.allocatable if got.status else None) or {}
+            return alloc.get(resource) if alloc.get(resource) == "2" else None
+
+        await eventually(allocatable, what=f"{resource}=2 allocatable on Node {node}")
+        assert name in await instances(client, namespace)
+
+        pod = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "broker"},
+            "spec": {"containers": [{
+                "name": "c", "image": "busybox:1.36",
+                "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
+            }]},
+        }
+        apply(control_plane, namespace, pod)
+
+        async def admitted() -> bool:
+            return emulator.pod_admitted(namespace, "broker")
+
+        await eventually(admitted, what="pod broker admitted by the emulated kubelet")
+        [allocation] = emulator.allocations(namespace, "broker")
+        assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
+        assert allocation.envs["MODE"] == "test"
+        phase = json.loads(control_plane.kubectl(
+            "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)["status"]["phase"]
+        assert phase == "Running"
+    finally:
+        agent.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent
+        await emulator.stop(delete_node=True)
+        await client.close()
