@@ -55,7 +55,8 @@ async def _demo(plane: ControlPlane, plugin_dir: Path) -> None:
             node = await client.get(Node, NODE_NAME)
             alloc = (node.status.allocatable if node.status else None) or {}
             devices = {k: v for k, v in alloc.items() if k.startswith("edgeplug.io/")}
-            return devices if len(devices) > EXPECTED_INSTANCES else None
+            ready = len(devices) > EXPECTED_INSTANCES and all(v != "0" for v in devices.values())
+            return devices if ready else None
 
         devices = await eventually(allocatable, what="edgeplug resources allocatable",
                                    deadline=READY_DEADLINE)
