@@ -118,6 +118,7 @@ class Reconciler:
         async with lock:
             record = view.instance(namespace, name)
             if record is None:
+                await self._remove_orphans(view, namespace, name)
                 return
             config = view.configuration(namespace, record.instance.spec.configuration_name)
             if config is None:
@@ -157,6 +158,16 @@ class Reconciler:
                         await self.kube.delete(kind, namespace, deletion.name)
         self._locks.pop((namespace, name), None)
         self.status_soon(view, namespace, configuration)
+
+    async def _remove_orphans(self, view: ClusterView, namespace: str, name: str) -> None:
+        """Brokers of an Instance that no longer exists (deleted while no replica was active):
+        the garbage collector would remove them too, later."""
+        for pod in view.broker_pods(namespace, name):
+            if not pod.deleting and await self.kube.delete("Pod", namespace, pod.name):
+                log.info("deleted orphaned broker pod %s/%s", namespace, pod.name)
+        for job in view.broker_jobs(namespace, name):
+            if await self.kube.delete("Job", namespace, job.name):
+                log.info("deleted orphaned broker job %s/%s", namespace, job.name)
 
     async def _orphan(self, record: InstanceRecord) -> None:
         inst = record.instance
