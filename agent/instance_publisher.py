@@ -62,6 +62,8 @@ from discovery_handlers.contract import Device, DiscoveryHandler, PreparingHandl
 
 log = logging.getLogger(__name__)
 
+LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under us
+
 
 class InstancePublisher:
     """Instances of one Configuration as this node sees them. Not shared between runs."""
@@ -243,27 +245,40 @@ class InstancePublisher:
         if not shared:
             await self._delete(name)
             return
-        body = self._leave_body(name)
-        try:
-            left = await self._client.patch(
-                InstanceResource, name, body, namespace=self._cfg.namespace,
-                patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
-            )
-        except ApiError as exc:
-            if is_not_found(exc):
-                return
-            raise
-        nodes = as_dict(left).get("spec", {}).get("nodes") or []
-        log.info("left Instance %s (nodes now %s)", name, nodes, extra=self._extra(name))
-        if not nodes:
-            await self._delete(name)
+        for _attempt in range(LEAVE_ATTEMPTS):
+            try:
+                current = as_dict(
+                    await self._client.get(InstanceResource, name, namespace=self._cfg.namespace)
+                )
+                # The read resourceVersion makes the apply conditional: it can neither
+                # re-create an Instance deleted meanwhile nor race another writer.
+                body = self._leave_body(name, current["metadata"]["resourceVersion"])
+                left = await self._client.patch(
+                    InstanceResource, name, body, namespace=self._cfg.namespace,
+                    patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
+                )
+            except ApiError as exc:
+                if is_not_found(exc):
+                    return
+                if is_conflict(exc):
+                    continue
+                raise
+            nodes = as_dict(left).get("spec", {}).get("nodes") or []
+            log.info("left Instance %s (nodes now %s)", name, nodes, extra=self._extra(name))
+            if not nodes:
+                await self._delete(name)
+            return
+        log.warning("could not leave Instance %s: it kept changing", name,
+                    extra=self._extra(name))
 
-    def _leave_body(self, name: str) -> dict[str, Any]:
+    def _leave_body(self, name: str, resource_version: str) -> dict[str, Any]:
         cfg = self._cfg
         return {
             "apiVersion": API_VERSION,
             "kind": INSTANCE_KIND,
-            "metadata": {"name": name, "namespace": cfg.namespace},
+            "metadata": {
+                "name": name, "namespace": cfg.namespace, "resourceVersion": resource_version,
+            },
         }
 
     async def _delete(self, name: str) -> None:

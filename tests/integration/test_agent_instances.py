@@ -80,6 +80,12 @@ async def test_shared_and_local_devices_become_instances(
         assert set(name for _, name in table) == expected
         assert table[(namespace, name)].properties["DEBUG_ECHO_DESCRIPTION"] == "foo0"
 
+        # The instances gauge counts them per Configuration.
+        gauge = agent.metrics.registry.get_sample_value(
+            "edgeplug_instances", {"namespace": namespace, "configuration": "echo-shared"}
+        )
+        assert gauge == 2
+
         # The node is labelled with both Configurations.
         async def labelled() -> dict[str, str] | None:
             got = await client.get(Node, node)
@@ -134,6 +140,14 @@ async def test_two_nodes_share_one_instance(control_plane: ControlPlane, namespa
 
         await eventually(only_a, what=f"Instance {name} listing only {node_a}")
         assert (await instances(client, namespace))[name]["metadata"]["uid"] == uid
+
+        # The Configuration goes: the Instance goes and no agent brings it back.
+        control_plane.kubectl("delete", "configuration", "cam", "-n", namespace)
+
+        async def gone() -> bool:
+            return name not in await instances(client, namespace)
+
+        await eventually(gone, what=f"Instance {name} deleted with its Configuration")
     await client.close()
 
 
