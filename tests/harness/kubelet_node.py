@@ -94,8 +94,10 @@ class NodeReporter:
         loop = asyncio.get_running_loop()
         next_lease = loop.time() + HEARTBEAT_INTERVAL_S
         while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(0.0, next_lease - loop.time()))
+                async with asyncio.timeout_at(next_lease):
+                    await self._changed.wait()
             self._changed.clear()
             try:
                 await self._write_status()

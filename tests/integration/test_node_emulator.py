@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from pathlib import Path
 from typing import Any, cast
 
+import grpc
+import grpc.aio
 import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
 from tests.harness.controlplane import ControlPlane
-from tests.harness.node_emulator import NodeEmulator
+from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, env_name, expected_response
 
 pytestmark = pytest.mark.timeout(180)
@@ -213,3 +215,252 @@ async def test_scheduled_pod_gets_the_plugins_allocation_and_runs(
     assert allocation.cdi_devices == (f"{CDI_KIND}=d2", f"{CDI_KIND}=d0")
     assert allocation.annotations == {"test.edgeplug.io/devices": "d2,d0"}
     assert emulator.allocated_device_ids(plugin.resource_name) == {"d0", "d2"}
+
+
+async def test_pod_asking_for_more_devices_than_exist_stays_pending(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("greedy", resources={plugin.resource_name: "4"}))
+
+    async def unschedulable() -> bool:
+        pod = await kube.get(Pod, "greedy", namespace=pod_namespace)
+        assert pod.status is not None
+        assert pod.status.phase == "Pending", f"pod left Pending: {pod.status}"
+        return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                   for c in pod.status.conditions or [])
+
+    await wait_until(unschedulable, what="the scheduler to call the pod Unschedulable")
+    pod = await kube.get(Pod, "greedy", namespace=pod_namespace)
+    assert pod.spec is not None
+    assert pod.spec.nodeName is None
+    assert pod.status is not None
+    assert pod.status.phase == "Pending"
+    assert plugin.calls.allocate == []
+    assert emulator.allocations(pod_namespace, "greedy") == []
+
+
+async def test_pod_without_extended_resources_just_runs(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await create_pod(kube, pod_namespace, pod_manifest(
+        "plain", node_selector={"kubernetes.io/hostname": emulator.node_name}))
+
+    pod = await wait_phase(kube, pod_namespace, "plain", "Running")
+
+    assert pod.spec is not None
+    assert pod.spec.nodeName == emulator.node_name
+    assert emulator.allocations(pod_namespace, "plain") == []
+    assert emulator.pod_admitted(pod_namespace, "plain")
+
+
+async def test_deleting_a_pod_frees_its_devices_for_the_next_pod(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("first", resources={plugin.resource_name: "3"}))
+    await wait_phase(kube, pod_namespace, "first", "Running")
+    assert emulator.allocated_device_ids(plugin.resource_name) == {"d0", "d1", "d2"}
+
+    # A graceful delete: the emulated kubelet confirms it, as a real one does.
+    await kube.delete(Pod, "first", namespace=pod_namespace)
+
+    async def gone() -> bool:
+        try:
+            await kube.get(Pod, "first", namespace=pod_namespace)
+        except ApiError as error:
+            return error.status.code == 404
+        return False
+
+    await wait_until(gone, what="the deleted pod to disappear")
+    assert emulator.allocated_device_ids(plugin.resource_name) == set()
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("second", resources={plugin.resource_name: "3"}))
+    await wait_phase(kube, pod_namespace, "second", "Running")
+    assert emulator.allocated_device_ids(plugin.resource_name) == {"d0", "d1", "d2"}
+
+
+async def test_failed_allocate_fails_the_pod_with_unexpected_admission_error(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    broken = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                        devices={"x": HEALTHY}, fail_allocate=True)
+    await broken.start()
+    try:
+        await wait_allocatable(kube, emulator.node_name, broken.resource_name, "1")
+        await create_pod(kube, pod_namespace,
+                         pod_manifest("doomed", resources={broken.resource_name: "1"}))
+
+        pod = await wait_phase(kube, pod_namespace, "doomed", "Failed")
+
+        assert pod.status is not None
+        assert pod.status.reason == ADMISSION_ERROR
+        assert pod.status.message is not None
+        assert "test plugin told to fail Allocate" in pod.status.message
+        assert broken.calls.allocate == [("x",)]
+        assert emulator.allocated_device_ids(broken.resource_name) == set()
+    finally:
+        await broken.stop()
+
+
+async def test_pre_start_and_init_containers_follow_the_kubelet(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    prestart = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                          devices={"a": HEALTHY, "b": HEALTHY}, pre_start_required=True)
+    await prestart.start()
+    try:
+        await wait_allocatable(kube, emulator.node_name, prestart.resource_name, "2")
+        await create_pod(kube, pod_namespace, pod_manifest(
+            "staged", resources={prestart.resource_name: "2"},
+            init_resources={prestart.resource_name: "1"}))
+
+        await wait_phase(kube, pod_namespace, "staged", "Running")
+
+        init, main = emulator.allocations(pod_namespace, "staged")
+        assert (init.container, init.init_container, init.device_ids) == ("init", True, ("a",))
+        # The init container's device is free again once it finished: the app may reuse it.
+        assert (main.container, main.init_container, main.device_ids) == ("main", False,
+                                                                          ("a", "b"))
+        assert prestart.calls.pre_start == [("a",), ("a", "b")]
+        assert prestart.calls.preferred == []  # the plugin does not offer it
+    finally:
+        await prestart.stop()
+
+
+# -- plugin lifecycle ------------------------------------------------------------------------
+
+
+async def test_only_healthy_devices_are_allocatable(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    plugin.set_devices({"d0": HEALTHY, "d1": "Unhealthy", "d2": "Unhealthy"})
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "1")
+    node = await kube.get(Node, emulator.node_name)
+    assert node.status is not None
+    assert node.status.capacity is not None
+    assert node.status.capacity[plugin.resource_name] == "1"
+
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("healthy", resources={plugin.resource_name: "1"}))
+    await wait_phase(kube, pod_namespace, "healthy", "Running")
+
+    [allocation] = emulator.allocations(pod_namespace, "healthy")
+    assert allocation.device_ids == ("d0",)
+    assert plugin.calls.preferred == [(("d0",), 1)]
+
+
+async def test_plugin_going_away_zeroes_its_resource(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    await plugin.stop()
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "0")
+    assert emulator.healthy_device_ids(plugin.resource_name) == []
+
+
+async def test_re_registration_replaces_the_old_stream(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    successor = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=plugin.resource_name,
+                           socket_name="successor.sock", devices={"n0": HEALTHY, "n1": HEALTHY})
+    await successor.start()
+    try:
+        await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "2")
+        # The old plugin going away now must not zero what the new one advertises.
+        await plugin.stop()
+        successor.set_devices({"n0": HEALTHY, "n1": HEALTHY, "n2": HEALTHY, "n3": HEALTHY})
+        await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "4")
+        assert [r.endpoint for r in emulator.registrations] == [plugin.socket_name,
+                                                                "successor.sock"]
+        assert emulator.healthy_device_ids(plugin.resource_name) == ["n0", "n1", "n2", "n3"]
+    finally:
+        await successor.stop()
+
+
+@pytest.mark.parametrize(("version", "resource", "endpoint", "complaint"), [
+    ("v1alpha", "test.edgeplug.io/x", "x.sock", "unsupported version"),
+    ("v1beta1", "cpu", "x.sock", "invalid extended resource name"),
+    ("v1beta1", "kubernetes.io/x", "x.sock", "invalid extended resource name"),
+    ("v1beta1", "test.edgeplug.io/x", "../x.sock", "invalid endpoint"),
+    ("v1beta1", "test.edgeplug.io/x", "", "invalid endpoint"),
+])
+async def test_invalid_registrations_are_refused(
+    emulator: NodeEmulator, version: str, resource: str, endpoint: str, complaint: str,
+) -> None:
+    bad = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=resource,
+                     socket_name=endpoint or "unused.sock", devices={})
+    bad.socket_name = endpoint
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await bad.register(version=version)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert complaint in (refused.value.details() or "")
+    assert emulator.registrations == []
+
+
+async def test_a_garbage_plugin_does_not_hurt_the_emulator(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    # Registers, but nothing serves its socket; then one whose socket is not even gRPC.
+    ghost = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                       devices={})
+    await ghost.register()
+    junk_path = emulator.plugin_dir / "junk.sock"
+    junk = await asyncio.start_unix_server(junk_reply, path=str(junk_path))
+    try:
+        garbage = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                             socket_name="junk.sock", devices={})
+        await garbage.register()
+        good = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                          devices={"g": HEALTHY})
+        await good.start()
+        try:
+            await wait_allocatable(kube, emulator.node_name, good.resource_name, "1")
+            await create_pod(kube, pod_namespace,
+                             pod_manifest("fine", resources={good.resource_name: "1"}))
+            await wait_phase(kube, pod_namespace, "fine", "Running")
+            for broken in (ghost, garbage):
+                assert await allocatable(kube, emulator.node_name, broken.resource_name) == "0"
+        finally:
+            await good.stop()
+    finally:
+        junk.close()
+        await junk.wait_closed()
+
+
+async def junk_reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.0 418 I am not a device plugin\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+async def test_kubelet_restart_deletes_plugin_sockets_and_serves_a_fresh_kubelet_sock(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("survivor", resources={plugin.resource_name: "1"}))
+    await wait_phase(kube, pod_namespace, "survivor", "Running")
+    assert plugin.socket_path.is_socket()
+
+    await emulator.restart_kubelet()
+
+    assert not plugin.socket_path.exists(), "a kubelet restart deletes every plugin socket"
+    assert emulator.kubelet_socket.is_socket()
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "0")
+    # Allocations are checkpointed across a kubelet restart.
+    assert emulator.allocated_device_ids(plugin.resource_name) == {"d2"}
+    # The fresh kubelet.sock takes the plugin's re-registration.
+    await plugin.stop()
+    await plugin.start()
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    assert len(emulator.registrations) == 2
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("after", resources={plugin.resource_name: "2"}))
+    await wait_phase(kube, pod_namespace, "after", "Running")
+    [allocation] = emulator.allocations(pod_namespace, "after")
+    assert set(allocation.device_ids) == {"d0", "d1"}  # d2 is still the survivor's
