@@ -20,8 +20,11 @@ import grpc
 import grpc.aio
 import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
+from agent.kubeletapi import podresources_v1_pb2 as pr
+from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, env_name, expected_response
@@ -464,3 +467,132 @@ async def test_kubelet_restart_deletes_plugin_sockets_and_serves_a_fresh_kubelet
     await wait_phase(kube, pod_namespace, "after", "Running")
     [allocation] = emulator.allocations(pod_namespace, "after")
     assert set(allocation.device_ids) == {"d0", "d1"}  # d2 is still the survivor's
+
+
+# -- the Node, several nodes, pod-resources --------------------------------------------------
+
+
+async def test_node_is_ready_labelled_and_heartbeats_through_its_lease(
+    emulator: NodeEmulator, kube: AsyncClient,
+) -> None:
+    node = await kube.get(Node, emulator.node_name)
+    assert node.metadata is not None
+    assert node.metadata.labels is not None
+    assert node.metadata.labels["kubernetes.io/hostname"] == emulator.node_name
+    assert node.metadata.labels["edgeplug.test/role"] == "emulated"
+    assert node.status is not None
+    assert {c.type: c.status for c in node.status.conditions or []}["Ready"] == "True"
+    addresses = [(a.type, a.address) for a in node.status.addresses or []]
+    assert ("InternalIP", "127.0.0.1") in addresses
+    assert node.status.allocatable is not None
+    assert node.status.allocatable["pods"] != "0"
+    assert not (node.spec and node.spec.taints), "a Ready node carries no not-ready taint"
+
+    first = await kube.get(Lease, emulator.node_name, namespace="kube-node-lease")
+    assert first.spec is not None
+    assert first.spec.holderIdentity == emulator.node_name
+    first_renewal = first.spec.renewTime
+
+    async def renewed() -> bool:
+        lease = await kube.get(Lease, emulator.node_name, namespace="kube-node-lease")
+        assert lease.spec is not None
+        return lease.spec.renewTime != first_renewal
+
+    await wait_until(renewed, what="the node's Lease to be renewed")
+
+
+async def test_stop_can_delete_the_node_and_a_new_emulator_adopts_a_kept_one(
+    control_plane: ControlPlane, plugin_dir: Path, kube: AsyncClient,
+) -> None:
+    name = new_node_name()
+    first = NodeEmulator(node_name=name, kubeconfig=control_plane.kubeconfig,
+                         plugin_dir=plugin_dir, labels={"generation": "one"})
+    await first.start()
+    await first.stop()  # keeps the Node, as a stopped kubelet does
+    second = NodeEmulator(node_name=name, kubeconfig=control_plane.kubeconfig,
+                          plugin_dir=plugin_dir, labels={"generation": "two"})
+    await second.start()
+    try:
+        node = await kube.get(Node, name)
+        assert node.metadata is not None
+        assert node.metadata.labels is not None
+        assert node.metadata.labels["generation"] == "two"
+    finally:
+        await second.stop(delete_node=True)
+    with pytest.raises(ApiError) as missing:
+        await kube.get(Node, name)
+    assert missing.value.status.code == 404
+    with pytest.raises(ApiError) as no_lease:
+        await kube.get(Lease, name, namespace="kube-node-lease")
+    assert no_lease.value.status.code == 404
+
+
+async def test_two_emulated_nodes_in_one_process_both_get_pods(
+    control_plane: ControlPlane, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    resource = new_resource()  # the same resource on both nodes, as with a shared device
+    emulators: list[NodeEmulator] = []
+    plugins: list[TestPlugin] = []
+    try:
+        for index in range(2):
+            directory = Path(tempfile.mkdtemp(prefix="ep-kl-", dir="/tmp"))
+            emulator = NodeEmulator(node_name=new_node_name(),
+                                    kubeconfig=control_plane.kubeconfig, plugin_dir=directory)
+            await emulator.start()
+            emulators.append(emulator)
+            test_plugin = TestPlugin(plugin_dir=directory, resource_name=resource,
+                                     devices={f"n{index}-a": HEALTHY})
+            await test_plugin.start()
+            plugins.append(test_plugin)
+        for emulator in emulators:
+            await wait_allocatable(kube, emulator.node_name, resource, "1")
+        for emulator in emulators:
+            await create_pod(kube, pod_namespace, pod_manifest(
+                f"on-{emulator.node_name}", resources={resource: "1"},
+                node_selector={"kubernetes.io/hostname": emulator.node_name}))
+
+        for index, emulator in enumerate(emulators):
+            pod = await wait_phase(kube, pod_namespace, f"on-{emulator.node_name}", "Running")
+            assert pod.spec is not None
+            assert pod.spec.nodeName == emulator.node_name
+            [allocation] = emulator.allocations(pod_namespace, f"on-{emulator.node_name}")
+            assert allocation.device_ids == (f"n{index}-a",)
+            assert plugins[index].calls.allocate == [(f"n{index}-a",)]
+    finally:
+        for test_plugin in plugins:
+            await test_plugin.stop()
+        for emulator in emulators:
+            await emulator.stop(delete_node=True)
+            shutil.rmtree(emulator.plugin_dir, ignore_errors=True)
+
+
+async def test_pod_resources_api_lists_live_pods_and_their_devices(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("listed", resources={plugin.resource_name: "1"}))
+    await wait_phase(kube, pod_namespace, "listed", "Running")
+    assert emulator.pod_resources_socket is not None
+
+    async with grpc.aio.insecure_channel(f"unix:{emulator.pod_resources_socket}") as channel:
+        lister = pr_grpc.PodResourcesListerStub(channel)
+        listed = await lister.List(pr.ListPodResourcesRequest(), timeout=10)
+        allocatable_now = await lister.GetAllocatableResources(
+            pr.AllocatableResourcesRequest(), timeout=10)
+        one = await lister.Get(pr.GetPodResourcesRequest(pod_name="listed",
+                                                         pod_namespace=pod_namespace), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await lister.Get(pr.GetPodResourcesRequest(pod_name="nope",
+                                                       pod_namespace=pod_namespace), timeout=10)
+
+    [pod] = [p for p in listed.pod_resources if p.namespace == pod_namespace]
+    assert pod.name == "listed"
+    [container] = pod.containers
+    assert container.name == "main"
+    assert [(d.resource_name, list(d.device_ids)) for d in container.devices] == [
+        (plugin.resource_name, ["d2"])]
+    assert one.pod_resources == pod
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert [(d.resource_name, sorted(d.device_ids)) for d in allocatable_now.devices] == [
+        (plugin.resource_name, ["d0", "d1", "d2"])]
