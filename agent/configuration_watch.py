@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 WATCH_RETRY_BASE = 0.5  # seconds before re-opening a failed watch, doubling
 WATCH_RETRY_MAX = 30.0
+RELIST_INTERVAL = 300.0  # seconds between full lists that catch deletions a watch missed
 
 
 def _on_watch_error(what: str) -> Callable[[Exception, int], OnErrorResult]:
@@ -60,6 +61,7 @@ class ConfigurationWatch:
         devices: NodeDeviceTable,
         metrics: AgentMetrics,
         resync_interval: float = RESYNC_INTERVAL,
+        relist_interval: float = RELIST_INTERVAL,
     ) -> None:
         self._client = client
         self._node = node_name
@@ -67,6 +69,7 @@ class ConfigurationWatch:
         self._devices = devices
         self._metrics = metrics
         self._resync_interval = resync_interval
+        self._relist_interval = relist_interval
         self._labels = NodeLabels(client=client, node_name=node_name)
         self._references = ReferenceWatch(
             client=client, namespace=namespace, on_change=self._on_reference_change
@@ -85,8 +88,8 @@ class ConfigurationWatch:
         """Run until cancelled; on cancel, stop every run and leave the Instances in place."""
         try:
             self._node_labels = await self._read_node_labels()
-            node_watch = asyncio.create_task(self._watch_node(), name="watch-node")
-            self._background.add(node_watch)
+            for part, name in ((self._watch_node(), "watch-node"), (self._relist(), "relist")):
+                self._background.add(asyncio.create_task(part, name=name))
             stream = self._client.watch(
                 ConfigurationResource,
                 namespace=self._namespace or "*",
@@ -165,6 +168,35 @@ class ConfigurationWatch:
         task = asyncio.create_task(guarded(), name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _relist(self) -> None:
+        """Catch deletions a broken watch missed: forget Configurations no longer listed."""
+        while True:
+            await asyncio.sleep(self._relist_interval)
+            # Only what was known before the list can be judged by it: a Configuration the
+            # watch delivers while the list is in flight may be missing from the list.
+            before = dict(self._configurations)
+            try:
+                listed = {
+                    (cfg.namespace, cfg.name)
+                    for cfg in [
+                        Configuration.from_object(as_dict(obj))
+                        async for obj in self._client.list(
+                            ConfigurationResource, namespace=self._namespace or "*"
+                        )
+                    ]
+                }
+            except ApiError as exc:
+                log.warning("relist of Configurations failed: %s", exc)
+                continue
+            async with self._lock:
+                for key in set(before) - listed:
+                    if self._configurations.get(key) is not before[key]:
+                        continue
+                    log.info("Configuration gone (missed by the watch)",
+                             extra={"configuration": "/".join(key)})
+                    del self._configurations[key]
+                    await self._reconcile(key)
 
     async def _on_reference_change(self, ref: Reference) -> None:
         async with self._lock:
