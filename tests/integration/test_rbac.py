@@ -1,0 +1,532 @@
+"""The RBAC in deploy/manifests is enough for the real agent and controller, and no more.
+
+Why this exists: a ClusterRole that misses one verb shows up only in a cluster, as a 403 in a
+log. Here the manifests are applied to the real API server (RBAC authorization on), a token is
+minted for each ServiceAccount through the TokenRequest API, and the real agent and the real
+controller run with nothing but that token: Instances appear, the node is labelled, a pod gets a
+slot, Events and conditions are written, broker pods and services are created. The tokens are
+also asked (SelfSubjectAccessReview) about what they must not do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccount
+
+from agent.events import REASON_INVALID_DETAILS, condition_type
+from agent.kube import ConfigurationResource, as_dict
+from agent.main import run_agent
+from agent.node_labels import LABEL_VALUE, label_key
+from agent.settings import AgentSettings
+from crds.naming import instance_name
+from tests.harness.agent_process import (
+    api_client,
+    apply,
+    debug_echo_configuration,
+    eventually,
+    instances,
+)
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.node_emulator import NodeEmulator
+
+pytestmark = pytest.mark.timeout(300)
+
+MANIFESTS = REPO_ROOT / "deploy" / "manifests"
+PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
+RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "controller-rbac.yaml")
+SYSTEM_NAMESPACE = "edgeplug-system"
+AGENT_ACCOUNT = "edgeplug-agent"
+CONTROLLER_ACCOUNT = "edgeplug-controller"
+TOKEN_DURATION = "2h"
+#: Generous: the machine is shared; no deadline here is a pass/fail timing.
+WAIT_S = 60.0
+CONTROLLER_STOP_S = 10.0
+#: Short intervals so the controller resyncs and heartbeats while the test watches.
+CONTROLLER_ARGS = ("--resync-interval", "1", "--peering-lifetime", "4")
+#: Log lines that mean the API server refused a call for lack of permission.
+PERMISSION_MARKERS = ("403", "Forbidden", "forbidden", "Not enough permissions")
+
+
+# -- identities ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A ServiceAccount's token, in a kubeconfig of its own."""
+
+    account: str
+    kubeconfig: Path
+
+    def kubectl(self, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            cp.binaries.command("kubectl", f"--kubeconfig={self.kubeconfig}", *args),
+            capture_output=True, text=True, check=False, timeout=60,
+        )
+
+    def can(self, cp: ControlPlane, verb: str, resource: str, *, namespace: str | None = None,
+            subresource: str | None = None) -> bool:
+        """``kubectl auth can-i`` as this account; ``namespace`` None asks cluster-wide."""
+        args = ["auth", "can-i", verb, resource]
+        args += ["-n", namespace] if namespace else ["--all-namespaces"]
+        if subresource:
+            args.append(f"--subresource={subresource}")
+        answer = self.kubectl(cp, *args).stdout.strip()
+        assert answer in ("yes", "no"), f"kubectl auth can-i said {answer!r}"
+        return answer == "yes"
+
+
+def _kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cp.server, "certificate-authority": str(cp.ca_cert)}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+        "current-context": "sa",
+    }
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def identities(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Identity]:
+    cp = control_plane
+    cp.kubectl("apply", "-f", str(PEERING_CRDS))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/kopfpeerings.kopf.dev", "crd/clusterkopfpeerings.kopf.dev")
+    for name in RBAC_FILES:
+        cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    folder = tmp_path_factory.mktemp("rbac")
+    found = {}
+    for account in (AGENT_ACCOUNT, CONTROLLER_ACCOUNT):
+        token = cp.kubectl("create", "token", account, "-n", SYSTEM_NAMESPACE,
+                           f"--duration={TOKEN_DURATION}").stdout.strip()
+        assert token, f"no token minted for {account}"
+        found[account] = Identity(account, _kubeconfig(cp, token, folder / account))
+    return found
+
+
+# -- the manifests themselves --------------------------------------------------------------
+
+
+def test_every_manifest_passes_the_api_servers_strict_validation(
+    control_plane: ControlPlane, identities: dict[str, Identity]
+) -> None:
+    result = control_plane.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-k", str(MANIFESTS), check=False
+    )
+    assert result.returncode == 0, result.stderr
+    for applied in ("daemonset.apps/edgeplug-agent", "deployment.apps/edgeplug-controller",
+                    "clusterrole.rbac.authorization.k8s.io/edgeplug-agent"):
+        assert applied in result.stdout, result.stdout
+
+
+# -- what each token may and may not do ----------------------------------------------------
+
+#: (verb, resource, subresource, cluster-wide?) the agent's code needs.
+AGENT_NEEDS = [
+    ("watch", "configurations.edgeplug.io", None),
+    ("get", "configurations.edgeplug.io", None),
+    ("patch", "configurations.edgeplug.io", "status"),
+    ("create", "instances.edgeplug.io", None),
+    ("patch", "instances.edgeplug.io", None),
+    ("delete", "instances.edgeplug.io", None),
+    ("watch", "instances.edgeplug.io", None),
+    ("patch", "instances.edgeplug.io", "status"),
+    ("get", "nodes", None),
+    ("patch", "nodes", None),
+    ("create", "events", None),
+    ("get", "secrets", None),
+    ("watch", "configmaps", None),
+]
+AGENT_MUST_NOT = [
+    ("create", "pods", None),
+    ("list", "secrets", None),
+    ("create", "secrets", None),
+    ("update", "secrets", None),
+    ("delete", "nodes", None),
+    ("create", "configurations.edgeplug.io", None),
+    ("patch", "configurations.edgeplug.io", None),
+    ("delete", "configurations.edgeplug.io", None),
+    ("update", "instances.edgeplug.io", None),
+    ("create", "leases.coordination.k8s.io", None),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+]
+CONTROLLER_NEEDS = [
+    ("watch", "configurations.edgeplug.io", None),
+    ("patch", "configurations.edgeplug.io", None),
+    ("patch", "configurations.edgeplug.io", "status"),
+    ("watch", "instances.edgeplug.io", None),
+    ("patch", "instances.edgeplug.io", None),
+    ("delete", "instances.edgeplug.io", None),
+    ("create", "pods", None),
+    ("delete", "pods", None),
+    ("create", "jobs.batch", None),
+    ("patch", "services", None),
+    ("watch", "nodes", None),
+    ("create", "events", None),
+    ("patch", "clusterkopfpeerings.kopf.dev", None),
+]
+CONTROLLER_MUST_NOT = [
+    ("get", "secrets", None),
+    ("list", "configmaps", None),
+    ("patch", "nodes", None),
+    ("delete", "nodes", None),
+    ("create", "instances.edgeplug.io", None),
+    ("create", "configurations.edgeplug.io", None),
+    ("delete", "configurations.edgeplug.io", None),
+    ("update", "pods", None),
+    ("create", "pods", "exec"),
+    ("create", "deployments.apps", None),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+]
+
+
+def _verdicts(cp: ControlPlane, who: Identity,
+              table: list[tuple[str, str, str | None]]) -> dict[str, bool]:
+    return {
+        f"{verb} {resource}{'/' + sub if sub else ''}": who.can(cp, verb, resource,
+                                                                 subresource=sub)
+        for verb, resource, sub in table
+    }
+
+
+@pytest.mark.parametrize(
+    ("account", "needs", "must_not"),
+    [
+        (AGENT_ACCOUNT, AGENT_NEEDS, AGENT_MUST_NOT),
+        (CONTROLLER_ACCOUNT, CONTROLLER_NEEDS, CONTROLLER_MUST_NOT),
+    ],
+)
+def test_token_may_do_what_the_code_needs_and_not_more(
+    control_plane: ControlPlane,
+    identities: dict[str, Identity],
+    account: str,
+    needs: list[tuple[str, str, str | None]],
+    must_not: list[tuple[str, str, str | None]],
+) -> None:
+    who = identities[account]
+    denied = [action for action, ok in _verdicts(control_plane, who, needs).items() if not ok]
+    assert not denied, f"{account} lacks permissions its code uses: {denied}"
+    allowed = [action for action, ok in _verdicts(control_plane, who, must_not).items() if ok]
+    assert not allowed, f"{account} holds permissions it should not: {allowed}"
+
+
+def test_a_token_is_refused_by_the_api_server_outside_its_role(
+    control_plane: ControlPlane, identities: dict[str, Identity], namespace: str
+) -> None:
+    """Not only the access review: a real request with the agent's token is refused."""
+    result = identities[AGENT_ACCOUNT].kubectl(control_plane, "get", "secrets", "-n", namespace)
+    assert result.returncode != 0
+    assert "forbidden" in result.stderr.lower(), result.stderr
+
+
+# -- the real agent on its own token -------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _emulated_node(cp: ControlPlane) -> AsyncIterator[NodeEmulator]:
+    # Short paths: a Unix socket path must fit in 108 bytes.
+    plugin_dir = Path(tempfile.mkdtemp(prefix="ep-rbac-dp-", dir="/tmp"))
+    resources_dir = Path(tempfile.mkdtemp(prefix="ep-rbac-pr-", dir="/tmp"))
+    emulator = NodeEmulator(
+        node_name=f"rbac-{uuid.uuid4().hex[:8]}", kubeconfig=cp.kubeconfig,
+        plugin_dir=plugin_dir, pod_resources_socket=resources_dir / "kubelet.sock",
+    )
+    await emulator.start()
+    try:
+        yield emulator
+    finally:
+        await emulator.stop(delete_node=True)
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+        shutil.rmtree(resources_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _agent(settings: AgentSettings) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(run_agent(settings), name="agent-with-its-token")
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _permission_complaints(records: list[logging.LogRecord]) -> list[str]:
+    lines = [record.getMessage() for record in records if record.name.startswith("agent")]
+    return [line for line in lines if any(marker in line for marker in PERMISSION_MARKERS)]
+
+
+async def test_the_real_agent_works_with_its_token_alone(
+    control_plane: ControlPlane,
+    identities: dict[str, Identity],
+    namespace: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    cp, admin = control_plane, api_client(control_plane)
+    secret = Secret.from_dict({"metadata": {"name": "cam-login", "namespace": namespace},
+                               "stringData": {"password": "s3cret"}})
+    await admin.create(cast(Secret, secret))
+    good = debug_echo_configuration(
+        "rbac-cam", descriptions=["cam0"], discovery_properties=[
+            {"name": "password",
+             "valueFrom": {"secretKeyRef": {"name": "cam-login", "key": "password"}}}])
+    bad = debug_echo_configuration("rbac-bad", descriptions=[], raw_details="descriptions: 7")
+    try:
+        async with _emulated_node(cp) as node:
+            settings = AgentSettings(
+                node_name=node.node_name,
+                kubeconfig=identities[AGENT_ACCOUNT].kubeconfig,
+                plugin_dir=node.plugin_dir,
+                pod_resources_socket=node.pod_resources_socket,
+            )
+            async with _agent(settings) as agent:
+                apply(cp, namespace, good, bad)
+                await _assert_agent_published(admin, namespace, node.node_name, agent)
+                await _assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
+                await _assert_problem_reported(admin, namespace, node.node_name, agent)
+                assert not agent.done(), "the agent stopped"
+    finally:
+        await admin.close()
+    complaints = _permission_complaints(caplog.records)
+    assert not complaints, f"the agent was refused: {complaints}"
+
+
+def _alive(agent: asyncio.Task[None]) -> None:
+    if agent.done():
+        raise AssertionError(f"the agent stopped: {agent.exception()!r}")
+
+
+async def _assert_agent_published(
+    admin: AsyncClient, namespace: str, node: str, agent: asyncio.Task[None]
+) -> None:
+    name = instance_name("rbac-cam", "cam0", shared=True, node=node)
+
+    async def published() -> dict[str, Any] | None:
+        _alive(agent)
+        return (await instances(admin, namespace)).get(name)
+
+    found = await eventually(published, what=f"Instance {name} (needs a Secret read too)",
+                             deadline=WAIT_S)
+    assert found["spec"]["nodes"] == [node]
+
+    async def labelled() -> bool:
+        _alive(agent)
+        labels = (await admin.get(Node, node)).metadata.labels or {}  # type: ignore[union-attr]
+        return labels.get(label_key("rbac-cam")) == LABEL_VALUE
+
+    await eventually(labelled, what=f"node {node} labelled {label_key('rbac-cam')}",
+                     deadline=WAIT_S)
+
+
+async def _assert_pod_got_a_slot(
+    admin: AsyncClient, namespace: str, node: str, agent: asyncio.Task[None]
+) -> None:
+    """Allocate claims the slot in deviceUsage: the agent's Instance patches are allowed."""
+    name = instance_name("rbac-cam", "cam0", shared=True, node=node)
+
+    async def has_account() -> bool:
+        await admin.get(ServiceAccount, "default", namespace=namespace)
+        return True
+
+    await eventually(has_account, what=f"ServiceAccount default in {namespace}", deadline=WAIT_S)
+    pod = Pod.from_dict({
+        "metadata": {"name": "uses-cam", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "main", "image": "registry.invalid/pause:1",
+                            "resources": {"limits": {f"edgeplug.io/{name}": "1"}}}],
+        },
+    })
+    await admin.create(cast(Pod, pod))
+
+    async def claimed() -> list[str] | None:
+        _alive(agent)
+        usage = (await instances(admin, namespace))[name]["spec"]["deviceUsage"]
+        return list(usage.values()) if list(usage.values()) == [node] else None
+
+    await eventually(claimed, what=f"the slot of {name} claimed by {node}", deadline=WAIT_S)
+
+    async def running() -> bool:
+        found = await admin.get(Pod, "uses-cam", namespace=namespace)
+        return found.status is not None and found.status.phase == "Running"
+
+    await eventually(running, what="pod uses-cam Running", deadline=WAIT_S)
+
+
+async def _assert_problem_reported(
+    admin: AsyncClient, namespace: str, node: str, agent: asyncio.Task[None]
+) -> None:
+    """Bad discoveryDetails: a Warning Event and this node's False condition are written."""
+
+    async def condition() -> dict[str, Any] | None:
+        _alive(agent)
+        cfg = as_dict(await admin.get(ConfigurationResource, "rbac-bad", namespace=namespace))
+        for cond in (cfg.get("status") or {}).get("conditions") or []:
+            if cond["type"] == condition_type(node) and cond["status"] == "False":
+                return cast(dict[str, Any], cond)
+        return None
+
+    cond = await eventually(condition, what=f"condition {condition_type(node)}=False",
+                            deadline=WAIT_S)
+    assert cond["reason"] == REASON_INVALID_DETAILS
+
+    async def event() -> Event | None:
+        async for found in admin.list(Event, namespace=namespace):
+            involved = found.involvedObject
+            if involved.name == "rbac-bad" and found.reason == REASON_INVALID_DETAILS:
+                return found
+        return None
+
+    warning = await eventually(event, what="a Warning Event on Configuration rbac-bad",
+                               deadline=WAIT_S)
+    assert warning.type == "Warning"
+
+
+# -- the real controller on its own token --------------------------------------------------
+
+
+@pytest.fixture
+def controller(
+    control_plane: ControlPlane, identities: dict[str, Identity], tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``python -m controller.main`` cluster-wide with peering, as the Deployment runs it."""
+    kubeconfig = identities[CONTROLLER_ACCOUNT].kubeconfig
+    log = tmp_path / "controller.log"
+    env = {**control_plane.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controller.main", "--kubeconfig", str(kubeconfig),
+             *CONTROLLER_ARGS],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        yield process, log
+    finally:
+        process.terminate()
+        try:
+            process.wait(CONTROLLER_STOP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(CONTROLLER_STOP_S)
+
+
+async def test_the_real_controller_works_with_its_token_alone(
+    control_plane: ControlPlane,
+    namespace: str,
+    controller: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    process, log = controller
+    cp = control_plane
+    node = f"rbac-{uuid.uuid4().hex[:8]}"
+    cfg = debug_echo_configuration("rbac-brokers", descriptions=["cam0"])
+    service = {"type": "ClusterIP", "ports": [{"name": "grpc", "port": 80}]}
+    cfg["spec"]["brokerSpec"] = {"brokerPodSpec": {"containers": [{
+        "name": "broker", "image": "registry.invalid/broker:1",
+        "resources": {"limits": {"{{PLACEHOLDER}}": "1"}}}]}}
+    cfg["spec"]["instanceServiceSpec"] = service
+    apply(cp, namespace, cfg)
+    # The Instance an agent would publish (the agent's own RBAC is tested above).
+    name = instance_name("rbac-brokers", "cam0", shared=True, node=node)
+    created = cp.get_json(f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/configurations/"
+                          "rbac-brokers")
+    assert created is not None
+    owner = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+             "name": "rbac-brokers", "uid": cast(dict[str, Any], created["metadata"])["uid"]}
+    apply(cp, namespace, {
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
+        "metadata": {"name": name, "labels": {"edgeplug.io/configuration": "rbac-brokers"},
+                     "ownerReferences": [owner]},
+        "spec": {"configurationName": "rbac-brokers",
+                 "cdiName": f"edgeplug.io/rbac-brokers={name[-6:]}",
+                 "capacity": 1, "shared": True, "nodes": [node],
+                 "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": "cam0"},
+                 "deviceUsage": {f"{name}-0": ""}},
+    })
+    admin = api_client(cp)
+    try:
+        await _assert_brokers_made(admin, cp, namespace, name, process, log)
+    finally:
+        await admin.close()
+    text = log.read_text(errors="replace")
+    complaints = [line for line in text.splitlines()
+                  if any(marker in line for marker in PERMISSION_MARKERS)]
+    assert not complaints, "the controller was refused:\n" + "\n".join(complaints)
+
+
+async def _assert_brokers_made(
+    admin: AsyncClient, cp: ControlPlane, namespace: str, instance: str,
+    process: subprocess.Popen[bytes], log: Path,
+) -> None:
+    def alive() -> None:
+        if process.poll() is not None:
+            raise AssertionError(f"the controller exited ({process.returncode}):\n"
+                                 + log.read_text(errors="replace")[-4000:])
+
+    async def broker() -> Pod | None:
+        alive()
+        async for pod in admin.list(Pod, namespace=namespace):
+            labels = (pod.metadata.labels if pod.metadata else None) or {}
+            if labels.get("edgeplug.io/instance") == instance:
+                return pod
+        return None
+
+    pod = await eventually(broker, what=f"a broker pod for {instance}", deadline=WAIT_S)
+    assert pod.spec is not None
+    limits = pod.spec.containers[0].resources.limits or {}  # type: ignore[union-attr]
+    assert limits.get(f"edgeplug.io/{instance}") == "1"
+
+    async def service() -> dict[str, Any] | None:
+        alive()
+        found = cp.get_json(f"/api/v1/namespaces/{namespace}/services")
+        items = cast(list[dict[str, Any]], (found or {}).get("items") or [])
+        return items[0] if items else None
+
+    await eventually(service, what="the Instance service", deadline=WAIT_S)
+
+    async def status() -> dict[str, Any] | None:
+        alive()
+        cfg = as_dict(await admin.get(ConfigurationResource, "rbac-brokers",
+                                      namespace=namespace))
+        found = cast(dict[str, Any], cfg.get("status") or {})
+        return found if found.get("instanceCount") == 1 else None
+
+    await eventually(status, what="Configuration status.instanceCount 1", deadline=WAIT_S)
+
+    async def event() -> Event | None:
+        alive()
+        async for found in admin.list(Event, namespace=namespace):
+            if found.involvedObject.name == "rbac-brokers" and found.type == "Normal":
+                return found
+        return None
+
+    await eventually(event, what="an Event on Configuration rbac-brokers", deadline=WAIT_S)
+
+    async def heartbeat() -> bool:
+        alive()
+        found = cp.get_json("/apis/kopf.dev/v1/clusterkopfpeerings")
+        peerings = cast(list[dict[str, Any]], (found or {}).get("items") or [])
+        return any(p.get("status") for p in peerings)
+
+    await eventually(heartbeat, what="a heartbeat in a ClusterKopfPeering", deadline=WAIT_S)
