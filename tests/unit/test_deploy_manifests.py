@@ -1,0 +1,266 @@
+"""deploy/ agrees with the code: the DaemonSet gives the agent the settings it reads, the images
+start the console scripts pyproject declares, the Helm chart serves the same files.
+
+Why this exists: manifests are copies of facts the code owns (environment names, paths, ports);
+these tests read the facts from the code (``AgentSettings.from_env``, its defaults, pyproject)
+so a rename on either side fails here, not on a node. The RBAC itself is tested against the
+real API server in tests/integration/test_rbac.py.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.settings import (
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    AgentSettings,
+    SettingsError,
+)
+from controller.settings import ControllerSettings
+from tests.harness.controlplane import REPO_ROOT
+
+DEPLOY = REPO_ROOT / "deploy"
+MANIFESTS = DEPLOY / "manifests"
+PEERING_CRDS = DEPLOY / "kopf-peering.yaml"
+CHART = DEPLOY / "helm" / "edgeplug"
+IMAGES = DEPLOY / "images"
+SYSTEM_NAMESPACE = "edgeplug-system"
+#: DESIGN.md: the agent's resident-memory target; its limit must leave a margin above it.
+AGENT_TARGET_MIB = 79
+AGENT_MIN_MARGIN_MIB = 16
+NODE_NAME_PLACEHOLDER = "node-from-downward-api"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _all_manifests() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in [*sorted(MANIFESTS.glob("*.yaml")), PEERING_CRDS]:
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in _documents(path):
+            yield path, doc
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    found = [doc for _, doc in _all_manifests()
+             if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def _agent_container() -> dict[str, Any]:
+    [container] = _one("DaemonSet", "edgeplug-agent")["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def _agent_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the agent sees it on a node."""
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", var
+            env[var["name"]] = NODE_NAME_PLACEHOLDER
+    return env
+
+
+def _mebibytes(quantity: str) -> float:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, f"memory quantity {quantity!r} is not in Mi or Gi"
+    return int(match[1]) * (1024 if match[2] == "Gi" else 1)
+
+
+# -- every file ----------------------------------------------------------------------------
+
+
+def test_every_document_parses_and_names_its_kind_and_api_version() -> None:
+    seen = 0
+    for path, doc in _all_manifests():
+        assert doc.get("apiVersion"), f"{path.name}: no apiVersion in {doc}"
+        assert doc.get("kind"), f"{path.name}: no kind in {doc}"
+        assert doc["metadata"].get("name"), f"{path.name}: a {doc['kind']} without a name"
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"].get("namespace") == SYSTEM_NAMESPACE, (
+                f"{path.name}: {doc['kind']} {doc['metadata']['name']} outside {SYSTEM_NAMESPACE}"
+            )
+        seen += 1
+    assert seen >= 10
+    assert _one("Namespace", SYSTEM_NAMESPACE)
+
+
+def test_kustomization_lists_every_manifest_in_its_folder() -> None:
+    [kustomization] = _documents(MANIFESTS / "kustomization.yaml")
+    on_disk = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(on_disk)
+
+
+# -- the agent DaemonSet and the agent's settings -------------------------------------------
+
+
+def test_daemonset_environment_gives_the_agent_the_node_defaults() -> None:
+    container = _agent_container()
+    settings = AgentSettings.from_env(_agent_env(container))
+    [metrics] = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert settings == AgentSettings(
+        node_name=NODE_NAME_PLACEHOLDER,
+        kubeconfig=None,  # in-cluster: the ServiceAccount's token
+        plugin_dir=DEFAULT_PLUGIN_DIR,
+        pod_resources_socket=DEFAULT_POD_RESOURCES_SOCKET,
+        metrics_port=metrics["containerPort"],
+        namespace=None,  # every namespace: the RBAC is cluster-wide
+        serve_device_plugins=True,
+    )
+
+
+def test_every_daemonset_variable_is_one_the_agent_reads() -> None:
+    """Dropping any variable changes the settings (or, for the node name, is refused)."""
+    env = _agent_env(_agent_container())
+    full = AgentSettings.from_env(env)
+    required = []
+    for name in env:
+        rest = {k: v for k, v in env.items() if k != name}
+        try:
+            reduced = AgentSettings.from_env(rest)
+        except SettingsError:
+            required.append(name)
+            continue
+        if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET"):
+            # These restate the defaults (explicit for operators); the value is what is read.
+            changed = AgentSettings.from_env({**rest, name: "/elsewhere/x.sock"})
+            assert changed != full, f"{name} is not read by AgentSettings.from_env"
+        else:
+            assert reduced != full, f"{name} is not read by AgentSettings.from_env"
+    assert len(required) == 1
+    [node_var] = [v for v in _agent_container()["env"] if v["name"] == required[0]]
+    assert node_var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_daemonset_mounts_the_kubelet_paths_the_settings_name() -> None:
+    pod = _one("DaemonSet", "edgeplug-agent")["spec"]["template"]["spec"]
+    settings = AgentSettings.from_env(_agent_env(pod["containers"][0]))
+    assert settings.pod_resources_socket is not None
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+
+    plugin_mount = mounts[str(settings.plugin_dir)]
+    assert host_paths[plugin_mount["name"]] == str(settings.plugin_dir)
+    assert not plugin_mount.get("readOnly"), "the agent creates its sockets there"
+
+    resources_dir = str(settings.pod_resources_socket.parent)
+    assert host_paths[mounts[resources_dir]["name"]] == resources_dir
+    for path in ("/sys", "/dev", resources_dir):
+        assert mounts[path].get("readOnly") is True, f"{path} should be mounted read-only"
+    writable_host = [m["mountPath"] for m in mounts.values()
+                     if m["name"] in host_paths and not m.get("readOnly")]
+    assert writable_host == [str(settings.plugin_dir)]
+
+
+def test_agent_memory_limit_leaves_a_margin_above_its_target() -> None:
+    resources = _agent_container()["resources"]
+    limit = _mebibytes(resources["limits"]["memory"])
+    assert limit >= AGENT_TARGET_MIB + AGENT_MIN_MARGIN_MIB
+    assert _mebibytes(resources["requests"]["memory"]) <= limit
+
+
+# -- the controller Deployment ---------------------------------------------------------------
+
+
+def test_controller_runs_two_replicas_apart_with_peering_resources_installed() -> None:
+    deployment = _one("Deployment", "edgeplug-controller")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    [term] = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == (
+        deployment["spec"]["selector"]["matchLabels"]
+    )
+    # The controller peers by default (cluster-wide: ClusterKopfPeering); the CRDs it needs:
+    assert ControllerSettings(namespaces=()).peering_name is not None
+    crds = {doc["spec"]["names"]["kind"] for doc in _documents(PEERING_CRDS)}
+    assert crds == {"KopfPeering", "ClusterKopfPeering"}
+    assert "args" not in pod["containers"][0], "the plain Deployment runs cluster-wide"
+
+
+@pytest.mark.parametrize(("kind", "name"), [("DaemonSet", "edgeplug-agent"),
+                                            ("Deployment", "edgeplug-controller")])
+def test_workload_runs_as_its_own_bound_service_account(kind: str, name: str) -> None:
+    account = _one(kind, name)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert _one("ServiceAccount", account)["metadata"]["namespace"] == SYSTEM_NAMESPACE
+    binding = _one("ClusterRoleBinding", account)
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": SYSTEM_NAMESPACE}
+    ]
+    assert _one("ClusterRole", binding["roleRef"]["name"])
+
+
+# -- images ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("image", "module"), [("agent", "agent.main"),
+                                               ("controller", "controller.main")])
+def test_image_starts_the_console_script_of_its_part(image: str, module: str) -> None:
+    text = (IMAGES / f"{image}.Dockerfile").read_text()
+    [entrypoint] = re.findall(r'^ENTRYPOINT \["([^"]+)"\]$', text, flags=re.MULTILINE)
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[entrypoint] == f"{module}:main"
+    copied = set(re.findall(r"^COPY (\w+) ", text, flags=re.MULTILINE))
+    other = {"agent": "controller", "controller": "agent"}[image]
+    assert image in copied, f"the {image} image lacks its own package"
+    assert other not in copied, f"the {image} image carries {other}/ too"
+
+
+def test_agent_image_leaves_out_the_controllers_libraries() -> None:
+    text = (IMAGES / "agent.Dockerfile").read_text()
+    assert "controller" not in re.sub(r"#.*", "", text)
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    [default] = re.findall(r"^ARG HANDLER_EXTRAS=(.*)$", text, flags=re.MULTILINE)
+    for extra in default.split(","):
+        assert extra in extras, f"HANDLER_EXTRAS names an unknown extra {extra!r}"
+        assert not any("kopf" in dep or "kubernetes" in dep for dep in extras[extra])
+
+
+# -- the Helm chart --------------------------------------------------------------------------
+
+
+def test_chart_links_to_the_repositorys_own_crds_and_rbac() -> None:
+    for name in ("Chart.yaml", "values.yaml"):
+        assert yaml.safe_load((CHART / name).read_text())
+    linked = {p.name: p for p in (CHART / "crds").iterdir()}
+    for link in linked.values():
+        assert link.is_symlink(), f"{link} is a copy, not a link (copies drift)"
+        assert link.resolve().is_file(), f"{link} is a dangling link"
+    expected = {p.name for p in (REPO_ROOT / "crds" / "manifests").glob("*.yaml")}
+    assert expected | {PEERING_CRDS.name} == set(linked)
+    for name in ("agent-rbac.yaml", "controller-rbac.yaml"):
+        link = CHART / "files" / name
+        assert link.is_symlink(), f"{link} is a copy, not a link (copies drift)"
+        assert link.resolve() == (MANIFESTS / name).resolve()
+        assert f'"files/{name}"' in (CHART / "templates" / "rbac.yaml").read_text()
+
+
+def test_chart_defaults_match_the_plain_manifests() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    container = _agent_container()
+    settings = AgentSettings.from_env(_agent_env(container))
+    assert settings.pod_resources_socket is not None
+    assert values["agent"]["pluginDir"] == str(settings.plugin_dir)
+    assert values["agent"]["podResourcesDir"] == str(settings.pod_resources_socket.parent)
+    assert values["agent"]["metricsPort"] == settings.metrics_port
+    assert values["agent"]["resources"] == container["resources"]
+    deployment = _one("Deployment", "edgeplug-controller")
+    assert values["controller"]["replicas"] == deployment["spec"]["replicas"]
+    [controller] = deployment["spec"]["template"]["spec"]["containers"]
+    assert values["controller"]["resources"] == controller["resources"]
+    assert values["watchNamespace"] == ""
