@@ -24,7 +24,7 @@ from tests.harness.agent_process import (
 )
 from tests.harness.controlplane import ControlPlane
 
-SHORT_GRACE = 2  # seconds: offlineGracePeriodSeconds for the grace tests
+SHORT_GRACE = 3  # seconds: offlineGracePeriodSeconds for the grace tests
 
 
 def _node() -> str:
@@ -184,11 +184,16 @@ async def test_offline_devices_local_at_once_shared_after_grace(
             found = await instances(client, namespace)
             return found if port0 not in found else None
 
-        after_local = await eventually(port0_gone, what=f"local Instance {port0} deleted")
-        assert cam0 in after_local, "a shared Instance must outlive its device by the grace"
-        device = agent.devices.get(namespace, cam0)
-        assert device is not None
-        assert device.healthy is False
+        await eventually(port0_gone, what=f"local Instance {port0} deleted")
+
+        async def cam0_in_grace() -> bool:
+            device = agent.devices.get(namespace, cam0)
+            return device is not None and not device.healthy
+
+        await eventually(cam0_in_grace, what=f"{cam0} unhealthy in the node's table")
+        assert cam0 in await instances(client, namespace), (
+            "a shared Instance must outlive its device by the grace period"
+        )
 
         async def cam0_gone() -> bool:
             return cam0 not in await instances(client, namespace)
