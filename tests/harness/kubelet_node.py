@@ -31,6 +31,11 @@ LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
 FIELD_MANAGER = "edgeplug-node-emulator"
 KUBELET_VERSION = "v1.36.3"
+#: Taints that say a node is not (yet) ready. The API server's TaintNodesByCondition admission
+#: puts the first on every new Node, and the node-lifecycle controller removes them some seconds
+#: after it sees the Node Ready. The emulator removes them itself once it posted Ready, so the
+#: node is schedulable as soon as ``start`` returns; the controller would reach the same state.
+READINESS_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 #: What every emulated node offers besides devices: enough for many small test pods.
 BASE_RESOURCES: Mapping[str, str] = {"cpu": "16", "memory": "64Gi", "pods": "250",
                                      "ephemeral-storage": "100Gi"}
@@ -62,7 +67,6 @@ class NodeReporter:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ready_since = _now()
-        self.last_reported: dict[str, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -70,6 +74,7 @@ class NodeReporter:
         await self._ensure_node()
         await self._write_status()
         await self._renew_lease()
+        await self._clear_readiness_taints()
         self._task = asyncio.create_task(self._heartbeat(), name=f"heartbeat {self.node_name}")
 
     async def stop(self, *, delete_node: bool) -> None:
@@ -145,10 +150,26 @@ class NodeReporter:
             )
             log.info("node %s: adopted", self.node_name)
 
+    async def _clear_readiness_taints(self) -> None:
+        node = await self._client.get(Node, self.node_name)
+        assert node.metadata is not None
+        taints = list(node.spec.taints or []) if node.spec is not None else []
+        kept = [t for t in taints if t.key not in READINESS_TAINTS]
+        if len(kept) == len(taints):
+            return
+        patch = {"metadata": {"resourceVersion": node.metadata.resourceVersion},
+                 "spec": {"taints": [t.to_dict() for t in kept]}}
+        try:
+            await self._client.patch(Node, self.node_name, patch, field_manager=FIELD_MANAGER)
+        except ApiError as error:
+            if error.status.code != 409:
+                raise
+            # Someone (the node-lifecycle controller) changed the taints meanwhile: it will
+            # clear them itself now that the Node is Ready.
+
     def _status(self) -> dict[str, Any]:
         counts = self._device_counts()
         resources = {**BASE_RESOURCES, **{name: str(n) for name, n in counts.items()}}
-        self.last_reported = dict(counts)
         now = _now()
 
         def condition(kind: str, status: str, reason: str, message: str,

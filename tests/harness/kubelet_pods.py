@@ -37,6 +37,10 @@ PLUGIN_WAIT_POLL_S = 0.05
 #: Pause before re-opening a failed pod watch, growing with consecutive failures up to the max.
 WATCH_RETRY_S = 0.2
 WATCH_RETRY_MAX_S = 5.0
+#: How often the node's pods are listed to release pods whose deletion a broken watch missed.
+RESYNC_INTERVAL_S = 30.0
+#: Attempts (with WATCH_RETRY_S pauses) at writing a pod's status before giving up on it.
+STATUS_ATTEMPTS = 5
 FIELD_MANAGER = "edgeplug-node-emulator"
 ADMISSION_ERROR = "UnexpectedAdmissionError"
 
@@ -53,6 +57,7 @@ class PodRecord:
     containers: tuple[str, ...]
     allocations: list[ContainerAllocation] = field(default_factory=list)
     live: bool = True  # admitted and not deleted: holds its devices
+    seen_at: float = 0.0  # event-loop time the watch first delivered the pod
 
 
 def _retry_watch(_error: Exception, count: int) -> OnErrorResult:
@@ -85,17 +90,21 @@ class PodManager:
         self._devices = devices
         self.records: dict[str, PodRecord] = {}  # by pod uid
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest uid
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name=f"pods of {self.node_name}")
+        self._tasks = [
+            asyncio.create_task(self._watch(), name=f"pods of {self.node_name}"),
+            asyncio.create_task(self._resync(), name=f"pod resync of {self.node_name}"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._tasks = []
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -118,15 +127,51 @@ class PodManager:
     # -- the watch -------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        stream = self._client.watch(Pod, namespace=ALL_NS, fields={"spec.nodeName": self.node_name},
-                                    on_error=_retry_watch)
-        async for event, pod in stream:
+        failures = 0
+        while True:  # lightkube re-opens the watch itself; this outer loop is for the rest
             try:
-                await self._handle(event, pod)
+                stream = self._client.watch(Pod, namespace=ALL_NS,
+                                            fields={"spec.nodeName": self.node_name},
+                                            on_error=_retry_watch)
+                async for event, pod in stream:
+                    failures = 0
+                    try:
+                        await self._handle(event, pod)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("node %s: handling %s of a pod failed", self.node_name,
+                                      event)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("node %s: handling %s of a pod failed", self.node_name, event)
+                log.exception("node %s: the pod watch broke; re-opening it", self.node_name)
+            failures += 1
+            await asyncio.sleep(min(WATCH_RETRY_S * failures, WATCH_RETRY_MAX_S))
+
+    async def _resync(self) -> None:
+        """Release pods that are gone although no DELETED event said so (a watch gap)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(RESYNC_INTERVAL_S)
+            started = loop.time()
+            try:
+                present = {
+                    pod.metadata.uid
+                    async for pod in self._client.list(Pod, namespace=ALL_NS,
+                                                       fields={"spec.nodeName": self.node_name})
+                    if pod.metadata is not None
+                }
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("node %s: listing pods for a resync failed", self.node_name)
+                continue
+            for uid, record in self.records.items():
+                if record.live and uid not in present and record.seen_at < started:
+                    log.info("node %s: pod %s/%s vanished unseen", self.node_name,
+                             record.namespace, record.name)
+                    record.live = False
 
     async def _handle(self, event: str, pod: Pod) -> None:
         meta = pod.metadata
@@ -147,7 +192,8 @@ class PodManager:
             return
         assert pod.spec is not None
         record = PodRecord(namespace=namespace, name=meta.name, uid=meta.uid,
-                           containers=tuple(c.name for c in pod.spec.containers))
+                           containers=tuple(c.name for c in pod.spec.containers),
+                           seen_at=asyncio.get_running_loop().time())
         self.records[meta.uid] = record
         self._by_name[(namespace, meta.name)] = meta.uid
         phase = pod.status.phase if pod.status is not None else None
@@ -170,10 +216,10 @@ class PodManager:
     async def _admit(self, pod: Pod, record: PodRecord) -> None:
         try:
             record.allocations = await self._allocate(pod)
-        except AdmissionError as error:
+        except Exception as error:  # AdmissionError, or anything a broken plugin provoked
             record.live = False
-            log.warning("node %s: rejecting pod %s/%s: %s", self.node_name,
-                        record.namespace, record.name, error)
+            log.warning("node %s: rejecting pod %s/%s: %s", self.node_name, record.namespace,
+                        record.name, error, exc_info=not isinstance(error, AdmissionError))
             await self._patch_status(record, {
                 "phase": "Failed", "reason": ADMISSION_ERROR,
                 "message": f"Pod was rejected: {error}",
@@ -288,10 +334,17 @@ class PodManager:
         }
 
     async def _patch_status(self, record: PodRecord, status: dict[str, Any]) -> None:
-        try:
-            await self._client.patch(Pod.Status, record.name, {"status": status},
-                                     namespace=record.namespace, field_manager=FIELD_MANAGER)
-        except ApiError as error:
-            if error.status.code != 404:
-                raise
-            record.live = False  # deleted meanwhile
+        for attempt in range(1, STATUS_ATTEMPTS + 1):
+            try:
+                await self._client.patch(Pod.Status, record.name, {"status": status},
+                                         namespace=record.namespace, field_manager=FIELD_MANAGER)
+                return
+            except ApiError as error:
+                if error.status.code == 404:
+                    record.live = False  # deleted meanwhile
+                    return
+                if attempt == STATUS_ATTEMPTS:
+                    raise
+                log.warning("node %s: writing status of %s/%s failed (%s); retrying",
+                            self.node_name, record.namespace, record.name, error)
+            await asyncio.sleep(WATCH_RETRY_S * attempt)

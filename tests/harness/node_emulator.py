@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 from lightkube import AsyncClient, KubeConfig
@@ -63,7 +64,6 @@ class NodeEmulator:
                                devices=self._devices)
             if pod_resources_socket is not None else None
         )
-        self._started = False
 
     @property
     def kubelet_socket(self) -> Path:
@@ -87,19 +87,26 @@ class NodeEmulator:
         except BaseException:
             await self.stop()
             raise
-        self._started = True
         log.info("emulated kubelet for node %s serving %s", self.node_name, self.kubelet_socket)
 
     async def stop(self, *, delete_node: bool = False) -> None:
-        """Stop heartbeats, admission and servers; optionally delete the Node and its Lease."""
-        await self._pods.stop()
+        """Stop admission, servers and heartbeats; optionally delete the Node and its Lease.
+
+        Every part is stopped even when an earlier one fails to stop cleanly."""
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("pod admission", self._pods.stop),
+            ("kubelet.sock", self._devices.stop),
+            ("node heartbeat", partial(self._node.stop, delete_node=delete_node)),
+            ("API client", self._client.close),
+        ]
         if self._pod_resources is not None:
-            await self._pod_resources.stop()
-        await self._devices.stop()
+            steps.insert(1, ("pod-resources", self._pod_resources.stop))
+        for what, step in steps:
+            try:
+                await step()
+            except Exception:
+                log.exception("node %s: stopping %s failed", self.node_name, what)
         self._devices.socket_path.unlink(missing_ok=True)
-        await self._node.stop(delete_node=delete_node)
-        await self._client.close()
-        self._started = False
 
     async def __aenter__(self) -> NodeEmulator:
         await self.start()
