@@ -118,8 +118,13 @@ class NodeEmulator:
     async def restart_kubelet(self) -> None:
         """As a real kubelet restarts: drop plugin connections, delete every socket in the
         plugin directory (the plugins' too) and serve a fresh kubelet.sock. Pod allocations
-        survive (the real kubelet keeps them in a checkpoint file)."""
+        survive (the real kubelet keeps them in a checkpoint file); the pod-resources socket
+        is served anew too, since the restart may have deleted it."""
+        if self._pod_resources is not None:
+            await self._pod_resources.stop()
         await self._devices.restart()
+        if self._pod_resources is not None:
+            await self._pod_resources.start()
 
     # -- what tests read -------------------------------------------------------------------
 

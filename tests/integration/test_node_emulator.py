@@ -26,6 +26,7 @@ from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from tests.harness.controlplane import ControlPlane
+from tests.harness.kubelet_records import is_extended_resource_name
 from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, env_name, expected_response
 
@@ -455,8 +456,14 @@ async def test_kubelet_restart_deletes_plugin_sockets_and_serves_a_fresh_kubelet
     assert not plugin.socket_path.exists(), "a kubelet restart deletes every plugin socket"
     assert emulator.kubelet_socket.is_socket()
     await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "0")
-    # Allocations are checkpointed across a kubelet restart.
+    # Allocations are checkpointed across a kubelet restart, and pod-resources still says so.
     assert emulator.allocated_device_ids(plugin.resource_name) == {"d2"}
+    assert emulator.pod_resources_socket is not None
+    async with grpc.aio.insecure_channel(f"unix:{emulator.pod_resources_socket}") as channel:
+        listed = await pr_grpc.PodResourcesListerStub(channel).List(
+            pr.ListPodResourcesRequest(), timeout=10)
+    assert [(p.name, [list(d.device_ids) for d in p.containers[0].devices])
+            for p in listed.pod_resources] == [("survivor", [["d2"]])]
     # The fresh kubelet.sock takes the plugin's re-registration.
     await plugin.stop()
     await plugin.start()
@@ -596,3 +603,20 @@ async def test_pod_resources_api_lists_live_pods_and_their_devices(
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert [(d.resource_name, sorted(d.device_ids)) for d in allocatable_now.devices] == [
         (plugin.resource_name, ["d0", "d1", "d2"])]
+
+
+@pytest.mark.parametrize(("name", "extended"), [
+    ("edgeplug.io/cam-1a2b3c", True),
+    ("huawei.com/Ascend910", True),
+    ("cpu", False),
+    ("memory", False),
+    ("hugepages-2Mi", False),
+    ("kubernetes.io/batman", False),
+    ("node.kubernetes.io/thing", False),
+    ("requests.edgeplug.io/x", False),
+    ("edgeplug.io/", False),
+])
+def test_extended_resource_names_are_told_apart_as_the_kubelet_does(
+    name: str, extended: bool,
+) -> None:
+    assert is_extended_resource_name(name) is extended
