@@ -36,6 +36,7 @@ pytestmark = pytest.mark.timeout(180)
 API_WAIT_S = 60.0
 SCHEDULE_WAIT_S = 60.0
 POLL_S = 0.1
+GRPC_TIMEOUT_S = 10.0
 HEALTHY = "Healthy"
 
 
@@ -461,7 +462,7 @@ async def test_kubelet_restart_deletes_plugin_sockets_and_serves_a_fresh_kubelet
     assert emulator.pod_resources_socket is not None
     async with grpc.aio.insecure_channel(f"unix:{emulator.pod_resources_socket}") as channel:
         listed = await pr_grpc.PodResourcesListerStub(channel).List(
-            pr.ListPodResourcesRequest(), timeout=10)
+            pr.ListPodResourcesRequest(), timeout=GRPC_TIMEOUT_S)
     assert [(p.name, [list(d.device_ids) for d in p.containers[0].devices])
             for p in listed.pod_resources] == [("survivor", [["d2"]])]
     # The fresh kubelet.sock takes the plugin's re-registration.
@@ -584,14 +585,16 @@ async def test_pod_resources_api_lists_live_pods_and_their_devices(
 
     async with grpc.aio.insecure_channel(f"unix:{emulator.pod_resources_socket}") as channel:
         lister = pr_grpc.PodResourcesListerStub(channel)
-        listed = await lister.List(pr.ListPodResourcesRequest(), timeout=10)
+        listed = await lister.List(pr.ListPodResourcesRequest(), timeout=GRPC_TIMEOUT_S)
         allocatable_now = await lister.GetAllocatableResources(
-            pr.AllocatableResourcesRequest(), timeout=10)
-        one = await lister.Get(pr.GetPodResourcesRequest(pod_name="listed",
-                                                         pod_namespace=pod_namespace), timeout=10)
+            pr.AllocatableResourcesRequest(), timeout=GRPC_TIMEOUT_S)
+        one = await lister.Get(
+            pr.GetPodResourcesRequest(pod_name="listed", pod_namespace=pod_namespace),
+            timeout=GRPC_TIMEOUT_S)
         with pytest.raises(grpc.aio.AioRpcError) as unknown:
-            await lister.Get(pr.GetPodResourcesRequest(pod_name="nope",
-                                                       pod_namespace=pod_namespace), timeout=10)
+            await lister.Get(
+                pr.GetPodResourcesRequest(pod_name="nope", pod_namespace=pod_namespace),
+                timeout=GRPC_TIMEOUT_S)
 
     [pod] = [p for p in listed.pod_resources if p.namespace == pod_namespace]
     assert pod.name == "listed"
