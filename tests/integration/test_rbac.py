@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -48,13 +49,15 @@ pytestmark = pytest.mark.timeout(300)
 
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
-RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "controller-rbac.yaml")
+RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
+              "controller-rbac.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
 TOKEN_DURATION = "2h"
 #: Generous: the machine is shared; no deadline here is a pass/fail timing.
 WAIT_S = 60.0
+POLL_S = 0.2
 CONTROLLER_STOP_S = 10.0
 #: Short intervals so the controller resyncs and heartbeats while the test watches.
 CONTROLLER_ARGS = ("--resync-interval", "1", "--peering-lifetime", "4")
@@ -105,6 +108,29 @@ def _kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
     return path
 
 
+def _mint(cp: ControlPlane, account: str, path: Path, *bound: str) -> Identity:
+    token = cp.kubectl("create", "token", account, "-n", SYSTEM_NAMESPACE,
+                       f"--duration={TOKEN_DURATION}", *bound).stdout.strip()
+    assert token, f"no token minted for {account}"
+    return Identity(account, _kubeconfig(cp, token, path))
+
+
+def _agent_on(cp: ControlPlane, node: str, folder: Path) -> Identity:
+    """The agent's token as its DaemonSet pod on ``node`` gets it: bound to a pod on that node,
+    so the API server puts the node's name in it (what the node policy checks)."""
+    pod = f"edgeplug-agent-{node}"
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": SYSTEM_NAMESPACE},
+        "spec": {"nodeName": node, "serviceAccountName": AGENT_ACCOUNT,
+                 "containers": [{"name": "agent", "image": "registry.invalid/agent:1"}]},
+    }))
+    uid = cp.kubectl("get", "pod", pod, "-n", SYSTEM_NAMESPACE,
+                     "-o", "jsonpath={.metadata.uid}").stdout.strip()
+    return _mint(cp, AGENT_ACCOUNT, folder / f"agent-{node}", "--bound-object-kind=Pod",
+                 f"--bound-object-name={pod}", f"--bound-object-uid={uid}")
+
+
 @pytest.fixture(scope="module")
 def identities(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
@@ -116,13 +142,8 @@ def identities(
     for name in RBAC_FILES:
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
     folder = tmp_path_factory.mktemp("rbac")
-    found = {}
-    for account in (AGENT_ACCOUNT, CONTROLLER_ACCOUNT):
-        token = cp.kubectl("create", "token", account, "-n", SYSTEM_NAMESPACE,
-                           f"--duration={TOKEN_DURATION}").stdout.strip()
-        assert token, f"no token minted for {account}"
-        found[account] = Identity(account, _kubeconfig(cp, token, folder / account))
-    return found
+    return {account: _mint(cp, account, folder / account)
+            for account in (AGENT_ACCOUNT, CONTROLLER_ACCOUNT)}
 
 
 # -- the manifests themselves --------------------------------------------------------------
@@ -281,6 +302,7 @@ async def test_the_real_agent_works_with_its_token_alone(
     control_plane: ControlPlane,
     identities: dict[str, Identity],
     namespace: str,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
@@ -297,7 +319,7 @@ async def test_the_real_agent_works_with_its_token_alone(
         async with _emulated_node(cp) as node:
             settings = AgentSettings(
                 node_name=node.node_name,
-                kubeconfig=identities[AGENT_ACCOUNT].kubeconfig,
+                kubeconfig=_agent_on(cp, node.node_name, tmp_path).kubeconfig,
                 plugin_dir=node.plugin_dir,
                 pod_resources_socket=node.pod_resources_socket,
             )
@@ -309,6 +331,9 @@ async def test_the_real_agent_works_with_its_token_alone(
                 assert not agent.done(), "the agent stopped"
     finally:
         await admin.close()
+        # The agent pods that carried the tokens (on a Node that is gone now).
+        cp.kubectl("delete", "pods", "-n", SYSTEM_NAMESPACE, "--all", "--wait=false",
+                   check=False)
     complaints = _permission_complaints(caplog.records)
     assert not complaints, f"the agent was refused: {complaints}"
 
@@ -530,3 +555,57 @@ async def _assert_brokers_made(
         return any(p.get("status") for p in peerings)
 
     await eventually(heartbeat, what="a heartbeat in a ClusterKopfPeering", deadline=WAIT_S)
+
+
+# -- the node policy -------------------------------------------------------------------------
+
+
+def test_agent_may_change_only_edgeplug_labels_on_its_own_node(
+    control_plane: ControlPlane, identities: dict[str, Identity], tmp_path: Path
+) -> None:
+    """RBAC grants nodes/patch on every Node; the admission policy narrows it."""
+    cp = control_plane
+    own, other = (f"rbac-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for node in (own, other):
+        cp.kubectl("apply", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    agent = _agent_on(cp, own, tmp_path)
+    unbound = identities[AGENT_ACCOUNT]
+    try:
+        mine = agent.kubectl(cp, "label", "node", own, "edgeplug.io/cam=true")
+        assert mine.returncode == 0, mine.stderr
+
+        def refused(who: Identity, *args: str) -> str | None:
+            result = who.kubectl(cp, *args)
+            return result.stderr if result.returncode != 0 else None
+
+        def eventually_refused(who: Identity, *args: str, because: str) -> None:
+            # An admission policy takes effect shortly after it is created; wait for that.
+            message = wait_for(lambda: refused(who, *args), what=f"{args} refused")
+            assert because in message, message
+
+        eventually_refused(agent, "label", "node", other, "edgeplug.io/cam=true",
+                           because="only the Node its pod runs on")
+        eventually_refused(unbound, "label", "node", own, "edgeplug.io/x=true",
+                           because="only the Node its pod runs on")
+        eventually_refused(agent, "label", "node", own, "team=edge",
+                           because="only edgeplug.io/ labels")
+        # (kubectl cordon exits 0 even when refused; a plain patch says what happened.)
+        eventually_refused(agent, "patch", "node", own, "-p", '{"spec":{"unschedulable":true}}',
+                           because="only edgeplug.io/ labels")
+        eventually_refused(agent, "annotate", "node", own, "team=edge",
+                           because="only edgeplug.io/ labels")
+        removed = agent.kubectl(cp, "label", "node", own, "edgeplug.io/cam-")
+        assert removed.returncode == 0, removed.stderr
+    finally:
+        cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, f"edgeplug-agent-{own}",
+                   "--wait=false", check=False)
+        cp.kubectl("delete", "node", own, other, "--wait=false", check=False)
+
+
+def wait_for(check: Callable[[], str | None], *, what: str) -> str:
+    deadline = time.monotonic() + WAIT_S
+    while (result := check()) is None:
+        assert time.monotonic() < deadline, f"waited {WAIT_S:.0f}s for {what}"
+        time.sleep(POLL_S)
+    return result
