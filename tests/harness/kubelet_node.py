@@ -66,7 +66,9 @@ class NodeReporter:
         self._device_counts = device_counts
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._ready_since = _now()
+        self._boot_time = _now()
+        self._ready = True
+        self._ready_since = self._boot_time
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -88,6 +90,15 @@ class NodeReporter:
                 await self._client.delete(Lease, self.node_name, namespace=LEASE_NAMESPACE)
             with contextlib.suppress(ApiError):
                 await self._client.delete(Node, self.node_name)
+
+    async def set_ready(self, ready: bool) -> None:
+        """Post Ready=True or Ready=False now (as a kubelet whose runtime broke or recovered)."""
+        if ready != self._ready:
+            self._ready = ready
+            self._ready_since = _now()
+        await self._write_status()
+        if ready:
+            await self._clear_readiness_taints()
 
     def poke(self) -> None:
         """The device counts changed: write them soon."""
@@ -182,13 +193,16 @@ class NodeReporter:
             "allocatable": resources,
             "conditions": [
                 condition("Ready", "True", "KubeletReady",
-                          "emulated kubelet is posting ready status", self._ready_since),
+                          "emulated kubelet is posting ready status", self._ready_since)
+                if self._ready else
+                condition("Ready", "False", "KubeletNotReady",
+                          "emulated kubelet was told it is not ready", self._ready_since),
                 condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                          "emulated", self._ready_since),
+                          "emulated", self._boot_time),
                 condition("DiskPressure", "False", "KubeletHasNoDiskPressure",
-                          "emulated", self._ready_since),
+                          "emulated", self._boot_time),
                 condition("PIDPressure", "False", "KubeletHasSufficientPID",
-                          "emulated", self._ready_since),
+                          "emulated", self._boot_time),
             ],
             "addresses": [
                 {"type": "InternalIP", "address": "127.0.0.1"},
@@ -197,7 +211,7 @@ class NodeReporter:
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
             "nodeInfo": {
                 "machineID": self.node_name, "systemUUID": self.node_name,
-                "bootID": self._ready_since, "kernelVersion": "emulated",
+                "bootID": self._boot_time, "kernelVersion": "emulated",
                 "osImage": "edgeplug node emulator", "containerRuntimeVersion": "emulated://1",
                 "kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "",
                 "operatingSystem": "linux", "architecture": "amd64",

@@ -126,6 +126,12 @@ class NodeEmulator:
         if self._pod_resources is not None:
             await self._pod_resources.start()
 
+    async def set_node_ready(self, ready: bool) -> None:
+        """Report the Node Ready=False (heartbeats go on, as with a kubelet whose container
+        runtime is down) or Ready=True again. The real node-lifecycle controller reacts with
+        its not-ready taints (and evictions), as it would for a real node."""
+        await self._node.set_ready(ready)
+
     # -- what tests read -------------------------------------------------------------------
 
     def allocations(self, namespace: str, pod: str) -> list[ContainerAllocation]:

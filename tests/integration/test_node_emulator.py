@@ -623,3 +623,30 @@ def test_extended_resource_names_are_told_apart_as_the_kubelet_does(
     name: str, extended: bool,
 ) -> None:
     assert is_extended_resource_name(name) is extended
+
+
+async def test_a_not_ready_node_is_tainted_by_the_controller_and_recovers(
+    emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
+    await emulator.set_node_ready(False)
+
+    async def tainted() -> bool:
+        node = await kube.get(Node, emulator.node_name)
+        taints = node.spec.taints if node.spec is not None else None
+        return any(t.key == "node.kubernetes.io/not-ready" for t in taints or [])
+
+    await wait_until(tainted, what="the node-lifecycle controller's not-ready taint")
+    node = await kube.get(Node, emulator.node_name)
+    assert node.status is not None
+    assert {c.type: c.status for c in node.status.conditions or []}["Ready"] == "False"
+
+    await emulator.set_node_ready(True)
+    await create_pod(kube, pod_namespace,
+                     pod_manifest("back", resources={plugin.resource_name: "1"}))
+    await wait_phase(kube, pod_namespace, "back", "Running")
+
+    async def untainted() -> bool:
+        return not await tainted()
+
+    await wait_until(untainted, what="the not-ready taint to be gone")
