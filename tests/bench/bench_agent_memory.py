@@ -1,0 +1,136 @@
+"""The agent's resident memory with 200 Instances and their plugins, and what dominates it.
+
+Why this exists: the agent runs on every node, small gateways included, and issue 3 sets it
+Akri's own limit (79 MiB). ``run`` starts ``python -m agent.main`` against the real API server
+and the node emulator, grows a debugEcho Configuration from 1 to 200 devices (capacity 1), waits
+until 200 Instances exist and 200 Instance plugins plus the configuration-level one are
+registered, then reads VmRSS/VmHWM from ``/proc/<pid>/status``; it also measures what importing
+each big dependency costs in a fresh interpreter. ``bench_agent`` calls ``run``; ``main`` runs
+only this part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+
+from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
+from tests.harness.agent_process import apply, debug_echo_configuration
+from tests.harness.controlplane import ControlPlane
+
+INSTANCES = 200
+#: Reads of /proc/<pid>/status per figure, and the pause between them (sampling, not a wait).
+MEMORY_READS = 5
+MEMORY_READ_INTERVAL_S = 1.0
+READY_DEADLINE_S = 180.0
+TARGET_MIB = 79
+#: Modules whose import cost is measured, each in a fresh interpreter; the last rows are
+#: cumulative (everything the agent process imports to serve debugEcho devices).
+IMPORTS: tuple[tuple[str, str], ...] = (
+    ("yaml", "import yaml"),
+    ("prometheus_client", "import prometheus_client"),
+    ("google.protobuf", "import google.protobuf.message"),
+    ("grpc + grpc.aio", "import grpc, grpc.aio"),
+    ("kubelet API stubs (grpc + protobuf)",
+     "import grpc.aio; from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc"),
+    ("lightkube", "import lightkube; from lightkube.resources import core_v1"),
+    ("agent discovery side (agent.main)", "import agent.main"),
+    ("agent with device plugins + debugEcho",
+     "import agent.main, agent.deviceplugin.service, discovery_handlers.debug_echo"),
+)
+_RSS_PROBE = """
+def rss():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmRSS:'):
+            return int(line.split()[1])
+before = rss()
+{statement}
+print(before, rss())
+"""
+
+
+def _status_kib(pid: int) -> dict[str, int]:
+    values = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "Threads"):
+                values[key] = int(rest.split()[0])
+    return values
+
+
+async def _read_memory(pid: int, label: str) -> None:
+    reads = []
+    for _ in range(MEMORY_READS):
+        reads.append(_status_kib(pid))
+        await asyncio.sleep(MEMORY_READ_INTERVAL_S)
+
+    def median_mib(key: str) -> float:
+        return statistics.median(r[key] for r in reads) / 1024
+
+    print(f"  {label}: VmRSS median {median_mib('VmRSS'):.1f} MiB "
+          f"(min {min(r['VmRSS'] for r in reads) / 1024:.1f}, "
+          f"max {max(r['VmRSS'] for r in reads) / 1024:.1f}), "
+          f"VmHWM {median_mib('VmHWM'):.1f} MiB, RssAnon {median_mib('RssAnon'):.1f}, "
+          f"RssFile {median_mib('RssFile'):.1f}, threads {reads[-1]['Threads']} "
+          f"(n={len(reads)} reads) [target ≤ {TARGET_MIB} MiB]", flush=True)
+
+
+async def _ready(node: BenchNode, count: int) -> float:
+    started = time.monotonic()
+    state = node.state
+    await state.until(lambda: len(state.instances) >= count,
+                      what=f"{count} Instances", deadline=READY_DEADLINE_S)
+    await node.emulator.wait_for(lambda: len(node.resources()) >= count + 1,
+                                 timeout=READY_DEADLINE_S,
+                                 what=f"{count} Instance plugins + 1 configuration plugin")
+    return time.monotonic() - started
+
+
+async def _agent_memory(plane: ControlPlane) -> None:
+    async with bench_node(plane, label="mem") as node:
+        names = [f"m{i:03d}" for i in range(INSTANCES)]
+        apply(plane, node.namespace, debug_echo_configuration("mem", descriptions=names[:1]))
+        await _ready(node, 1)
+        await _read_memory(node.pid, "1 Instance, 2 plugins")
+        apply(plane, node.namespace, debug_echo_configuration("mem", descriptions=names))
+        took = await _ready(node, INSTANCES)
+        print(f"  (200 Instances and {len(node.resources())} plugins ready {took:.1f} s "
+              "after the Configuration grew)")
+        await _read_memory(node.pid, f"{INSTANCES} Instances, {len(node.resources())} plugins")
+
+
+def _import_costs() -> None:
+    for label, statement in IMPORTS:
+        out = subprocess.run([sys.executable, "-c", _RSS_PROBE.format(statement=statement)],
+                             check=True, capture_output=True, text=True).stdout.split()
+        before, after = int(out[0]), int(out[1])
+        print(f"  import {label}: +{(after - before) / 1024:.1f} MiB "
+              f"(interpreter {before / 1024:.1f} → {after / 1024:.1f} MiB)", flush=True)
+
+
+def run(plane: ControlPlane) -> None:
+    """Memory of a running agent (control plane already started, CRDs applied), then imports."""
+    print(f"4. agent resident memory, {INSTANCES} Instances (capacity 1)", flush=True)
+    asyncio.run(_agent_memory(plane))
+    print("   import cost in a fresh interpreter (VmRSS after - before)", flush=True)
+    _import_costs()
+
+
+def main(argv: list[str]) -> None:
+    """Part of ``bench_agent`` (which calls ``run``); a full ``python -m tests.bench`` runs it
+    there, so this entry point only says so."""
+    if "--run" in argv:
+        quiet_logs()
+        with ControlPlane() as plane:
+            plane.apply_crds()
+            run(plane)
+        return
+    print("runs under bench_agent (python -m tests.bench.bench_agent_memory --run: alone)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

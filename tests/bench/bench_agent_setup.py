@@ -1,0 +1,172 @@
+"""What the agent benchmarks share: a control plane, an emulated node, the agent as a process,
+and watches that timestamp API events as they arrive.
+
+Why this exists: ``bench_agent`` (latencies) and ``bench_agent_memory`` (resident memory) both
+need the real API server, the node emulator as the kubelet and ``python -m agent.main`` running
+beside them; and latency figures must not be quantised by a poll interval, so state changes are
+timed on receipt of watch events, with waiters checked inside the event handler itself.
+Its ``main`` only points at ``bench_agent``, which runs every agent benchmark (so a full
+``python -m tests.bench`` does not run them twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Namespace, Node
+
+from agent.kube import InstanceResource, as_dict
+from tests.harness.agent_process import AgentSubprocess, api_client
+from tests.harness.controlplane import ControlPlane
+from tests.harness.node_emulator import NodeEmulator
+
+log = logging.getLogger(__name__)
+
+#: How long any one awaited condition may take before the benchmark fails, naming it.
+CONDITION_DEADLINE_S = 60.0
+#: Pause before re-opening a watch the API server closed.
+WATCH_REOPEN_S = 0.2
+
+_Predicate = Callable[[], bool]
+
+
+@dataclass
+class WatchedState:
+    """The latest Instances (by name) and Node allocatable, updated from watch events.
+
+    ``until`` returns the ``time.monotonic()`` at which the event that made a predicate true was
+    received; predicates are evaluated in the watch task, right after each event is applied."""
+
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    allocatable: dict[str, str] = field(default_factory=dict)
+    _waiters: list[tuple[_Predicate, asyncio.Future[float]]] = field(default_factory=list)
+
+    def _applied(self) -> None:
+        now = time.monotonic()
+        for pred, future in list(self._waiters):
+            if not future.done() and pred():
+                future.set_result(now)
+        self._waiters = [(p, f) for p, f in self._waiters if not f.done()]
+
+    async def until(self, pred: _Predicate, *, what: str,
+                    deadline: float = CONDITION_DEADLINE_S) -> float:
+        if pred():
+            return time.monotonic()
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._waiters.append((pred, future))
+        try:
+            async with asyncio.timeout(deadline):
+                return await future
+        except TimeoutError:
+            raise AssertionError(f"timed out after {deadline:.0f}s waiting for {what}") from None
+        finally:
+            future.cancel()
+
+    async def follow_instances(self, client: AsyncClient, namespace: str) -> None:
+        while True:
+            try:
+                async for kind, obj in client.watch(InstanceResource, namespace=namespace):
+                    data = as_dict(obj)
+                    name = data["metadata"]["name"]
+                    if kind == "DELETED":
+                        self.instances.pop(name, None)
+                    else:
+                        self.instances[name] = data
+                    self._applied()
+            except Exception as error:  # e.g. 429 while the server warms up
+                log.debug("Instance watch failed, reopening: %s", error)
+            await asyncio.sleep(WATCH_REOPEN_S)
+
+    async def follow_node(self, client: AsyncClient, node: str) -> None:
+        while True:
+            try:
+                async for _kind, obj in client.watch(Node, fields={"metadata.name": node}):
+                    status = obj.status
+                    self.allocatable = dict((status.allocatable if status else None) or {})
+                    self._applied()
+            except Exception as error:  # e.g. 429 while the server warms up
+                log.debug("Node watch failed, reopening: %s", error)
+            await asyncio.sleep(WATCH_REOPEN_S)
+
+
+@dataclass
+class BenchNode:
+    """One emulated node with the agent (a subprocess) serving its device plugins."""
+
+    plane: ControlPlane
+    name: str
+    namespace: str
+    plugin_dir: Path
+    emulator: NodeEmulator
+    agent: AgentSubprocess
+    client: AsyncClient
+    state: WatchedState
+
+    @property
+    def pid(self) -> int:
+        assert self.agent.process is not None
+        return self.agent.process.pid
+
+    def resources(self) -> set[str]:
+        """Every resource name ever registered with the emulated kubelet."""
+        return {r.resource_name for r in self.emulator.registrations}
+
+
+@contextlib.asynccontextmanager
+async def bench_node(plane: ControlPlane, *, label: str) -> AsyncIterator[BenchNode]:
+    """A fresh namespace, an emulated node, the agent as ``python -m agent.main``, two watches."""
+    suffix = uuid.uuid4().hex[:6]
+    name, namespace = f"bench-{label}-{suffix}", f"bench-{label}-{suffix}"
+    plane.kubectl("create", "namespace", namespace)
+    # Unix socket paths are limited to 108 bytes: keep the directory short.
+    plugin_dir = Path(tempfile.mkdtemp(prefix="epb-", dir="/tmp"))
+    log_path = plugin_dir.parent / f"{plugin_dir.name}-agent.log"
+    emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir)
+    agent = AgentSubprocess(plane, node_name=name, namespace=namespace,
+                            serve_device_plugins=True, plugin_dir=plugin_dir, log_path=log_path)
+    client = api_client(plane)
+    state = WatchedState()
+    await emulator.start()
+    watches = [asyncio.create_task(state.follow_instances(client, namespace)),
+               asyncio.create_task(state.follow_node(client, name))]
+    agent.start()
+    try:
+        yield BenchNode(plane, name, namespace, plugin_dir, emulator, agent, client, state)
+    except BaseException:
+        print(f"(agent log kept at {log_path})")
+        raise
+    else:
+        log_path.unlink(missing_ok=True)
+    finally:
+        agent.stop()
+        for task in watches:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await emulator.stop(delete_node=True)
+        with contextlib.suppress(Exception):
+            await client.delete(Namespace, namespace)
+        await client.close()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def quiet_logs() -> None:
+    """The emulated kubelet warns when plugins go away, which benchmarks make them do."""
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("tests.harness").setLevel(logging.ERROR)
+
+
+def main(argv: list[str]) -> None:
+    """Shared setup only: ``python -m tests.bench bench_agent`` runs the agent benchmarks."""
+    print("shared setup of the agent benchmarks: they run under bench_agent")
