@@ -77,16 +77,21 @@ async def test_pod_requesting_an_instance_gets_its_properties(
         }
         apply(control_plane, namespace, pod)
 
-        async def admitted() -> bool:
-            return emulator.pod_admitted(namespace, "broker")
+        async def allocated() -> bool:
+            # (pod_admitted turns True when the emulator first sees the pod, before Allocate
+            # has answered, so wait for the recorded allocation itself.)
+            return bool(emulator.allocations(namespace, "broker"))
 
-        await eventually(admitted, what="pod broker admitted by the emulated kubelet")
+        await eventually(allocated, what="pod broker allocated by the emulated kubelet")
         [allocation] = emulator.allocations(namespace, "broker")
         assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
         assert allocation.envs["MODE"] == "test"
-        phase = json.loads(control_plane.kubectl(
-            "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)["status"]["phase"]
-        assert phase == "Running"
+        async def running() -> bool:
+            pod = json.loads(control_plane.kubectl(
+                "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)
+            return bool(pod["status"].get("phase") == "Running")
+
+        await eventually(running, what="pod broker Running")
     finally:
         agent.cancel()
         with contextlib.suppress(asyncio.CancelledError):

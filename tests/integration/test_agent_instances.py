@@ -76,8 +76,11 @@ async def test_shared_and_local_devices_become_instances(
                                                           node=node)
 
         # The node device table has what the device plugins serve.
+        async def served() -> bool:
+            return {name for _, name in agent.devices.snapshot()} == expected
+
+        await eventually(served, what=f"node device table holding {sorted(expected)}")
         table = agent.devices.snapshot()
-        assert set(name for _, name in table) == expected
         assert table[(namespace, name)].properties["DEBUG_ECHO_DESCRIPTION"] == "foo0"
 
         # The instances gauge counts them per Configuration.
