@@ -470,6 +470,29 @@ def controller(
             process.wait(CONTROLLER_STOP_S)
 
 
+def _publish(cp: ControlPlane, namespace: str, configuration: dict[str, Any], node: str) -> str:
+    """Apply ``configuration`` and the Instance an agent on ``node`` would publish for it (the
+    agent's own RBAC is tested above); returns the Instance's name."""
+    apply(cp, namespace, configuration)
+    cfg = configuration["metadata"]["name"]
+    created = cp.get_json(f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/configurations/"
+                          f"{cfg}")
+    assert created is not None
+    owner = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration", "name": cfg,
+             "uid": cast(dict[str, Any], created["metadata"])["uid"]}
+    name = instance_name(cfg, "cam0", shared=True, node=node)
+    apply(cp, namespace, {
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
+        "metadata": {"name": name, "labels": {"edgeplug.io/configuration": cfg},
+                     "ownerReferences": [owner]},
+        "spec": {"configurationName": cfg, "cdiName": f"edgeplug.io/{cfg}={name[-6:]}",
+                 "capacity": 1, "shared": True, "nodes": [node],
+                 "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": "cam0"},
+                 "deviceUsage": {f"{name}-0": ""}},
+    })
+    return name
+
+
 async def test_the_real_controller_works_with_its_token_alone(
     control_plane: ControlPlane,
     namespace: str,
@@ -478,38 +501,63 @@ async def test_the_real_controller_works_with_its_token_alone(
     process, log = controller
     cp = control_plane
     node = f"rbac-{uuid.uuid4().hex[:8]}"
-    cfg = debug_echo_configuration("rbac-brokers", descriptions=["cam0"])
-    service = {"type": "ClusterIP", "ports": [{"name": "grpc", "port": 80}]}
-    cfg["spec"]["brokerSpec"] = {"brokerPodSpec": {"containers": [{
-        "name": "broker", "image": "registry.invalid/broker:1",
-        "resources": {"limits": {"{{PLACEHOLDER}}": "1"}}}]}}
-    cfg["spec"]["instanceServiceSpec"] = service
-    apply(cp, namespace, cfg)
-    # The Instance an agent would publish (the agent's own RBAC is tested above).
-    name = instance_name("rbac-brokers", "cam0", shared=True, node=node)
-    created = cp.get_json(f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/configurations/"
-                          "rbac-brokers")
-    assert created is not None
-    owner = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-             "name": "rbac-brokers", "uid": cast(dict[str, Any], created["metadata"])["uid"]}
-    apply(cp, namespace, {
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
-        "metadata": {"name": name, "labels": {"edgeplug.io/configuration": "rbac-brokers"},
-                     "ownerReferences": [owner]},
-        "spec": {"configurationName": "rbac-brokers",
-                 "cdiName": f"edgeplug.io/rbac-brokers={name[-6:]}",
-                 "capacity": 1, "shared": True, "nodes": [node],
-                 "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": "cam0"},
-                 "deviceUsage": {f"{name}-0": ""}},
-    })
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    container = {"name": "broker", "image": "registry.invalid/broker:1",
+                 "resources": {"limits": {"{{PLACEHOLDER}}": "1"}}}
+    pods = debug_echo_configuration("rbac-brokers", descriptions=["cam0"])
+    pods["spec"]["brokerSpec"] = {"brokerPodSpec": {"containers": [container]}}
+    pods["spec"]["instanceServiceSpec"] = {"type": "ClusterIP",
+                                           "ports": [{"name": "grpc", "port": 80}]}
+    jobs = debug_echo_configuration("rbac-jobs", descriptions=["cam0"])
+    jobs["spec"]["brokerSpec"] = {"brokerJobSpec": {"template": {"spec": {
+        "containers": [container], "restartPolicy": "Never"}}}}
+    by_pod = _publish(cp, namespace, pods, node)
+    by_job = _publish(cp, namespace, jobs, node)
     admin = api_client(cp)
     try:
-        await _assert_brokers_made(admin, cp, namespace, name, process, log)
+        await _assert_brokers_made(admin, cp, namespace, by_pod, process, log)
+        await _assert_job_made(cp, namespace, by_job, process, log)
+        # The node goes: the controller takes it out of the Instances (patch or delete).
+        cp.kubectl("delete", "node", node)
+        await _assert_node_dropped(cp, namespace, by_pod, node, process, log)
     finally:
         await admin.close()
+        cp.kubectl("delete", "node", node, "--ignore-not-found", check=False)
     text = log.read_text(errors="replace")
     complaints = _refusals(text.splitlines())
     assert not complaints, "the controller was refused:\n" + "\n".join(complaints)
+
+
+def _alive_controller(process: subprocess.Popen[bytes], log: Path) -> None:
+    if process.poll() is not None:
+        raise AssertionError(f"the controller exited ({process.returncode}):\n"
+                             + log.read_text(errors="replace")[-4000:])
+
+
+async def _assert_job_made(cp: ControlPlane, namespace: str, instance: str,
+                           process: subprocess.Popen[bytes], log: Path) -> None:
+    async def job() -> dict[str, Any] | None:
+        _alive_controller(process, log)
+        found = cp.get_json(f"/apis/batch/v1/namespaces/{namespace}/jobs")
+        for item in cast(list[dict[str, Any]], (found or {}).get("items") or []):
+            if (item["metadata"].get("labels") or {}).get("edgeplug.io/instance") == instance:
+                return item
+        return None
+
+    await eventually(job, what=f"a broker Job for {instance}", deadline=WAIT_S)
+
+
+async def _assert_node_dropped(cp: ControlPlane, namespace: str, instance: str, node: str,
+                               process: subprocess.Popen[bytes], log: Path) -> None:
+    async def dropped() -> bool:
+        _alive_controller(process, log)
+        found = cp.get_json(f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances/"
+                            f"{instance}")
+        return found is None or node not in cast(dict[str, Any], found["spec"])["nodes"]
+
+    await eventually(dropped, what=f"node {node} taken out of Instance {instance}",
+                     deadline=WAIT_S)
 
 
 async def _assert_brokers_made(
@@ -517,9 +565,7 @@ async def _assert_brokers_made(
     process: subprocess.Popen[bytes], log: Path,
 ) -> None:
     def alive() -> None:
-        if process.poll() is not None:
-            raise AssertionError(f"the controller exited ({process.returncode}):\n"
-                                 + log.read_text(errors="replace")[-4000:])
+        _alive_controller(process, log)
 
     async def broker() -> Pod | None:
         alive()
