@@ -12,12 +12,17 @@ only this part.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
+from pathlib import Path
+from types import FrameType
 
-from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
+from tests.bench.bench_agent_setup import TRACE_OUT_ENV, BenchNode, bench_node, quiet_logs
 from tests.harness.agent_process import apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
 
@@ -27,16 +32,21 @@ MEMORY_READS = 5
 MEMORY_READ_INTERVAL_S = 1.0
 READY_DEADLINE_S = 180.0
 TARGET_MIB = 79
+#: Frames kept per traced allocation, and how many of the biggest sites are printed.
+TRACE_FRAMES = 1
+TRACE_TOP = 12
 #: Modules whose import cost is measured, each in a fresh interpreter; the last rows are
 #: cumulative (everything the agent process imports to serve debugEcho devices).
 IMPORTS: tuple[tuple[str, str], ...] = (
     ("yaml", "import yaml"),
     ("prometheus_client", "import prometheus_client"),
-    ("google.protobuf", "import google.protobuf.message"),
+    ("protobuf + kubelet API messages", "from agent.kubeletapi import deviceplugin_v1beta1_pb2"),
     ("grpc + grpc.aio", "import grpc, grpc.aio"),
     ("kubelet API stubs (grpc + protobuf)",
      "import grpc.aio; from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc"),
     ("lightkube", "import lightkube; from lightkube.resources import core_v1"),
+    ("lightkube + prometheus_client + yaml",
+     "import lightkube, prometheus_client, yaml; from lightkube.resources import core_v1"),
     ("agent discovery side (agent.main)", "import agent.main"),
     ("agent with device plugins + debugEcho",
      "import agent.main, agent.deviceplugin.service, discovery_handlers.debug_echo"),
@@ -90,6 +100,47 @@ async def _ready(node: BenchNode, count: int) -> float:
     return time.monotonic() - started
 
 
+def _write_trace(out: Path) -> None:
+    """In the traced agent: the biggest allocation sites by file, then by line."""
+    snapshot = tracemalloc.take_snapshot().filter_traces([
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
+    ])
+    total = sum(stat.size for stat in snapshot.statistics("filename"))
+    lines = [f"traced Python heap {total / 2**20:.1f} MiB (tracemalloc; C allocations not seen)"]
+    for group in ("filename", "lineno"):
+        lines.append(f"top by {group}:")
+        lines += [f"  {stat.size / 2**20:6.2f} MiB {stat.count:7d} blocks  {stat.traceback[0]}"
+                  for stat in snapshot.statistics(group)[:TRACE_TOP]]
+    partial = out.with_suffix(".partial")
+    partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    partial.rename(out)  # the benchmark waits for ``out`` to exist: it appears whole
+
+
+def _traced_agent() -> None:
+    """``--traced-agent``: ``agent.main`` under tracemalloc; SIGUSR1 writes the top list."""
+    tracemalloc.start(TRACE_FRAMES)
+    out = Path(os.environ[TRACE_OUT_ENV])
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        _write_trace(out)
+
+    signal.signal(signal.SIGUSR1, on_signal)
+    from agent.main import main as agent_main
+
+    agent_main()
+
+
+async def _traced(plane: ControlPlane, out: Path) -> None:
+    async with bench_node(plane, label="trc", trace_out=out) as node:
+        names = [f"m{i:03d}" for i in range(INSTANCES)]
+        apply(plane, node.namespace, debug_echo_configuration("mem", descriptions=names))
+        await _ready(node, INSTANCES)
+        os.kill(node.pid, signal.SIGUSR1)
+        await node.emulator.wait_for(out.exists, timeout=READY_DEADLINE_S,
+                                     what="the traced agent's allocation list")
+
+
 async def _agent_memory(plane: ControlPlane) -> None:
     async with bench_node(plane, label="mem") as node:
         names = [f"m{i:03d}" for i in range(INSTANCES)]
@@ -112,24 +163,37 @@ def _import_costs() -> None:
               f"(interpreter {before / 1024:.1f} → {after / 1024:.1f} MiB)", flush=True)
 
 
-def run(plane: ControlPlane) -> None:
-    """Memory of a running agent (control plane already started, CRDs applied), then imports."""
+def run(plane: ControlPlane, *, trace: bool = False) -> None:
+    """Memory of a running agent (control plane already started, CRDs applied), then imports;
+    with ``trace``, also a second agent under tracemalloc (slower, so not by default)."""
     print(f"4. agent resident memory, {INSTANCES} Instances (capacity 1)", flush=True)
     asyncio.run(_agent_memory(plane))
     print("   import cost in a fresh interpreter (VmRSS after - before)", flush=True)
     _import_costs()
+    if trace:
+        print(f"   tracemalloc in a second agent with {INSTANCES} Instances", flush=True)
+        out = Path(f"/tmp/edgeplug-trace-{os.getpid()}.txt")
+        try:
+            asyncio.run(_traced(plane, out))
+            print("\n".join("   " + line for line in out.read_text(encoding="utf-8").splitlines()))
+        finally:
+            out.unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> None:
     """Part of ``bench_agent`` (which calls ``run``); a full ``python -m tests.bench`` runs it
     there, so this entry point only says so."""
+    if "--traced-agent" in argv:
+        _traced_agent()
+        return
     if "--run" in argv:
         quiet_logs()
         with ControlPlane() as plane:
             plane.apply_crds()
-            run(plane)
+            run(plane, trace="--tracemalloc" in argv)
         return
-    print("runs under bench_agent (python -m tests.bench.bench_agent_memory --run: alone)")
+    print("runs under bench_agent (alone: python -m tests.bench.bench_agent_memory --run "
+          "[--tracemalloc])")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: How long any one awaited condition may take before the benchmark fails, naming it.
 CONDITION_DEADLINE_S = 60.0
+#: Where the traced agent writes its tracemalloc top list on SIGUSR1.
+TRACE_OUT_ENV = "EDGEPLUG_BENCH_TRACE_OUT"
 #: Pause before re-opening a watch the API server closed.
 WATCH_REOPEN_S = 0.2
 
@@ -123,9 +127,28 @@ class BenchNode:
         return {r.resource_name for r in self.emulator.registrations}
 
 
+class TracedAgentSubprocess(AgentSubprocess):
+    """The agent run by ``python -m tests.bench.bench_agent_memory --traced-agent``: the same
+    ``agent.main`` under tracemalloc; SIGUSR1 writes its top allocations to ``trace_out``."""
+
+    def __init__(self, *args: Any, trace_out: Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trace_out = trace_out
+
+    def start(self) -> None:
+        env = {**self._env, TRACE_OUT_ENV: str(self.trace_out)}
+        out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.bench_agent_memory", "--traced-agent"],
+            env=env, stdout=out, stderr=out, cwd=Path(__file__).resolve().parents[2],
+        )
+
+
 @contextlib.asynccontextmanager
-async def bench_node(plane: ControlPlane, *, label: str) -> AsyncIterator[BenchNode]:
-    """A fresh namespace, an emulated node, the agent as ``python -m agent.main``, two watches."""
+async def bench_node(plane: ControlPlane, *, label: str,
+                     trace_out: Path | None = None) -> AsyncIterator[BenchNode]:
+    """A fresh namespace, an emulated node, the agent as ``python -m agent.main`` (traced by
+    tracemalloc when ``trace_out`` is given), and two watches."""
     suffix = uuid.uuid4().hex[:6]
     name, namespace = f"bench-{label}-{suffix}", f"bench-{label}-{suffix}"
     plane.kubectl("create", "namespace", namespace)
@@ -133,8 +156,14 @@ async def bench_node(plane: ControlPlane, *, label: str) -> AsyncIterator[BenchN
     plugin_dir = Path(tempfile.mkdtemp(prefix="epb-", dir="/tmp"))
     log_path = plugin_dir.parent / f"{plugin_dir.name}-agent.log"
     emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir)
-    agent = AgentSubprocess(plane, node_name=name, namespace=namespace,
-                            serve_device_plugins=True, plugin_dir=plugin_dir, log_path=log_path)
+    agent = (
+        AgentSubprocess(plane, node_name=name, namespace=namespace, serve_device_plugins=True,
+                        plugin_dir=plugin_dir, log_path=log_path)
+        if trace_out is None else
+        TracedAgentSubprocess(plane, node_name=name, namespace=namespace,
+                              serve_device_plugins=True, plugin_dir=plugin_dir,
+                              log_path=log_path, trace_out=trace_out)
+    )
     client = api_client(plane)
     state = WatchedState()
     await emulator.start()
