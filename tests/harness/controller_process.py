@@ -32,7 +32,12 @@ FAST_ARGS: tuple[str, ...] = (
     "--orphan-instance-grace", "2",
     "--restart-backoff-base", "0.5",
     "--restart-backoff-max", "2",
+    # Tests pin brokers to bare Node objects nobody heart-beats (the controller-manager marks
+    # them NotReady after a while): they must not count as dead during a test session.
+    "--node-not-ready-grace", "3600",
 )
+#: Bare Node objects the tests' Instances name (a node absent from the API counts as deleted).
+TEST_NODES = ("n-1", "n-2")
 API = "/apis/edgeplug.io/v1alpha1"
 
 
@@ -51,9 +56,19 @@ def wait_until(check: Callable[[], Any], *, what: str, deadline: float = DEADLIN
 
 
 def install_peering_crds(plane: ControlPlane) -> None:
+    """The kopf peering CRDs, and the bare test nodes most controller tests pin brokers to."""
+    ensure_nodes(plane)
     plane.kubectl("apply", "-f", str(PEERING_CRDS))
     for crd in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
         plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+
+
+def ensure_nodes(plane: ControlPlane, names: Sequence[str] = TEST_NODES) -> None:
+    """Bare Node objects (no kubelet behind them: brokers pinned there stay Pending)."""
+    nodes = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}} for name in names
+    ]}
+    plane.kubectl("apply", "-f", "-", stdin=json.dumps(nodes))
 
 
 class ControllerProcess:
