@@ -22,7 +22,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +44,7 @@ from tests.harness.agent_process import (
 )
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.node_emulator import NodeEmulator
+from tests.harness.service_accounts import Identity, mint, pod_bound
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,7 +55,6 @@ RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
-TOKEN_DURATION = "2h"
 #: Generous: the machine is shared; no deadline here is a pass/fail timing.
 WAIT_S = 60.0
 POLL_S = 0.2
@@ -71,67 +70,10 @@ TERMINATING_NAMESPACE = "because it is being terminated"
 # -- identities ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Identity:
-    """A ServiceAccount's token, in a kubeconfig of its own."""
-
-    account: str
-    kubeconfig: Path
-
-    def kubectl(self, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            cp.binaries.command("kubectl", f"--kubeconfig={self.kubeconfig}", *args),
-            capture_output=True, text=True, check=False, timeout=60,
-        )
-
-    def can(self, cp: ControlPlane, verb: str, resource: str, *, namespace: str | None = None,
-            subresource: str | None = None) -> bool:
-        """``kubectl auth can-i`` as this account; ``namespace`` None asks cluster-wide."""
-        args = ["auth", "can-i", verb, resource]
-        args += ["-n", namespace] if namespace else ["--all-namespaces"]
-        if subresource:
-            args.append(f"--subresource={subresource}")
-        answer = self.kubectl(cp, *args).stdout.strip()
-        assert answer in ("yes", "no"), f"kubectl auth can-i said {answer!r}"
-        return answer == "yes"
-
-
-def _kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {
-            "server": cp.server, "certificate-authority": str(cp.ca_cert)}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
-        "current-context": "sa",
-    }
-    path.write_text(json.dumps(config))
-    path.chmod(0o600)
-    return path
-
-
-def _mint(cp: ControlPlane, account: str, path: Path, *bound: str) -> Identity:
-    token = cp.kubectl("create", "token", account, "-n", SYSTEM_NAMESPACE,
-                       f"--duration={TOKEN_DURATION}", *bound).stdout.strip()
-    assert token, f"no token minted for {account}"
-    return Identity(account, _kubeconfig(cp, token, path))
-
-
 def _agent_on(cp: ControlPlane, node: str, folder: Path) -> Identity:
-    """The agent's token as its DaemonSet pod on ``node`` gets it: bound to a pod on that node,
-    so the API server puts the node's name in it (what the node policy checks)."""
-    pod = f"edgeplug-agent-{node}"
-    cp.kubectl("apply", "-f", "-", stdin=json.dumps({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": SYSTEM_NAMESPACE},
-        "spec": {"nodeName": node, "serviceAccountName": AGENT_ACCOUNT,
-                 "containers": [{"name": "agent", "image": "registry.invalid/agent:1"}]},
-    }))
-    uid = cp.kubectl("get", "pod", pod, "-n", SYSTEM_NAMESPACE,
-                     "-o", "jsonpath={.metadata.uid}").stdout.strip()
-    return _mint(cp, AGENT_ACCOUNT, folder / f"agent-{node}", "--bound-object-kind=Pod",
-                 f"--bound-object-name={pod}", f"--bound-object-uid={uid}")
+    """The agent's token as its DaemonSet pod on ``node`` gets it (the node policy reads it)."""
+    return pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node,
+                     folder=folder)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +87,8 @@ def identities(
     for name in RBAC_FILES:
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
     folder = tmp_path_factory.mktemp("rbac")
-    return {account: _mint(cp, account, folder / account)
+    return {account: mint(cp, namespace=SYSTEM_NAMESPACE, account=account,
+                          path=folder / account)
             for account in (AGENT_ACCOUNT, CONTROLLER_ACCOUNT)}
 
 

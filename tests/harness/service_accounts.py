@@ -1,0 +1,86 @@
+"""ServiceAccount identities for tests: a token minted through the TokenRequest API, in a
+kubeconfig of its own, optionally bound to a pod on a node as a DaemonSet pod's token is.
+
+Why this exists: tests that prove RBAC (tests/integration/test_rbac.py), and any test that wants
+a part to run as it does in a cluster, need the part's own token rather than the admin's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness.controlplane import ControlPlane
+
+TOKEN_DURATION = "2h"
+KUBECTL_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A ServiceAccount's token, in a kubeconfig of its own."""
+
+    account: str
+    kubeconfig: Path
+
+    def kubectl(self, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            cp.binaries.command("kubectl", f"--kubeconfig={self.kubeconfig}", *args),
+            capture_output=True, text=True, check=False, timeout=KUBECTL_TIMEOUT_S,
+        )
+
+    def can(self, cp: ControlPlane, verb: str, resource: str, *, namespace: str | None = None,
+            subresource: str | None = None) -> bool:
+        """``kubectl auth can-i`` as this account; ``namespace`` None asks cluster-wide."""
+        args = ["auth", "can-i", verb, resource]
+        args += ["-n", namespace] if namespace else ["--all-namespaces"]
+        if subresource:
+            args.append(f"--subresource={subresource}")
+        answer = self.kubectl(cp, *args).stdout.strip()
+        assert answer in ("yes", "no"), f"kubectl auth can-i said {answer!r}"
+        return answer == "yes"
+
+
+def token_kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cp.server, "certificate-authority": str(cp.ca_cert)}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+        "current-context": "sa",
+    }
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
+def mint(cp: ControlPlane, *, namespace: str, account: str, path: Path,
+         bound: tuple[str, ...] = ()) -> Identity:
+    """A token for ``account`` (``kubectl create token``) written to a kubeconfig at ``path``."""
+    token = cp.kubectl("create", "token", account, "-n", namespace,
+                       f"--duration={TOKEN_DURATION}", *bound).stdout.strip()
+    assert token, f"no token minted for {namespace}/{account}"
+    return Identity(account, token_kubeconfig(cp, token, path))
+
+
+def pod_bound(cp: ControlPlane, *, namespace: str, account: str, node: str,
+              folder: Path) -> Identity:
+    """The token a DaemonSet pod of ``account`` on ``node`` gets: bound to a pod there, so the
+    API server writes the node's name into it (``authentication.kubernetes.io/node-name``).
+    The pod (``<account>-<node>``) is created if missing; delete it when done."""
+    pod = f"{account}-{node}"
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"nodeName": node, "serviceAccountName": account,
+                 "containers": [{"name": "main", "image": "registry.invalid/pause:1"}]},
+    }))
+    uid = cp.kubectl("get", "pod", pod, "-n", namespace,
+                     "-o", "jsonpath={.metadata.uid}").stdout.strip()
+    return mint(cp, namespace=namespace, account=account, path=folder / pod,
+                bound=("--bound-object-kind=Pod", f"--bound-object-name={pod}",
+                       f"--bound-object-uid={uid}"))
