@@ -18,11 +18,9 @@ import statistics
 import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
-from types import FrameType
 
-from tests.bench.bench_agent_setup import TRACE_OUT_ENV, BenchNode, bench_node, quiet_logs
+from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
 from tests.harness.agent_process import apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
 
@@ -32,9 +30,6 @@ MEMORY_READS = 5
 MEMORY_READ_INTERVAL_S = 1.0
 READY_DEADLINE_S = 180.0
 TARGET_MIB = 79
-#: Frames kept per traced allocation, and how many of the biggest sites are printed.
-TRACE_FRAMES = 1
-TRACE_TOP = 12
 #: Modules whose import cost is measured, each in a fresh interpreter; the last rows are
 #: cumulative (everything the agent process imports to serve debugEcho devices).
 IMPORTS: tuple[tuple[str, str], ...] = (
@@ -100,37 +95,6 @@ async def _ready(node: BenchNode, count: int) -> float:
     return time.monotonic() - started
 
 
-def _write_trace(out: Path) -> None:
-    """In the traced agent: the biggest allocation sites by file, then by line."""
-    snapshot = tracemalloc.take_snapshot().filter_traces([
-        tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
-    ])
-    total = sum(stat.size for stat in snapshot.statistics("filename"))
-    lines = [f"traced Python heap {total / 2**20:.1f} MiB (tracemalloc; C allocations not seen)"]
-    for group in ("filename", "lineno"):
-        lines.append(f"top by {group}:")
-        lines += [f"  {stat.size / 2**20:6.2f} MiB {stat.count:7d} blocks  {stat.traceback[0]}"
-                  for stat in snapshot.statistics(group)[:TRACE_TOP]]
-    partial = out.with_suffix(".partial")
-    partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    partial.rename(out)  # the benchmark waits for ``out`` to exist: it appears whole
-
-
-def _traced_agent() -> None:
-    """``--traced-agent``: ``agent.main`` under tracemalloc; SIGUSR1 writes the top list."""
-    tracemalloc.start(TRACE_FRAMES)
-    out = Path(os.environ[TRACE_OUT_ENV])
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        _write_trace(out)
-
-    signal.signal(signal.SIGUSR1, on_signal)
-    from agent.main import main as agent_main
-
-    agent_main()
-
-
 async def _traced(plane: ControlPlane, out: Path) -> None:
     async with bench_node(plane, label="trc", trace_out=out) as node:
         names = [f"m{i:03d}" for i in range(INSTANCES)]
@@ -183,9 +147,6 @@ def run(plane: ControlPlane, *, trace: bool = False) -> None:
 def main(argv: list[str]) -> None:
     """Part of ``bench_agent`` (which calls ``run``); a full ``python -m tests.bench`` runs it
     there, so this entry point only says so."""
-    if "--traced-agent" in argv:
-        _traced_agent()
-        return
     if "--run" in argv:
         quiet_logs()
         with ControlPlane() as plane:

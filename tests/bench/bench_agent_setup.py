@@ -127,9 +127,35 @@ class BenchNode:
         return {r.resource_name for r in self.emulator.registrations}
 
 
+#: ``python -c`` program of the traced agent: tracemalloc starts before anything is imported,
+#: so imports are counted too; SIGUSR1 writes the biggest allocation sites to $TRACE_OUT_ENV.
+TRACED_AGENT = """
+import os, signal, tracemalloc
+tracemalloc.start(1)
+def dump(signum, frame):
+    snap = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__)])
+    total = sum(s.size for s in snap.statistics("filename"))
+    lines = [f"traced Python heap {total / 2**20:.1f} MiB (C allocations are not seen)"]
+    for group in ("filename", "lineno"):
+        lines.append(f"top by {group}:")
+        lines += [f"  {s.size / 2**20:6.2f} MiB {s.count:7d} blocks  {s.traceback[0]}"
+                  for s in snap.statistics(group)[:TOP]]
+    out = os.environ[ENV]
+    with open(out + ".partial", "w") as f:
+        f.write("\\n".join(lines) + "\\n")
+    os.rename(out + ".partial", out)  # appears whole
+signal.signal(signal.SIGUSR1, dump)
+from agent.main import main
+main()
+"""
+#: How many allocation sites the traced agent lists per grouping.
+TRACE_TOP = 12
+
+
 class TracedAgentSubprocess(AgentSubprocess):
-    """The agent run by ``python -m tests.bench.bench_agent_memory --traced-agent``: the same
-    ``agent.main`` under tracemalloc; SIGUSR1 writes its top allocations to ``trace_out``."""
+    """The same ``agent.main`` under tracemalloc (``TRACED_AGENT``); SIGUSR1 makes it write
+    its top allocations to ``trace_out``."""
 
     def __init__(self, *args: Any, trace_out: Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -139,7 +165,8 @@ class TracedAgentSubprocess(AgentSubprocess):
         env = {**self._env, TRACE_OUT_ENV: str(self.trace_out)}
         out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.bench_agent_memory", "--traced-agent"],
+            [sys.executable, "-c",
+             TRACED_AGENT.replace("TOP", str(TRACE_TOP)).replace("ENV", repr(TRACE_OUT_ENV))],
             env=env, stdout=out, stderr=out, cwd=Path(__file__).resolve().parents[2],
         )
 
