@@ -1,0 +1,114 @@
+"""A broker that failed or finished is recreated with backoff; one Pending too long too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.controller_process import (
+    FAST_ARGS,
+    ControllerProcess,
+    apply,
+    broker_pod_spec,
+    broker_pods,
+    configuration,
+    install_peering_crds,
+    instance,
+    items,
+    unique,
+    wait_until,
+)
+from tests.harness.controlplane import ControlPlane
+
+PENDING_GRACE_S = 3
+
+
+@pytest.fixture
+def controller(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    install_peering_crds(control_plane)
+    process = ControllerProcess(
+        control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log",
+        extra_args=(*FAST_ARGS, "--pending-grace", str(PENDING_GRACE_S)),
+    )
+    process.start()
+    yield process
+    process.stop()
+    print(f"--- controller log ---\n{process.log_tail(60)}")
+
+
+def the_pod(plane: ControlPlane, namespace: str) -> dict[str, Any] | None:
+    pods = [p for p in broker_pods(plane, namespace) if not p["metadata"].get("deletionTimestamp")]
+    return pods[0] if len(pods) == 1 else None
+
+
+def fail(plane: ControlPlane, namespace: str, pod: str, *, phase: str) -> None:
+    """What a kubelet reports when the broker's container exits."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {"status": {"phase": phase, "containerStatuses": [{
+        "name": "broker", "image": "registry.example/broker:1", "imageID": "", "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": {"exitCode": 1 if phase == "Failed" else 0,
+                                 "startedAt": now, "finishedAt": now}},
+    }]}}
+    plane.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status",
+                  "--type=merge", "-p", json.dumps(status))
+
+
+def events(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    return items(plane, f"/api/v1/namespaces/{namespace}/events")
+
+
+@pytest.mark.parametrize(("phase", "reason"), [("Failed", "failed"), ("Succeeded", "succeeded")])
+def test_failed_or_finished_broker_is_recreated(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess, phase: str,
+    reason: str,
+) -> None:
+    cfg = unique("cam")
+    # The real scheduler would bind it; keep it unbound so the test alone reports its status.
+    spec = {**broker_pod_spec(), "schedulerName": "nobody"}
+    apply(control_plane, configuration(namespace, cfg, pod_spec=spec))
+    apply(control_plane, instance(namespace, f"{cfg}-aaaaaa", configuration_name=cfg,
+                                  nodes=["n-1"]))
+    first = wait_until(lambda: the_pod(control_plane, namespace), what="the broker")
+    fail(control_plane, namespace, first["metadata"]["name"], phase=phase)
+    second = wait_until(
+        lambda: (p := the_pod(control_plane, namespace))
+        and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
+        what=f"the {phase} broker recreated",
+    )
+    assert second["metadata"]["name"] == first["metadata"]["name"]
+    assert (second.get("status") or {}).get("phase") == "Pending"
+    wait_until(
+        lambda: any(e["reason"] == "PodDeleted" and f"broker {reason}" in e["message"]
+                    for e in events(control_plane, namespace)),
+        what=f"an Event saying the broker {reason} and is recreated",
+    )
+
+
+def test_broker_pending_past_grace_is_recreated(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg = unique("cam")
+    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
+    apply(control_plane, instance(namespace, f"{cfg}-bbbbbb", configuration_name=cfg,
+                                  nodes=["n-1"]))
+    first = wait_until(lambda: the_pod(control_plane, namespace), what="the broker")
+    second = wait_until(
+        lambda: (p := the_pod(control_plane, namespace))
+        and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
+        what=f"the broker recreated after {PENDING_GRACE_S}s Pending",
+    )
+    assert second["metadata"]["name"] == first["metadata"]["name"]
+    warning = wait_until(
+        lambda: [e for e in events(control_plane, namespace)
+                 if e["reason"] == "PodDeleted" and "Pending" in e["message"]],
+        what="a Warning Event about the Pending broker",
+    )
+    assert warning[0]["type"] == "Warning"
