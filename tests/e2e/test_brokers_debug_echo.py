@@ -94,6 +94,17 @@ async def test_broker_runs_with_device_env_and_goes_with_the_device(
         [allocation] = emulator.allocations(namespace, pod_name)
         assert allocation.resource_name == f"edgeplug.io/{inst}"
         assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
+        cfg_path = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/configurations/echo"
+
+        def ready_status() -> dict[str, Any] | None:
+            obj: dict[str, Any] = dict(control_plane.get_json(cfg_path) or {})
+            status: dict[str, Any] = obj.get("status") or {}
+            return status if status.get("brokers") == {"desired": 1, "ready": 1} else None
+
+        status = await until(ready_status, what="Configuration status: 1/1 brokers ready")
+        conditions = {c["type"]: c for c in status["conditions"]}
+        assert conditions["BrokersReady"]["status"] == "True"
+        assert status["instanceCount"] == 1
         svc_path = f"/api/v1/namespaces/{namespace}/services"
         [svc] = await until(lambda: items(control_plane, svc_path), what="the instance service")
         assert svc["spec"]["selector"]["edgeplug.io/instance"] == inst
