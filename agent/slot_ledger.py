@@ -177,10 +177,10 @@ class SlotLedger:
             patch_type=PatchType.MERGE,
         )
         after = Instance.from_object(as_dict(obj))
-        await self._write_used(after)
+        await self.write_used(after)
         return after
 
-    async def _write_used(self, instance: Instance) -> None:
+    async def write_used(self, instance: Instance) -> None:
         """Best effort: ``status.used`` for ``kubectl get instances`` (a display field)."""
         try:
             await self._client.patch(

@@ -32,7 +32,7 @@ from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.podresources import PodResourcesClient
 from agent.slot_backends import ConfigurationBackend, InstanceBackend
 from agent.slot_freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
-from agent.slot_ledger import SlotLedger
+from agent.slot_ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots import (
     SlotRef,
     configuration_devices,
@@ -101,6 +101,7 @@ class DevicePluginService:
         self._ledgers: dict[_Key, SlotLedger] = {}
         self._served: dict[str, _Served] = {}
         self._config_resources: dict[_Key, str] = {}
+        self._used: dict[_Key, object] = {}  # status.used as last seen
         self._wake = asyncio.Event()
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
@@ -168,8 +169,10 @@ class DevicePluginService:
             if op == "DELETED":
                 self._instances.pop(key, None)
                 self._ledgers.pop(key, None)
+                self._used.pop(key, None)
             else:
                 self._instances[key] = instance
+                self._used[key] = (as_dict(obj).get("status") or {}).get("used")
             self._wake.set()
 
     async def _watch_table(self) -> None:
@@ -185,8 +188,10 @@ class DevicePluginService:
             self._wake.clear()
             try:
                 await self.reconcile()
-            except (ApiError, OSError) as error:
-                log.warning("device-plugin reconcile failed; retrying: %s", error)
+            except Exception:
+                # One bad pass (API hiccup, lost races, a socket error) must not stop the
+                # plugins; the next event or resync tries again.
+                log.exception("device-plugin reconcile failed; retrying")
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
         return self.node in instance.spec.nodes and self._devices.get(*key) is not None
@@ -207,6 +212,7 @@ class DevicePluginService:
             await self.manager.remove(resource)
         await self._move_reservations(served)
         await self._withdraw_from_unlisted()
+        await self._correct_used(served)
         if self._freer is not None:
             await self._freer.sweep(list(self._instances.values()), self._config_resources)
 
@@ -276,8 +282,8 @@ class DevicePluginService:
             feed=feed,
             pre_start_required=pre_start,
         )
-        self._served[resource] = _Served(spec=spec, key=key)
         await self.manager.add(spec)
+        self._served[resource] = _Served(spec=spec, key=key)
 
     async def _configuration_resource(self, namespace: str, configuration: str) -> str:
         override = None
@@ -298,11 +304,14 @@ class DevicePluginService:
                 # Stop advertising first, so the kubelet does not pick a slot we give away.
                 self._withhold(key, set(plan.release))
             ledger = self.ledger(*key)
-            async with ledger.lock:
-                if plan.release:
-                    await ledger.release(list(plan.release))
-                if plan.reserve:
-                    await ledger.reserve(list(plan.reserve))
+            try:
+                async with ledger.lock:
+                    if plan.release:
+                        await ledger.release(list(plan.release))
+                    if plan.reserve:
+                        await ledger.reserve(list(plan.reserve))
+            except (ApiError, TooManyConflicts, InstanceGone) as error:
+                log.warning("moving reservations of %s/%s failed: %s", *key, error)
 
     def _withhold(self, key: _Key, slots: set[str]) -> None:
         served = self._served.get(instance_resource_name(key[1]))
@@ -333,6 +342,12 @@ class DevicePluginService:
             served_config.spec.feed.publish(
                 configuration_devices(configuration, [*others, reduced], self.node, healthy=healthy)
             )
+
+    async def _correct_used(self, served: dict[_Key, Instance]) -> None:
+        """``status.used`` is written after each claim; a lost race can leave it stale."""
+        for key, instance in served.items():
+            if self._used.get(key) != instance.spec.used:
+                await self.ledger(*key).write_used(instance)
 
     async def _withdraw_from_unlisted(self) -> None:
         """Free this node's usage on Instances that no longer list it."""
