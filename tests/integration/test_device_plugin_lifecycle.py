@@ -182,7 +182,7 @@ async def test_registers_with_version_endpoint_resource_and_options(
     assert request.options.get_preferred_allocation_available
     assert request.options.pre_start_required
     assert (plugin_dir / spec.socket_name).is_socket()
-    assert _registrations(metrics, "first") == 1
+    await eventually(lambda: _registrations(metrics, "first") == 1, "first counted")
 
 
 async def test_list_and_watch_sends_full_list_then_only_real_changes(
@@ -222,7 +222,7 @@ async def test_kubelet_restart_reserves_and_reregisters_every_plugin(
     assert {r.resource_name for r in kubelet.registrar.requests[3:]} == {
         s.resource_name for s in specs
     }
-    assert _registrations(metrics, "re") == 3
+    await eventually(lambda: _registrations(metrics, "re") == 3, "three re counted")
     for spec in specs:
         channel, stub = _stub(plugin_dir, spec)
         async with channel:
@@ -253,7 +253,7 @@ async def test_registers_once_the_kubelet_appears(
         await eventually(
             lambda: len(late.registrar.requests) == 1, "registration with late kubelet"
         )
-        assert _registrations(metrics, "first") == 1
+        await eventually(lambda: _registrations(metrics, "first") == 1, "first counted")
     finally:
         await late.stop()
 
