@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -339,7 +339,7 @@ async def test_instance_and_configuration_resources_allocate_claim_and_free(
     await wait_until(socket_gone, what=f"plugin socket {sock} removed")
 
 
-async def test_allocate_with_an_unknown_id_is_refused_with_a_clear_error(
+async def test_prepare_runs_before_start_and_unknown_ids_are_refused(
     kube: AsyncClient, pod_namespace: str, start_node: Callable[[], Awaitable[AgentNode]]
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
@@ -347,9 +347,20 @@ async def test_allocate_with_an_unknown_id_is_refused_with_a_clear_error(
     name = await create_instance(
         kube, ns, configuration=configuration, digest="c3c3c3", nodes=[node.name], capacity=1
     )
-    await node.table.put(node_device(ns, configuration, name))
-    await wait_allocatable(kube, node.name, f"edgeplug.io/{name}", "1")
-    sock = node.emulator.plugin_dir / socket_name(f"edgeplug.io/{name}")
+    prepared: list[str] = []
+
+    async def prepare() -> None:
+        prepared.append(name)
+
+    await node.table.put(replace(node_device(ns, configuration, name), prepare=prepare))
+    resource = f"edgeplug.io/{name}"
+    await wait_allocatable(kube, node.name, resource, "1")
+    [registration] = [r for r in node.emulator.registrations if r.resource_name == resource]
+    assert registration.pre_start_required
+    assert registration.get_preferred_allocation_available
+
+    # Called directly, as a kubelet would: an id that is no slot of the Instance.
+    sock = node.emulator.plugin_dir / socket_name(resource)
     async with aio.insecure_channel(f"unix://{sock}") as channel:
         stub = pb_grpc.DevicePluginStub(channel)
         with pytest.raises(aio.AioRpcError) as refused:
@@ -364,6 +375,12 @@ async def test_allocate_with_an_unknown_id_is_refused_with_a_clear_error(
     assert f"{name}-7" in details, details
     assert "unknown device id" in details, details
     assert (await read_instance(kube, ns, name)).spec.device_usage.get(f"{name}-7") is None
+    assert node.counter("edgeplug_allocations_total", resource=resource, outcome="refused") == 1
+
+    # A pod: the kubelet asks for PreStartContainer and the device's prepare step runs.
+    await create_pod(kube, ns, "prepared", {resource: "1"})
+    await wait_pod(kube, ns, "prepared", running, "Running")
+    assert prepared == [name]
 
 
 async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
