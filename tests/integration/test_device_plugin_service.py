@@ -22,6 +22,7 @@ import pytest
 from grpc import aio
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
+from lightkube.types import PatchType
 
 from agent.deviceplugin.service import serve_device_plugins, socket_name
 from agent.kube import InstanceResource, as_dict
@@ -472,3 +473,20 @@ async def test_two_nodes_never_share_a_slot_and_the_extra_pod_stays_pending(
     await assert_no_admission_errors(kube, ns)
     held_a, held_b = (n.emulator.allocated_device_ids(resource) for n in (a, b))
     assert not held_a & held_b
+
+    # Node a leaves the Instance: its plugin and socket go, and so does its usage.
+    await kube.patch(
+        InstanceResource,
+        name,
+        {"spec": {"nodes": [b.name]}},
+        namespace=ns,
+        patch_type=PatchType.MERGE,
+    )
+    sock = a.emulator.plugin_dir / socket_name(resource)
+
+    async def withdrawn() -> bool:
+        usage = (await read_instance(kube, ns, name)).spec.device_usage
+        return not sock.exists() and a.name not in usage.values()
+
+    await wait_until(withdrawn, what=f"{a.name} withdrawn: socket removed, usage freed")
+    assert set((await read_instance(kube, ns, name)).spec.device_usage.values()) == {"", b.name}
