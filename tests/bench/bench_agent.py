@@ -50,8 +50,11 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def _sockets_gone(paths: list[Path]) -> bool:
-    return not any(path.exists() for path in paths)
+def _plugins_gone(node: BenchNode, resources: list[str]) -> bool:
+    # The emulated kubelet drops an endpoint when the plugin ends its ListAndWatch stream, i.e.
+    # when the plugin's gRPC server finished stopping. (Its socket file goes sooner: gRPC
+    # unlinks it when shutdown begins.) NodeEmulator has no public accessor for this.
+    return all(node.emulator._devices.endpoint(r) is None for r in resources)
 
 
 async def _appear_once(node: BenchNode, availability: Path, *, run: int,
@@ -66,9 +69,10 @@ async def _appear_once(node: BenchNode, availability: Path, *, run: int,
     await state.until(lambda: state.allocatable.get(resource, "0") == "0",
                       what=f"run {run}: {resource} no longer allocatable")
     if settle:  # both plugins (Instance and configuration level) fully stopped
-        sockets = [node.plugin_dir / socket_name(r) for r in (resource, "edgeplug.io/echo")]
-        await node.emulator.wait_for(partial(_sockets_gone, sockets), timeout=STREAM_DEADLINE_S,
-                                     what=f"run {run}: plugin sockets of {name} removed")
+        plugins = [resource, "edgeplug.io/echo"]
+        await node.emulator.wait_for(partial(_plugins_gone, node, plugins),
+                                     timeout=STREAM_DEADLINE_S,
+                                     what=f"run {run}: plugins {plugins} stopped")
     started = time.monotonic()
     _write(availability, "")
     seen = asyncio.create_task(state.until(lambda: name in state.instances,
