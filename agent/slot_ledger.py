@@ -98,7 +98,7 @@ class SlotLedger:
                     version = await self._patch_status(
                         version, {"reservations": {s: self.node for s in to_reserve}}
                     )
-                return await self._patch_usage(version, to_write, instance)
+                return await self._patch_usage(version, to_write)
             except ApiError as error:
                 if not is_conflict(error):
                     raise
@@ -116,7 +116,7 @@ class SlotLedger:
             if not to_free:
                 return instance
             try:
-                return await self._patch_usage(instance.resource_version, to_free, instance)
+                return await self._patch_usage(instance.resource_version, to_free)
             except ApiError as error:
                 if not is_conflict(error):
                     raise
@@ -166,9 +166,7 @@ class SlotLedger:
         )
         return str(as_dict(obj)["metadata"]["resourceVersion"])
 
-    async def _patch_usage(
-        self, version: str, usage: Mapping[str, str], before: Instance
-    ) -> Instance:
+    async def _patch_usage(self, version: str, usage: Mapping[str, str]) -> Instance:
         obj = await self._client.patch(
             InstanceResource,
             self.name,
@@ -176,9 +174,9 @@ class SlotLedger:
             namespace=self.namespace,
             patch_type=PatchType.MERGE,
         )
-        after = Instance.from_object(as_dict(obj))
-        await self.write_used(after)
-        return after
+        # status.used is left to the service's reconcile (woken by this write's watch event),
+        # keeping Allocate to one GET and one or two conditioned writes.
+        return Instance.from_object(as_dict(obj))
 
     async def write_used(self, instance: Instance) -> None:
         """Best effort: ``status.used`` for ``kubectl get instances`` (a display field)."""
@@ -194,5 +192,5 @@ class SlotLedger:
                 patch_type=PatchType.MERGE,
             )
         except ApiError as error:
-            # A newer write won; whoever made it (or the next reconcile) writes the count.
+            # A newer write won; the next reconcile writes the count from the newer object.
             log.debug("status.used not written", extra={"instance": self.name, "error": str(error)})
