@@ -252,6 +252,7 @@ async def test_the_real_agent_works_with_its_token_alone(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    assert identities, "the RBAC is applied by this fixture"
     caplog.set_level(logging.INFO)
     cp, admin = control_plane, api_client(control_plane)
     secret = Secret.from_dict({"metadata": {"name": "cam-login", "namespace": namespace},
@@ -262,14 +263,13 @@ async def test_the_real_agent_works_with_its_token_alone(
              "valueFrom": {"secretKeyRef": {"name": "cam-login", "key": "password"}}}])
     bad = debug_echo_configuration("rbac-bad", descriptions=[], raw_details="descriptions: 7")
     try:
-        async with _emulated_node(cp) as node:
-            settings = AgentSettings(
-                node_name=node.node_name,
-                kubeconfig=_agent_on(cp, node.node_name, tmp_path).kubeconfig,
-                plugin_dir=node.plugin_dir,
-                pod_resources_socket=node.pod_resources_socket,
-            )
-            async with _agent(settings) as agent:
+        async with _emulated_node(cp) as node, _agent(AgentSettings(
+            node_name=node.node_name,
+            kubeconfig=_agent_on(cp, node.node_name, tmp_path).kubeconfig,
+            plugin_dir=node.plugin_dir,
+            pod_resources_socket=node.pod_resources_socket,
+        )) as agent:
+            try:
                 apply(cp, namespace, good, bad)
                 # Problems are told on the Configuration: Events and status are writable.
                 await _assert_problem_reported(admin, namespace, node.node_name, agent,
@@ -281,11 +281,12 @@ async def test_the_real_agent_works_with_its_token_alone(
                 await _assert_agent_published(admin, namespace, node.node_name, agent)
                 await _assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
                 assert not agent.done(), "the agent stopped"
+            finally:
+                # The stand-in for the agent's DaemonSet pod that its token is bound to.
+                cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+                           f"{AGENT_ACCOUNT}-{node.node_name}", check=False)
     finally:
         await admin.close()
-        # The agent pods that carried the tokens (on a Node that is gone now).
-        cp.kubectl("delete", "pods", "-n", SYSTEM_NAMESPACE, "--all", "--wait=false",
-                   check=False)
     complaints = _refusals(
         [record.getMessage() for record in caplog.records if record.name.startswith("agent")]
     )
