@@ -322,6 +322,12 @@ async def test_instance_and_configuration_resources_allocate_claim_and_free(
     assert vdevs.envs["DEBUG_ECHO_DESCRIPTION_B2B2B2"] == "desc-b2b2b2"
     assert node.counter("edgeplug_allocations_total", resource=res_one, outcome="ok") == 1
 
+    async def used_counted() -> bool:
+        obj = as_dict(await kube.get(InstanceResource, one, namespace=ns))
+        return (obj.get("status") or {}).get("used") == 2
+
+    await wait_until(used_counted, what=f"status.used of {one} = 2 (kubectl get instances)")
+
     # Deleting the pod frees its slot after the grace.
     await kube.delete(Pod, "by-instance", namespace=ns)
 
