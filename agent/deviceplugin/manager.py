@@ -102,7 +102,12 @@ class PluginManager:
         """Watch for kubelet restarts until cancelled; then stop every plugin."""
         try:
             while True:
-                await self.reconcile()
+                try:
+                    await self.reconcile()
+                except Exception:
+                    # A socket that cannot be served now (disk full, directory gone) must not
+                    # end the watch; the next tick tries again.
+                    log.exception("kubelet watch tick failed; retrying")
                 await asyncio.sleep(self._watch_interval)
         finally:
             await self.close()
