@@ -1,0 +1,109 @@
+"""Slot claims race against the real API server: one slot, two nodes, exactly one winner.
+
+The ledgers write conditioned JSON merge patches (``metadata.resourceVersion``); these tests
+show the API server really serialises them, so concurrent claims never both succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from agent.kube import InstanceResource, as_dict
+from agent.slot_ledger import SlotLedger, SlotUnavailable
+from agent.slots import Verdict
+from crds.instance import Instance, SlotUsage
+from tests.harness.controlplane import ControlPlane
+
+pytestmark = pytest.mark.timeout(120)
+
+ROUNDS = 10
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[AsyncClient]:
+    client = AsyncClient(KubeConfig.from_file(str(control_plane.kubeconfig)))
+    yield client
+    await client.close()
+
+
+async def _instance(kube: AsyncClient, namespace: str, nodes: list[str], capacity: int) -> str:
+    name = f"race{uuid.uuid4().hex[:6]}-abcdef"
+    await kube.create(
+        InstanceResource.from_dict(
+            {
+                "apiVersion": "edgeplug.io/v1alpha1",
+                "kind": "Instance",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "configurationName": name.rpartition("-")[0],
+                    "capacity": capacity,
+                    "shared": True,
+                    "nodes": nodes,
+                },
+            }
+        )
+    )
+    return name
+
+
+async def _read(kube: AsyncClient, namespace: str, name: str) -> Instance:
+    return Instance.from_object(
+        as_dict(await kube.get(InstanceResource, name, namespace=namespace))
+    )
+
+
+async def _claim(ledger: SlotLedger, slot: str) -> Instance:
+    async with ledger.lock:
+        return await ledger.claim({slot: SlotUsage.by_node(ledger.node)})
+
+
+async def test_concurrent_claims_of_one_free_slot_have_exactly_one_winner(
+    kube: AsyncClient, namespace: str
+) -> None:
+    name = await _instance(kube, namespace, ["node-a", "node-b"], capacity=1)
+    slot = f"{name}-0"
+    ledgers = [
+        SlotLedger(client=kube, node=node, namespace=namespace, name=name)
+        for node in ("node-a", "node-b")
+    ]
+    for round_ in range(ROUNDS):
+        results = await asyncio.gather(*(_claim(x, slot) for x in ledgers), return_exceptions=True)
+        winners = [x for x, r in zip(ledgers, results, strict=True) if isinstance(r, Instance)]
+        losers = [r for r in results if isinstance(r, SlotUnavailable)]
+        assert len(winners) == 1, f"round {round_}: {results}"
+        assert len(losers) == 1, f"round {round_}: {results}"
+        assert losers[0].verdict in (Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE)
+        instance = await _read(kube, namespace, name)
+        assert instance.spec.device_usage[slot] == winners[0].node
+        assert instance.reservations[slot] == winners[0].node
+        # The winner frees the slot and gives back its reservation for the next round.
+        async with winners[0].lock:
+            await winners[0].free({slot: SlotUsage.by_node(winners[0].node)})
+            await winners[0].release([slot])
+        assert (await _read(kube, namespace, name)).spec.device_usage[slot] == ""
+
+
+async def test_a_slot_reserved_for_another_node_is_refused_and_left_alone(
+    kube: AsyncClient, namespace: str
+) -> None:
+    name = await _instance(kube, namespace, ["node-a", "node-b"], capacity=2)
+    a = SlotLedger(client=kube, node="node-a", namespace=namespace, name=name)
+    b = SlotLedger(client=kube, node="node-b", namespace=namespace, name=name)
+    async with b.lock:
+        await b.reserve([f"{name}-1"])
+    before = await _read(kube, namespace, name)
+    with pytest.raises(SlotUnavailable) as refused:
+        await _claim(a, f"{name}-1")
+    assert refused.value.verdict is Verdict.RESERVED_ELSEWHERE
+    assert f"{name}-1" in str(refused.value)
+    after = await _read(kube, namespace, name)
+    assert after.resource_version == before.resource_version, "a refused claim wrote nothing"
+    # node-a may still claim the free, unreserved slot 0: it reserves and claims it.
+    claimed = await _claim(a, f"{name}-0")
+    assert claimed.spec.device_usage[f"{name}-0"] == "node-a"
+    assert (await _read(kube, namespace, name)).reservations[f"{name}-0"] == "node-a"
