@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from lightkube import ApiError
 
@@ -27,14 +26,13 @@ from controller.reconcile import (
     REASON_FINISHED,
     REASON_PENDING,
     Deletion,
-    ObservedPod,
     Plan,
     plan_objects,
     plan_pods,
 )
 from controller.settings import ControllerSettings
+from controller.view import ClusterView, ConfigurationRecord, EventSink, InstanceRecord
 from crds.configuration import Configuration
-from crds.instance import Instance
 
 log = logging.getLogger(__name__)
 
@@ -48,46 +46,6 @@ STATUS_DEBOUNCE_S: Final = 0.3
 
 REASON_INSTANCE_GONE: Final = "InstanceDeleted"
 _RESTART_REASONS: Final = (REASON_FAILED, REASON_FINISHED, REASON_PENDING)
-
-
-@dataclass(frozen=True)
-class InstanceRecord:
-    instance: Instance
-    created_at: datetime | None
-
-
-@dataclass(frozen=True)
-class ConfigurationRecord:
-    configuration: Configuration
-    body: Mapping[str, Any]  # apiVersion, kind, metadata, status: for Events and status diffs
-
-
-@dataclass(frozen=True)
-class OwnedObject:
-    """A Job or Service the controller made, as its index remembers it."""
-
-    name: str
-    spec_hash: str
-    component: str
-    instance: str
-    ready: bool = False
-
-
-class ClusterView(Protocol):
-    def configuration(self, namespace: str, name: str) -> ConfigurationRecord | None: ...
-    def instance(self, namespace: str, name: str) -> InstanceRecord | None: ...
-    def instances_of(self, namespace: str, configuration: str) -> list[InstanceRecord]: ...
-    def instances_on(self, node: str) -> list[tuple[str, str]]: ...
-    def broker_pods(self, namespace: str, instance: str) -> list[ObservedPod]: ...
-    def broker_jobs(self, namespace: str, instance: str) -> list[OwnedObject]: ...
-    def services(self, namespace: str, configuration: str) -> list[OwnedObject]: ...
-    def node(self, name: str) -> nodes.NodeHealth | None: ...
-
-
-class EventSink(Protocol):
-    def __call__(
-        self, body: Mapping[str, Any], *, warning: bool, reason: str, message: str
-    ) -> None: ...
 
 
 def _now() -> datetime:
@@ -119,6 +77,7 @@ class Reconciler:
             record = view.instance(namespace, name)
             if record is None:
                 await self._remove_orphans(view, namespace, name)
+                self._locks.pop((namespace, name), None)
                 return
             config = view.configuration(namespace, record.instance.spec.configuration_name)
             if config is None:

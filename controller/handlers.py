@@ -17,14 +17,10 @@ from typing import Any, Final
 import kopf
 
 from controller import naming
-from controller.converge import (
-    ConfigurationRecord,
-    InstanceRecord,
-    OwnedObject,
-    Reconciler,
-)
+from controller.converge import Reconciler
 from controller.nodes import NodeHealth
 from controller.reconcile import ObservedPod, parse_time
+from controller.view import ConfigurationRecord, InstanceRecord, OwnedObject
 from crds.api import CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL, VERSION
 from crds.configuration import Configuration
 from crds.instance import Instance

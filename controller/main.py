@@ -23,6 +23,9 @@ from controller.settings import ControllerSettings
 log = logging.getLogger("controller")
 
 FINALIZER: Final = "edgeplug.io/controller"
+#: kopf logs every handled watch event at INFO ("Handler ... succeeded"): thousands a minute on
+#: a busy cluster. The controller logs what it does itself.
+KOPF_OBJECT_LOG_LEVEL: Final = logging.WARNING
 REPORTING_COMPONENT: Final = "edgeplug-controller"
 
 
@@ -92,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("kopf.objects").setLevel(KOPF_OBJECT_LOG_LEVEL)
     asyncio.run(run(settings))
 
 
