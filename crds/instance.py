@@ -5,7 +5,8 @@ it: ``""`` (free), ``"<node>"`` (allocated through the Instance's own device plu
 or ``"C:<virtual id>:<node>"`` (allocated through the configuration-level plugin as that virtual
 device). :class:`SlotUsage` parses and formats those strings so nobody else splits on ``:``.
 ``status.reservations`` maps a slot to the node that holds it in reserve (see the agent's slot
-design), and ``status.used`` is the count of held slots that ``kubectl get instances`` prints.
+design), ``status.demand`` maps a node to how many slots its agent still needs for Pending pods
+pinned to it, and ``status.used`` is the count of held slots that ``kubectl get instances`` prints.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class Instance:
     uid: str = ""
     resource_version: str = ""
     reservations: Mapping[str, str] = field(default_factory=dict)
+    demand: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Instance:
@@ -168,6 +170,7 @@ class Instance:
             reservations={
                 str(k): str(v) for k, v in (status.get("reservations") or {}).items()
             },
+            demand={str(k): int(v) for k, v in (status.get("demand") or {}).items() if v},
         )
 
     def spec_to_object(self) -> dict[str, Any]:
@@ -183,5 +186,9 @@ class Instance:
         }
 
     def status_to_object(self) -> dict[str, Any]:
-        """The ``status`` this Instance should carry: reservations and the used-slot count."""
-        return {"reservations": dict(self.reservations), "used": self.spec.used}
+        """The ``status`` this Instance should carry: reservations, demand, the used-slot count."""
+        return {
+            "reservations": dict(self.reservations),
+            "demand": dict(self.demand),
+            "used": self.spec.used,
+        }
