@@ -183,8 +183,11 @@ class DevicePluginService:
 
     async def _reconcile_loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that lands as the event fires, and this loop would then never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), RESYNC_SECONDS)
+                async with asyncio.timeout(RESYNC_SECONDS):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile()
