@@ -2,11 +2,19 @@
 
 Why this exists: a user who applies a Configuration with bad ``discoveryDetails`` looks at
 ``kubectl describe configuration``; the agent answers there with a core/v1 Event and a status
-condition whose message names the offending field. The condition is written by server-side apply
+condition whose message names the offending field. The conditions are written by server-side apply
 on the status subresource with this node's field manager, so the controller's status fields
-(and other nodes' conditions) are never clobbered. Each node owns one condition type,
-``DiscoveryReady.<node>``: one Configuration runs on many nodes, and one shared type would make
-agents overwrite each other's verdicts.
+(and other nodes' conditions) are never clobbered.
+
+Two kinds of verdict, so the condition list stays short on a Configuration that runs on hundreds
+of nodes:
+
+- what every node concludes alike (the ``discoveryDetails`` or a discovery property are wrong)
+  goes into the one shared ``DiscoveryDetailsValid`` condition; every agent writes the same
+  content, so it does not matter which writes last;
+- what is particular to one node (its handler failed, it lacks the handler's package) goes into
+  ``DiscoveryReady.<node>``, which exists only while that node has a problem: an agent whose run
+  is healthy withdraws it by applying its status without it.
 
 Nothing here ever includes a discovery property's value: messages come from handlers' field
 errors and from property *names*.
@@ -25,7 +33,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from agent.kube import ConfigurationResource, field_manager
-from crds.api import API_VERSION, CONFIGURATION_KIND
+from crds.api import API_VERSION, CONDITION_DISCOVERY_DETAILS_VALID, CONFIGURATION_KIND
 from crds.configuration import Configuration
 
 log = logging.getLogger(__name__)
@@ -38,11 +46,22 @@ REASON_INVALID_DETAILS = "InvalidDiscoveryDetails"
 REASON_UNKNOWN_HANDLER = "UnknownDiscoveryHandler"
 REASON_PROPERTY_UNAVAILABLE = "DiscoveryPropertyUnavailable"
 REASON_DISCOVERY_FAILED = "DiscoveryFailed"
+REASON_VALID = "DiscoveryDetailsValid"
+#: Problems every node finds alike: reported once, in the shared condition.
+CONFIGURATION_WIDE_REASONS = frozenset({REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE})
 MAX_MESSAGE_LENGTH = 1024
 
 
 def condition_type(node_name: str) -> str:
+    """The condition that carries ``node_name``'s own discovery problems."""
     return f"{CONDITION_TYPE_PREFIX}.{node_name}"
+
+
+def condition_type_for(reason: str, node_name: str) -> str:
+    """Which condition a problem with ``reason`` is reported in."""
+    if reason in CONFIGURATION_WIDE_REASONS:
+        return CONDITION_DISCOVERY_DETAILS_VALID
+    return condition_type(node_name)
 
 
 @dataclass(frozen=True)
@@ -85,28 +104,31 @@ class ConfigurationReporter:
                    "node": self._node},
         )
         try:
-            await self._write_condition(verdict)
             if event:
                 await self._emit_event(verdict)
+            await self._write_condition(verdict)
         except ApiError as exc:  # the Configuration may be going away; never fail the run
             log.warning("could not report on %s/%s: %s", cfg.namespace, cfg.name, exc)
 
     async def _write_condition(self, verdict: _Verdict) -> None:
         cfg = self._configuration
+        stamp = self._since.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if verdict.ok:
+            # Details valid; this node's own condition is withdrawn by leaving it out.
+            condition = {"type": CONDITION_DISCOVERY_DETAILS_VALID, "status": "True",
+                         "reason": REASON_VALID, "message": "discoveryDetails accepted"}
+        else:
+            condition = {"type": condition_type_for(verdict.reason, self._node),
+                         "status": "False", "reason": verdict.reason,
+                         "message": verdict.message}
         body = {
             "apiVersion": API_VERSION,
             "kind": CONFIGURATION_KIND,
             "metadata": {"name": cfg.name, "namespace": cfg.namespace},
             "status": {
                 "conditions": [
-                    {
-                        "type": condition_type(self._node),
-                        "status": "True" if verdict.ok else "False",
-                        "reason": verdict.reason,
-                        "message": verdict.message,
-                        "lastTransitionTime": self._since.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                        "observedGeneration": cfg.generation,
-                    }
+                    {**condition, "lastTransitionTime": stamp,
+                     "observedGeneration": cfg.generation}
                 ]
             },
         }

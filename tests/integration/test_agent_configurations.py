@@ -10,7 +10,7 @@ import json
 import uuid
 from typing import Any
 
-from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type
+from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
 from crds.naming import instance_name
 from tests.harness.agent_process import (
     agent_in_process,
@@ -34,10 +34,10 @@ def _configuration(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any
     return obj
 
 
-def _condition(cp: ControlPlane, namespace: str, name: str, node: str) -> dict[str, Any] | None:
+def _condition(cp: ControlPlane, namespace: str, name: str, kind: str) -> dict[str, Any] | None:
     status = _configuration(cp, namespace, name).get("status") or {}
     for condition in status.get("conditions") or []:
-        if condition["type"] == condition_type(node):
+        if condition["type"] == kind:
             found: dict[str, Any] = condition
             return found
     return None
@@ -68,18 +68,20 @@ async def test_bad_details_reported_naming_the_field_while_others_work(
         "bad", descriptions=[], raw_details="descriptions: [a, a]\n"
     )
     good = debug_echo_configuration("good", descriptions=["fine0"])
+    # Every node finds the same fault, so it is reported in the one shared condition.
+    details_condition = condition_type_for(REASON_INVALID_DETAILS, node)
     client = api_client(control_plane)
     async with agent_in_process(control_plane, node_name=node, namespace=namespace):
         apply(control_plane, namespace, bad, good)
 
         async def reported() -> dict[str, Any] | None:
-            condition = _condition(control_plane, namespace, "bad", node)
+            condition = _condition(control_plane, namespace, "bad", details_condition)
             if condition is not None and condition["reason"] == REASON_INVALID_DETAILS:
                 return condition
             return None
 
         condition = await eventually(
-            reported, what=f"condition {condition_type(node)} InvalidDiscoveryDetails on bad"
+            reported, what=f"condition {details_condition} InvalidDiscoveryDetails on bad"
         )
         assert condition["status"] == "False"
         assert "descriptions[1]" in condition["message"]
@@ -105,7 +107,7 @@ async def test_bad_details_reported_naming_the_field_while_others_work(
         apply(control_plane, namespace, fixed)
 
         async def cleared() -> bool:
-            condition = _condition(control_plane, namespace, "bad", node)
+            condition = _condition(control_plane, namespace, "bad", details_condition)
             return condition is not None and condition["status"] == "True"
 
         await eventually(cleared, what="condition True after fixing the details")
@@ -136,7 +138,10 @@ async def test_secret_backed_property_resolved_and_re_resolved(
 
         # The Secret does not exist yet: the run says which property it cannot resolve.
         async def unavailable() -> dict[str, Any] | None:
-            condition = _condition(control_plane, namespace, "creds", node)
+            condition = _condition(
+                control_plane, namespace, "creds",
+                condition_type_for(REASON_PROPERTY_UNAVAILABLE, node),
+            )
             if condition is not None and condition["reason"] == REASON_PROPERTY_UNAVAILABLE:
                 return condition
             return None

@@ -29,7 +29,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccount
 
-from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type
+from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
 from agent.kube import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.node_labels import LABEL_VALUE, label_key
@@ -367,11 +367,11 @@ async def _assert_problem_reported(
         _alive(agent)
         cfg = as_dict(await admin.get(ConfigurationResource, configuration, namespace=namespace))
         for cond in (cfg.get("status") or {}).get("conditions") or []:
-            if cond["type"] == condition_type(node) and cond["status"] == "False":
+            if cond["type"] == condition_type_for(reason, node) and cond["status"] == "False":
                 return cast(dict[str, Any], cond)
         return None
 
-    cond = await eventually(condition, what=f"condition {condition_type(node)}=False",
+    cond = await eventually(condition, what=f"condition {condition_type_for(reason, node)}=False",
                             deadline=WAIT_S)
     assert cond["reason"] == reason
 
