@@ -88,6 +88,10 @@ class ConfigurationWatch:
         """Run until cancelled; on cancel, stop every run and leave the Instances in place."""
         try:
             self._node_labels = await self._read_node_labels()
+            await self._labels.prune(
+                node_labels=self._node_labels,
+                configurations=[name for _, name in await self._list_configurations()],
+            )
             for part, name in ((self._watch_node(), "watch-node"), (self._relist(), "relist")):
                 self._background.add(asyncio.create_task(part, name=name))
             stream = self._client.watch(
@@ -169,6 +173,17 @@ class ConfigurationWatch:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _list_configurations(self) -> set[RunKey]:
+        return {
+            (cfg.namespace, cfg.name)
+            for cfg in [
+                Configuration.from_object(as_dict(obj))
+                async for obj in self._client.list(
+                    ConfigurationResource, namespace=self._namespace or "*"
+                )
+            ]
+        }
+
     async def _relist(self) -> None:
         """Catch deletions a broken watch missed: forget Configurations no longer listed."""
         while True:
@@ -177,15 +192,7 @@ class ConfigurationWatch:
             # watch delivers while the list is in flight may be missing from the list.
             before = dict(self._configurations)
             try:
-                listed = {
-                    (cfg.namespace, cfg.name)
-                    for cfg in [
-                        Configuration.from_object(as_dict(obj))
-                        async for obj in self._client.list(
-                            ConfigurationResource, namespace=self._namespace or "*"
-                        )
-                    ]
-                }
+                listed = await self._list_configurations()
             except ApiError as exc:
                 log.warning("relist of Configurations failed: %s", exc)
                 continue

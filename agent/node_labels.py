@@ -3,13 +3,15 @@
 Why this exists: users select nodes that have a kind of device (a DaemonSet on camera nodes)
 without requesting a device resource. The label follows this node's Instances: added with the
 first, removed (merge patch with ``null``) with the last. Configurations of one name in several
-namespaces share a label, so it is counted per (namespace, configuration).
+namespaces share a label, so it is counted per (namespace, configuration). Labels of
+Configurations deleted while no agent ran are pruned when the agent starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
@@ -51,6 +53,17 @@ class NodeLabels:
                 return
             self._reported.add(configuration)
             await self._patch(configuration, LABEL_VALUE if after else None)
+
+    async def prune(self, *, node_labels: Mapping[str, str], configurations: Iterable[str]) -> None:
+        """Remove labels of ours whose Configuration no longer exists (gone while we were down)."""
+        prefix = f"{GROUP}/"
+        existing = set(configurations)
+        async with self._lock:
+            for key, value in node_labels.items():
+                name = key.removeprefix(prefix)
+                if key.startswith(prefix) and value == LABEL_VALUE and name not in existing:
+                    log.info("removing stale node label %s", key, extra={"node": self._node})
+                    await self._patch(name, None)
 
     async def _patch(self, configuration: str, value: str | None) -> None:
         body = {"metadata": {"labels": {label_key(configuration): value}}}

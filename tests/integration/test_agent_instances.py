@@ -224,3 +224,27 @@ async def test_offline_devices_local_at_once_shared_after_grace(
         assert found[cam1]["spec"]["nodes"] == [node]
         assert agent.watch.runs[(namespace, "net")].publisher.owned.get(cam1) is True
     await client.close()
+
+
+async def test_stale_configuration_labels_pruned_at_start(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """A Configuration deleted while the agent was down leaves no label behind."""
+    node = _node()
+    create_node(
+        control_plane, node,
+        labels={"edgeplug.io/ghost": "true", "edgeplug.io/team": "cameras", "zone": "a"},
+    )
+    client = api_client(control_plane)
+    async with agent_in_process(control_plane, node_name=node, namespace=namespace):
+
+        async def pruned() -> dict[str, str] | None:
+            got = await client.get(Node, node)
+            labels = dict((got.metadata.labels if got.metadata else None) or {})
+            return labels if "edgeplug.io/ghost" not in labels else None
+
+        labels = await eventually(pruned, what=f"stale label edgeplug.io/ghost gone from {node}")
+    # Labels that are not ours to manage stay.
+    assert labels["edgeplug.io/team"] == "cameras"
+    assert labels["zone"] == "a"
+    await client.close()
