@@ -122,15 +122,33 @@ class SlotLedger:
                     raise
         raise TooManyConflicts(f"freeing {sorted(slots)} on {self.namespace}/{self.name}")
 
-    async def reserve(self, slots: list[str]) -> None:
-        """Reserve free slots that nobody (still listed) holds in reserve. Holds ``lock``."""
-        await self._move_reservations(slots, release=False)
+    async def reserve(self, slots: list[str], *, demand: int | None = None) -> None:
+        """Reserve free slots that nobody (still listed) holds in reserve. Holds ``lock``.
+
+        With ``demand``, this node's ``status.demand`` is set in the same conditioned write, so
+        no other node acts on a demand these reservations have just met.
+        """
+        await self._move_reservations(slots, release=False, demand=demand)
 
     async def release(self, slots: list[str]) -> None:
         """Give back reservations of ours on slots we do not use. Holds ``lock``."""
         await self._move_reservations(slots, release=True)
 
-    async def _move_reservations(self, slots: list[str], *, release: bool) -> None:
+    async def publish_demand(self, demand: int) -> None:
+        """Set this node's key of ``status.demand`` (removed when zero). Only this node writes
+        its key, so the merge patch needs no condition; it only steers reservations."""
+        await self._client.patch(
+            InstanceResource.Status,
+            self.name,
+            {"status": {"demand": {self.node: demand or None}}},
+            namespace=self.namespace,
+            patch_type=PatchType.MERGE,
+        )
+        log.info("demand published", extra={"instance": self.name, "demand": demand})
+
+    async def _move_reservations(
+        self, slots: list[str], *, release: bool, demand: int | None = None
+    ) -> None:
         for _ in range(MAX_WRITE_ATTEMPTS):
             instance = await self.read()
             changes: dict[str, str | None] = {}
@@ -144,8 +162,11 @@ class SlotLedger:
                     changes[slot] = self.node  # we hold it: the reservation follows the use
             if not changes:
                 return
+            status: dict[str, Any] = {"reservations": changes}
+            if demand is not None:
+                status["demand"] = {self.node: demand or None}
             try:
-                await self._patch_status(instance.resource_version, {"reservations": changes})
+                await self._patch_status(instance.resource_version, status)
                 log.info(
                     "reservations changed",
                     extra={"instance": self.name, "node": self.node, "changes": changes},

@@ -12,18 +12,28 @@ The design, and why it is safe:
   slot as Healthy only when the slot is reserved for it and free, or already held by it; every
   other slot is advertised Unhealthy (counted in capacity, never allocatable). So, in the steady
   state, two kubelets never even try the same slot: a pod that finds no slot stays Pending.
-- Free, unreserved slots (or slots reserved for a node no longer in ``nodes``) are reserved by
-  a fair-share rule: slot ``i`` belongs to ``sorted(nodes)[i % len(nodes)]``. Every agent
-  computes the same answer from the same object, so concurrent agents do not fight. A node
-  releases a free reservation the rule gives to another listed node (it stops advertising the
-  slot first, then releases under the Instance's lock, the lock ``Allocate`` takes).
+- Who reserves a free, unreserved slot (or one reserved for a node no longer in ``nodes``) is
+  decided by one deterministic rule that every agent computes from the same object, so
+  concurrent agents do not fight. Demand comes first: ``status.demand`` maps a node to how many
+  slots its agent still needs for Pending pods pinned to it (``agent.slot_demand`` watches
+  them). Free unreserved slots go, in index order, to demanding nodes in name order, each up to
+  its demand; the rest follow the fair-share rule (slot ``i`` belongs to
+  ``sorted(nodes)[i % len(nodes)]``). Without demand, that is the whole rule.
+- A node gives back a free reservation it does not need (it keeps as many as its own pinned
+  Pending pods want, and all of them while a pod bound to it has not started, since its kubelet
+  may be admitting that pod) when another listed node has unmet demand, or, lacking demand,
+  when the fair-share rule gives the slot to another node. It stops advertising the slot first,
+  then releases under the Instance's lock, the lock ``Allocate`` takes. A node that reserves
+  slots for its demand writes its reduced demand in the same conditioned write, so nobody acts
+  on a demand that was already met.
 - Claims are optimistic: a node writes ``deviceUsage[slot]`` only in a write conditioned on the
   ``resourceVersion`` of an object in which the slot is free and reserved for it (or unreserved,
   in which case it first reserves it, conditioned the same way). All writes to one object are
   serialised by ``resourceVersion``, so the state a claim was judged on is the state it changes;
   a 409 means "re-read and judge again". No node reserves a slot that is in use, and a holder
-  never releases a slot it uses, so no slot is ever held twice. Reservations only steer who
-  tries; correctness rests on the conditioned claim alone.
+  never releases a slot it uses, so no slot is ever held twice. Reservations and demand only
+  steer who tries; correctness rests on the conditioned claim alone. (A stale or wrong demand
+  can only move an idle reservation; it cannot make a slot held twice.)
 """
 
 from __future__ import annotations
@@ -92,28 +102,122 @@ def instance_devices(instance: Instance, node: str, *, healthy: bool) -> list[Ad
 class ReservationPlan:
     reserve: tuple[str, ...] = ()
     release: tuple[str, ...] = ()
+    #: This node's unmet demand once ``reserve`` is written (what ``status.demand`` should say).
+    demand: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.reserve or self.release)
 
 
-def reservation_plan(instance: Instance, node: str) -> ReservationPlan:
-    """Slots ``node`` should reserve now, and free reservations it should give back."""
+def listed_demand(instance: Instance) -> dict[str, int]:
+    """``status.demand`` of the listed nodes that need slots."""
+    return {n: d for n, d in instance.demand.items() if d > 0 and n in instance.spec.nodes}
+
+
+def unmet_need(instance: Instance, node: str, wanted: int) -> int:
+    """Slots ``node`` lacks for ``wanted`` pinned pending requests, beyond those available to it."""
+    have = sum(1 for slot in slot_ids(instance) if available_to(instance, slot, node))
+    return max(0, wanted - have)
+
+
+def _assign_unreserved(
+    instance: Instance, demand: Mapping[str, int]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Free unreserved slot → the node that should reserve it; and each node's demand left."""
+    nodes = instance.spec.nodes
+    left = dict(demand)
+    claimants = iter(sorted(n for n, d in left.items() if d > 0))
+    current = next(claimants, None)
+    assigned: dict[str, str] = {}
+    for index, slot in enumerate(slot_ids(instance)):
+        if not usage_of(instance, slot).is_free or reservation_of(instance, slot) is not None:
+            continue
+        while current is not None and left[current] <= 0:
+            current = next(claimants, None)
+        if current is not None:
+            assigned[slot] = current
+            left[current] -= 1
+        elif (owner := preferred_node(index, nodes)) is not None:
+            assigned[slot] = owner
+    return assigned, left
+
+
+def reservation_plan(
+    instance: Instance, node: str, *, wanted: int = 0, hold: bool = False
+) -> ReservationPlan:
+    """Slots ``node`` should reserve now, and free reservations it should give back.
+
+    ``wanted``: slots of this Instance that Pending pods pinned to ``node`` (not yet scheduled)
+    ask for. ``hold``: a pod bound to ``node`` that may need this Instance has not started, so
+    no free reservation of ``node`` is given back (its kubelet may be admitting it right now).
+    ``node``'s own demand is taken from ``wanted`` (fresh), other nodes' from ``status.demand``.
+    """
     if node not in instance.spec.nodes:
         return ReservationPlan()
-    reserve, release = [], []
-    for index, slot in enumerate(slot_ids(instance)):
-        usage = usage_of(instance, slot)
-        holder = reservation_of(instance, slot)
-        owner = preferred_node(index, instance.spec.nodes)
-        if is_held_by(usage, node):
-            if holder != node:
-                reserve.append(slot)  # we use it: make the reservation say so
-        elif usage.is_free and holder is None and owner == node:
-            reserve.append(slot)
-        elif usage.is_free and holder == node and owner != node:
-            release.append(slot)
-    return ReservationPlan(reserve=tuple(reserve), release=tuple(release))
+    slots = slot_ids(instance)
+    need = unmet_need(instance, node, wanted)
+    demand = {n: d for n, d in listed_demand(instance).items() if n != node}
+    if need:
+        demand[node] = need
+    assigned, left = _assign_unreserved(instance, demand)
+    reserve = [
+        slot
+        for slot in slots
+        if (is_held_by(usage_of(instance, slot), node) and reservation_of(instance, slot) != node)
+        or assigned.get(slot) == node
+    ]
+    release: list[str] = []
+    if not hold:
+        nodes = instance.spec.nodes
+        owner = {slot: preferred_node(index, nodes) for index, slot in enumerate(slots)}
+        spare = [slot for slot in slots if available_to(instance, slot, node)]
+        # Keep what the pinned pods want, fair-share slots first; offer the rest, others' first.
+        spare.sort(key=lambda slot: owner[slot] != node)
+        others_need = sum(d for n, d in left.items() if n != node and d > 0)
+        for slot in reversed(spare[wanted:]):
+            if others_need > 0:
+                release.append(slot)
+                others_need -= 1
+            elif owner[slot] != node:
+                release.append(slot)
+        release.sort(key=slots.index)
+    return ReservationPlan(
+        reserve=tuple(reserve), release=tuple(release), demand=max(0, left.get(node, 0))
+    )
+
+
+def split_wanted(
+    instances: Sequence[Instance],
+    node: str,
+    *,
+    by_instance: Mapping[str, int],
+    by_configuration: int,
+) -> dict[str, int]:
+    """How many slots ``node`` wants of each Instance of one Configuration.
+
+    ``by_instance`` counts requests of each Instance's own resource; ``by_configuration`` those
+    of the Configuration's resource, which any of them can serve: first from slots already
+    available to ``node`` and not wanted otherwise, then from slots that could move here (free,
+    not yet ours), Instances in name order so every pass gives the same answer.
+    """
+    ordered = sorted(instances, key=lambda i: i.name)
+    wanted = {i.name: by_instance.get(i.name, 0) for i in ordered}
+    left = by_configuration
+    for instance in ordered:
+        have = sum(1 for s in slot_ids(instance) if available_to(instance, s, node))
+        take = min(left, max(0, have - wanted[instance.name]))
+        wanted[instance.name] += take
+        left -= take
+    for instance in ordered:
+        movable = sum(
+            1
+            for s in slot_ids(instance)
+            if usage_of(instance, s).is_free and not available_to(instance, s, node)
+        )
+        take = min(left, max(0, movable - unmet_need(instance, node, wanted[instance.name])))
+        wanted[instance.name] += take
+        left -= take
+    return wanted
 
 
 class Verdict(enum.Enum):

@@ -6,9 +6,10 @@ Instances, reacts to the ``NodeDeviceTable``, and on every change (and every
 ``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists this node,
 one configuration-level plugin per Configuration with such Instances, advertised lists computed
 by ``agent.slots``, reservations moved through ``agent.slot_ledger`` (advertising stops before a
-reservation is released), this node's usage freed when an Instance stops listing it, and slots
-of vanished pods freed by ``agent.slot_freeing``. The lifecycle (sockets, registration, kubelet
-restarts) is ``PluginManager``'s.
+reservation is released) and steered by the demand of Pending pods pinned to this node
+(``agent.slot_demand``, published as ``status.demand``), this node's usage freed when an
+Instance stops listing it, and slots of vanished pods freed by ``agent.slot_freeing``. The
+lifecycle (sockets, registration, kubelet restarts) is ``PluginManager``'s.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.podresources import PodResourcesClient
 from agent.slot_backends import ConfigurationBackend, InstanceBackend
+from agent.slot_demand import PendingPods
 from agent.slot_freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
 from agent.slot_ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots import (
@@ -39,6 +41,7 @@ from agent.slots import (
     instance_devices,
     is_held_by,
     reservation_plan,
+    split_wanted,
     usage_of,
 )
 from crds.configuration import Configuration
@@ -103,6 +106,7 @@ class DevicePluginService:
         self._config_resources: dict[_Key, str] = {}
         self._used: dict[_Key, object] = {}  # status.used as last seen
         self._wake = asyncio.Event()
+        self._pods = PendingPods(client=client, node=node_name, on_change=self._wake.set)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
         )
@@ -153,6 +157,7 @@ class DevicePluginService:
                 tasks.create_task(self._watch_instances(), name="watch-instances")
                 tasks.create_task(self._watch_table(), name="watch-node-devices")
                 tasks.create_task(self._reconcile_loop(), name="reconcile-plugins")
+                tasks.create_task(self._pods.run(), name="watch-pending-pods")
         finally:
             if self._pod_resources is not None:
                 await self._pod_resources.close()
@@ -298,10 +303,42 @@ class DevicePluginService:
                 raise
         return configuration_resource_name(configuration, override)
 
-    async def _move_reservations(self, served: dict[_Key, Instance]) -> None:
+    def _pod_needs(self, served: dict[_Key, Instance]) -> tuple[dict[_Key, int], set[_Key]]:
+        """Per Instance: slots pinned unscheduled pods want of it; and those a pod bound here
+        that has not started may need (their free reservations are kept)."""
+        wanted, starting = self._pods.wanted(), self._pods.starting()
+        groups: dict[_Key, list[Instance]] = {}
         for key, instance in served.items():
-            plan = reservation_plan(instance, self.node)
-            if not plan:
+            groups.setdefault((key[0], instance.spec.configuration_name), []).append(instance)
+        per_instance: dict[_Key, int] = {}
+        holding: set[_Key] = set()
+        for (namespace, configuration), instances in groups.items():
+            config_resource = self._config_resources.get((namespace, configuration), "")
+            split = split_wanted(
+                instances,
+                self.node,
+                by_instance={
+                    i.name: wanted.get(instance_resource_name(i.name), 0) for i in instances
+                },
+                by_configuration=wanted.get(config_resource, 0),
+            )
+            for instance in instances:
+                key = (namespace, instance.name)
+                per_instance[key] = split[instance.name]
+                if starting.get(instance_resource_name(instance.name)) or starting.get(
+                    config_resource
+                ):
+                    holding.add(key)
+        return per_instance, holding
+
+    async def _move_reservations(self, served: dict[_Key, Instance]) -> None:
+        wanted, holding = self._pod_needs(served)
+        for key, instance in served.items():
+            plan = reservation_plan(
+                instance, self.node, wanted=wanted.get(key, 0), hold=key in holding
+            )
+            published = instance.demand.get(self.node, 0)
+            if not plan and published == plan.demand:
                 continue
             if plan.release:
                 # Stop advertising first, so the kubelet does not pick a slot we give away.
@@ -312,7 +349,10 @@ class DevicePluginService:
                     if plan.release:
                         await ledger.release(list(plan.release))
                     if plan.reserve:
-                        await ledger.reserve(list(plan.reserve))
+                        # The demand these reservations meet goes in the same write.
+                        await ledger.reserve(list(plan.reserve), demand=plan.demand)
+                    elif published != plan.demand:
+                        await ledger.publish_demand(plan.demand)
             except (ApiError, TooManyConflicts, InstanceGone) as error:
                 log.warning("moving reservations of %s/%s failed: %s", *key, error)
 

@@ -1,0 +1,175 @@
+"""Which device-plugin resources Pending pods need from this node: the demand watch.
+
+Why this exists: reservations (``agent.slots``) decide which node may hand out a shared slot.
+A node whose pods wait for a slot reserved by an idle node must say so, or the pods wait
+forever. The controller pins broker pods to one node (required node affinity on
+``metadata.name`` or ``kubernetes.io/hostname``, or a ``kubernetes.io/hostname`` nodeSelector);
+such a pod, Pending and unscheduled, can only ever run here, so its requests are this node's
+demand. Unpinned pending pods are ignored: had any node a free reserved slot, the scheduler
+would already have placed them.
+
+Two lightkube watches, both narrowed by field selectors so the API server sends only what
+matters: unscheduled Pending pods (``spec.nodeName=``), of which only those pinned here count,
+and Pending pods bound to this node, which have not started yet and whose kubelet may be
+admitting them right now (the service then gives back no reservation of what they request).
+Only pod uid → extended-resource counts are kept, never the pods: the agent's memory target is
+79 MiB with 200 Instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import (
+    Container,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PodSpec,
+)
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import OnErrorAction, OnErrorResult
+
+log = logging.getLogger(__name__)
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NAME_FIELD = "metadata.name"
+PENDING = "Pending"
+HTTP_GONE = 410
+#: Delay before a failed pod watch is opened again (doubling, capped below).
+WATCH_RETRY_SECONDS = 0.5
+WATCH_RETRY_MAX_SECONDS = 10.0
+
+Requests = dict[str, int]
+
+
+def _pins(requirement: NodeSelectorRequirement, key: str) -> str | None:
+    values = requirement.values or []
+    if requirement.key == key and requirement.operator == "In" and len(set(values)) == 1:
+        return values[0]
+    return None
+
+
+def _term_node(term: NodeSelectorTerm) -> str | None:
+    """The one node a node-selector term admits, if it pins one."""
+    pinned = {_pins(r, NAME_FIELD) for r in term.matchFields or []}
+    pinned |= {_pins(r, HOSTNAME_LABEL) for r in term.matchExpressions or []}
+    pinned.discard(None)
+    return pinned.pop() if len(pinned) == 1 else None
+
+
+def pinned_node(spec: PodSpec) -> str | None:
+    """The node a pod can only run on, as the controller pins broker pods; None if unpinned."""
+    by_selector = (spec.nodeSelector or {}).get(HOSTNAME_LABEL)
+    if by_selector:
+        return str(by_selector)
+    affinity = spec.affinity.nodeAffinity if spec.affinity else None
+    required = affinity.requiredDuringSchedulingIgnoredDuringExecution if affinity else None
+    if required is None or not required.nodeSelectorTerms:
+        return None
+    # Terms are ORed: the pod is pinned only if every term admits the same single node.
+    nodes = {_term_node(term) for term in required.nodeSelectorTerms}
+    return nodes.pop() if len(nodes) == 1 and None not in nodes else None
+
+
+def _container_requests(container: Container) -> Requests:
+    resources = container.resources
+    if resources is None:
+        return {}
+    # Extended resources must have requests == limits; either one may be given alone.
+    merged = {**(resources.limits or {}), **(resources.requests or {})}
+    counts: Requests = {}
+    for name, quantity in merged.items():
+        if "/" in name and str(quantity).isdecimal() and int(str(quantity)) > 0:
+            counts[name] = int(str(quantity))
+    return counts
+
+
+def extended_requests(spec: PodSpec) -> Requests:
+    """Extended resources (``<domain>/<name>``) the pod needs: the sum over its containers, or
+    more if one init container alone asks for more (init containers run one at a time)."""
+    total: Requests = {}
+    for container in spec.containers or []:
+        for name, count in _container_requests(container).items():
+            total[name] = total.get(name, 0) + count
+    for init in spec.initContainers or []:
+        for name, count in _container_requests(init).items():
+            total[name] = max(total.get(name, 0), count)
+    return total
+
+
+def _sum(pods: Iterable[Requests]) -> Requests:
+    total: Requests = {}
+    for requests in pods:
+        for name, count in requests.items():
+            total[name] = total.get(name, 0) + count
+    return total
+
+
+class PendingPods:
+    """Pending pods' extended-resource requests that concern ``node``, kept current by watches.
+
+    ``wanted()``: resource → devices requested by unscheduled Pending pods pinned to ``node``.
+    ``starting()``: resource → devices requested by Pending pods bound to ``node``.
+    ``on_change`` is called after every change of either.
+    """
+
+    def __init__(
+        self, *, client: AsyncClient, node: str, on_change: Callable[[], None] = lambda: None
+    ) -> None:
+        self._client = client
+        self.node = node
+        self._on_change = on_change
+        self._unscheduled: dict[str, Requests] = {}
+        self._bound: dict[str, Requests] = {}
+
+    def wanted(self) -> Requests:
+        return _sum(self._unscheduled.values())
+
+    def starting(self) -> Requests:
+        return _sum(self._bound.values())
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(
+                self._watch({"spec.nodeName": "", "status.phase": PENDING}, self._unscheduled),
+                name="watch-unscheduled-pods",
+            )
+            tasks.create_task(
+                self._watch({"spec.nodeName": self.node, "status.phase": PENDING}, self._bound),
+                name="watch-starting-pods",
+            )
+
+    def _counts(self, pod: Pod, *, bound: bool) -> Requests:
+        spec = pod.spec
+        if spec is None or (pod.status is not None and pod.status.phase != PENDING):
+            return {}
+        if not bound and (spec.nodeName or pinned_node(spec) != self.node):
+            return {}
+        return extended_requests(spec)
+
+    async def _watch(self, fields: Mapping[str, str], table: dict[str, Requests]) -> None:
+        bound = bool(fields["spec.nodeName"])
+
+        def on_error(error: Exception, count: int) -> OnErrorResult:
+            log.warning("pod watch %s failed (%s); retrying", fields, error)
+            if isinstance(error, ApiError) and error.status.code == HTTP_GONE:
+                # The watch restarts from scratch and lists every matching pod again; entries
+                # whose deletion we missed must not linger.
+                table.clear()
+            delay = min(WATCH_RETRY_MAX_SECONDS, WATCH_RETRY_SECONDS * 2 ** min(count, 10))
+            return OnErrorResult(OnErrorAction.RETRY, sleep=delay)
+
+        stream = self._client.watch(Pod, namespace="*", fields=dict(fields), on_error=on_error)
+        async for op, pod in stream:
+            uid = (pod.metadata.uid if pod.metadata else None) or ""
+            counts = {} if op == "DELETED" else self._counts(pod, bound=bound)
+            before = table.get(uid)
+            if counts:
+                table[uid] = counts
+            else:
+                table.pop(uid, None)
+            if table.get(uid) != before:
+                self._on_change()
