@@ -1,0 +1,193 @@
+"""Reservations follow demand: a node whose pinned pods wait gets the idle node's slot.
+
+Two emulated nodes (real gRPC device plugins, the real scheduler placing pods) share one Instance
+of capacity 2. Fair share gives each node one slot; pods pinned to one node (as the controller
+pins broker pods) must still get both, by the idle node's reservation moving over, and a pod
+pinned to the other node must wait Pending, never Failed, until a slot comes free. A watch
+records every pod status the API server ever reports, so "never Failed" covers the whole run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import OnErrorAction, OnErrorResult
+
+from agent.kube import InstanceResource, as_dict
+from tests.harness.node_emulator import ADMISSION_ERROR
+from tests.integration import test_device_plugin_service as service_tests
+from tests.integration.test_device_plugin_service import (
+    AgentNode,
+    create_instance,
+    node_device,
+    read_instance,
+    running,
+    unschedulable,
+    wait_allocatable,
+    wait_pod,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+# The device-plugin service's fixtures: a lightkube client, a namespace with its default
+# ServiceAccount, and a factory of emulated nodes running the agent's device-plugin side.
+kube = service_tests.kube
+pod_namespace = service_tests.pod_namespace
+start_node = service_tests.start_node
+
+#: Pause before re-opening the failure-recording pod watch after an error.
+WATCH_RETRY_S = 0.2
+
+
+def pinned_pod(
+    namespace: str, name: str, resource: str, node: str, *, by_affinity: bool
+) -> Pod:
+    """A pod that can only run on ``node``, pinned the two ways the controller may pin."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "main", "image": "registry.invalid/pause:1",
+             "resources": {"limits": {resource: "1"}}}
+        ]
+    }
+    if by_affinity:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+    else:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return cast(
+        Pod,
+        Pod.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            }
+        ),
+    )
+
+
+@pytest.fixture
+async def failures(kube: AsyncClient, pod_namespace: str) -> AsyncIterator[list[str]]:
+    """Every Failed or admission-rejected pod status seen in the namespace, as it happens."""
+    seen: list[str] = []
+
+    def on_error(error: Exception, count: int) -> OnErrorResult:
+        return OnErrorResult(OnErrorAction.RETRY, sleep=WATCH_RETRY_S)
+
+    async def record() -> None:
+        async for _, pod in kube.watch(Pod, namespace=pod_namespace, on_error=on_error):
+            status = pod.status
+            if status is not None and (
+                status.phase == "Failed" or status.reason == ADMISSION_ERROR
+            ):
+                name = pod.metadata.name if pod.metadata else "?"
+                seen.append(f"{name}: {status.phase} {status.reason} {status.message}")
+
+    task = asyncio.create_task(record())
+    yield seen
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def demand_of(kube: AsyncClient, namespace: str, name: str) -> dict[str, int]:
+    obj = as_dict(await kube.get(InstanceResource, name, namespace=namespace))
+    return dict((obj.get("status") or {}).get("demand") or {})
+
+
+def assert_quiet(nodes: tuple[AgentNode, ...], resource: str, failures: list[str]) -> None:
+    assert failures == [], f"pods failed: {failures}"
+    for node in nodes:
+        assert node.counter("edgeplug_slot_conflicts_total", resource=resource) == 0
+        refused = node.counter("edgeplug_allocations_total", resource=resource, outcome="refused")
+        assert refused == 0, f"{node.name} refused {refused} Allocate calls"
+
+
+async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
+    kube: AsyncClient,
+    pod_namespace: str,
+    start_node: Callable[[], Awaitable[AgentNode]],
+    failures: list[str],
+) -> None:
+    ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
+    a, b = await start_node(), await start_node()
+    name = await create_instance(
+        kube,
+        ns,
+        configuration=configuration,
+        digest="f6f6f6",
+        nodes=[a.name, b.name],
+        capacity=2,
+        shared=True,
+    )
+    for node in (a, b):
+        await node.table.put(node_device(ns, configuration, name))
+    resource = f"edgeplug.io/{name}"
+    for node in (a, b):  # fair share: one reserved slot each
+        await wait_allocatable(kube, node.name, resource, "1")
+
+    # Two pods that can only run on a: the second needs b's idle slot.
+    await kube.create(pinned_pod(ns, "a-1", resource, a.name, by_affinity=True))
+    await kube.create(pinned_pod(ns, "a-2", resource, a.name, by_affinity=False))
+    for pod in ("a-1", "a-2"):
+        placed = await wait_pod(kube, ns, pod, running, "Running")
+        assert placed.spec is not None
+        assert placed.spec.nodeName == a.name
+    held_a = a.emulator.allocated_device_ids(resource)
+    assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
+    assert b.emulator.allocated_device_ids(resource) == set()
+    instance = await read_instance(kube, ns, name)
+    assert instance.spec.device_usage == dict.fromkeys(held_a, a.name), (
+        "deviceUsage disagrees with what the kubelets allocated"
+    )
+    assert instance.reservations == dict.fromkeys(held_a, a.name)
+
+    async def demand_met() -> bool:
+        return await demand_of(kube, ns, name) == {}
+
+    await wait_until(demand_met, what=f"status.demand of {name} cleared once a's pods run")
+    assert_quiet((a, b), resource, failures)
+
+    # A pod pinned to b waits Pending (not Failed) while a uses both slots, and says so.
+    await kube.create(pinned_pod(ns, "b-1", resource, b.name, by_affinity=False))
+    waiting = await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
+    assert waiting.status is not None
+    assert waiting.status.phase == "Pending"
+
+    async def b_demands() -> bool:
+        return await demand_of(kube, ns, name) == {b.name: 1}
+
+    await wait_until(b_demands, what=f"status.demand of {name} = {{{b.name}: 1}}")
+    still = await kube.get(Pod, "b-1", namespace=ns)
+    assert still.status is not None
+    assert still.status.phase == "Pending"
+    assert_quiet((a, b), resource, failures)
+
+    # A pod on a goes: its slot is freed, a gives the reservation back, b's pod gets it.
+    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
+    await kube.delete(Pod, "a-1", namespace=ns)
+    placed = await wait_pod(kube, ns, "b-1", running, "Running")
+    assert placed.spec is not None
+    assert placed.spec.nodeName == b.name
+    held_a, held_b = (n.emulator.allocated_device_ids(resource) for n in (a, b))
+    assert held_b == {freed}, f"b's kubelet holds {held_b}, expected the freed slot {freed}"
+    assert not held_a & held_b, "one slot handed out on both nodes"
+    usage = (await read_instance(kube, ns, name)).spec.device_usage
+    assert usage == {**dict.fromkeys(held_a, a.name), **dict.fromkeys(held_b, b.name)}, (
+        "deviceUsage disagrees with what the kubelets allocated"
+    )
+    await wait_until(demand_met, what=f"status.demand of {name} cleared once b's pod runs")
+    assert_quiet((a, b), resource, failures)
