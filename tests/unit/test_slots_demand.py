@@ -1,0 +1,206 @@
+"""Demand steers reservations: the pure rules, and what counts as a pod pinned to this node.
+
+Like tests/unit/test_slots.py, the convergence test plays two agents against one object,
+applying each one's plan (reservations and its demand in one write) to the other's result, as
+resourceVersion-serialised writes would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import cast
+
+from lightkube.models.core_v1 import PodSpec
+
+from agent.slot_demand import extended_requests, pinned_node
+from agent.slots import instance_devices, reservation_plan, split_wanted
+from crds.instance import Instance, InstanceSpec
+
+NAME = "cam-1a2b3c"
+S0, S1, S2, S3 = (f"{NAME}-{i}" for i in range(4))
+
+
+def _instance(
+    *,
+    capacity: int = 2,
+    usage: dict[str, str] | None = None,
+    reservations: dict[str, str] | None = None,
+    demand: dict[str, int] | None = None,
+    name: str = NAME,
+) -> Instance:
+    return Instance(
+        name=name,
+        namespace="ns",
+        spec=InstanceSpec(
+            configuration_name="cam",
+            capacity=capacity,
+            shared=True,
+            nodes=("node-a", "node-b"),
+            device_usage=usage or {},
+        ),
+        reservations=reservations or {},
+        demand=demand or {},
+    )
+
+
+def test_a_node_with_demand_reserves_a_free_slot_before_its_fair_share_owner() -> None:
+    instance = _instance(usage={S0: "node-a"}, reservations={S0: "node-a"})
+    plan = reservation_plan(instance, "node-a", wanted=1)
+    assert plan.reserve == (S1,)
+    assert plan.demand == 0, "the reservation meets the demand, written in the same patch"
+    # node-b, seeing node-a's published demand, leaves the slot alone although fair share
+    # gives it slot 1.
+    demanded = replace(instance, demand={"node-a": 1})
+    assert reservation_plan(demanded, "node-b").reserve == ()
+    # Without demand, the fair-share owner reserves it, as before.
+    assert reservation_plan(instance, "node-b").reserve == (S1,)
+    assert reservation_plan(instance, "node-a").reserve == ()
+
+
+def test_unmet_demand_is_what_available_slots_do_not_cover() -> None:
+    instance = _instance(reservations={S0: "node-a", S1: "node-b"})
+    assert reservation_plan(instance, "node-a", wanted=1).demand == 0  # slot 0 is available
+    assert reservation_plan(instance, "node-a", wanted=2).demand == 1
+    # The whole shortfall, even beyond what is free now: slots in use may come free later.
+    assert reservation_plan(instance, "node-a", wanted=3).demand == 2
+
+
+def test_an_idle_reservation_moves_to_a_node_with_demand_but_never_a_used_or_needed_one() -> None:
+    instance = _instance(
+        usage={S0: "node-a"}, reservations={S0: "node-a", S1: "node-b"}, demand={"node-a": 1}
+    )
+    assert reservation_plan(instance, "node-b").release == (S1,)
+    # A pod bound to node-b that has not started may be being admitted with slot 1: keep it.
+    assert reservation_plan(instance, "node-b", hold=True).release == ()
+    # node-b's own pinned pod wants it: keep it.
+    assert reservation_plan(instance, "node-b", wanted=1).release == ()
+    # Used slots are never released; demand of a node no longer listed counts for nothing.
+    used = replace(instance, spec=replace(instance.spec, device_usage={S0: "a", S1: "node-b"}))
+    assert reservation_plan(used, "node-b").release == ()
+    unlisted = replace(instance, demand={"gone": 1})
+    assert reservation_plan(unlisted, "node-b").release == ()
+
+
+def test_a_holder_gives_back_only_as_many_slots_as_others_need() -> None:
+    instance = _instance(
+        capacity=4,
+        usage={S0: "node-a", S2: "node-a"},
+        reservations={S0: "node-a", S1: "node-b", S2: "node-a", S3: "node-b"},
+        demand={"node-a": 1},
+    )
+    assert reservation_plan(instance, "node-b").release == (S3,)
+    # A free unreserved slot meets the demand first: nothing to give back.
+    spare = replace(instance, reservations={S0: "node-a", S1: "node-b", S2: "node-a"})
+    assert reservation_plan(spare, "node-b").release == ()
+    assert reservation_plan(spare, "node-b").reserve == ()
+    # node-a's own demand comes from its pinned pods now, not from what it published.
+    assert reservation_plan(spare, "node-a", wanted=1).reserve == (S3,)
+
+
+def test_without_demand_a_slot_reserved_for_demand_returns_to_its_fair_share_owner() -> None:
+    # node-a got slot 1 for a pod that has gone; nobody needs it now.
+    instance = _instance(usage={S0: "node-a"}, reservations={S0: "node-a", S1: "node-a"})
+    assert reservation_plan(instance, "node-a", wanted=1).release == ()
+    assert reservation_plan(instance, "node-a").release == (S1,)
+
+
+def _apply(instance: Instance, node: str, wanted: int) -> Instance:
+    plan = reservation_plan(instance, node, wanted=wanted)
+    reservations = dict(instance.reservations)
+    for slot in plan.reserve:
+        reservations[slot] = node
+    for slot in plan.release:
+        reservations.pop(slot)
+    demand = {**instance.demand, node: plan.demand}
+    published = {n: d for n, d in demand.items() if d}
+    return replace(instance, reservations=reservations, demand=published)
+
+
+def test_two_agents_move_the_idle_slot_to_the_waiting_node_and_settle() -> None:
+    instance = _instance(usage={S0: "node-a"})
+    for _ in range(2):
+        instance = _apply(_apply(instance, "node-a", 0), "node-b", 0)
+    assert instance.reservations == {S0: "node-a", S1: "node-b"}
+    # A second pod pinned to node-a waits: the slot moves over within a few rounds.
+    for _ in range(4):
+        instance = _apply(_apply(instance, "node-a", 1), "node-b", 0)
+        a = {d.id for d in instance_devices(instance, "node-a", healthy=True) if d.healthy}
+        b = {d.id for d in instance_devices(instance, "node-b", healthy=True) if d.healthy}
+        assert not a & b, "a slot advertised by both nodes"
+    assert instance.reservations == {S0: "node-a", S1: "node-a"}
+    assert instance.demand == {}
+    assert not reservation_plan(instance, "node-a", wanted=1)
+    assert not reservation_plan(instance, "node-b")
+
+
+def test_configuration_requests_use_available_slots_first_then_movable_ones() -> None:
+    one = _instance(name="cam-aaaaaa", reservations={"cam-aaaaaa-0": "node-a"})
+    two = _instance(name="cam-bbbbbb", reservations={"cam-bbbbbb-0": "node-b"})
+    # One request: slot aaaaaa-0 is already available to node-a.
+    assert split_wanted([two, one], "node-a", by_instance={}, by_configuration=1) == {
+        "cam-aaaaaa": 1,
+        "cam-bbbbbb": 0,
+    }
+    # Three: one available, then free slots that could move here, Instances in name order.
+    assert split_wanted([two, one], "node-a", by_instance={}, by_configuration=3) == {
+        "cam-aaaaaa": 2,
+        "cam-bbbbbb": 1,
+    }
+    # An Instance-level request takes its own Instance's available slot first.
+    assert split_wanted(
+        [one, two], "node-a", by_instance={"cam-aaaaaa": 1}, by_configuration=1
+    ) == {"cam-aaaaaa": 2, "cam-bbbbbb": 0}
+
+
+def _spec(**fields: object) -> PodSpec:
+    return cast(PodSpec, PodSpec.from_dict({"containers": [{"name": "main"}], **fields}))
+
+
+def _affinity(*terms: dict[str, object]) -> dict[str, object]:
+    required = {"nodeSelectorTerms": list(terms)}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def _in(key: str, *values: str) -> dict[str, object]:
+    return {"key": key, "operator": "In", "values": list(values)}
+
+
+def test_pinned_pods_are_those_that_can_run_on_one_node_only() -> None:
+    assert pinned_node(_spec(nodeSelector={"kubernetes.io/hostname": "n1"})) == "n1"
+    by_name = _affinity({"matchFields": [_in("metadata.name", "n1")]})
+    assert pinned_node(_spec(affinity=by_name)) == "n1"
+    by_label = _affinity({"matchExpressions": [_in("kubernetes.io/hostname", "n1")]})
+    assert pinned_node(_spec(affinity=by_label)) == "n1"
+    same = _affinity(
+        {"matchFields": [_in("metadata.name", "n1")]},
+        {"matchExpressions": [_in("kubernetes.io/hostname", "n1")]},
+    )
+    assert pinned_node(_spec(affinity=same)) == "n1"
+    # Not pinned: two candidate nodes, other terms, other keys, no constraint.
+    two = _affinity({"matchFields": [_in("metadata.name", "n1", "n2")]})
+    assert pinned_node(_spec(affinity=two)) is None
+    either = _affinity(
+        {"matchFields": [_in("metadata.name", "n1")]},
+        {"matchFields": [_in("metadata.name", "n2")]},
+    )
+    assert pinned_node(_spec(affinity=either)) is None
+    zone = _affinity({"matchExpressions": [_in("topology.kubernetes.io/zone", "z1")]})
+    assert pinned_node(_spec(affinity=zone)) is None
+    assert pinned_node(_spec(nodeSelector={"disk": "ssd"})) is None
+    assert pinned_node(_spec()) is None
+
+
+def test_extended_requests_sum_containers_and_cover_the_largest_init_container() -> None:
+    spec = cast(PodSpec, PodSpec.from_dict(
+        {
+            "containers": [
+                {"name": "a", "resources": {"limits": {"edgeplug.io/cam": "1", "cpu": "2"}}},
+                {"name": "b", "resources": {"requests": {"edgeplug.io/cam": "1"}}},
+                {"name": "c"},
+            ],
+            "initContainers": [
+                {"name": "i", "resources": {"limits": {"edgeplug.io/cam": "3", "x.io/y": "1"}}}
+            ],
+        }
+    ))
+    assert extended_requests(spec) == {"edgeplug.io/cam": 3, "x.io/y": 1}
