@@ -32,6 +32,10 @@ from lightkube.models.core_v1 import (
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
+from agent.slots import split_wanted
+from crds.instance import Instance
+from crds.naming import instance_resource_name
+
 log = logging.getLogger(__name__)
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -43,6 +47,7 @@ WATCH_RETRY_SECONDS = 0.5
 WATCH_RETRY_MAX_SECONDS = 10.0
 
 Requests = dict[str, int]
+_Key = tuple[str, str]  # (namespace, Instance name)
 
 
 def _pins(requirement: NodeSelectorRequirement, key: str) -> str | None:
@@ -106,6 +111,40 @@ def _sum(pods: Iterable[Requests]) -> Requests:
         for name, count in requests.items():
             total[name] = total.get(name, 0) + count
     return total
+
+
+def instance_needs(
+    served: Mapping[_Key, Instance],
+    node: str,
+    *,
+    config_resources: Mapping[_Key, str],
+    wanted: Requests,
+    starting: Requests,
+) -> tuple[dict[_Key, int], set[_Key]]:
+    """Per Instance ``node`` serves: how many of its slots pinned unscheduled pods want (the
+    ``wanted`` of ``agent.slots.reservation_plan``), and the Instances a pod bound here that has
+    not started may need (``hold``). ``config_resources``: (namespace, Configuration) → the
+    Configuration-level resource name; ``wanted``/``starting``: ``PendingPods``' counts."""
+    groups: dict[_Key, list[Instance]] = {}
+    for (namespace, _), instance in served.items():
+        groups.setdefault((namespace, instance.spec.configuration_name), []).append(instance)
+    per_instance: dict[_Key, int] = {}
+    holding: set[_Key] = set()
+    for group, instances in groups.items():
+        config_resource = config_resources.get(group, "")
+        split = split_wanted(
+            instances,
+            node,
+            by_instance={i.name: wanted.get(instance_resource_name(i.name), 0) for i in instances},
+            by_configuration=wanted.get(config_resource, 0),
+        )
+        for instance in instances:
+            key = (group[0], instance.name)
+            per_instance[key] = split[instance.name]
+            resource = instance_resource_name(instance.name)
+            if starting.get(resource) or starting.get(config_resource):
+                holding.add(key)
+    return per_instance, holding
 
 
 class PendingPods:

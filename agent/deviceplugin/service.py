@@ -32,7 +32,7 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.podresources import PodResourcesClient
 from agent.slot_backends import ConfigurationBackend, InstanceBackend
-from agent.slot_demand import PendingPods
+from agent.slot_demand import PendingPods, instance_needs
 from agent.slot_freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
 from agent.slot_ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots import (
@@ -41,7 +41,6 @@ from agent.slots import (
     instance_devices,
     is_held_by,
     reservation_plan,
-    split_wanted,
     usage_of,
 )
 from crds.configuration import Configuration
@@ -303,36 +302,14 @@ class DevicePluginService:
                 raise
         return configuration_resource_name(configuration, override)
 
-    def _pod_needs(self, served: dict[_Key, Instance]) -> tuple[dict[_Key, int], set[_Key]]:
-        """Per Instance: slots pinned unscheduled pods want of it; and those a pod bound here
-        that has not started may need (their free reservations are kept)."""
-        wanted, starting = self._pods.wanted(), self._pods.starting()
-        groups: dict[_Key, list[Instance]] = {}
-        for key, instance in served.items():
-            groups.setdefault((key[0], instance.spec.configuration_name), []).append(instance)
-        per_instance: dict[_Key, int] = {}
-        holding: set[_Key] = set()
-        for (namespace, configuration), instances in groups.items():
-            config_resource = self._config_resources.get((namespace, configuration), "")
-            split = split_wanted(
-                instances,
-                self.node,
-                by_instance={
-                    i.name: wanted.get(instance_resource_name(i.name), 0) for i in instances
-                },
-                by_configuration=wanted.get(config_resource, 0),
-            )
-            for instance in instances:
-                key = (namespace, instance.name)
-                per_instance[key] = split[instance.name]
-                if starting.get(instance_resource_name(instance.name)) or starting.get(
-                    config_resource
-                ):
-                    holding.add(key)
-        return per_instance, holding
-
     async def _move_reservations(self, served: dict[_Key, Instance]) -> None:
-        wanted, holding = self._pod_needs(served)
+        wanted, holding = instance_needs(
+            served,
+            self.node,
+            config_resources=self._config_resources,
+            wanted=self._pods.wanted(),
+            starting=self._pods.starting(),
+        )
         for key, instance in served.items():
             plan = reservation_plan(
                 instance, self.node, wanted=wanted.get(key, 0), hold=key in holding

@@ -12,7 +12,7 @@ from typing import cast
 
 from lightkube.models.core_v1 import PodSpec
 
-from agent.slot_demand import extended_requests, pinned_node
+from agent.slot_demand import extended_requests, instance_needs, pinned_node
 from agent.slots import instance_devices, reservation_plan, split_wanted
 from crds.instance import Instance, InstanceSpec
 
@@ -204,3 +204,19 @@ def test_extended_requests_sum_containers_and_cover_the_largest_init_container()
         }
     ))
     assert extended_requests(spec) == {"edgeplug.io/cam": 3, "x.io/y": 1}
+
+
+def test_pod_requests_become_per_instance_wants_and_holds() -> None:
+    one = _instance(name="cam-aaaaaa", reservations={"cam-aaaaaa-0": "node-a"})
+    two = _instance(name="cam-bbbbbb")
+    other = replace(_instance(name="mic-cccccc"), spec=replace(one.spec, configuration_name="mic"))
+    served = {("ns", i.name): i for i in (one, two, other)}
+    wanted, holding = instance_needs(
+        served,
+        "node-a",
+        config_resources={("ns", "cam"): "edgeplug.io/cam", ("ns", "mic"): "example.com/mic"},
+        wanted={"edgeplug.io/cam-bbbbbb": 1, "edgeplug.io/cam": 1},
+        starting={"example.com/mic": 1},
+    )
+    assert wanted == {("ns", "cam-aaaaaa"): 1, ("ns", "cam-bbbbbb"): 1, ("ns", "mic-cccccc"): 0}
+    assert holding == {("ns", "mic-cccccc")}
