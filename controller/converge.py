@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -41,8 +40,12 @@ MAX_PARALLEL_INSTANCES: Final = 16
 #: After the API server refused a broker, creations for that Configuration generation are
 #: retried this often at most (the refusal is in its status; a spec change retries at once).
 REFUSAL_RETRY_S: Final = 30.0
+#: An object this replica created is not created again for this long while the watch has not
+#: shown it yet (saves a 409 per broker when a resync overtakes the watch during a burst).
+RECENT_CREATE_S: Final = 5.0
+RECENT_CREATE_PRUNE_AT: Final = 4096
 #: Status is recomputed at most this often per Configuration after broker events.
-STATUS_DEBOUNCE_S: Final = 0.3
+STATUS_DEBOUNCE_S: Final = 1.0
 
 REASON_INSTANCE_GONE: Final = "InstanceDeleted"
 _RESTART_REASONS: Final = (REASON_FAILED, REASON_FINISHED, REASON_PENDING)
@@ -63,9 +66,11 @@ class Reconciler:
         self.restarts: dict[tuple[str, str], int] = {}
         self.refusals: dict[tuple[str, str], tuple[int, str]] = {}
         self._refused_at: dict[tuple[str, str], float] = {}
-        self.node_missing_since: dict[str, datetime] = {}
+        self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
         self.invalid_reported: dict[tuple[str, str], int] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._generations: dict[tuple[str, str], int] = {}
+        self._recent_creates: dict[tuple[str, str, str], float] = {}
         self._status_pending: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -192,6 +197,8 @@ class Reconciler:
             return
         for obj in plan.create:
             name = obj["metadata"]["name"]
+            if not self._may_create(kind, namespace, name):
+                continue
             try:
                 created = await self.kube.create(obj)
             except Refused as refused:
@@ -209,9 +216,23 @@ class Reconciler:
                 self._refused(config, kind=kind, name=obj["metadata"]["name"],
                               message=refused.message)
 
+    def _may_create(self, kind: str, namespace: str, name: str) -> bool:
+        """False while this replica created ``name`` moments ago (the watch lags behind)."""
+        now = time.monotonic()
+        key = (kind, namespace, name)
+        if now - self._recent_creates.get(key, -RECENT_CREATE_S) < RECENT_CREATE_S:
+            return False
+        if len(self._recent_creates) >= RECENT_CREATE_PRUNE_AT:
+            self._recent_creates = {
+                k: t for k, t in self._recent_creates.items() if now - t < RECENT_CREATE_S
+            }
+        self._recent_creates[key] = now
+        return True
+
     async def _delete(
         self, config: ConfigurationRecord, namespace: str, deletion: Deletion, *, kind: str
     ) -> None:
+        self._recent_creates.pop((kind, namespace, deletion.name), None)
         if not await self.kube.delete(kind, namespace, deletion.name):
             return
         warning = deletion.reason in (REASON_FAILED, REASON_PENDING)
@@ -241,6 +262,19 @@ class Reconciler:
 
     # -- one Configuration -------------------------------------------------------------------
 
+    async def configuration_changed(self, view: ClusterView, namespace: str, name: str) -> None:
+        """A watch event on a Configuration: a full pass only when it is new to this replica or
+        its spec changed (its generation); the controller's own status writes (and kopf's
+        finalizer) come back as events too and must not trigger a pass each."""
+        config = view.configuration(namespace, name)
+        if config is None:
+            return
+        key, generation = (namespace, name), config.configuration.generation
+        if self._generations.get(key) == generation:
+            return
+        self._generations[key] = generation
+        await self.configuration(view, namespace, name)
+
     async def configuration(self, view: ClusterView, namespace: str, name: str) -> None:
         """Everything about one Configuration: its Instances' brokers, node health, the
         Configuration service and the status. Run on its events and every resync."""
@@ -248,7 +282,7 @@ class Reconciler:
         if config is None:
             return
         records = view.instances_of(namespace, name)
-        await self._release_unhealthy_nodes(view, records)
+        await self.nodes.release_unhealthy(view, records)
         limit = asyncio.Semaphore(MAX_PARALLEL_INSTANCES)
 
         async def one(record: InstanceRecord) -> None:
@@ -264,6 +298,7 @@ class Reconciler:
         for record in view.instances_of(namespace, name):
             await self.kube.delete_instance(namespace, record.instance.name)
         self.refusals.pop((namespace, name), None)
+        self._generations.pop((namespace, name), None)
 
     def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
         cfg = config.configuration
@@ -353,27 +388,5 @@ class Reconciler:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- nodes -------------------------------------------------------------------------------
-
     async def node_deleted(self, view: ClusterView, node: str) -> None:
-        for namespace, name in view.instances_on(node):
-            await nodes.remove_node_from_instance(self.kube, namespace, name, node)
-
-    async def _release_unhealthy_nodes(
-        self, view: ClusterView, records: Iterable[InstanceRecord]
-    ) -> None:
-        now = _now()
-        for record in records:
-            for node in record.instance.spec.nodes:
-                if self._node_is_gone(view, node, now):
-                    await nodes.remove_node_from_instance(
-                        self.kube, record.instance.namespace, record.instance.name, node
-                    )
-
-    def _node_is_gone(self, view: ClusterView, node: str, now: datetime) -> bool:
-        health = view.node(node)
-        if health is None:
-            since = self.node_missing_since.setdefault(node, now)
-            return (now - since).total_seconds() >= nodes.NODE_MISSING_GRACE_S
-        self.node_missing_since.pop(node, None)
-        return health.unhealthy_for(now) >= self.settings.node_not_ready_grace_s
+        await self.nodes.node_deleted(view, node)

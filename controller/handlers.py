@@ -171,7 +171,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         if _is_deleted(kw["event"]):
             await reconciler.configuration_deleted(view, namespace, name)
         else:
-            await reconciler.configuration(view, namespace, name)
+            await reconciler.configuration_changed(view, namespace, name)
 
     @kopf.timer(*cfgs, interval=reconciler.settings.resync_interval_s, registry=registry)
     async def configuration_resync(**kw: Any) -> None:

@@ -14,12 +14,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
 
 from controller.kube import Conflict, Kube
 from controller.reconcile import parse_time
 from crds.instance import SlotUsage
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from controller.view import ClusterView, InstanceRecord
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +105,36 @@ async def remove_node_from_instance(kube: Kube, namespace: str, name: str, node:
         node, namespace, name, RELEASE_ATTEMPTS,
     )
     return False
+
+
+class NodeJanitor:
+    """Decides when a node counts as gone and removes it from the Instances that name it."""
+
+    def __init__(self, *, kube: Kube, not_ready_grace_s: float) -> None:
+        self.kube = kube
+        self.not_ready_grace_s = not_ready_grace_s
+        self.missing_since: dict[str, datetime] = {}
+
+    async def node_deleted(self, view: ClusterView, node: str) -> None:
+        """A Node deletion seen by the watch: no grace, it is gone."""
+        for namespace, name in view.instances_on(node):
+            await remove_node_from_instance(self.kube, namespace, name, node)
+        self.missing_since.pop(node, None)
+
+    async def release_unhealthy(self, view: ClusterView, records: Iterable[InstanceRecord]) -> None:
+        """Removes from ``records`` every node NotReady (or absent) past its grace."""
+        now = datetime.now(UTC)
+        for record in records:
+            for node in record.instance.spec.nodes:
+                if self.is_gone(view, node, now):
+                    await remove_node_from_instance(
+                        self.kube, record.instance.namespace, record.instance.name, node
+                    )
+
+    def is_gone(self, view: ClusterView, node: str, now: datetime) -> bool:
+        health = view.node(node)
+        if health is None:
+            since = self.missing_since.setdefault(node, now)
+            return (now - since).total_seconds() >= NODE_MISSING_GRACE_S
+        self.missing_since.pop(node, None)
+        return health.unhealthy_for(now) >= self.not_ready_grace_s
