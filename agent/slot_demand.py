@@ -8,17 +8,19 @@ such a pod, Pending and unscheduled, can only ever run here, so its requests are
 demand. Unpinned pending pods are ignored: had any node a free reserved slot, the scheduler
 would already have placed them.
 
-Two lightkube watches, both narrowed by field selectors so the API server sends only what
-matters: unscheduled Pending pods (``spec.nodeName=``), of which only those pinned here count,
-and Pending pods bound to this node, which have not started yet and whose kubelet may be
-admitting them right now (the service then gives back no reservation of what they request).
-Only pod uid → extended-resource counts are kept, never the pods: the agent's memory target is
-79 MiB with 200 Instances.
+One lightkube watch of Pending pods (field selector ``status.phase=Pending``) feeds two tables:
+unscheduled pods pinned here (``spec.nodeName`` empty) are this node's demand; pods bound to
+this node that have not started may be in admission by the kubelet right now, so the service
+gives back no reservation of what they request. One stream, not two (``spec.nodeName=`` and
+``spec.nodeName=<node>``), because a pod moves from the first table to the second in one
+MODIFIED event (its binding); with two streams there is a moment where the pod is in neither,
+and the slot its kubelet is admitting it with could be given away (a test caught exactly that).
+Only pod uid → extended-resource counts are kept, never the pods, and only for pods that
+concern this node: the agent's memory target is 79 MiB with 200 Instances.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
@@ -148,7 +150,7 @@ def instance_needs(
 
 
 class PendingPods:
-    """Pending pods' extended-resource requests that concern ``node``, kept current by watches.
+    """Pending pods' extended-resource requests that concern ``node``, kept current by a watch.
 
     ``wanted()``: resource → devices requested by unscheduled Pending pods pinned to ``node``.
     ``starting()``: resource → devices requested by Pending pods bound to ``node``.
@@ -171,44 +173,38 @@ class PendingPods:
         return _sum(self._bound.values())
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(
-                self._watch({"spec.nodeName": "", "status.phase": PENDING}, self._unscheduled),
-                name="watch-unscheduled-pods",
-            )
-            tasks.create_task(
-                self._watch({"spec.nodeName": self.node, "status.phase": PENDING}, self._bound),
-                name="watch-starting-pods",
-            )
-
-    def _counts(self, pod: Pod, *, bound: bool) -> Requests:
-        spec = pod.spec
-        if spec is None or (pod.status is not None and pod.status.phase != PENDING):
-            return {}
-        if not bound and (spec.nodeName or pinned_node(spec) != self.node):
-            return {}
-        return extended_requests(spec)
-
-    async def _watch(self, fields: Mapping[str, str], table: dict[str, Requests]) -> None:
-        bound = bool(fields["spec.nodeName"])
-
         def on_error(error: Exception, count: int) -> OnErrorResult:
-            log.warning("pod watch %s failed (%s); retrying", fields, error)
+            log.warning("Pending pod watch failed (%s); retrying", error)
             if isinstance(error, ApiError) and error.status.code == HTTP_GONE:
                 # The watch restarts from scratch and lists every matching pod again; entries
                 # whose deletion we missed must not linger.
-                table.clear()
+                self._unscheduled.clear()
+                self._bound.clear()
             delay = min(WATCH_RETRY_MAX_SECONDS, WATCH_RETRY_SECONDS * 2 ** min(count, 10))
             return OnErrorResult(OnErrorAction.RETRY, sleep=delay)
 
-        stream = self._client.watch(Pod, namespace="*", fields=dict(fields), on_error=on_error)
+        stream = self._client.watch(
+            Pod, namespace="*", fields={"status.phase": PENDING}, on_error=on_error
+        )
         async for op, pod in stream:
-            uid = (pod.metadata.uid if pod.metadata else None) or ""
-            counts = {} if op == "DELETED" else self._counts(pod, bound=bound)
-            before = table.get(uid)
-            if counts:
-                table[uid] = counts
-            else:
-                table.pop(uid, None)
-            if table.get(uid) != before:
-                self._on_change()
+            self.update(pod, deleted=op == "DELETED")
+
+    def update(self, pod: Pod, *, deleted: bool = False) -> None:
+        """Take one watch event's pod into account (public so tests can feed it)."""
+        uid = (pod.metadata.uid if pod.metadata else None) or ""
+        before = (self._unscheduled.get(uid), self._bound.get(uid))
+        self._unscheduled.pop(uid, None)
+        self._bound.pop(uid, None)
+        spec = pod.spec
+        pending = pod.status is None or pod.status.phase in (None, PENDING)
+        if not deleted and spec is not None and pending:
+            if spec.nodeName == self.node and (counts := extended_requests(spec)):
+                self._bound[uid] = counts
+            elif (
+                not spec.nodeName
+                and pinned_node(spec) == self.node
+                and (counts := extended_requests(spec))
+            ):
+                self._unscheduled[uid] = counts
+        if (self._unscheduled.get(uid), self._bound.get(uid)) != before:
+            self._on_change()

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
+from lightkube import AsyncClient
 from lightkube.models.core_v1 import PodSpec
+from lightkube.resources.core_v1 import Pod
 
-from agent.slot_demand import extended_requests, instance_needs, pinned_node
+from agent.slot_demand import PendingPods, extended_requests, instance_needs, pinned_node
 from agent.slots import instance_devices, reservation_plan, split_wanted
 from crds.instance import Instance, InstanceSpec
 
@@ -220,3 +222,31 @@ def test_pod_requests_become_per_instance_wants_and_holds() -> None:
     )
     assert wanted == {("ns", "cam-aaaaaa"): 1, ("ns", "cam-bbbbbb"): 1, ("ns", "mic-cccccc"): 0}
     assert holding == {("ns", "mic-cccccc")}
+
+
+def _pod(uid: str, *, node_name: str = "", phase: str = "Pending", pin: str = "n1") -> Pod:
+    spec = {
+        "nodeName": node_name or None,
+        "nodeSelector": {"kubernetes.io/hostname": pin},
+        "containers": [{"name": "m", "resources": {"limits": {"edgeplug.io/cam": "1"}}}],
+    }
+    obj = {"metadata": {"uid": uid}, "spec": spec, "status": {"phase": phase}}
+    return cast(Pod, Pod.from_dict(obj))
+
+
+def test_a_pinned_pod_counts_as_wanted_then_starting_with_no_gap_between() -> None:
+    changes: list[int] = []
+    # The watch itself runs in tests/integration/test_slot_demand.py; here its events are fed in.
+    unused = cast(AsyncClient, None)
+    pods = PendingPods(client=unused, node="n1", on_change=lambda: changes.append(1))
+    pods.update(_pod("u1"))
+    pods.update(_pod("u2", pin="n2"))  # pinned elsewhere: not ours
+    assert (pods.wanted(), pods.starting()) == ({"edgeplug.io/cam": 1}, {})
+    pods.update(_pod("u1", node_name="n1"))  # its binding: one event moves it
+    assert (pods.wanted(), pods.starting()) == ({}, {"edgeplug.io/cam": 1})
+    pods.update(_pod("u1", node_name="n1", phase="Running"))
+    assert (pods.wanted(), pods.starting()) == ({}, {})
+    pods.update(_pod("u3"))
+    pods.update(_pod("u3"), deleted=True)
+    assert (pods.wanted(), pods.starting()) == ({}, {})
+    assert len(changes) == 5
