@@ -47,7 +47,8 @@ DEFAULT_INSTANCES = 500
 CREATE_CONCURRENCY = 32
 #: How long the steady state is watched for writes (covers several resync intervals).
 STEADY_WATCH_S = 25.0
-RESYNC_S = "10"
+RESYNC_S = "30"
+PENDING_GRACE_S = "3600"
 #: The controller counts as settled after this long without a write.
 QUIET_S = 3.0
 EVENT_TIMEOUT_S = 30.0
@@ -203,7 +204,10 @@ async def bench(runs: int, nodes: int, instances: int) -> None:
             plane.kubectl("create", "namespace", ns)
         ctl = ControllerProcess(
             plane, namespaces=[namespace, scale_ns], log_path=Path(tmp) / "ctl.log",
-            extra_args=("--resync-interval", RESYNC_S, "--standalone"),
+            # The scale run's brokers stay Pending (no kubelet serves their devices); they must
+            # not be recreated for being Pending while the steady state is measured.
+            extra_args=("--resync-interval", RESYNC_S, "--standalone",
+                        "--pending-grace", PENDING_GRACE_S),
         ).start()
         client = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
         try:
