@@ -53,7 +53,9 @@ class IndexView:
         return found[0] if found else None
 
     def instances_of(self, namespace: str, configuration: str) -> list[InstanceRecord]:
-        return _values(self._i["ep_instances_by_configuration"], (namespace, configuration))
+        names = _values(self._i["ep_instances_by_configuration"], (namespace, configuration))
+        records = (self.instance(namespace, name) for name in names)
+        return [record for record in records if record is not None]
 
     def instances_on(self, node: str) -> list[tuple[str, str]]:
         return _values(self._i["ep_instances_by_node"], node)
@@ -125,10 +127,11 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         return {(record.instance.namespace, record.instance.name): record}
 
     @kopf.index(*insts, id="ep_instances_by_configuration", registry=registry)
-    def ep_instances_by_configuration(body: kopf.Body, **_: Any) -> dict[object, InstanceRecord]:
-        record = _instance_record(dict(body))
-        inst = record.instance
-        return {(inst.namespace, inst.spec.configuration_name): record}
+    def ep_instances_by_configuration(body: kopf.Body, **_: Any) -> dict[object, str]:
+        # Names only: the records live once, in ep_instances.
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        key = (meta.get("namespace"), spec.get("configurationName"))
+        return {key: str(meta.get("name"))}
 
     @kopf.index(*insts, id="ep_instances_by_node", registry=registry)
     def ep_instances_by_node(body: kopf.Body, **_: Any) -> dict[object, tuple[str, str]]:
