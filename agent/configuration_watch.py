@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
-from lightkube.types import OnErrorAction, OnErrorResult
 
+from agent import watching
 from agent.discovery_run import RESYNC_INTERVAL, DiscoveryRun, RunKey
 from agent.instance_publisher import InstancePublisher
 from agent.kube import ConfigurationResource, as_dict, is_not_found
@@ -35,18 +35,7 @@ from crds.configuration import Configuration
 
 log = logging.getLogger(__name__)
 
-WATCH_RETRY_BASE = 0.5  # seconds before re-opening a failed watch, doubling
-WATCH_RETRY_MAX = 30.0
 RELIST_INTERVAL = 300.0  # seconds between full lists that catch deletions a watch missed
-
-
-def _on_watch_error(what: str) -> Callable[[Exception, int], OnErrorResult]:
-    def handler(exc: Exception, count: int) -> OnErrorResult:
-        log.warning("watch of %s failed (%s: %s); retrying", what, type(exc).__name__, exc)
-        delay = min(WATCH_RETRY_MAX, WATCH_RETRY_BASE * 2 ** min(count, 10))
-        return OnErrorResult(OnErrorAction.RETRY, sleep=delay)
-
-    return handler
 
 
 class ConfigurationWatch:
@@ -94,10 +83,9 @@ class ConfigurationWatch:
             )
             for part, name in ((self._watch_node(), "watch-node"), (self._relist(), "relist")):
                 self._background.add(asyncio.create_task(part, name=name))
-            stream = self._client.watch(
-                ConfigurationResource,
+            stream = watching.watch(
+                self._client, ConfigurationResource, what="configurations",
                 namespace=self._namespace or "*",
-                on_error=_on_watch_error("configurations"),
             )
             async for op, obj in stream:
                 cfg = Configuration.from_object(as_dict(obj))
@@ -246,8 +234,8 @@ class ConfigurationWatch:
         return dict((node.metadata.labels if node.metadata else None) or {})
 
     async def _watch_node(self) -> None:
-        stream = self._client.watch(
-            Node, fields={"metadata.name": self._node}, on_error=_on_watch_error("node")
+        stream = watching.watch(
+            self._client, Node, what="node", fields={"metadata.name": self._node}
         )
         async for _op, node in stream:
             labels = dict((node.metadata.labels if node.metadata else None) or {})

@@ -19,15 +19,13 @@ from dataclasses import dataclass
 from lightkube import ApiError, AsyncClient
 from lightkube.core.resource import NamespacedResource
 from lightkube.resources.core_v1 import ConfigMap, Secret
-from lightkube.types import OnErrorAction, OnErrorResult
 
+from agent import watching
 from agent.kube import is_not_found
 from crds.configuration import DiscoveryProperty, ValueSourceKind
 
 log = logging.getLogger(__name__)
 
-WATCH_RETRY_BASE = 0.5  # seconds before re-opening a failed Secret/ConfigMap watch
-WATCH_RETRY_MAX = 30.0
 
 
 @dataclass(frozen=True)
@@ -152,14 +150,8 @@ class ReferenceWatch:
 
     async def _watch(self, kind: ValueSourceKind) -> None:
         resource: type[NamespacedResource] = Secret if kind is ValueSourceKind.SECRET else ConfigMap
-
-        def retry(exc: Exception, count: int) -> OnErrorResult:
-            log.warning("watch of %s failed (%s); retrying", kind, type(exc).__name__)
-            delay = min(WATCH_RETRY_MAX, WATCH_RETRY_BASE * 2 ** min(count, 10))
-            return OnErrorResult(OnErrorAction.RETRY, sleep=delay)
-
-        stream = self._client.watch(
-            resource, namespace=self._namespace or "*", on_error=retry
+        stream = watching.watch(
+            self._client, resource, what=str(kind), namespace=self._namespace or "*"
         )
         async for _op, obj in stream:
             meta = getattr(obj, "metadata", None)

@@ -49,6 +49,7 @@ def free_port() -> int:
 @dataclass
 class _Process:
     name: str
+    args: list[str]
     popen: subprocess.Popen[bytes]
     log_file: IO[bytes]
 
@@ -101,14 +102,7 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop every server this object started, newest first, then remove the directory."""
         for process in reversed(self._processes):
-            if process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGTERM)
-                try:
-                    process.popen.wait(STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    process.popen.kill()
-                    process.popen.wait()
-            process.log_file.close()
+            _terminate(process)
         self._processes.clear()
         if self._tempdir is not None:
             self._tempdir.cleanup()
@@ -116,9 +110,28 @@ class ControlPlane:
 
     # -- the servers -----------------------------------------------------------------------
 
+    def restart(self, name: str) -> None:
+        """Stop one server and start it again with the same flags, as an operator would."""
+        self.start_server(name, self.stop_server(name))
+
+    def stop_server(self, name: str) -> list[str]:
+        """Stop one server (clients then see connection errors); returns its flags."""
+        index, process = next(
+            (i, p) for i, p in enumerate(self._processes) if p.name == name
+        )
+        _terminate(process)
+        del self._processes[index]
+        return process.args
+
+    def start_server(self, name: str, args: list[str]) -> None:
+        """Start a server stopped by ``stop_server``; for the API server, wait until ready."""
+        self._spawn(name, args)
+        if name == "kube-apiserver":
+            self._wait_ready(name, f"{self.server}/readyz", tls=True)
+
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         assert self.workdir is not None
-        log_file = (self.workdir / f"{name}.log").open("wb")
+        log_file = (self.workdir / f"{name}.log").open("ab")
         popen = subprocess.Popen(
             self.binaries.command(name, *args),
             stdout=log_file,
@@ -127,7 +140,7 @@ class ControlPlane:
             cwd=self.workdir,
             start_new_session=True,
         )
-        self._processes.append(_Process(name=name, popen=popen, log_file=log_file))
+        self._processes.append(_Process(name=name, args=args, popen=popen, log_file=log_file))
         return popen
 
     def _start_etcd(self) -> str:
@@ -322,6 +335,17 @@ class ControlPlane:
             "wait", "--for=condition=Established", "--timeout=60s",
             "crd/configurations.edgeplug.io", "crd/instances.edgeplug.io",
         )
+
+
+def _terminate(process: _Process) -> None:
+    if process.popen.poll() is None:
+        process.popen.send_signal(signal.SIGTERM)
+        try:
+            process.popen.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.popen.kill()
+            process.popen.wait()
+    process.log_file.close()
 
 
 @contextlib.contextmanager

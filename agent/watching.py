@@ -1,0 +1,74 @@
+"""Watches that keep going: the agent's one way to follow a kind of object in the API.
+
+Why this exists: lightkube retries a watch whose HTTP response fails (through ``on_error``), but
+an error while *sending* the request (connection refused or reset, a timeout while the API server
+is busy) escapes its generator and would end the watch for good: the agent would silently stop
+seeing Configurations, Secrets, Instances or pods until restarted. ``watch`` reopens in both
+cases, with bounded exponential backoff that resets once events flow again. A reopened watch
+starts from the current state, so the caller receives an ``ADDED`` event for every object that
+exists (it must treat them as idempotent updates); deletions missed during the gap are the
+caller's to catch with a relist where they matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import OnErrorAction, OnErrorResult
+
+log = logging.getLogger(__name__)
+
+RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
+RETRY_MAX_S = 30.0  # the longest wait between attempts
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds to wait after ``failures`` consecutive failures (1, 2, ...)."""
+    return float(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(max(failures - 1, 0), 10)))
+
+
+def describe(error: BaseException) -> str:
+    """An error as a log line: the HTTP status for API errors, so a 403 reads as one."""
+    if isinstance(error, ApiError):
+        return f"HTTP {error.status.code} {error.status.reason}: {error.status.message}"
+    return f"{type(error).__name__}: {error}"
+
+
+async def watch(
+    client: AsyncClient,
+    resource: Any,
+    *,
+    what: str,
+    namespace: str | None = None,
+    fields: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> AsyncIterator[tuple[str, Any]]:
+    """Yield ``(event type, object)`` from a watch of ``resource`` until cancelled."""
+    failures = 0
+
+    def on_response_error(error: Exception, count: int) -> OnErrorResult:
+        log.warning("watch of %s failed (%s); retrying", what, describe(error))
+        return OnErrorResult(OnErrorAction.RETRY, sleep=retry_delay(count))
+
+    while True:
+        kwargs: dict[str, Any] = {"on_error": on_response_error}
+        if namespace is not None:
+            kwargs["namespace"] = namespace
+        if fields:
+            kwargs["fields"] = dict(fields)
+        if labels:
+            kwargs["labels"] = dict(labels)
+        try:
+            async for event in client.watch(resource, **kwargs):
+                failures = 0
+                yield event
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a send that failed: reopen rather than die
+            failures += 1
+            log.warning("watch of %s broke (%s); reopening", what, describe(error))
+            await asyncio.sleep(retry_delay(failures))
