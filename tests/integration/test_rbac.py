@@ -112,6 +112,7 @@ def test_every_manifest_passes_the_api_servers_strict_validation(
 #: (verb, resource, subresource, cluster-wide?) the agent's code needs.
 AGENT_NEEDS = [
     ("watch", "configurations.edgeplug.io", None),
+    ("list", "configurations.edgeplug.io", None),
     ("get", "configurations.edgeplug.io", None),
     ("patch", "configurations.edgeplug.io", "status"),
     ("create", "instances.edgeplug.io", None),
@@ -124,6 +125,7 @@ AGENT_NEEDS = [
     ("create", "events", None),
     ("get", "secrets", None),
     ("watch", "configmaps", None),
+    ("watch", "pods", None),
 ]
 AGENT_MUST_NOT = [
     ("create", "pods", None),
