@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.core_v1 import (
     Container,
     NodeSelectorRequirement,
@@ -32,8 +32,8 @@ from lightkube.models.core_v1 import (
     PodSpec,
 )
 from lightkube.resources.core_v1 import Pod
-from lightkube.types import OnErrorAction, OnErrorResult
 
+from agent import watching
 from agent.slots import split_wanted
 from crds.instance import Instance
 from crds.naming import instance_resource_name
@@ -43,10 +43,6 @@ log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NAME_FIELD = "metadata.name"
 PENDING = "Pending"
-HTTP_GONE = 410
-#: Delay before a failed pod watch is opened again (doubling, capped below).
-WATCH_RETRY_SECONDS = 0.5
-WATCH_RETRY_MAX_SECONDS = 10.0
 
 Requests = dict[str, int]
 _Key = tuple[str, str]  # (namespace, Instance name)
@@ -173,18 +169,15 @@ class PendingPods:
         return _sum(self._bound.values())
 
     async def run(self) -> None:
-        def on_error(error: Exception, count: int) -> OnErrorResult:
-            log.warning("Pending pod watch failed (%s); retrying", error)
-            if isinstance(error, ApiError) and error.status.code == HTTP_GONE:
-                # The watch restarts from scratch and lists every matching pod again; entries
-                # whose deletion we missed must not linger.
-                self._unscheduled.clear()
-                self._bound.clear()
-            delay = min(WATCH_RETRY_MAX_SECONDS, WATCH_RETRY_SECONDS * 2 ** min(count, 10))
-            return OnErrorResult(OnErrorAction.RETRY, sleep=delay)
+        def forget() -> None:
+            # The watch starts over and lists every matching pod again; entries whose
+            # deletion we missed must not linger.
+            self._unscheduled.clear()
+            self._bound.clear()
 
-        stream = self._client.watch(
-            Pod, namespace="*", fields={"status.phase": PENDING}, on_error=on_error
+        stream = watching.watch(
+            self._client, Pod, what="pending pods", namespace="*",
+            fields={"status.phase": PENDING}, on_restart=forget,
         )
         async for op, pod in stream:
             self.update(pod, deleted=op == "DELETED")

@@ -7,14 +7,15 @@ seeing Configurations, Secrets, Instances or pods until restarted. ``watch`` reo
 cases, with bounded exponential backoff that resets once events flow again. A reopened watch
 starts from the current state, so the caller receives an ``ADDED`` event for every object that
 exists (it must treat them as idempotent updates); deletions missed during the gap are the
-caller's to catch with a relist where they matter.
+caller's to catch: ``on_restart`` is called each time the watch starts over from scratch (a
+reopen here, or lightkube's own restart after 410 Gone), so a caller can relist or forget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
 RETRY_MAX_S = 30.0  # the longest wait between attempts
+HTTP_GONE = 410  # the watch's resourceVersion is too old: it restarts from the current state
 
 
 def retry_delay(failures: int) -> float:
@@ -46,12 +48,19 @@ async def watch(
     namespace: str | None = None,
     fields: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
+    on_restart: Callable[[], None] | None = None,
 ) -> AsyncIterator[tuple[str, Any]]:
     """Yield ``(event type, object)`` from a watch of ``resource`` until cancelled."""
     failures = 0
 
+    def restarted() -> None:
+        if on_restart is not None:
+            on_restart()
+
     def on_response_error(error: Exception, count: int) -> OnErrorResult:
         log.warning("watch of %s failed (%s); retrying", what, describe(error))
+        if isinstance(error, ApiError) and error.status.code == HTTP_GONE:
+            restarted()  # lightkube drops its resourceVersion and starts over
         return OnErrorResult(OnErrorAction.RETRY, sleep=retry_delay(count))
 
     while True:
@@ -72,3 +81,4 @@ async def watch(
             failures += 1
             log.warning("watch of %s broke (%s); reopening", what, describe(error))
             await asyncio.sleep(retry_delay(failures))
+            restarted()

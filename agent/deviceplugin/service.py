@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lightkube import ApiError, AsyncClient
-from lightkube.types import OnErrorAction, OnErrorResult
 
+from agent import watching
 from agent.deviceplugin.backend import AdvertisedDevice, DeviceFeed, PluginBackend, PluginSpec
 from agent.deviceplugin.manager import PluginManager
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, is_not_found
@@ -52,8 +52,6 @@ log = logging.getLogger(__name__)
 #: Reconcile at least this often even without events (retries, orphan sweeps).
 RESYNC_SECONDS = 1.0
 #: Delay before a failed Instance watch is opened again (doubling, capped below).
-WATCH_RETRY_SECONDS = 0.5
-WATCH_RETRY_MAX_SECONDS = 10.0
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -66,10 +64,6 @@ def socket_name(resource: str) -> str:
     if len(name) > MAX_SOCKET_NAME:
         name = "ep-" + hashlib.blake2b(resource.encode(), digest_size=8).hexdigest() + ".sock"
     return name
-
-
-def _watch_retry(count: int) -> float:
-    return float(min(WATCH_RETRY_MAX_SECONDS, WATCH_RETRY_SECONDS * 2 ** min(count, 10)))
 
 
 @dataclass
@@ -100,6 +94,7 @@ class DevicePluginService:
         self._devices = devices
         self.manager = PluginManager(plugin_dir=plugin_dir, metrics=metrics)
         self._instances: dict[_Key, Instance] = {}
+        self._relists: set[asyncio.Task[None]] = set()
         self._ledgers: dict[_Key, SlotLedger] = {}
         self._served: dict[str, _Served] = {}
         self._config_resources: dict[_Key, str] = {}
@@ -161,12 +156,40 @@ class DevicePluginService:
             if self._pod_resources is not None:
                 await self._pod_resources.close()
 
-    async def _watch_instances(self) -> None:
-        def on_error(error: Exception, count: int) -> OnErrorResult:
-            log.warning("Instance watch failed (%s); retrying", error)
-            return OnErrorResult(OnErrorAction.RETRY, sleep=_watch_retry(count))
+    def _forget_unseen_later(self) -> None:
+        """The Instance watch starts over: relist, so Instances deleted meanwhile go."""
+        task = asyncio.create_task(self._relist_instances(), name="relist-instances")
+        self._relists.add(task)
+        task.add_done_callback(self._relists.discard)
 
-        stream = self._client.watch(InstanceResource, namespace="*", on_error=on_error)
+    async def _relist_instances(self) -> None:
+        # Only what was known before the list can be judged by it: an Instance the watch
+        # delivers while the list is in flight may be missing from the list.
+        before = dict(self._instances)
+        try:
+            listed = {
+                (i.namespace, i.name)
+                for i in [
+                    Instance.from_object(as_dict(obj))
+                    async for obj in self._client.list(InstanceResource, namespace="*")
+                ]
+            }
+        except ApiError as error:
+            log.warning("relist of Instances failed (%s)", watching.describe(error))
+            return
+        for key in set(before) - listed:
+            if self._instances.get(key) is not before[key]:
+                continue
+            self._instances.pop(key, None)
+            self._ledgers.pop(key, None)
+            self._used.pop(key, None)
+        self._wake.set()
+
+    async def _watch_instances(self) -> None:
+        stream = watching.watch(
+            self._client, InstanceResource, what="instances", namespace="*",
+            on_restart=self._forget_unseen_later,
+        )
         async for op, obj in stream:
             instance = Instance.from_object(as_dict(obj))
             key = (instance.namespace, instance.name)
