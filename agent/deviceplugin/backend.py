@@ -10,7 +10,7 @@ about real changes), and ``PluginError`` carries the gRPC status a refusal maps 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -90,7 +90,7 @@ class DeviceFeed:
         changed.set()
         return True
 
-    async def updates(self) -> AsyncIterator[tuple[AdvertisedDevice, ...]]:
+    async def updates(self) -> AsyncGenerator[tuple[AdvertisedDevice, ...], None]:
         sent: tuple[AdvertisedDevice, ...] | None = None
         while True:
             waiter = self._changed

@@ -8,6 +8,7 @@ Why this exists: the kubelet dials each plugin on a socket in its plugin directo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -27,7 +28,8 @@ from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-#: How long in-flight calls get to finish when a plugin stops (ListAndWatch streams are cut).
+#: How long in-flight unary calls (an Allocate mid-claim) get to finish when a plugin stops.
+#: ListAndWatch streams are ended first, so a stop takes milliseconds, not the whole grace.
 STOP_GRACE_SECONDS = 0.5
 
 HEALTHY = "Healthy"
@@ -61,6 +63,11 @@ class _Servicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, spec: PluginSpec) -> None:
         self._spec = spec
+        self._stopping = asyncio.Event()
+
+    def end_streams(self) -> None:
+        """End every ListAndWatch stream, as a plugin that is going away does."""
+        self._stopping.set()
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
@@ -77,12 +84,28 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         resource = self._spec.resource_name
         log.info("ListAndWatch opened", extra={"resource": resource})
-        async for devices in self._spec.feed.updates():
+        async for devices in self._updates_until_stopped():
             log.debug(
                 "ListAndWatch update",
                 extra={"resource": resource, "devices": [(d.id, d.healthy) for d in devices]},
             )
             yield pb.ListAndWatchResponse(devices=[_device_pb(d) for d in devices])
+
+    async def _updates_until_stopped(self) -> AsyncIterator[tuple[AdvertisedDevice, ...]]:
+        updates = self._spec.feed.updates()
+        async with contextlib.aclosing(updates):
+            stopped = asyncio.ensure_future(self._stopping.wait())
+            try:
+                while True:
+                    update = asyncio.ensure_future(anext(updates))
+                    await asyncio.wait((update, stopped), return_when=asyncio.FIRST_COMPLETED)
+                    if not update.done():
+                        update.cancel()
+                        await asyncio.gather(update, return_exceptions=True)
+                        return
+                    yield update.result()
+            finally:
+                stopped.cancel()
 
     async def GetPreferredAllocation(
         self,
@@ -145,6 +168,7 @@ class PluginServer:
         self.spec = spec
         self.socket_path = plugin_dir / spec.socket_name
         self._server: aio.Server | None = None
+        self._servicer: _Servicer | None = None
         self._inode: int | None = None
 
     @property
@@ -157,7 +181,8 @@ class PluginServer:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self.spec), server)
+        self._servicer = _Servicer(self.spec)
+        pb_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
@@ -176,6 +201,9 @@ class PluginServer:
 
     async def stop(self) -> None:
         server, self._server = self._server, None
+        servicer, self._servicer = self._servicer, None
+        if servicer is not None:
+            servicer.end_streams()
         if server is not None:
             await server.stop(STOP_GRACE_SECONDS)
         if self._inode is not None and self.socket_intact():
