@@ -78,7 +78,7 @@ async def _claim(
     ledger = world.ledger(namespace, instance)
     try:
         async with ledger.lock:
-            await ledger.claim(wanted)
+            await ledger.claim(wanted, known=world.instance(namespace, instance))
     except SlotUnavailable as error:
         world.metrics.slot_conflicts.labels(resource=resource).inc()
         raise PluginError(FAILED, f"cannot claim {error}") from error

@@ -70,15 +70,30 @@ class SlotLedger:
             raise
         return Instance.from_object(as_dict(obj))
 
-    async def claim(self, wanted: Mapping[str, SlotUsage]) -> Instance:
+    async def claim(
+        self, wanted: Mapping[str, SlotUsage], *, known: Instance | None = None
+    ) -> Instance:
         """Put ``wanted`` (slot → usage by this node) into deviceUsage, all or nothing.
 
         The caller holds ``lock``. Raises ``SlotUnavailable`` naming the first slot that is not
         ours to take, ``InstanceGone``, or ``TooManyConflicts``.
+
+        ``known`` is the Instance as the caller's watch last saw it. When it says a write is
+        needed, the first attempt writes on its ``resourceVersion`` without reading: the write
+        is conditioned, so a stale copy costs a 409 and a re-read, never a wrong claim. Any
+        other verdict from it (a refusal, or "held already" for every slot, which writes
+        nothing and so proves nothing) is confirmed on a fresh read first.
         """
         for _ in range(MAX_WRITE_ATTEMPTS):
-            instance = await self.read()
-            verdicts = {slot: judge_claim(instance, slot, want) for slot, want in wanted.items()}
+            if known is not None:
+                instance, known = known, None
+                verdicts = self._judge(instance, wanted)
+                if not _confirmed_by_write(verdicts):
+                    instance = await self.read()
+                    verdicts = self._judge(instance, wanted)
+            else:
+                instance = await self.read()
+                verdicts = self._judge(instance, wanted)
             for slot, verdict in verdicts.items():
                 if verdict in (Verdict.UNKNOWN, Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE):
                     detail = (
@@ -104,6 +119,10 @@ class SlotLedger:
                     raise
                 log.info("slot claim lost a race; re-reading", extra={"instance": self.name})
         raise TooManyConflicts(f"claiming {sorted(wanted)} on {self.namespace}/{self.name}")
+
+    @staticmethod
+    def _judge(instance: Instance, wanted: Mapping[str, SlotUsage]) -> dict[str, Verdict]:
+        return {slot: judge_claim(instance, slot, want) for slot, want in wanted.items()}
 
     async def free(self, slots: Mapping[str, SlotUsage]) -> Instance | None:
         """Set each slot free if it still carries the given usage. The caller holds ``lock``."""
@@ -215,3 +234,14 @@ class SlotLedger:
         except ApiError as error:
             # A newer write won; the next reconcile writes the count from the newer object.
             log.debug("status.used not written", extra={"instance": self.name, "error": str(error)})
+
+
+def _confirmed_by_write(verdicts: Mapping[str, Verdict]) -> bool:
+    """A claim a conditioned write will confirm: no refusal, and at least one slot to write.
+
+    If that write succeeds, the object had not changed since the copy it was judged on, so
+    every verdict (including "held already" for the other slots) held at the moment of writing.
+    """
+    writes = {Verdict.CLAIM, Verdict.RESERVE_AND_CLAIM}
+    values = set(verdicts.values())
+    return bool(values & writes) and values <= writes | {Verdict.HELD_ALREADY}
