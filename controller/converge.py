@@ -16,8 +16,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from lightkube import ApiError
-
 from controller import brokers, naming, nodes, services, status
 from controller.kube import Kube, Refused
 from controller.reconcile import (
@@ -289,7 +287,12 @@ class Reconciler:
             async with limit:
                 await self.instance(view, namespace, record.instance.name)
 
-        await asyncio.gather(*(one(r) for r in records))
+        results = await asyncio.gather(*(one(r) for r in records), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            # One Instance's API error must not stop the others; the next pass retries it.
+            log.warning("Configuration %s/%s: %d Instance(s) not reconciled, first: %s",
+                        namespace, name, len(failures), failures[0])
         await self.configuration_service_and_status(view, namespace, name)
 
     async def configuration_deleted(self, view: ClusterView, namespace: str, name: str) -> None:
@@ -378,7 +381,7 @@ class Reconciler:
                 await asyncio.sleep(STATUS_DEBOUNCE_S)
                 self._status_pending.discard(key)
                 await self.configuration_service_and_status(view, namespace, name)
-            except ApiError as error:
+            except Exception as error:  # a background task: log it, the next pass retries
                 log.warning("status of Configuration %s/%s not written: %s", namespace, name,
                             error)
             finally:
