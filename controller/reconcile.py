@@ -161,9 +161,11 @@ def plan_pods(
             continue
         want = desired.get(pod.name)
         if want is None:
-            plan.delete.append(
-                Deletion(pod.name, REASON_NODE_GONE, "its node no longer sees the device")
-            )
+            plan.delete.append(Deletion(
+                pod.name, REASON_NODE_GONE,
+                "not wanted any more: its node left the Instance, or the Configuration has no"
+                " broker pod spec now",
+            ))
             continue
         if pod.spec_hash != _desired_hash(want):
             plan.delete.append(
