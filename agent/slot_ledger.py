@@ -125,7 +125,10 @@ class SlotLedger:
         return {slot: judge_claim(instance, slot, want) for slot, want in wanted.items()}
 
     async def free(self, slots: Mapping[str, SlotUsage]) -> Instance | None:
-        """Set each slot free if it still carries the given usage. The caller holds ``lock``."""
+        """Set each slot free if it still carries the given usage. The caller holds ``lock``.
+
+        Returns None when the Instance is gone (before or during the write): nothing to free.
+        """
         for _ in range(MAX_WRITE_ATTEMPTS):
             try:
                 instance = await self.read()
@@ -137,6 +140,8 @@ class SlotLedger:
             try:
                 return await self._patch_usage(instance.resource_version, to_free)
             except ApiError as error:
+                if is_not_found(error):
+                    return None
                 if not is_conflict(error):
                     raise
         raise TooManyConflicts(f"freeing {sorted(slots)} on {self.namespace}/{self.name}")

@@ -26,11 +26,20 @@ log = logging.getLogger(__name__)
 RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
 RETRY_MAX_S = 30.0  # the longest wait between attempts
 HTTP_GONE = 410  # the watch's resourceVersion is too old: it restarts from the current state
+HTTP_TOO_MANY_REQUESTS = 429
 
 
 def retry_delay(failures: int) -> float:
     """Seconds to wait after ``failures`` consecutive failures (1, 2, ...)."""
     return float(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(max(failures - 1, 0), 10)))
+
+
+def _status_code(error: BaseException) -> int | None:
+    if isinstance(error, ApiError):
+        return error.status.code
+    response = getattr(error, "response", None)  # httpx's HTTPStatusError
+    code = getattr(response, "status_code", None)
+    return code if isinstance(code, int) else None
 
 
 def describe(error: BaseException) -> str:
@@ -58,7 +67,10 @@ async def watch(
             on_restart()
 
     def on_response_error(error: Exception, count: int) -> OnErrorResult:
-        log.warning("watch of %s failed (%s); retrying", what, describe(error))
+        # 429 is the API server's "come back shortly" (for example while a new CRD's storage
+        # starts): routine, so it does not warn.
+        level = logging.INFO if _status_code(error) == HTTP_TOO_MANY_REQUESTS else logging.WARNING
+        log.log(level, "watch of %s failed (%s); retrying", what, describe(error))
         if isinstance(error, ApiError) and error.status.code == HTTP_GONE:
             restarted()  # lightkube drops its resourceVersion and starts over
         return OnErrorResult(OnErrorAction.RETRY, sleep=retry_delay(count))
