@@ -39,6 +39,8 @@ class SlotWorld(Protocol):
 
     def instance(self, namespace: str, instance: str) -> Instance | None: ...
 
+    def remember(self, instance: Instance) -> None: ...
+
     def device(self, namespace: str, instance: str) -> NodeDevice | None: ...
 
     def configuration_instances(self, namespace: str, configuration: str) -> list[Instance]: ...
@@ -78,7 +80,10 @@ async def _claim(
     ledger = world.ledger(namespace, instance)
     try:
         async with ledger.lock:
-            await ledger.claim(wanted, known=world.instance(namespace, instance))
+            claimed = await ledger.claim(wanted, known=world.instance(namespace, instance))
+            # The next Allocate judges on this copy rather than on one the watch has not
+            # caught up with yet (which would cost a 409 and a re-read).
+            world.remember(claimed)
     except SlotUnavailable as error:
         world.metrics.slot_conflicts.labels(resource=resource).inc()
         raise PluginError(FAILED, f"cannot claim {error}") from error

@@ -125,6 +125,16 @@ class DevicePluginService:
     def instance(self, namespace: str, instance: str) -> Instance | None:
         return self._instances.get((namespace, instance))
 
+    def remember(self, instance: Instance) -> None:
+        """Keep the copy a write of ours returned, ahead of its watch event.
+
+        Only for Instances still known: one the watch has meanwhile deleted stays deleted. An
+        older watch event may later overwrite it; that costs a conditioned write a retry only.
+        """
+        key = (instance.namespace, instance.name)
+        if key in self._instances:
+            self._instances[key] = instance
+
     def device(self, namespace: str, instance: str) -> NodeDevice | None:
         return self._devices.get(namespace, instance)
 

@@ -60,6 +60,9 @@ class World:
     def instance(self, namespace: str, instance: str) -> Instance | None:
         return self.instances.get(instance)
 
+    def remember(self, instance: Instance) -> None:
+        self.instances[instance.name] = instance
+
     def device(self, namespace: str, instance: str) -> NodeDevice | None:
         return self.devices.get(instance)
 
