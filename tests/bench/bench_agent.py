@@ -188,8 +188,8 @@ async def bench_allocate(node: BenchNode) -> None:
                 fresh += await _timed(allocate(slot_id(name, index)), 1)
         await _free_all(node, name)
     print(summary("  GetDevicePluginOptions (gRPC unary floor, same socket)", floor))
-    print(summary("  Allocate, slot already held by this node (claim = 1 GET)", held))
-    print(summary("  Allocate, distinct free slot each call (claim = GET + patches) "
+    print(summary("  Allocate, slot already held by this node (confirmed by 1 GET)", held))
+    print(summary("  Allocate, distinct free slot each call (1 conditioned write, re-read on 409) "
                   "[target p99 ≤ 5 ms]", fresh))
     for label, samples in (("held", held), ("free", fresh)):
         p50 = percentile(samples, 0.5) / percentile(floor, 0.5)
