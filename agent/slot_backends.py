@@ -11,7 +11,7 @@ both turn every refusal into a ``PluginError`` whose message names the slot or i
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Protocol
 
 import grpc
@@ -95,6 +95,19 @@ async def _claim(
     world.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
 
 
+async def _counted(
+    world: SlotWorld, resource: str, allocation: Awaitable[list[ContainerAllocation]]
+) -> list[ContainerAllocation]:
+    """Await an allocation, counting it by outcome in the allocations metric."""
+    try:
+        answers = await allocation
+    except PluginError:
+        world.metrics.allocations.labels(resource=resource, outcome="refused").inc()
+        raise
+    world.metrics.allocations.labels(resource=resource, outcome="ok").inc()
+    return answers
+
+
 class InstanceBackend:
     """Backend of ``edgeplug.io/<instance>``: device ids are the Instance's slot ids."""
 
@@ -105,13 +118,7 @@ class InstanceBackend:
         self._resource = resource
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
-        try:
-            answers = await self._allocate(requests)
-        except PluginError:
-            self._world.metrics.allocations.labels(resource=self._resource, outcome="refused").inc()
-            raise
-        self._world.metrics.allocations.labels(resource=self._resource, outcome="ok").inc()
-        return answers
+        return await _counted(self._world, self._resource, self._allocate(requests))
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         world, ns, name = self._world, self._namespace, self._instance
@@ -180,13 +187,7 @@ class ConfigurationBackend:
         return self._world.configuration_instances(self._namespace, self._configuration)
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
-        try:
-            answers = await self._allocate(requests)
-        except PluginError:
-            self._world.metrics.allocations.labels(resource=self._resource, outcome="refused").inc()
-            raise
-        self._world.metrics.allocations.labels(resource=self._resource, outcome="ok").inc()
-        return answers
+        return await _counted(self._world, self._resource, self._allocate(requests))
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         known = self._feed.ids()
