@@ -56,7 +56,7 @@ async def run_agent(
     devices = devices if devices is not None else NodeDeviceTable()
     metrics = metrics if metrics is not None else AgentMetrics()
     if settings.metrics_port is not None:
-        metrics.serve(settings.metrics_port)
+        metrics.serve(settings.metrics_port, settings.metrics_address)
     client = make_client(settings.kubeconfig)
     watch = ConfigurationWatch(
         client=client, node_name=settings.node_name, namespace=settings.namespace,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # Prometheus scrapes the pod IP; tests bind 127.0.0.1
 
 
 class SettingsError(ValueError):
@@ -28,6 +29,7 @@ class AgentSettings:
     plugin_dir: Path = DEFAULT_PLUGIN_DIR
     pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
     metrics_port: int | None = None
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
     namespace: str | None = None
     serve_device_plugins: bool = True
 
@@ -35,6 +37,7 @@ class AgentSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
         """``NODE_NAME`` (required), ``KUBECONFIG`` (else in-cluster), ``PLUGIN_DIR``,
         ``POD_RESOURCES_SOCKET`` (empty: none), ``METRICS_PORT`` (unset: no metrics server),
+        ``METRICS_ADDRESS`` (what the metrics server binds; default all addresses),
         ``WATCH_NAMESPACE`` (unset: all namespaces), ``DEVICE_PLUGINS`` (``off``: discovery
         only, no kubelet plugins)."""
         env = os.environ if env is None else env
@@ -54,6 +57,7 @@ class AgentSettings:
             plugin_dir=Path(env.get("PLUGIN_DIR") or DEFAULT_PLUGIN_DIR),
             pod_resources_socket=Path(pod_resources) if pod_resources else None,
             metrics_port=metrics_port,
+            metrics_address=env.get("METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
             namespace=env.get("WATCH_NAMESPACE") or None,
             serve_device_plugins=env.get("DEVICE_PLUGINS", "on").lower() != "off",
         )

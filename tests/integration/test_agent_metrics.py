@@ -1,0 +1,78 @@
+"""The agent's Prometheus endpoint says what a node operator looks for.
+
+The agent runs as its own process (``python -m agent.main``, as the DaemonSet runs it) with
+``METRICS_PORT`` set; the test scrapes ``/metrics`` over HTTP on loopback like Prometheus would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness.agent_process import apply, create_node, debug_echo_configuration, eventually
+from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port
+
+STOP_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def metrics_agent(control_plane: ControlPlane, namespace: str) -> Iterator[tuple[str, int]]:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    create_node(control_plane, node)
+    port = free_port()
+    env = {
+        **os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.kubeconfig),
+        "WATCH_NAMESPACE": namespace, "METRICS_PORT": str(port),
+        "METRICS_ADDRESS": "127.0.0.1", "DEVICE_PLUGINS": "off", "POD_RESOURCES_SOCKET": "",
+    }
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.main"], env=env, cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield node, port
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(STOP_TIMEOUT_S)
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+async def test_metrics_count_instances_and_discovery(
+    control_plane: ControlPlane, namespace: str, metrics_agent: tuple[str, int]
+) -> None:
+    _node, port = metrics_agent
+    apply(control_plane, namespace,
+          debug_echo_configuration("cams", descriptions=["cam0", "cam1", "cam2"]))
+    instances_line = f'edgeplug_instances{{configuration="cams",namespace="{namespace}"}} 3.0'
+
+    async def counted() -> str | None:
+        try:
+            text = _scrape(port)
+        except OSError:
+            return None  # the agent is still starting its metrics server
+        return text if instances_line in text else None
+
+    text = await eventually(counted, what=f"'{instances_line}' on /metrics")
+    assert 'edgeplug_discovery_duration_seconds_count{handler="debugEcho"}' in text
+    # Every family an operator alerts on is exported, even before it has samples.
+    for family, kind in [
+        ("edgeplug_discovery_errors_total", "counter"), ("edgeplug_allocations_total", "counter"),
+        ("edgeplug_slot_conflicts_total", "counter"),
+        ("edgeplug_kubelet_registrations_total", "counter"),
+    ]:
+        assert f"# TYPE {family} {kind}" in text, family
