@@ -29,6 +29,7 @@ from tests.harness.kubelet_records import (
     Registration,
     is_extended_resource_name,
 )
+from tests.harness.unix_grpc import serve_on_socket
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +134,12 @@ class DeviceManager:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
-        server = grpc.aio.server()
-        pb_grpc.add_RegistrationServicer_to_server(_RegistrationService(self), server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
-        self._server = server
+        self._server = await serve_on_socket(
+            self.socket_path,
+            add_services=lambda server: pb_grpc.add_RegistrationServicer_to_server(
+                _RegistrationService(self), server
+            ),
+        )
 
     async def stop(self) -> None:
         if self._server is not None:

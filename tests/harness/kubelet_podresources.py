@@ -17,6 +17,7 @@ from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from tests.harness.kubelet_devices import DeviceManager
 from tests.harness.kubelet_pods import PodManager, PodRecord
+from tests.harness.unix_grpc import serve_on_socket
 
 #: How long stopping the server lets in-flight calls finish.
 SERVER_STOP_GRACE_S = 0.5
@@ -78,13 +79,12 @@ class PodResourcesServer:
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
-        server = grpc.aio.server()
-        pr_grpc.add_PodResourcesListerServicer_to_server(self._service, server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
-        self._server = server
+        self._server = await serve_on_socket(
+            self.socket_path,
+            add_services=lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
+                self._service, server
+            ),
+        )
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -28,6 +28,7 @@ from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.metrics import AgentMetrics
 from discovery_handlers.contract import DeviceSpec, Mount
+from tests.harness.unix_grpc import serve_on_socket
 
 DEADLINE_SECONDS = 5.0
 POLL_SECONDS = 0.01
@@ -51,11 +52,12 @@ class KubeletStandIn:
         self._server: aio.Server | None = None
 
     async def start(self) -> None:
-        server = aio.server()
-        pb_grpc.add_RegistrationServicer_to_server(self.registrar, server)
-        server.add_insecure_port(f"unix://{self.plugin_dir / 'kubelet.sock'}")
-        await server.start()
-        self._server = server
+        self._server = await serve_on_socket(
+            self.plugin_dir / "kubelet.sock",
+            add_services=lambda server: pb_grpc.add_RegistrationServicer_to_server(
+                self.registrar, server
+            ),
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
