@@ -8,202 +8,42 @@ emulator with a deadline and fails saying what it expected.
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import grpc
 import pytest
 from grpc import aio
-from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from agent.deviceplugin.service import serve_device_plugins, socket_name
+from agent.deviceplugin.service import socket_name
 from agent.kube import InstanceResource, as_dict
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from crds.instance import Instance
-from discovery_handlers.contract import DeviceSpec, Mount
-from tests.harness.controlplane import ControlPlane
-from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
+from tests.harness.agent_nodes import (
+    AgentNode,
+    create_instance,
+    node_device,
+    read_instance,
+    share_instance,
+)
+from tests.harness.kube_waits import (
+    WAIT_S,
+    running,
+    unschedulable,
+    wait_allocatable,
+    wait_pod,
+    wait_until,
+)
+from tests.harness.node_emulator import ADMISSION_ERROR
 
 pytestmark = pytest.mark.timeout(180)
 
-#: Generous deadlines for a shared 2-core machine; none of them is a pass/fail timing.
-WAIT_S = 60.0
-POLL_S = 0.1
-#: Short orphan grace so the freeing test does not wait 5 s.
-TEST_ORPHAN_GRACE_S = 1.0
-#: How long a cancelled service may take to stop (it removes its sockets).
-STOP_WAIT_S = 30.0
-
-MOUNT = Mount(container_path="/var/run/cam", host_path="/run/cam", read_only=True)
-DEVICE = DeviceSpec(container_path="/dev/cam0", host_path="/dev/video0", permissions="rw")
-
-
-# -- parts ---------------------------------------------------------------------------------
-
-
-@dataclass
-class AgentNode:
-    """One emulated node with the device-plugin side of its agent running."""
-
-    emulator: NodeEmulator
-    table: NodeDeviceTable
-    metrics: AgentMetrics
-    task: asyncio.Task[None]
-
-    @property
-    def name(self) -> str:
-        return self.emulator.node_name
-
-    def counter(self, name: str, **labels: str) -> float:
-        return self.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[AsyncClient]:
-    client = AsyncClient(KubeConfig.from_file(str(control_plane.kubeconfig)))
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def pod_namespace(namespace: str, kube: AsyncClient) -> str:
-    async def has_account() -> bool:
-        try:
-            await kube.get(ServiceAccount, "default", namespace=namespace)
-        except ApiError:
-            return False
-        return True
-
-    await wait_until(has_account, what=f"ServiceAccount default in {namespace}")
-    return namespace
-
-
-@pytest.fixture
-async def start_node(
-    control_plane: ControlPlane, kube: AsyncClient
-) -> AsyncIterator[Callable[[], Awaitable[AgentNode]]]:
-    started: list[AgentNode] = []
-    dirs: list[str] = []
-
-    async def start() -> AgentNode:
-        # Short paths: a Unix socket path must fit in 108 bytes.
-        plugin_dir = Path(tempfile.mkdtemp(prefix="ep-dp-", dir="/tmp"))
-        pod_resources_dir = Path(tempfile.mkdtemp(prefix="ep-pr-", dir="/tmp"))
-        dirs.extend([str(plugin_dir), str(pod_resources_dir)])
-        emulator = NodeEmulator(
-            node_name=f"emu-{uuid.uuid4().hex[:8]}",
-            kubeconfig=control_plane.kubeconfig,
-            plugin_dir=plugin_dir,
-            pod_resources_socket=pod_resources_dir / "kubelet.sock",
-        )
-        await emulator.start()
-        table, metrics = NodeDeviceTable(), AgentMetrics()
-        task = asyncio.create_task(
-            serve_device_plugins(
-                client=kube,
-                node_name=emulator.node_name,
-                plugin_dir=plugin_dir,
-                pod_resources_socket=pod_resources_dir / "kubelet.sock",
-                devices=table,
-                metrics=metrics,
-                orphan_grace=TEST_ORPHAN_GRACE_S,
-            )
-        )
-        node = AgentNode(emulator=emulator, table=table, metrics=metrics, task=task)
-        started.append(node)
-        return node
-
-    yield start
-    try:
-        for node in started:
-            node.task.cancel()
-            done, _ = await asyncio.wait([node.task], timeout=STOP_WAIT_S)
-            assert done, f"the device-plugin service of {node.name} did not stop when cancelled"
-            await node.emulator.stop(delete_node=True)
-    finally:
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-
-
 # -- helpers -------------------------------------------------------------------------------
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {WAIT_S:.0f}s for {what}")
-        await asyncio.sleep(POLL_S)
-
-
-async def create_instance(
-    kube: AsyncClient,
-    namespace: str,
-    *,
-    configuration: str,
-    digest: str,
-    nodes: list[str],
-    capacity: int,
-    shared: bool = False,
-) -> str:
-    name = f"{configuration}-{digest}"
-    await kube.create(
-        InstanceResource.from_dict(
-            {
-                "apiVersion": "edgeplug.io/v1alpha1",
-                "kind": "Instance",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {
-                    "configurationName": configuration,
-                    "cdiName": f"edgeplug.io/{configuration}={digest}",
-                    "capacity": capacity,
-                    "shared": shared,
-                    "nodes": nodes,
-                    "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": f"desc-{digest}"},
-                },
-            }
-        )
-    )
-    return name
-
-
-def node_device(namespace: str, configuration: str, instance: str) -> NodeDevice:
-    digest = instance.rpartition("-")[2]
-    return NodeDevice(
-        instance=instance,
-        namespace=namespace,
-        configuration=configuration,
-        properties={"DEBUG_ECHO_DESCRIPTION": f"desc-{digest}"},
-        mounts=(MOUNT,),
-        device_specs=(DEVICE,),
-        cdi_name=f"edgeplug.io/{configuration}={digest}",
-    )
-
-
-async def read_instance(kube: AsyncClient, namespace: str, name: str) -> Instance:
-    return Instance.from_object(
-        as_dict(await kube.get(InstanceResource, name, namespace=namespace))
-    )
-
-
-async def wait_allocatable(kube: AsyncClient, node: str, resource: str, value: str) -> None:
-    async def check() -> bool:
-        obj = await kube.get(Node, node)
-        return obj.status is not None and (obj.status.allocatable or {}).get(resource) == value
-
-    await wait_until(check, what=f"node {node} allocatable {resource}={value}")
 
 
 async def create_pod(
@@ -230,37 +70,6 @@ async def create_pod(
         }
     )
     await kube.create(cast(Pod, pod))
-
-
-async def wait_pod(
-    kube: AsyncClient, namespace: str, name: str, check: Callable[[Pod], bool], what: str
-) -> Pod:
-    seen: list[Pod] = []
-
-    async def probe() -> bool:
-        pod = await kube.get(Pod, name, namespace=namespace)
-        seen[:] = [pod]
-        return check(pod)
-
-    try:
-        await wait_until(probe, what=f"pod {namespace}/{name} {what}")
-    except AssertionError:
-        raise AssertionError(
-            f"pod {namespace}/{name} never {what}; last status {seen[0].status if seen else None}"
-        ) from None
-    return seen[0]
-
-
-def running(pod: Pod) -> bool:
-    return pod.status is not None and pod.status.phase == "Running"
-
-
-def unschedulable(pod: Pod) -> bool:
-    conditions = (pod.status.conditions if pod.status else None) or []
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in conditions
-    )
 
 
 async def assert_no_admission_errors(kube: AsyncClient, namespace: str) -> None:
@@ -434,20 +243,10 @@ async def test_two_nodes_never_share_a_slot_and_the_extra_pod_stays_pending(
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
     a, b = await start_node(), await start_node()
-    name = await create_instance(
-        kube,
-        ns,
-        configuration=configuration,
-        digest="e5e5e5",
-        nodes=[a.name, b.name],
-        capacity=2,
-        shared=True,
+    # One reserved slot each.
+    name, resource = await share_instance(
+        kube, ns, configuration=configuration, digest="e5e5e5", nodes=(a, b), capacity=2
     )
-    for node in (a, b):
-        await node.table.put(node_device(ns, configuration, name))
-    resource = f"edgeplug.io/{name}"
-    for node in (a, b):  # one reserved slot each
-        await wait_allocatable(kube, node.name, resource, "1")
 
     await create_pod(kube, ns, "on-a", {resource: "1"}, node=a.name)
     await create_pod(kube, ns, "on-b", {resource: "1"}, node=b.name)

@@ -21,27 +21,11 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from agent.kube import InstanceResource, as_dict
+from tests.harness.agent_nodes import AgentNode, read_instance, share_instance
+from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 from tests.harness.node_emulator import ADMISSION_ERROR
-from tests.integration import test_device_plugin_service as service_tests
-from tests.integration.test_device_plugin_service import (
-    AgentNode,
-    create_instance,
-    node_device,
-    read_instance,
-    running,
-    unschedulable,
-    wait_allocatable,
-    wait_pod,
-    wait_until,
-)
 
 pytestmark = pytest.mark.timeout(240)
-
-# The device-plugin service's fixtures: a lightkube client, a namespace with its default
-# ServiceAccount, and a factory of emulated nodes running the agent's device-plugin side.
-kube = service_tests.kube
-pod_namespace = service_tests.pod_namespace
-start_node = service_tests.start_node
 
 #: Pause before re-opening the failure-recording pod watch after an error.
 WATCH_RETRY_S = 0.2
@@ -124,20 +108,10 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
     a, b = await start_node(), await start_node()
-    name = await create_instance(
-        kube,
-        ns,
-        configuration=configuration,
-        digest="f6f6f6",
-        nodes=[a.name, b.name],
-        capacity=2,
-        shared=True,
+    # Fair share: one reserved slot each.
+    name, resource = await share_instance(
+        kube, ns, configuration=configuration, digest="f6f6f6", nodes=(a, b), capacity=2
     )
-    for node in (a, b):
-        await node.table.put(node_device(ns, configuration, name))
-    resource = f"edgeplug.io/{name}"
-    for node in (a, b):  # fair share: one reserved slot each
-        await wait_allocatable(kube, node.name, resource, "1")
 
     # Two pods that can only run on a: the second needs b's idle slot.
     await kube.create(pinned_pod(ns, "a-1", resource, a.name, by_affinity=True))

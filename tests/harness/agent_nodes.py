@@ -1,0 +1,186 @@
+"""Emulated nodes running the agent's device-plugin side, and the Instances they serve.
+
+Why this exists: the device-plugin service tests and the slot-demand tests both start nodes
+(a ``NodeEmulator`` as kubelet plus ``serve_device_plugins`` as ``agent.main`` runs it), create
+Instances in the API server and feed the nodes' device tables. The parts live here once; the
+``start_node`` fixture in tests/integration/conftest.py hands out ``AgentNodes.start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lightkube import AsyncClient
+
+from agent.deviceplugin.service import serve_device_plugins
+from agent.kube import InstanceResource, as_dict
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDevice, NodeDeviceTable
+from crds.instance import Instance
+from discovery_handlers.contract import DeviceSpec, Mount
+from tests.harness.kube_waits import wait_allocatable
+from tests.harness.node_emulator import NodeEmulator
+
+#: Short orphan grace so the freeing tests do not wait 5 s.
+TEST_ORPHAN_GRACE_S = 1.0
+#: How long a cancelled service may take to stop (it removes its sockets).
+STOP_WAIT_S = 30.0
+
+MOUNT = Mount(container_path="/var/run/cam", host_path="/run/cam", read_only=True)
+DEVICE = DeviceSpec(container_path="/dev/cam0", host_path="/dev/video0", permissions="rw")
+
+
+@dataclass
+class AgentNode:
+    """One emulated node with the device-plugin side of its agent running."""
+
+    emulator: NodeEmulator
+    table: NodeDeviceTable
+    metrics: AgentMetrics
+    task: asyncio.Task[None]
+
+    @property
+    def name(self) -> str:
+        return self.emulator.node_name
+
+    def counter(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@dataclass
+class AgentNodes:
+    """Starts agent nodes against one API server and stops every one it started."""
+
+    kube: AsyncClient
+    kubeconfig: Path
+    started: list[AgentNode] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+
+    async def start(self) -> AgentNode:
+        # Short paths: a Unix socket path must fit in 108 bytes.
+        plugin_dir = Path(tempfile.mkdtemp(prefix="ep-dp-", dir="/tmp"))
+        pod_resources_dir = Path(tempfile.mkdtemp(prefix="ep-pr-", dir="/tmp"))
+        self.dirs.extend([str(plugin_dir), str(pod_resources_dir)])
+        emulator = NodeEmulator(
+            node_name=f"emu-{uuid.uuid4().hex[:8]}",
+            kubeconfig=self.kubeconfig,
+            plugin_dir=plugin_dir,
+            pod_resources_socket=pod_resources_dir / "kubelet.sock",
+        )
+        await emulator.start()
+        table, metrics = NodeDeviceTable(), AgentMetrics()
+        task = asyncio.create_task(
+            serve_device_plugins(
+                client=self.kube,
+                node_name=emulator.node_name,
+                plugin_dir=plugin_dir,
+                pod_resources_socket=pod_resources_dir / "kubelet.sock",
+                devices=table,
+                metrics=metrics,
+                orphan_grace=TEST_ORPHAN_GRACE_S,
+            )
+        )
+        node = AgentNode(emulator=emulator, table=table, metrics=metrics, task=task)
+        self.started.append(node)
+        return node
+
+    async def stop_all(self) -> None:
+        try:
+            for node in self.started:
+                node.task.cancel()
+                done, _ = await asyncio.wait([node.task], timeout=STOP_WAIT_S)
+                assert done, f"the device-plugin service of {node.name} did not stop when cancelled"
+                await node.emulator.stop(delete_node=True)
+        finally:
+            for d in self.dirs:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+async def create_instance(
+    kube: AsyncClient,
+    namespace: str,
+    *,
+    configuration: str,
+    digest: str,
+    nodes: list[str],
+    capacity: int,
+    shared: bool = False,
+) -> str:
+    """Create an Instance as the agent's discovery side would; returns its name."""
+    name = f"{configuration}-{digest}"
+    await kube.create(
+        InstanceResource.from_dict(
+            {
+                "apiVersion": "edgeplug.io/v1alpha1",
+                "kind": "Instance",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "configurationName": configuration,
+                    "cdiName": f"edgeplug.io/{configuration}={digest}",
+                    "capacity": capacity,
+                    "shared": shared,
+                    "nodes": nodes,
+                    "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": f"desc-{digest}"},
+                },
+            }
+        )
+    )
+    return name
+
+
+def node_device(namespace: str, configuration: str, instance: str) -> NodeDevice:
+    """The node-device table entry the discovery side keeps for ``instance``."""
+    digest = instance.rpartition("-")[2]
+    return NodeDevice(
+        instance=instance,
+        namespace=namespace,
+        configuration=configuration,
+        properties={"DEBUG_ECHO_DESCRIPTION": f"desc-{digest}"},
+        mounts=(MOUNT,),
+        device_specs=(DEVICE,),
+        cdi_name=f"edgeplug.io/{configuration}={digest}",
+    )
+
+
+async def read_instance(kube: AsyncClient, namespace: str, name: str) -> Instance:
+    """The Instance as the API server holds it now."""
+    return Instance.from_object(
+        as_dict(await kube.get(InstanceResource, name, namespace=namespace))
+    )
+
+
+async def share_instance(
+    kube: AsyncClient,
+    namespace: str,
+    *,
+    configuration: str,
+    digest: str,
+    nodes: tuple[AgentNode, ...],
+    capacity: int,
+) -> tuple[str, str]:
+    """A shared Instance served by every one of ``nodes``, once each advertises its fair share.
+
+    Returns the Instance's name and its extended resource. The fair share is ``capacity``
+    divided evenly between the nodes.
+    """
+    name = await create_instance(
+        kube,
+        namespace,
+        configuration=configuration,
+        digest=digest,
+        nodes=[node.name for node in nodes],
+        capacity=capacity,
+        shared=True,
+    )
+    for node in nodes:
+        await node.table.put(node_device(namespace, configuration, name))
+    resource = f"edgeplug.io/{name}"
+    share = str(capacity // len(nodes))
+    for node in nodes:
+        await wait_allocatable(kube, node.name, resource, share)
+    return name, resource

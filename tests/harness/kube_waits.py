@@ -1,0 +1,105 @@
+"""Waits on the real API server: poll a condition with a deadline, fail saying what was expected.
+
+Why this exists: the device-plugin, slot-demand and node-emulator tests all wait for the same
+things (a node's allocatable count, a pod's state, the namespace's default ServiceAccount);
+one implementation of each keeps their deadlines and failure messages alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
+
+#: Generous deadline for a shared 2-core machine; never a pass/fail timing.
+WAIT_S = 60.0
+#: Pause between two looks at the condition.
+POLL_S = 0.1
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], *, what: str, within: float = WAIT_S
+) -> None:
+    """Return once ``check`` is true; fail naming ``what`` after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"waited {within:.0f}s for {what}")
+        await asyncio.sleep(POLL_S)
+
+
+async def wait_service_account(kube: AsyncClient, namespace: str) -> None:
+    """Wait until the controller-manager gave ``namespace`` its default ServiceAccount."""
+
+    async def has_account() -> bool:
+        try:
+            await kube.get(ServiceAccount, "default", namespace=namespace)
+        except ApiError:
+            return False
+        return True
+
+    await wait_until(has_account, what=f"ServiceAccount default in {namespace}")
+
+
+async def allocatable(kube: AsyncClient, node: str, resource: str) -> str | None:
+    """The node's allocatable count of ``resource`` as the API server reports it."""
+    obj = await kube.get(Node, node)
+    assert obj.status is not None, f"node {node} has no status"
+    return (obj.status.allocatable or {}).get(resource)
+
+
+async def wait_allocatable(kube: AsyncClient, node: str, resource: str, value: str) -> None:
+    """Wait until the node reports ``value`` allocatable ``resource``."""
+
+    async def check() -> bool:
+        return await allocatable(kube, node, resource) == value
+
+    await wait_until(check, what=f"node {node} allocatable {resource}={value}")
+
+
+async def wait_pod(
+    kube: AsyncClient,
+    namespace: str,
+    name: str,
+    check: Callable[[Pod], bool],
+    what: str,
+    *,
+    within: float = WAIT_S,
+) -> Pod:
+    """The pod once ``check`` holds for it; the failure shows its last status."""
+    seen: list[Pod] = []
+
+    async def probe() -> bool:
+        pod = await kube.get(Pod, name, namespace=namespace)
+        seen[:] = [pod]
+        return check(pod)
+
+    try:
+        await wait_until(probe, what=f"pod {namespace}/{name} {what}", within=within)
+    except AssertionError:
+        raise AssertionError(
+            f"pod {namespace}/{name} never {what}; last status {seen[0].status if seen else None}"
+        ) from None
+    return seen[0]
+
+
+def running(pod: Pod) -> bool:
+    """The pod's phase is Running."""
+    return in_phase(pod, "Running")
+
+
+def in_phase(pod: Pod, phase: str) -> bool:
+    """The pod's phase is ``phase``."""
+    return pod.status is not None and pod.status.phase == phase
+
+
+def unschedulable(pod: Pod) -> bool:
+    """The scheduler marked the pod Unschedulable."""
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in conditions
+    )
