@@ -19,31 +19,8 @@ from agent.slots import (
     preferred_node,
     reservation_plan,
 )
-from crds.instance import Instance, InstanceSpec, SlotUsage
-
-NAME = "cam-1a2b3c"
-
-
-def _instance(
-    *,
-    nodes: tuple[str, ...] = ("node-a", "node-b"),
-    capacity: int = 2,
-    usage: dict[str, str] | None = None,
-    reservations: dict[str, str] | None = None,
-    name: str = NAME,
-) -> Instance:
-    return Instance(
-        name=name,
-        namespace="ns",
-        spec=InstanceSpec(
-            configuration_name="cam",
-            capacity=capacity,
-            shared=True,
-            nodes=nodes,
-            device_usage=usage or {},
-        ),
-        reservations=reservations or {},
-    )
+from crds.instance import Instance, SlotUsage
+from tests.harness.slot_instances import NAME, slot_instance
 
 
 def _healthy(devices: list) -> list[str]:  # type: ignore[type-arg]
@@ -56,7 +33,7 @@ def test_fair_share_gives_each_listed_node_its_slots_whatever_the_order() -> Non
 
 
 def test_a_node_advertises_only_slots_reserved_for_it_or_held_by_it() -> None:
-    instance = _instance(
+    instance = slot_instance(
         capacity=4,
         reservations={f"{NAME}-0": "node-a", f"{NAME}-1": "node-b", f"{NAME}-2": "node-a"},
         usage={f"{NAME}-2": "node-a", f"{NAME}-3": "node-b"},
@@ -74,12 +51,14 @@ def test_a_node_advertises_only_slots_reserved_for_it_or_held_by_it() -> None:
 
 
 def test_reservations_of_nodes_no_longer_listed_are_ignored() -> None:
-    instance = _instance(nodes=("node-a",), reservations={f"{NAME}-0": "gone", f"{NAME}-1": "gone"})
+    instance = slot_instance(
+        nodes=("node-a",), reservations={f"{NAME}-0": "gone", f"{NAME}-1": "gone"}
+    )
     assert reservation_plan(instance, "node-a").reserve == (f"{NAME}-0", f"{NAME}-1")
 
 
 def test_a_node_releases_free_slots_the_rule_gives_to_another_node_but_never_used_ones() -> None:
-    instance = _instance(
+    instance = slot_instance(
         capacity=3,
         reservations={f"{NAME}-0": "node-a", f"{NAME}-1": "node-a", f"{NAME}-2": "node-a"},
         usage={f"{NAME}-1": "node-a"},
@@ -92,7 +71,7 @@ def test_a_node_releases_free_slots_the_rule_gives_to_another_node_but_never_use
 
 
 def test_claim_verdicts() -> None:
-    instance = _instance(
+    instance = slot_instance(
         capacity=4,
         reservations={f"{NAME}-0": "node-a", f"{NAME}-1": "node-b"},
         usage={f"{NAME}-2": "C:cam-v0:node-b"},
@@ -116,13 +95,15 @@ def test_envs_carry_each_property_plain_and_with_the_instance_hash() -> None:
 
 
 def test_configuration_devices_follow_available_and_held_slots_with_stable_ids() -> None:
-    one = _instance(
+    one = slot_instance(
         name="cam-aaaaaa",
         nodes=("node-a",),
         reservations={"cam-aaaaaa-0": "node-a", "cam-aaaaaa-1": "node-a"},
         usage={"cam-aaaaaa-1": "C:cam-v1:node-a"},
     )
-    two = _instance(name="cam-bbbbbb", nodes=("node-a",), reservations={"cam-bbbbbb-0": "node-a"})
+    two = slot_instance(
+        name="cam-bbbbbb", nodes=("node-a",), reservations={"cam-bbbbbb-0": "node-a"}
+    )
     devices = configuration_devices(
         "cam", [one, two], "node-a", healthy=["cam-aaaaaa", "cam-bbbbbb"]
     )
@@ -153,7 +134,7 @@ def _apply(instance: Instance, node: str) -> Instance:
 
 def test_two_agents_converge_to_disjoint_fair_shares() -> None:
     # node-b first grabbed everything while alone; then node-a joined the Instance.
-    instance = _instance(nodes=("node-b",), capacity=3, usage={f"{NAME}-0": "node-b"})
+    instance = slot_instance(nodes=("node-b",), capacity=3, usage={f"{NAME}-0": "node-b"})
     for _ in range(2):
         instance = _apply(instance, "node-b")
     instance = replace(instance, spec=replace(instance.spec, nodes=("node-a", "node-b")))

@@ -16,37 +16,14 @@ from lightkube.resources.core_v1 import Pod
 
 from agent.slot_demand import PendingPods, extended_requests, instance_needs, pinned_node
 from agent.slots import instance_devices, reservation_plan, split_wanted
-from crds.instance import Instance, InstanceSpec
+from crds.instance import Instance
+from tests.harness.slot_instances import NAME, slot_instance
 
-NAME = "cam-1a2b3c"
 S0, S1, S2, S3 = (f"{NAME}-{i}" for i in range(4))
 
 
-def _instance(
-    *,
-    capacity: int = 2,
-    usage: dict[str, str] | None = None,
-    reservations: dict[str, str] | None = None,
-    demand: dict[str, int] | None = None,
-    name: str = NAME,
-) -> Instance:
-    return Instance(
-        name=name,
-        namespace="ns",
-        spec=InstanceSpec(
-            configuration_name="cam",
-            capacity=capacity,
-            shared=True,
-            nodes=("node-a", "node-b"),
-            device_usage=usage or {},
-        ),
-        reservations=reservations or {},
-        demand=demand or {},
-    )
-
-
 def test_a_node_with_demand_reserves_a_free_slot_before_its_fair_share_owner() -> None:
-    instance = _instance(usage={S0: "node-a"}, reservations={S0: "node-a"})
+    instance = slot_instance(usage={S0: "node-a"}, reservations={S0: "node-a"})
     plan = reservation_plan(instance, "node-a", wanted=1)
     assert plan.reserve == (S1,)
     assert plan.demand == 0, "the reservation meets the demand, written in the same patch"
@@ -60,7 +37,7 @@ def test_a_node_with_demand_reserves_a_free_slot_before_its_fair_share_owner() -
 
 
 def test_unmet_demand_is_what_available_slots_do_not_cover() -> None:
-    instance = _instance(reservations={S0: "node-a", S1: "node-b"})
+    instance = slot_instance(reservations={S0: "node-a", S1: "node-b"})
     assert reservation_plan(instance, "node-a", wanted=1).demand == 0  # slot 0 is available
     assert reservation_plan(instance, "node-a", wanted=2).demand == 1
     # The whole shortfall, even beyond what is free now: slots in use may come free later.
@@ -68,7 +45,7 @@ def test_unmet_demand_is_what_available_slots_do_not_cover() -> None:
 
 
 def test_an_idle_reservation_moves_to_a_node_with_demand_but_never_a_used_or_needed_one() -> None:
-    instance = _instance(
+    instance = slot_instance(
         usage={S0: "node-a"}, reservations={S0: "node-a", S1: "node-b"}, demand={"node-a": 1}
     )
     assert reservation_plan(instance, "node-b").release == (S1,)
@@ -84,7 +61,7 @@ def test_an_idle_reservation_moves_to_a_node_with_demand_but_never_a_used_or_nee
 
 
 def test_a_holder_gives_back_only_as_many_slots_as_others_need() -> None:
-    instance = _instance(
+    instance = slot_instance(
         capacity=4,
         usage={S0: "node-a", S2: "node-a"},
         reservations={S0: "node-a", S1: "node-b", S2: "node-a", S3: "node-b"},
@@ -101,7 +78,7 @@ def test_a_holder_gives_back_only_as_many_slots_as_others_need() -> None:
 
 def test_without_demand_a_slot_reserved_for_demand_returns_to_its_fair_share_owner() -> None:
     # node-a got slot 1 for a pod that has gone; nobody needs it now.
-    instance = _instance(usage={S0: "node-a"}, reservations={S0: "node-a", S1: "node-a"})
+    instance = slot_instance(usage={S0: "node-a"}, reservations={S0: "node-a", S1: "node-a"})
     assert reservation_plan(instance, "node-a", wanted=1).release == ()
     assert reservation_plan(instance, "node-a").release == (S1,)
 
@@ -119,7 +96,7 @@ def _apply(instance: Instance, node: str, wanted: int) -> Instance:
 
 
 def test_two_agents_move_the_idle_slot_to_the_waiting_node_and_settle() -> None:
-    instance = _instance(usage={S0: "node-a"})
+    instance = slot_instance(usage={S0: "node-a"})
     for _ in range(2):
         instance = _apply(_apply(instance, "node-a", 0), "node-b", 0)
     assert instance.reservations == {S0: "node-a", S1: "node-b"}
@@ -136,8 +113,8 @@ def test_two_agents_move_the_idle_slot_to_the_waiting_node_and_settle() -> None:
 
 
 def test_configuration_requests_use_available_slots_first_then_movable_ones() -> None:
-    one = _instance(name="cam-aaaaaa", reservations={"cam-aaaaaa-0": "node-a"})
-    two = _instance(name="cam-bbbbbb", reservations={"cam-bbbbbb-0": "node-b"})
+    one = slot_instance(name="cam-aaaaaa", reservations={"cam-aaaaaa-0": "node-a"})
+    two = slot_instance(name="cam-bbbbbb", reservations={"cam-bbbbbb-0": "node-b"})
     # One request: slot aaaaaa-0 is already available to node-a.
     assert split_wanted([two, one], "node-a", by_instance={}, by_configuration=1) == {
         "cam-aaaaaa": 1,
@@ -209,9 +186,11 @@ def test_extended_requests_sum_containers_and_cover_the_largest_init_container()
 
 
 def test_pod_requests_become_per_instance_wants_and_holds() -> None:
-    one = _instance(name="cam-aaaaaa", reservations={"cam-aaaaaa-0": "node-a"})
-    two = _instance(name="cam-bbbbbb")
-    other = replace(_instance(name="mic-cccccc"), spec=replace(one.spec, configuration_name="mic"))
+    one = slot_instance(name="cam-aaaaaa", reservations={"cam-aaaaaa-0": "node-a"})
+    two = slot_instance(name="cam-bbbbbb")
+    other = replace(
+        slot_instance(name="mic-cccccc"), spec=replace(one.spec, configuration_name="mic")
+    )
     served = {("ns", i.name): i for i in (one, two, other)}
     wanted, holding = instance_needs(
         served,
