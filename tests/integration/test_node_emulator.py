@@ -12,30 +12,35 @@ import asyncio
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import grpc
 import grpc.aio
 import pytest
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
+from lightkube.resources.core_v1 import Node, Pod
 
 from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import (
+    allocatable,
+    in_phase,
+    wait_allocatable,
+    wait_pod,
+    wait_until,
+)
 from tests.harness.kubelet_records import is_extended_resource_name
 from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, env_name, expected_response
 
 pytestmark = pytest.mark.timeout(180)
 
-#: Generous deadlines for a shared 2-core machine; none of them is a pass/fail timing.
-API_WAIT_S = 60.0
+#: Generous deadline for a shared 2-core machine; never a pass/fail timing.
 SCHEDULE_WAIT_S = 60.0
-POLL_S = 0.1
 GRPC_TIMEOUT_S = 10.0
 HEALTHY = "Healthy"
 
@@ -49,28 +54,6 @@ def plugin_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ep-kl-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[AsyncClient]:
-    client = AsyncClient(KubeConfig.from_file(str(control_plane.kubeconfig)))
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def pod_namespace(namespace: str, kube: AsyncClient) -> str:
-    """The test's namespace once the controller-manager gave it its default ServiceAccount."""
-
-    async def has_account() -> bool:
-        try:
-            await kube.get(ServiceAccount, "default", namespace=namespace)
-        except ApiError:
-            return False
-        return True
-
-    await wait_until(has_account, what=f"ServiceAccount default in {namespace}")
-    return namespace
 
 
 def new_node_name() -> str:
@@ -104,29 +87,6 @@ async def plugin(emulator: NodeEmulator) -> AsyncIterator[TestPlugin]:
 # -- helpers -------------------------------------------------------------------------------
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], *, what: str,
-                     within: float = API_WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {within:.0f}s for {what}")
-        await asyncio.sleep(POLL_S)
-
-
-async def allocatable(kube: AsyncClient, node: str, resource: str) -> str | None:
-    obj = await kube.get(Node, node)
-    assert obj.status is not None
-    return (obj.status.allocatable or {}).get(resource)
-
-
-async def wait_allocatable(kube: AsyncClient, node: str, resource: str, value: str) -> None:
-    async def check() -> bool:
-        return await allocatable(kube, node, resource) == value
-
-    await wait_until(check, what=f"node {node} allocatable {resource}={value}")
-
-
 def pod_manifest(name: str, *, resources: Mapping[str, str] | None = None,
                  node_selector: Mapping[str, str] | None = None,
                  init_resources: Mapping[str, str] | None = None) -> Pod:
@@ -151,20 +111,15 @@ async def create_pod(kube: AsyncClient, namespace: str, pod: Pod) -> None:
 
 async def wait_phase(kube: AsyncClient, namespace: str, name: str, phase: str,
                      *, within: float = SCHEDULE_WAIT_S) -> Pod:
-    found: list[Pod] = []
+    return await wait_pod(kube, namespace, name, lambda pod: in_phase(pod, phase), phase,
+                          within=within)
 
-    async def check() -> bool:
-        pod = await kube.get(Pod, name, namespace=namespace)
-        found[:] = [pod]
-        return pod.status is not None and pod.status.phase == phase
 
-    try:
-        await wait_until(check, what=f"pod {namespace}/{name} {phase}", within=within)
-    except AssertionError:
-        status = found[0].status if found else None
-        raise AssertionError(
-            f"pod {namespace}/{name} never {phase}; last status: {status}") from None
-    return found[0]
+async def run_pod(kube: AsyncClient, namespace: str, name: str,
+                  resources: Mapping[str, str]) -> Pod:
+    """Create a pod with these device limits and return it once it runs."""
+    await create_pod(kube, namespace, pod_manifest(name, resources=resources))
+    return await wait_phase(kube, namespace, name, "Running")
 
 
 # -- registration and capacity -------------------------------------------------------------
@@ -192,10 +147,7 @@ async def test_scheduled_pod_gets_the_plugins_allocation_and_runs(
     emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
 ) -> None:
     await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("user", resources={plugin.resource_name: "2"}))
-
-    pod = await wait_phase(kube, pod_namespace, "user", "Running")
+    pod = await run_pod(kube, pod_namespace, "user", {plugin.resource_name: "2"})
 
     assert pod.spec is not None
     assert pod.spec.nodeName == emulator.node_name  # bound by the real scheduler
@@ -264,9 +216,7 @@ async def test_deleting_a_pod_frees_its_devices_for_the_next_pod(
     emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
 ) -> None:
     await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("first", resources={plugin.resource_name: "3"}))
-    await wait_phase(kube, pod_namespace, "first", "Running")
+    await run_pod(kube, pod_namespace, "first", {plugin.resource_name: "3"})
     assert emulator.allocated_device_ids(plugin.resource_name) == {"d0", "d1", "d2"}
 
     # A graceful delete: the emulated kubelet confirms it, as a real one does.
@@ -281,9 +231,7 @@ async def test_deleting_a_pod_frees_its_devices_for_the_next_pod(
 
     await wait_until(gone, what="the deleted pod to disappear")
     assert emulator.allocated_device_ids(plugin.resource_name) == set()
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("second", resources={plugin.resource_name: "3"}))
-    await wait_phase(kube, pod_namespace, "second", "Running")
+    await run_pod(kube, pod_namespace, "second", {plugin.resource_name: "3"})
     assert emulator.allocated_device_ids(plugin.resource_name) == {"d0", "d1", "d2"}
 
 
@@ -349,9 +297,7 @@ async def test_only_healthy_devices_are_allocatable(
     assert node.status.capacity is not None
     assert node.status.capacity[plugin.resource_name] == "1"
 
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("healthy", resources={plugin.resource_name: "1"}))
-    await wait_phase(kube, pod_namespace, "healthy", "Running")
+    await run_pod(kube, pod_namespace, "healthy", {plugin.resource_name: "1"})
 
     [allocation] = emulator.allocations(pod_namespace, "healthy")
     assert allocation.device_ids == ("d0",)
@@ -447,9 +393,7 @@ async def test_kubelet_restart_deletes_plugin_sockets_and_serves_a_fresh_kubelet
     emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
 ) -> None:
     await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("survivor", resources={plugin.resource_name: "1"}))
-    await wait_phase(kube, pod_namespace, "survivor", "Running")
+    await run_pod(kube, pod_namespace, "survivor", {plugin.resource_name: "1"})
     assert plugin.socket_path.is_socket()
 
     await emulator.restart_kubelet()
@@ -470,9 +414,7 @@ async def test_kubelet_restart_deletes_plugin_sockets_and_serves_a_fresh_kubelet
     await plugin.start()
     await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
     assert len(emulator.registrations) == 2
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("after", resources={plugin.resource_name: "2"}))
-    await wait_phase(kube, pod_namespace, "after", "Running")
+    await run_pod(kube, pod_namespace, "after", {plugin.resource_name: "2"})
     [allocation] = emulator.allocations(pod_namespace, "after")
     assert set(allocation.device_ids) == {"d0", "d1"}  # d2 is still the survivor's
 
@@ -578,9 +520,7 @@ async def test_pod_resources_api_lists_live_pods_and_their_devices(
     emulator: NodeEmulator, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
 ) -> None:
     await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "3")
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("listed", resources={plugin.resource_name: "1"}))
-    await wait_phase(kube, pod_namespace, "listed", "Running")
+    await run_pod(kube, pod_namespace, "listed", {plugin.resource_name: "1"})
     assert emulator.pod_resources_socket is not None
 
     async with grpc.aio.insecure_channel(f"unix:{emulator.pod_resources_socket}") as channel:
@@ -642,9 +582,7 @@ async def test_a_not_ready_node_is_tainted_by_the_controller_and_recovers(
     assert {c.type: c.status for c in node.status.conditions or []}["Ready"] == "False"
 
     await emulator.set_node_ready(True)
-    await create_pod(kube, pod_namespace,
-                     pod_manifest("back", resources={plugin.resource_name: "1"}))
-    await wait_phase(kube, pod_namespace, "back", "Running")
+    await run_pod(kube, pod_namespace, "back", {plugin.resource_name: "1"})
 
     async def untainted() -> bool:
         return not await tainted()

@@ -8,52 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 
-from agent.kube import InstanceResource, as_dict
 from agent.slot_ledger import SlotLedger, SlotUnavailable
 from agent.slots import Verdict
 from crds.instance import Instance, SlotUsage
-from tests.harness.controlplane import ControlPlane
+from tests.harness.agent_nodes import create_instance, read_instance
 
 pytestmark = pytest.mark.timeout(120)
 
 ROUNDS = 10
 
 
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[AsyncClient]:
-    client = AsyncClient(KubeConfig.from_file(str(control_plane.kubeconfig)))
-    yield client
-    await client.close()
-
-
 async def _instance(kube: AsyncClient, namespace: str, nodes: list[str], capacity: int) -> str:
-    name = f"race{uuid.uuid4().hex[:6]}-abcdef"
-    await kube.create(
-        InstanceResource.from_dict(
-            {
-                "apiVersion": "edgeplug.io/v1alpha1",
-                "kind": "Instance",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {
-                    "configurationName": name.rpartition("-")[0],
-                    "capacity": capacity,
-                    "shared": True,
-                    "nodes": nodes,
-                },
-            }
-        )
-    )
-    return name
-
-
-async def _read(kube: AsyncClient, namespace: str, name: str) -> Instance:
-    return Instance.from_object(
-        as_dict(await kube.get(InstanceResource, name, namespace=namespace))
+    return await create_instance(
+        kube,
+        namespace,
+        configuration=f"race{uuid.uuid4().hex[:6]}",
+        digest="abcdef",
+        nodes=nodes,
+        capacity=capacity,
+        shared=True,
     )
 
 
@@ -78,14 +55,14 @@ async def test_concurrent_claims_of_one_free_slot_have_exactly_one_winner(
         assert len(winners) == 1, f"round {round_}: {results}"
         assert len(losers) == 1, f"round {round_}: {results}"
         assert losers[0].verdict in (Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE)
-        instance = await _read(kube, namespace, name)
+        instance = await read_instance(kube, namespace, name)
         assert instance.spec.device_usage[slot] == winners[0].node
         assert instance.reservations[slot] == winners[0].node
         # The winner frees the slot and gives back its reservation for the next round.
         async with winners[0].lock:
             await winners[0].free({slot: SlotUsage.by_node(winners[0].node)})
             await winners[0].release([slot])
-        assert (await _read(kube, namespace, name)).spec.device_usage[slot] == ""
+        assert (await read_instance(kube, namespace, name)).spec.device_usage[slot] == ""
 
 
 async def test_a_slot_reserved_for_another_node_is_refused_and_left_alone(
@@ -96,17 +73,17 @@ async def test_a_slot_reserved_for_another_node_is_refused_and_left_alone(
     b = SlotLedger(client=kube, node="node-b", namespace=namespace, name=name)
     async with b.lock:
         await b.reserve([f"{name}-1"])
-    before = await _read(kube, namespace, name)
+    before = await read_instance(kube, namespace, name)
     with pytest.raises(SlotUnavailable) as refused:
         await _claim(a, f"{name}-1")
     assert refused.value.verdict is Verdict.RESERVED_ELSEWHERE
     assert f"{name}-1" in str(refused.value)
-    after = await _read(kube, namespace, name)
+    after = await read_instance(kube, namespace, name)
     assert after.resource_version == before.resource_version, "a refused claim wrote nothing"
     # node-a may still claim the free, unreserved slot 0: it reserves and claims it.
     claimed = await _claim(a, f"{name}-0")
     assert claimed.spec.device_usage[f"{name}-0"] == "node-a"
-    assert (await _read(kube, namespace, name)).reservations[f"{name}-0"] == "node-a"
+    assert (await read_instance(kube, namespace, name)).reservations[f"{name}-0"] == "node-a"
 
 
 async def test_claim_on_a_stale_copy_never_takes_a_slot_claimed_since(
@@ -115,7 +92,7 @@ async def test_claim_on_a_stale_copy_never_takes_a_slot_claimed_since(
     """Allocate judges on the watch's copy to save a read; a stale copy must cost only a retry."""
     name = await _instance(kube, namespace, ["node-a", "node-b"], capacity=1)
     slot = f"{name}-0"
-    stale = await _read(kube, namespace, name)  # the slot is free and unreserved here
+    stale = await read_instance(kube, namespace, name)  # the slot is free and unreserved here
     winner = SlotLedger(client=kube, node="node-b", namespace=namespace, name=name)
     await _claim(winner, slot)
 
@@ -124,16 +101,16 @@ async def test_claim_on_a_stale_copy_never_takes_a_slot_claimed_since(
         async with late.lock:
             await late.claim({slot: SlotUsage.by_node("node-a")}, known=stale)
     assert refused.value.verdict in (Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE)
-    assert (await _read(kube, namespace, name)).spec.device_usage[slot] == "node-b"
+    assert (await read_instance(kube, namespace, name)).spec.device_usage[slot] == "node-b"
 
 
 async def test_claim_on_a_current_copy_succeeds(
     kube: AsyncClient, namespace: str
 ) -> None:
     name = await _instance(kube, namespace, ["node-a"], capacity=2)
-    current = await _read(kube, namespace, name)
+    current = await read_instance(kube, namespace, name)
     ledger = SlotLedger(client=kube, node="node-a", namespace=namespace, name=name)
     async with ledger.lock:
         claimed = await ledger.claim({f"{name}-1": SlotUsage.by_node("node-a")}, known=current)
     assert claimed.spec.device_usage[f"{name}-1"] == "node-a"
-    assert (await _read(kube, namespace, name)).spec.device_usage[f"{name}-1"] == "node-a"
+    assert (await read_instance(kube, namespace, name)).spec.device_usage[f"{name}-1"] == "node-a"
