@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,13 @@ def create_node(cp: ControlPlane, name: str, labels: Mapping[str, str] | None = 
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
                                                              "labels": dict(labels or {})}}
     cp.kubectl("apply", "-f", "-", stdin=json.dumps(node))
+
+
+def new_node(cp: ControlPlane, *, labels: Mapping[str, str] | None = None) -> str:
+    """Create a Node object with a fresh name (no kubelet behind it); returns the name."""
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    create_node(cp, name, labels)
+    return name
 
 
 def api_client(cp: ControlPlane) -> AsyncClient:

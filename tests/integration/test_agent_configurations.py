@@ -7,25 +7,12 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
 from typing import Any
 
 from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
 from crds.naming import instance_name
-from tests.harness.agent_process import (
-    agent_in_process,
-    api_client,
-    apply,
-    create_node,
-    debug_echo_configuration,
-    eventually,
-    instances,
-)
+from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
-
-
-def _node() -> str:
-    return f"node-{uuid.uuid4().hex[:8]}"
 
 
 def _configuration(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
@@ -62,17 +49,16 @@ def _secret(name: str, **values: str) -> dict[str, Any]:
 async def test_bad_details_reported_naming_the_field_while_others_work(
     control_plane: ControlPlane, namespace: str
 ) -> None:
-    node = _node()
-    create_node(control_plane, node)
-    bad = debug_echo_configuration(
+    node = harness.new_node(control_plane)
+    bad = harness.debug_echo_configuration(
         "bad", descriptions=[], raw_details="descriptions: [a, a]\n"
     )
-    good = debug_echo_configuration("good", descriptions=["fine0"])
+    good = harness.debug_echo_configuration("good", descriptions=["fine0"])
     # Every node finds the same fault, so it is reported in the one shared condition.
     details_condition = condition_type_for(REASON_INVALID_DETAILS, node)
-    client = api_client(control_plane)
-    async with agent_in_process(control_plane, node_name=node, namespace=namespace):
-        apply(control_plane, namespace, bad, good)
+    client = harness.api_client(control_plane)
+    async with harness.agent_in_process(control_plane, node_name=node, namespace=namespace):
+        harness.apply(control_plane, namespace, bad, good)
 
         async def reported() -> dict[str, Any] | None:
             condition = _condition(control_plane, namespace, "bad", details_condition)
@@ -80,7 +66,7 @@ async def test_bad_details_reported_naming_the_field_while_others_work(
                 return condition
             return None
 
-        condition = await eventually(
+        condition = await harness.eventually(
             reported, what=f"condition {details_condition} InvalidDiscoveryDetails on bad"
         )
         assert condition["status"] == "False"
@@ -91,27 +77,29 @@ async def test_bad_details_reported_naming_the_field_while_others_work(
                       if e["reason"] == REASON_INVALID_DETAILS]
             return events or None
 
-        events = await eventually(warned, what="an InvalidDiscoveryDetails Event on bad")
+        events = await harness.eventually(warned, what="an InvalidDiscoveryDetails Event on bad")
         assert events[0]["type"] == "Warning"
         assert "descriptions[1]" in events[0]["message"]
 
         good_name = instance_name("good", "fine0", shared=True, node=node)
 
         async def good_published() -> bool:
-            return good_name in await instances(client, namespace)
+            return good_name in await harness.instances(client, namespace)
 
-        await eventually(good_published, what=f"Instance {good_name} of the good Configuration")
+        await harness.eventually(
+            good_published, what=f"Instance {good_name} of the good Configuration"
+        )
 
         # Fixing the details (a spec change) restarts the run, which publishes and clears it.
-        fixed = debug_echo_configuration("bad", descriptions=["a"])
-        apply(control_plane, namespace, fixed)
+        fixed = harness.debug_echo_configuration("bad", descriptions=["a"])
+        harness.apply(control_plane, namespace, fixed)
 
         async def cleared() -> bool:
             condition = _condition(control_plane, namespace, "bad", details_condition)
             return condition is not None and condition["status"] == "True"
 
-        await eventually(cleared, what="condition True after fixing the details")
-        assert instance_name("bad", "a", shared=True, node=node) in await instances(
+        await harness.eventually(cleared, what="condition True after fixing the details")
+        assert instance_name("bad", "a", shared=True, node=node) in await harness.instances(
             client, namespace
         )
     await client.close()
@@ -120,9 +108,8 @@ async def test_bad_details_reported_naming_the_field_while_others_work(
 async def test_secret_backed_property_resolved_and_re_resolved(
     control_plane: ControlPlane, namespace: str
 ) -> None:
-    node = _node()
-    create_node(control_plane, node)
-    cfg = debug_echo_configuration(
+    node = harness.new_node(control_plane)
+    cfg = harness.debug_echo_configuration(
         "creds", descriptions=["dev0"],
         discovery_properties=[
             {"name": "USERNAME", "value": "admin"},
@@ -133,8 +120,10 @@ async def test_secret_backed_property_resolved_and_re_resolved(
         ],
     )
     key = (namespace, "creds")
-    async with agent_in_process(control_plane, node_name=node, namespace=namespace) as agent:
-        apply(control_plane, namespace, cfg)
+    async with harness.agent_in_process(
+        control_plane, node_name=node, namespace=namespace
+    ) as agent:
+        harness.apply(control_plane, namespace, cfg)
 
         # The Secret does not exist yet: the run says which property it cannot resolve.
         async def unavailable() -> dict[str, Any] | None:
@@ -146,10 +135,12 @@ async def test_secret_backed_property_resolved_and_re_resolved(
                 return condition
             return None
 
-        condition = await eventually(unavailable, what="DiscoveryPropertyUnavailable condition")
+        condition = await harness.eventually(
+            unavailable, what="DiscoveryPropertyUnavailable condition"
+        )
         assert "PASSWORD" in condition["message"]
 
-        apply(control_plane, namespace, _secret("cam-secret", password="first-pw"))
+        harness.apply(control_plane, namespace, _secret("cam-secret", password="first-pw"))
 
         async def resolved(expected: str) -> bool:
             run = agent.watch.runs.get(key)
@@ -157,9 +148,13 @@ async def test_secret_backed_property_resolved_and_re_resolved(
                 "USERNAME": "admin", "PASSWORD": expected,
             }
 
-        await eventually(lambda: resolved("first-pw"), what="PASSWORD resolved from the Secret")
-        apply(control_plane, namespace, _secret("cam-secret", password="second-pw"))
-        await eventually(lambda: resolved("second-pw"), what="PASSWORD re-resolved on change")
+        await harness.eventually(
+            lambda: resolved("first-pw"), what="PASSWORD resolved from the Secret"
+        )
+        harness.apply(control_plane, namespace, _secret("cam-secret", password="second-pw"))
+        await harness.eventually(
+            lambda: resolved("second-pw"), what="PASSWORD re-resolved on change"
+        )
 
         # Secret values never reach the Configuration's status or Events.
         text = json.dumps(_configuration(control_plane, namespace, "creds"))
@@ -171,34 +166,37 @@ async def test_secret_backed_property_resolved_and_re_resolved(
 async def test_node_selector_decides_where_discovery_runs(
     control_plane: ControlPlane, namespace: str
 ) -> None:
-    node = _node()
-    create_node(control_plane, node, labels={"zone": "north"})
-    north = debug_echo_configuration(
+    node = harness.new_node(control_plane, labels={"zone": "north"})
+    north = harness.debug_echo_configuration(
         "north", descriptions=["n0"], shared=False,
         node_selector={"matchLabels": {"zone": "north"}},
     )
-    south = debug_echo_configuration(
+    south = harness.debug_echo_configuration(
         "south", descriptions=["s0"], shared=False,
         node_selector={"matchExpressions": [
             {"key": "zone", "operator": "In", "values": ["south"]}]},
     )
-    client = api_client(control_plane)
+    client = harness.api_client(control_plane)
     north_name = instance_name("north", "n0", shared=False, node=node)
     south_name = instance_name("south", "s0", shared=False, node=node)
-    async with agent_in_process(control_plane, node_name=node, namespace=namespace) as agent:
-        apply(control_plane, namespace, north, south)
+    async with harness.agent_in_process(
+        control_plane, node_name=node, namespace=namespace
+    ) as agent:
+        harness.apply(control_plane, namespace, north, south)
 
         async def north_only() -> bool:
-            return set(await instances(client, namespace)) == {north_name}
+            return set(await harness.instances(client, namespace)) == {north_name}
 
-        await eventually(north_only, what=f"only {north_name} (south does not select the node)")
+        await harness.eventually(
+            north_only, what=f"only {north_name} (south does not select the node)"
+        )
         assert (namespace, "south") not in agent.watch.runs
 
         # Relabel the node: discovery moves from north to south.
         control_plane.kubectl("label", "node", node, "zone=south", "--overwrite")
 
         async def south_only() -> bool:
-            return set(await instances(client, namespace)) == {south_name}
+            return set(await harness.instances(client, namespace)) == {south_name}
 
-        await eventually(south_only, what=f"only {south_name} after relabelling the node")
+        await harness.eventually(south_only, what=f"only {south_name} after relabelling the node")
     await client.close()

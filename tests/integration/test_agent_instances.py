@@ -6,44 +6,32 @@ name (a Node object the test creates).
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
-from tests.harness.agent_process import (
-    agent_in_process,
-    api_client,
-    apply,
-    create_node,
-    debug_echo_configuration,
-    eventually,
-    instances,
-)
+from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
 
 SHORT_GRACE = 3  # seconds: offlineGracePeriodSeconds for the grace tests
 
 
-def _node() -> str:
-    return f"node-{uuid.uuid4().hex[:8]}"
-
-
 async def test_shared_and_local_devices_become_instances(
     control_plane: ControlPlane, namespace: str
 ) -> None:
-    node = _node()
-    create_node(control_plane, node)
-    shared_cfg = debug_echo_configuration(
+    node = harness.new_node(control_plane)
+    shared_cfg = harness.debug_echo_configuration(
         "echo-shared", descriptions=["foo0", "foo1"], capacity=2,
         broker_properties={"COLOUR": "blue"},
     )
-    local_cfg = debug_echo_configuration("echo-local", descriptions=["usb0"], shared=False)
-    client = api_client(control_plane)
-    async with agent_in_process(control_plane, node_name=node, namespace=namespace) as agent:
-        apply(control_plane, namespace, shared_cfg, local_cfg)
+    local_cfg = harness.debug_echo_configuration("echo-local", descriptions=["usb0"], shared=False)
+    client = harness.api_client(control_plane)
+    async with harness.agent_in_process(
+        control_plane, node_name=node, namespace=namespace
+    ) as agent:
+        harness.apply(control_plane, namespace, shared_cfg, local_cfg)
         expected = {
             instance_name("echo-shared", "foo0", shared=True, node=node),
             instance_name("echo-shared", "foo1", shared=True, node=node),
@@ -51,10 +39,10 @@ async def test_shared_and_local_devices_become_instances(
         }
 
         async def all_there() -> dict[str, dict[str, Any]] | None:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             return found if set(found) == expected else None
 
-        found = await eventually(all_there, what=f"Instances {sorted(expected)}")
+        found = await harness.eventually(all_there, what=f"Instances {sorted(expected)}")
         foo0 = found[instance_name("echo-shared", "foo0", shared=True, node=node)]
         spec = foo0["spec"]
         assert spec["configurationName"] == "echo-shared"
@@ -79,7 +67,7 @@ async def test_shared_and_local_devices_become_instances(
         async def served() -> bool:
             return {name for _, name in agent.devices.snapshot()} == expected
 
-        await eventually(served, what=f"node device table holding {sorted(expected)}")
+        await harness.eventually(served, what=f"node device table holding {sorted(expected)}")
         table = agent.devices.snapshot()
         assert table[(namespace, name)].properties["DEBUG_ECHO_DESCRIPTION"] == "foo0"
 
@@ -96,13 +84,13 @@ async def test_shared_and_local_devices_become_instances(
             wanted = {"edgeplug.io/echo-shared": "true", "edgeplug.io/echo-local": "true"}
             return labels if wanted.items() <= labels.items() else None
 
-        await eventually(labelled, what=f"labels edgeplug.io/echo-* on Node {node}")
+        await harness.eventually(labelled, what=f"labels edgeplug.io/echo-* on Node {node}")
 
         # Deleting a Configuration removes the node's Instances of it and its label.
         control_plane.kubectl("delete", "configuration", "echo-local", "-n", namespace)
 
         async def local_gone() -> bool:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             got = await client.get(Node, node)
             labels = (got.metadata.labels if got.metadata else None) or {}
             return (
@@ -110,98 +98,97 @@ async def test_shared_and_local_devices_become_instances(
                 and "edgeplug.io/echo-local" not in labels
             )
 
-        await eventually(local_gone, what="echo-local's Instance and node label gone")
+        await harness.eventually(local_gone, what="echo-local's Instance and node label gone")
     await client.close()
 
 
 async def test_two_nodes_share_one_instance(control_plane: ControlPlane, namespace: str) -> None:
-    node_a, node_b = sorted([_node(), _node()])
-    for node in (node_a, node_b):
-        create_node(control_plane, node)
-    cfg = debug_echo_configuration("cam", descriptions=["camera-1"])
-    client = api_client(control_plane)
+    node_a, node_b = sorted([harness.new_node(control_plane), harness.new_node(control_plane)])
+    cfg = harness.debug_echo_configuration("cam", descriptions=["camera-1"])
+    client = harness.api_client(control_plane)
     name = instance_name("cam", "camera-1", shared=True, node=node_a)
-    apply(control_plane, namespace, cfg)
+    harness.apply(control_plane, namespace, cfg)
     async with (
-        agent_in_process(control_plane, node_name=node_a, namespace=namespace),
-        agent_in_process(control_plane, node_name=node_b, namespace=namespace) as agent_b,
+        harness.agent_in_process(control_plane, node_name=node_a, namespace=namespace),
+        harness.agent_in_process(control_plane, node_name=node_b, namespace=namespace) as agent_b,
     ):
         async def both() -> bool:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             return name in found and sorted(found[name]["spec"]["nodes"]) == [node_a, node_b]
 
-        await eventually(both, what=f"Instance {name} listing {node_a} and {node_b}")
-        uid = (await instances(client, namespace))[name]["metadata"]["uid"]
+        await harness.eventually(both, what=f"Instance {name} listing {node_a} and {node_b}")
+        uid = (await harness.instances(client, namespace))[name]["metadata"]["uid"]
 
         # One agent's Configuration stops selecting its node: it leaves, the other stays.
         await agent_b.watch.runs[(namespace, "cam")].stop(withdraw=True)
 
         async def only_a() -> bool:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             nodes: list[str] = found[name]["spec"]["nodes"]
             return nodes == [node_a]
 
-        await eventually(only_a, what=f"Instance {name} listing only {node_a}")
-        assert (await instances(client, namespace))[name]["metadata"]["uid"] == uid
+        await harness.eventually(only_a, what=f"Instance {name} listing only {node_a}")
+        assert (await harness.instances(client, namespace))[name]["metadata"]["uid"] == uid
 
         # The Configuration goes: the Instance goes and no agent brings it back.
         control_plane.kubectl("delete", "configuration", "cam", "-n", namespace)
 
         async def gone() -> bool:
-            return name not in await instances(client, namespace)
+            return name not in await harness.instances(client, namespace)
 
-        await eventually(gone, what=f"Instance {name} deleted with its Configuration")
+        await harness.eventually(gone, what=f"Instance {name} deleted with its Configuration")
     await client.close()
 
 
 async def test_offline_devices_local_at_once_shared_after_grace(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
-    node = _node()
-    create_node(control_plane, node)
+    node = harness.new_node(control_plane)
     availability = tmp_path / "offline"
-    shared_cfg = debug_echo_configuration(
+    shared_cfg = harness.debug_echo_configuration(
         "net", descriptions=["cam0", "cam1"], availability_file=availability, grace=SHORT_GRACE
     )
-    local_cfg = debug_echo_configuration(
+    local_cfg = harness.debug_echo_configuration(
         "usb", descriptions=["port0"], shared=False, availability_file=availability
     )
     cam0 = instance_name("net", "cam0", shared=True, node=node)
     cam1 = instance_name("net", "cam1", shared=True, node=node)
     port0 = instance_name("usb", "port0", shared=False, node=node)
-    client = api_client(control_plane)
-    async with agent_in_process(control_plane, node_name=node, namespace=namespace) as agent:
-        apply(control_plane, namespace, shared_cfg, local_cfg)
+    client = harness.api_client(control_plane)
+    async with harness.agent_in_process(
+        control_plane, node_name=node, namespace=namespace
+    ) as agent:
+        harness.apply(control_plane, namespace, shared_cfg, local_cfg)
 
         async def all_three() -> dict[str, dict[str, Any]] | None:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             return found if {cam0, cam1, port0} <= set(found) else None
 
-        before = await eventually(all_three, what="three Instances")
+        before = await harness.eventually(all_three, what="three Instances")
 
         # port0 and cam0 go offline: port0's Instance goes at once, cam0's stays for the grace
         # (unhealthy in the node's table) and goes once it has passed.
         availability.write_text("port0\ncam0\n")
 
         async def port0_gone() -> dict[str, dict[str, Any]] | None:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             return found if port0 not in found else None
 
-        await eventually(port0_gone, what=f"local Instance {port0} deleted")
+        await harness.eventually(port0_gone, what=f"local Instance {port0} deleted")
 
         async def cam0_in_grace() -> bool:
             device = agent.devices.get(namespace, cam0)
             return device is not None and not device.healthy
 
-        await eventually(cam0_in_grace, what=f"{cam0} unhealthy in the node's table")
-        assert cam0 in await instances(client, namespace), (
+        await harness.eventually(cam0_in_grace, what=f"{cam0} unhealthy in the node's table")
+        assert cam0 in await harness.instances(client, namespace), (
             "a shared Instance must outlive its device by the grace period"
         )
 
         async def cam0_gone() -> bool:
-            return cam0 not in await instances(client, namespace)
+            return cam0 not in await harness.instances(client, namespace)
 
-        await eventually(cam0_gone, what=f"shared Instance {cam0} deleted after the grace",
+        await harness.eventually(cam0_gone, what=f"shared Instance {cam0} deleted after the grace",
                          deadline=SHORT_GRACE + 15)
 
         # cam1 goes offline and comes back within the grace: nothing changes.
@@ -211,15 +198,15 @@ async def test_offline_devices_local_at_once_shared_after_grace(
             device = agent.devices.get(namespace, cam1)
             return device is not None and not device.healthy
 
-        await eventually(cam1_unhealthy, what=f"{cam1} marked unhealthy")
+        await harness.eventually(cam1_unhealthy, what=f"{cam1} marked unhealthy")
         availability.write_text("")
 
         async def cam1_healthy() -> bool:
             device = agent.devices.get(namespace, cam1)
             return device is not None and device.healthy
 
-        await eventually(cam1_healthy, what=f"{cam1} healthy again")
-        found = await instances(client, namespace)
+        await harness.eventually(cam1_healthy, what=f"{cam1} healthy again")
+        found = await harness.instances(client, namespace)
         assert found[cam1]["metadata"]["uid"] == before[cam1]["metadata"]["uid"]
         assert found[cam1]["spec"]["nodes"] == [node]
         assert agent.watch.runs[(namespace, "net")].publisher.owned.get(cam1) is True
@@ -230,20 +217,21 @@ async def test_stale_configuration_labels_pruned_at_start(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     """A Configuration deleted while the agent was down leaves no label behind."""
-    node = _node()
-    create_node(
-        control_plane, node,
+    node = harness.new_node(
+        control_plane,
         labels={"edgeplug.io/ghost": "true", "edgeplug.io/team": "cameras", "zone": "a"},
     )
-    client = api_client(control_plane)
-    async with agent_in_process(control_plane, node_name=node, namespace=namespace):
+    client = harness.api_client(control_plane)
+    async with harness.agent_in_process(control_plane, node_name=node, namespace=namespace):
 
         async def pruned() -> dict[str, str] | None:
             got = await client.get(Node, node)
             labels = dict((got.metadata.labels if got.metadata else None) or {})
             return labels if "edgeplug.io/ghost" not in labels else None
 
-        labels = await eventually(pruned, what=f"stale label edgeplug.io/ghost gone from {node}")
+        labels = await harness.eventually(
+            pruned, what=f"stale label edgeplug.io/ghost gone from {node}"
+        )
     # Labels that are not ours to manage stay.
     assert labels["edgeplug.io/team"] == "cameras"
     assert labels["zone"] == "a"

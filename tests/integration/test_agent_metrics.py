@@ -10,12 +10,11 @@ import os
 import subprocess
 import sys
 import urllib.request
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.agent_process import apply, create_node, debug_echo_configuration, eventually
+from tests.harness import agent_process as harness
 from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port
 
 STOP_TIMEOUT_S = 10.0
@@ -23,8 +22,7 @@ STOP_TIMEOUT_S = 10.0
 
 @pytest.fixture
 def metrics_agent(control_plane: ControlPlane, namespace: str) -> Iterator[tuple[str, int]]:
-    node = f"node-{uuid.uuid4().hex[:8]}"
-    create_node(control_plane, node)
+    node = harness.new_node(control_plane)
     port = free_port()
     env = {
         **os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.kubeconfig),
@@ -56,8 +54,8 @@ async def test_metrics_count_instances_and_discovery(
     control_plane: ControlPlane, namespace: str, metrics_agent: tuple[str, int]
 ) -> None:
     _node, port = metrics_agent
-    apply(control_plane, namespace,
-          debug_echo_configuration("cams", descriptions=["cam0", "cam1", "cam2"]))
+    harness.apply(control_plane, namespace,
+          harness.debug_echo_configuration("cams", descriptions=["cam0", "cam1", "cam2"]))
     instances_line = f'edgeplug_instances{{configuration="cams",namespace="{namespace}"}} 3.0'
 
     async def counted() -> str | None:
@@ -67,7 +65,7 @@ async def test_metrics_count_instances_and_discovery(
             return None  # the agent is still starting its metrics server
         return text if instances_line in text else None
 
-    text = await eventually(counted, what=f"'{instances_line}' on /metrics")
+    text = await harness.eventually(counted, what=f"'{instances_line}' on /metrics")
     assert 'edgeplug_discovery_duration_seconds_count{handler="debugEcho"}' in text
     # Every family an operator alerts on is exported, even before it has samples.
     for family, kind in [

@@ -7,34 +7,24 @@ shutdown code runs. Instance uids must be unchanged afterwards and slot claims k
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
 from crds.naming import instance_name, slot_id
-from tests.harness.agent_process import (
-    AgentSubprocess,
-    api_client,
-    apply,
-    create_node,
-    debug_echo_configuration,
-    eventually,
-    instances,
-)
+from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
 
 
 async def test_sigkill_and_restart_keeps_instances_and_slots(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
-    node = f"node-{uuid.uuid4().hex[:8]}"
-    create_node(control_plane, node)
+    node = harness.new_node(control_plane)
     availability = tmp_path / "offline"
     availability.write_text("d2\nu1\n")  # come online only after the restart
-    shared_cfg = debug_echo_configuration(
+    shared_cfg = harness.debug_echo_configuration(
         "kept", descriptions=["d0", "d1", "d2"], capacity=2, availability_file=availability
     )
-    local_cfg = debug_echo_configuration(
+    local_cfg = harness.debug_echo_configuration(
         "mine", descriptions=["u0", "u1"], shared=False, availability_file=availability
     )
     names = {
@@ -46,17 +36,19 @@ async def test_sigkill_and_restart_keeps_instances_and_slots(
         instance_name("kept", "d2", shared=True, node=node),
         instance_name("mine", "u1", shared=False, node=node),
     }
-    client = api_client(control_plane)
+    client = harness.api_client(control_plane)
     log = tmp_path / "agent.log"
-    agent = AgentSubprocess(control_plane, node_name=node, namespace=namespace, log_path=log)
-    apply(control_plane, namespace, shared_cfg, local_cfg)
+    agent = harness.AgentSubprocess(
+        control_plane, node_name=node, namespace=namespace, log_path=log
+    )
+    harness.apply(control_plane, namespace, shared_cfg, local_cfg)
     agent.start()
     try:
         async def published() -> dict[str, dict[str, Any]] | None:
-            found = await instances(client, namespace)
+            found = await harness.instances(client, namespace)
             return found if set(found) == names else None
 
-        before = await eventually(published, what=f"Instances {sorted(names)} (log: {log})")
+        before = await harness.eventually(published, what=f"Instances {sorted(names)} (log: {log})")
 
         # A slot claimed as the device-plugin side would claim it.
         claimed = instance_name("kept", "d0", shared=True, node=node)
@@ -73,10 +65,10 @@ async def test_sigkill_and_restart_keeps_instances_and_slots(
         availability.write_text("")
 
         async def rediscovered() -> bool:
-            return later <= set(await instances(client, namespace))
+            return later <= set(await harness.instances(client, namespace))
 
-        await eventually(rediscovered, what=f"restarted agent publishing {sorted(later)}")
-        after = await instances(client, namespace)
+        await harness.eventually(rediscovered, what=f"restarted agent publishing {sorted(later)}")
+        after = await harness.instances(client, namespace)
         assert set(after) == names | later
         for name in names:
             assert after[name]["metadata"]["uid"] == before[name]["metadata"]["uid"], name
