@@ -29,7 +29,7 @@ from tests.harness.kubelet_records import (
     Registration,
     is_extended_resource_name,
 )
-from tests.harness.unix_grpc import serve_on_socket
+from tests.harness.unix_grpc import SocketServer
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,13 @@ class DeviceManager:
         self._on_change = on_change
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._known: set[str] = set()  # every resource ever registered: reported even at 0
-        self._server: grpc.aio.Server | None = None
+        self._grpc = SocketServer(
+            self.socket_path,
+            add_services=lambda server: pb_grpc.add_RegistrationServicer_to_server(
+                _RegistrationService(self), server
+            ),
+            stop_grace_s=SERVER_STOP_GRACE_S,
+        )
         self._closing: set[asyncio.Task[None]] = set()  # replaced endpoints being closed
 
     @property
@@ -134,17 +140,10 @@ class DeviceManager:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await serve_on_socket(
-            self.socket_path,
-            add_services=lambda server: pb_grpc.add_RegistrationServicer_to_server(
-                _RegistrationService(self), server
-            ),
-        )
+        await self._grpc.start()
 
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(SERVER_STOP_GRACE_S)
-            self._server = None
+        await self._grpc.stop()
         endpoints = list(self._endpoints.values())
         self._endpoints.clear()
         for endpoint in endpoints:

@@ -17,7 +17,7 @@ from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from tests.harness.kubelet_devices import DeviceManager
 from tests.harness.kubelet_pods import PodManager, PodRecord
-from tests.harness.unix_grpc import serve_on_socket
+from tests.harness.unix_grpc import SocketServer
 
 #: How long stopping the server lets in-flight calls finish.
 SERVER_STOP_GRACE_S = 0.5
@@ -76,18 +76,17 @@ class PodResourcesServer:
     def __init__(self, *, socket_path: Path, pods: PodManager, devices: DeviceManager) -> None:
         self.socket_path = socket_path
         self._service = _PodResourcesService(pods=pods, devices=devices)
-        self._server: grpc.aio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await serve_on_socket(
-            self.socket_path,
+        self._grpc = SocketServer(
+            socket_path,
             add_services=lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
                 self._service, server
             ),
+            stop_grace_s=SERVER_STOP_GRACE_S,
         )
 
+    async def start(self) -> None:
+        await self._grpc.start()
+
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(SERVER_STOP_GRACE_S)
-            self._server = None
+        await self._grpc.stop()
         self.socket_path.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ import grpc.aio
 
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from tests.harness.unix_grpc import SocketServer
 
 #: Deadline of the plugin's Register call to the kubelet.
 REGISTER_TIMEOUT_S = 5.0
@@ -74,7 +75,11 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
         self.fail_allocate = fail_allocate
         self.calls = Calls()
         self._updates: list[asyncio.Queue[dict[str, str] | None]] = []
-        self._server: grpc.aio.Server | None = None
+        self._grpc = SocketServer(
+            self.socket_path,
+            add_services=lambda server: pb_grpc.add_DevicePluginServicer_to_server(self, server),
+            stop_grace_s=STOP_GRACE_S,
+        )
 
     @property
     def socket_path(self) -> Path:
@@ -88,12 +93,7 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def serve(self) -> None:
-        self.socket_path.unlink(missing_ok=True)
-        server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(self, server)
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
-        self._server = server
+        await self._grpc.start()
 
     async def register(self, *, version: str = "v1beta1") -> None:
         """Register on kubelet.sock (raises grpc.aio.AioRpcError when refused)."""
@@ -110,9 +110,7 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
     async def stop(self) -> None:
         for queue in self._updates:
             queue.put_nowait(None)
-        if self._server is not None:
-            await self._server.stop(STOP_GRACE_S)
-            self._server = None
+        await self._grpc.stop()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 

@@ -1,8 +1,9 @@
-"""Start a ``grpc.aio`` server on a Unix socket, as the emulated kubelet's servers all do.
+"""A ``grpc.aio`` server on a Unix socket, started and stopped as the kubelet's servers are.
 
 Why this exists: the kubelet stand-ins (device-manager registration, pod-resources, the
-lifecycle tests' registrar) each serve one gRPC service on a socket file; the steps to bring
-one up (make the directory, clear a stale socket, bind, start) live here once.
+lifecycle tests' registrar) and the test device plugin each serve gRPC on a socket file; the
+steps to bring one up (make the directory, clear a stale socket, bind, start) and to stop it
+live here once.
 """
 
 from __future__ import annotations
@@ -29,3 +30,28 @@ async def serve_on_socket(
     server.add_insecure_port(f"unix:{socket_path}")
     await server.start()
     return server
+
+
+class SocketServer:
+    """One gRPC server on ``socket_path``; ``start`` after ``stop`` serves a fresh one."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        add_services: Callable[[grpc.aio.Server], None],
+        stop_grace_s: float | None,
+    ) -> None:
+        self.socket_path = socket_path
+        self._add_services = add_services
+        self._stop_grace_s = stop_grace_s
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await serve_on_socket(self.socket_path, add_services=self._add_services)
+
+    async def stop(self) -> None:
+        """Stop serving (letting in-flight calls finish for the grace); no-op when stopped."""
+        if self._server is not None:
+            await self._server.stop(self._stop_grace_s)
+            self._server = None

@@ -28,7 +28,7 @@ from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.metrics import AgentMetrics
 from discovery_handlers.contract import DeviceSpec, Mount
-from tests.harness.unix_grpc import serve_on_socket
+from tests.harness.unix_grpc import SocketServer
 
 DEADLINE_SECONDS = 5.0
 POLL_SECONDS = 0.01
@@ -49,20 +49,19 @@ class KubeletStandIn:
     def __init__(self, plugin_dir: Path) -> None:
         self.plugin_dir = plugin_dir
         self.registrar = _Registrar()
-        self._server: aio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await serve_on_socket(
-            self.plugin_dir / "kubelet.sock",
+        self._grpc = SocketServer(
+            plugin_dir / "kubelet.sock",
             add_services=lambda server: pb_grpc.add_RegistrationServicer_to_server(
                 self.registrar, server
             ),
+            stop_grace_s=None,
         )
 
+    async def start(self) -> None:
+        await self._grpc.start()
+
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(None)
-            self._server = None
+        await self._grpc.stop()
 
     async def restart(self) -> None:
         """Stop, delete every socket in the plugin directory, start on a new kubelet.sock."""
