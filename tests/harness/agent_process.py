@@ -165,7 +165,8 @@ class AgentSubprocess:
 
     def __init__(self, cp: ControlPlane, *, node_name: str, namespace: str | None,
                  serve_device_plugins: bool = False, plugin_dir: Path | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> None:
         env = dict(os.environ)
         env.update({"NODE_NAME": node_name, "KUBECONFIG": str(cp.kubeconfig),
                     "POD_RESOURCES_SOCKET": ""})
@@ -175,6 +176,7 @@ class AgentSubprocess:
             env["PLUGIN_DIR"] = str(plugin_dir)
         if not serve_device_plugins:
             env["DEVICE_PLUGINS"] = "off"
+        env.update(extra_env or {})
         self._env = env
         self._log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None

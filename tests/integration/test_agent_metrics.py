@@ -6,42 +6,28 @@ The agent runs as its own process (``python -m agent.main``, as the DaemonSet ru
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from tests.harness import agent_process as harness
-from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port
-
-STOP_TIMEOUT_S = 10.0
+from tests.harness.controlplane import ControlPlane, free_port
 
 
 @pytest.fixture
 def metrics_agent(control_plane: ControlPlane, namespace: str) -> Iterator[tuple[str, int]]:
     node = harness.new_node(control_plane)
     port = free_port()
-    env = {
-        **os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.kubeconfig),
-        "WATCH_NAMESPACE": namespace, "METRICS_PORT": str(port),
-        "METRICS_ADDRESS": "127.0.0.1", "DEVICE_PLUGINS": "off", "POD_RESOURCES_SOCKET": "",
-    }
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "agent.main"], env=env, cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    agent = harness.AgentSubprocess(
+        control_plane, node_name=node, namespace=namespace,
+        extra_env={"METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1"},
     )
+    agent.start()
     try:
         yield node, port
     finally:
-        agent.terminate()
-        try:
-            agent.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(STOP_TIMEOUT_S)
+        agent.stop()
 
 
 def _scrape(port: int) -> str:
@@ -55,7 +41,7 @@ async def test_metrics_count_instances_and_discovery(
 ) -> None:
     _node, port = metrics_agent
     harness.apply(control_plane, namespace,
-          harness.debug_echo_configuration("cams", descriptions=["cam0", "cam1", "cam2"]))
+                  harness.debug_echo_configuration("cams", descriptions=["cam0", "cam1", "cam2"]))
     instances_line = f'edgeplug_instances{{configuration="cams",namespace="{namespace}"}} 3.0'
 
     async def counted() -> str | None:
