@@ -63,6 +63,10 @@ class KubeletStandIn:
     async def stop(self) -> None:
         await self._grpc.stop()
 
+    async def wait_registrations(self, count: int, what: str) -> None:
+        """Wait until ``count`` Register calls in all have arrived."""
+        await eventually(lambda: len(self.registrar.requests) == count, what)
+
     async def restart(self) -> None:
         """Stop, delete every socket in the plugin directory, start on a new kubelet.sock."""
         await self.stop()
@@ -175,7 +179,7 @@ async def test_registers_with_version_endpoint_resource_and_options(
     mgr, metrics = manager
     spec = _spec()
     await mgr.add(spec)
-    await eventually(lambda: len(kubelet.registrar.requests) == 1, "one registration")
+    await kubelet.wait_registrations(1, "one registration")
     request = kubelet.registrar.requests[0]
     assert request.version == "v1beta1"
     assert request.endpoint == spec.socket_name
@@ -215,11 +219,11 @@ async def test_kubelet_restart_reserves_and_reregisters_every_plugin(
     specs = [_spec(f"edgeplug.io/dev-{i}", (f"dev-{i}-0",)) for i in range(3)]
     for spec in specs:
         await mgr.add(spec)
-    await eventually(lambda: len(kubelet.registrar.requests) == 3, "three first registrations")
+    await kubelet.wait_registrations(3, "three first registrations")
 
     await kubelet.restart()  # deletes every plugin socket and makes a new kubelet.sock
 
-    await eventually(lambda: len(kubelet.registrar.requests) == 6, "three re-registrations")
+    await kubelet.wait_registrations(6, "three re-registrations")
     assert {r.resource_name for r in kubelet.registrar.requests[3:]} == {
         s.resource_name for s in specs
     }
@@ -237,9 +241,9 @@ async def test_own_socket_deleted_is_served_again_and_reregistered(
     mgr, _ = manager
     spec = _spec()
     await mgr.add(spec)
-    await eventually(lambda: len(kubelet.registrar.requests) == 1, "first registration")
+    await kubelet.wait_registrations(1, "first registration")
     (plugin_dir / spec.socket_name).unlink()
-    await eventually(lambda: len(kubelet.registrar.requests) == 2, "re-registration")
+    await kubelet.wait_registrations(2, "re-registration")
     assert (plugin_dir / spec.socket_name).is_socket()
 
 
