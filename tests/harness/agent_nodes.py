@@ -12,6 +12,7 @@ import asyncio
 import shutil
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,10 @@ class AgentNode:
 
     def counter(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+#: What the ``start_node`` fixture hands a test: start one more agent node.
+StartNode = Callable[[], Awaitable[AgentNode]]
 
 
 @dataclass

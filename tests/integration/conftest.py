@@ -7,12 +7,12 @@ ServiceAccount exists (pods are refused before it does). Defined once here rathe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from tests.harness.agent_nodes import AgentNode, AgentNodes
+from tests.harness.agent_nodes import AgentNodes, StartNode
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_service_account
 
@@ -35,7 +35,7 @@ async def pod_namespace(namespace: str, kube: AsyncClient) -> str:
 @pytest.fixture
 async def start_node(
     control_plane: ControlPlane, kube: AsyncClient
-) -> AsyncIterator[Callable[[], Awaitable[AgentNode]]]:
+) -> AsyncIterator[StartNode]:
     """Starts emulated nodes running the agent's device-plugin side; stops them afterwards."""
     nodes = AgentNodes(kube=kube, kubeconfig=control_plane.kubeconfig)
     yield nodes.start

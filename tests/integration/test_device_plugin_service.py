@@ -9,7 +9,7 @@ emulator with a deadline and fails saying what it expected.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
@@ -25,7 +25,7 @@ from agent.kube import InstanceResource, as_dict
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from tests.harness.agent_nodes import (
-    AgentNode,
+    StartNode,
     create_instance,
     node_device,
     read_instance,
@@ -72,6 +72,12 @@ async def create_pod(
     await kube.create(cast(Pod, pod))
 
 
+async def run_pod(kube: AsyncClient, namespace: str, name: str, limits: Mapping[str, str]) -> Pod:
+    """Create a pod with these device limits and return it once it runs."""
+    await create_pod(kube, namespace, name, limits)
+    return await wait_pod(kube, namespace, name, running, "Running")
+
+
 async def assert_no_admission_errors(kube: AsyncClient, namespace: str) -> None:
     async for pod in kube.list(Pod, namespace=namespace):
         assert pod.status is not None
@@ -83,7 +89,7 @@ async def assert_no_admission_errors(kube: AsyncClient, namespace: str) -> None:
 
 
 async def test_instance_and_configuration_resources_allocate_claim_and_free(
-    kube: AsyncClient, pod_namespace: str, start_node: Callable[[], Awaitable[AgentNode]]
+    kube: AsyncClient, pod_namespace: str, start_node: StartNode
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
     node = await start_node()
@@ -100,8 +106,7 @@ async def test_instance_and_configuration_resources_allocate_claim_and_free(
     await wait_allocatable(kube, node.name, res_conf, "4")
 
     # A pod requesting the Instance's resource: scheduled, Running, given the device.
-    await create_pod(kube, ns, "by-instance", {res_one: "1"})
-    await wait_pod(kube, ns, "by-instance", running, "Running")
+    await run_pod(kube, ns, "by-instance", {res_one: "1"})
     [allocation] = node.emulator.allocations(ns, "by-instance")
     assert dict(allocation.envs) == {
         "DEBUG_ECHO_DESCRIPTION": "desc-a1a1a1",
@@ -114,8 +119,7 @@ async def test_instance_and_configuration_resources_allocate_claim_and_free(
     assert (await read_instance(kube, ns, one)).spec.device_usage[slot] == node.name
 
     # A pod requesting the configuration-level resource: free slots of distinct Instances.
-    await create_pod(kube, ns, "by-configuration", {res_conf: "2"})
-    await wait_pod(kube, ns, "by-configuration", running, "Running")
+    await run_pod(kube, ns, "by-configuration", {res_conf: "2"})
     [vdevs] = node.emulator.allocations(ns, "by-configuration")
     usage = {
         **(await read_instance(kube, ns, one)).spec.device_usage,
@@ -156,7 +160,7 @@ async def test_instance_and_configuration_resources_allocate_claim_and_free(
 
 
 async def test_prepare_runs_before_start_and_unknown_ids_are_refused(
-    kube: AsyncClient, pod_namespace: str, start_node: Callable[[], Awaitable[AgentNode]]
+    kube: AsyncClient, pod_namespace: str, start_node: StartNode
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
     node = await start_node()
@@ -194,13 +198,12 @@ async def test_prepare_runs_before_start_and_unknown_ids_are_refused(
     assert node.counter("edgeplug_allocations_total", resource=resource, outcome="refused") == 1
 
     # A pod: the kubelet asks for PreStartContainer and the device's prepare step runs.
-    await create_pod(kube, ns, "prepared", {resource: "1"})
-    await wait_pod(kube, ns, "prepared", running, "Running")
+    await run_pod(kube, ns, "prepared", {resource: "1"})
     assert prepared == [name]
 
 
 async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
-    kube: AsyncClient, pod_namespace: str, start_node: Callable[[], Awaitable[AgentNode]]
+    kube: AsyncClient, pod_namespace: str, start_node: StartNode
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
     node = await start_node()
@@ -239,7 +242,7 @@ async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
 
 
 async def test_two_nodes_never_share_a_slot_and_the_extra_pod_stays_pending(
-    kube: AsyncClient, pod_namespace: str, start_node: Callable[[], Awaitable[AgentNode]]
+    kube: AsyncClient, pod_namespace: str, start_node: StartNode
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
     a, b = await start_node(), await start_node()

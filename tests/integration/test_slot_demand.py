@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
@@ -21,7 +21,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from agent.kube import InstanceResource, as_dict
-from tests.harness.agent_nodes import AgentNode, read_instance, share_instance
+from tests.harness.agent_nodes import AgentNode, StartNode, read_instance, share_instance
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 from tests.harness.node_emulator import ADMISSION_ERROR
 
@@ -103,7 +103,7 @@ def assert_quiet(nodes: tuple[AgentNode, ...], resource: str, failures: list[str
 async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     kube: AsyncClient,
     pod_namespace: str,
-    start_node: Callable[[], Awaitable[AgentNode]],
+    start_node: StartNode,
     failures: list[str],
 ) -> None:
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
