@@ -45,9 +45,13 @@ async def wait_service_account(kube: AsyncClient, namespace: str) -> None:
 
 
 async def allocatable(kube: AsyncClient, node: str, resource: str) -> str | None:
-    """The node's allocatable count of ``resource`` as the API server reports it."""
+    """The node's allocatable count of ``resource`` as the API server reports it.
+
+    None while the Node has no status yet (its kubelet has not posted one).
+    """
     obj = await kube.get(Node, node)
-    assert obj.status is not None, f"node {node} has no status"
+    if obj.status is None:
+        return None
     return (obj.status.allocatable or {}).get(resource)
 
 
