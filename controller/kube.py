@@ -184,6 +184,20 @@ class Kube:
             if _code(error) != HTTP_NOT_FOUND:
                 raise
 
+    async def read_peering(self, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The KopfPeering in ``namespace`` (ClusterKopfPeering when None), or None if absent."""
+        try:
+            if namespace:
+                obj: Any = await self.client.get(KopfPeeringResource, name, namespace=namespace)
+            else:
+                obj = await self.client.get(ClusterKopfPeeringResource, name)
+        except ApiError as error:
+            if _code(error) == HTTP_NOT_FOUND:
+                return None
+            raise
+        as_dict: dict[str, Any] = obj.to_dict()
+        return as_dict
+
     async def ensure_peering(self, namespace: str | None, name: str) -> None:
         """Creates the peering object the replicas elect their active one through: a
         KopfPeering in ``namespace``, or a ClusterKopfPeering when it is None."""

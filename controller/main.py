@@ -2,14 +2,17 @@
 
 Why this exists: ``edgeplug-controller`` (and ``python -m controller.main``) starts here. All
 behaviour lives in the modules it wires; this file decides nothing but how they are connected and
-how kopf is configured (peering for high availability, Event posting, the finalizer name).
+how kopf is configured (peering for high availability, Event posting). No handler needs a
+finalizer, so kopf puts none on Configurations or Instances.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
@@ -18,10 +21,14 @@ import kopf
 from controller.converge import Reconciler
 from controller.handlers import register
 from controller.kube import Kube, make_client
+from controller.resync import Peering
 from controller.settings import ControllerSettings
 
 log = logging.getLogger("controller")
 
+#: The finalizer name kopf would use. No handler requires one (no timers, daemons or
+#: non-optional delete handlers), so kopf never adds it; set so that one left by an older
+#: version is recognised as kopf's own and released.
 FINALIZER: Final = "edgeplug.io/controller"
 #: kopf logs every handled watch event at INFO ("Handler ... succeeded"): thousands a minute on
 #: a busy cluster. The controller logs what it does itself.
@@ -71,8 +78,16 @@ async def run(
             for namespace in settings.namespaces or (None,):
                 await kube.ensure_peering(namespace, settings.peering_name)
         reconciler = Reconciler(kube=kube, settings=settings, events=post_event)
+        identity = f"{os.environ.get('HOSTNAME', REPORTING_COMPONENT)}/{uuid.uuid4().hex[:12]}"
+        peering = None
+        if settings.peering_name is not None:
+            peering = Peering(
+                read=functools.partial(kube.read_peering, name=settings.peering_name),
+                identity=identity, priority=settings.priority,
+                clusterwide=settings.clusterwide,
+            )
         registry = kopf.OperatorRegistry()
-        register(registry, reconciler)
+        register(registry, reconciler, peering=peering)
         log.info(
             "edgeplug controller starting: %s, priority %d",
             "cluster-wide" if settings.clusterwide else f"namespaces {settings.namespaces}",
@@ -84,6 +99,7 @@ async def run(
             clusterwide=settings.clusterwide,
             namespaces=settings.namespaces,
             standalone=settings.peering_name is None,
+            identity=cast(Any, identity),
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )

@@ -1,0 +1,88 @@
+"""No finalizer: deleting a Configuration never waits for the controller (real control plane).
+
+A finalizer left on a Configuration by an operator that is uninstalled or down makes
+``kubectl delete`` hang forever; the controller must put none on Configurations or Instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.controller_process import (
+    ControllerProcess,
+    apply,
+    broker_pod_spec,
+    broker_pods,
+    configuration,
+    configuration_path,
+    get,
+    install_peering_crds,
+    instance,
+    instance_path,
+    unique,
+    wait_until,
+)
+from tests.harness.controlplane import ControlPlane
+
+#: ``kubectl delete`` waits this long for the object to be gone (it hangs on a finalizer).
+DELETE_TIMEOUT = "30s"
+
+
+@pytest.fixture(scope="session")
+def peering(control_plane: ControlPlane) -> ControlPlane:
+    install_peering_crds(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def controller(
+    peering: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    process = ControllerProcess(peering, namespaces=[namespace], log_path=tmp_path / "ctl.log")
+    process.start()
+    yield process
+    process.stop()
+    print(f"--- controller log ---\n{process.log_tail(60)}")
+
+
+def _with_broker(plane: ControlPlane, namespace: str) -> tuple[str, str]:
+    cfg = unique("fin")
+    inst = f"{cfg}-abcdef"
+    apply(plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
+    apply(plane, instance(namespace, inst, configuration_name=cfg, nodes=["n-1"]))
+    wait_until(lambda: broker_pods(plane, namespace), what=f"a broker pod for {inst}")
+    return cfg, inst
+
+
+def test_no_finalizer_on_configurations_or_instances(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg, inst = _with_broker(control_plane, namespace)
+    # The status is written by the Configuration pass: the controller has handled it.
+    body = wait_until(
+        lambda: (c := get(control_plane, configuration_path(namespace, cfg)))
+        and (c.get("status") or {}).get("instanceCount") == 1 and c,
+        what="the Configuration's status counting its Instance",
+    )
+    assert not body["metadata"].get("finalizers"), body["metadata"]
+    inst_body = get(control_plane, instance_path(namespace, inst))
+    assert inst_body is not None
+    assert not inst_body["metadata"].get("finalizers"), inst_body["metadata"]
+
+
+def test_configuration_deletes_while_controller_is_stopped(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg, _ = _with_broker(control_plane, namespace)
+    controller.stop()
+    done = control_plane.kubectl(
+        "delete", "configurations.edgeplug.io", cfg, "-n", namespace,
+        f"--timeout={DELETE_TIMEOUT}", check=False,
+    )
+    assert done.returncode == 0, f"kubectl delete did not complete: {done.stderr}"
+    assert get(control_plane, configuration_path(namespace, cfg)) is None, (
+        "the Configuration is still there after kubectl delete returned"
+    )
