@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from controller import brokers, naming, nodes, services, status
+from controller.eventbatch import EventBatcher
 from controller.kube import Kube, Refused
 from controller.reconcile import (
     REASON_FAILED,
@@ -61,6 +62,7 @@ class Reconciler:
         self.settings = settings
         self.policy = settings.policy
         self.events = events
+        self.routine_events = EventBatcher(events)
         self.restarts: dict[tuple[str, str], int] = {}
         self.refusals: dict[tuple[str, str], tuple[int, str]] = {}
         self._refused_at: dict[tuple[str, str], float] = {}
@@ -70,6 +72,7 @@ class Reconciler:
         self._generations: dict[tuple[str, str], int] = {}
         self._recent_creates: dict[tuple[str, str, str], float] = {}
         self._status_pending: set[tuple[str, str]] = set()
+        self._status_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- one Instance ------------------------------------------------------------------------
@@ -205,8 +208,8 @@ class Reconciler:
             if created:
                 self.refusals.pop((namespace, cfg.name), None)
                 log.info("created %s %s/%s", kind, namespace, name)
-                self.events(config.body, warning=False, reason=f"{kind}Created",
-                            message=f"created {kind.lower()} {name}")
+                self.routine_events.routine(config.body, reason=f"{kind}Created",
+                                            verb="created", kind=kind, name=name)
         for obj in plan.update:
             try:
                 await self.kube.merge_patch(obj)
@@ -238,8 +241,12 @@ class Reconciler:
             key = (namespace, deletion.name)
             self.restarts[key] = self.restarts.get(key, 0) + 1
         log.info("deleted %s %s/%s: %s", kind, namespace, deletion.name, deletion.message)
-        self.events(config.body, warning=warning, reason=f"{kind}Deleted",
-                    message=f"deleted {kind.lower()} {deletion.name}: {deletion.message}")
+        if warning:
+            self.events(config.body, warning=True, reason=f"{kind}Deleted",
+                        message=f"deleted {kind.lower()} {deletion.name}: {deletion.message}")
+        else:
+            self.routine_events.routine(config.body, reason=f"{kind}Deleted", verb="deleted",
+                                        kind=kind, name=deletion.name, detail=deletion.message)
 
     def _recently_refused(self, cfg: Configuration) -> bool:
         key = (cfg.namespace, cfg.name)
@@ -281,14 +288,19 @@ class Reconciler:
             return
         records = view.instances_of(namespace, name)
         await self.nodes.release_unhealthy(view, records)
-        limit = asyncio.Semaphore(MAX_PARALLEL_INSTANCES)
+        # A few workers over one iterator, not a task per Instance: 10,000 waiting tasks cost
+        # memory and scheduling for nothing.
+        pending = iter(records)
+        failures: list[Exception] = []
 
-        async def one(record: InstanceRecord) -> None:
-            async with limit:
-                await self.instance(view, namespace, record.instance.name)
+        async def worker() -> None:
+            for record in pending:
+                try:
+                    await self.instance(view, namespace, record.instance.name)
+                except Exception as error:
+                    failures.append(error)
 
-        results = await asyncio.gather(*(one(r) for r in records), return_exceptions=True)
-        failures = [r for r in results if isinstance(r, Exception)]
+        await asyncio.gather(*(worker() for _ in range(MAX_PARALLEL_INSTANCES)))
         if failures:
             # One Instance's API error must not stop the others; the next pass retries it.
             log.warning("Configuration %s/%s: %d Instance(s) not reconciled, first: %s",
@@ -305,20 +317,18 @@ class Reconciler:
 
     def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
         cfg = config.configuration
-        records = view.instances_of(cfg.namespace, cfg.name)
+        instances, desired, ready = view.pod_broker_counts(cfg.namespace, cfg.name)
+        if cfg.spec.broker_pod_spec is not None:
+            return status.BrokerCounts(instances=instances, desired=desired, ready=ready)
         desired = ready = 0
-        for record in records:
-            inst = record.instance
-            if cfg.spec.broker_pod_spec is not None:
-                desired += len(inst.spec.nodes)
-                ready += sum(
-                    1 for p in view.broker_pods(cfg.namespace, inst.name)
-                    if p.ready and not p.deleting
-                )
-            elif cfg.spec.broker_job_spec is not None and inst.spec.nodes:
-                desired += 1
-                ready += any(j.ready for j in view.broker_jobs(cfg.namespace, inst.name))
-        return status.BrokerCounts(instances=len(records), desired=desired, ready=ready)
+        if cfg.spec.broker_job_spec is not None:
+            for record in view.instances_of(cfg.namespace, cfg.name):
+                if record.instance.spec.nodes:
+                    desired += 1
+                    ready += any(
+                        j.ready for j in view.broker_jobs(cfg.namespace, record.instance.name)
+                    )
+        return status.BrokerCounts(instances=instances, desired=desired, ready=ready)
 
     async def configuration_service_and_status(
         self, view: ClusterView, namespace: str, name: str
@@ -379,8 +389,11 @@ class Reconciler:
         async def later() -> None:
             try:
                 await asyncio.sleep(STATUS_DEBOUNCE_S)
-                self._status_pending.discard(key)
-                await self.configuration_service_and_status(view, namespace, name)
+                # One status write in flight per Configuration: while the API server is slow,
+                # writes queue behind each other instead of piling up (each one is stale).
+                async with self._status_locks.setdefault(key, asyncio.Lock()):
+                    self._status_pending.discard(key)
+                    await self.configuration_service_and_status(view, namespace, name)
             except Exception as error:  # a background task: log it, the next pass retries
                 log.warning("status of Configuration %s/%s not written: %s", namespace, name,
                             error)
