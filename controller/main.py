@@ -21,6 +21,7 @@ import kopf
 from controller.converge import Reconciler
 from controller.handlers import register
 from controller.kube import Kube, make_client
+from controller.persistence import NoDiffBase
 from controller.resync import Peering
 from controller.settings import ControllerSettings
 
@@ -50,6 +51,7 @@ def post_event(body: Mapping[str, Any], *, warning: bool, reason: str, message: 
 def kopf_settings(settings: ControllerSettings) -> kopf.OperatorSettings:
     config = kopf.OperatorSettings()
     config.persistence.finalizer = FINALIZER
+    config.persistence.diffbase_storage = NoDiffBase()
     config.queueing.idle_timeout = WORKER_IDLE_TIMEOUT_S
     config.posting.reporting_component = REPORTING_COMPONENT
     config.posting.reporting_instance = os.environ.get("HOSTNAME", REPORTING_COMPONENT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from controller.main import FINALIZER, kopf_settings
+from controller.persistence import NoDiffBase
 from controller.settings import ControllerSettings
 
 
@@ -16,6 +17,7 @@ def test_peering_is_mandatory_with_this_replicas_priority() -> None:
     assert not config.peering.clusterwide, "namespaced controller: KopfPeering per namespace"
     assert config.persistence.finalizer == FINALIZER
     assert not config.posting.loggers, "only explicit Events are posted"
+    assert isinstance(config.persistence.diffbase_storage, NoDiffBase), "no per-object essence"
 
 
 def test_cluster_wide_and_standalone() -> None:
