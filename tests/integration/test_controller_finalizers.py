@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.main import FINALIZER
 from tests.harness.controller_process import (
     ControllerProcess,
     apply,
@@ -85,4 +86,18 @@ def test_configuration_deletes_while_controller_is_stopped(
     assert done.returncode == 0, f"kubectl delete did not complete: {done.stderr}"
     assert get(control_plane, configuration_path(namespace, cfg)) is None, (
         "the Configuration is still there after kubectl delete returned"
+    )
+
+
+def test_finalizer_left_by_an_older_version_is_released(
+    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+) -> None:
+    cfg = unique("old")
+    body = configuration(namespace, cfg, pod_spec=broker_pod_spec())
+    body["metadata"]["finalizers"] = [FINALIZER]
+    apply(control_plane, body)
+    wait_until(
+        lambda: (c := get(control_plane, configuration_path(namespace, cfg))) is not None
+        and not c["metadata"].get("finalizers"),
+        what=f"the controller to remove the {FINALIZER} finalizer an older version put there",
     )
