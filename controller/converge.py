@@ -269,8 +269,8 @@ class Reconciler:
 
     async def configuration_changed(self, view: ClusterView, namespace: str, name: str) -> None:
         """A watch event on a Configuration: a full pass only when it is new to this replica or
-        its spec changed (its generation); the controller's own status writes (and kopf's
-        finalizer) come back as events too and must not trigger a pass each."""
+        its spec changed (its generation); the controller's own status writes come back as
+        events too and must not trigger a pass each."""
         config = view.configuration(namespace, name)
         if config is None:
             return
