@@ -115,6 +115,17 @@ def _is_deleted(event: Mapping[str, Any]) -> bool:
     return event.get("type") == "DELETED"
 
 
+#: Broker pod phases in which a watch event asks nothing of the planner (failed or finished
+#: brokers are restarted, deleted ones recreated: those events do go to it).
+_LIVE_PHASES: Final = frozenset({"Pending", "Running"})
+
+
+def _needs_no_plan(event: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    meta = body.get("metadata") or {}
+    phase = (body.get("status") or {}).get("phase")
+    return not _is_deleted(event) and not meta.get("deletionTimestamp") and phase in _LIVE_PHASES
+
+
 def register(
     registry: kopf.OperatorRegistry, reconciler: Reconciler, *, peering: Peering | None = None
 ) -> None:
@@ -253,8 +264,15 @@ def register(
 
     @kopf.on.event("pods", labels=_BROKER_POD_LABELS, registry=registry)
     async def broker_pod_event(**kw: Any) -> None:
+        view, namespace = IndexView(kw), kw["namespace"]
         instance = kw["labels"][naming.LABEL_INSTANCE]
-        await reconciler.instance(IndexView(kw), kw["namespace"], instance)
+        if _needs_no_plan(kw["event"], kw["body"]) and view.instance(namespace, instance):
+            # A live broker moved on (scheduled, started, became ready): only the counts in
+            # the status can change. Grace periods are the resync's.
+            configuration = str(kw["labels"].get(naming.LABEL_CONFIGURATION, ""))
+            reconciler.status_soon(view, namespace, configuration)
+            return
+        await reconciler.instance(view, namespace, instance)
 
     @kopf.on.event("batch", "v1", "jobs", labels=_BROKER_JOB_LABELS, registry=registry)
     async def broker_job_event(**kw: Any) -> None:
