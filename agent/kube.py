@@ -12,21 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.generic_resource import create_namespaced_resource
 
-from crds.api import (
-    CONFIGURATION_KIND,
-    CONFIGURATION_PLURAL,
-    GROUP,
-    INSTANCE_KIND,
-    INSTANCE_PLURAL,
-    VERSION,
-)
-
-ConfigurationResource = create_namespaced_resource(
-    GROUP, VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL
-)
-InstanceResource = create_namespaced_resource(GROUP, VERSION, INSTANCE_KIND, INSTANCE_PLURAL)
+from crds.api import GROUP
+from crds.resources import ConfigurationResource as ConfigurationResource
+from crds.resources import InstanceResource as InstanceResource
 
 #: Label the agent puts on every Instance it publishes, so it can list one Configuration's.
 CONFIGURATION_LABEL = f"{GROUP}/configuration"

@@ -22,14 +22,9 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod, Service
 from lightkube.types import CascadeType, PatchType
 
-from crds.api import (
-    CONFIGURATION_KIND,
-    CONFIGURATION_PLURAL,
-    GROUP,
-    INSTANCE_KIND,
-    INSTANCE_PLURAL,
-    VERSION,
-)
+from crds.api import API_VERSION, CONFIGURATION_KIND
+from crds.resources import ConfigurationResource as ConfigurationResource
+from crds.resources import InstanceResource as InstanceResource
 
 FIELD_MANAGER: Final = "edgeplug-controller"
 HTTP_BAD_REQUEST: Final = 400
@@ -41,10 +36,6 @@ HTTP_INVALID: Final = 422
 #: a TLS handshake. This many keeps the pool warm (httpx keeps 20 connections alive).
 MAX_WRITES_IN_FLIGHT: Final = 20
 
-ConfigurationResource = create_namespaced_resource(
-    GROUP, VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL
-)
-InstanceResource = create_namespaced_resource(GROUP, VERSION, INSTANCE_KIND, INSTANCE_PLURAL)
 KopfPeeringResource = create_namespaced_resource("kopf.dev", "v1", "KopfPeering", "kopfpeerings")
 ClusterKopfPeeringResource = create_global_resource(
     "kopf.dev", "v1", "ClusterKopfPeering", "clusterkopfpeerings"
@@ -178,7 +169,7 @@ class Kube:
         """Server-side apply of the controller's status fields, as ``edgeplug-controller``;
         the agent's condition (another field manager) is left as it is."""
         body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": API_VERSION,
             "kind": CONFIGURATION_KIND,
             "metadata": {"name": name, "namespace": namespace},
             "status": dict(status),

@@ -1,0 +1,24 @@
+"""lightkube resource classes for edgeplug's two kinds, defined once for agent and controller.
+
+Why this exists: both the agent and the controller talk to the API with lightkube, and a generic
+resource class registers itself with lightkube by (group, version, kind); defining it in one
+place keeps both on the same class and the same API coordinates as the CRD manifests.
+"""
+
+from __future__ import annotations
+
+from lightkube.generic_resource import create_namespaced_resource
+
+from crds.api import (
+    CONFIGURATION_KIND,
+    CONFIGURATION_PLURAL,
+    GROUP,
+    INSTANCE_KIND,
+    INSTANCE_PLURAL,
+    VERSION,
+)
+
+ConfigurationResource = create_namespaced_resource(
+    GROUP, VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL
+)
+InstanceResource = create_namespaced_resource(GROUP, VERSION, INSTANCE_KIND, INSTANCE_PLURAL)
