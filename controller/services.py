@@ -11,6 +11,7 @@ the Configuration; the controller also deletes them when no broker remains.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from controller import naming
@@ -45,49 +46,59 @@ def render_instance_service(
     *, configuration: Configuration, instance: Instance
 ) -> dict[str, Any] | None:
     """The Instance's service, or ``None`` when the Configuration asks for none."""
-    template = configuration.spec.instance_service_spec
-    if template is None:
-        return None
-    spec = copy.deepcopy(dict(template))
-    spec["selector"] = instance_service_selector(instance.name)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": naming.instance_service_name(instance.name),
-            "namespace": instance.namespace,
-            "labels": _labels(
-                configuration=configuration.name,
-                instance=instance.name,
-                component=naming.COMPONENT_INSTANCE_SERVICE,
-            ),
-            "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(spec)},
-            "ownerReferences": [instance_owner_reference(instance)],
-        },
-        "spec": spec,
-    }
+    return _service(
+        template=configuration.spec.instance_service_spec,
+        selector=instance_service_selector(instance.name),
+        name=naming.instance_service_name(instance.name),
+        namespace=instance.namespace,
+        labels=_labels(
+            configuration=configuration.name,
+            instance=instance.name,
+            component=naming.COMPONENT_INSTANCE_SERVICE,
+        ),
+        owner=instance_owner_reference(instance),
+    )
 
 
 def render_configuration_service(*, configuration: Configuration) -> dict[str, Any] | None:
     """The Configuration's service, or ``None`` when it asks for none."""
-    template = configuration.spec.configuration_service_spec
+    return _service(
+        template=configuration.spec.configuration_service_spec,
+        selector=configuration_service_selector(configuration.name),
+        name=naming.configuration_service_name(configuration.name),
+        namespace=configuration.namespace,
+        labels=_labels(
+            configuration=configuration.name,
+            instance=None,
+            component=naming.COMPONENT_CONFIGURATION_SERVICE,
+        ),
+        owner=configuration.owner_reference(),
+    )
+
+
+def _service(
+    *,
+    template: Mapping[str, Any] | None,
+    selector: dict[str, str],
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    owner: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """A Service from the user's ServiceSpec, selecting ``selector`` and owned by ``owner``."""
     if template is None:
         return None
     spec = copy.deepcopy(dict(template))
-    spec["selector"] = configuration_service_selector(configuration.name)
+    spec["selector"] = selector
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": naming.configuration_service_name(configuration.name),
-            "namespace": configuration.namespace,
-            "labels": _labels(
-                configuration=configuration.name,
-                instance=None,
-                component=naming.COMPONENT_CONFIGURATION_SERVICE,
-            ),
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
             "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(spec)},
-            "ownerReferences": [configuration.owner_reference()],
+            "ownerReferences": [owner],
         },
         "spec": spec,
     }
