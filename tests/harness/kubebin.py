@@ -70,7 +70,7 @@ def build(*, force: bool = False) -> Path:
     log.info("building kube-apiserver, scheduler, controller-manager and etcd into %s", target)
     started = time.monotonic()
     subprocess.run(
-        [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), "."],
+        [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", str(partial), "."],
         cwd=SOURCE_DIR,
         check=True,
     )
