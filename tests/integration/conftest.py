@@ -1,4 +1,5 @@
-"""Fixtures the integration tests share: a lightkube client, a pod-ready namespace, agent nodes.
+"""Fixtures the integration tests share: a lightkube client, a pod-ready namespace, agent nodes,
+and the controller as a process.
 
 Why this exists: the device-plugin, slot-demand, slot-ledger and node-emulator tests all need a
 client on the real control plane, and the pod-running ones a namespace whose default
@@ -7,12 +8,14 @@ ServiceAccount exists (pods are refused before it does). Defined once here rathe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
 from tests.harness.agent_nodes import AgentNodes, StartNode
+from tests.harness.controller_process import FAST_ARGS, ControllerProcess, install_peering_crds
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_service_account
 
@@ -40,3 +43,31 @@ async def start_node(
     nodes = AgentNodes(kube=kube, kubeconfig=control_plane.kubeconfig)
     yield nodes.start
     await nodes.stop_all()
+
+
+@pytest.fixture(scope="session")
+def peering(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with kopf's peering CRDs (and the bare test nodes) installed."""
+    install_peering_crds(control_plane)
+    return control_plane
+
+
+@pytest.fixture
+def controller_args() -> tuple[str, ...]:
+    """Flags for the ``controller`` fixture; a test module overrides this to change them."""
+    return FAST_ARGS
+
+
+@pytest.fixture
+def controller(
+    peering: ControlPlane, namespace: str, tmp_path: Path, controller_args: tuple[str, ...]
+) -> Iterator[ControllerProcess]:
+    """The controller as its own process, watching the test's namespace; its log on teardown."""
+    process = ControllerProcess(
+        peering, namespaces=[namespace], log_path=tmp_path / "ctl.log",
+        extra_args=controller_args,
+    )
+    process.start()
+    yield process
+    process.stop()
+    print(f"--- controller log ---\n{process.log_tail(60)}")

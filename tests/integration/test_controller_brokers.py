@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.harness.controller_process import (
     ControllerProcess,
@@ -16,7 +12,6 @@ from tests.harness.controller_process import (
     configuration,
     configuration_path,
     get,
-    install_peering_crds,
     instance,
     items,
     patch,
@@ -24,23 +19,6 @@ from tests.harness.controller_process import (
     wait_until,
 )
 from tests.harness.controlplane import ControlPlane
-
-
-@pytest.fixture(scope="session")
-def peering(control_plane: ControlPlane) -> ControlPlane:
-    install_peering_crds(control_plane)
-    return control_plane
-
-
-@pytest.fixture
-def controller(
-    peering: ControlPlane, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    process = ControllerProcess(peering, namespaces=[namespace], log_path=tmp_path / "ctl.log")
-    process.start()
-    yield process
-    process.stop()
-    print(f"--- controller log ---\n{process.log_tail(60)}")
 
 
 def pods_by_name(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:

@@ -6,11 +6,6 @@ A finalizer left on a Configuration by an operator that is uninstalled or down m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from controller.main import FINALIZER
 from tests.harness.controller_process import (
     ControllerProcess,
@@ -20,7 +15,6 @@ from tests.harness.controller_process import (
     configuration,
     configuration_path,
     get,
-    install_peering_crds,
     instance,
     instance_path,
     unique,
@@ -32,21 +26,6 @@ from tests.harness.controlplane import ControlPlane
 DELETE_TIMEOUT = "30s"
 
 
-@pytest.fixture(scope="session")
-def peering(control_plane: ControlPlane) -> ControlPlane:
-    install_peering_crds(control_plane)
-    return control_plane
-
-
-@pytest.fixture
-def controller(
-    peering: ControlPlane, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    process = ControllerProcess(peering, namespaces=[namespace], log_path=tmp_path / "ctl.log")
-    process.start()
-    yield process
-    process.stop()
-    print(f"--- controller log ---\n{process.log_tail(60)}")
 
 
 def _with_broker(plane: ControlPlane, namespace: str) -> tuple[str, str]:

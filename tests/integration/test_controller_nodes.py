@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from tests.harness.controller_process import (
     broker_pods,
     configuration,
     get,
-    install_peering_crds,
     instance,
     instance_path,
     unique,
@@ -30,18 +28,8 @@ NOT_READY_GRACE_S = 2
 
 
 @pytest.fixture
-def controller(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    install_peering_crds(control_plane)
-    process = ControllerProcess(
-        control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log",
-        extra_args=(*FAST_ARGS, "--node-not-ready-grace", str(NOT_READY_GRACE_S)),
-    )
-    process.start()
-    yield process
-    process.stop()
-    print(f"--- controller log ---\n{process.log_tail(60)}")
+def controller_args() -> tuple[str, ...]:
+    return (*FAST_ARGS, "--node-not-ready-grace", str(NOT_READY_GRACE_S))
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +15,6 @@ from tests.harness.controller_process import (
     broker_pod_spec,
     broker_pods,
     configuration,
-    install_peering_crds,
     instance,
     items,
     unique,
@@ -29,18 +26,8 @@ PENDING_GRACE_S = 3
 
 
 @pytest.fixture
-def controller(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path
-) -> Iterator[ControllerProcess]:
-    install_peering_crds(control_plane)
-    process = ControllerProcess(
-        control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log",
-        extra_args=(*FAST_ARGS, "--pending-grace", str(PENDING_GRACE_S)),
-    )
-    process.start()
-    yield process
-    process.stop()
-    print(f"--- controller log ---\n{process.log_tail(60)}")
+def controller_args() -> tuple[str, ...]:
+    return (*FAST_ARGS, "--pending-grace", str(PENDING_GRACE_S))
 
 
 def the_pod(plane: ControlPlane, namespace: str) -> dict[str, Any] | None:
