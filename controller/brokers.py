@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from controller import naming
-from crds.api import API_VERSION, INSTANCE_KIND, RESOURCE_PLACEHOLDER
+from crds.api import RESOURCE_PLACEHOLDER
 from crds.configuration import Configuration
 from crds.instance import Instance
 from crds.naming import instance_resource_name
@@ -38,20 +38,6 @@ _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_INSTANCE: Final = "EDGEPLUG_INSTANCE"
 ENV_CONFIGURATION: Final = "EDGEPLUG_CONFIGURATION"
 ENV_NODE: Final = "EDGEPLUG_NODE_NAME"
-
-
-def instance_owner_reference(instance: Instance) -> dict[str, Any]:
-    """An ownerReference that makes the garbage collector delete a broker with its Instance."""
-    if not instance.uid:
-        raise ValueError(f"Instance {instance.namespace}/{instance.name} has no uid yet")
-    return {
-        "apiVersion": API_VERSION,
-        "kind": INSTANCE_KIND,
-        "name": instance.name,
-        "uid": instance.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def broker_labels(*, configuration: str, instance: str, node: str | None) -> dict[str, str]:
@@ -146,7 +132,7 @@ def render_broker_pod(
                 configuration=configuration.name, instance=instance.name, node=node
             ),
             "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(spec)},
-            "ownerReferences": [instance_owner_reference(instance)],
+            "ownerReferences": [instance.owner_reference()],
         },
         "spec": spec,
     }
@@ -181,7 +167,7 @@ def render_broker_job(*, configuration: Configuration, instance: Instance) -> di
                 naming.ANNOTATION_SPEC_HASH: hash_of(spec),
                 naming.ANNOTATION_GENERATION: str(configuration.generation),
             },
-            "ownerReferences": [instance_owner_reference(instance)],
+            "ownerReferences": [instance.owner_reference()],
         },
         "spec": spec,
     }

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import naming
-from controller.brokers import hash_of, instance_owner_reference
+from controller.brokers import hash_of
 from crds.configuration import Configuration
 from crds.instance import Instance
 
@@ -56,7 +56,7 @@ def render_instance_service(
             instance=instance.name,
             component=naming.COMPONENT_INSTANCE_SERVICE,
         ),
-        owner=instance_owner_reference(instance),
+        owner=instance.owner_reference(),
     )
 
 

@@ -74,3 +74,19 @@ def crd_schema(kind: str) -> dict[str, Any]:
                 schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
                 return schema
     raise KeyError(f"no CRD for kind {kind!r} at version {VERSION}")
+
+
+def owner_reference(
+    *, kind: str, namespace: str, name: str, uid: str, controller: bool = True
+) -> dict[str, Any]:
+    """An ownerReference to an edgeplug object, so what it owns goes when it goes."""
+    if not uid:
+        raise ValueError(f"{kind} {namespace}/{name} has no uid yet")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }

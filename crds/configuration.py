@@ -20,6 +20,7 @@ from crds.api import (
     CONFIGURATION_KIND,
     DEFAULT_CAPACITY,
     DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS,
+    owner_reference,
 )
 from crds.selectors import LabelSelector, LabelSelectorRequirement, SelectorOperator
 
@@ -242,13 +243,7 @@ class Configuration:
 
     def owner_reference(self, *, controller: bool = True) -> dict[str, Any]:
         """An ownerReference to this Configuration, so owned objects go when it goes."""
-        if not self.uid:
-            raise ValueError(f"Configuration {self.namespace}/{self.name} has no uid yet")
-        return {
-            "apiVersion": API_VERSION,
-            "kind": CONFIGURATION_KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": controller,
-            "blockOwnerDeletion": True,
-        }
+        return owner_reference(
+            kind=CONFIGURATION_KIND, namespace=self.namespace, name=self.name, uid=self.uid,
+            controller=controller,
+        )

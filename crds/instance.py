@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from crds.api import API_VERSION, DEFAULT_CAPACITY, INSTANCE_KIND
+from crds.api import API_VERSION, DEFAULT_CAPACITY, INSTANCE_KIND, owner_reference
 
 __all__ = [
     "SPEC_FIELDS",
@@ -171,6 +171,13 @@ class Instance:
                 str(k): str(v) for k, v in (status.get("reservations") or {}).items()
             },
             demand={str(k): int(v) for k, v in (status.get("demand") or {}).items() if v},
+        )
+
+    def owner_reference(self, *, controller: bool = True) -> dict[str, Any]:
+        """An ownerReference to this Instance: its brokers and service go when it goes."""
+        return owner_reference(
+            kind=INSTANCE_KIND, namespace=self.namespace, name=self.name, uid=self.uid,
+            controller=controller,
         )
 
     def spec_to_object(self) -> dict[str, Any]:
