@@ -1,16 +1,40 @@
-"""The discovery-handler contract: what every handler, built in or third party, provides.
+"""The discovery-handler contract (version 2): what every handler, built in or third party, gives.
 
 Why this exists: the agent runs handlers it knows only by name, and third parties add handlers
 by installing a package. This module is the one seam between them, and it knows nothing of
-Kubernetes: a handler parses its ``discoveryDetails`` into typed details (or says which field is
-wrong), then streams the full list of devices it can reach whenever that list changes.
+Kubernetes. A handler:
+
+- parses its ``discoveryDetails`` into typed details (or raises ``InvalidDetails`` naming the
+  field), given the resolved ``discoveryProperties`` (Secret-backed values arrive as ``Secret``,
+  whose ``repr`` and ``str`` never show the value);
+- streams the full list of devices it can reach whenever that list changes, each with a
+  ``Health`` (present but unhealthy is not gone: the agent keeps the Instance and advertises its
+  slots Unhealthy until the device recovers);
+- optionally composes what one container gets from several devices (``ComposingHandler``),
+  ranks devices for a multi-device request (``RankingHandler``) and prepares devices right before
+  a container starts (``PreparingHandler``). Every hook receives the parsed details, since one
+  handler object serves every Configuration that names it.
+
+Blocking work (pyudev calls, ctypes into a vendor library, a synchronous SOAP client) must never
+run on the agent's event loop: the agent's gRPC servers answer the kubelet from that loop. Call it
+through ``run_blocking``, which runs it on the handlers' own thread pool (never the loop's default
+executor, which DNS look-ups of the API client share) and gives up waiting when cancelled.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+#: Threads shared by every handler's blocking calls (see ``run_blocking``).
+BLOCKING_WORKERS = 8
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -32,17 +56,72 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class Health:
+    """Whether a present device may be handed out now; ``reason`` says why not (shown to users)."""
+
+    healthy: bool = True
+    reason: str = ""
+
+    @classmethod
+    def unhealthy(cls, reason: str) -> Health:
+        return cls(healthy=False, reason=reason)
+
+
+HEALTHY = Health()
+
+
+@dataclass(frozen=True)
 class Device:
     """One discovered device.
 
     ``id`` must be stable across discoveries and restarts: the Instance name is derived from it.
-    ``properties`` reach brokers as environment variables, so names are shell-safe identifiers.
+    ``properties`` reach brokers as environment variables, so names are shell-safe identifiers;
+    they must never hold a secret (the agent refuses a device whose property carries a Secret's
+    value). ``extra`` is the handler's own data for its hooks (a chip's card number, say); it
+    reaches neither the API nor a container.
     """
 
     id: str
     properties: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     device_specs: tuple[DeviceSpec, ...] = ()
+    health: Health = HEALTHY
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=True)
+class Secret:
+    """A discovery property read from a Kubernetes Secret: bytes, shown as ``<redacted>``.
+
+    Binary Secret data (a DER certificate, a key) stays bytes; ``text()`` decodes UTF-8 and names
+    no content when it cannot.
+    """
+
+    value: bytes = field(repr=False)
+
+    def text(self) -> str:
+        try:
+            return self.value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError("secret value is not UTF-8 text") from exc
+
+    def __str__(self) -> str:
+        return "<redacted>"
+
+    def __repr__(self) -> str:
+        return "Secret(<redacted>)"
+
+
+#: A resolved discovery property: literal and ConfigMap values are text, Secret values ``Secret``.
+PropertyValue = str | Secret
+
+
+def property_text(properties: Mapping[str, PropertyValue], name: str) -> str | None:
+    """The text of property ``name`` (Secret or not), None when absent."""
+    value = properties.get(name)
+    if value is None:
+        return None
+    return value.text() if isinstance(value, Secret) else value
 
 
 class InvalidDetails(ValueError):
@@ -64,28 +143,86 @@ class DiscoveryHandler(Protocol):
 
     - ``name`` is what a Configuration's ``discoveryHandler.name`` says.
     - ``shared`` is True when the devices are reachable from several nodes (network cameras,
-      OPC-UA servers) and False for node-local ones (USB ports, NPUs).
+      OPC-UA servers) and False for node-local ones (USB ports, NPUs). Parsed details may carry
+      a boolean ``shared`` attribute that overrides it per Configuration.
     - ``parse_details`` validates ``discoveryDetails`` (YAML text) and the resolved discovery
-      properties (Secret and ConfigMap values already read) and returns typed details, raising
-      ``InvalidDetails`` on bad input.
+      properties and returns typed details, raising ``InvalidDetails`` on bad input. It must not
+      import a vendor library (the admission webhook and ``edgeplug discover`` call it).
     - ``discover`` yields the complete current device list at once and again every time it
-      changes; it runs until cancelled. Errors it cannot recover from propagate; the agent
-      reports them and restarts the run with backoff.
+      changes (a device's health changing is a change); it runs until cancelled. Errors it
+      cannot recover from propagate; the agent reports them and restarts the run with backoff.
     """
 
     name: str
     shared: bool
 
-    def parse_details(self, details: str, properties: Mapping[str, str]) -> Any: ...
+    def parse_details(self, details: str, properties: Mapping[str, PropertyValue]) -> Any: ...
 
     def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]: ...
 
 
 @runtime_checkable
-class PreparingHandler(DiscoveryHandler, Protocol):
-    """A handler that must prepare a device before a container starts (e.g. reset an NPU).
+class ComposingHandler(DiscoveryHandler, Protocol):
+    """A handler that says what one container gets when it is given several of its devices.
 
-    The agent then asks the kubelet for ``PreStartContainer`` and calls ``prepare`` from it.
+    ``compose`` returns the container's environment for ``devices`` (in allocation order), e.g.
+    ``{"ASCEND_VISIBLE_DEVICES": "0,1"}``; the Configuration's ``brokerProperties`` are added on
+    top by the agent. Without this hook each device's properties reach the container twice: as
+    ``NAME_<INSTANCE HASH>`` for every device, and as plain ``NAME`` (Akri's behaviour).
+    Mounts and device nodes are always the union of the devices'.
     """
 
-    async def prepare(self, device: Device) -> None: ...
+    def compose(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
+class RankingHandler(DiscoveryHandler, Protocol):
+    """A handler that ranks devices for a multi-device request (same card, same NUMA node).
+
+    ``rank`` returns ``size`` devices from ``available`` (healthy and free on this node),
+    always including ``must_include``; the configuration-level plugin answers the kubelet's
+    ``GetPreferredAllocation`` with it and places the request's slots accordingly.
+    """
+
+    def rank(
+        self,
+        details: Any,
+        available: Sequence[Device],
+        must_include: Sequence[Device],
+        size: int,
+    ) -> Sequence[Device]: ...
+
+
+@runtime_checkable
+class PreparingHandler(DiscoveryHandler, Protocol):
+    """A handler that must check or prepare devices right before a container starts.
+
+    The agent then asks the kubelet for ``PreStartContainer`` and calls ``prepare`` with the
+    container's devices; raising fails the container's start with the exception's message.
+    """
+
+    async def prepare(self, details: Any, devices: Sequence[Device]) -> None: ...
+
+
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _blocking_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=BLOCKING_WORKERS, thread_name_prefix="handler-blocking"
+        )
+    return _executor
+
+
+async def run_blocking(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """Run a blocking call on the handlers' thread pool and await its result.
+
+    Cancelling the awaiting task returns at once; the thread cannot be interrupted and finishes
+    its call in the background (so bound the call itself where the library allows: a socket
+    timeout, a library's own deadline). Context variables travel with the call.
+    """
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+    return await loop.run_in_executor(_blocking_executor(), call)

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from discovery_handlers.contract import Device, InvalidDetails
+from discovery_handlers.contract import Device, InvalidDetails, PropertyValue
 
 NAME = "debugEcho"
 DESCRIPTION_PROPERTY = "DEBUG_ECHO_DESCRIPTION"
@@ -50,7 +50,9 @@ class DebugEchoHandler:
     name = NAME
     shared = True
 
-    def parse_details(self, details: str, properties: Mapping[str, str]) -> DebugEchoDetails:
+    def parse_details(
+        self, details: str, properties: Mapping[str, PropertyValue]
+    ) -> DebugEchoDetails:
         try:
             raw: Any = yaml.safe_load(details) if details.strip() else None
         except yaml.YAMLError as exc:
