@@ -176,8 +176,6 @@ class ConfigurationWatch:
         """Catch deletions a broken watch missed: forget Configurations no longer listed."""
         while True:
             await asyncio.sleep(self._relist_interval)
-            # Only what was known before the list can be judged by it: a Configuration the
-            # watch delivers while the list is in flight may be missing from the list.
             before = dict(self._configurations)
             try:
                 listed = await self._list_configurations()
@@ -185,9 +183,7 @@ class ConfigurationWatch:
                 log.warning("relist of Configurations failed: %s", exc)
                 continue
             async with self._lock:
-                for key in set(before) - listed:
-                    if self._configurations.get(key) is not before[key]:
-                        continue
+                for key in watching.missed_deletions(before, self._configurations, listed):
                     log.info("Configuration gone (missed by the watch)",
                              extra={"configuration": "/".join(key)})
                     del self._configurations[key]

@@ -1,9 +1,10 @@
 """The agent's one seam to the Kubernetes API: lightkube resources and client construction.
 
 Why this exists: the agent runs on every node, so it uses lightkube (22 MiB) rather than the
-official client (see DESIGN.md, "Memory"), and every other agent module names the edgeplug
-resources and the field manager through here. Errors stay lightkube's ``ApiError``; the helpers
-below say which statuses the callers treat as "not there" or "lost a race".
+official client (46 MiB for ``kubernetes.aio`` alone, measured), and every other agent module
+names the edgeplug resources and the field manager through here. Errors stay lightkube's
+``ApiError``; the helpers below say which statuses the callers treat as "not there" or
+"lost a race".
 """
 
 from __future__ import annotations
@@ -13,12 +14,8 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
 
-from crds.api import GROUP
 from crds.resources import ConfigurationResource as ConfigurationResource
 from crds.resources import InstanceResource as InstanceResource
-
-#: Label the agent puts on every Instance it publishes, so it can list one Configuration's.
-CONFIGURATION_LABEL = f"{GROUP}/configuration"
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409

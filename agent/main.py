@@ -65,7 +65,7 @@ async def run_agent(
     parts: list[Coroutine[Any, Any, None]] = [watch.run()]
     if settings.serve_device_plugins:
         # Imported here so the discovery side runs (and is tested) on its own.
-        from agent.deviceplugin.service import serve_device_plugins
+        from agent.slots.service import serve_device_plugins
 
         parts.append(
             serve_device_plugins(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from lightkube import ApiError, AsyncClient
 from lightkube.types import OnErrorAction, OnErrorResult
@@ -27,6 +27,8 @@ RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on eac
 RETRY_MAX_S = 30.0  # the longest wait between attempts
 HTTP_GONE = 410  # the watch's resourceVersion is too old: it restarts from the current state
 HTTP_TOO_MANY_REQUESTS = 429
+
+_K = TypeVar("_K")
 
 
 def retry_delay(failures: int) -> float:
@@ -94,3 +96,17 @@ async def watch(
             log.warning("watch of %s broke (%s); reopening", what, describe(error))
             await asyncio.sleep(retry_delay(failures))
             restarted()
+
+
+def missed_deletions(
+    before: Mapping[_K, object], current: Mapping[_K, object], listed: Iterable[_K]
+) -> list[_K]:
+    """Keys a relist shows were deleted while the watch was not looking.
+
+    ``before`` is what was known when the list was sent, ``current`` what is known now. Only
+    what was known before the list can be judged by it: an object the watch delivered while the
+    list was in flight may be missing from the list, and one the watch replaced meanwhile is
+    newer than the list.
+    """
+    seen = set(listed)
+    return [key for key in before if key not in seen and current.get(key) is before[key]]

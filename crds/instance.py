@@ -136,10 +136,6 @@ class InstanceSpec:
             "deviceUsage": dict(self.device_usage),
         }
 
-    def slot_usage(self) -> dict[str, SlotUsage]:
-        """``deviceUsage`` parsed, slot id → :class:`SlotUsage`."""
-        return {slot: SlotUsage.parse(value) for slot, value in self.device_usage.items()}
-
     @property
     def used(self) -> int:
         """How many slots someone holds (what ``status.used`` should say)."""

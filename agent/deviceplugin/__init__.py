@@ -3,6 +3,6 @@
 Why this exists: the kubelet learns about devices only through its ``deviceplugin/v1beta1``
 gRPC API. This package keeps the generic plugin lifecycle (serving a socket, registering,
 surviving kubelet restarts: ``server``, ``registration``, ``manager``) apart from what a plugin
-advertises and hands out (``backend`` is the seam; the slot logic in ``agent.slots`` and
-``agent.slot_*`` implements it), and ``service`` wires both to Instances.
+advertises and hands out: ``backend`` is the seam, and ``agent.slots`` implements it with slots
+and wires both to Instances.
 """

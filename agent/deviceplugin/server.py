@@ -18,11 +18,11 @@ from pathlib import Path
 from grpc import aio
 
 from agent.deviceplugin.backend import (
-    AdvertisedDevice,
     ContainerAllocation,
     PluginError,
     PluginSpec,
 )
+from agent.deviceplugin.feed import AdvertisedDevice
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from lightkube import AsyncClient
 
-from agent.deviceplugin.service import serve_device_plugins
 from agent.kube import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.slots.service import serve_device_plugins
 from crds.instance import Instance
 from discovery_handlers.contract import DeviceSpec, Mount
 from tests.harness.kube_waits import wait_allocatable

@@ -17,12 +17,11 @@ import pytest
 from grpc import aio
 
 from agent.deviceplugin.backend import (
-    AdvertisedDevice,
     ContainerAllocation,
-    DeviceFeed,
     PluginError,
     PluginSpec,
 )
+from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
 from agent.deviceplugin.manager import PluginManager
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc

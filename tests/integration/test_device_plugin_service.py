@@ -20,10 +20,10 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from agent.deviceplugin.service import socket_name
 from agent.kube import InstanceResource, as_dict
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from agent.slots.service import socket_name
 from tests.harness.agent_nodes import (
     StartNode,
     create_instance,

@@ -12,8 +12,8 @@ import uuid
 import pytest
 from lightkube import AsyncClient
 
-from agent.slot_ledger import SlotLedger, SlotUnavailable
-from agent.slots import Verdict
+from agent.slots.ledger import SlotLedger, SlotUnavailable
+from agent.slots.rules import Verdict
 from crds.instance import Instance, SlotUsage
 from tests.harness.agent_nodes import create_instance, read_instance
 

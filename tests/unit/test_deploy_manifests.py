@@ -33,7 +33,7 @@ PEERING_CRDS = DEPLOY / "kopf-peering.yaml"
 CHART = DEPLOY / "helm" / "edgeplug"
 IMAGES = DEPLOY / "images"
 SYSTEM_NAMESPACE = "edgeplug-system"
-#: DESIGN.md: the agent's resident-memory target; its limit must leave a margin above it.
+#: The agent's resident-memory target; its limit must leave a margin above it.
 AGENT_TARGET_MIB = 79
 AGENT_MIN_MARGIN_MIB = 16
 NODE_NAME_PLACEHOLDER = "node-from-downward-api"

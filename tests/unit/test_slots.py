@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.slots import (
+from agent.slots.rules import (
     Verdict,
     available_slots,
     broker_envs,

@@ -11,12 +11,13 @@ from collections.abc import Iterable
 import grpc
 import pytest
 
-from agent.deviceplugin.backend import AdvertisedDevice, DeviceFeed, PluginError
+from agent.deviceplugin.backend import PluginError
+from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice
-from agent.slot_backends import ConfigurationBackend, InstanceBackend
-from agent.slot_ledger import SlotLedger
-from agent.slots import SlotRef
+from agent.slots.backends import ConfigurationBackend, InstanceBackend
+from agent.slots.ledger import SlotLedger
+from agent.slots.rules import SlotRef
 from crds.instance import Instance, InstanceSpec
 
 NODE = "node-a"

@@ -14,8 +14,8 @@ from lightkube import AsyncClient
 from lightkube.models.core_v1 import PodSpec
 from lightkube.resources.core_v1 import Pod
 
-from agent.slot_demand import PendingPods, extended_requests, instance_needs, pinned_node
-from agent.slots import instance_devices, reservation_plan, split_wanted
+from agent.slots.demand import PendingPods, extended_requests, instance_needs, pinned_node
+from agent.slots.rules import instance_devices, reservation_plan, split_wanted
 from crds.instance import Instance
 from tests.harness.slot_instances import NAME, slot_instance
 

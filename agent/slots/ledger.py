@@ -1,8 +1,8 @@
 """Writes to one Instance's slots from this node: claims, frees and reservations.
 
 Why this exists: every change to ``deviceUsage`` and ``status.reservations`` must be judged on
-the object it changes (see ``agent.slots`` for the rules and why they are safe). A ledger holds
-the one lock per Instance that ``Allocate``, freeing and reservation moves all take, re-reads
+the object it changes (``agent.slots.rules`` has the rules and why they are safe). A ledger
+holds the one lock per Instance that ``Allocate``, freeing and reservation moves all take, re-reads
 the Instance, and writes JSON merge patches carrying ``metadata.resourceVersion``: the API
 server applies such a patch only if the object is still at that version (409 otherwise), which
 makes every write conditional on the exact state it was judged on. Conflicts are retried after
@@ -25,7 +25,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from agent.kube import InstanceResource, as_dict, is_conflict, is_not_found
-from agent.slots import Verdict, judge_claim, reservation_of, usage_of
+from agent.slots.rules import Verdict, judge_claim, reservation_of, usage_of
 from crds.instance import Instance, SlotUsage
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,10 @@ kubelet's view in line with the API server and with what this node can serve. It
 Instances, reacts to the ``NodeDeviceTable``, and on every change (and every
 ``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists this node,
 one configuration-level plugin per Configuration with such Instances, advertised lists computed
-by ``agent.slots``, reservations moved through ``agent.slot_ledger`` (advertising stops before a
-reservation is released) and steered by the demand of Pending pods pinned to this node
-(``agent.slot_demand``, published as ``status.demand``), this node's usage freed when an
-Instance stops listing it, and slots of vanished pods freed by ``agent.slot_freeing``. The
+by ``agent.slots.rules``, reservations moved through ``agent.slots.ledger`` (advertising stops
+before a reservation is released) and steered by the demand of Pending pods pinned to this node
+(``agent.slots.demand``, published as ``status.demand``), this node's usage freed when an
+Instance stops listing it, and slots of vanished pods freed by ``agent.slots.freeing``. The
 lifecycle (sockets, registration, kubelet restarts) is ``PluginManager``'s.
 """
 
@@ -25,17 +25,18 @@ from pathlib import Path
 from lightkube import ApiError, AsyncClient
 
 from agent import watching
-from agent.deviceplugin.backend import AdvertisedDevice, DeviceFeed, PluginBackend, PluginSpec
+from agent.deviceplugin.backend import PluginBackend, PluginSpec
+from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
 from agent.deviceplugin.manager import PluginManager
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, is_not_found
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.podresources import PodResourcesClient
-from agent.slot_backends import ConfigurationBackend, InstanceBackend
-from agent.slot_demand import PendingPods, instance_needs
-from agent.slot_freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
-from agent.slot_ledger import InstanceGone, SlotLedger, TooManyConflicts
-from agent.slots import (
+from agent.slots.backends import ConfigurationBackend, InstanceBackend
+from agent.slots.demand import PendingPods, instance_needs
+from agent.slots.freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
+from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
+from agent.slots.rules import (
     SlotRef,
     configuration_devices,
     instance_devices,
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 
 #: Reconcile at least this often even without events (retries, orphan sweeps).
 RESYNC_SECONDS = 1.0
-#: Delay before a failed Instance watch is opened again (doubling, capped below).
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -173,8 +173,6 @@ class DevicePluginService:
         task.add_done_callback(self._relists.discard)
 
     async def _relist_instances(self) -> None:
-        # Only what was known before the list can be judged by it: an Instance the watch
-        # delivers while the list is in flight may be missing from the list.
         before = dict(self._instances)
         try:
             listed = {
@@ -187,9 +185,7 @@ class DevicePluginService:
         except ApiError as error:
             log.warning("relist of Instances failed (%s)", watching.describe(error))
             return
-        for key in set(before) - listed:
-            if self._instances.get(key) is not before[key]:
-                continue
+        for key in watching.missed_deletions(before, self._instances, listed):
             self._instances.pop(key, None)
             self._ledgers.pop(key, None)
             self._used.pop(key, None)

@@ -16,11 +16,12 @@ from typing import Protocol
 
 import grpc
 
-from agent.deviceplugin.backend import ContainerAllocation, DeviceFeed, PluginError
+from agent.deviceplugin.backend import ContainerAllocation, PluginError
+from agent.deviceplugin.feed import DeviceFeed
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice
-from agent.slot_ledger import InstanceGone, SlotLedger, SlotUnavailable, TooManyConflicts
-from agent.slots import SlotRef, available_slots, broker_envs, held_virtual_ids, slot_ids
+from agent.slots.ledger import InstanceGone, SlotLedger, SlotUnavailable, TooManyConflicts
+from agent.slots.rules import SlotRef, available_slots, broker_envs, held_virtual_ids, slot_ids
 from crds.instance import Instance, SlotUsage
 from discovery_handlers.contract import DeviceSpec, Mount
 

@@ -1,6 +1,6 @@
 """Which device-plugin resources Pending pods need from this node: the demand watch.
 
-Why this exists: reservations (``agent.slots``) decide which node may hand out a shared slot.
+Why this exists: reservations (``agent.slots.rules``) decide which node may hand out a shared slot.
 A node whose pods wait for a slot reserved by an idle node must say so, or the pods wait
 forever. The controller pins broker pods to one node (required node affinity on
 ``metadata.name`` or ``kubernetes.io/hostname``, or a ``kubernetes.io/hostname`` nodeSelector);
@@ -34,7 +34,7 @@ from lightkube.models.core_v1 import (
 from lightkube.resources.core_v1 import Pod
 
 from agent import watching
-from agent.slots import split_wanted
+from agent.slots.rules import split_wanted
 from crds.instance import Instance
 from crds.naming import instance_resource_name
 

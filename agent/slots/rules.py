@@ -4,7 +4,7 @@ Why this exists: a shared Instance is served by the agent of every node in ``spe
 each kubelet allocates only from what its own agent advertises. If every agent advertised every
 free slot, two kubelets could pick the same slot; the loser's ``Allocate`` must fail and its
 kubelet fails the pod with ``UnexpectedAdmissionError`` (akri#722, akri#849). This module is the
-pure decision logic (no I/O, unit-tested); ``agent.slot_ledger`` does the writes.
+pure decision logic (no I/O, unit-tested); ``agent.slots.ledger`` does the writes.
 
 The design, and why it is safe:
 
@@ -15,7 +15,7 @@ The design, and why it is safe:
 - Who reserves a free, unreserved slot (or one reserved for a node no longer in ``nodes``) is
   decided by one deterministic rule that every agent computes from the same object, so
   concurrent agents do not fight. Demand comes first: ``status.demand`` maps a node to how many
-  slots its agent still needs for Pending pods pinned to it (``agent.slot_demand`` watches
+  slots its agent still needs for Pending pods pinned to it (``agent.slots.demand`` watches
   them). Free unreserved slots go, in index order, to demanding nodes in name order, each up to
   its demand; the rest follow the fair-share rule (slot ``i`` belongs to
   ``sorted(nodes)[i % len(nodes)]``). Without demand, that is the whole rule.
@@ -42,7 +42,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.deviceplugin.backend import AdvertisedDevice
+from agent.deviceplugin.feed import AdvertisedDevice
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import slot_id
 

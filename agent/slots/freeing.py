@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 import grpc
 
 from agent.podresources import PodResourcesClient
-from agent.slot_ledger import SlotLedger
-from agent.slots import SlotRef, usage_of
+from agent.slots.ledger import SlotLedger
+from agent.slots.rules import SlotRef, usage_of
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import instance_resource_name
 
