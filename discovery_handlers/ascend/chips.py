@@ -1,0 +1,107 @@
+"""What the ``ascend`` handler knows of one NPU chip, whichever source told it, and what it means.
+
+Why this exists: three sources (the DCMI library, ``npu-smi info``, the device nodes alone) see
+different amounts of a chip. They all produce ``Chip`` records, and the rules that turn a record
+into a model name, a resource family and a health live here once, with no I/O, so they are
+unit-tested over tables.
+
+Health follows Huawei's DCMI: ``dcmi_get_device_health`` gives 0 (normal), 1 (minor alarm),
+2 (major alarm), 3 (critical alarm); anything else is unknown. Like Huawei's device plugin we
+hand out chips at 0 or 1 and hold back the rest; the reason names the code and the chip's error
+codes (``dcmi_get_device_errorcode_v2``, shown in hex as Huawei's tools print them). ``npu-smi``
+shows the same levels as words: OK, Warning, Alarm, Critical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from discovery_handlers.contract import HEALTHY, Health
+
+HEALTH_NORMAL = 0
+HEALTH_MINOR = 1
+HEALTH_MAJOR = 2
+HEALTH_CRITICAL = 3
+HEALTH_LEVELS = {
+    HEALTH_NORMAL: "normal", HEALTH_MINOR: "minor alarm",
+    HEALTH_MAJOR: "major alarm", HEALTH_CRITICAL: "critical alarm",
+}
+#: Health levels at which a chip is handed out (Huawei's plugin does the same).
+USABLE_HEALTH = frozenset({HEALTH_NORMAL, HEALTH_MINOR})
+#: ``npu-smi info`` health words at which a chip is handed out.
+USABLE_NPU_SMI_HEALTH = frozenset({"OK", "Warning"})
+
+#: Names Huawei's device plugin registers, by chip family (910, 910B and 910A3 share one).
+FAMILY_910 = "Ascend910"
+FAMILY_310P = "Ascend310P"
+FAMILY_310 = "Ascend310"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One chip as a source saw it; ``None`` or empty means the source could not tell."""
+
+    phy_id: int
+    card_id: int | None = None
+    device_index: int | None = None  # the chip's index within its card
+    logic_id: int | None = None
+    chip_type: str = ""  # "Ascend"
+    chip_name: str = ""  # "910B3"
+    chip_version: str = ""
+    aicore_count: int | None = None
+    memory_mb: int | None = None
+    bus_id: str = ""
+    health: Health = HEALTHY
+    problems: tuple[str, ...] = field(default=())  # what could not be read about this chip
+
+    @property
+    def model(self) -> str:
+        """``Ascend910B3``: the chip type and name as DCMI gives them ("" when unknown)."""
+        if not self.chip_name:
+            return ""
+        name = self.chip_name
+        return name if name.startswith("Ascend") else f"{self.chip_type or 'Ascend'}{name}"
+
+    @property
+    def family(self) -> str:
+        """The family Huawei's plugin registers the chip under (``Ascend910``), "" if unknown."""
+        return chip_family(self.model)
+
+
+def chip_family(model: str) -> str:
+    """``Ascend910B3`` → ``Ascend910``; ``Ascend310P3`` → ``Ascend310P``; "" when unknown."""
+    if not model.startswith("Ascend"):
+        return ""
+    rest = model[len("Ascend"):]
+    if rest.startswith("910"):
+        return FAMILY_910
+    if rest.startswith("310P"):
+        return FAMILY_310P
+    if rest.startswith("310B"):
+        return "Ascend310B"  # Atlas 200I A2: Huawei's plugin names it apart
+    if rest.startswith("310"):
+        return FAMILY_310
+    return model
+
+
+def wanted(chip: Chip, chip_names: tuple[str, ...]) -> bool:
+    """Whether ``chipNames`` keeps the chip: a family or an exact model; unknown models stay."""
+    if not chip_names or not chip.model:
+        return True
+    return chip.family in chip_names or chip.model in chip_names
+
+
+def dcmi_health(level: int, error_codes: tuple[int, ...]) -> Health:
+    """The health of a chip whose DCMI health is ``level`` with ``error_codes`` raised."""
+    if level in USABLE_HEALTH:
+        return HEALTHY
+    words = HEALTH_LEVELS.get(level, "unknown level")
+    codes = ", ".join(f"0x{code:08X}" for code in error_codes) or "none"
+    return Health.unhealthy(f"DCMI health {level} ({words}); error codes: {codes}")
+
+
+def npu_smi_health(word: str) -> Health:
+    """The health of a chip ``npu-smi info`` shows as ``word``."""
+    if word in USABLE_NPU_SMI_HEALTH:
+        return HEALTHY
+    return Health.unhealthy(f"npu-smi health {word!r}")

@@ -1,0 +1,287 @@
+"""A thin ctypes wrapper over Huawei's DCMI library (``libdcmi.so``), with its real C signatures.
+
+Why this exists: DCMI is how Huawei's own device plugin and ``npu-smi`` see the chips. This is
+the one place that touches the C ABI; it translates return codes into Python errors at the edge
+and hands back ``Chip`` records. Every call here blocks: callers run it through
+``contract.run_blocking``. The functions used (``dcmi_interface_api.h``)::
+
+    int dcmi_init(void);
+    int dcmi_get_card_list(int *card_num, int *card_list, int list_len);
+    int dcmi_get_device_num_in_card(int card_id, int *device_num);
+    int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id);
+    int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid);
+    int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
+    int dcmi_get_device_health(int card_id, int device_id, unsigned int *health);
+    int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
+                                     unsigned int *error_code_list, unsigned int list_len);
+    int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);
+    int dcmi_get_device_memory_info_v3(int card_id, int device_id,
+                                       struct dcmi_get_memory_info_stru *memory_info);
+    int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *);
+
+0 is success; failures are negative (``DCMI_ERR_CODE_*``, -8001 and below).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from discovery_handlers.ascend.chips import Chip, dcmi_health
+from discovery_handlers.contract import Health
+
+LIBRARY_NAME = "libdcmi.so"
+MAX_CARD_NUM = 64  # MAX_CARD_NUM in dcmi_interface_api.h
+MAX_CHIP_NAME_LEN = 32
+MAX_ERROR_CODES = 128  # error codes read per chip
+DCMI_OK = 0
+ERROR_NAMES = {
+    -8001: "DCMI_ERR_CODE_INVALID_PARAMETER", -8002: "DCMI_ERR_CODE_OPER_NOT_PERMITTED",
+    -8003: "DCMI_ERR_CODE_MEM_OPERATE_FAIL", -8004: "DCMI_ERR_CODE_SECURE_FUN_FAIL",
+    -8005: "DCMI_ERR_CODE_INNER_ERR", -8006: "DCMI_ERR_CODE_TIME_OUT",
+    -8007: "DCMI_ERR_CODE_INVALID_DEVICE_ID", -8008: "DCMI_ERR_CODE_DEVICE_NOT_EXIST",
+    -8009: "DCMI_ERR_CODE_IOCTL_FAIL", -8010: "DCMI_ERR_CODE_SEND_MSG_FAIL",
+    -8011: "DCMI_ERR_CODE_RECV_MSG_FAIL", -8012: "DCMI_ERR_CODE_NOT_REDAY",
+    -8013: "DCMI_ERR_CODE_NOT_SUPPORT_IN_CONTAINER", -8255: "DCMI_ERR_CODE_NOT_SUPPORT",
+}
+
+_c_int_p = ctypes.POINTER(ctypes.c_int)
+_c_uint_p = ctypes.POINTER(ctypes.c_uint)
+
+
+class DcmiChipInfo(ctypes.Structure):
+    _fields_ = [
+        ("chip_type", ctypes.c_ubyte * MAX_CHIP_NAME_LEN),
+        ("chip_name", ctypes.c_ubyte * MAX_CHIP_NAME_LEN),
+        ("chip_ver", ctypes.c_ubyte * MAX_CHIP_NAME_LEN),
+        ("aicore_cnt", ctypes.c_uint),
+    ]
+
+
+class DcmiHbmInfo(ctypes.Structure):
+    _fields_ = [
+        ("memory_size", ctypes.c_ulonglong),  # MB
+        ("freq", ctypes.c_uint),
+        ("memory_usage", ctypes.c_ulonglong),
+        ("temp", ctypes.c_int),
+        ("bandwith_util_rate", ctypes.c_uint),
+    ]
+
+
+class DcmiMemoryInfo(ctypes.Structure):
+    _fields_ = [
+        ("memory_size", ctypes.c_ulonglong),  # MB
+        ("memory_available", ctypes.c_ulonglong),
+        ("freq", ctypes.c_uint),
+        ("hugepagesize", ctypes.c_ulong),
+        ("hugepages_total", ctypes.c_ulong),
+        ("hugepages_free", ctypes.c_ulong),
+        ("utiliza", ctypes.c_uint),
+        ("reserve", ctypes.c_ubyte * 60),
+    ]
+
+
+class DcmiPcieInfoAll(ctypes.Structure):
+    _fields_ = [
+        ("venderid", ctypes.c_uint), ("subvenderid", ctypes.c_uint),
+        ("deviceid", ctypes.c_uint), ("subdeviceid", ctypes.c_uint),
+        ("domain", ctypes.c_int), ("bdf_busid", ctypes.c_uint),
+        ("bdf_deviceid", ctypes.c_uint), ("bdf_funcid", ctypes.c_uint),
+        ("reserve", ctypes.c_ubyte * 32),
+    ]
+
+
+_SIGNATURES: dict[str, list[Any]] = {
+    "dcmi_init": [],
+    "dcmi_get_card_list": [_c_int_p, _c_int_p, ctypes.c_int],
+    "dcmi_get_device_num_in_card": [ctypes.c_int, _c_int_p],
+    "dcmi_get_device_logic_id": [_c_int_p, ctypes.c_int, ctypes.c_int],
+    "dcmi_get_device_phyid_from_logicid": [ctypes.c_uint, _c_uint_p],
+    "dcmi_get_device_chip_info": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(DcmiChipInfo)],
+    "dcmi_get_device_health": [ctypes.c_int, ctypes.c_int, _c_uint_p],
+    "dcmi_get_device_errorcode_v2": [ctypes.c_int, ctypes.c_int, _c_int_p, _c_uint_p,
+                                     ctypes.c_uint],
+    "dcmi_get_device_hbm_info": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(DcmiHbmInfo)],
+    "dcmi_get_device_memory_info_v3": [ctypes.c_int, ctypes.c_int,
+                                       ctypes.POINTER(DcmiMemoryInfo)],
+    "dcmi_get_device_pcie_info_v2": [ctypes.c_int, ctypes.c_int,
+                                     ctypes.POINTER(DcmiPcieInfoAll)],
+}
+#: Without these the library is of no use; the others are read when exported.
+_REQUIRED = ("dcmi_init", "dcmi_get_card_list", "dcmi_get_device_num_in_card",
+             "dcmi_get_device_logic_id", "dcmi_get_device_phyid_from_logicid",
+             "dcmi_get_device_health")
+
+
+class DcmiError(RuntimeError):
+    """The library cannot be loaded or initialised, or cannot list the cards."""
+
+
+def error_text(function: str, code: int) -> str:
+    return f"{function} returned {code} ({ERROR_NAMES.get(code, 'unknown DCMI error')})"
+
+
+@dataclass(frozen=True)
+class DcmiScan:
+    chips: tuple[Chip, ...]
+    problems: tuple[str, ...]
+
+
+class Dcmi:
+    """One loaded, initialised DCMI library."""
+
+    def __init__(self, path: str | None) -> None:
+        target = path or LIBRARY_NAME
+        try:
+            self._lib = ctypes.CDLL(target)
+        except OSError as exc:
+            raise DcmiError(f"cannot load {target}: {exc}") from exc
+        self._functions: dict[str, Any] = {}
+        for name, argtypes in _SIGNATURES.items():
+            try:
+                function = getattr(self._lib, name)
+            except AttributeError:
+                if name in _REQUIRED:
+                    raise DcmiError(f"{target} does not export {name}") from None
+                continue
+            function.argtypes = argtypes
+            function.restype = ctypes.c_int
+            self._functions[name] = function
+        code = self._functions["dcmi_init"]()
+        if code != DCMI_OK:
+            raise DcmiError(error_text("dcmi_init", code))
+
+    def _call(self, name: str, *args: Any) -> int:
+        return int(self._functions[name](*args))
+
+    def has(self, name: str) -> bool:
+        return name in self._functions
+
+    def scan(self) -> DcmiScan:
+        """Every chip of every card, with model, memory and health; raises ``DcmiError`` only
+        when the card list cannot be read (a chip that cannot be read is skipped and named)."""
+        count = ctypes.c_int(0)
+        cards = (ctypes.c_int * MAX_CARD_NUM)()
+        code = self._call("dcmi_get_card_list", ctypes.byref(count), cards, MAX_CARD_NUM)
+        if code != DCMI_OK:
+            raise DcmiError(error_text("dcmi_get_card_list", code))
+        if not 0 <= count.value <= MAX_CARD_NUM:
+            raise DcmiError(f"dcmi_get_card_list reported {count.value} cards")
+        chips: list[Chip] = []
+        problems: list[str] = []
+        for card in cards[:count.value]:
+            num = ctypes.c_int(0)
+            code = self._call("dcmi_get_device_num_in_card", card, ctypes.byref(num))
+            if code != DCMI_OK or not 0 <= num.value <= MAX_CARD_NUM:
+                problems.append(f"card {card}: " + (error_text("dcmi_get_device_num_in_card",
+                                code) if code else f"{num.value} chips reported"))
+                continue
+            for dev in range(num.value):
+                chip = self._chip(card, dev, problems)
+                if chip is not None:
+                    chips.append(chip)
+        return DcmiScan(chips=tuple(chips), problems=tuple(problems))
+
+    def _chip(self, card: int, dev: int, problems: list[str]) -> Chip | None:
+        where = f"card {card} chip {dev}"
+        logic = ctypes.c_int(-1)
+        code = self._call("dcmi_get_device_logic_id", ctypes.byref(logic), card, dev)
+        if code != DCMI_OK:
+            problems.append(f"{where}: {error_text('dcmi_get_device_logic_id', code)}")
+            return None
+        phy = ctypes.c_uint(0)
+        code = self._call("dcmi_get_device_phyid_from_logicid", logic.value, ctypes.byref(phy))
+        if code != DCMI_OK:
+            problems.append(f"{where}: {error_text('dcmi_get_device_phyid_from_logicid', code)}")
+            return None
+        own: list[str] = []
+        info = self._chip_info(card, dev, own)
+        return Chip(
+            phy_id=phy.value, card_id=card, device_index=dev, logic_id=logic.value,
+            chip_type=_text(info.chip_type) if info else "",
+            chip_name=_text(info.chip_name) if info else "",
+            chip_version=_text(info.chip_ver) if info else "",
+            aicore_count=info.aicore_cnt if info else None,
+            memory_mb=self._memory(card, dev, own),
+            bus_id=self._bus_id(card, dev),
+            health=self._health(card, dev, own),
+            problems=tuple(f"{where}: {p}" for p in own),
+        )
+
+    def _chip_info(self, card: int, dev: int, problems: list[str]) -> DcmiChipInfo | None:
+        if not self.has("dcmi_get_device_chip_info"):
+            problems.append("dcmi_get_device_chip_info not exported")
+            return None
+        info = DcmiChipInfo()
+        code = self._call("dcmi_get_device_chip_info", card, dev, ctypes.byref(info))
+        if code != DCMI_OK:
+            problems.append(error_text("dcmi_get_device_chip_info", code))
+            return None
+        return info
+
+    def _memory(self, card: int, dev: int, problems: list[str]) -> int | None:
+        if self.has("dcmi_get_device_hbm_info"):
+            hbm = DcmiHbmInfo()
+            if (self._call("dcmi_get_device_hbm_info", card, dev, ctypes.byref(hbm)) == DCMI_OK
+                    and hbm.memory_size):
+                return int(hbm.memory_size)
+        if self.has("dcmi_get_device_memory_info_v3"):
+            mem = DcmiMemoryInfo()
+            code = self._call("dcmi_get_device_memory_info_v3", card, dev, ctypes.byref(mem))
+            if code == DCMI_OK and mem.memory_size:
+                return int(mem.memory_size)
+            problems.append("memory size unreadable (" +
+                            (error_text("dcmi_get_device_memory_info_v3", code) if code
+                             else "reported 0 MB") + ")")
+        return None
+
+    def _bus_id(self, card: int, dev: int) -> str:
+        if not self.has("dcmi_get_device_pcie_info_v2"):
+            return ""
+        pcie = DcmiPcieInfoAll()
+        if self._call("dcmi_get_device_pcie_info_v2", card, dev, ctypes.byref(pcie)) != DCMI_OK:
+            return ""
+        return (f"{pcie.domain & 0xFFFF:04X}:{pcie.bdf_busid & 0xFF:02X}:"
+                f"{pcie.bdf_deviceid & 0x1F:02X}.{pcie.bdf_funcid & 0x7}")
+
+    def _health(self, card: int, dev: int, problems: list[str]) -> Health:
+        health = ctypes.c_uint(0)
+        code = self._call("dcmi_get_device_health", card, dev, ctypes.byref(health))
+        if code != DCMI_OK:
+            problems.append(error_text("dcmi_get_device_health", code))
+            return Health.unhealthy(f"health unreadable: "
+                                    f"{error_text('dcmi_get_device_health', code)}")
+        return dcmi_health(health.value, self._error_codes(card, dev, problems))
+
+    def _error_codes(self, card: int, dev: int, problems: list[str]) -> tuple[int, ...]:
+        if not self.has("dcmi_get_device_errorcode_v2"):
+            return ()
+        count = ctypes.c_int(0)
+        codes = (ctypes.c_uint * MAX_ERROR_CODES)()
+        code = self._call("dcmi_get_device_errorcode_v2", card, dev, ctypes.byref(count),
+                          codes, MAX_ERROR_CODES)
+        if code != DCMI_OK:
+            problems.append(error_text("dcmi_get_device_errorcode_v2", code))
+            return ()
+        return tuple(codes[:max(0, min(count.value, MAX_ERROR_CODES))])
+
+
+def _text(raw: Any) -> str:
+    data = bytes(raw)
+    return data.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+
+
+_loaded: dict[str | None, Dcmi] = {}
+_load_lock = threading.Lock()
+
+
+def load(path: str | None) -> Dcmi:
+    """The library at ``path`` (None: ``libdcmi.so`` on the loader's search path), loaded and
+    initialised once per process (``dcmi_init`` is meant to be called once)."""
+    with _load_lock:
+        lib = _loaded.get(path)
+        if lib is None:
+            lib = _loaded[path] = Dcmi(path)
+        return lib

@@ -1,0 +1,156 @@
+"""The ``ascend`` handler's ``discoveryDetails``, parsed and checked without the vendor library.
+
+Why this exists: the admission webhook and ``edgeplug discover`` parse details on machines with
+no Ascend driver, so this module imports nothing of DCMI. Every bad value is refused with
+``InvalidDetails`` naming the field. Fields (all optional)::
+
+    hostRoot: /host                  # where this agent sees the host's filesystem (default /)
+    libraryPath: /usr/local/dcmi/libdcmi.so   # DCMI library, under hostRoot; default: the
+                                     # dynamic loader's search path for libdcmi.so
+    npuSmiPath: /usr/local/sbin/npu-smi       # under hostRoot (this is the default)
+    driverPath: /usr/local/Ascend/driver      # host directory mounted read-only (the default)
+    mountDriver: true                # false: no driver mount (the container brings its own)
+    sources: [dcmi, npu-smi, devices]         # which sources to try, in this order (default)
+    chipNames: [Ascend910]           # keep only chips of these families or models (default all)
+    healthPollSeconds: 5             # 1..1800, Huawei's plugin polls every 5 s
+    runtimeOptions: [NODRV]          # ASCEND_RUNTIME_OPTIONS for Ascend's container runtime
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import yaml
+
+from discovery_handlers.contract import InvalidDetails, PropertyValue
+
+DEFAULT_HOST_ROOT = "/"
+DEFAULT_NPU_SMI_PATH = "/usr/local/sbin/npu-smi"
+DEFAULT_DRIVER_PATH = "/usr/local/Ascend/driver"
+DEFAULT_HEALTH_POLL_S = 5.0  # Huawei's device plugin checks health every 5 s
+MIN_HEALTH_POLL_S = 1.0
+MAX_HEALTH_POLL_S = 1800.0
+
+SOURCE_DCMI = "dcmi"
+SOURCE_NPU_SMI = "npu-smi"
+SOURCE_DEVICES = "devices"
+ALL_SOURCES = (SOURCE_DCMI, SOURCE_NPU_SMI, SOURCE_DEVICES)
+
+#: Options Ascend's container runtime (ascend-docker-runtime) understands in
+#: ASCEND_RUNTIME_OPTIONS; VIRTUAL is for vNPUs, which this handler does not create.
+RUNTIME_OPTIONS = ("NODRV", "VERBOSE")
+
+_CHIP_NAME = re.compile(r"^Ascend[0-9][0-9A-Za-z_]*$")
+_KNOWN_FIELDS = frozenset({
+    "hostRoot", "libraryPath", "npuSmiPath", "driverPath", "mountDriver", "sources",
+    "chipNames", "healthPollSeconds", "runtimeOptions",
+})
+
+
+@dataclass(frozen=True)
+class AscendDetails:
+    """Parsed ``discoveryDetails`` of an ``ascend`` Configuration (paths are host paths)."""
+
+    host_root: str = DEFAULT_HOST_ROOT
+    library_path: str | None = None
+    npu_smi_path: str = DEFAULT_NPU_SMI_PATH
+    driver_path: str = DEFAULT_DRIVER_PATH
+    mount_driver: bool = True
+    sources: tuple[str, ...] = ALL_SOURCES
+    chip_names: tuple[str, ...] = ()
+    health_poll_seconds: float = DEFAULT_HEALTH_POLL_S
+    runtime_options: tuple[str, ...] = ()
+
+    def on_host(self, path: str) -> str:
+        """Where this process finds host path ``path`` (``hostRoot`` prepended)."""
+        return str(PurePosixPath(self.host_root) / path.lstrip("/"))
+
+
+def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> AscendDetails:
+    """Parse ``discoveryDetails`` YAML; ``properties`` are not used by this handler."""
+    del properties
+    try:
+        raw: Any = yaml.safe_load(details) if details.strip() else {}
+    except yaml.YAMLError as exc:
+        raise InvalidDetails("(root)", f"not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidDetails("(root)", "must be a mapping of fields")
+    unknown = sorted(set(map(str, raw)) - _KNOWN_FIELDS)
+    if unknown:
+        raise InvalidDetails(unknown[0], f"unknown field (known: {sorted(_KNOWN_FIELDS)})")
+    library = raw.get("libraryPath")
+    return AscendDetails(
+        host_root=_path(raw, "hostRoot", DEFAULT_HOST_ROOT),
+        library_path=None if library is None else _path(raw, "libraryPath", ""),
+        npu_smi_path=_path(raw, "npuSmiPath", DEFAULT_NPU_SMI_PATH),
+        driver_path=_path(raw, "driverPath", DEFAULT_DRIVER_PATH),
+        mount_driver=_bool(raw, "mountDriver", True),
+        sources=_choices(raw, "sources", ALL_SOURCES, default=ALL_SOURCES, empty_ok=False),
+        chip_names=_chip_names(raw.get("chipNames")),
+        health_poll_seconds=_poll(raw.get("healthPollSeconds", DEFAULT_HEALTH_POLL_S)),
+        runtime_options=_choices(raw, "runtimeOptions", RUNTIME_OPTIONS, default=(),
+                                 empty_ok=True),
+    )
+
+
+def _path(raw: Mapping[str, Any], name: str, default: str) -> str:
+    value = raw.get(name, default)
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise InvalidDetails(name, "must be an absolute path")
+    if "\x00" in value or ".." in PurePosixPath(value).parts:
+        raise InvalidDetails(name, "must be a plain absolute path (no NUL, no '..')")
+    return value
+
+
+def _bool(raw: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = raw.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidDetails(name, "must be true or false")
+    return value
+
+
+def _choices(
+    raw: Mapping[str, Any], name: str, allowed: tuple[str, ...], *,
+    default: tuple[str, ...], empty_ok: bool,
+) -> tuple[str, ...]:
+    value = raw.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, list) or (not value and not empty_ok):
+        raise InvalidDetails(name, f"must be a {'' if empty_ok else 'non-empty '}list of "
+                                   f"{list(allowed)}")
+    seen: list[str] = []
+    for index, item in enumerate(value):
+        if item not in allowed:
+            raise InvalidDetails(f"{name}[{index}]", f"{item!r} is not one of {list(allowed)}")
+        if item in seen:
+            raise InvalidDetails(f"{name}[{index}]", f"{item!r} is listed twice")
+        seen.append(item)
+    return tuple(seen)
+
+
+def _chip_names(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise InvalidDetails("chipNames", "must be a non-empty list such as [Ascend910]")
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not _CHIP_NAME.match(item):
+            raise InvalidDetails(f"chipNames[{index}]",
+                                 f"{item!r} is not a chip name such as Ascend910 or Ascend910B3")
+    return tuple(value)
+
+
+def _poll(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidDetails("healthPollSeconds", "must be a number of seconds")
+    if not MIN_HEALTH_POLL_S <= value <= MAX_HEALTH_POLL_S:
+        raise InvalidDetails("healthPollSeconds",
+                             f"{value} is outside {MIN_HEALTH_POLL_S:g}..{MAX_HEALTH_POLL_S:g}")
+    return float(value)

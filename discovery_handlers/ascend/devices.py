@@ -1,0 +1,133 @@
+"""From chips to what a container gets: device ids, device nodes, the driver mount, properties,
+the environment for several chips at once, and which chips go together.
+
+Why this exists: this is the part of the handler that makes a pod written for Huawei's device
+plugin run unchanged, and it has no I/O, so it is unit-tested over tables.
+
+- Device id ``davinci<phy id>``: the physical id is what the kernel names ``/dev/davinci<N>``
+  after and what Huawei's plugin puts in ``ASCEND_VISIBLE_DEVICES``; every source sees it, so
+  the id (and the Instance name) stays the same when discovery falls back from DCMI to
+  ``npu-smi`` or to the device nodes. The Instance name adds the node name (local devices).
+- Device nodes: ``/dev/davinci<N>`` plus the shared ``/dev/davinci_manager``, ``/dev/devmm_svm``,
+  ``/dev/hisi_hdc`` and, where present, ``/dev/dvpp_cmdlist``; the driver directory read-only.
+- ``compose``: ``ASCEND_VISIBLE_DEVICES`` lists the physical ids in allocation order, comma
+  separated, as Huawei's plugin sets it; ``ASCEND_RUNTIME_OPTIONS`` when the details ask.
+- ``rank``: chips of one card first (they share the card's links), best-fitting card first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from discovery_handlers.ascend.chips import Chip
+from discovery_handlers.ascend.details import AscendDetails
+from discovery_handlers.contract import Device, DeviceSpec, Health, Mount
+
+SHARED_NODES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+OPTIONAL_SHARED_NODES = ("/dev/dvpp_cmdlist",)
+
+VISIBLE_DEVICES = "ASCEND_VISIBLE_DEVICES"
+RUNTIME_OPTIONS_ENV = "ASCEND_RUNTIME_OPTIONS"
+PROP_MODEL = "ASCEND_CHIP_MODEL"
+PROP_FAMILY = "ASCEND_CHIP_FAMILY"
+PROP_MEMORY = "ASCEND_MEMORY_MB"
+PROP_AICORE = "ASCEND_AICORE_COUNT"
+PROP_CARD = "ASCEND_CARD_ID"
+PROP_DEVICE_INDEX = "ASCEND_DEVICE_ID"
+PROP_LOGIC = "ASCEND_LOGIC_ID"
+PROP_BUS = "ASCEND_BUS_ID"
+
+EXTRA_PHY = "phy_id"
+EXTRA_CARD = "card_id"
+EXTRA_DEVICE_INDEX = "device_index"
+EXTRA_LOGIC = "logic_id"
+
+
+def device_id(phy_id: int) -> str:
+    return f"davinci{phy_id}"
+
+
+def chip_node(phy_id: int) -> str:
+    return f"/dev/davinci{phy_id}"
+
+
+def to_device(
+    chip: Chip, details: AscendDetails, *, shared_present: Sequence[str],
+    driver_present: bool, health: Health,
+) -> Device:
+    """The ``Device`` for ``chip``; ``shared_present`` lists the shared nodes the host has."""
+    props: dict[str, str] = {VISIBLE_DEVICES: str(chip.phy_id)}
+    optional: Mapping[str, object] = {
+        PROP_MODEL: chip.model, PROP_FAMILY: chip.family, PROP_MEMORY: chip.memory_mb,
+        PROP_AICORE: chip.aicore_count, PROP_CARD: chip.card_id,
+        PROP_DEVICE_INDEX: chip.device_index, PROP_LOGIC: chip.logic_id, PROP_BUS: chip.bus_id,
+    }
+    props.update({name: str(value) for name, value in optional.items()
+                  if value is not None and value != ""})
+    nodes = (chip_node(chip.phy_id), *shared_present)
+    mounts: tuple[Mount, ...] = ()
+    if details.mount_driver and driver_present:
+        mounts = (Mount(container_path=details.driver_path, host_path=details.driver_path,
+                        read_only=True),)
+    extra = {EXTRA_PHY: str(chip.phy_id)}
+    for key, value in ((EXTRA_CARD, chip.card_id), (EXTRA_DEVICE_INDEX, chip.device_index),
+                       (EXTRA_LOGIC, chip.logic_id)):
+        if value is not None:
+            extra[key] = str(value)
+    return Device(
+        id=device_id(chip.phy_id),
+        properties=props,
+        mounts=mounts,
+        device_specs=tuple(DeviceSpec(container_path=n, host_path=n, permissions="rwm")
+                           for n in nodes),
+        health=health,
+        extra=extra,
+    )
+
+
+def compose(details: AscendDetails, devices: Sequence[Device]) -> dict[str, str]:
+    """The environment of a container given ``devices`` (in allocation order)."""
+    env = {VISIBLE_DEVICES: ",".join(_phy(d) for d in devices)}
+    if details.runtime_options:
+        env[RUNTIME_OPTIONS_ENV] = ",".join(details.runtime_options)
+    return env
+
+
+def rank(available: Sequence[Device], must_include: Sequence[Device], size: int
+         ) -> list[Device]:
+    """``size`` devices from ``available``, ``must_include`` first, keeping to as few cards as
+    possible: the cards of ``must_include`` are filled first, then the card whose free chips fit
+    what is left most tightly (keeping bigger cards whole), then the fullest cards."""
+    chosen = list(dict.fromkeys(must_include, None))[:max(size, 0)]
+    taken = {d.id for d in chosen}
+    pool = [d for d in available if d.id not in taken]
+    by_card: dict[str, list[Device]] = {}
+    for device in sorted(pool, key=_phy_key):
+        by_card.setdefault(_card(device), []).append(device)
+    for card in dict.fromkeys(_card(d) for d in chosen):
+        chosen.extend(by_card.pop(card, [])[:size - len(chosen)])
+    while len(chosen) < size and by_card:
+        need = size - len(chosen)
+        fitting = [c for c, ds in by_card.items() if len(ds) >= need]
+        card = (min(fitting, key=lambda c: (len(by_card[c]), _card_key(c))) if fitting
+                else max(by_card, key=lambda c: (len(by_card[c]), -_card_key(c))))
+        chosen.extend(by_card.pop(card)[:need])
+    return chosen
+
+
+def _phy(device: Device) -> str:
+    return device.extra.get(EXTRA_PHY) or device.id.removeprefix("davinci")
+
+
+def _phy_key(device: Device) -> tuple[int, str]:
+    phy = _phy(device)
+    return (int(phy), device.id) if phy.isdigit() else (1 << 30, device.id)
+
+
+def _card(device: Device) -> str:
+    # A chip whose card is unknown is a card of its own.
+    return device.extra.get(EXTRA_CARD) or f"?{device.id}"
+
+
+def _card_key(card: str) -> int:
+    return int(card) if card.isdigit() else 1 << 30

@@ -1,0 +1,91 @@
+"""The ``ascend`` handler's contract adapter: parse details, poll the chips, serve the hooks.
+
+Why this exists: it is the face the agent sees (contract v2). ``discover`` runs one pass at once
+and again every ``healthPollSeconds`` (Huawei's plugin polls every 5 s), and yields the device
+list whenever a chip appears, goes, changes or changes health, so a faulted chip turns
+Unhealthy on the node within one poll and comes back when the fault clears. The passes block,
+so they run on the handlers' thread pool (``run_blocking``). The status of the last pass (the
+source used, what could not be read) is logged when it changes and kept per details for
+``status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from discovery_handlers.ascend import devices as shaping
+from discovery_handlers.ascend.details import AscendDetails, parse_details
+from discovery_handlers.contract import Device, PropertyValue, run_blocking
+
+NAME = "ascend"
+log = logging.getLogger(__name__)
+
+
+class ChipsUnhealthy(RuntimeError):
+    """Raised by ``prepare`` when a chip went unhealthy or vanished before the container starts."""
+
+
+class AscendHandler:
+    """Huawei Ascend NPUs: one local device per chip; ``handler`` below is the entry point's."""
+
+    name = NAME
+    shared = False
+
+    def __init__(self) -> None:
+        self._status: dict[AscendDetails, Any] = {}
+
+    def parse_details(self, details: str, properties: Mapping[str, PropertyValue]
+                      ) -> AscendDetails:
+        return parse_details(details, properties)
+
+    async def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]:
+        assert isinstance(details, AscendDetails)
+        from discovery_handlers.ascend.sources import scan  # imports the ctypes wrapper
+
+        last: tuple[Device, ...] | None = None
+        while True:
+            result = await run_blocking(scan, details)
+            self._note(details, result.status)
+            if result.devices != last:
+                last = result.devices
+                yield list(result.devices)
+            await asyncio.sleep(details.health_poll_seconds)
+
+    def status(self, details: AscendDetails) -> Any:
+        """The ``ScanStatus`` of the last pass for these details (None before the first)."""
+        return self._status.get(details)
+
+    def compose(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]:
+        assert isinstance(details, AscendDetails)
+        return shaping.compose(details, devices)
+
+    def rank(self, details: Any, available: Sequence[Device], must_include: Sequence[Device],
+             size: int) -> Sequence[Device]:
+        return shaping.rank(available, must_include, size)
+
+    async def prepare(self, details: Any, devices: Sequence[Device]) -> None:
+        """Re-read the chips right before the container starts; refuse unhealthy or gone ones."""
+        assert isinstance(details, AscendDetails)
+        from discovery_handlers.ascend.sources import scan
+
+        result = await run_blocking(scan, details)
+        self._note(details, result.status)
+        now = {d.id: d for d in result.devices}
+        bad = []
+        for device in devices:
+            current = now.get(device.id)
+            if current is None:
+                bad.append(f"{device.id} is gone ({result.status})")
+            elif not current.health.healthy:
+                bad.append(f"{device.id} is unhealthy: {current.health.reason}")
+        if bad:
+            raise ChipsUnhealthy("Ascend chips not usable: " + "; ".join(bad))
+
+    def _note(self, details: AscendDetails, status: Any) -> None:
+        if self._status.get(details) != status:
+            level = logging.WARNING if status.degraded else logging.INFO
+            log.log(level, "ascend discovery (%s): %s", details.host_root, status)
+        self._status[details] = status

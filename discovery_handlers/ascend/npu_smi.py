@@ -1,0 +1,141 @@
+"""Reading ``npu-smi info``: the table Huawei's management tool prints, as ``Chip`` records.
+
+Why this exists: where the DCMI library cannot be loaded (an agent image without it, a driver
+whose library the agent cannot read), ``npu-smi info`` still tells which chips the node has,
+their model, memory and health. The table is for people, so it is parsed defensively: a row
+that does not read is skipped and named; output without the table is an error.
+
+The table (npu-smi 23.x to 25.x) has two header rows and two rows per chip (shown here with
+the right-hand cell cut short)::
+
+    | NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-...
+    | Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)
+    +===========================+===============+=================================================
+    | 0     910B3               | OK            | 96.8        32                0    / 0
+    | 0                         | 0000:C1:00.0  | 0           0    / 0          3372 / 65536
+
+followed by a process table (``| NPU  Chip | Process id | ...``), which is not read. Some
+products add a column to the second header row: ``Chip  Device`` (the logic id, Atlas 300I
+Duo) or ``Chip  Phy-ID``. Without one the chip's physical id is taken to be its NPU id when
+every NPU holds one chip (as on 910B servers), else its position in the table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from discovery_handlers.ascend.chips import Chip, npu_smi_health
+
+_FIRST = re.compile(r"^(\d+)\s+(\S+)$")  # "0     910B3"
+_SECOND = re.compile(r"^(\d+)(?:\s+(\d+))?$")  # "0" or "0     1"
+_FRACTION = re.compile(r"(\d+)\s*/\s*(\d+)")
+_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+MAX_ROWS = 4096  # more rows than any node has chips: the output is not npu-smi's
+
+
+class NpuSmiError(ValueError):
+    """The output is not an ``npu-smi info`` table."""
+
+
+@dataclass(frozen=True)
+class NpuSmiTable:
+    chips: tuple[Chip, ...]
+    problems: tuple[str, ...]  # rows skipped, and why
+
+
+@dataclass(frozen=True)
+class _Row:
+    npu: int
+    name: str
+    health: str
+    chip: int
+    extra_id: int | None
+    bus_id: str
+    memory_mb: int | None
+
+
+def parse_npu_smi_info(text: str) -> NpuSmiTable:
+    """Parse the output of ``npu-smi info``; raise ``NpuSmiError`` when there is no table."""
+    rows = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    if len(rows) > MAX_ROWS:
+        raise NpuSmiError(f"{len(rows)} table rows: not npu-smi info output")
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    header = next((i for i, c in enumerate(cells)
+                   if c and c[0].startswith("NPU") and "Name" in c[0] and len(c) >= 3), None)
+    if header is None or header + 1 >= len(cells) or not cells[header + 1][0].startswith("Chip"):
+        raise NpuSmiError("no 'NPU Name | Health' table header in npu-smi info output")
+    second = cells[header + 1][0].split()
+    id_kind = second[1] if len(second) > 1 else ""
+    has_hbm = "HBM-Usage" in " ".join(cells[header + 1])
+    body = []
+    for row in cells[header + 2:]:
+        if any("Process id" in c for c in row):
+            break  # the process table follows the chips
+        body.append(row)
+    parsed: list[_Row] = []
+    problems: list[str] = []
+    index = 0
+    while index < len(body):
+        first = body[index]
+        second_row = body[index + 1] if index + 1 < len(body) else None
+        pair, problem = _pair(first, second_row, has_hbm=has_hbm)
+        if pair is None:
+            problems.append(f"table row {index + 1}: {problem}")
+            index += 1
+            continue
+        parsed.append(pair)
+        index += 2
+    if not parsed and not problems:
+        raise NpuSmiError("npu-smi info table lists no chips")
+    return NpuSmiTable(chips=_chips(parsed, id_kind), problems=tuple(problems))
+
+
+def _pair(first: list[str], second: list[str] | None, *, has_hbm: bool
+          ) -> tuple[_Row | None, str]:
+    if len(first) < 3:
+        return None, f"expected 3 cells, got {len(first)}"
+    head = _FIRST.match(first[0])
+    if head is None:
+        return None, f"expected '<NPU id> <name>', got {first[0][:40]!r}"
+    if second is None or len(second) < 3:
+        return None, "chip row missing after the NPU row"
+    chip = _SECOND.match(second[0])
+    if chip is None:
+        return None, f"expected '<chip> [<id>]', got {second[0][:40]!r}"
+    health = first[1].split()[0] if first[1].split() else ""
+    bus_id = second[1] if _BUS_ID.match(second[1]) else ""
+    fractions = _FRACTION.findall(second[2])
+    memory: int | None = None
+    if fractions:
+        total = int(fractions[-1][1]) if has_hbm else int(fractions[0][1])
+        if has_hbm and total == 0:
+            total = int(fractions[0][1])
+        memory = total or None
+    return _Row(
+        npu=int(head.group(1)), name=head.group(2), health=health, chip=int(chip.group(1)),
+        extra_id=int(chip.group(2)) if chip.group(2) is not None else None,
+        bus_id=bus_id, memory_mb=memory,
+    ), ""
+
+
+def _chips(rows: list[_Row], id_kind: str) -> tuple[Chip, ...]:
+    per_npu: dict[int, int] = {}
+    for row in rows:
+        per_npu[row.npu] = per_npu.get(row.npu, 0) + 1
+    one_per_npu = all(count == 1 for count in per_npu.values())
+    chips = []
+    for position, row in enumerate(rows):
+        logic: int | None = None
+        if id_kind == "Phy-ID" and row.extra_id is not None:
+            phy = row.extra_id
+        elif id_kind == "Device" and row.extra_id is not None:
+            phy = logic = row.extra_id  # DCMI would map logic → phy; npu-smi does not say
+        else:
+            phy = row.npu if one_per_npu else position
+        chips.append(Chip(
+            phy_id=phy, card_id=row.npu, device_index=row.chip, logic_id=logic,
+            chip_type="Ascend", chip_name=row.name, memory_mb=row.memory_mb,
+            bus_id=row.bus_id, health=npu_smi_health(row.health),
+        ))
+    return tuple(chips)

@@ -1,0 +1,279 @@
+/*
+ * A stand-in for Huawei's DCMI library (libdcmi.so) on a machine without Ascend NPUs.
+ *
+ * Why this exists: the ascend handler loads DCMI through ctypes; to test that path for real, the
+ * tests build this file with the C compiler into a shared library that exports the functions
+ * the handler calls, with the signatures, struct layouts and return codes of Huawei's
+ * dcmi_interface_api.h (0 on success, DCMI_ERR_CODE_* below -8000 on failure). Written for
+ * these tests; no Huawei code is in it.
+ *
+ * Its state comes from the text file named by ASCEND_DCMI_STATE, read again on every call, so a
+ * test faults a chip while the handler runs. Lines (anything else is ignored):
+ *   chip <card> <dev> <logic> <phy> <type> <name> <ver> <aicore> <hbm_mb> <mem_mb> <health>
+ *        <error codes, comma-separated hex, or -> <pcie domain> <bus> <device> <function>
+ *   fail <function name> <return code>
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CARD_NUM 64
+#define MAX_CHIP_NAME_LEN 32
+#define MAX_CHIPS 256
+#define MAX_ERRORS 16
+#define MAX_FAILS 32
+
+#define DCMI_OK 0
+#define DCMI_ERR_CODE_INVALID_PARAMETER (-8001)
+#define DCMI_ERR_CODE_INNER_ERR (-8005)
+#define DCMI_ERR_CODE_INVALID_DEVICE_ID (-8007)
+#define DCMI_ERR_CODE_NOT_REDAY (-8012)
+
+struct dcmi_chip_info {
+    unsigned char chip_type[MAX_CHIP_NAME_LEN];
+    unsigned char chip_name[MAX_CHIP_NAME_LEN];
+    unsigned char chip_ver[MAX_CHIP_NAME_LEN];
+    unsigned int aicore_cnt;
+};
+
+struct dcmi_hbm_info {
+    unsigned long long memory_size;
+    unsigned int freq;
+    unsigned long long memory_usage;
+    int temp;
+    unsigned int bandwith_util_rate;
+};
+
+struct dcmi_get_memory_info_stru {
+    unsigned long long memory_size;
+    unsigned long long memory_available;
+    unsigned int freq;
+    unsigned long hugepagesize;
+    unsigned long hugepages_total;
+    unsigned long hugepages_free;
+    unsigned int utiliza;
+    unsigned char reserve[60];
+};
+
+struct dcmi_pcie_info_all {
+    unsigned int venderid;
+    unsigned int subvenderid;
+    unsigned int deviceid;
+    unsigned int subdeviceid;
+    int domain;
+    unsigned int bdf_busid;
+    unsigned int bdf_deviceid;
+    unsigned int bdf_funcid;
+    unsigned char reserve[32];
+};
+
+struct chip {
+    int card, dev, logic, phy;
+    char type[MAX_CHIP_NAME_LEN], name[MAX_CHIP_NAME_LEN], ver[MAX_CHIP_NAME_LEN];
+    unsigned int aicore;
+    unsigned long long hbm_mb, mem_mb;
+    unsigned int health;
+    unsigned int errors[MAX_ERRORS];
+    int error_count;
+    int domain;
+    unsigned int bus, device, function;
+};
+
+struct fail {
+    char function[64];
+    int code;
+};
+
+struct state {
+    struct chip chips[MAX_CHIPS];
+    int chip_count;
+    struct fail fails[MAX_FAILS];
+    int fail_count;
+};
+
+static int initialised;
+
+static void parse_errors(struct chip *c, const char *text) {
+    c->error_count = 0;
+    if (strcmp(text, "-") == 0) return;
+    char buf[512];
+    strncpy(buf, text, sizeof(buf) - 1);
+    buf[sizeof(buf) - 1] = '\0';
+    for (char *tok = strtok(buf, ","); tok && c->error_count < MAX_ERRORS; tok = strtok(NULL, ",")) {
+        c->errors[c->error_count++] = (unsigned int)strtoul(tok, NULL, 16);
+    }
+}
+
+static void load(struct state *st) {
+    memset(st, 0, sizeof(*st));
+    const char *path = getenv("ASCEND_DCMI_STATE");
+    if (path == NULL) return;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return;
+    char line[1024];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "chip ", 5) == 0 && st->chip_count < MAX_CHIPS) {
+            struct chip *c = &st->chips[st->chip_count];
+            char errors[512];
+            int n = sscanf(line + 5, "%d %d %d %d %31s %31s %31s %u %llu %llu %u %511s %d %u %u %u",
+                           &c->card, &c->dev, &c->logic, &c->phy, c->type, c->name, c->ver,
+                           &c->aicore, &c->hbm_mb, &c->mem_mb, &c->health, errors, &c->domain,
+                           &c->bus, &c->device, &c->function);
+            if (n == 16) {
+                parse_errors(c, errors);
+                st->chip_count++;
+            }
+        } else if (strncmp(line, "fail ", 5) == 0 && st->fail_count < MAX_FAILS) {
+            struct fail *fl = &st->fails[st->fail_count];
+            if (sscanf(line + 5, "%63s %d", fl->function, &fl->code) == 2) st->fail_count++;
+        }
+    }
+    fclose(f);
+}
+
+/* The return code a test asked this function to fail with, or DCMI_OK. */
+static int failing(const struct state *st, const char *function) {
+    for (int i = 0; i < st->fail_count; i++) {
+        if (strcmp(st->fails[i].function, function) == 0) return st->fails[i].code;
+    }
+    return DCMI_OK;
+}
+
+static const struct chip *find(const struct state *st, int card, int dev) {
+    for (int i = 0; i < st->chip_count; i++) {
+        if (st->chips[i].card == card && st->chips[i].dev == dev) return &st->chips[i];
+    }
+    return NULL;
+}
+
+/* Common preamble: load the state, check initialisation and any failure asked for. */
+#define BEGIN(st, name)                              \
+    struct state st;                                 \
+    load(&st);                                       \
+    if (!initialised) return DCMI_ERR_CODE_NOT_REDAY; \
+    do {                                             \
+        int forced_ = failing(&st, name);            \
+        if (forced_ != DCMI_OK) return forced_;      \
+    } while (0)
+
+#define CHIP_OR_FAIL(st, c, card, dev)                   \
+    const struct chip *c = find(&st, card, dev);         \
+    if (c == NULL) return DCMI_ERR_CODE_INVALID_DEVICE_ID
+
+int dcmi_init(void) {
+    struct state st;
+    load(&st);
+    int forced = failing(&st, "dcmi_init");
+    if (forced != DCMI_OK) return forced;
+    initialised = 1;
+    return DCMI_OK;
+}
+
+int dcmi_get_card_list(int *card_num, int *card_list, int list_len) {
+    BEGIN(st, "dcmi_get_card_list");
+    if (card_num == NULL || card_list == NULL || list_len <= 0) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    int count = 0;
+    for (int i = 0; i < st.chip_count; i++) {
+        int seen = 0;
+        for (int j = 0; j < count; j++) seen |= card_list[j] == st.chips[i].card;
+        if (seen) continue;
+        if (count >= list_len || count >= MAX_CARD_NUM) return DCMI_ERR_CODE_INVALID_PARAMETER;
+        card_list[count++] = st.chips[i].card;
+    }
+    *card_num = count;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_num_in_card(int card_id, int *device_num) {
+    BEGIN(st, "dcmi_get_device_num_in_card");
+    if (device_num == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    int n = 0;
+    for (int i = 0; i < st.chip_count; i++) n += st.chips[i].card == card_id;
+    if (n == 0) return DCMI_ERR_CODE_INVALID_DEVICE_ID;
+    *device_num = n;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id) {
+    BEGIN(st, "dcmi_get_device_logic_id");
+    if (device_logic_id == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    *device_logic_id = c->logic;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid) {
+    BEGIN(st, "dcmi_get_device_phyid_from_logicid");
+    if (phyid == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    for (int i = 0; i < st.chip_count; i++) {
+        if ((unsigned int)st.chips[i].logic == logicid) {
+            *phyid = (unsigned int)st.chips[i].phy;
+            return DCMI_OK;
+        }
+    }
+    return DCMI_ERR_CODE_INVALID_DEVICE_ID;
+}
+
+int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info) {
+    BEGIN(st, "dcmi_get_device_chip_info");
+    if (chip_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    memset(chip_info, 0, sizeof(*chip_info));
+    strncpy((char *)chip_info->chip_type, c->type, MAX_CHIP_NAME_LEN - 1);
+    strncpy((char *)chip_info->chip_name, c->name, MAX_CHIP_NAME_LEN - 1);
+    strncpy((char *)chip_info->chip_ver, c->ver, MAX_CHIP_NAME_LEN - 1);
+    chip_info->aicore_cnt = c->aicore;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_health(int card_id, int device_id, unsigned int *health) {
+    BEGIN(st, "dcmi_get_device_health");
+    if (health == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    *health = c->health;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
+                                 unsigned int *error_code_list, unsigned int list_len) {
+    BEGIN(st, "dcmi_get_device_errorcode_v2");
+    if (error_count == NULL || error_code_list == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    int n = c->error_count < (int)list_len ? c->error_count : (int)list_len;
+    for (int i = 0; i < n; i++) error_code_list[i] = c->errors[i];
+    *error_count = n;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info) {
+    BEGIN(st, "dcmi_get_device_hbm_info");
+    if (hbm_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    memset(hbm_info, 0, sizeof(*hbm_info));
+    hbm_info->memory_size = c->hbm_mb;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_memory_info_v3(int card_id, int device_id,
+                                   struct dcmi_get_memory_info_stru *memory_info) {
+    BEGIN(st, "dcmi_get_device_memory_info_v3");
+    if (memory_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    memset(memory_info, 0, sizeof(*memory_info));
+    memory_info->memory_size = c->mem_mb;
+    memory_info->memory_available = c->mem_mb;
+    return DCMI_OK;
+}
+
+int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *pcie_info) {
+    BEGIN(st, "dcmi_get_device_pcie_info_v2");
+    if (pcie_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    memset(pcie_info, 0, sizeof(*pcie_info));
+    pcie_info->venderid = 0x19e5; /* Huawei's PCI vendor id */
+    pcie_info->domain = c->domain;
+    pcie_info->bdf_busid = c->bus;
+    pcie_info->bdf_deviceid = c->device;
+    pcie_info->bdf_funcid = c->function;
+    return DCMI_OK;
+}
