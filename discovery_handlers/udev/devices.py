@@ -1,0 +1,116 @@
+"""Turn the matched udev devices into contract ``Device`` values. Pure: no I/O.
+
+Why this exists: ids, grouping and the properties brokers read are what users and Akri's
+brokers depend on, so they are computed from plain records and tested over tables.
+
+- The id is the kernel's DEVPATH (``/devices/.../ttyUSB0``, the sysfs path without ``/sys``), as
+  Akri forms it: the same USB port gives the same id across agent restarts and reboots, and the
+  Instance name (which hashes the id with the node name) matches an Akri install's.
+- ``groupRecursive``: matched devices below another matched device join the top-most one's
+  device (Akri's grouping, by whole path components rather than string prefixes).
+- Properties: Akri's ``UDEV_DEVNODE`` (grouped: also ``UDEV_DEVNODE_<i>``, i = 0.. over the
+  group's nodes in DEVPATH order) and ``UDEV_DEVPATH``; ours: ``UDEV_DEVLINK`` (the stable link
+  udev made, ``/dev/serial/by-id/...`` first), ``UDEV_VENDOR_ID``, ``UDEV_PRODUCT_ID`` and
+  ``UDEV_SERIAL`` of the USB device the node belongs to.
+- One device spec per device node, with the configured permissions. A matched device without a
+  node takes its nearest ancestor's node (a USB interface gets its USB device's
+  ``/dev/bus/usb/BBB/DDD``); with none in the chain it is a device without device specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from discovery_handlers.contract import Device, DeviceSpec
+
+DEVNODE_PROPERTY = "UDEV_DEVNODE"
+DEVPATH_PROPERTY = "UDEV_DEVPATH"
+DEVLINK_PROPERTY = "UDEV_DEVLINK"
+VENDOR_PROPERTY = "UDEV_VENDOR_ID"
+PRODUCT_PROPERTY = "UDEV_PRODUCT_ID"
+SERIAL_PROPERTY = "UDEV_SERIAL"
+#: Link directories in order of preference: by-id names survive a move to another port.
+STABLE_LINK_PREFIXES = ("/dev/serial/by-id/", "/dev/disk/by-id/", "/dev/v4l/by-id/",
+                        "/dev/input/by-id/", "/dev/serial/by-path/", "/dev/v4l/by-path/",
+                        "/dev/input/by-path/", "/dev/disk/by-path/")
+MAX_PROPERTY_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What discovery keeps of one matched udev device."""
+
+    devpath: str
+    devnode: str | None = None
+    ancestor_node: str | None = None  # the nearest ancestor's node, for a device without one
+    devlinks: tuple[str, ...] = ()
+    vendor_id: str | None = None
+    product_id: str | None = None
+    serial: str | None = None
+
+    @property
+    def node(self) -> str | None:
+        return self.devnode or self.ancestor_node
+
+
+def build_devices(records: Iterable[NodeRecord], *, group_recursive: bool,
+                  permissions: str) -> list[Device]:
+    """The device list for ``records`` (any order), sorted by id."""
+    ordered = sorted(records, key=lambda r: r.devpath)
+    if not group_recursive:
+        return [_device([r], permissions=permissions, grouped=False) for r in ordered]
+    groups: dict[str, list[NodeRecord]] = {}
+    for record in ordered:
+        top = next((p for p in _ancestor_paths(record.devpath) if p in groups), None)
+        groups.setdefault(top or record.devpath, []).append(record)
+    return [_device(members, permissions=permissions, grouped=True)
+            for _, members in sorted(groups.items())]
+
+
+def _ancestor_paths(devpath: str) -> Iterable[str]:
+    """``/a/b/c`` → ``/a``, ``/a/b`` (top-most first, so the group's top wins)."""
+    parts = devpath.split("/")
+    for end in range(2, len(parts)):
+        yield "/".join(parts[:end])
+
+
+def _device(members: Sequence[NodeRecord], *, permissions: str, grouped: bool) -> Device:
+    top = members[0]
+    properties: dict[str, str] = {DEVPATH_PROPERTY: top.devpath}
+    nodes = list(dict.fromkeys(n for n in (m.node for m in members) if n))
+    if nodes:
+        properties[DEVNODE_PROPERTY] = nodes[0]
+    if grouped:
+        for index, node in enumerate(nodes):
+            properties[f"{DEVNODE_PROPERTY}_{index}"] = node
+    link = next((lk for lk in (stable_link(m.devlinks) for m in members) if lk), None)
+    if link:
+        properties[DEVLINK_PROPERTY] = link
+    for name, values in ((VENDOR_PROPERTY, (m.vendor_id for m in members)),
+                         (PRODUCT_PROPERTY, (m.product_id for m in members)),
+                         (SERIAL_PROPERTY, (m.serial for m in members))):
+        value = next((v for v in (clean_value(x) for x in values) if v), None)
+        if value:
+            properties[name] = value
+    specs = tuple(DeviceSpec(container_path=n, host_path=n, permissions=permissions)
+                  for n in nodes)
+    return Device(id=top.devpath, properties=properties, device_specs=specs)
+
+
+def stable_link(devlinks: Sequence[str]) -> str | None:
+    """The most stable of udev's links for a node, None when udev made none."""
+    for prefix in STABLE_LINK_PREFIXES:
+        for link in sorted(devlinks):
+            if link.startswith(prefix):
+                return link
+    return None
+
+
+def clean_value(value: str | None) -> str | None:
+    """A property value safe for an environment variable: printable, bounded; else None."""
+    if value is None:
+        return None
+    text = "".join(c for c in value if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF)
+    text = text.strip()[:MAX_PROPERTY_CHARS]
+    return text or None
