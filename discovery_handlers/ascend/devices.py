@@ -98,7 +98,7 @@ def rank(available: Sequence[Device], must_include: Sequence[Device], size: int
     """``size`` devices from ``available``, ``must_include`` first, keeping to as few cards as
     possible: the cards of ``must_include`` are filled first, then the card whose free chips fit
     what is left most tightly (keeping bigger cards whole), then the fullest cards."""
-    chosen = list(dict.fromkeys(must_include, None))[:max(size, 0)]
+    chosen = list({d.id: d for d in must_include}.values())[:max(size, 0)]
     taken = {d.id for d in chosen}
     pool = [d for d in available if d.id not in taken]
     by_card: dict[str, list[Device]] = {}

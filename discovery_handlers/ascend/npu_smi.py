@@ -82,7 +82,10 @@ def parse_npu_smi_info(text: str) -> NpuSmiTable:
         pair, problem = _pair(first, second_row, has_hbm=has_hbm)
         if pair is None:
             problems.append(f"table row {index + 1}: {problem}")
-            index += 1
+            # Skip the chip row of the NPU row that did not read, so it is not read as an NPU row.
+            chip_row = second_row is not None and bool(second_row) and bool(
+                _SECOND.match(second_row[0]))
+            index += 2 if chip_row else 1
             continue
         parsed.append(pair)
         index += 2

@@ -1,0 +1,185 @@
+"""An emulated Ascend node for tests: a host tree, Huawei's DCMI library ABI and ``npu-smi info``.
+
+Why this exists: no Ascend NPU can be here, so the tests build what the ``ascend`` handler reads
+on a real node, with the real formats: device nodes under ``<root>/dev`` (``davinci<N>`` and the
+shared ``davinci_manager``, ``devmm_svm``, ``hisi_hdc``), the driver directory, a DCMI library
+compiled by the test from ``tests/harness/ascend_dcmi/fake_dcmi.c`` (the real C signatures and
+return codes, loaded through ctypes) and an ``npu-smi`` that prints Huawei's ``npu-smi info``
+table. Both read the state this class writes, so a test faults a chip while the handler runs.
+The DCMI stand-in finds its state through ``ASCEND_DCMI_STATE`` (see ``env``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+DCMI_SOURCE = Path(__file__).parent / "ascend_dcmi" / "fake_dcmi.c"
+STATE_ENV = "ASCEND_DCMI_STATE"
+SHARED_NODES = ("davinci_manager", "devmm_svm", "hisi_hdc")
+LIBRARY_IN_TREE = "/usr/local/dcmi/libdcmi.so"  # where Huawei's driver package installs it
+NPU_SMI_IN_TREE = "/usr/local/sbin/npu-smi"
+DRIVER_IN_TREE = "/usr/local/Ascend/driver"
+NPU_SMI_WORDS = {0: "OK", 1: "Warning", 2: "Alarm", 3: "Critical"}
+FAULT_CODE = 0x80E01801  # an error code as DCMI reports them (hex, as Huawei's tools print)
+
+
+@dataclass(frozen=True)
+class SimChip:
+    """One emulated chip (DCMI's view; ``npu-smi`` shows the same)."""
+
+    card: int
+    dev: int
+    logic: int
+    phy: int
+    name: str = "910B3"
+    version: str = "V1"
+    aicore: int = 20
+    hbm_mb: int = 65536
+    mem_mb: int = 0
+    health: int = 0
+    errors: tuple[int, ...] = ()
+    bus: int = 0x01
+
+    def state_line(self) -> str:
+        errors = ",".join(f"{e:X}" for e in self.errors) or "-"
+        return (f"chip {self.card} {self.dev} {self.logic} {self.phy} Ascend {self.name} "
+                f"{self.version} {self.aicore} {self.hbm_mb} {self.mem_mb} {self.health} "
+                f"{errors} 0 {self.bus} 0 0\n")
+
+
+def chips_910b(count: int = 8, *, per_card: int = 1) -> list[SimChip]:
+    """``count`` 910B3 chips, ``per_card`` on each card, physical id = logic id = position."""
+    return [SimChip(card=i // per_card, dev=i % per_card, logic=i, phy=i, bus=0xC1 + i)
+            for i in range(count)]
+
+
+def build_dcmi_library(directory: Path) -> Path:
+    """Compile the DCMI stand-in with the machine's C compiler into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / "libdcmi.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(DCMI_SOURCE)],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def dcmi_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DCMI stand-in, compiled once per test session."""
+    return build_dcmi_library(tmp_path_factory.mktemp("dcmi"))
+
+
+class AscendNode:
+    """A host tree under ``root`` with ``chips``; ``library`` is copied into the tree."""
+
+    def __init__(self, root: Path, chips: Sequence[SimChip], *, library: Path | None) -> None:
+        self.root = root
+        self.chips = list(chips)
+        self.fails: dict[str, int] = {}
+        self.npu_smi_override: str | None = None
+        self.state = root / "var" / "run" / "fake-dcmi.state"
+        self.npu_smi_out = root / "var" / "run" / "npu-smi-info.out"
+        self.state.parent.mkdir(parents=True, exist_ok=True)
+        (root / "dev").mkdir(parents=True, exist_ok=True)
+        for chip in self.chips:
+            (root / "dev" / f"davinci{chip.phy}").touch()
+        for name in SHARED_NODES:
+            (root / "dev" / name).touch()
+        (root / DRIVER_IN_TREE.lstrip("/") / "lib64").mkdir(parents=True, exist_ok=True)
+        if library is not None:
+            target = root / LIBRARY_IN_TREE.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(library, target)
+        tool = root / NPU_SMI_IN_TREE.lstrip("/")
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(  # answers only "npu-smi info", as the handler asks
+            f'#!/bin/sh\n[ "$1" = info ] || {{ echo "unsupported: $*" >&2; exit 2; }}\n'
+            f'exec cat "{self.npu_smi_out}"\n')
+        tool.chmod(0o755)
+        self.write()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {STATE_ENV: str(self.state)}
+
+    def details(self, **fields: object) -> str:
+        """``discoveryDetails`` YAML for this tree (DCMI from the tree, fast polling)."""
+        lines = {"hostRoot": str(self.root), "libraryPath": LIBRARY_IN_TREE,
+                 "healthPollSeconds": 1, **fields}
+        return "".join(f"{k}: {_yaml(v)}\n" for k, v in lines.items())
+
+    def fault(self, phy: int, *, level: int = 3, errors: tuple[int, ...] = (FAULT_CODE,)) -> None:
+        self._set(phy, health=level, errors=errors)
+
+    def clear(self, phy: int) -> None:
+        self._set(phy, health=0, errors=())
+
+    def fail(self, function: str, code: int) -> None:
+        """Make DCMI's ``function`` return ``code`` from now on."""
+        self.fails[function] = code
+        self.write()
+
+    def remove_shared_nodes(self) -> None:
+        for name in SHARED_NODES:
+            (self.root / "dev" / name).unlink()
+
+    def _set(self, phy: int, **changes: object) -> None:
+        self.chips = [replace(c, **changes) if c.phy == phy else c  # type: ignore[arg-type]
+                      for c in self.chips]
+        self.write()
+
+    def write(self) -> None:
+        """Write the state both tools read (atomically: the handler may be reading)."""
+        state = "".join(c.state_line() for c in self.chips)
+        state += "".join(f"fail {f} {code}\n" for f, code in self.fails.items())
+        _atomic(self.state, state)
+        _atomic(self.npu_smi_out, self.npu_smi_override if self.npu_smi_override is not None
+                else render_npu_smi_info(self.chips))
+
+
+def render_npu_smi_info(chips: Sequence[SimChip], *, version: str = "24.1.rc2") -> str:
+    """``npu-smi info`` as npu-smi 24.1 prints it on a 910B node (two rows per chip)."""
+    rule = "+---------------------------+---------------+" + "-" * 52 + "+"
+    double = "+===========================+===============+" + "=" * 52 + "+"
+    head = "|" + f" npu-smi {version:<25}Version: {version}".ljust(96) + "|"
+    out = ["+" + "-" * 96 + "+", head, rule,
+           "| NPU   Name                | Health        | Power(W)    Temp(C)           "
+           "Hugepages-Usage(page)|",
+           "| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  "
+           "HBM-Usage(MB)        |", double]
+    for chip in chips:
+        word = NPU_SMI_WORDS.get(chip.health, "Critical")
+        first = f"| {chip.card:<5} {chip.name:<19} | {word:<13} | {92.5:<11} {36:<17} "
+        out.append(first + f"{'0    / 0':<21}|")
+        hbm = f"{3400:<5}/ {chip.hbm_mb}"
+        second = f"| {chip.dev:<25} | 0000:{chip.bus:02X}:00.0  | {0:<11} {'0    / 0':<17} "
+        out.append(second + f"{hbm:<21}|")
+        out.append(double)
+    out += [rule, "| NPU     Chip              | Process id    | Process name             | "
+                  "Process memory(MB)      |", double]
+    for chip in chips:
+        out.append(f"| No running processes found in NPU {chip.card:<61}|")
+        out.append(double)
+    return "\n".join(out) + "\n"
+
+
+def _yaml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)

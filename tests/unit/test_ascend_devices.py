@@ -1,0 +1,101 @@
+"""What a container gets from Ascend chips: device nodes, mounts, properties, the environment
+for several chips, which chips go together, and how DCMI health reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from discovery_handlers.ascend import handler
+from discovery_handlers.ascend.chips import Chip, chip_family, dcmi_health, wanted
+from discovery_handlers.ascend.details import AscendDetails
+from discovery_handlers.ascend.devices import compose, rank, to_device
+from discovery_handlers.contract import HEALTHY, Device, DeviceSpec, Mount
+
+SHARED = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+
+
+def chip_device(phy: int, card: int | None, details: AscendDetails | None = None) -> Device:
+    chip = Chip(phy_id=phy, card_id=card, device_index=0, chip_type="Ascend", chip_name="910B3",
+                memory_mb=65536)
+    return to_device(chip, details or AscendDetails(), shared_present=SHARED,
+                     driver_present=True, health=HEALTHY)
+
+
+def test_a_chip_gets_its_node_the_shared_nodes_and_the_driver_read_only() -> None:
+    device = chip_device(5, 2)
+    assert device.id == "davinci5"
+    assert device.device_specs == tuple(DeviceSpec(p, p, "rwm") for p in
+                                        ("/dev/davinci5", *SHARED))
+    assert device.mounts == (Mount("/usr/local/Ascend/driver", "/usr/local/Ascend/driver",
+                                   read_only=True),)
+    assert device.properties["ASCEND_VISIBLE_DEVICES"] == "5"
+    assert device.properties["ASCEND_CHIP_MODEL"] == "Ascend910B3"
+    assert device.properties["ASCEND_MEMORY_MB"] == "65536"
+    assert device.extra == {"phy_id": "5", "card_id": "2", "device_index": "0"}
+
+
+def test_no_driver_mount_when_asked_not_to() -> None:
+    assert chip_device(0, 0, AscendDetails(mount_driver=False)).mounts == ()
+
+
+def test_compose_lists_physical_ids_in_allocation_order() -> None:
+    devices = [chip_device(6, 3), chip_device(2, 1), chip_device(3, 1)]
+    assert compose(AscendDetails(), devices) == {"ASCEND_VISIBLE_DEVICES": "6,2,3"}
+    assert handler.compose(AscendDetails(runtime_options=("NODRV",)), devices[:1]) == {
+        "ASCEND_VISIBLE_DEVICES": "6", "ASCEND_RUNTIME_OPTIONS": "NODRV"}
+
+
+# Cards: 0 → chips 0,1; 1 → 2,3; 2 → 4,5,6,7 (chip 0 faulted and not available).
+CARDS = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2, 7: 2}
+
+
+@pytest.mark.parametrize(("available", "must", "size", "expected"), [
+    ([1, 2, 3, 4, 5, 6, 7], [], 2, [2, 3]),  # a card with exactly two free, not 1+2
+    ([1, 2, 3, 4, 5, 6, 7], [], 1, [1]),  # the single free chip of card 0 (best fit)
+    ([1, 2, 3, 4, 5, 6, 7], [], 3, [4, 5, 6]),  # only card 2 fits three
+    ([1, 2, 3, 4, 5, 6, 7], [], 6, [4, 5, 6, 7, 2, 3]),  # fullest cards first
+    ([1, 2, 3, 4, 5, 6, 7], [5], 2, [5, 4]),  # the card of a must-include chip first
+    ([1, 2, 3], [1], 3, [1, 2, 3]),
+    ([2, 4], [], 5, [2, 4]),  # fewer available than asked: all of them
+])
+def test_rank_keeps_chips_on_one_card(available: list[int], must: list[int], size: int,
+                                      expected: list[int]) -> None:
+    devices = {p: chip_device(p, CARDS[p]) for p in CARDS}
+    ranked = rank([devices[p] for p in available], [devices[p] for p in must], size)
+    assert [int(d.extra["phy_id"]) for d in ranked] == expected
+
+
+def test_rank_treats_a_chip_without_card_as_its_own_card() -> None:
+    devices = [chip_device(0, None), chip_device(1, None)]
+    assert len(rank(devices, [], 2)) == 2
+
+
+@pytest.mark.parametrize(("model", "family"), [
+    ("Ascend910B3", "Ascend910"), ("Ascend910", "Ascend910"), ("Ascend910_9392", "Ascend910"),
+    ("Ascend310P3", "Ascend310P"), ("Ascend310", "Ascend310"), ("Ascend310B1", "Ascend310B"),
+    ("", ""), ("Tesla", ""),
+])
+def test_families_are_the_names_huawei_registers(model: str, family: str) -> None:
+    assert chip_family(model) == family
+
+
+def test_chip_names_keep_families_or_models_and_never_drop_unknown_chips() -> None:
+    b3 = Chip(phy_id=0, chip_type="Ascend", chip_name="910B3")
+    p3 = Chip(phy_id=1, chip_type="Ascend", chip_name="310P3")
+    unknown = Chip(phy_id=2)
+    assert [wanted(c, ("Ascend910",)) for c in (b3, p3, unknown)] == [True, False, True]
+    assert [wanted(c, ("Ascend310P3",)) for c in (b3, p3)] == [False, True]
+    assert wanted(p3, ())
+
+
+@pytest.mark.parametrize(("level", "errors", "healthy", "reason"), [
+    (0, (), True, ""),
+    (1, (0x80E18402,), True, ""),  # a minor alarm: still handed out, as Huawei's plugin does
+    (2, (0x80E01801,), False, "DCMI health 2 (major alarm); error codes: 0x80E01801"),
+    (3, (0x80E01801, 0x80CB8009), False,
+     "DCMI health 3 (critical alarm); error codes: 0x80E01801, 0x80CB8009"),
+    (0xFFFFFFFF, (), False, "DCMI health 4294967295 (unknown level); error codes: none"),
+])
+def test_dcmi_health(level: int, errors: tuple[int, ...], healthy: bool, reason: str) -> None:
+    health = dcmi_health(level, errors)
+    assert (health.healthy, health.reason) == (healthy, reason)
