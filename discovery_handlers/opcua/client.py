@@ -1,0 +1,242 @@
+"""The thin seam over asyncua: ask a discovery URL for its servers; check one server's state.
+
+Why this exists: everything the handler needs of OPC-UA goes through two calls here, so the
+rest of the handler never sees an asyncua type, and every way the network can fail is translated
+at this edge into ``Unreachable`` (nothing to talk to: refused, timed out, closed, garbage) or a
+``Health`` (a server that talks but cannot be used). Every call is bounded:
+
+- in time, by ``asyncio.timeout`` around the whole exchange (asyncua's own per-request timeout
+  does not cover connecting, and the hostile peer that never answers must cost no more);
+- in memory, by ``MAX_CONNECTION_BYTES`` per connection: asyncua's client accepts messages of
+  any size and buffers whatever a chunk header claims, so a peer streaming garbage would
+  otherwise grow the agent without limit. The guard wraps each connection's protocol as asyncua
+  creates it (``UaClient._make_protocol``, asyncua 2.x) and aborts the connection past the bound;
+- in what is kept: at most ``MAX_SERVERS_PER_ANSWER`` servers of one FindServers answer, at most
+  ``MAX_URLS_PER_SERVER`` discovery URLs each, text cut to a bounded length.
+
+The client certificate and key are handed to asyncua as bytes (never written to a file) and no
+exception text that could carry them is logged: reasons name the exception type and status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncua import ua
+from asyncua.client.client import Client
+from asyncua.client.ua_client import UASocketProtocol
+from asyncua.crypto import security_policies, uacrypto
+from asyncua.ua.uaerrors import UaError, UaStatusCodeError
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from discovery_handlers.contract import Health
+from discovery_handlers.opcua.details import Security
+from discovery_handlers.opcua.selection import ServerRecord, clean_text, state_health
+
+MAX_CONNECTION_BYTES = 16 * 1024 * 1024  # a FindServers answer of 10,000 servers is ~2 MB
+MAX_SERVERS_PER_ANSWER = 1000
+MAX_URLS_PER_SERVER = 16
+MAX_REASON_CHARS = 160
+#: asyncua logs every connection at INFO and hostile replies at ERROR/CRITICAL on each attempt;
+#: the handler logs what matters once per change, so asyncua's loggers are quieted unless the
+#: operator configured them.
+VENDOR_LOG_LEVEL = logging.CRITICAL + 1
+_SECURITY_MODES = {
+    "Sign": ua.MessageSecurityMode.Sign,
+    "SignAndEncrypt": ua.MessageSecurityMode.SignAndEncrypt,
+}
+_PEM_MARKER = b"-----BEGIN"
+
+_vendor_logger = logging.getLogger("asyncua")
+if _vendor_logger.level == logging.NOTSET:
+    _vendor_logger.setLevel(VENDOR_LOG_LEVEL)
+
+
+class Unreachable(Exception):
+    """No OPC-UA conversation with the URL: the reason is safe to log."""
+
+
+@dataclass(frozen=True)
+class FoundServers:
+    """A FindServers answer, bounded; ``total`` counts what the peer sent."""
+
+    records: tuple[ServerRecord, ...]
+    total: int
+
+
+async def find_servers(url: str, *, limit_s: float) -> FoundServers:
+    """Ask ``url`` (a discovery server or a server) which servers it knows, over security None."""
+    client = _client(url, limit_s)
+    try:
+        async with asyncio.timeout(limit_s):
+            described = await client.connect_and_find_servers()
+    except Exception as exc:
+        raise Unreachable(_reason(exc)) from None
+    finally:
+        client.disconnect_socket()
+    if not isinstance(described, list):
+        raise Unreachable("FindServers answer is not a list")
+    kept = tuple(_record(item) for item in described[:MAX_SERVERS_PER_ANSWER])
+    return FoundServers(records=kept, total=len(described))
+
+
+async def check(url: str, *, limit_s: float, security: Security | None) -> Health:
+    """Open a session on ``url`` and read ``ServerStatus.State``.
+
+    Raises ``Unreachable`` when no secure channel could be opened (or the server went silent);
+    returns an unhealthy ``Health`` when the server talks but refuses the session or is not
+    Running.
+    """
+    client = _client(url, limit_s)
+    channel_open = False
+    try:
+        async with asyncio.timeout(limit_s):
+            if security is not None:
+                refused = await _secure(client, security)
+                if refused is not None:
+                    return refused
+            await client.connect_socket()
+            await client.send_hello()
+            await client.open_secure_channel()
+            channel_open = True
+            try:
+                await client.create_session()
+                await client.activate_session()
+            except (UaError, UaStatusCodeError) as exc:
+                return Health.unhealthy(_session_refused(exc, security))
+            try:
+                state = await client.nodes.server_state.read_value()
+            finally:
+                await _close_quietly(client)
+    except (UaError, UaStatusCodeError) as exc:
+        if channel_open:
+            return Health.unhealthy(f"ServerStatus.State unreadable: {_reason(exc)}")
+        raise Unreachable(_reason(exc)) from None
+    except Exception as exc:
+        raise Unreachable(_reason(exc)) from None
+    finally:
+        client.disconnect_socket()
+    if isinstance(state, bool) or not isinstance(state, int):
+        return Health.unhealthy("ServerStatus.State is not a ServerState")
+    return state_health(int(state))
+
+
+async def _secure(client: Client, security: Security) -> Health | None:
+    """Set up the secured channel; a health when the server offers no matching endpoint."""
+    endpoints = await client.connect_and_get_server_endpoints()
+    client.disconnect_socket()
+    policy: Any = getattr(security_policies, f"SecurityPolicy{security.policy}")
+    mode = _SECURITY_MODES[security.mode.value]
+    matching = [ep for ep in endpoints
+                if ep.SecurityPolicyUri == policy.URI and ep.SecurityMode == mode]
+    if not matching:
+        return Health.unhealthy(
+            f"server offers no {security.policy}/{security.mode.value} endpoint")
+    server_cert = uacrypto.x509_from_der(  # type: ignore[no-untyped-call]
+        matching[0].ServerCertificate)
+    if server_cert is None:
+        return Health.unhealthy("server endpoint carries no certificate")
+    certificate = security.certificate.value
+    client.application_uri = security.application_uri or _certificate_uri(certificate)
+    await client.set_security(
+        policy,
+        uacrypto.CertProperties(certificate, _encoding(certificate)),
+        uacrypto.CertProperties(security.private_key.value, _encoding(security.private_key.value)),
+        server_certificate=server_cert.public_bytes(Encoding.DER),
+        mode=mode,
+    )
+    return None
+
+
+def _session_refused(exc: Exception, security: Security | None) -> str:
+    if not isinstance(exc, UaStatusCodeError) and str(exc).startswith("No matching endpoints"):
+        if security is None:
+            return "server offers no endpoint with security None (set security in details)"
+        return f"server offers no {security.policy}/{security.mode.value} endpoint"
+    return f"session refused: {_reason(exc)}"
+
+
+def _certificate_uri(certificate: bytes) -> str:
+    """The application URI in the client certificate (OPC-UA puts it in subjectAltName)."""
+    loaded = (x509.load_pem_x509_certificate(certificate) if _encoding(certificate) == "pem"
+              else x509.load_der_x509_certificate(certificate))
+    try:
+        san = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return ""
+    uris = san.value.get_values_for_type(x509.UniformResourceIdentifier)
+    return uris[0] if uris else ""
+
+
+def _encoding(data: bytes) -> str:
+    return "pem" if data.lstrip().startswith(_PEM_MARKER) else "der"
+
+
+async def _close_quietly(client: Client) -> None:
+    try:
+        await client.close_session()
+        await client.close_secure_channel()
+    except Exception:  # the state was read; a server that drops the session here is not news
+        return
+
+
+def _client(url: str, timeout: float) -> Client:
+    client = Client(url, timeout=timeout)
+    client.max_messagesize = MAX_CONNECTION_BYTES
+    make_protocol: Callable[[], UASocketProtocol] = client.uaclient._make_protocol
+
+    def guarded() -> UASocketProtocol:
+        protocol = make_protocol()
+        _bound_bytes(protocol)
+        return protocol
+
+    client.uaclient._make_protocol = guarded  # type: ignore[method-assign]
+    return client
+
+
+def _bound_bytes(protocol: UASocketProtocol) -> None:
+    received = 0
+    deliver = protocol.data_received
+
+    def data_received(data: bytes) -> None:
+        nonlocal received
+        received += len(data)
+        if received > MAX_CONNECTION_BYTES:
+            if protocol.transport is not None:
+                protocol.transport.abort()
+            return
+        deliver(data)
+
+    protocol.data_received = data_received  # type: ignore[method-assign]
+
+
+def _record(item: Any) -> ServerRecord:
+    if not isinstance(item, ua.ApplicationDescription):
+        return ServerRecord("", "", "", -1, ())
+    name = item.ApplicationName.Text if item.ApplicationName is not None else None
+    urls = item.DiscoveryUrls if isinstance(item.DiscoveryUrls, list) else []
+    kind = item.ApplicationType
+    return ServerRecord(
+        application_uri=clean_text(item.ApplicationUri),
+        product_uri=clean_text(item.ProductUri),
+        application_name=clean_text(name),
+        application_type=int(kind) if isinstance(kind, int) else -1,
+        discovery_urls=tuple(clean_text(u) for u in urls[:MAX_URLS_PER_SERVER]),
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, UaStatusCodeError):
+        return type(exc).__name__  # asyncua names each status's class: BadSecurityChecksFailed
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    text = clean_text(str(exc))[:MAX_REASON_CHARS]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+

@@ -1,0 +1,38 @@
+"""The contract adapter of the ``opcua`` handler: parse details, stream device lists.
+
+Why this exists: the agent knows handlers only through the contract (``name``, ``shared``,
+``parse_details``, ``discover``); this object is that face, and nothing more. Parsing never
+imports asyncua (the admission webhook and ``edgeplug discover`` call it); discovery imports it
+on first use, so an agent that runs no OPC-UA Configuration never pays for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from discovery_handlers.contract import Device, PropertyValue
+from discovery_handlers.opcua.details import OpcuaDetails, parse_details
+
+NAME = "opcua"
+
+
+class OpcuaHandler:
+    """OPC-UA servers are shared: every node that reaches one may serve it."""
+
+    name = NAME
+    shared = True
+
+    def parse_details(self, details: str, properties: Mapping[str, PropertyValue]) -> OpcuaDetails:
+        return parse_details(details, properties)
+
+    async def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]:
+        if not isinstance(details, OpcuaDetails):
+            raise TypeError(f"opcua.discover needs OpcuaDetails, got {type(details).__name__}")
+        from discovery_handlers.opcua.monitor import Monitor  # imports asyncua (~40 MiB)
+
+        async for devices in Monitor(details).lists():
+            yield devices
+
+
+handler = OpcuaHandler()

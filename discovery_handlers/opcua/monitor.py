@@ -1,0 +1,192 @@
+"""Keep the list of OPC-UA servers current: one task per discovery URL, one per server.
+
+Why this exists: a server that hangs must cost its own check a timeout and nothing else, so no
+step waits for a whole round. Each discovery URL is asked every interval on its own task; each
+server the answers name is checked every interval on its own task; a shared semaphore bounds
+how many network exchanges run at once. The first list is yielded once every URL has answered
+(or timed out) and every server it named has been checked once, so the agent never sees a
+half-built list at start; after that a new list is yielded whenever a server appears, vanishes
+or changes health. Problems are logged once when they start or change, and once when they end,
+not on every interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from discovery_handlers.contract import Device, Health, run_blocking
+from discovery_handlers.opcua import client
+from discovery_handlers.opcua.details import OpcuaDetails
+from discovery_handlers.opcua.selection import (
+    Answer,
+    Candidate,
+    hosts_to_resolve,
+    select,
+    url_key,
+)
+
+log = logging.getLogger(__name__)
+
+COALESCE_S = 0.02  # after a change, wait this long so a burst of changes makes one list
+RESOLVE_CACHE_S = 30.0  # how long a host name's look-up result is reused
+
+
+@dataclass
+class _Server:
+    candidate: Candidate
+    task: asyncio.Task[None]
+    health: Health | None = None  # None: not reachable (absent)
+    checked: bool = False
+
+
+class Monitor:
+    """Runs the discovery and check tasks for one Configuration's details."""
+
+    def __init__(self, details: OpcuaDetails) -> None:
+        self._details = details
+        self._limit = asyncio.Semaphore(details.max_concurrent_checks)
+        self._answers: dict[str, Answer] = {}
+        self._unresolvable: dict[str, frozenset[str]] = {}
+        self._servers: dict[tuple[str, int, str], _Server] = {}
+        self._changed = asyncio.Event()
+        self._problems: dict[str, str] = {}
+        self._resolved: dict[str, tuple[float, bool]] = {}
+
+    async def lists(self) -> AsyncIterator[Sequence[Device]]:
+        finders = [asyncio.create_task(self._find_loop(url), name=f"opcua-find {url}")
+                   for url in self._details.discovery_urls]
+        try:
+            while not self._settled():
+                await self._next_change()
+            last: list[Device] | None = None
+            while True:
+                devices = self._snapshot()
+                if devices != last:
+                    last = devices
+                    yield devices
+                await self._next_change()
+                await asyncio.sleep(COALESCE_S)
+        finally:
+            tasks = finders + [server.task for server in self._servers.values()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _next_change(self) -> None:
+        await self._changed.wait()
+        self._changed.clear()
+
+    def _settled(self) -> bool:
+        return (len(self._answers) == len(self._details.discovery_urls)
+                and all(server.checked for server in self._servers.values()))
+
+    def _snapshot(self) -> list[Device]:
+        present = [s for s in self._servers.values() if s.health is not None]
+        present.sort(key=lambda s: s.candidate.url)
+        return [s.candidate.device(s.health) for s in present if s.health is not None]
+
+    async def _find_loop(self, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            async with self._limit:
+                try:
+                    found = await client.find_servers(url, limit_s=self._details.timeout_s)
+                except client.Unreachable as exc:
+                    self._problem(url, f"FindServers failed: {exc}")
+                    answer = Answer(url, ())
+                else:
+                    dropped = found.total - len(found.records)
+                    self._problem(url, f"FindServers answered {found.total} servers; kept the "
+                                       f"first {len(found.records)}" if dropped else None)
+                    answer = Answer(url, found.records)
+            hosts = hosts_to_resolve([answer], names=self._details.application_names)
+            self._unresolvable[url] = await self._unresolvable_of(hosts)
+            self._answers[url] = answer
+            self._reconcile()
+            await asyncio.sleep(max(0.0, self._details.interval_s - (loop.time() - started)))
+
+    def _reconcile(self) -> None:
+        unresolvable = frozenset().union(*self._unresolvable.values())
+        wanted = {url_key(c.url): c for c in select(
+            self._answers.values(), names=self._details.application_names,
+            unresolvable=unresolvable)}
+        changed = False
+        for key in list(self._servers):
+            if key not in wanted:
+                gone = self._servers.pop(key)
+                gone.task.cancel()
+                self._problems.pop(gone.candidate.url, None)
+                changed = changed or gone.health is not None
+        for key, candidate in wanted.items():
+            known = self._servers.get(key)
+            if known is None:
+                task = asyncio.create_task(self._check_loop(key), name=f"opcua-check {key}")
+                self._servers[key] = _Server(candidate, task)
+                changed = True  # the list is not settled until this server is checked
+            elif known.candidate != candidate:
+                known.candidate = candidate
+                changed = changed or known.health is not None
+        if changed or len(self._answers) == len(self._details.discovery_urls):
+            self._changed.set()
+
+    async def _check_loop(self, key: tuple[str, int, str]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            server = self._servers.get(key)
+            if server is None:
+                return  # dropped by a discovery answer before this check started
+            url = server.candidate.url
+            health: Health | None = None
+            problem: str | None = None
+            async with self._limit:
+                try:
+                    health = await client.check(
+                        url, limit_s=self._details.timeout_s, security=self._details.security)
+                except client.Unreachable as exc:
+                    problem = f"not reachable: {exc}"
+                else:
+                    problem = None if health.healthy else f"unhealthy: {health.reason}"
+            if self._servers.get(key) is not server:
+                return  # dropped by a discovery answer while this check ran
+            self._problem(url, problem)
+            if health != server.health or not server.checked:
+                server.health = health
+                server.checked = True
+                self._changed.set()
+            await asyncio.sleep(max(0.0, self._details.interval_s - (loop.time() - started)))
+
+    async def _unresolvable_of(self, hosts: set[str]) -> frozenset[str]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        fresh = {h for h in hosts if h in self._resolved and self._resolved[h][0] > now}
+        todo = sorted(hosts - fresh)
+        results = await asyncio.gather(*(self._resolves(h) for h in todo))
+        for host, ok in zip(todo, results, strict=True):
+            self._resolved[host] = (now + RESOLVE_CACHE_S, ok)
+        return frozenset(h for h in hosts if not self._resolved[h][1])
+
+    async def _resolves(self, host: str) -> bool:
+        try:
+            async with asyncio.timeout(self._details.timeout_s):
+                await run_blocking(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
+        except (OSError, TimeoutError, UnicodeError):
+            return False
+        return True
+
+    def _problem(self, url: str, problem: str | None) -> None:
+        """Log a URL's problem when it starts or changes, and its end (never each interval)."""
+        before = self._problems.get(url)
+        if problem == before:
+            return
+        if problem is None:
+            del self._problems[url]
+            log.info("opcua: %s: recovered (%s)", url, before)
+            return
+        self._problems[url] = problem
+        log.warning("opcua: %s: %s", url, problem)
