@@ -1,0 +1,193 @@
+"""What we know of each camera, the filters, and the Device each camera becomes: no I/O.
+
+Why this exists: filters, ids and properties decide which Instances exist and what brokers get,
+so they are pure functions of what the network said, tested over tables. A camera is known from
+WS-Discovery (uuid, XAddrs, scopes) and described over SOAP (MAC, make, profiles). Filters run
+on every camera on every pass (Akri filters only newly seen ones, so a camera whose scopes change
+stays). A camera that has answered SOAP once and then stops is kept unhealthy; one that never
+answered is not published (we cannot tell it is a camera at all).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from discovery_handlers.contract import Device, Health
+from discovery_handlers.onvif.details import FilterAction, FilterList, OnvifDetails
+from discovery_handlers.onvif.wsd_messages import Match
+
+# Akri's property names first, then ours.
+SERVICE_URL = "ONVIF_DEVICE_SERVICE_URL"
+UUID = "ONVIF_DEVICE_UUID"
+IP_ADDRESS = "ONVIF_DEVICE_IP_ADDRESS"
+MAC_ADDRESS = "ONVIF_DEVICE_MAC_ADDRESS"
+MANUFACTURER = "ONVIF_DEVICE_MANUFACTURER"
+MODEL = "ONVIF_DEVICE_MODEL"
+FIRMWARE = "ONVIF_DEVICE_FIRMWARE_VERSION"
+PROFILES = "ONVIF_DEVICE_PROFILES"
+STREAM_URI = "ONVIF_STREAM_URI"  # the first profile's; one per profile as ..._<TOKEN>
+#: ``Device.extra`` key of a warning for users (credentials refused); never holds a secret.
+WARNING_EXTRA = "warning"
+MAX_PROFILES = 16
+MAX_PROPERTY_CHARS = 512
+_STREAM_SCHEMES = ("rtsp", "rtsps", "http", "https")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One media profile and its RTSP URI (credentials already stripped)."""
+
+    token: str
+    uri: str
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a camera said over SOAP."""
+
+    mac: str = ""
+    manufacturer: str = ""
+    model: str = ""
+    firmware: str = ""
+    streams: tuple[Stream, ...] = ()
+    #: credentials were configured for it and refused
+    auth_refused: bool = False
+
+
+@dataclass
+class Camera:
+    """One camera's state across passes."""
+
+    match: Match
+    source: str  # the address its last WS-Discovery message came from
+    last_seen: float
+    description: Description | None = None
+    described_at: float = 0.0
+    healthy: bool = True
+    reason: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def service_url(self) -> str:
+        return service_url(self.match.xaddrs, self.source)
+
+
+def service_url(xaddrs: Sequence[str], source: str) -> str:
+    """The XAddr to use: the one on the address the camera answered from, else the first."""
+    for xaddr in xaddrs:
+        if host_of(xaddr) == source:
+            return xaddr
+    return xaddrs[0]
+
+
+def host_of(url: str) -> str:
+    """The host of ``url`` without brackets ('' when there is none)."""
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
+def ip_address_of(camera: Camera) -> str:
+    """The camera's IP: its service URL's host when that is an address, else the sender's."""
+    host = host_of(camera.service_url)
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return camera.source
+
+
+def device_id(camera: Camera) -> str:
+    """Akri's id for an ONVIF camera, ``<service url>-<uuid>``, so Instance names match."""
+    return f"{camera.service_url}-{camera.match.uuid}"
+
+
+def passes_filters(details: OnvifDetails, camera: Camera) -> bool:
+    """Whether every configured filter keeps ``camera``."""
+    mac = camera.description.mac if camera.description else ""
+    return (
+        _keeps_ip(details.ip_addresses, ip_address_of(camera))
+        and _keeps(details.mac_addresses, [mac] if mac else [])
+        and _keeps(details.scopes, camera.match.scopes)
+        and _keeps(details.uuids, [camera.match.uuid])
+    )
+
+
+def _keeps(filters: FilterList | None, values: Sequence[str]) -> bool:
+    if filters is None:
+        return True
+    hit = any(value in filters.items for value in values)
+    return hit if filters.action is FilterAction.INCLUDE else not hit
+
+
+def _keeps_ip(filters: FilterList | None, ip: str) -> bool:
+    if filters is None:
+        return True
+    try:
+        address = ipaddress.ip_address(ip)
+        hit = any(address in ipaddress.ip_network(item) for item in filters.items)
+    except ValueError:
+        hit = False
+    return hit if filters.action is FilterAction.INCLUDE else not hit
+
+
+def strip_credentials(uri: str) -> str | None:
+    """``uri`` without user and password; None when it is not a stream URI we can hand on."""
+    try:
+        parts = urlsplit(uri.strip())
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in _STREAM_SCHEMES or not host:
+        return None
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def property_suffix(token: str) -> str:
+    """A profile token as an environment-variable suffix (``Profile_1`` → ``PROFILE_1``)."""
+    return re.sub(r"[^A-Z0-9]", "_", token.upper())[:64]
+
+
+def device_of(camera: Camera) -> Device:
+    """The Device a camera becomes: Akri's four properties, then what SOAP told us."""
+    properties = {
+        SERVICE_URL: camera.service_url,
+        UUID: camera.match.uuid,
+        IP_ADDRESS: ip_address_of(camera),
+    }
+    description = camera.description
+    if description is not None:
+        extra = {
+            MAC_ADDRESS: description.mac,
+            MANUFACTURER: description.manufacturer,
+            MODEL: description.model,
+            FIRMWARE: description.firmware,
+        }
+        properties.update({name: value for name, value in extra.items() if value})
+        streams = description.streams[:MAX_PROFILES]
+        if streams:
+            properties[PROFILES] = ",".join(stream.token for stream in streams)
+            properties[STREAM_URI] = streams[0].uri
+            for stream in streams:
+                properties[f"{STREAM_URI}_{property_suffix(stream.token)}"] = stream.uri
+    properties = {name: value[:MAX_PROPERTY_CHARS] for name, value in properties.items()}
+    health = Health() if camera.healthy else Health.unhealthy(camera.reason)
+    return Device(id=device_id(camera), properties=properties, health=health, extra=camera.extra)
+
+
+def visible_devices(details: OnvifDetails, cameras: Mapping[str, Camera]) -> list[Device]:
+    """The devices to publish: described cameras that pass the filters, sorted by id."""
+    devices = [
+        device_of(camera)
+        for camera in cameras.values()
+        if camera.description is not None and passes_filters(details, camera)
+    ]
+    return sorted(devices, key=lambda device: device.id)

@@ -1,0 +1,214 @@
+"""One Configuration's ONVIF discovery: probe passes, Hello and Bye, SOAP checks, device lists.
+
+Why this exists: it is where timing lives. Every ``discoveryIntervalSeconds`` a pass sends a
+Probe (multicast and unicast), gathers ProbeMatches that answer *this* Probe for
+``discoveryTimeoutSeconds``, checks every camera over SOAP (a full description when new, when
+its metadata or address changed, or every ``DESCRIBE_REFRESH_S``; otherwise just its clock) and
+publishes. Between passes a Hello is acted on at once (the camera is checked and published
+within a round trip) and a Bye removes the camera at once; a camera that misses
+``MISSED_PASSES_BEFORE_GONE`` passes is gone. The agent's grace period then decides when its
+Instance goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from discovery_handlers.contract import Device
+from discovery_handlers.onvif import wsd_messages
+from discovery_handlers.onvif.cameras import WARNING_EXTRA, Camera, visible_devices
+from discovery_handlers.onvif.details import OnvifDetails
+from discovery_handlers.onvif.soap import CameraError, CameraSession
+from discovery_handlers.onvif.wsd_transport import WsdTransport
+from discovery_handlers.onvif.xmlsafe import UnsafeXml
+
+log = logging.getLogger(__name__)
+
+MISSED_PASSES_BEFORE_GONE = 2
+DESCRIBE_REFRESH_S = 300.0  # a known camera's full description is re-read this often
+PROBE_REPEAT_DELAY_S = 0.1  # UDP is lossy: each Probe goes out twice (WS-Discovery's advice)
+MAX_CONCURRENT_CHECKS = 32  # SOAP conversations in flight at once
+MAX_CAMERAS = 4096  # cameras tracked per Configuration; more are ignored and logged
+BAD_DATAGRAM_LOG_INTERVAL_S = 60.0  # one warning per sender per minute
+
+
+class Scanner:
+    """Runs discovery for one Configuration's details; ``devices()`` streams the lists."""
+
+    def __init__(self, details: OnvifDetails) -> None:
+        self._details = details
+        self._cameras: dict[str, Camera] = {}
+        self._sessions: dict[str, CameraSession] = {}
+        self._changed = asyncio.Event()
+        self._probe_id = ""
+        self._pass_started = 0.0
+        self._first_pass_done = False
+        self._checks = asyncio.Semaphore(MAX_CONCURRENT_CHECKS)
+        self._hello_tasks: set[asyncio.Task[None]] = set()
+        self._warned: dict[str, float] = {}
+        self._transport = WsdTransport(
+            receive=self._on_datagram, multicast=details.multicast, ipv6=details.ipv6
+        )
+
+    async def devices(self) -> AsyncIterator[Sequence[Device]]:
+        await self._transport.open()
+        passes = asyncio.create_task(self._passes(), name="onvif-passes")
+        last: list[Device] | None = None
+        try:
+            while True:
+                await self._changed.wait()
+                self._changed.clear()
+                if passes.done():
+                    passes.result()  # a crash of the pass loop propagates to the agent
+                if not self._first_pass_done:
+                    continue
+                current = visible_devices(self._details, self._cameras)
+                if current != last:
+                    last = current
+                    yield current
+        finally:
+            passes.cancel()
+            for task in (passes, *self._hello_tasks):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self._transport.close()
+            for session in self._sessions.values():
+                await session.close()
+
+    async def _passes(self) -> None:
+        try:
+            while True:
+                started = time.monotonic()
+                await self._one_pass()
+                self._first_pass_done = True
+                self._changed.set()
+                elapsed = time.monotonic() - started
+                await asyncio.sleep(max(0.0, self._details.discovery_interval_s - elapsed))
+        finally:
+            self._changed.set()  # wake the consumer so it sees a crash
+
+    async def _one_pass(self) -> None:
+        self._probe_id = wsd_messages.new_message_id()
+        self._pass_started = time.monotonic()
+        message = wsd_messages.probe(self._probe_id)
+        self._transport.send_probe(message, self._details.unicast_targets)
+        await asyncio.sleep(PROBE_REPEAT_DELAY_S)
+        self._transport.send_probe(message, self._details.unicast_targets)
+        await asyncio.sleep(max(0.0, self._details.discovery_timeout_s - PROBE_REPEAT_DELAY_S))
+        missed = MISSED_PASSES_BEFORE_GONE * self._details.discovery_interval_s
+        horizon = self._pass_started - missed
+        for uuid in [u for u, c in self._cameras.items() if c.last_seen < horizon]:
+            await self._forget(uuid)
+        await asyncio.gather(*(self._check(camera) for camera in list(self._cameras.values())))
+
+    def _on_datagram(self, data: bytes, sender: str) -> None:
+        try:
+            message = wsd_messages.read(data)
+        except (UnsafeXml, ValueError) as exc:
+            self._warn_bad(sender, str(exc))
+            return
+        if isinstance(message, wsd_messages.ProbeMatches):
+            if message.relates_to != self._probe_id:
+                return  # an answer to someone else's probe, or to an older one
+            for match in message.matches:
+                self._seen(match, sender)
+        elif isinstance(message, wsd_messages.Hello):
+            camera = self._seen(message.match, sender)
+            if camera is not None:
+                task = asyncio.create_task(self._check_and_publish(camera))
+                self._hello_tasks.add(task)
+                task.add_done_callback(self._hello_tasks.discard)
+        elif isinstance(message, wsd_messages.Bye) and message.uuid in self._cameras:
+            task = asyncio.create_task(self._forget(message.uuid))
+            self._hello_tasks.add(task)
+            task.add_done_callback(self._hello_tasks.discard)
+            self._changed.set()
+
+    def _seen(self, match: wsd_messages.Match, sender: str) -> Camera | None:
+        camera = self._cameras.get(match.uuid)
+        now = time.monotonic()
+        if camera is None:
+            if len(self._cameras) >= MAX_CAMERAS:
+                self._warn_bad(sender, f"more than {MAX_CAMERAS} cameras; ignoring the rest")
+                return None
+            camera = Camera(match=match, source=sender, last_seen=now)
+            self._cameras[match.uuid] = camera
+            return camera
+        if camera.match != match or camera.source != sender:
+            stale = camera.match.xaddrs != match.xaddrs or (
+                camera.match.metadata_version != match.metadata_version
+            )
+            camera.match, camera.source = match, sender
+            if stale:
+                camera.described_at = 0.0  # re-read the description on the next check
+        camera.last_seen = now
+        return camera
+
+    async def _forget(self, uuid: str) -> None:
+        self._cameras.pop(uuid, None)
+        session = self._sessions.pop(uuid, None)
+        if session is not None:
+            await session.close()
+
+    async def _check_and_publish(self, camera: Camera) -> None:
+        await self._check(camera)
+        self._changed.set()
+
+    async def _check(self, camera: Camera) -> None:
+        """Clock check, and a description when due; updates health in place."""
+        async with self._checks:
+            session = self._session_for(camera)
+            try:
+                await session.check_clock()
+                if time.monotonic() - camera.described_at > DESCRIBE_REFRESH_S:
+                    camera.description = await session.describe()
+                    camera.described_at = time.monotonic()
+                    self._note_auth(camera)
+            except CameraError as exc:
+                if camera.healthy and camera.description is not None:
+                    log.warning("camera %s is unhealthy: %s", camera.service_url, exc.reason)
+                camera.healthy, camera.reason = False, exc.reason
+                return
+            if not camera.healthy:
+                log.info("camera %s answers again", camera.service_url)
+            camera.healthy, camera.reason = True, ""
+
+    def _session_for(self, camera: Camera) -> CameraSession:
+        uuid = camera.match.uuid
+        session = self._sessions.get(uuid)
+        if session is None or session.xaddr != camera.service_url:
+            if session is not None:
+                task = asyncio.create_task(session.close())
+                self._hello_tasks.add(task)
+                task.add_done_callback(self._hello_tasks.discard)
+            credential = self._details.credentials.lookup(uuid)
+            session = CameraSession(camera.service_url, credential)
+            self._sessions[uuid] = session
+        return session
+
+    def _note_auth(self, camera: Camera) -> None:
+        if camera.description is not None and camera.description.auth_refused:
+            warning = (
+                f"camera {camera.service_url} (uuid {camera.match.uuid}) refused the configured "
+                "credentials; listed with what it shows without them"
+            )
+            if camera.extra.get(WARNING_EXTRA) != warning:
+                log.warning("%s", warning)
+            camera.extra = {WARNING_EXTRA: warning}
+        else:
+            camera.extra = {}
+
+    def _warn_bad(self, sender: str, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(sender, -BAD_DATAGRAM_LOG_INTERVAL_S) >= (
+            BAD_DATAGRAM_LOG_INTERVAL_S
+        ):
+            self._warned[sender] = now
+            if len(self._warned) > MAX_CAMERAS:
+                self._warned.clear()
+            log.warning("ignored a WS-Discovery datagram from %s: %s", sender, reason)
