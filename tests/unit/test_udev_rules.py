@@ -1,0 +1,142 @@
+"""udev rule strings: accepted with the right matcher, refused with a message naming the rule,
+the position and the offending token (through ``parse_details``, as the agent reports it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from discovery_handlers.contract import InvalidDetails
+from discovery_handlers.udev import handler
+from discovery_handlers.udev.rules import Key, Rule, parse_rule
+
+
+def details_of(*rules: str) -> str:
+    lines = "".join(f"  - {_yaml_quote(r)}\n" for r in rules)
+    return f"udevRules:\n{lines}"
+
+
+def _yaml_quote(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", "\\0")
+    return f'"{escaped}"'
+
+
+def clauses(rule: Rule) -> list[tuple[str, str | None, str, str]]:
+    own = [(m.key.value, m.name, "!=" if m.negate else "==", m.pattern.source) for m in rule.own]
+    parents = [(m.key.value, m.name, "!=" if m.negate else "==", m.pattern.source)
+               for group in rule.parent_groups for m in group]
+    return own + parents
+
+
+ACCEPTED = [
+    ('KERNEL=="null"', [("KERNEL", None, "==", "null")]),
+    ('SUBSYSTEM=="mem"', [("SUBSYSTEM", None, "==", "mem")]),
+    ('KERNEL=="video[0-9]*"', [("KERNEL", None, "==", "video[0-9]*")]),
+    ('KERNEL!="ttyS*"', [("KERNEL", None, "!=", "ttyS*")]),
+    ('ATTR{idVendor}=="0403"', [("ATTR", "idVendor", "==", "0403")]),
+    ('ATTRS{idProduct}!="6001"', [("ATTRS", "idProduct", "!=", "6001")]),
+    ('ENV{ID_V4L_CAPABILITIES}==":capture:"', [("ENV", "ID_V4L_CAPABILITIES", "==", ":capture:")]),
+    ('DEVPATH=="/devices/virtual/mem/null"',
+     [("DEVPATH", None, "==", "/devices/virtual/mem/null")]),
+    ('DRIVER=="ftdi_sio"', [("DRIVER", None, "==", "ftdi_sio")]),
+    ('DRIVERS=="usb"', [("DRIVERS", None, "==", "usb")]),
+    ('KERNELS=="1-1*"', [("KERNELS", None, "==", "1-1*")]),
+    ('SUBSYSTEMS=="usb"', [("SUBSYSTEMS", None, "==", "usb")]),
+    ('TAG=="uaccess"', [("TAG", None, "==", "uaccess")]),
+    ('TAGS=="seat"', [("TAGS", None, "==", "seat")]),
+    ('KERNEL=="zero|full"', [("KERNEL", None, "==", "zero|full")]),
+    ('SUBSYSTEM=="tty",KERNEL=="ttyUSB*"', [("SUBSYSTEM", None, "==", "tty"),
+                                           ("KERNEL", None, "==", "ttyUSB*")]),
+    ('  SUBSYSTEM=="tty" ,  ATTRS{idVendor}=="0403",  ', [("SUBSYSTEM", None, "==", "tty"),
+                                                         ("ATTRS", "idVendor", "==", "0403")]),
+    ('ENV{X}==""', [("ENV", "X", "==", "")]),
+    ('ATTR{name}=="say \\"hi\\""', [("ATTR", "name", "==", 'say "hi"')]),
+    ('ATTR{serial}=="A\\*B"', [("ATTR", "serial", "==", "A\\*B")]),
+    ('KERNEL=="vidéo"', [("KERNEL", None, "==", "vidéo")]),
+    ('ATTRS{power/control}=="auto"', [("ATTRS", "power/control", "==", "auto")]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), ACCEPTED, ids=[a for a, _ in ACCEPTED])
+def test_accepted_rule_compiles_to_its_clauses(text: str, expected: list[tuple[str, ...]]) -> None:
+    assert clauses(parse_rule(text)) == expected
+    parsed = handler.parse_details(details_of(text), {})
+    assert clauses(parsed.rules[0]) == expected
+
+
+def test_plural_keys_form_one_parent_group_and_singular_keys_stay_on_the_device() -> None:
+    rule = parse_rule('SUBSYSTEM=="tty", ATTRS{idVendor}=="0403", KERNELS=="1-1", KERNEL=="t*"')
+    assert [m.key for m in rule.own] == [Key.SUBSYSTEM, Key.KERNEL]
+    assert [[m.key for m in g] for g in rule.parent_groups] == [[Key.ATTRS, Key.KERNELS]]
+
+
+# (rule, position, token, words the message must hold)
+REFUSED = [
+    ('ACTION=="add"', 1, "ACTION==\"add\"", "assigns or runs"),
+    ('NAME=="x"', 1, 'NAME=="x"', "assigns or runs"),
+    ('SYMLINK+="radio"', 1, 'SYMLINK+="radio"', "assigns or runs"),
+    ('RUN+="/bin/sh"', 1, 'RUN+="/bin/sh"', "assigns or runs"),
+    ('MODE="0666"', 1, 'MODE="0666"', "assigns or runs"),
+    ('GOTO="end"', 1, 'GOTO="end"', "assigns or runs"),
+    ('PROGRAM=="/bin/true"', 1, 'PROGRAM=="/bin/true"', "assigns or runs"),
+    ('KERNEL=="x", OWNER="root"', 14, 'OWNER="root"', "assigns or runs"),
+    ('KERNEL=="x", GROUP="dialout"', 14, 'GROUP="dialout"', "assigns or runs"),
+    ('KERNEL=="x", LABEL="l"', 14, 'LABEL="l"', "assigns or runs"),
+    ('KERNEL=="x", IMPORT{builtin}=="usb_id"', 14, "IMPORT{builtin}==\"us", "assigns or runs"),
+    ('KERNEL=="x", TEST=="/sys"', 14, 'TEST=="/sys"', "assigns or runs"),
+    ('KERNEL=="x", OPTIONS+="last_rule"', 14, 'OPTIONS+="last_rule"', "assigns or runs"),
+    ('FOO=="bar"', 1, 'FOO=="bar"', "unknown or unsupported key FOO"),
+    ('KERNEL="null"', 7, '="null"', "operator '=' assigns"),
+    ('KERNEL+="null"', 7, '+="null"', "operator '+=' assigns"),
+    ('KERNEL-="null"', 7, '-="null"', "operator '-=' assigns"),
+    ('KERNEL:="null"', 7, ':="null"', "operator ':=' assigns"),
+    ('ATTR{idVendor="0403"', 5, '{idVendor="0403"', "unbalanced '{'"),
+    ('ATTR{idVendor}}=="0403"', 15, '}=="0403"', "unbalanced '}'"),
+    ('ATTRidVendor}=="0403"', 1, 'ATTRidVendor}=="0403', "unknown or unsupported key"),
+    ('ATTR=="0403"', 5, '=="0403"', "needs a name in braces"),
+    ('ENV{}=="x"', 4, '{}=="x"', "bad ENV name"),
+    ('KERNEL{x}=="null"', 7, '{x}=="null"', "takes no {name}"),
+    ("KERNEL==null", 9, "null", "double-quoted"),
+    ("KERNEL=='null'", 9, "'null'", "double-quoted"),
+    ('KERNEL=="null', 9, '"null', "unterminated value"),
+    ("", 1, "<empty>", "empty rule"),
+    ("   ", 1, "<empty>", "empty rule"),
+    ('KERNEL=="a" KERNEL=="b"', 13, 'KERNEL=="b"', "expected ','"),
+    ('KERNEL=="a",,KERNEL=="b"', 13, ',KERNEL=="b"', "expected a match key"),
+    (', KERNEL=="a"', 1, ',', "expected a match key"),
+    ('KERNEL', 7, "<end of rule>", "expected '==' or '!='"),
+    ('KERNEL=="[[:bogus:]]"', 9, '"[[:bogus:]]"', "unknown character class"),
+    ('KERNEL=="a\x00b"', 11, "\\x00", "NUL"),
+]
+
+
+@pytest.mark.parametrize(("text", "column", "token", "words"), REFUSED,
+                         ids=[repr(r[0]) for r in REFUSED])
+def test_refused_rule_names_index_position_and_token(
+    text: str, column: int, token: str, words: str
+) -> None:
+    with pytest.raises(InvalidDetails) as caught:
+        handler.parse_details(details_of('KERNEL=="null"', text), {})
+    error = caught.value
+    assert error.field == "udevRules[1]"
+    assert f"at position {column} ({token!r})" in error.reason
+    assert words in error.reason
+    assert str(error).startswith("discoveryDetails.udevRules[1]: ")
+
+
+def test_non_utf8_bytes_in_a_rule_are_refused_with_their_position() -> None:
+    with pytest.raises(InvalidDetails) as caught:
+        handler.parse_details('udevRules: ["KERNEL==\\"a\\uDC80\\""]', {})
+    assert caught.value.field == "udevRules[0]"
+    assert "at position 11: not UTF-8" in caught.value.reason
+
+
+def test_non_utf8_details_bytes_are_refused() -> None:
+    from discovery_handlers.udev.details import parse_details
+
+    with pytest.raises(InvalidDetails, match=r"not UTF-8 text \(byte 21\)"):
+        parse_details(b'udevRules: ["KERNEL==\xff\xfe"]')
+
+
+def test_a_rule_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(InvalidDetails, match=r"udevRules\[0\]: must be a string, got dict"):
+        handler.parse_details('udevRules:\n  - KERNEL: null\n', {})
