@@ -37,6 +37,11 @@ PROP_DEVICE_INDEX = "ASCEND_DEVICE_ID"
 PROP_LOGIC = "ASCEND_LOGIC_ID"
 PROP_BUS = "ASCEND_BUS_ID"
 
+LABEL_CHIP_NAME = "edgeplug.io/npu.chip.name"  # Huawei: node.kubernetes.io/npu.chip.name
+LABEL_CHIP_COUNT = "edgeplug.io/npu.chip.count"
+LABEL_ACCELERATOR = "edgeplug.io/accelerator"  # Huawei's nodes: accelerator=huawei-Ascend910
+MIXED = "mixed"
+
 EXTRA_PHY = "phy_id"
 EXTRA_CARD = "card_id"
 EXTRA_DEVICE_INDEX = "device_index"
@@ -91,6 +96,23 @@ def compose(details: AscendDetails, devices: Sequence[Device]) -> dict[str, str]
     if details.runtime_options:
         env[RUNTIME_OPTIONS_ENV] = ",".join(details.runtime_options)
     return env
+
+
+def node_labels(devices: Sequence[Device]) -> dict[str, str]:
+    """Labels for the Node that say what chips it has (under ``edgeplug.io/``, for the agent to
+    set): the chip name as ``npu-smi`` shows it (``910B3``), how many chips, and the family as
+    Huawei's ``accelerator`` label writes it (``huawei-Ascend910``); ``mixed`` when chips differ,
+    and no name or family label when no source could tell the model."""
+    labels = {LABEL_CHIP_COUNT: str(len(devices))}
+    models = {d.properties.get(PROP_MODEL, "") for d in devices}
+    families = {d.properties.get(PROP_FAMILY, "") for d in devices}
+    if devices and "" not in models:
+        labels[LABEL_CHIP_NAME] = (models.pop().removeprefix("Ascend") if len(models) == 1
+                                   else MIXED)
+    if devices and "" not in families:
+        labels[LABEL_ACCELERATOR] = (f"huawei-{families.pop()}" if len(families) == 1
+                                     else MIXED)
+    return labels
 
 
 def rank(available: Sequence[Device], must_include: Sequence[Device], size: int

@@ -66,6 +66,10 @@ class AscendHandler:
              size: int) -> Sequence[Device]:
         return shaping.rank(available, must_include, size)
 
+    def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]:
+        """``edgeplug.io/`` Node labels for the chips (for an agent that sets handler labels)."""
+        return shaping.node_labels(devices)
+
     async def prepare(self, details: Any, devices: Sequence[Device]) -> None:
         """Re-read the chips right before the container starts; refuse unhealthy or gone ones."""
         assert isinstance(details, AscendDetails)

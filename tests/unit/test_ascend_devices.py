@@ -8,7 +8,7 @@ import pytest
 from discovery_handlers.ascend import handler
 from discovery_handlers.ascend.chips import Chip, chip_family, dcmi_health, wanted
 from discovery_handlers.ascend.details import AscendDetails
-from discovery_handlers.ascend.devices import compose, rank, to_device
+from discovery_handlers.ascend.devices import compose, node_labels, rank, to_device
 from discovery_handlers.contract import HEALTHY, Device, DeviceSpec, Mount
 
 SHARED = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
@@ -99,3 +99,14 @@ def test_chip_names_keep_families_or_models_and_never_drop_unknown_chips() -> No
 def test_dcmi_health(level: int, errors: tuple[int, ...], healthy: bool, reason: str) -> None:
     health = dcmi_health(level, errors)
     assert (health.healthy, health.reason) == (healthy, reason)
+
+
+def test_node_labels_say_which_chips_and_how_many() -> None:
+    devices = [chip_device(p, 0) for p in range(4)]
+    assert node_labels(devices) == {
+        "edgeplug.io/npu.chip.name": "910B3", "edgeplug.io/npu.chip.count": "4",
+        "edgeplug.io/accelerator": "huawei-Ascend910"}
+    bare = to_device(Chip(phy_id=9), AscendDetails(), shared_present=SHARED,
+                     driver_present=True, health=HEALTHY)
+    assert node_labels([*devices, bare]) == {"edgeplug.io/npu.chip.count": "5"}
+    assert node_labels([]) == {"edgeplug.io/npu.chip.count": "0"}
