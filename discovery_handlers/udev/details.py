@@ -29,6 +29,8 @@ DEFAULT_PERMISSIONS = "rwm"
 MAX_RULES = 256
 _KNOWN_FIELDS = ("udevRules", "groupRecursive", "permissions", "usb")
 _USB_FIELDS = ("vendor", "product", "serial", "interface")
+#: The ``usb`` shorthand's devices are one per USB interface (id: the interface's DEVPATH).
+USB_ANCHOR = "usb_interface"
 _USB_ID = re.compile(r"[0-9a-fA-F]{4}")
 
 
@@ -117,7 +119,8 @@ def _first_unencodable(text: str) -> int | None:
 
 def usb_rule(value: Any) -> Rule:
     """Compile ``usb: {vendor, product, serial?, interface?}``: the device nodes below that USB
-    device (below that interface when given), the USB device's own node excluded."""
+    device (below that interface when given), the USB device's own node excluded; they form
+    one device per USB interface, whose id is the interface's DEVPATH (stable per port)."""
     if not isinstance(value, dict):
         raise InvalidDetails("usb", "must be a mapping with vendor and product")
     unknown = sorted(str(k) for k in value if k not in _USB_FIELDS)
@@ -145,7 +148,7 @@ def usb_rule(value: Any) -> Rule:
         Match(key=Key.SUBSYSTEM, name=None, negate=True, pattern=compile_pattern("usb")),
         Match(key=Key.ENV, name="DEVNAME", negate=False, pattern=compile_pattern("?*")),
     )
-    return Rule(own=own, parent_groups=tuple(groups))
+    return Rule(own=own, parent_groups=tuple(groups), anchor=USB_ANCHOR)
 
 
 def _usb_id(value: Any, field: str) -> str:

@@ -8,6 +8,9 @@ brokers depend on, so they are computed from plain records and tested over table
   Instance name (which hashes the id with the node name) matches an Akri install's.
 - ``groupRecursive``: matched devices below another matched device join the top-most one's
   device (Akri's grouping, by whole path components rather than string prefixes).
+- The ``usb`` shorthand's nodes form one device per USB interface, whose DEVPATH is the id:
+  ``/dev/ttyUSB0`` coming back as ``/dev/ttyUSB1`` on the same port keeps its id (and
+  Instance), and only the node properties and device specs change.
 - Properties: Akri's ``UDEV_DEVNODE`` (grouped: also ``UDEV_DEVNODE_<i>``, i = 0.. over the
   group's nodes in DEVPATH order) and ``UDEV_DEVPATH``; ours: ``UDEV_DEVLINK`` (the stable link
   udev made, ``/dev/serial/by-id/...`` first), ``UDEV_VENDOR_ID``, ``UDEV_PRODUCT_ID`` and
@@ -48,6 +51,7 @@ class NodeRecord:
     vendor_id: str | None = None
     product_id: str | None = None
     serial: str | None = None
+    anchor: str | None = None  # the ``usb`` shorthand's: its interface's DEVPATH, the id
 
     @property
     def node(self) -> str | None:
@@ -58,14 +62,23 @@ def build_devices(records: Iterable[NodeRecord], *, group_recursive: bool,
                   permissions: str) -> list[Device]:
     """The device list for ``records`` (any order), sorted by id."""
     ordered = sorted(records, key=lambda r: r.devpath)
-    if not group_recursive:
-        return [_device([r], permissions=permissions, grouped=False) for r in ordered]
-    groups: dict[str, list[NodeRecord]] = {}
+    anchored: dict[str, list[NodeRecord]] = {}
     for record in ordered:
-        top = next((p for p in _ancestor_paths(record.devpath) if p in groups), None)
-        groups.setdefault(top or record.devpath, []).append(record)
-    return [_device(members, permissions=permissions, grouped=True)
-            for _, members in sorted(groups.items())]
+        if record.anchor:
+            anchored.setdefault(record.anchor, []).append(record)
+    devices = [_device(members, permissions=permissions, grouped=True, id=anchor)
+               for anchor, members in anchored.items()]
+    ordered = [r for r in ordered if not r.anchor]
+    if not group_recursive:
+        devices += [_device([r], permissions=permissions, grouped=False) for r in ordered]
+    else:
+        groups: dict[str, list[NodeRecord]] = {}
+        for record in ordered:
+            top = next((p for p in _ancestor_paths(record.devpath) if p in groups), None)
+            groups.setdefault(top or record.devpath, []).append(record)
+        devices += [_device(members, permissions=permissions, grouped=True)
+                    for members in groups.values()]
+    return sorted(devices, key=lambda d: d.id)
 
 
 def _ancestor_paths(devpath: str) -> Iterable[str]:
@@ -75,9 +88,10 @@ def _ancestor_paths(devpath: str) -> Iterable[str]:
         yield "/".join(parts[:end])
 
 
-def _device(members: Sequence[NodeRecord], *, permissions: str, grouped: bool) -> Device:
-    top = members[0]
-    properties: dict[str, str] = {DEVPATH_PROPERTY: top.devpath}
+def _device(members: Sequence[NodeRecord], *, permissions: str, grouped: bool,
+            id: str | None = None) -> Device:
+    device_id = id or members[0].devpath
+    properties: dict[str, str] = {DEVPATH_PROPERTY: device_id}
     nodes = list(dict.fromkeys(n for n in (m.node for m in members) if n))
     if nodes:
         properties[DEVNODE_PROPERTY] = nodes[0]
@@ -95,7 +109,7 @@ def _device(members: Sequence[NodeRecord], *, permissions: str, grouped: bool) -
             properties[name] = value
     specs = tuple(DeviceSpec(container_path=n, host_path=n, permissions=permissions)
                   for n in nodes)
-    return Device(id=top.devpath, properties=properties, device_specs=specs)
+    return Device(id=device_id, properties=properties, device_specs=specs)
 
 
 def stable_link(devlinks: Sequence[str]) -> str | None:

@@ -61,8 +61,9 @@ def matches(rule: Rule, device: DeviceView) -> bool:
     )
 
 
-def matches_any(rules: tuple[Rule, ...], device: DeviceView) -> bool:
-    return any(matches(rule, device) for rule in rules)
+def first_match(rules: tuple[Rule, ...], device: DeviceView) -> Rule | None:
+    """The first rule ``device`` matches, None when none does."""
+    return next((rule for rule in rules if matches(rule, device)), None)
 
 
 def chain(device: DeviceView) -> Iterator[DeviceView]:

@@ -96,10 +96,13 @@ class Rule:
     """A conjunction of clauses. Clauses with plural keys (``on_parents``) must all hold on one
     device of the chain device → parents (udev's reading); the others on the device itself.
     ``parent_groups`` holds further such groups, each on a device of its own (the ``usb``
-    shorthand needs two: the USB device and its interface); rule strings make at most one."""
+    shorthand needs two: the USB device and its interface); rule strings make at most one.
+    ``anchor`` (the ``usb`` shorthand's): the DEVTYPE of the ancestor whose DEVPATH is the
+    device's id, so the same port keeps its id when its node is renumbered."""
 
     own: tuple[Match, ...]
     parent_groups: tuple[tuple[Match, ...], ...] = ()
+    anchor: str | None = None
 
     def __str__(self) -> str:
         clauses = [*self.own, *(m for group in self.parent_groups for m in group)]

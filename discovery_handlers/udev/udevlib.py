@@ -20,7 +20,7 @@ from typing import Any
 import pyudev
 
 from discovery_handlers.udev.devices import NodeRecord
-from discovery_handlers.udev.matching import MAX_PARENT_DEPTH, matches_any
+from discovery_handlers.udev.matching import MAX_PARENT_DEPTH, first_match
 from discovery_handlers.udev.rules import Key, Rule
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,12 @@ def _text(read: Any) -> str | None:
     return str(value) if value is not None else None
 
 
-def record_of(view: View) -> NodeRecord:
-    """What discovery keeps of a matched device (all reads done now, while it is there)."""
+def record_of(view: View, *, anchor: str | None = None) -> NodeRecord:
+    """What discovery keeps of a matched device (all reads done now, while it is there).
+    ``anchor``: the DEVTYPE of the ancestor whose DEVPATH becomes the device's id."""
     devnode = view.devnode
     ancestor_node = None
+    anchor_path = None
     usb: View | None = None
     depth = 0
     current: View | None = view
@@ -112,7 +114,10 @@ def record_of(view: View) -> NodeRecord:
         if (usb is None and current.subsystem == "usb"
                 and current.property("DEVTYPE") == "usb_device"):
             usb = current
-        if usb is not None and (devnode is not None or ancestor_node is not None):
+        if anchor is not None and anchor_path is None and current.property("DEVTYPE") == anchor:
+            anchor_path = current.devpath
+        if (usb is not None and (devnode is not None or ancestor_node is not None)
+                and (anchor is None or anchor_path is not None)):
             break
         current = current.parent
         depth += 1
@@ -125,6 +130,7 @@ def record_of(view: View) -> NodeRecord:
         vendor_id=_attr_text(usb, "idVendor") or view.property("ID_VENDOR_ID"),
         product_id=_attr_text(usb, "idProduct") or view.property("ID_MODEL_ID"),
         serial=_attr_text(usb, "serial") or view.property("ID_SERIAL_SHORT"),
+        anchor=anchor_path,
     )
 
 
@@ -149,8 +155,8 @@ def enumerate_matches(context: Any, rules: tuple[Rule, ...]) -> dict[str, NodeRe
         candidates = context.list_devices()
     for device in _safe_iter(candidates):
         view = View(device)
-        if view.devpath and view.devpath not in found and matches_any(rules, view):
-            found[view.devpath] = record_of(view)
+        if view.devpath and view.devpath not in found:
+            _keep_if_matched(found, rules, view)
     return found
 
 
@@ -164,9 +170,15 @@ def subtree_matches(context: Any, rules: tuple[Rule, ...], sys_path: str) -> dic
     found: dict[str, NodeRecord] = {}
     for device in _safe_iter(context.list_devices().match_parent(top)):
         view = View(device)
-        if view.devpath and matches_any(rules, view):
-            found[view.devpath] = record_of(view)
+        if view.devpath:
+            _keep_if_matched(found, rules, view)
     return found
+
+
+def _keep_if_matched(found: dict[str, NodeRecord], rules: tuple[Rule, ...], view: View) -> None:
+    rule = first_match(rules, view)
+    if rule is not None:
+        found[view.devpath] = record_of(view, anchor=rule.anchor)
 
 
 def _prefilter(rule: Rule) -> dict[str, str] | None:

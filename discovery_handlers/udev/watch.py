@@ -4,11 +4,12 @@ Why this exists: Akri re-enumerates every 10 s, so a plugged device waits up to 
 monitor's socket sits on the asyncio loop (``loop.add_reader``, no thread, no polling), and a
 burst of events (a hub with ten devices) is gathered until the stream has been quiet for
 ``DEBOUNCE_QUIET_S`` (at most ``DEBOUNCE_MAX_S`` after the first event) and handled at once, so
-it yields one list, not ten. Handling an event re-reads only the device's subtree (libudev's
-parent match) through ``run_blocking``. An overflowed monitor (events lost) re-enumerates
-everything; a failed monitor socket is reopened (then everything is re-enumerated, since events
-may have been lost meanwhile), up to ``MAX_REOPENS_IN_A_ROW`` times before giving up with an
-error the agent reports on the Configuration.
+it yields one list, not ten. Handling a burst re-reads only the subtrees its events name
+(libudev's parent match) through ``run_blocking``: whatever happened (add, change, bind, move,
+remove), the subtree's records become what sysfs holds now. An overflowed monitor (events
+lost) re-enumerates everything; a failed monitor socket is reopened (then everything is
+re-enumerated, since events may have been lost meanwhile), up to ``MAX_REOPENS_IN_A_ROW`` times
+before giving up with an error the agent reports on the Configuration.
 """
 
 from __future__ import annotations
@@ -32,10 +33,24 @@ DEBOUNCE_QUIET_S = 0.03
 DEBOUNCE_MAX_S = 0.25
 #: Reopening a failed monitor more often than this without one good event in between gives up.
 MAX_REOPENS_IN_A_ROW = 5
+#: A socket that keeps waking the loop without delivering an event (a shut-down socket reads
+#: as end-of-file forever) is a broken one; libudev drops the odd foreign message, not this many.
+MAX_EMPTY_WAKEUPS = 64
 
 
 class MonitorFailed(RuntimeError):
     """The uevent monitor keeps failing; the agent reports this and restarts discovery."""
+
+
+def rescan_roots(events: list[udevlib.Event]) -> list[str]:
+    """The sysfs paths to re-read after ``events``: every path an event names (a move's old
+    path too), less those inside another one (re-reading a subtree covers its children)."""
+    touched = sorted({p for e in events for p in (e.sys_path, e.old_sys_path) if p})
+    roots: list[str] = []
+    for path in touched:  # sorted: a parent comes before its children
+        if not any(path.startswith(root + "/") for root in roots):
+            roots.append(path)
+    return roots
 
 
 class Watcher:
@@ -60,6 +75,7 @@ class Watcher:
         self._broken: Exception | None = None
         self._wake = asyncio.Event()
         self._reopens_in_a_row = 0
+        self._empty_wakeups = 0
 
     async def changes(self) -> AsyncIterator[list[Device]]:
         loop = asyncio.get_running_loop()
@@ -96,12 +112,17 @@ class Watcher:
         if monitor is None:
             return
         try:
-            self._pending.extend(monitor.drain())
+            events = monitor.drain()
+            self._empty_wakeups = 0 if events else self._empty_wakeups + 1
+            if self._empty_wakeups > MAX_EMPTY_WAKEUPS:
+                raise udevlib.MonitorBroken(0, "uevent socket readable but delivers nothing")
+            self._pending.extend(events)
         except udevlib.Overflow:
             log.warning("udev: monitor overflowed (events lost); re-enumerating")
             self._overflowed = True
         except Exception as exc:
             self._broken = exc
+            self._empty_wakeups = 0
             with contextlib.suppress(OSError, ValueError):
                 asyncio.get_running_loop().remove_reader(monitor.fileno())
         self._wake.set()
@@ -130,15 +151,13 @@ class Watcher:
             await self._full_scan()
             return
         self._reopens_in_a_row = 0
-        for event in events:
-            self.events_handled += 1
-            if event.old_sys_path:
-                self._drop_subtree(event.old_sys_path)
-            self._drop_subtree(event.sys_path)
-            if event.action != "remove":
-                found = await run_blocking(udevlib.subtree_matches, self._context,
-                                           self.details.rules, event.sys_path)
-                self._matched.update(found)
+        self.events_handled += len(events)
+        for path in rescan_roots(events):
+            # the subtree's records are replaced by what is there now (nothing, once removed)
+            self._drop_subtree(path)
+            found = await run_blocking(udevlib.subtree_matches, self._context,
+                                       self.details.rules, path)
+            self._matched.update(found)
 
     async def _reopen(self, loop: asyncio.AbstractEventLoop, cause: Exception) -> None:
         self._reopens_in_a_row += 1

@@ -1,0 +1,69 @@
+"""Run the udev handler's discovery in this process and print each device list as JSON.
+
+Why this exists: under umockdev the handler must run in a process started with the bed's
+preload library and ``UMOCKDEV_DIR``, so tests start this module as that process
+(``python -m tests.harness.udev_runner DETAILS_YAML``) and read its lines:
+``{"t": monotonic seconds, "devices": [...], "reopens": n, "full_scans": n}``. A line
+``break-monitor`` on stdin shuts the watcher's uevent socket down (a real socket failure, seen
+through the real libudev); ``stats`` prints the counters and the process's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import sys
+import time
+from typing import Any
+
+from discovery_handlers.contract import Device
+from discovery_handlers.udev import handler
+from discovery_handlers.udev.watch import Watcher
+
+
+def device_json(device: Device) -> dict[str, Any]:
+    return {
+        "id": device.id,
+        "properties": dict(device.properties),
+        "device_specs": [[s.host_path, s.container_path, s.permissions]
+                         for s in device.device_specs],
+        "healthy": device.health.healthy,
+    }
+
+
+def emit(watcher: Watcher, **fields: Any) -> None:
+    line = {"t": time.monotonic(), "reopens": watcher.reopens,
+            "full_scans": watcher.full_scans, "events": watcher.events_handled,
+            "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, **fields}
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+
+
+def on_command(watcher: Watcher) -> None:
+    line = sys.stdin.readline()
+    command = line.strip()
+    if not line:
+        asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
+    elif command == "break-monitor" and watcher.monitor is not None:
+        sock = socket.socket(fileno=os.dup(watcher.monitor.fileno()))
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        emit(watcher, broke=True)
+    elif command == "stats":
+        times = os.times()
+        emit(watcher, cpu_s=times.user + times.system)
+
+
+async def main(details_text: str) -> None:
+    details = handler.parse_details(details_text, {})
+    watcher = Watcher(details)
+    asyncio.get_running_loop().add_reader(sys.stdin.fileno(), on_command, watcher)
+    async for devices in watcher.changes():
+        emit(watcher, devices=[device_json(d) for d in devices])
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

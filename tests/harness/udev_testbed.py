@@ -1,0 +1,112 @@
+"""Drive the umockdev test bed (``udev_testbed_helper.py``) from the project's Python.
+
+Why this exists: tests and the benchmark plug and unplug emulated USB radios while the handler
+or the agent runs in another process under umockdev's preload library; this class starts the
+helper with Debian's python3, hands out the environment those processes need, and turns each
+operation into one request/reply with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Debian's interpreter, where the UMockdev GObject binding is installed.
+SYSTEM_PYTHON = "/usr/bin/python3"
+PRELOAD = "libumockdev-preload.so.0"
+HELPER = Path(__file__).with_name("udev_testbed_helper.py")
+#: One bed operation (a hub of ten radios included) answers well within this.
+REPLY_DEADLINE_S = 30.0
+
+
+class TestbedError(RuntimeError):
+    """The helper failed an operation or stopped answering."""
+
+
+class UmockdevBed:
+    """A running umockdev test bed; use as a context manager."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self) -> None:
+        self.root = ""
+        self._proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> UmockdevBed:
+        env = {k: v for k, v in os.environ.items() if k != "UMOCKDEV_DIR"}
+        env["LD_PRELOAD"] = PRELOAD
+        self._proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(HELPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=sys.stderr, text=True, env=env)
+        self.root = str(self._reply()["root"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        proc = self._proc
+        if proc is not None:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def env(self) -> dict[str, str]:
+        """What a process needs in its environment to see this bed as its /sys and /dev."""
+        return {"UMOCKDEV_DIR": self.root, "LD_PRELOAD": PRELOAD}
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        proc.stdin.flush()
+        reply = self._reply()
+        if "error" in reply:
+            raise TestbedError(f"test bed {op} {args}: {reply['error']}")
+        return reply
+
+    def plug(self, port: str, tty: str, serial: str, **args: Any) -> dict[str, Any]:
+        return self.call("plug", port=port, tty=tty, serial=serial, **args)
+
+    def unplug(self, port: str) -> dict[str, Any]:
+        return self.call("unplug", port=port)
+
+    def renumber(self, port: str, tty: str) -> dict[str, Any]:
+        return self.call("renumber", port=port, tty=tty)
+
+    def hub(self, port: str, count: int, first_tty: int) -> dict[str, Any]:
+        return self.call("hub", port=port, count=count, first_tty=first_tty)
+
+    def odd_attribute(self, port: str, name: str, raw: bytes) -> dict[str, Any]:
+        return self.call("odd_attribute", port=port, name=name, hex_bytes=raw.hex())
+
+    def bulk(self, count: int) -> dict[str, Any]:
+        return self.call("bulk", count=count)
+
+    def _reply(self) -> dict[str, Any]:
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdout is not None
+        deadline = time.monotonic() + REPLY_DEADLINE_S
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TestbedError(f"test bed gave no answer within {REPLY_DEADLINE_S}s")
+            ready, _, _ = select.select([proc.stdout], [], [], remaining)
+            if ready:
+                line = proc.stdout.readline()
+                if not line:
+                    raise TestbedError(f"test bed exited (status {proc.poll()})")
+                reply: dict[str, Any] = json.loads(line)
+                return reply
