@@ -9,7 +9,7 @@ datagrams, and ProbeMatches for message ids nobody sent.
 
 Run as ``python -m tests.harness.onvif_camera CONFIG.json`` (inside a network namespace for
 multicast); it prints ``READY`` once listening and takes JSON commands on stdin, one a line:
-``{"cmd": "hello"|"bye"|"silence"|"revive"|"add", ...}``.
+``{"cmd": "hello"|"bye"|"silence"|"revive"|"fault"|"add"|"stats", ...}``.
 """
 
 from __future__ import annotations
@@ -151,12 +151,13 @@ class CameraProcess:
         self.probes_seen = 0
         self._soap = SoapServer(self.cameras, port=self.http_port)
         self._transports: list[asyncio.DatagramTransport] = []
-        self._senders: list[tuple[socket.socket, Any]] = []
+        self._raw: list[socket.socket] = []
 
     async def start(self) -> None:
         await self._soap.start()
         loop = asyncio.get_running_loop()
-        for sock in self._wsd_sockets():
+        self._raw = self._wsd_sockets()
+        for sock in self._raw:
             transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
             self._transports.append(transport)
 
@@ -175,7 +176,6 @@ class CameraProcess:
                     socket.IP_ADD_MEMBERSHIP,
                     struct.pack("4s4si", socket.inet_aton(GROUP_V4), b"\0" * 4, index),
                 )
-            self._senders.append((v4, index))
         v6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         v6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -192,7 +192,7 @@ class CameraProcess:
 
     def announce(self, message: bytes) -> None:
         """Send a Hello or Bye to both multicast groups on every interface."""
-        for sock in [t.get_extra_info("socket") for t in self._transports]:
+        for sock in self._raw if self.multicast else []:
             for index, _ in [(i, n) for i, n in socket.if_nameindex() if n != "lo"]:
                 with contextlib.suppress(OSError):
                     if sock.family == socket.AF_INET:
@@ -225,6 +225,8 @@ class CameraProcess:
             camera.silent = True
         elif cmd == "revive":
             camera.silent = False
+        elif cmd == "fault":
+            camera.fault = line["fault"]
         else:
             raise ValueError(cmd)
         return {"ok": True}
