@@ -19,6 +19,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from agent import watching
+from agent.cdi_specs import CdiSpecs
 from agent.discovery_run import RESYNC_INTERVAL, DiscoveryRun, RunKey
 from agent.instance_publisher import InstancePublisher
 from agent.kube import ConfigurationResource, as_dict, is_not_found
@@ -51,6 +52,7 @@ class ConfigurationWatch:
         metrics: AgentMetrics,
         resync_interval: float = RESYNC_INTERVAL,
         relist_interval: float = RELIST_INTERVAL,
+        cdi: CdiSpecs | None = None,
     ) -> None:
         self._client = client
         self._node = node_name
@@ -59,6 +61,7 @@ class ConfigurationWatch:
         self._metrics = metrics
         self._resync_interval = resync_interval
         self._relist_interval = relist_interval
+        self._cdi = cdi if cdi is not None else CdiSpecs(None)
         self._labels = NodeLabels(client=client, node_name=node_name)
         self._references = ReferenceWatch(
             client=client, namespace=namespace, on_change=self._on_reference_change
@@ -76,6 +79,7 @@ class ConfigurationWatch:
     async def run(self) -> None:
         """Run until cancelled; on cancel, stop every run and leave the Instances in place."""
         try:
+            self._cdi.remove_all()  # specs of Configurations gone while the agent was down
             self._node_labels = await self._read_node_labels()
             await self._labels.prune(
                 node_labels=self._node_labels,
@@ -136,7 +140,7 @@ class ConfigurationWatch:
     def _start(self, cfg: Configuration) -> None:
         publisher = InstancePublisher(
             client=self._client, node_name=self._node, configuration=cfg,
-            devices=self._devices, labels=self._labels, metrics=self._metrics,
+            devices=self._devices, labels=self._labels, metrics=self._metrics, cdi=self._cdi,
         )
         run = DiscoveryRun(
             client=self._client, node_name=self._node, configuration=cfg,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -35,7 +36,13 @@ from agent.properties import (
     resolve_properties,
 )
 from crds.configuration import Configuration
-from discovery_handlers.contract import DiscoveryHandler, InvalidDetails
+from discovery_handlers.contract import (
+    Device,
+    DiscoveryHandler,
+    InvalidDetails,
+    PropertyValue,
+    Secret,
+)
 from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_handler
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,9 @@ RESTART_BACKOFF_BASE = 1.0  # seconds before the first restart of a failed disco
 RESTART_BACKOFF_MAX = 60.0
 MAX_CONSECUTIVE_FAILURES = 8
 RESYNC_INTERVAL = 60.0  # seconds between re-applies of every visible device's Instance
+#: Secret values shorter than this are not searched for in device properties (a one-letter
+#: password would match everywhere and drop honest properties).
+MIN_GUARDED_SECRET_LENGTH = 4
 
 RunKey = tuple[str, str]  # (namespace, configuration name)
 
@@ -75,7 +85,7 @@ class DiscoveryRun:
         self.configuration = configuration
         self.publisher = publisher
         self.key: RunKey = (configuration.namespace, configuration.name)
-        self.properties: Mapping[str, str] | None = None
+        self.properties: Mapping[str, PropertyValue] | None = None
         self._client = client
         self._node = node_name
         self._references = references
@@ -197,7 +207,9 @@ class DiscoveryRun:
                 now = loop.time()
                 self._metrics.discovery_duration.labels(handler.name).observe(now - started)
                 started = now
-                await self.publisher.publish(handler, devices, shared=shared)
+                await self.publisher.publish(
+                    handler, details, self._without_secrets(devices), shared=shared
+                )
                 if first:
                     first = False
                     self._got_result = True
@@ -206,6 +218,31 @@ class DiscoveryRun:
             resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await resync
+
+    def _without_secrets(self, devices: Sequence[Device]) -> list[Device]:
+        """Devices with every property that carries a Secret's value dropped (and said so,
+        naming the property, never the value): properties reach Instances and containers."""
+        secrets = [v.value for v in (self.properties or {}).values() if isinstance(v, Secret)]
+        secrets = [s for s in secrets if len(s) >= MIN_GUARDED_SECRET_LENGTH]
+        if not secrets:
+            return list(devices)
+        clean = []
+        for device in devices:
+            leaking = sorted(
+                k for k, v in device.properties.items()
+                if any(s in v.encode("utf-8", "surrogateescape") for s in secrets)
+            )
+            if leaking:
+                log.warning(
+                    "handler put a Secret's value into device properties %s; dropped", leaking,
+                    extra={"configuration": "/".join(self.key), "device": device.id},
+                )
+                device = replace(
+                    device,
+                    properties={k: v for k, v in device.properties.items() if k not in leaking},
+                )
+            clean.append(device)
+        return clean
 
     async def _resync_forever(self) -> None:
         while True:

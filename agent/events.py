@@ -144,24 +144,40 @@ class ConfigurationReporter:
 
     async def _emit_event(self, verdict: _Verdict) -> None:
         cfg = self._configuration
-        now = datetime.now(UTC)
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{cfg.name}.", namespace=cfg.namespace),
-            involvedObject=ObjectReference(
-                apiVersion=API_VERSION,
-                kind=CONFIGURATION_KIND,
-                name=cfg.name,
-                namespace=cfg.namespace,
-                uid=cfg.uid or None,
-            ),
-            reason=verdict.reason,
-            message=verdict.message,
-            type="Warning",
-            source=EventSource(component=EVENT_COMPONENT, host=self._node),
-            reportingComponent=EVENT_COMPONENT,
-            reportingInstance=self._node,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            count=1,
+        await emit_event(
+            self._client, node=self._node, kind=CONFIGURATION_KIND, name=cfg.name,
+            namespace=cfg.namespace, uid=cfg.uid, reason=verdict.reason,
+            message=verdict.message, warning=True,
         )
-        await self._client.create(event)
+
+
+async def emit_event(
+    client: AsyncClient,
+    *,
+    node: str,
+    kind: str,
+    name: str,
+    namespace: str,
+    uid: str,
+    reason: str,
+    message: str,
+    warning: bool,
+) -> None:
+    """One core/v1 Event about an edgeplug object, reported by this node's agent."""
+    now = datetime.now(UTC)
+    event = Event(
+        metadata=ObjectMeta(generateName=f"{name}.", namespace=namespace),
+        involvedObject=ObjectReference(
+            apiVersion=API_VERSION, kind=kind, name=name, namespace=namespace, uid=uid or None,
+        ),
+        reason=reason,
+        message=message[:MAX_MESSAGE_LENGTH],
+        type="Warning" if warning else "Normal",
+        source=EventSource(component=EVENT_COMPONENT, host=node),
+        reportingComponent=EVENT_COMPONENT,
+        reportingInstance=node,
+        firstTimestamp=now,
+        lastTimestamp=now,
+        count=1,
+    )
+    await client.create(event)

@@ -27,7 +27,12 @@ How the Instance is written, and why slots are safe:
   afterwards deletes the Instance. (Between that read and the delete another agent can join; it
   re-creates the Instance at its next resync, ``RESYNC_INTERVAL`` in ``discovery_run``.)
 - A local device that goes is deleted at once; a shared one keeps this node (marked unhealthy in
-  the table) for ``offlineGracePeriodSeconds`` and is left only if it does not come back.
+  the table) for ``offlineGracePeriodSeconds`` and is left only if it does not come back. A
+  device the handler reports present but unhealthy keeps its Instance (local or shared): only
+  its health changes (``agent.device_health``), never through deletion.
+- CDI: before the table hears of a device, the Configuration's CDI spec on this node is
+  rewritten to hold it (``agent.cdi_specs``); the record carries its CDI name only if that
+  write succeeded.
 - Restart adoption: ``adopt`` lists the Configuration's Instances that already name this node
   and keeps them untouched; reconciliation waits for the first device list, so an agent restart
   deletes and re-creates nothing and every slot (and uid) survives.
@@ -36,14 +41,17 @@ How the Instance is written, and why slots are safe:
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
+from agent import watching
+from agent.cdi_specs import CdiSpecs
+from agent.device_health import HealthReporter
 from agent.kube import (
     InstanceResource,
     as_dict,
@@ -58,11 +66,12 @@ from crds.api import API_VERSION, INSTANCE_KIND
 from crds.configuration import Configuration
 from crds.instance import Instance
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
-from discovery_handlers.contract import Device, DiscoveryHandler, PreparingHandler
+from discovery_handlers.contract import Device, DiscoveryHandler, Health
 
 log = logging.getLogger(__name__)
 
 LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under us
+OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
 
 
 class InstancePublisher:
@@ -77,6 +86,7 @@ class InstancePublisher:
         devices: NodeDeviceTable,
         labels: NodeLabels,
         metrics: AgentMetrics,
+        cdi: CdiSpecs | None = None,
     ) -> None:
         self._client = client
         self._node = node_name
@@ -88,7 +98,12 @@ class InstancePublisher:
         self._owned: dict[str, bool] = {}  # Instance name → shared, for Instances naming us
         self._applied: dict[str, dict[str, Any]] = {}  # last body applied per Instance
         self._grace: dict[str, asyncio.Task[None]] = {}
-        self._last: tuple[DiscoveryHandler, Sequence[Device], bool] | None = None
+        self._last: tuple[DiscoveryHandler, Any, Sequence[Device], bool] | None = None
+        self._served: dict[str, NodeDevice] = {}  # what this node serves, CDI name included
+        self._cdi = cdi if cdi is not None else CdiSpecs(None)
+        self._health = HealthReporter(
+            client=client, node_name=node_name, namespace=configuration.namespace
+        )
         self._lock = asyncio.Lock()
 
     @property
@@ -109,11 +124,11 @@ class InstancePublisher:
         )
 
     async def publish(
-        self, handler: DiscoveryHandler, devices: Sequence[Device], *, shared: bool
+        self, handler: DiscoveryHandler, details: Any, devices: Sequence[Device], *, shared: bool
     ) -> None:
         """Make the API and the table say what the latest full device list says."""
         async with self._lock:
-            self._last = (handler, devices, shared)
+            self._last = (handler, details, devices, shared)
             desired: dict[str, Device] = {}
             for device in devices:
                 name = instance_name(self._cfg.name, device.id, shared=shared, node=self._node)
@@ -124,17 +139,24 @@ class InstancePublisher:
                     task.cancel()
                 await self._ensure(name, device, shared=shared)
                 self._owned[name] = shared
-                await self._table.put(self._node_device(name, handler, device, shared=shared))
+                self._served[name] = self._node_device(
+                    name, handler, details, device, shared=shared
+                )
             for name, was_shared in list(self._owned.items()):
                 if name in desired:
                     continue
                 if not was_shared:
                     await self._leave(name, shared=False)
                 elif name not in self._grace:
-                    await self._mark_unhealthy(name)
+                    served = self._served.get(name)
+                    if served is not None:
+                        self._served[name] = replace(
+                            served, health=Health.unhealthy(OFFLINE_REASON)
+                        )
                     self._grace[name] = asyncio.create_task(
                         self._leave_after_grace(name), name=f"grace-{name}"
                     )
+            await self._serve()
             await self._report()
 
     async def resync(self) -> None:
@@ -142,8 +164,8 @@ class InstancePublisher:
         if self._last is None:
             return
         self._applied.clear()
-        handler, devices, shared = self._last
-        await self.publish(handler, devices, shared=shared)
+        handler, details, devices, shared = self._last
+        await self.publish(handler, details, devices, shared=shared)
 
     async def withdraw(self) -> None:
         """This node stops serving the Configuration: leave (or delete) all its Instances."""
@@ -241,6 +263,9 @@ class InstancePublisher:
         """Remove this node from ``name``; delete it when local or when no node is left."""
         self._owned.pop(name, None)
         self._applied.pop(name, None)
+        self._health.forget(name)
+        if self._served.pop(name, None) is not None:
+            self._write_cdi()
         await self._table.remove(self._cfg.namespace, name)
         if not shared:
             await self._delete(name)
@@ -290,51 +315,54 @@ class InstancePublisher:
                 raise
 
     async def _leave_after_grace(self, name: str) -> None:
+        """Leave ``name`` once its grace is over; retried until done or superseded (the device
+        came back, the run stopped): a failure here must not leave this node listed for good."""
         await asyncio.sleep(self._cfg.spec.offline_grace_period_seconds)
-        async with self._lock:
-            if self._grace.get(name) is not asyncio.current_task():
-                return
-            del self._grace[name]
-            try:
-                await self._leave(name, shared=True)
-            except ApiError as exc:
-                log.warning("could not leave Instance %s: %s", name, exc, extra=self._extra(name))
-            await self._report()
+        failures = 0
+        while True:
+            async with self._lock:
+                if self._grace.get(name) is not asyncio.current_task():
+                    return
+                try:
+                    await self._leave(name, shared=True)
+                except Exception as exc:  # ApiError, or the API server unreachable
+                    failures += 1
+                    log.warning("could not leave Instance %s (%s); retrying", name,
+                                watching.describe(exc), extra=self._extra(name))
+                else:
+                    del self._grace[name]
+                    await self._report()
+                    return
+            await asyncio.sleep(watching.retry_delay(failures))
 
     # -- the node's view -------------------------------------------------------------------
 
     def _node_device(
-        self, name: str, handler: DiscoveryHandler, device: Device, *, shared: bool
+        self, name: str, handler: DiscoveryHandler, details: Any, device: Device, *, shared: bool
     ) -> NodeDevice:
         digest = instance_digest(device.id, shared=shared, node=self._node)
-        prepare = (
-            functools.partial(handler.prepare, device)
-            if isinstance(handler, PreparingHandler)
-            else None
-        )
         return NodeDevice(
             instance=name,
             namespace=self._cfg.namespace,
             configuration=self._cfg.name,
-            properties=self._properties(device),
-            mounts=device.mounts,
-            device_specs=device.device_specs,
+            device=device,
+            broker_properties=self._cfg.spec.broker_properties,
             cdi_name=cdi_name(self._cfg.name, digest),
-            healthy=True,
-            prepare=prepare,
+            health=device.health,
+            handler=handler,
+            details=details,
         )
 
-    async def _mark_unhealthy(self, name: str) -> None:
-        current = self._table.get(self._cfg.namespace, name)
-        if current is not None and current.healthy:
-            await self._table.put(
-                NodeDevice(
-                    instance=current.instance, namespace=current.namespace,
-                    configuration=current.configuration, properties=current.properties,
-                    mounts=current.mounts, device_specs=current.device_specs,
-                    cdi_name=current.cdi_name, healthy=False, prepare=current.prepare,
-                )
-            )
+    def _write_cdi(self) -> bool:
+        return self._cdi.write(self._cfg.namespace, self._cfg.name, list(self._served.values()))
+
+    async def _serve(self) -> None:
+        """Spec on disk first, then the table (CDI names only if the spec was written), then
+        each device's health reported where it changed."""
+        with_cdi = self._write_cdi()
+        for name, served in self._served.items():
+            await self._table.put(served if with_cdi else replace(served, cdi_name=""))
+            await self._health.report(name, served.health)
 
     async def _report(self) -> None:
         cfg = self._cfg

@@ -15,12 +15,13 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from agent.cdi_specs import CdiSpecs
 from agent.configuration_watch import ConfigurationWatch
 from agent.discovery_run import RESYNC_INTERVAL
 from agent.kube import make_client
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
-from agent.settings import AgentSettings, SettingsError
+from agent.settings import AgentSettings, SettingsError, help_text
 
 log = logging.getLogger("agent")
 
@@ -61,6 +62,7 @@ async def run_agent(
     watch = ConfigurationWatch(
         client=client, node_name=settings.node_name, namespace=settings.namespace,
         devices=devices, metrics=metrics, resync_interval=resync_interval,
+        cdi=CdiSpecs(settings.cdi_spec_dir),
     )
     parts: list[Coroutine[Any, Any, None]] = [watch.run()]
     if settings.serve_device_plugins:
@@ -93,7 +95,11 @@ async def _serve_until_signalled(settings: AgentSettings) -> None:
         await task
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        print(help_text())
+        raise SystemExit(0 if args[0] in ("-h", "--help") else 2)
     configure_logging()
     try:
         settings = AgentSettings.from_env()

@@ -1,34 +1,62 @@
 """What this node can serve right now: the in-process hand-off from discovery to device plugins.
 
 Why this exists: an Instance in the API server carries a device's properties, but not the
-node-specific parts a kubelet needs at ``Allocate`` time (host mounts, device nodes, a prepare
-step), and a shared Instance lists many nodes. Discovery runs put what *this* node sees here;
-the device plugins read it. It is versioned so a reader can wait for the next change instead of
-polling.
+node-specific parts a kubelet needs at ``Allocate`` time (host mounts, device nodes, the
+handler's hooks), and a shared Instance lists many nodes. Discovery runs put what *this* node
+sees here, as one record that holds the handler's ``Device`` itself, so a field added to the
+handler contract reaches ``Allocate`` without being copied field by field; the device plugins
+read it. The table is versioned so a reader can wait for the next change instead of polling.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from discovery_handlers.contract import DeviceSpec, Mount
+from discovery_handlers.contract import (
+    HEALTHY,
+    Device,
+    DiscoveryHandler,
+    Health,
+    PreparingHandler,
+)
 
 
 @dataclass(frozen=True)
 class NodeDevice:
-    """One Instance as this node serves it."""
+    """One Instance as this node serves it: the handler's device and what the agent adds.
+
+    ``health`` is the device's own, or the agent's verdict (a shared device not seen any more
+    stays, unhealthy, for its grace period). ``cdi_name`` is set only once a CDI spec naming
+    the device is on disk. ``handler`` and ``details`` serve the hooks (compose, rank,
+    prepare); records compare equal when nothing a plugin uses changed, so re-publishing an
+    unchanged list wakes nobody.
+    """
 
     instance: str
     namespace: str
     configuration: str
-    properties: Mapping[str, str]  # device properties merged with the brokerProperties
-    mounts: tuple[Mount, ...]
-    device_specs: tuple[DeviceSpec, ...]
-    cdi_name: str
-    healthy: bool = True
-    prepare: Callable[[], Awaitable[None]] | None = None
+    device: Device
+    broker_properties: Mapping[str, str] = field(default_factory=dict)
+    cdi_name: str = ""
+    health: Health = HEALTHY
+    handler: DiscoveryHandler | None = None
+    details: Any = None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The device's properties with the Configuration's ``brokerProperties`` on top."""
+        return {**self.device.properties, **self.broker_properties}
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.healthy
+
+    @property
+    def needs_prepare(self) -> bool:
+        return isinstance(self.handler, PreparingHandler)
 
 
 class NodeDeviceTable:

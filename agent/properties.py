@@ -3,8 +3,10 @@
 Why this exists: handlers need credentials (an ONVIF camera's password) that users keep in
 Secrets. The agent reads them just before parsing the handler's details and re-reads them when
 a referenced Secret or ConfigMap changes (``ReferenceWatch``), restarting only the runs whose
-resolved values actually changed. Values never reach a log line or an error message: errors name
-the property and the object, never the content.
+resolved values actually changed. Values read from Secrets reach the handler as
+``discovery_handlers.contract.Secret`` (bytes, binary data kept as is, shown as ``<redacted>``),
+so they never reach a log line or an error message by accident: errors name the property and the
+object, never the content. Literal and ConfigMap values are text.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from lightkube.resources.core_v1 import ConfigMap, Secret
 from agent import watching
 from agent.kube import is_not_found
 from crds.configuration import DiscoveryProperty, ValueSourceKind
+from discovery_handlers.contract import PropertyValue
+from discovery_handlers.contract import Secret as SecretValue
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class PropertyUnavailable(Exception):
 
 @dataclass(frozen=True)
 class ResolvedProperties:
-    values: Mapping[str, str]
+    values: Mapping[str, PropertyValue]
     references: frozenset[Reference]
 
 
@@ -66,7 +70,7 @@ async def resolve_properties(
     client: AsyncClient, *, namespace: str, properties: Sequence[DiscoveryProperty]
 ) -> ResolvedProperties:
     """Read every property; optional ones whose source is missing are left out."""
-    values: dict[str, str] = {}
+    values: dict[str, PropertyValue] = {}
     references: set[Reference] = set()
     for index, prop in enumerate(properties):
         field = f"discoveryProperties[{index}] ({prop.name})"
@@ -76,17 +80,19 @@ async def resolve_properties(
         source = prop.value_from
         ref = Reference(source.kind, source.namespace or namespace, source.name)
         references.add(ref)
-        value = await _read(client, ref, source.key, field=field)
-        if value is not None:
-            values[prop.name] = value
-        elif not source.optional:
-            raise PropertyUnavailable(
-                field, f"{ref.kind} {ref.namespace}/{ref.name} has no key {source.key!r}"
-            )
+        try:
+            values[prop.name] = await _read(client, ref, source.key, field=field)
+        except _Missing as missing:
+            if not source.optional:
+                raise PropertyUnavailable(field, str(missing)) from None
     return ResolvedProperties(values, frozenset(references))
 
 
-async def _read(client: AsyncClient, ref: Reference, key: str, *, field: str) -> str | None:
+class _Missing(Exception):
+    """The object or its key is not there (which an ``optional`` source tolerates)."""
+
+
+async def _read(client: AsyncClient, ref: Reference, key: str, *, field: str) -> PropertyValue:
     resource: type[Secret] | type[ConfigMap] = (
         Secret if ref.kind is ValueSourceKind.SECRET else ConfigMap
     )
@@ -94,26 +100,30 @@ async def _read(client: AsyncClient, ref: Reference, key: str, *, field: str) ->
         obj = await client.get(resource, ref.name, namespace=ref.namespace)
     except ApiError as exc:
         if is_not_found(exc):
-            return None
+            raise _Missing(f"{ref.kind} {ref.namespace}/{ref.name} does not exist") from None
         raise PropertyUnavailable(
             field, f"cannot read {ref.kind} {ref.namespace}/{ref.name}: {exc.status.reason}"
         ) from exc
+    no_key = _Missing(f"{ref.kind} {ref.namespace}/{ref.name} has no key {key!r}")
     if isinstance(obj, Secret):
         encoded = (obj.data or {}).get(key)
         if encoded is None:
-            return (obj.stringData or {}).get(key)
+            text = (obj.stringData or {}).get(key)
+            if text is None:
+                raise no_key
+            return SecretValue(text.encode("utf-8"))
         try:
-            return base64.b64decode(encoded).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise PropertyUnavailable(field, f"key {key!r} is not UTF-8 text") from exc
+            return SecretValue(base64.b64decode(encoded, validate=True))
+        except binascii.Error as exc:
+            raise PropertyUnavailable(field, f"key {key!r} is not valid base64") from exc
     assert isinstance(obj, ConfigMap)
     if obj.data and key in obj.data:
-        text: str = obj.data[key]
-        return text
+        text_value: str = obj.data[key]
+        return text_value
     if obj.binaryData and key in obj.binaryData:
         raw: str = obj.binaryData[key]
         return base64.b64decode(raw).decode("utf-8", errors="replace")
-    return None
+    raise no_key
 
 
 ChangeCallback = Callable[[Reference], Awaitable[None]]

@@ -2,11 +2,14 @@
 
 Why this exists: ``main`` is wiring only; tests and the demo build ``AgentSettings`` directly
 and run the agent in-process, with short timings where a real node uses long ones.
+``ENVIRONMENT`` lists every variable the agent reads, with its default and meaning, and is what
+``edgeplug-agent --help`` prints.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,40 @@ from pathlib import Path
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # Prometheus scrapes the pod IP; tests bind 127.0.0.1
+DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
+HELP_WIDTH = 96
+
+
+@dataclass(frozen=True)
+class EnvironmentVariable:
+    name: str
+    default: str
+    meaning: str
+
+
+#: Every variable the agent reads: (name, default as shown, meaning).
+ENVIRONMENT = (
+    EnvironmentVariable("NODE_NAME", "(required)",
+                        "this node's name; the DaemonSet sets it from spec.nodeName"),
+    EnvironmentVariable("KUBECONFIG", "(in-cluster)",
+                        "kubeconfig file; unset: the pod's ServiceAccount"),
+    EnvironmentVariable("PLUGIN_DIR", str(DEFAULT_PLUGIN_DIR),
+                        "the kubelet's device-plugin directory (kubelet.sock and plugin sockets)"),
+    EnvironmentVariable("POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET),
+                        "the kubelet's pod-resources socket, to free slots of vanished pods; "
+                        "empty: none"),
+    EnvironmentVariable("CDI_SPEC_DIR", str(DEFAULT_CDI_SPEC_DIR),
+                        "where CDI spec files for served devices are written (a CDI-enabled "
+                        "containerd or CRI-O reads them); empty: no CDI specs, no CDI names"),
+    EnvironmentVariable("METRICS_PORT", "(unset)",
+                        "port of the Prometheus /metrics server; unset: no metrics server"),
+    EnvironmentVariable("METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS,
+                        "address the metrics server binds"),
+    EnvironmentVariable("WATCH_NAMESPACE", "(all)",
+                        "the one namespace whose Configurations this agent serves"),
+    EnvironmentVariable("DEVICE_PLUGINS", "on",
+                        "off: discovery and Instances only, no kubelet device plugins"),
+)
 
 
 class SettingsError(ValueError):
@@ -22,7 +59,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Everything the agent needs to start. ``namespace`` None watches every namespace."""
+    """Everything the agent needs to start. ``namespace`` None watches every namespace;
+    ``cdi_spec_dir`` None writes no CDI specs (the environment's default is ``/var/run/cdi``)."""
 
     node_name: str
     kubeconfig: Path | None = None
@@ -32,18 +70,18 @@ class AgentSettings:
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     namespace: str | None = None
     serve_device_plugins: bool = True
+    cdi_spec_dir: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
-        """``NODE_NAME`` (required), ``KUBECONFIG`` (else in-cluster), ``PLUGIN_DIR``,
-        ``POD_RESOURCES_SOCKET`` (empty: none), ``METRICS_PORT`` (unset: no metrics server),
-        ``METRICS_ADDRESS`` (what the metrics server binds; default all addresses),
-        ``WATCH_NAMESPACE`` (unset: all namespaces), ``DEVICE_PLUGINS`` (``off``: discovery
-        only, no kubelet plugins)."""
+        """Read the variables ``ENVIRONMENT`` lists."""
         env = os.environ if env is None else env
         node_name = env.get("NODE_NAME", "").strip()
         if not node_name:
-            raise SettingsError("NODE_NAME is required (the DaemonSet sets it from spec.nodeName)")
+            raise SettingsError(
+                "NODE_NAME is required (the DaemonSet sets it from spec.nodeName); "
+                "see edgeplug-agent --help"
+            )
         metrics_port: int | None = None
         if env.get("METRICS_PORT"):
             try:
@@ -51,6 +89,7 @@ class AgentSettings:
             except ValueError as exc:
                 raise SettingsError(f"METRICS_PORT must be an integer: {exc}") from exc
         pod_resources = env.get("POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET))
+        cdi_dir = env.get("CDI_SPEC_DIR", str(DEFAULT_CDI_SPEC_DIR))
         return cls(
             node_name=node_name,
             kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
@@ -60,4 +99,25 @@ class AgentSettings:
             metrics_address=env.get("METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
             namespace=env.get("WATCH_NAMESPACE") or None,
             serve_device_plugins=env.get("DEVICE_PLUGINS", "on").lower() != "off",
+            cdi_spec_dir=Path(cdi_dir) if cdi_dir else None,
         )
+
+
+def help_text() -> str:
+    """What ``edgeplug-agent --help`` prints."""
+    width = max(len(v.name) for v in ENVIRONMENT)
+    lines = [
+        "usage: edgeplug-agent [--help]",
+        "",
+        "The edgeplug node agent: runs the discovery handlers that Configurations selecting this",
+        "node name, publishes one Instance per device and serves each as a kubelet device plugin.",
+        "It takes no arguments; it reads these environment variables:",
+        "",
+    ]
+    indent = " " * (width + 4)
+    for var in ENVIRONMENT:
+        text = f"{var.meaning} (default: {var.default})"
+        wrapped = textwrap.wrap(text, HELP_WIDTH - len(indent))
+        lines.append(f"  {var.name:<{width}}  {wrapped[0]}")
+        lines.extend(indent + line for line in wrapped[1:])
+    return "\n".join(lines)

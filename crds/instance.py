@@ -6,7 +6,8 @@ or ``"C:<virtual id>:<node>"`` (allocated through the configuration-level plugin
 device). :class:`SlotUsage` parses and formats those strings so nobody else splits on ``:``.
 ``status.reservations`` maps a slot to the node that holds it in reserve (see the agent's slot
 design), ``status.demand`` maps a node to how many slots its agent still needs for Pending pods
-pinned to it, and ``status.used`` is the count of held slots that ``kubectl get instances`` prints.
+pinned to it, ``status.unhealthy`` maps a node to why the device is present there but unusable,
+and ``status.used`` is the count of held slots that ``kubectl get instances`` prints.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class Instance:
     resource_version: str = ""
     reservations: Mapping[str, str] = field(default_factory=dict)
     demand: Mapping[str, int] = field(default_factory=dict)
+    unhealthy: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Instance:
@@ -167,6 +169,7 @@ class Instance:
                 str(k): str(v) for k, v in (status.get("reservations") or {}).items()
             },
             demand={str(k): int(v) for k, v in (status.get("demand") or {}).items() if v},
+            unhealthy={str(k): str(v) for k, v in (status.get("unhealthy") or {}).items()},
         )
 
     def owner_reference(self, *, controller: bool = True) -> dict[str, Any]:
@@ -189,9 +192,11 @@ class Instance:
         }
 
     def status_to_object(self) -> dict[str, Any]:
-        """The ``status`` this Instance should carry: reservations, demand, the used-slot count."""
+        """The ``status`` this Instance should carry: reservations, demand, the nodes that find
+        the device unhealthy (and why), the used-slot count."""
         return {
             "reservations": dict(self.reservations),
             "demand": dict(self.demand),
+            "unhealthy": dict(self.unhealthy),
             "used": self.spec.used,
         }

@@ -43,6 +43,17 @@ def known_handler_names() -> list[str]:
     return sorted(_entry_points())
 
 
+def register_handler(handler: DiscoveryHandler) -> None:
+    """Make ``handler`` loadable by its name in this process, as an entry point would.
+
+    For programs that embed the agent with a handler of their own, and for tests; an installed
+    package declares an entry point instead.
+    """
+    if not isinstance(handler, DiscoveryHandler):
+        raise BrokenHandler(f"{type(handler).__name__} is not a DiscoveryHandler")
+    _loaded[handler.name] = handler
+
+
 def load_handler(name: str) -> DiscoveryHandler:
     """Import (once) and return the handler a Configuration names.
 

@@ -23,7 +23,13 @@ from agent.node_devices import NodeDevice
 from agent.slots.ledger import InstanceGone, SlotLedger, SlotUnavailable, TooManyConflicts
 from agent.slots.rules import SlotRef, available_slots, broker_envs, held_virtual_ids, slot_ids
 from crds.instance import Instance, SlotUsage
-from discovery_handlers.contract import DeviceSpec, Mount
+from discovery_handlers.contract import (
+    ComposingHandler,
+    DeviceSpec,
+    Mount,
+    PreparingHandler,
+    RankingHandler,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +55,29 @@ class SlotWorld(Protocol):
     def slots_changed(self, refs: Iterable[SlotRef]) -> None: ...
 
 
-def _allocation(devices: Sequence[tuple[str, NodeDevice]]) -> ContainerAllocation:
+def container_allocation(devices: Sequence[NodeDevice]) -> ContainerAllocation:
+    """What one container gets for ``devices`` (in allocation order).
+
+    The environment is the handler's to compose when it can (``ComposingHandler``: e.g.
+    ``ASCEND_VISIBLE_DEVICES=0,1``), with the Configuration's ``brokerProperties`` on top; else
+    every device's properties as ``NAME_<HASH>`` and ``NAME`` (Akri's way). Mounts and device
+    nodes are the union; a CDI name is given for each device whose spec is on disk.
+    """
     envs: dict[str, str] = {}
+    first = devices[0] if devices else None
+    if first is not None and isinstance(first.handler, ComposingHandler):
+        envs.update(first.handler.compose(first.details, [d.device for d in devices]))
+        for device in devices:
+            envs.update(device.broker_properties)
+    else:
+        for device in devices:
+            envs.update(broker_envs(device.instance, device.properties))
     mounts: list[Mount] = []
     specs: list[DeviceSpec] = []
     cdi: list[str] = []
-    for instance_name, device in devices:
-        envs.update(broker_envs(instance_name, device.properties))
-        mounts.extend(m for m in device.mounts if m not in mounts)
-        specs.extend(s for s in device.device_specs if s not in specs)
+    for device in devices:
+        mounts.extend(m for m in device.device.mounts if m not in mounts)
+        specs.extend(s for s in device.device.device_specs if s not in specs)
         if device.cdi_name and device.cdi_name not in cdi:
             cdi.append(device.cdi_name)
     return ContainerAllocation(
@@ -70,7 +90,10 @@ def _usable_device(world: SlotWorld, namespace: str, instance: str) -> NodeDevic
     if device is None:
         raise PluginError(FAILED, f"Instance {namespace}/{instance} is not served on this node")
     if not device.healthy:
-        raise PluginError(FAILED, f"Instance {namespace}/{instance} is unhealthy on this node")
+        raise PluginError(
+            FAILED,
+            f"Instance {namespace}/{instance} is unhealthy on this node: {device.health.reason}",
+        )
     return device
 
 
@@ -135,7 +158,7 @@ class InstanceBackend:
                 )
         mine = SlotUsage.by_node(world.node)
         await _claim(world, self._resource, ns, name, dict.fromkeys(wanted, mine))
-        return [_allocation([(name, device)]) for _ in requests]
+        return [container_allocation([device]) for _ in requests]
 
     async def preferred_allocation(
         self, *, available: Sequence[str], must_include: Sequence[str], size: int
@@ -151,18 +174,20 @@ class InstanceBackend:
         return ordered[: max(size, len(must_include))]
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
-        device = _usable_device(self._world, self._namespace, self._instance)
-        await _prepare(device, self._instance)
+        await _prepare([_usable_device(self._world, self._namespace, self._instance)])
 
 
-async def _prepare(device: NodeDevice, instance: str) -> None:
-    if device.prepare is None:
+async def _prepare(devices: Sequence[NodeDevice]) -> None:
+    """The handler's ``prepare`` for a container's devices; a failure names the Instances."""
+    first = devices[0] if devices else None
+    if first is None or not isinstance(first.handler, PreparingHandler):
         return
+    names = ", ".join(f"{d.namespace}/{d.instance}" for d in devices)
     try:
-        await device.prepare()
+        await first.handler.prepare(first.details, [d.device for d in devices])
     except Exception as error:
         raise PluginError(
-            grpc.StatusCode.INTERNAL, f"preparing Instance {instance} failed: {error}"
+            grpc.StatusCode.INTERNAL, f"preparing Instance {names} failed: {error}"
         ) from error
 
 
@@ -183,6 +208,10 @@ class ConfigurationBackend:
         self._configuration = configuration
         self._resource = resource
         self._feed = feed
+        # Virtual id → the Instance a handler's ranking chose for it (GetPreferredAllocation,
+        # or Allocate itself); ``_place`` claims there first. Only a preference: any free slot
+        # still serves when the chosen one was taken meanwhile.
+        self._intent: dict[str, str] = {}
 
     def _instances(self) -> list[Instance]:
         return self._world.configuration_instances(self._namespace, self._configuration)
@@ -203,14 +232,15 @@ class ConfigurationBackend:
         answers = []
         try:
             for ids in requests:
+                held = held_virtual_ids(self._instances(), self._world.node)
+                if any(v not in held and v not in self._intent for v in ids):
+                    self._plan(ids, must_include=())  # no GetPreferredAllocation came first
                 devices = []
                 for vid in ids:
                     ref = await self._place(vid, {r.instance for r, _ in claimed})
                     claimed.append((ref, SlotUsage.by_configuration(vid, self._world.node)))
-                    devices.append(
-                        (ref.instance, _usable_device(self._world, ref.namespace, ref.instance))
-                    )
-                answers.append(_allocation(devices))
+                    devices.append(_usable_device(self._world, ref.namespace, ref.instance))
+                answers.append(container_allocation(devices))
         except PluginError:
             await self._roll_back(claimed)
             raise
@@ -228,7 +258,9 @@ class ConfigurationBackend:
             if (d := world.device(i.namespace, i.name)) is not None and d.healthy
         ]
         candidates = available_slots(usable, world.node)
-        candidates.sort(key=lambda r: r.instance in taken_instances)  # stable: distinct first
+        intended = self._intent.pop(vid, None)
+        # Stable sorts: the ranked Instance first, then distinct Instances before shared ones.
+        candidates.sort(key=lambda r: (r.instance != intended, r.instance in taken_instances))
         usage = SlotUsage.by_configuration(vid, world.node)
         last: PluginError | None = None
         for ref in candidates:
@@ -249,10 +281,65 @@ class ConfigurationBackend:
             except Exception:
                 log.exception("rolling back a partial allocation failed", extra={"slot": ref.slot})
 
+    def _ranker(self) -> NodeDevice | None:
+        """A device of this Configuration whose handler ranks (its handler and details)."""
+        for instance in self._instances():
+            device = self._world.device(instance.namespace, instance.name)
+            if device is not None and isinstance(device.handler, RankingHandler):
+                return device
+        return None
+
+    def _plan(self, vids: Sequence[str], *, must_include: Sequence[str]) -> list[str] | None:
+        """Let the handler choose Instances for the unmapped ``vids`` (recorded as intents).
+
+        Returns ``vids`` reordered so the ones on ranked Instances come first, or None when the
+        handler does not rank. Held virtual ids count as ``must_include`` devices.
+        """
+        ranker = self._ranker()
+        if ranker is None or not isinstance(ranker.handler, RankingHandler):
+            return None
+        world = self._world
+        held = held_virtual_ids(self._instances(), world.node)
+        records = {
+            i.name: d
+            for i in self._instances()
+            if (d := world.device(i.namespace, i.name)) is not None and d.healthy
+        }
+        free = {r.instance for r in available_slots(
+            [i for i in self._instances() if i.name in records], world.node
+        )}
+        must = [records[held[v].instance] for v in must_include if v in held
+                and held[v].instance in records]
+        must += [records[held[v].instance] for v in vids if v in held
+                 and held[v].instance in records and records[held[v].instance] not in must]
+        available = [records[name] for name in sorted(free)]
+        by_id = {d.device.id: d for d in [*available, *must]}
+        ranked = ranker.handler.rank(
+            ranker.details, [d.device for d in available], [d.device for d in must],
+            len(vids) + len([v for v in must_include if v not in vids]),
+        )
+        chosen = [by_id[d.id].instance for d in ranked if d.id in by_id]
+        spare = [name for name in chosen if name not in {m.instance for m in must}]
+        ordered = [v for v in vids if v in held]
+        for vid in vids:
+            if vid in held:
+                continue
+            if spare:
+                self._intent[vid] = spare.pop(0)
+            ordered.append(vid)
+        return ordered
+
     async def preferred_allocation(
         self, *, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> Sequence[str]:
         held = held_virtual_ids(self._instances(), self._world.node)
+        wanted = max(size, len(must_include))
+        # With a ranking handler, held ids on chosen Instances come first and the rest of the
+        # request is planned onto the Instances it chose.
+        unmapped = [v for v in available if v not in held and v not in must_include]
+        planned = self._plan(unmapped[: wanted - len(must_include)], must_include=must_include)
+        if planned is not None:
+            return [*must_include, *planned][:wanted]
         ordered = [*must_include]
         seen = {held[v].instance for v in ordered if v in held}
         # Held ids first, on distinct Instances first; then ids still unmapped.
@@ -264,9 +351,10 @@ class ConfigurationBackend:
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         held = held_virtual_ids(self._instances(), self._world.node)
+        devices = []
         for vid in device_ids:
             ref = held.get(vid)
             if ref is None:
                 raise PluginError(FAILED, f"virtual device {vid!r} holds no slot on this node")
-            device = _usable_device(self._world, ref.namespace, ref.instance)
-            await _prepare(device, ref.instance)
+            devices.append(_usable_device(self._world, ref.namespace, ref.instance))
+        await _prepare(devices)

@@ -261,7 +261,7 @@ class DevicePluginService:
             resource,
             ("instance", *key),
             advertised,
-            pre_start=device.prepare is not None,
+            pre_start=device.needs_prepare,
             backend_for=lambda feed: InstanceBackend(
                 world=self, namespace=key[0], instance=key[1], resource=resource
             ),
@@ -286,7 +286,7 @@ class DevicePluginService:
             resource,
             ("configuration", namespace, configuration),
             advertised,
-            pre_start=any(d is not None and d.prepare is not None for d in devices.values()),
+            pre_start=any(d is not None and d.needs_prepare for d in devices.values()),
             backend_for=lambda feed: ConfigurationBackend(
                 world=self,
                 namespace=namespace,

@@ -23,7 +23,7 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.slots.service import serve_device_plugins
 from crds.instance import Instance
-from discovery_handlers.contract import DeviceSpec, Mount
+from discovery_handlers.contract import Device, DeviceSpec, Mount
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import NodeEmulator
 
@@ -145,9 +145,12 @@ def node_device(namespace: str, configuration: str, instance: str) -> NodeDevice
         instance=instance,
         namespace=namespace,
         configuration=configuration,
-        properties={"DEBUG_ECHO_DESCRIPTION": f"desc-{digest}"},
-        mounts=(MOUNT,),
-        device_specs=(DEVICE,),
+        device=Device(
+            id=f"desc-{digest}",
+            properties={"DEBUG_ECHO_DESCRIPTION": f"desc-{digest}"},
+            mounts=(MOUNT,),
+            device_specs=(DEVICE,),
+        ),
         cdi_name=f"edgeplug.io/{configuration}={digest}",
     )
 

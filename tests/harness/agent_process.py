@@ -168,8 +168,9 @@ class AgentSubprocess:
                  log_path: Path | None = None,
                  extra_env: Mapping[str, str] | None = None) -> None:
         env = dict(os.environ)
+        # No CDI specs unless a test asks (extra_env): never into this machine's /var/run/cdi.
         env.update({"NODE_NAME": node_name, "KUBECONFIG": str(cp.kubeconfig),
-                    "POD_RESOURCES_SOCKET": ""})
+                    "POD_RESOURCES_SOCKET": "", "CDI_SPEC_DIR": ""})
         if namespace:
             env["WATCH_NAMESPACE"] = namespace
         if plugin_dir is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
 from crds.naming import instance_name
+from discovery_handlers.contract import Secret
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
 
@@ -139,13 +140,15 @@ async def test_secret_backed_property_resolved_and_re_resolved(
             unavailable, what="DiscoveryPropertyUnavailable condition"
         )
         assert "PASSWORD" in condition["message"]
+        assert "cam-secret does not exist" in condition["message"]
 
         harness.apply(control_plane, namespace, _secret("cam-secret", password="first-pw"))
 
         async def resolved(expected: str) -> bool:
             run = agent.watch.runs.get(key)
+            # Secret-backed values reach the handler as bytes behind a redacting type.
             return run is not None and run.properties == {
-                "USERNAME": "admin", "PASSWORD": expected,
+                "USERNAME": "admin", "PASSWORD": Secret(expected.encode()),
             }
 
         await harness.eventually(

@@ -24,6 +24,7 @@ from agent.kube import InstanceResource, as_dict
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.slots.service import socket_name
+from tests.harness import echo_handlers
 from tests.harness.agent_nodes import (
     StartNode,
     create_instance,
@@ -167,12 +168,10 @@ async def test_prepare_runs_before_start_and_unknown_ids_are_refused(
     name = await create_instance(
         kube, ns, configuration=configuration, digest="c3c3c3", nodes=[node.name], capacity=1
     )
-    prepared: list[str] = []
-
-    async def prepare() -> None:
-        prepared.append(name)
-
-    await node.table.put(replace(node_device(ns, configuration, name), prepare=prepare))
+    handler = echo_handlers.ExtendedEcho()
+    echo_details = handler.parse_details("descriptions: [d0]", {})
+    record = node_device(ns, configuration, name)
+    await node.table.put(replace(record, handler=handler, details=echo_details))
     resource = f"edgeplug.io/{name}"
     await wait_allocatable(kube, node.name, resource, "1")
     [registration] = [r for r in node.emulator.registrations if r.resource_name == resource]
@@ -199,7 +198,7 @@ async def test_prepare_runs_before_start_and_unknown_ids_are_refused(
 
     # A pod: the kubelet asks for PreStartContainer and the device's prepare step runs.
     await run_pod(kube, ns, "prepared", {resource: "1"})
-    assert prepared == [name]
+    assert handler.prepared == [[record.device.id]]
 
 
 async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(

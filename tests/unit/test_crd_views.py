@@ -194,11 +194,13 @@ def test_instance_round_trips_every_field() -> None:
            "metadata": {"name": "cam-bb0879", "namespace": "ns", "uid": "u",
                         "resourceVersion": "9"},
            "spec": spec,
-           "status": {"reservations": {"cam-bb0879-1": "b"}, "demand": {"a": 1}, "used": 1}}
+           "status": {"reservations": {"cam-bb0879-1": "b"}, "demand": {"a": 1},
+                      "unhealthy": {"b": "no answer to SOAP"}, "used": 1}}
     view = inst.Instance.from_object(obj)
     assert view.spec.nodes == ("a", "b")
     assert view.reservations == {"cam-bb0879-1": "b"}
     assert view.demand == {"a": 1}
+    assert view.unhealthy == {"b": "no answer to SOAP"}
     assert view.spec.used == 1
     out = view.spec_to_object()
     assert out == {k: v for k, v in obj.items() if k != "status"} | {

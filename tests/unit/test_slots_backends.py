@@ -19,6 +19,7 @@ from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.ledger import SlotLedger
 from agent.slots.rules import SlotRef
 from crds.instance import Instance, InstanceSpec
+from discovery_handlers.contract import HEALTHY, Device, Health
 
 NODE = "node-a"
 
@@ -39,11 +40,8 @@ def _device(name: str, *, healthy: bool = True) -> NodeDevice:
         instance=name,
         namespace="ns",
         configuration="cam",
-        properties={},
-        mounts=(),
-        device_specs=(),
-        cdi_name="",
-        healthy=healthy,
+        device=Device(id=name),
+        health=HEALTHY if healthy else Health.unhealthy("test fault"),
     )
 
 

@@ -1,0 +1,76 @@
+"""Tell users when a device this node serves is present but unhealthy, and when it recovers.
+
+Why this exists: a device can answer discovery and still be unusable (an NPU with a fault code,
+an OPC-UA server not Running, a camera refusing SOAP). The agent keeps its Instance and advertises
+its slots Unhealthy; users see why on the Instance (``status.unhealthy.<node>``, present only
+while this node finds it unhealthy) and in one Event per change, never one per discovery pass.
+A write that fails (the API server away) is not recorded as done, so the next publish or resync
+writes it again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import PatchType
+
+from agent.events import emit_event
+from agent.kube import InstanceResource, field_manager, is_not_found
+from crds.api import INSTANCE_KIND
+from discovery_handlers.contract import HEALTHY, Health
+
+log = logging.getLogger(__name__)
+
+REASON_UNHEALTHY = "DeviceUnhealthy"
+REASON_HEALTHY = "DeviceHealthy"
+
+
+class HealthReporter:
+    """Health verdicts of one Configuration's Instances on this node, reported on change."""
+
+    def __init__(self, *, client: AsyncClient, node_name: str, namespace: str) -> None:
+        self._client = client
+        self._node = node_name
+        self._namespace = namespace
+        self._reported: dict[str, Health] = {}
+
+    def forget(self, instance: str) -> None:
+        self._reported.pop(instance, None)
+
+    async def report(self, instance: str, health: Health) -> None:
+        """Write ``health`` for ``instance`` if it differs from what was last written."""
+        last = self._reported.get(instance, HEALTHY)
+        if last == health:
+            return
+        patch = {"status": {"unhealthy": {self._node: None if health.healthy else health.reason}}}
+        try:
+            written = await self._client.patch(
+                InstanceResource.Status, instance, patch, namespace=self._namespace,
+                patch_type=PatchType.MERGE, field_manager=field_manager(self._node),
+            )
+            uid = str(getattr(written.metadata, "uid", "") or "")
+            if health.healthy:
+                message = f"device healthy again on node {self._node}"
+            else:
+                message = f"device unhealthy on node {self._node}: {health.reason}"
+            await emit_event(
+                self._client, node=self._node, kind=INSTANCE_KIND, name=instance,
+                namespace=self._namespace, uid=uid,
+                reason=REASON_HEALTHY if health.healthy else REASON_UNHEALTHY,
+                message=message, warning=not health.healthy,
+            )
+        except ApiError as error:
+            if is_not_found(error):
+                return
+            log.warning("could not report health of Instance %s: %s", instance, error)
+            return
+        except Exception as error:  # connection errors: the next publish or resync retries
+            log.warning("could not report health of Instance %s: %s", instance, error)
+            return
+        self._reported[instance] = health
+        log.log(
+            logging.INFO if health.healthy else logging.WARNING,
+            "device %s", "healthy" if health.healthy else f"unhealthy: {health.reason}",
+            extra={"instance": f"{self._namespace}/{instance}", "node": self._node},
+        )

@@ -1,0 +1,178 @@
+"""debugEcho extended, in tests only, so the agent's side of every handler hook can be exercised.
+
+Why this exists: the real handlers (udev, ONVIF, OPC-UA, Ascend) each use some of the contract's
+hooks; the agent's handling of them (health, composed environments, ranking, prepare, blocking
+work off the loop) is tested once, here, with a handler whose devices a test controls through a
+JSON state file. It stands for any handler, not for a real device. Details (YAML)::
+
+    descriptions: [a, b, c]   # one device each; property DEBUG_ECHO_DESCRIPTION, and GROUP
+    groups: {a: card0, b: card1, c: card0}   # optional: the group (card) of each device
+    stateFile: /tmp/x.json    # {"a": {"present": false}, "b": {"healthy": false, "reason": "..."}}
+    blockSeconds: 2           # optional: each discovery pass makes a blocking call this long
+    compose: true             # optional: a container gets ECHO_ALL=<descriptions, comma-joined>
+    shared: false
+
+``rank`` keeps must-include devices and fills with devices of the same group as the first one;
+``prepare`` records each call's descriptions in ``prepared`` and fails for a device marked
+``"prepareFails": true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from discovery_handlers.contract import (
+    Device,
+    Health,
+    InvalidDetails,
+    PropertyValue,
+    run_blocking,
+)
+from discovery_handlers.registry import register_handler
+
+NAME = "debugEchoExtended"
+STATE_POLL_S = 0.05  # the test's state file is checked this often (stat only)
+
+
+@dataclass(frozen=True)
+class EchoDetails:
+    descriptions: tuple[str, ...]
+    groups: Mapping[str, str] = field(default_factory=dict)
+    state_file: Path | None = None
+    block_seconds: float = 0.0
+    compose: bool = False
+    shared: bool = False
+
+
+class ExtendedEcho:
+    name = NAME
+    shared = False
+
+    def __init__(self) -> None:
+        self.prepared: list[list[str]] = []
+        self.seen_properties: list[Mapping[str, PropertyValue]] = []
+
+    def parse_details(self, details: str, properties: Mapping[str, PropertyValue]) -> EchoDetails:
+        raw: Any = yaml.safe_load(details) or {}
+        if not isinstance(raw, dict) or not raw.get("descriptions"):
+            raise InvalidDetails("descriptions", "required: a non-empty list of strings")
+        self.seen_properties.append(dict(properties))
+        state = raw.get("stateFile")
+        return EchoDetails(
+            descriptions=tuple(raw["descriptions"]),
+            groups=dict(raw.get("groups") or {}),
+            state_file=Path(state) if state else None,
+            block_seconds=float(raw.get("blockSeconds", 0)),
+            compose=bool(raw.get("compose", False)),
+            shared=bool(raw.get("shared", False)),
+        )
+
+    async def discover(self, details: EchoDetails) -> AsyncIterator[Sequence[Device]]:
+        last: list[Device] | None = None
+        stamp: object = None
+        while True:
+            current_stamp = _stamp(details.state_file)
+            if current_stamp != stamp or last is None:
+                stamp = current_stamp
+                if details.block_seconds:
+                    await run_blocking(time.sleep, details.block_seconds)
+                devices = _devices(details, _state(details.state_file))
+                if devices != last:
+                    last = devices
+                    yield devices
+            await asyncio.sleep(STATE_POLL_S)
+
+    def compose(self, details: EchoDetails, devices: Sequence[Device]) -> Mapping[str, str]:
+        if not details.compose:
+            merged: dict[str, str] = {}
+            for device in devices:
+                merged.update(device.properties)
+            return merged
+        return {"ECHO_ALL": ",".join(d.id for d in devices)}
+
+    def rank(
+        self,
+        details: EchoDetails,
+        available: Sequence[Device],
+        must_include: Sequence[Device],
+        size: int,
+    ) -> Sequence[Device]:
+        chosen = list(must_include)
+        pool = [d for d in available if d not in chosen]
+        if not chosen and pool:
+            # Start with the group that can hold the most of the request.
+            counts = Counter(details.groups.get(d.id, "") for d in pool)
+            best = max(counts, key=lambda g: (counts[g], g))
+            chosen.append(next(d for d in pool if details.groups.get(d.id, "") == best))
+            pool.remove(chosen[0])
+        group = details.groups.get(chosen[0].id, "") if chosen else ""
+        pool.sort(key=lambda d: details.groups.get(d.id, "") != group)
+        return [*chosen, *pool][:size]
+
+    async def prepare(self, details: EchoDetails, devices: Sequence[Device]) -> None:
+        state = _state(details.state_file)
+        self.prepared.append([d.id for d in devices])
+        for device in devices:
+            if state.get(device.id, {}).get("prepareFails"):
+                raise RuntimeError(f"device {device.id} refused to prepare")
+
+
+def _stamp(path: Path | None) -> object:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _state(path: Path | None) -> dict[str, dict[str, Any]]:
+    if path is None:
+        return {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _devices(details: EchoDetails, state: Mapping[str, Mapping[str, Any]]) -> list[Device]:
+    devices = []
+    for description in details.descriptions:
+        entry = state.get(description, {})
+        if not entry.get("present", True):
+            continue
+        properties = {"DEBUG_ECHO_DESCRIPTION": description}
+        if description in details.groups:
+            properties["GROUP"] = details.groups[description]
+        properties.update(entry.get("properties", {}))
+        health = (
+            Health() if entry.get("healthy", True)
+            else Health.unhealthy(str(entry.get("reason", "unhealthy")))
+        )
+        devices.append(Device(id=description, properties=properties, health=health))
+    return devices
+
+
+def write_state(path: Path, state: Mapping[str, Mapping[str, Any]]) -> None:
+    """Replace the state file atomically (the handler never reads half a file)."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(state), encoding="utf-8")
+    temporary.replace(path)
+
+
+def install() -> ExtendedEcho:
+    """A fresh handler, registered under ``debugEchoExtended`` in this process."""
+    handler = ExtendedEcho()
+    register_handler(handler)
+    return handler
