@@ -11,7 +11,8 @@ plugin run unchanged, and it has no I/O, so it is unit-tested over tables.
 - Device nodes: ``/dev/davinci<N>`` plus the shared ``/dev/davinci_manager``, ``/dev/devmm_svm``,
   ``/dev/hisi_hdc`` and, where present, ``/dev/dvpp_cmdlist``; the driver directory read-only.
 - ``compose``: ``ASCEND_VISIBLE_DEVICES`` lists the physical ids in allocation order, comma
-  separated, as Huawei's plugin sets it; ``ASCEND_RUNTIME_OPTIONS`` when the details ask.
+  separated, as Huawei's plugin sets it; ``ASCEND_RUNTIME_OPTIONS`` when the details ask; and
+  every property the chips agree on (one chip: all of its properties).
 - ``rank``: chips of one card first (they share the card's links), best-fitting card first.
 """
 
@@ -91,8 +92,11 @@ def to_device(
 
 
 def compose(details: AscendDetails, devices: Sequence[Device]) -> dict[str, str]:
-    """The environment of a container given ``devices`` (in allocation order)."""
-    env = {VISIBLE_DEVICES: ",".join(_phy(d) for d in devices)}
+    """The environment of a container given ``devices`` (in allocation order): the properties
+    all of them agree on (the model, say), then the composed ``ASCEND_VISIBLE_DEVICES``."""
+    env = {name: value for name, value in (devices[0].properties.items() if devices else ())
+           if all(d.properties.get(name) == value for d in devices[1:])}
+    env[VISIBLE_DEVICES] = ",".join(_phy(d) for d in devices)
     if details.runtime_options:
         env[RUNTIME_OPTIONS_ENV] = ",".join(details.runtime_options)
     return env

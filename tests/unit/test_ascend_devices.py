@@ -40,9 +40,14 @@ def test_no_driver_mount_when_asked_not_to() -> None:
 
 def test_compose_lists_physical_ids_in_allocation_order() -> None:
     devices = [chip_device(6, 3), chip_device(2, 1), chip_device(3, 1)]
-    assert compose(AscendDetails(), devices) == {"ASCEND_VISIBLE_DEVICES": "6,2,3"}
-    assert handler.compose(AscendDetails(runtime_options=("NODRV",)), devices[:1]) == {
-        "ASCEND_VISIBLE_DEVICES": "6", "ASCEND_RUNTIME_OPTIONS": "NODRV"}
+    env = compose(AscendDetails(), devices)
+    assert env["ASCEND_VISIBLE_DEVICES"] == "6,2,3"
+    # What the chips agree on reaches the container; what differs (their cards) does not.
+    assert env["ASCEND_CHIP_MODEL"] == "Ascend910B3"
+    assert "ASCEND_CARD_ID" not in env
+    assert "ASCEND_RUNTIME_OPTIONS" not in env
+    one = handler.compose(AscendDetails(runtime_options=("NODRV",)), devices[:1])
+    assert one == {**devices[0].properties, "ASCEND_RUNTIME_OPTIONS": "NODRV"}
 
 
 # Cards: 0 → chips 0,1; 1 → 2,3; 2 → 4,5,6,7 (chip 0 faulted and not available).
