@@ -42,6 +42,7 @@ from discovery_handlers.contract import (
     InvalidDetails,
     PropertyValue,
     Secret,
+    is_shared,
 )
 from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_handler
 
@@ -56,16 +57,6 @@ RESYNC_INTERVAL = 60.0  # seconds between re-applies of every visible device's I
 MIN_GUARDED_SECRET_LENGTH = 4
 
 RunKey = tuple[str, str]  # (namespace, configuration name)
-
-
-def details_shared(handler: DiscoveryHandler, details: Any) -> bool:
-    """Whether this Configuration's devices are shared.
-
-    A handler says so in ``shared``; a handler whose details choose per Configuration (debugEcho's
-    ``shared``) exposes a boolean ``shared`` attribute on its parsed details, which wins.
-    """
-    override = getattr(details, "shared", None)
-    return override if isinstance(override, bool) else handler.shared
 
 
 class DiscoveryRun:
@@ -197,7 +188,7 @@ class DiscoveryRun:
         return True
 
     async def _discover(self, handler: DiscoveryHandler, details: Any) -> None:
-        shared = details_shared(handler, details)
+        shared = is_shared(handler, details)
         loop = asyncio.get_running_loop()
         started = loop.time()
         first = True

@@ -2,7 +2,9 @@
 
 ``edgeplug crds | kubectl apply -f -`` installs the CRDs from the installed package (no repo
 checkout needed); ``edgeplug instance-name`` predicts an Instance's name the way the agent will
-compute it, for GitOps users who request ``edgeplug.io/<instance>`` before the device shows up.
+compute it, for GitOps users who request ``edgeplug.io/<instance>`` before the device shows up;
+``edgeplug discover -f configuration.yaml`` runs the Configuration's handler on this machine and
+prints what the agent would publish (``crds.discover``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from crds import discover
 from crds.api import manifests_text
 from crds.naming import instance_name
 
@@ -24,6 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     name.add_argument("device_id", help="the id the discovery handler gives the device")
     name.add_argument("--node", default="", help="node that sees the device (local devices)")
     name.add_argument("--shared", action="store_true", help="the device is shared across nodes")
+    discover_command = commands.add_parser(
+        "discover", help="run a Configuration's handler here and print what it finds"
+    )
+    discover.add_arguments(discover_command)
     return parser
 
 
@@ -32,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "crds":
         sys.stdout.write(manifests_text())
         return 0
+    if args.command == "discover":
+        return discover.run(args)
     if not args.shared and not args.node:
         print("edgeplug: --node is required for a device that is not --shared", file=sys.stderr)
         return 2

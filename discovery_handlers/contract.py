@@ -204,6 +204,13 @@ class PreparingHandler(DiscoveryHandler, Protocol):
     async def prepare(self, details: Any, devices: Sequence[Device]) -> None: ...
 
 
+def is_shared(handler: DiscoveryHandler, details: Any) -> bool:
+    """Whether one Configuration's devices are shared: a boolean ``shared`` attribute on its
+    parsed details (debugEcho's choice per Configuration) wins over the handler's."""
+    override = getattr(details, "shared", None)
+    return override if isinstance(override, bool) else handler.shared
+
+
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
