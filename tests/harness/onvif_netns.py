@@ -154,10 +154,15 @@ class LineProcess:
         return line
 
     async def wait_for(
-        self, check: Callable[[dict[str, Any]], bool], *, what: str, within: float = WAIT_S
+        self,
+        check: Callable[[dict[str, Any]], bool],
+        *,
+        what: str,
+        within: float = WAIT_S,
+        after: int = 0,
     ) -> dict[str, Any]:
-        """The first line (already read or next) for which ``check`` holds."""
-        for line in self.lines:
+        """The first line from index ``after`` on (read or still to come) that passes ``check``."""
+        for line in self.lines[after:]:
             if check(line):
                 return line
         try:
@@ -172,11 +177,20 @@ class LineProcess:
             raise AssertionError(f"waited {within:.0f}s for {what}") from None
 
     async def command(self, **cmd: Any) -> dict[str, Any]:
+        """Send one command; return the simulator's answer to it."""
         assert self.proc.stdin is not None
+        seen = len(self.lines)
         self.proc.stdin.write(json.dumps(cmd).encode() + b"\n")
         await self.proc.stdin.drain()
-        return await self.wait_for(lambda line: "ok" in line or "probes_seen" in line,
-                                   what=f"answer to {cmd}")
+        return await self.wait_for(
+            lambda line: "ok" in line or "probes_seen" in line, what=f"answer to {cmd}", after=seen
+        )
+
+    def rss_kib(self) -> int:
+        """The process's resident memory now (``ip netns exec`` execs, so the pid is Python's)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text(encoding="ascii")
+        line = next(row for row in status.splitlines() if row.startswith("VmRSS:"))
+        return int(line.split()[1])
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(encoding="utf-8", errors="replace")[-4000:]
