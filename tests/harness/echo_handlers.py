@@ -8,7 +8,11 @@ JSON state file. It stands for any handler, not for a real device. Details (YAML
     descriptions: [a, b, c]   # one device each; property DEBUG_ECHO_DESCRIPTION, and GROUP
     groups: {a: card0, b: card1, c: card0}   # optional: the group (card) of each device
     stateFile: /tmp/x.json    # {"a": {"present": false}, "b": {"healthy": false, "reason": "..."}}
-    blockSeconds: 2           # optional: each discovery pass makes a blocking call this long
+    block: true               # optional: every pass after the first makes a blocking call
+                              # that waits until the test calls ``release()``
+    deviceNode: /dev/null     # optional: each device gets it as /dev/echo/<description>
+    leakProperty: PW          # optional: copies discovery property PW into every device's
+                              # properties (a misbehaving handler the agent must stop)
     compose: true             # optional: a container gets ECHO_ALL=<descriptions, comma-joined>
     shared: false
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,15 +36,18 @@ import yaml
 
 from discovery_handlers.contract import (
     Device,
+    DeviceSpec,
     Health,
     InvalidDetails,
     PropertyValue,
+    property_text,
     run_blocking,
 )
 from discovery_handlers.registry import register_handler
 
 NAME = "debugEchoExtended"
 STATE_POLL_S = 0.05  # the test's state file is checked this often (stat only)
+BLOCK_LIMIT_S = 60.0  # a blocking call never outlives this, even if a test forgets release()
 
 
 @dataclass(frozen=True)
@@ -48,9 +55,11 @@ class EchoDetails:
     descriptions: tuple[str, ...]
     groups: Mapping[str, str] = field(default_factory=dict)
     state_file: Path | None = None
-    block_seconds: float = 0.0
+    block: bool = False
     compose: bool = False
     shared: bool = False
+    device_node: str = ""
+    leaked: str = field(default="", repr=False)
 
 
 class ExtendedEcho:
@@ -60,6 +69,19 @@ class ExtendedEcho:
     def __init__(self) -> None:
         self.prepared: list[list[str]] = []
         self.seen_properties: list[Mapping[str, PropertyValue]] = []
+        self.blocked = threading.Event()  # set while a blocking call is in progress
+        self._gate = threading.Event()
+
+    def release(self) -> None:
+        """Let the blocking call return (and every later one at once)."""
+        self._gate.set()
+
+    def _block(self) -> None:
+        self.blocked.set()
+        try:
+            self._gate.wait(BLOCK_LIMIT_S)
+        finally:
+            self.blocked.clear()
 
     def parse_details(self, details: str, properties: Mapping[str, PropertyValue]) -> EchoDetails:
         raw: Any = yaml.safe_load(details) or {}
@@ -67,13 +89,16 @@ class ExtendedEcho:
             raise InvalidDetails("descriptions", "required: a non-empty list of strings")
         self.seen_properties.append(dict(properties))
         state = raw.get("stateFile")
+        leak = property_text(properties, raw["leakProperty"]) if raw.get("leakProperty") else ""
         return EchoDetails(
             descriptions=tuple(raw["descriptions"]),
             groups=dict(raw.get("groups") or {}),
             state_file=Path(state) if state else None,
-            block_seconds=float(raw.get("blockSeconds", 0)),
+            block=bool(raw.get("block", False)),
             compose=bool(raw.get("compose", False)),
             shared=bool(raw.get("shared", False)),
+            device_node=str(raw.get("deviceNode") or ""),
+            leaked=leak or "",
         )
 
     async def discover(self, details: EchoDetails) -> AsyncIterator[Sequence[Device]]:
@@ -83,8 +108,8 @@ class ExtendedEcho:
             current_stamp = _stamp(details.state_file)
             if current_stamp != stamp or last is None:
                 stamp = current_stamp
-                if details.block_seconds:
-                    await run_blocking(time.sleep, details.block_seconds)
+                if details.block and last is not None:
+                    await run_blocking(self._block)
                 devices = _devices(details, _state(details.state_file))
                 if devices != last:
                     last = devices
@@ -156,11 +181,19 @@ def _devices(details: EchoDetails, state: Mapping[str, Mapping[str, Any]]) -> li
         if description in details.groups:
             properties["GROUP"] = details.groups[description]
         properties.update(entry.get("properties", {}))
+        if details.leaked:
+            properties["LEAKED"] = details.leaked
+        specs = (
+            (DeviceSpec(f"/dev/echo/{description}", details.device_node, "rw"),)
+            if details.device_node else ()
+        )
         health = (
             Health() if entry.get("healthy", True)
             else Health.unhealthy(str(entry.get("reason", "unhealthy")))
         )
-        devices.append(Device(id=description, properties=properties, health=health))
+        devices.append(
+            Device(id=description, properties=properties, health=health, device_specs=specs)
+        )
     return devices
 
 
