@@ -8,16 +8,21 @@ behind a router is reachable only by unicast, as on a routed site network.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
+from crds.naming import instance_name
+from tests.harness.kube_waits import WAIT_S
 from tests.harness.onvif_netns import (
     FAR_V4,
     LAN_V4,
     LAN_V6,
+    REPO,
     LineProcess,
     NetnsBed,
     camera,
@@ -169,3 +174,64 @@ async def test_each_filter_kind_with_include_and_exclude(
     for name, (*_, expected) in FILTERS.items():
         want = {f"00000000-0000-4000-8000-{i:012d}" for i in expected}
         await runner.wait_for(listed(name, want), what=name)
+
+
+CONFIGURATION = """\
+apiVersion: edgeplug.io/v1alpha1
+kind: Configuration
+metadata:
+  name: onvif-camera
+spec:
+  discoveryHandler:
+    name: onvif
+    discoveryDetails: |
+      discoveryTimeoutSeconds: 0.5
+      {extra}
+    discoveryProperties:
+      - name: username_default
+        value: admin
+      - name: password_default
+        valueFrom:
+          secretKeyRef: {{name: cameras, key: password}}
+  capacity: 2
+"""
+
+
+async def edgeplug_discover(bed: NetnsBed, extra: str) -> tuple[int, str, str]:
+    path = bed.workdir / f"configuration-{len(extra)}.yaml"
+    path.write_text(CONFIGURATION.format(extra=extra), encoding="utf-8")
+    proc = await asyncio.create_subprocess_exec(
+        "ip", "netns", "exec", bed.handler_ns, sys.executable, "-m", "crds.cli", "discover",
+        "-f", str(path), "-o", "json", "--timeout", "20", "--property",
+        f"password_default={PASSWORD}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+    )
+    async with asyncio.timeout(WAIT_S):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_edgeplug_discover_lists_the_simulated_cameras(
+    bed: NetnsBed, processes: list[LineProcess]
+) -> None:
+    ns = bed.add_camera_ns(13)
+    secured = camera(1, f"{LAN_V4}.13", username="admin", password=PASSWORD, model="Q6135")
+    processes.append(await start_cameras(bed, ns, {"cameras": [secured]}))
+    status, out, err = await edgeplug_discover(
+        bed, f"ipAddresses: {{items: [{LAN_V4}.13], action: Include}}"
+    )
+    assert status == 0, err
+    listing = json.loads(out.splitlines()[0])
+    (device,) = listing["devices"]
+    url = f"http://{LAN_V4}.13:8080/onvif/1/device_service"
+    assert device["id"] == f"{url}-{secured['uuid']}"
+    assert device["instance"] == instance_name(
+        "onvif-camera", device["id"], shared=True, node="any-node"
+    )
+    assert device["properties"]["ONVIF_DEVICE_MODEL"] == "Q6135"
+    assert PASSWORD not in out + err
+
+    status, out, err = await edgeplug_discover(bed, "scopes: {items: [x], action: Sometimes}")
+    assert status == 2
+    assert "scopes.action" in err
