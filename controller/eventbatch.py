@@ -1,18 +1,21 @@
-"""Routine Events (broker created, broker deleted) gathered into one Event per short window.
+"""Kubernetes Events on Configurations: posted in the background, routine ones gathered.
 
-Why this exists: at scale one Event per broker is one more API write per Instance (10,000
-Instances, 10,000 Event POSTs) for a record nobody reads one by one. Creations and routine
-deletions on a Configuration are collected for ``window_s`` and posted as one Event that names
-the object when there was one and counts them when there were many. Warnings (failures,
-refusals) are never held back; they go straight to the sink.
+Why this exists: users read what the controller did in ``kubectl describe configuration``.
+:class:`EventPoster` writes a core/v1 Event without making the reconcile wait for it (an Event
+that cannot be written is logged and dropped: it is a record, not state). At scale one Event per
+broker is one more API write per Instance (10,000 Instances, 10,000 Event POSTs) for a record
+nobody reads one by one, so :class:`EventBatcher` collects creations and routine deletions on a
+Configuration for ``window_s`` and posts one Event that names the object when there was one and
+counts them when there were many. Warnings (failures, refusals) are never held back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from controller.view import EventSink
@@ -23,6 +26,8 @@ log = logging.getLogger(__name__)
 DEFAULT_EVENT_WINDOW_S: Final = 1.0
 #: How many object names one gathered Event lists before "and N more".
 NAMES_SHOWN: Final = 5
+#: The API server refuses an Event message longer than this.
+MESSAGE_MAX: Final = 1024
 
 
 @dataclass
@@ -81,3 +86,55 @@ class EventBatcher:
                        message=summary(verb, kind, pending.names, pending.detail))
         except Exception as error:  # a background task: an Event is not worth a crash
             log.warning("Event %s not posted: %s", key[2], error)
+
+
+def event_object(
+    body: Mapping[str, Any], *, warning: bool, reason: str, message: str, component: str,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """A core/v1 Event about the object ``body`` (its apiVersion, kind and metadata)."""
+    meta = body.get("metadata") or {}
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": meta.get("namespace") or "default",
+                     "generateName": f"{meta.get('name', 'edgeplug')}."},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+        },
+        "type": "Warning" if warning else "Normal",
+        "reason": reason,
+        "message": message[:MESSAGE_MAX],
+        "source": {"component": component},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class EventPoster:
+    """An :class:`EventSink` that writes each Event through ``create`` in the background."""
+
+    def __init__(
+        self, create: Callable[[Mapping[str, Any]], Awaitable[None]], *, component: str
+    ) -> None:
+        self._create = create
+        self._component = component
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(
+        self, body: Mapping[str, Any], *, warning: bool, reason: str, message: str
+    ) -> None:
+        event = event_object(body, warning=warning, reason=reason, message=message,
+                             component=self._component)
+        task = asyncio.get_running_loop().create_task(self._post(event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, event: Mapping[str, Any]) -> None:
+        try:
+            await self._create(event)
+        except Exception as error:  # a background task: an Event is not worth a crash
+            log.warning("Event %s not posted: %s", event.get("reason"), error)

@@ -183,19 +183,24 @@ class Kube:
             if _code(error) != HTTP_NOT_FOUND:
                 raise
 
-    async def read_peering(self, namespace: str | None, name: str) -> dict[str, Any] | None:
-        """The KopfPeering in ``namespace`` (ClusterKopfPeering when None), or None if absent."""
+    async def set_configuration_finalizers(
+        self, namespace: str, name: str, finalizers: list[str]
+    ) -> None:
+        """Replaces the Configuration's finalizers (to release one an older version left)."""
+        patch = {"metadata": {"finalizers": finalizers or None}}
         try:
-            if namespace:
-                obj: Any = await self.client.get(KopfPeeringResource, name, namespace=namespace)
-            else:
-                obj = await self.client.get(ClusterKopfPeeringResource, name)
+            await self.client.patch(
+                ConfigurationResource, name, patch, namespace=namespace,
+                patch_type=PatchType.MERGE, field_manager=FIELD_MANAGER,
+            )
         except ApiError as error:
-            if _code(error) == HTTP_NOT_FOUND:
-                return None
-            raise
-        as_dict: dict[str, Any] = obj.to_dict()
-        return as_dict
+            if _code(error) != HTTP_NOT_FOUND:
+                raise
+
+    async def post_event(self, event: Mapping[str, Any]) -> None:
+        """Creates a core/v1 Event (best effort: the caller logs a failure and moves on)."""
+        async with self._writes:
+            await self.client.create(from_dict(dict(event)))
 
     async def ensure_peering(self, namespace: str | None, name: str) -> None:
         """Creates the peering object the replicas elect their active one through: a

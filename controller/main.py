@@ -1,58 +1,67 @@
-"""Wiring only: settings → Kubernetes client → reconciler → kopf registry → kopf operator.
+"""Wiring only: settings → API clients → reconciler → engine, beside kopf (peering).
 
 Why this exists: ``edgeplug-controller`` (and ``python -m controller.main``) starts here. All
-behaviour lives in the modules it wires; this file decides nothing but how they are connected and
-how kopf is configured (peering for high availability, Event posting). No handler needs a
-finalizer, so kopf puts none on Configurations or Instances.
+behaviour lives in the modules it wires; this file decides nothing but how they are connected
+and how kopf is configured: peering for high availability, and API retries that never give up,
+so an API outage of any length is ridden out (kopf's default retries end after about a minute,
+and a failed peering keep-alive ends the operator).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
+import itertools
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Final, cast
 
+import httpx2 as httpx
 import kopf
+from lightkube import KubeConfig
+from lightkube.config.client_adapter import AsyncClient as http_client
+from lightkube.config.client_adapter import ConnectionParams
 
-from controller.converge import Reconciler
+from controller.engine import Engine
+from controller.eventbatch import EventPoster
 from controller.handlers import register
 from controller.kube import Kube, make_client
-from controller.persistence import NoDiffBase
-from controller.resync import Peering
+from controller.naming import FINALIZER
+from controller.reconciler import Reconciler
 from controller.settings import ControllerSettings
+
+__all__ = ["FINALIZER", "kopf_settings", "main", "run"]
 
 log = logging.getLogger("controller")
 
-#: The finalizer name kopf would use. No handler requires one (no timers, daemons or
-#: non-optional delete handlers), so kopf never adds it; set so that one left by an older
-#: version is recognised as kopf's own and released.
-FINALIZER: Final = "edgeplug.io/controller"
-#: kopf logs every handled watch event at INFO ("Handler ... succeeded"): thousands a minute on
-#: a busy cluster. The controller logs what it does itself.
+#: kopf logs every handled watch event at INFO; the controller logs what it does itself.
 KOPF_OBJECT_LOG_LEVEL: Final = logging.WARNING
 REPORTING_COMPONENT: Final = "edgeplug-controller"
-#: kopf keeps one worker task per object for this long after its last event; with tens of
-#: thousands of pods a short idle time keeps memory down (events still queue per object).
-WORKER_IDLE_TIMEOUT_S: Final = 1.0
+#: kopf's retry delays for its API requests (peering keep-alive, its own watches): its first
+#: steps, then this many seconds forever; short, so a returning API server is seen quickly.
+KOPF_FIRST_BACKOFFS_S: Final = (0.5, 1.0, 2.0)
+KOPF_BACKOFF_MAX_S: Final = 3.0
+#: Timeout for one API request of the watch client outside a watch stream.
+HTTP_TIMEOUT_S: Final = 10.0
+#: Waits between attempts to create the peering object while the API is unreachable.
+PEERING_SETUP_RETRY_S: Final = 2.0
 
 
-def post_event(body: Mapping[str, Any], *, warning: bool, reason: str, message: str) -> None:
-    """An Event on the Configuration (kopf posts it in the background)."""
-    if warning:
-        kopf.warn(kopf.Body(cast(Any, dict(body))), reason=reason, message=message)
-    else:
-        kopf.info(kopf.Body(cast(Any, dict(body))), reason=reason, message=message)
+class RetryForever:
+    """Delays for kopf's API retries that never run out (iterable again for every request)."""
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(KOPF_FIRST_BACKOFFS_S, itertools.repeat(KOPF_BACKOFF_MAX_S))
 
 
 def kopf_settings(settings: ControllerSettings) -> kopf.OperatorSettings:
     config = kopf.OperatorSettings()
     config.persistence.finalizer = FINALIZER
-    config.persistence.diffbase_storage = NoDiffBase()
-    config.queueing.idle_timeout = WORKER_IDLE_TIMEOUT_S
+    config.networking.error_backoffs = RetryForever()
+    config.posting.enabled = False  # the controller posts its Events itself
     config.posting.reporting_component = REPORTING_COMPONENT
     config.posting.reporting_instance = os.environ.get("HOSTNAME", REPORTING_COMPONENT)
     if settings.peering_name is not None:
@@ -66,6 +75,27 @@ def kopf_settings(settings: ControllerSettings) -> kopf.OperatorSettings:
     return config
 
 
+def watch_client(kubeconfig: Path | None) -> httpx.AsyncClient:
+    """An HTTP client for the watches, authenticated as the kubeconfig (or in-cluster) says."""
+    config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_env()
+    single = config.get()
+    if single is None:
+        raise ValueError(f"no usable context in the kubeconfig {kubeconfig or '$KUBECONFIG'}")
+    return http_client(single, ConnectionParams(timeout=httpx.Timeout(HTTP_TIMEOUT_S)))
+
+
+async def _ensure_peering(kube: Kube, settings: ControllerSettings) -> None:
+    assert settings.peering_name is not None
+    for namespace in settings.namespaces or (None,):
+        while True:
+            try:
+                await kube.ensure_peering(namespace, settings.peering_name)
+                break
+            except Exception as error:  # the API is not there yet: wait for it, never give up
+                log.warning("peering object not created yet (%s); retrying", error)
+                await asyncio.sleep(PEERING_SETUP_RETRY_S)
+
+
 async def run(
     settings: ControllerSettings,
     *,
@@ -74,28 +104,25 @@ async def run(
 ) -> None:
     """Runs the controller until ``stop_flag`` is set (or forever)."""
     client = make_client(settings.kubeconfig)
+    http = watch_client(settings.kubeconfig)
     kube = Kube(client)
+    tasks: list[asyncio.Task[Any]] = []
     try:
         if settings.peering_name is not None:
-            for namespace in settings.namespaces or (None,):
-                await kube.ensure_peering(namespace, settings.peering_name)
-        reconciler = Reconciler(kube=kube, settings=settings, events=post_event)
+            await _ensure_peering(kube, settings)
         identity = f"{os.environ.get('HOSTNAME', REPORTING_COMPONENT)}/{uuid.uuid4().hex[:12]}"
-        peering = None
-        if settings.peering_name is not None:
-            peering = Peering(
-                read=functools.partial(kube.read_peering, name=settings.peering_name),
-                identity=identity, priority=settings.priority,
-                clusterwide=settings.clusterwide,
-            )
+        events = EventPoster(kube.post_event, component=REPORTING_COMPONENT)
+        reconciler = Reconciler(kube=kube, settings=settings, events=events)
+        engine = Engine(http=http, reconciler=reconciler, settings=settings, identity=identity)
         registry = kopf.OperatorRegistry()
-        register(registry, reconciler, peering=peering)
+        register(registry)
         log.info(
             "edgeplug controller starting: %s, priority %d",
             "cluster-wide" if settings.clusterwide else f"namespaces {settings.namespaces}",
             settings.priority,
         )
-        await kopf.operator(
+        tasks.append(asyncio.create_task(engine.run(), name="engine"))
+        tasks.append(asyncio.create_task(kopf.operator(
             registry=registry,
             settings=kopf_settings(settings),
             clusterwide=settings.clusterwide,
@@ -104,8 +131,18 @@ async def run(
             identity=cast(Any, identity),
             stop_flag=stop_flag,
             ready_flag=ready_flag,
-        )
+        ), name="kopf"))
+        # Either ending ends both: kopf on a stop signal, the engine only on a bug.
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
     finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await http.aclose()
         await client.close()
 
 

@@ -32,6 +32,10 @@ COMPONENT_BROKER: Final = "broker"
 COMPONENT_INSTANCE_SERVICE: Final = "instance-service"
 COMPONENT_CONFIGURATION_SERVICE: Final = "configuration-service"
 
+#: The finalizer name kopf used on Configurations in older versions of the controller. No
+#: version since puts it there; the controller removes one it finds, so deletion never waits.
+FINALIZER: Final = "edgeplug.io/controller"
+
 # Annotations.
 ANNOTATION_SPEC_HASH: Final = "edgeplug.io/broker-spec-hash"
 ANNOTATION_GENERATION: Final = "edgeplug.io/configuration-generation"

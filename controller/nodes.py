@@ -12,19 +12,14 @@ attempts), so a claim is never overwritten. An Instance left with no node at all
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from controller.kube import Conflict, Kube
-from controller.reconcile import parse_time
+from controller.records import InstanceRecord
+from controller.view import ClusterView
 from crds.instance import SlotUsage
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from controller.view import ClusterView, InstanceRecord
 
 log = logging.getLogger(__name__)
 
@@ -36,31 +31,6 @@ DEFAULT_NODE_NOT_READY_GRACE_S: Final = 300.0
 NODE_MISSING_GRACE_S: Final = 10.0
 #: Optimistic-concurrency attempts before giving up until the next resync.
 RELEASE_ATTEMPTS: Final = 5
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    name: str
-    ready: bool
-    since: datetime | None
-
-    @classmethod
-    def from_object(cls, node: Mapping[str, Any]) -> NodeHealth:
-        name = str((node.get("metadata") or {}).get("name", ""))
-        for condition in (node.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "Ready":
-                return cls(
-                    name=name,
-                    ready=condition.get("status") == "True",
-                    since=parse_time(condition.get("lastTransitionTime")),
-                )
-        return cls(name=name, ready=False, since=None)
-
-    def unhealthy_for(self, now: datetime) -> float:
-        """Seconds the node has been not Ready (0 when Ready or unknown since when)."""
-        if self.ready or self.since is None:
-            return 0.0
-        return max((now - self.since).total_seconds(), 0.0)
 
 
 def release_node(spec: Mapping[str, Any], node: str) -> dict[str, Any] | None:
@@ -123,18 +93,37 @@ class NodeJanitor:
 
     async def release_unhealthy(self, view: ClusterView, records: Iterable[InstanceRecord]) -> None:
         """Removes from ``records`` every node NotReady (or absent) past its grace."""
-        now = datetime.now(UTC)
         for record in records:
-            for node in record.instance.spec.nodes:
-                if self.is_gone(view, node, now):
-                    await remove_node_from_instance(
-                        self.kube, record.instance.namespace, record.instance.name, node
-                    )
+            await self.release_gone_nodes(view, record)
 
-    def is_gone(self, view: ClusterView, node: str, now: datetime) -> bool:
+    async def release_gone_nodes(self, view: ClusterView, record: InstanceRecord) -> float | None:
+        """Removes from one Instance every node gone past its grace; returns the seconds until
+        another of its nodes would pass its grace (None when every node is healthy)."""
+        now = datetime.now(UTC)
+        wait: float | None = None
+        for node in record.instance.spec.nodes:
+            remaining = self.remaining_s(view, node, now)
+            if remaining is None:
+                continue
+            if remaining <= 0:
+                await remove_node_from_instance(
+                    self.kube, record.instance.namespace, record.instance.name, node
+                )
+            else:
+                wait = remaining if wait is None else min(wait, remaining)
+        return wait
+
+    def remaining_s(self, view: ClusterView, node: str, now: datetime) -> float | None:
+        """Seconds until ``node`` counts as gone (≤ 0: it is), or None while it is healthy."""
         health = view.node(node)
         if health is None:
             since = self.missing_since.setdefault(node, now)
-            return (now - since).total_seconds() >= NODE_MISSING_GRACE_S
+            return NODE_MISSING_GRACE_S - (now - since).total_seconds()
         self.missing_since.pop(node, None)
-        return health.unhealthy_for(now) >= self.not_ready_grace_s
+        if health.ready or health.since is None:
+            return None
+        return self.not_ready_grace_s - health.unhealthy_for(now)
+
+    def is_gone(self, view: ClusterView, node: str, now: datetime) -> bool:
+        remaining = self.remaining_s(view, node, now)
+        return remaining is not None and remaining <= 0

@@ -1,4 +1,4 @@
-"""Diffs the objects the controller wants against the ones that exist, into a plan.
+"""Plans: diffs of the objects the controller wants against the ones that exist.
 
 Why this exists: "what to create and what to delete" is the heart of the controller and must not
 depend on kopf, on the API or on the clock, so it is a pure function tested in isolation. A plan
@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from controller import naming
+from controller.records import ObservedPod
 
 #: How long a broker pod may stay Pending before it is recreated (it may be waiting for a slot
 #: another pod holds, so this is long; the controller's settings can change it).
@@ -51,59 +52,6 @@ class BrokerPolicy:
         """Delay before recreating a broker that has been recreated ``restarts`` times."""
         exponent = min(max(restarts, 0), 30)
         return float(min(self.restart_backoff_base_s * 2**exponent, self.restart_backoff_max_s))
-
-
-def parse_time(value: Any) -> datetime | None:
-    """A Kubernetes RFC 3339 timestamp (``...Z``) as an aware datetime."""
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str) or not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class ObservedPod:
-    """What the controller needs to know about one existing broker pod."""
-
-    name: str
-    phase: str
-    ready: bool
-    spec_hash: str
-    deleting: bool
-    created_at: datetime | None
-    finished_at: datetime | None
-    node: str = ""
-
-    @classmethod
-    def from_object(cls, pod: Mapping[str, Any]) -> ObservedPod:
-        meta = pod.get("metadata") or {}
-        status = pod.get("status") or {}
-        conditions = status.get("conditions") or []
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
-        )
-        finished: list[datetime] = []
-        for container in status.get("containerStatuses") or []:
-            terminated = (container.get("state") or {}).get("terminated") or {}
-            at = parse_time(terminated.get("finishedAt"))
-            if at is not None:
-                finished.append(at)
-        if not finished:
-            for condition in conditions:
-                at = parse_time(condition.get("lastTransitionTime"))
-                if at is not None:
-                    finished.append(at)
-        return cls(
-            name=str(meta.get("name", "")),
-            phase=str(status.get("phase") or "Pending"),
-            ready=ready,
-            spec_hash=str((meta.get("annotations") or {}).get(naming.ANNOTATION_SPEC_HASH, "")),
-            deleting=bool(meta.get("deletionTimestamp")),
-            created_at=parse_time(meta.get("creationTimestamp")),
-            finished_at=max(finished) if finished else None,
-            node=str((pod.get("spec") or {}).get("nodeName") or ""),
-        )
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""Turns what the controller sees into writes: brokers, services, status, node cleanup.
+"""The Reconciler: turns what the controller sees into writes (brokers, services, status,
+node cleanup).
 
-Why this exists: the kopf handlers (``controller/handlers.py``) only translate watch events into
-calls here; this module reads the current state through a :class:`ClusterView` (kopf's in-memory
-indices, so a reconcile costs no API reads), asks the pure planners (``brokers``, ``services``,
-``reconcile``, ``status``) what should exist, and applies the difference through
-:class:`controller.kube.Kube`. Every step is idempotent, so a handler may run twice, a replica may
-restart half-way, and two replicas may overlap during a takeover without ever making a duplicate.
+Why this exists: the engine (``controller/engine.py``) turns watch events into queued keys and
+calls the steps here; this module reads the current state through a :class:`ClusterView` (the
+watches' in-memory indices, so a reconcile costs no API reads), asks the pure planners
+(``brokers``, ``services``, ``plans``, ``status``) what should exist, and applies the difference
+through :class:`controller.kube.Kube`. Every step is idempotent, so a key may run twice, a replica
+may restart half-way, and two replicas may overlap during a takeover without ever making a
+duplicate. A step returns when it wants to run again (a backoff or grace period coming due).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Final
 from controller import brokers, naming, nodes, services, status
 from controller.eventbatch import EventBatcher
 from controller.kube import Kube, Refused
-from controller.reconcile import (
+from controller.plans import (
     REASON_FAILED,
     REASON_FINISHED,
     REASON_PENDING,
@@ -28,14 +30,13 @@ from controller.reconcile import (
     plan_objects,
     plan_pods,
 )
+from controller.records import ConfigurationRecord, InstanceRecord
 from controller.settings import ControllerSettings
-from controller.view import ClusterView, ConfigurationRecord, EventSink, InstanceRecord
+from controller.view import ClusterView, EventSink
 from crds.configuration import Configuration
 
 log = logging.getLogger(__name__)
 
-#: Writes in flight at once while reconciling one Configuration's Instances.
-MAX_PARALLEL_INSTANCES: Final = 16
 #: After the API server refused a broker, creations for that Configuration generation are
 #: retried this often at most (the refusal is in its status; a spec change retries at once).
 REFUSAL_RETRY_S: Final = 30.0
@@ -68,8 +69,6 @@ class Reconciler:
         self._refused_at: dict[tuple[str, str], float] = {}
         self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
         self.invalid_reported: dict[tuple[str, str], int] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._generations: dict[tuple[str, str], int] = {}
         self._recent_creates: dict[tuple[str, str, str], float] = {}
         self._status_pending: set[tuple[str, str]] = set()
         self._status_locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -77,79 +76,75 @@ class Reconciler:
 
     # -- one Instance ------------------------------------------------------------------------
 
-    async def instance(self, view: ClusterView, namespace: str, name: str) -> None:
-        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
-        async with lock:
-            record = view.instance(namespace, name)
-            if record is None:
-                await self._remove_orphans(view, namespace, name)
-                self._locks.pop((namespace, name), None)
-                return
-            config = view.configuration(namespace, record.instance.spec.configuration_name)
-            if config is None:
-                await self._orphan(record)
-                return
-            await self._instance(view, config, record)
+    async def instance(
+        self, view: ClusterView, namespace: str, name: str, *, configuration: str = ""
+    ) -> float | None:
+        """Brings one Instance's brokers and service to what it wants; returns the seconds
+        until it should run again (a backoff or grace coming due), or None. The caller runs one
+        step per Instance at a time (``controller.workqueue``). An Instance that is gone has
+        its brokers removed; ``configuration`` names its Configuration then, if known."""
+        record = view.instance(namespace, name)
+        if record is None:
+            await self._gone(view, namespace, name, configuration)
+            return None
+        config = view.configuration(namespace, record.instance.spec.configuration_name)
+        if config is None:
+            return await self._orphan(record)
+        wait = await self._instance(view, config, record)
         self.status_soon(view, namespace, config.configuration.name)
+        return wait
 
-    async def instance_deleted(
-        self, view: ClusterView, namespace: str, name: str, configuration: str
-    ) -> None:
+    async def _gone(self, view: ClusterView, namespace: str, name: str, configuration: str) -> None:
         """Deletes a gone Instance's brokers and service at once; the garbage collector would
         too (owner references), but only after its own discovery and queue delays."""
-        config = view.configuration(namespace, configuration)
-        async with self._locks.setdefault((namespace, name), asyncio.Lock()):
-            plan = Plan()
-            plan.delete += [
-                Deletion(p.name, REASON_INSTANCE_GONE, "its Instance was deleted")
-                for p in view.broker_pods(namespace, name) if not p.deleting
-            ]
-            job_plan = Plan(delete=[
-                Deletion(j.name, REASON_INSTANCE_GONE, "its Instance was deleted")
-                for j in view.broker_jobs(namespace, name)
-            ])
-            svc_plan = Plan(delete=[
-                Deletion(s.name, REASON_INSTANCE_GONE, "its Instance was deleted")
-                for s in view.services(namespace, configuration)
-                if s.component == naming.COMPONENT_INSTANCE_SERVICE and s.instance == name
-            ])
-            if config is not None:
-                await self._apply(config, namespace, plan, kind="Pod")
-                await self._apply(config, namespace, job_plan, kind="Job")
-                await self._apply(config, namespace, svc_plan, kind="Service")
-            else:
-                for kind, each in (("Pod", plan), ("Job", job_plan), ("Service", svc_plan)):
-                    for deletion in each.delete:
-                        await self.kube.delete(kind, namespace, deletion.name)
-        self._locks.pop((namespace, name), None)
-        self.status_soon(view, namespace, configuration)
+        why = "its Instance was deleted"
+        pods = Plan(delete=[Deletion(p.name, REASON_INSTANCE_GONE, why)
+                            for p in view.broker_pods(namespace, name) if not p.deleting])
+        jobs = Plan(delete=[Deletion(j.name, REASON_INSTANCE_GONE, why)
+                            for j in view.broker_jobs(namespace, name)])
+        configuration = configuration or next(
+            (p.configuration for p in view.broker_pods(namespace, name)), ""
+        )
+        svcs = Plan(delete=[
+            Deletion(s.name, REASON_INSTANCE_GONE, why)
+            for s in view.services(namespace, configuration)
+            if s.component == naming.COMPONENT_INSTANCE_SERVICE and s.instance == name
+        ])
+        config = view.configuration(namespace, configuration) if configuration else None
+        if config is not None:
+            await self._apply(config, namespace, pods, kind="Pod")
+            await self._apply(config, namespace, jobs, kind="Job")
+            await self._apply(config, namespace, svcs, kind="Service")
+            self.status_soon(view, namespace, configuration)
+            return
+        for kind, each in (("Pod", pods), ("Job", jobs), ("Service", svcs)):
+            for deletion in each.delete:
+                if await self.kube.delete(kind, namespace, deletion.name):
+                    log.info("deleted orphaned %s %s/%s", kind, namespace, deletion.name)
 
-    async def _remove_orphans(self, view: ClusterView, namespace: str, name: str) -> None:
-        """Brokers of an Instance that no longer exists (deleted while no replica was active):
-        the garbage collector would remove them too, later."""
-        for pod in view.broker_pods(namespace, name):
-            if not pod.deleting and await self.kube.delete("Pod", namespace, pod.name):
-                log.info("deleted orphaned broker pod %s/%s", namespace, pod.name)
-        for job in view.broker_jobs(namespace, name):
-            if await self.kube.delete("Job", namespace, job.name):
-                log.info("deleted orphaned broker job %s/%s", namespace, job.name)
-
-    async def _orphan(self, record: InstanceRecord) -> None:
+    async def _orphan(self, record: InstanceRecord) -> float | None:
+        """An Instance whose Configuration does not exist: deleted once older than the grace
+        (left over from a Configuration deleted while the controller was down)."""
         inst = record.instance
         age = (_now() - record.created_at).total_seconds() if record.created_at else 0.0
-        if age >= self.settings.orphan_instance_grace_s and await self.kube.delete_instance(
-            inst.namespace, inst.name
-        ):
+        grace = self.settings.orphan_instance_grace_s
+        if age < grace:
+            return grace - age
+        if await self.kube.delete_instance(inst.namespace, inst.name):
             log.info("deleted Instance %s/%s: its Configuration %s is gone",
                      inst.namespace, inst.name, inst.spec.configuration_name)
+        return None
 
     async def _instance(
         self, view: ClusterView, config: ConfigurationRecord, record: InstanceRecord
-    ) -> None:
+    ) -> float | None:
         cfg, inst = config.configuration, record.instance
+        node_wait = await self.nodes.release_gone_nodes(view, record)
         if brokers.validate_broker_spec(cfg):
-            return  # the status says why; running brokers are left as they are
+            return node_wait  # the status says why; running brokers are left as they are
         plan = Plan()
+        if node_wait is not None:
+            plan.wait(node_wait)
         pods = view.broker_pods(inst.namespace, inst.name)
         for pod in pods:
             if pod.ready:
@@ -187,6 +182,9 @@ class Reconciler:
         await self._apply(config, inst.namespace, plan, kind="Pod")
         await self._apply(config, inst.namespace, job_plan, kind="Job")
         await self._apply(config, inst.namespace, svc_plan, kind="Service")
+        if plan.create and self._recently_refused(cfg):
+            plan.wait(REFUSAL_RETRY_S)
+        return plan.retry_after_s
 
     async def _apply(
         self, config: ConfigurationRecord, namespace: str, plan: Plan, *, kind: str
@@ -267,44 +265,19 @@ class Reconciler:
 
     # -- one Configuration -------------------------------------------------------------------
 
-    async def configuration_changed(self, view: ClusterView, namespace: str, name: str) -> None:
-        """A watch event on a Configuration: a full pass only when it is new to this replica or
-        its spec changed (its generation); the controller's own status writes come back as
-        events too and must not trigger a pass each."""
-        config = view.configuration(namespace, name)
-        if config is None:
-            return
-        key, generation = (namespace, name), config.configuration.generation
-        if self._generations.get(key) == generation:
-            return
-        self._generations[key] = generation
-        await self.configuration(view, namespace, name)
-
     async def configuration(self, view: ClusterView, namespace: str, name: str) -> None:
-        """Everything about one Configuration: its Instances' brokers, node health, the
-        Configuration service and the status. Run on its events and every resync."""
+        """What belongs to the Configuration itself: its service, its status, and the release
+        of a finalizer an older version of the controller left on it. (Its Instances are
+        reconciled one by one; the caller queues them.)"""
         config = view.configuration(namespace, name)
         if config is None:
             return
-        records = view.instances_of(namespace, name)
-        await self.nodes.release_unhealthy(view, records)
-        # A few workers over one iterator, not a task per Instance: 10,000 waiting tasks cost
-        # memory and scheduling for nothing.
-        pending = iter(records)
-        failures: list[Exception] = []
-
-        async def worker() -> None:
-            for record in pending:
-                try:
-                    await self.instance(view, namespace, record.instance.name)
-                except Exception as error:
-                    failures.append(error)
-
-        await asyncio.gather(*(worker() for _ in range(MAX_PARALLEL_INSTANCES)))
-        if failures:
-            # One Instance's API error must not stop the others; the next pass retries it.
-            log.warning("Configuration %s/%s: %d Instance(s) not reconciled, first: %s",
-                        namespace, name, len(failures), failures[0])
+        finalizers = list((config.body.get("metadata") or {}).get("finalizers") or [])
+        if naming.FINALIZER in finalizers:
+            remaining = [f for f in finalizers if f != naming.FINALIZER]
+            await self.kube.set_configuration_finalizers(namespace, name, remaining)
+            log.info("released the %s finalizer on Configuration %s/%s", naming.FINALIZER,
+                     namespace, name)
         await self.configuration_service_and_status(view, namespace, name)
 
     async def configuration_deleted(self, view: ClusterView, namespace: str, name: str) -> None:
@@ -313,7 +286,6 @@ class Reconciler:
         for record in view.instances_of(namespace, name):
             await self.kube.delete_instance(namespace, record.instance.name)
         self.refusals.pop((namespace, name), None)
-        self._generations.pop((namespace, name), None)
 
     def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
         cfg = config.configuration

@@ -16,20 +16,24 @@ from pathlib import Path
 from typing import Final
 
 from controller.nodes import DEFAULT_NODE_NOT_READY_GRACE_S
-from controller.reconcile import (
+from controller.plans import (
     DEFAULT_PENDING_GRACE_S,
     DEFAULT_RESTART_BACKOFF_BASE_S,
     DEFAULT_RESTART_BACKOFF_MAX_S,
     BrokerPolicy,
 )
 
-#: How often each Configuration is fully re-examined (backoffs, grace periods, node health,
-#: retries after API errors). Watch events make the controller react at once; this is the net,
-#: and a pass over 10,000 Instances costs CPU, so it is not frequent.
-DEFAULT_RESYNC_INTERVAL_S: Final = 30.0
-#: How long a replica that stopped heart-beating counts as alive in the peering object; the
-#: standby takes over this long after the active replica dies.
-DEFAULT_PEERING_LIFETIME_S: Final = 30
+#: How often everything is queued for a full reconcile anyway. Watch events make the controller
+#: react at once and deadlines (backoffs, grace periods) are timers, so this is only the net
+#: under something missed; a pass over 10,000 Instances costs CPU, so it is rare.
+DEFAULT_RESYNC_INTERVAL_S: Final = 300.0
+#: How long a replica that stopped heart-beating counts as alive in the peering object. kopf
+#: heart-beats every second at lifetimes up to 6 s (every ``lifetime - 5..10`` s beyond), so
+#: the standby takes over 4-5 s after the active replica dies (at once when it stops cleanly),
+#: and the active replica keeps its place through stalls of up to 4 s. Longer lifetimes only
+#: lengthen the gap in which Instances get no broker; shorter ones risk both replicas acting
+#: during a stall (harmless: names are deterministic, a second create is a 409).
+DEFAULT_PEERING_LIFETIME_S: Final = 5
 DEFAULT_PEERING_NAME: Final = "edgeplug-controller"
 #: Instances whose Configuration does not exist, older than this, are deleted (left over from a
 #: Configuration deleted while the controller was down).
@@ -77,27 +81,41 @@ class ControllerSettings:
             prog="edgeplug-controller",
             description="Creates broker pods, jobs and services for edgeplug Instances.",
         )
-        parser.add_argument(
-            "--namespace", action="append", default=[],
-            help="serve only this namespace (repeatable); default: cluster-wide",
-        )
-        parser.add_argument("--kubeconfig", type=Path, default=None)
-        parser.add_argument("--resync-interval", type=float, default=DEFAULT_RESYNC_INTERVAL_S)
-        parser.add_argument("--pending-grace", type=float, default=DEFAULT_PENDING_GRACE_S)
-        parser.add_argument(
-            "--restart-backoff-base", type=float, default=DEFAULT_RESTART_BACKOFF_BASE_S
-        )
-        parser.add_argument(
-            "--restart-backoff-max", type=float, default=DEFAULT_RESTART_BACKOFF_MAX_S
-        )
-        parser.add_argument(
-            "--node-not-ready-grace", type=float, default=DEFAULT_NODE_NOT_READY_GRACE_S
-        )
-        parser.add_argument("--orphan-instance-grace", type=float, default=ORPHAN_INSTANCE_GRACE_S)
-        parser.add_argument("--peering-name", default=DEFAULT_PEERING_NAME)
-        parser.add_argument("--standalone", action="store_true", help="no peering (one replica)")
-        parser.add_argument("--peering-lifetime", type=int, default=DEFAULT_PEERING_LIFETIME_S)
-        parser.add_argument("--priority", type=int, default=None)
+        add = parser.add_argument
+        add("--namespace", action="append", default=[], metavar="NAME",
+            help="serve only this namespace (repeatable); default: every namespace")
+        add("--kubeconfig", type=Path, default=None, metavar="PATH",
+            help="kubeconfig file; default: $KUBECONFIG, else the in-cluster service account")
+        add("--resync-interval", type=float, default=DEFAULT_RESYNC_INTERVAL_S, metavar="S",
+            help="seconds between full reconciles of everything, the net under missed events"
+                 " (default: %(default)s)")
+        add("--pending-grace", type=float, default=DEFAULT_PENDING_GRACE_S, metavar="S",
+            help="seconds a broker pod may stay Pending before it is recreated"
+                 " (default: %(default)s)")
+        add("--restart-backoff-base", type=float, default=DEFAULT_RESTART_BACKOFF_BASE_S,
+            metavar="S", help="seconds before a failed or finished broker is recreated the first"
+                              " time; doubles per recreation (default: %(default)s)")
+        add("--restart-backoff-max", type=float, default=DEFAULT_RESTART_BACKOFF_MAX_S,
+            metavar="S", help="the longest wait, in seconds, before recreating a failed broker"
+                              " (default: %(default)s)")
+        add("--node-not-ready-grace", type=float, default=DEFAULT_NODE_NOT_READY_GRACE_S,
+            metavar="S", help="seconds a node may be NotReady before it is removed from its"
+                              " Instances and its slots freed (default: %(default)s)")
+        add("--orphan-instance-grace", type=float, default=ORPHAN_INSTANCE_GRACE_S, metavar="S",
+            help="seconds an Instance whose Configuration is gone is kept before it is deleted"
+                 " (default: %(default)s)")
+        add("--peering-name", default=DEFAULT_PEERING_NAME, metavar="NAME",
+            help="name of the KopfPeering (or ClusterKopfPeering) object the replicas elect the"
+                 " active one through (default: %(default)s)")
+        add("--standalone", action="store_true",
+            help="no peering: this replica always acts (run one replica only; default: off)")
+        add("--peering-lifetime", type=int, default=DEFAULT_PEERING_LIFETIME_S, metavar="S",
+            help="seconds a replica that stopped heart-beating still counts as alive: the"
+                 " standby takes over this long after the active replica dies"
+                 " (default: %(default)s)")
+        add("--priority", type=int, default=None, metavar="N",
+            help="peering priority, 1 to 2**31-1: the highest live replica acts"
+                 " (default: random, so replicas of one Deployment differ)")
         args = parser.parse_args(argv)
         kubeconfig = args.kubeconfig or (
             Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None

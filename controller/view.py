@@ -1,46 +1,24 @@
-"""What the reconciler reads: small records of the cluster's objects, and the view over them.
+"""What the reconciler reads and where it reports: the questions it asks of the cluster state.
 
-Why this exists: ``controller.converge`` decides from the state kopf's indices hold, but must not
-depend on kopf (so the reconcile steps read as plain Python and the view can be anything that
-answers these questions). ``controller.handlers`` implements :class:`ClusterView` over kopf's
-indices; the records keep only what the reconciler needs, so ten thousand Instances and their
-brokers stay small in memory.
+Why this exists: ``controller.reconciler`` decides from the state the controller's watches hold
+(``controller.cache``), but must not depend on how that state is kept, so the reconcile steps
+read as plain Python and a unit test can answer these questions from a few dicts. Every answer
+is a lookup in an index, never a walk over all objects: the reconciler asks these questions
+for every event at a scale of ten thousand Instances.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 
-from controller.nodes import NodeHealth
-from controller.reconcile import ObservedPod
-from crds.configuration import Configuration
-from crds.instance import Instance
-
-
-@dataclass(frozen=True)
-class InstanceRecord:
-    instance: Instance
-    created_at: datetime | None
-
-
-@dataclass(frozen=True)
-class ConfigurationRecord:
-    configuration: Configuration
-    body: Mapping[str, Any]  # apiVersion, kind, metadata, status: for Events and status diffs
-
-
-@dataclass(frozen=True)
-class OwnedObject:
-    """A Job or Service the controller made, as its index remembers it."""
-
-    name: str
-    spec_hash: str
-    component: str
-    instance: str
-    ready: bool = False
+from controller.records import (
+    ConfigurationRecord,
+    InstanceRecord,
+    NodeHealth,
+    ObservedPod,
+    OwnedObject,
+)
 
 
 class ClusterView(Protocol):

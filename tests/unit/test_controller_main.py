@@ -1,10 +1,19 @@
-"""How the controller configures kopf: peering for two replicas, or standalone."""
+"""How the controller configures kopf: peering for two replicas or standalone, retries that
+ride out an outage of any length, no per-object kopf handler, and every flag's unit."""
 
 from __future__ import annotations
 
+import itertools
+
+import kopf
+import pytest
+
+from controller.handlers import register
 from controller.main import FINALIZER, kopf_settings
-from controller.persistence import NoDiffBase
-from controller.settings import ControllerSettings
+from controller.settings import DEFAULT_PEERING_LIFETIME_S, ControllerSettings
+
+#: kopf heart-beats every second only for lifetimes up to this (``lifetime - 5..10`` beyond).
+KOPF_ONE_SECOND_HEARTBEAT_MAX_S = 6
 
 
 def test_peering_is_mandatory_with_this_replicas_priority() -> None:
@@ -17,7 +26,19 @@ def test_peering_is_mandatory_with_this_replicas_priority() -> None:
     assert not config.peering.clusterwide, "namespaced controller: KopfPeering per namespace"
     assert config.persistence.finalizer == FINALIZER
     assert not config.posting.loggers, "only explicit Events are posted"
-    assert isinstance(config.persistence.diffbase_storage, NoDiffBase), "no per-object essence"
+
+
+def test_api_retries_never_run_out() -> None:
+    backoffs = kopf_settings(ControllerSettings()).networking.error_backoffs
+    for _ in range(2):  # kopf iterates it afresh for every request
+        delays = list(itertools.islice(iter(backoffs), 1000))  # type: ignore[arg-type]
+        assert len(delays) == 1000, "an outage must not end the retries"
+        assert max(delays) <= 5, "a returning API server is seen within seconds"
+
+
+def test_default_failover_gap_is_a_few_seconds() -> None:
+    assert DEFAULT_PEERING_LIFETIME_S <= KOPF_ONE_SECOND_HEARTBEAT_MAX_S
+    assert kopf_settings(ControllerSettings()).peering.lifetime == DEFAULT_PEERING_LIFETIME_S
 
 
 def test_cluster_wide_and_standalone() -> None:
@@ -28,3 +49,23 @@ def test_cluster_wide_and_standalone() -> None:
 def test_replicas_draw_different_priorities() -> None:
     priorities = {ControllerSettings().priority for _ in range(20)}
     assert len(priorities) > 1, "equal priorities would pause every replica"
+
+
+def test_no_kopf_handler_per_object_so_no_finalizer() -> None:
+    registry = kopf.OperatorRegistry()
+    register(registry)
+    for handlers in (registry._indexing, registry._watching, registry._spawning,
+                     registry._changing):
+        assert not handlers.get_all_handlers()
+
+
+def test_every_flag_says_its_unit_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ControllerSettings.from_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--resync-interval S", "--pending-grace S", "--restart-backoff-base S",
+                 "--restart-backoff-max S", "--node-not-ready-grace S",
+                 "--orphan-instance-grace S", "--peering-lifetime S"):
+        assert flag in text, flag
+    assert text.count("(default:") >= 9
+    assert "seconds" in text

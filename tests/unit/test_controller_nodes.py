@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from controller.nodes import NodeHealth, release_node
+from controller.nodes import release_node
+from controller.records import NodeHealth
 from controller.settings import ControllerSettings
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import naming, reconcile
-from controller.reconcile import BrokerPolicy, ObservedPod
+from controller import naming, plans
+from controller.plans import BrokerPolicy
+from controller.records import ObservedPod
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = BrokerPolicy(pending_grace_s=60, restart_backoff_base_s=2, restart_backoff_max_s=10)
@@ -43,8 +44,8 @@ def pod(
 
 def plan(
     desired: dict[str, dict[str, Any]], actual: list[ObservedPod], **kw: Any
-) -> reconcile.Plan:
-    return reconcile.plan_pods(
+) -> plans.Plan:
+    return plans.plan_pods(
         desired=desired, actual=actual, now=NOW, policy=POLICY, restarts=kw.get("restarts", {})
     )
 
@@ -58,12 +59,12 @@ def test_missing_pods_are_created_and_existing_ones_kept() -> None:
 
 def test_pod_of_a_removed_node_is_deleted() -> None:
     p = plan({"a": want("a")}, [pod("a"), pod("gone")])
-    assert [(d.name, d.reason) for d in p.delete] == [("gone", reconcile.REASON_NODE_GONE)]
+    assert [(d.name, d.reason) for d in p.delete] == [("gone", plans.REASON_NODE_GONE)]
 
 
 def test_changed_spec_deletes_then_recreates_after_the_old_pod_is_gone() -> None:
     p = plan({"a": want("a", "h2")}, [pod("a", spec_hash="h1")])
-    assert [(d.name, d.reason) for d in p.delete] == [("a", reconcile.REASON_SPEC_CHANGED)]
+    assert [(d.name, d.reason) for d in p.delete] == [("a", plans.REASON_SPEC_CHANGED)]
     assert p.create == [], "same name: created only once the old pod is gone"
     p = plan({"a": want("a", "h2")}, [pod("a", spec_hash="h1", deleting=True)])
     assert p.empty, "a pod being deleted is left alone"
@@ -73,7 +74,7 @@ def test_changed_spec_deletes_then_recreates_after_the_old_pod_is_gone() -> None
 def test_failed_pod_is_recreated_after_a_doubling_bounded_backoff() -> None:
     failed = pod("a", phase="Failed", finished_s_ago=3)
     assert [d.reason for d in plan({"a": want("a")}, [failed]).delete] == [
-        reconcile.REASON_FAILED
+        plans.REASON_FAILED
     ]
     waiting = plan({"a": want("a")}, [failed], restarts={"a": 2})  # backoff 8 s, 3 s passed
     assert waiting.delete == []
@@ -82,7 +83,7 @@ def test_failed_pod_is_recreated_after_a_doubling_bounded_backoff() -> None:
                   restarts={"a": 20})
     assert [d.name for d in capped.delete] == ["a"], "backoff is bounded by its maximum"
     done = plan({"a": want("a")}, [pod("a", phase="Succeeded", finished_s_ago=30)])
-    assert [d.reason for d in done.delete] == [reconcile.REASON_FINISHED]
+    assert [d.reason for d in done.delete] == [plans.REASON_FINISHED]
 
 
 def test_pod_pending_past_the_grace_is_recreated() -> None:
@@ -90,7 +91,7 @@ def test_pod_pending_past_the_grace_is_recreated() -> None:
     assert young.empty
     assert young.retry_after_s == 50
     old = plan({"a": want("a")}, [pod("a", phase="Pending", age_s=61)])
-    assert [d.reason for d in old.delete] == [reconcile.REASON_PENDING]
+    assert [d.reason for d in old.delete] == [plans.REASON_PENDING]
 
 
 def test_backoff_is_bounded() -> None:
@@ -101,14 +102,14 @@ def test_backoff_is_bounded() -> None:
 
 def test_objects_plan_for_jobs_and_services() -> None:
     desired = {"j-3": want("j-3", "h3")}
-    jobs = reconcile.plan_objects(desired=desired, actual={"j-2": "h2"}, update_in_place=False)
+    jobs = plans.plan_objects(desired=desired, actual={"j-2": "h2"}, update_in_place=False)
     assert [c["metadata"]["name"] for c in jobs.create] == ["j-3"]
     assert [d.name for d in jobs.delete] == ["j-2"]
-    svc = reconcile.plan_objects(
+    svc = plans.plan_objects(
         desired={"s": want("s", "new")}, actual={"s": "old"}, update_in_place=True
     )
     assert [u["metadata"]["name"] for u in svc.update] == ["s"]
     assert svc.create == []
     assert svc.delete == []
-    gone = reconcile.plan_objects(desired={}, actual={"s": "x"}, update_in_place=True)
+    gone = plans.plan_objects(desired={}, actual={"s": "x"}, update_in_place=True)
     assert [d.name for d in gone.delete] == ["s"]

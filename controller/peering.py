@@ -1,0 +1,141 @@
+"""Which replica acts: kopf's peering rule, read from the peering objects a watch keeps.
+
+Why this exists: two controller replicas run for high availability, and only one may write.
+kopf keeps each replica's heartbeat in a ``KopfPeering`` (per namespace) or
+``ClusterKopfPeering`` object (its keep-alive, its CRDs, its format); this module applies kopf's
+rule to that object: a replica is paused while another live peer has a higher or the same
+priority, and a peer is live until ``lastseen + lifetime``. The standby therefore keeps its
+watches and its indices warm, and becomes active the moment the active peer's entry expires
+(a timer set for that moment, not a poll), or at once when the active one leaves cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+#: kopf's default lifetime of a peer entry when the entry does not say.
+DEFAULT_PEER_LIFETIME_S: Final = 60
+#: A re-evaluation at a peer's expiry runs this much later (clock granularity).
+EXPIRY_MARGIN_S: Final = 0.05
+#: The key for a ClusterKopfPeering (cluster-wide controller).
+CLUSTER: Final = ""
+
+
+def _parse(stamp: object) -> datetime | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _deadline(info: Mapping[str, Any]) -> datetime | None:
+    lastseen = _parse(info.get("lastseen"))
+    if lastseen is None:
+        return None
+    try:
+        lifetime = int(info.get("lifetime", DEFAULT_PEER_LIFETIME_S))
+    except (TypeError, ValueError):
+        lifetime = DEFAULT_PEER_LIFETIME_S
+    return lastseen + timedelta(seconds=lifetime)
+
+
+def blocking_peers(
+    peers: Mapping[str, Any], *, identity: str, priority: int, now: datetime
+) -> dict[str, datetime | None]:
+    """Live peers that pause this one (higher or equal priority), with when each expires."""
+    found: dict[str, datetime | None] = {}
+    for peer, info in peers.items():
+        if peer == identity or not isinstance(info, Mapping):
+            continue
+        deadline = _deadline(info)
+        if deadline is not None and deadline <= now:
+            continue  # dead
+        try:
+            their = int(info.get("priority", 0))
+        except (TypeError, ValueError):
+            continue  # garbage from someone else: not a peer of ours
+        if their >= priority:
+            found[peer] = deadline
+    return found
+
+
+def is_active(
+    peers: Mapping[str, Any], *, identity: str, priority: int, now: datetime
+) -> bool:
+    """kopf's rule: paused while another live peer has a higher or the same priority."""
+    return not blocking_peers(peers, identity=identity, priority=priority, now=now)
+
+
+class ActiveGate:
+    """Whether this replica is the active one, per namespace (or cluster-wide).
+
+    ``put`` is the peering watch's change callback; ``on_active(namespace)`` is called when this
+    replica becomes active there (``CLUSTER`` cluster-wide), so the caller can reconcile all.
+    Without peering (``standalone``) it is always active.
+    """
+
+    def __init__(
+        self, *, identity: str, priority: int, clusterwide: bool, standalone: bool,
+        on_active: Callable[[str], None],
+    ) -> None:
+        self.identity = identity
+        self.priority = priority
+        self.clusterwide = clusterwide
+        self.standalone = standalone
+        self.on_active = on_active
+        self._peers: dict[str, Mapping[str, Any]] = {}
+        self._active: dict[str, bool] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def active(self, namespace: str) -> bool:
+        if self.standalone:
+            return True
+        return self._active.get(CLUSTER if self.clusterwide else namespace, False)
+
+    def put(self, key: str, _old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        if new is None:
+            self._peers.pop(key, None)
+        else:
+            self._peers[key] = new
+        self._evaluate(key)
+
+    def _evaluate(self, key: str) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        peers = self._peers.get(key)
+        now = datetime.now(UTC)
+        # No peering object: kopf itself pauses (mandatory peering), so this replica waits.
+        blockers = (
+            blocking_peers(peers, identity=self.identity, priority=self.priority, now=now)
+            if peers is not None else None
+        )
+        active = blockers is not None and not blockers
+        if blockers:
+            expiries = [d for d in blockers.values() if d is not None]
+            if expiries:
+                delay = (min(expiries) - now).total_seconds() + EXPIRY_MARGIN_S
+                loop = asyncio.get_running_loop()
+                self._timers[key] = loop.call_later(max(delay, 0.0), self._evaluate, key)
+        was = self._active.get(key, False)
+        self._active[key] = active
+        where = "cluster-wide" if key == CLUSTER else f"in namespace {key}"
+        if active and not was:
+            log.info("active %s (priority %d)", where, self.priority)
+            self.on_active(key)
+        elif was and not active:
+            log.info("paused %s in favour of %s", where, sorted(blockers or ()))
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()

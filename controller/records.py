@@ -1,0 +1,159 @@
+"""Small records of the cluster's objects: what the controller remembers of each one.
+
+Why this exists: the controller keeps every Instance, broker pod, Job, Service and Node it
+serves in memory (ten thousand of each at scale), and decides from those copies alone. Each
+record holds only the fields a decision reads, so memory stays small and, above all, two
+records compare equal when nothing the controller cares about changed: a pod status rewrite by
+the scheduler, or a Node heartbeat, then leaves the record as it was and costs no work. These
+records depend on nothing else in the controller, so every other module may import them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from controller import naming
+from crds.configuration import Configuration
+from crds.instance import Instance
+
+#: Pod phases after which the pod's containers are done (the broker must be restarted).
+FINISHED_PHASES: Final = frozenset({"Failed", "Succeeded"})
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A Kubernetes RFC 3339 timestamp (``...Z``) as an aware datetime."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObservedPod:
+    """What the controller needs to know about one existing broker pod."""
+
+    name: str
+    phase: str
+    ready: bool
+    spec_hash: str
+    deleting: bool
+    created_at: datetime | None
+    finished_at: datetime | None
+    node: str = ""
+    instance: str = ""
+    configuration: str = ""
+    namespace: str = ""
+
+    @classmethod
+    def from_object(cls, pod: Mapping[str, Any]) -> ObservedPod:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        labels = meta.get("labels") or {}
+        return cls.build(
+            name=str(meta.get("name", "")),
+            phase=str(status.get("phase") or "Pending"),
+            conditions=status.get("conditions") or [],
+            container_statuses=status.get("containerStatuses") or [],
+            spec_hash=str((meta.get("annotations") or {}).get(naming.ANNOTATION_SPEC_HASH, "")),
+            deleting=bool(meta.get("deletionTimestamp")),
+            created_at=meta.get("creationTimestamp"),
+            node=str((pod.get("spec") or {}).get("nodeName") or ""),
+            instance=str(labels.get(naming.LABEL_INSTANCE, "")),
+            configuration=str(labels.get(naming.LABEL_CONFIGURATION, "")),
+            namespace=str(meta.get("namespace") or ""),
+        )
+
+    @classmethod
+    def build(
+        cls, *, name: str, namespace: str = "", phase: str, conditions: Any,
+        container_statuses: Any, spec_hash: str, deleting: bool, created_at: Any, node: str,
+        instance: str, configuration: str,
+    ) -> ObservedPod:
+        """From the pod's fields as decoded (dicts or objects with the same attribute names)."""
+        ready = any(
+            _field(c, "type") == "Ready" and _field(c, "status") == "True" for c in conditions
+        )
+        finished_at = None
+        # Only a finished pod has a finish time: its restart backoff counts from it. A live
+        # pod's condition times move with every status rewrite and must not change the record.
+        if phase in FINISHED_PHASES:
+            finished: list[datetime] = []
+            for container in container_statuses:
+                state = _field(container, "state")
+                terminated = _field(state, "terminated") if state is not None else None
+                at = parse_time(_field(terminated, "finishedAt")) if terminated else None
+                if at is not None:
+                    finished.append(at)
+            if not finished:
+                for condition in conditions:
+                    at = parse_time(_field(condition, "lastTransitionTime"))
+                    if at is not None:
+                        finished.append(at)
+            finished_at = max(finished) if finished else None
+        return cls(
+            name=name, phase=phase, ready=ready, spec_hash=spec_hash, deleting=deleting,
+            created_at=parse_time(created_at), finished_at=finished_at, node=node,
+            instance=instance, configuration=configuration, namespace=namespace,
+        )
+
+
+def _field(obj: Any, key: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    name: str
+    ready: bool
+    since: datetime | None
+
+    @classmethod
+    def from_object(cls, node: Mapping[str, Any]) -> NodeHealth:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready":
+                return cls(
+                    name=name,
+                    ready=condition.get("status") == "True",
+                    since=parse_time(condition.get("lastTransitionTime")),
+                )
+        return cls(name=name, ready=False, since=None)
+
+    def unhealthy_for(self, now: datetime) -> float:
+        """Seconds the node has been not Ready (0 when Ready or unknown since when)."""
+        if self.ready or self.since is None:
+            return 0.0
+        return max((now - self.since).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    instance: Instance
+    created_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ConfigurationRecord:
+    configuration: Configuration
+    body: Mapping[str, Any]  # apiVersion, kind, metadata, status: for Events and status diffs
+
+
+@dataclass(frozen=True)
+class OwnedObject:
+    """A Job or Service the controller made, as the controller remembers it."""
+
+    name: str
+    spec_hash: str
+    component: str
+    instance: str
+    ready: bool = False
+    configuration: str = ""
+    namespace: str = ""

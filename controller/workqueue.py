@@ -1,0 +1,123 @@
+"""A queue of things to reconcile: each key once, one worker per key, some of them later.
+
+Why this exists: a burst of watch events about one Instance (its broker created, scheduled,
+started, ready) must cost one reconcile, not four, and two workers must never reconcile the
+same Instance at once. Keys wait in a set-backed FIFO: adding a key that is already waiting is
+free, and a key added while a worker holds it is run once more after that worker is done.
+Deadlines (a broker's backoff, a Pending grace, a node's NotReady grace) are timers that add
+the key again when due, so nothing has to walk every object periodically to find them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Final, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+#: A key whose reconcile failed is retried after this long, doubling per consecutive failure.
+RETRY_FIRST_S: Final = 0.5
+RETRY_MAX_S: Final = 30.0
+
+
+class WorkQueue(Generic[K]):
+    """Deduplicating work queue with delayed adds and per-key retry backoff."""
+
+    def __init__(self) -> None:
+        self._order: collections.deque[K] = collections.deque()
+        self._waiting: set[K] = set()
+        self._busy: set[K] = set()
+        self._again: set[K] = set()
+        self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[K, int] = {}
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting and not self._busy
+
+    def add(self, key: K) -> None:
+        """Reconcile ``key`` soon (once, however often it is added meanwhile)."""
+        if key in self._busy:
+            self._again.add(key)
+            return
+        if key in self._waiting:
+            return
+        self._waiting.add(key)
+        self._order.append(key)
+        self._ready.set()
+
+    def add_after(self, key: K, delay_s: float) -> None:
+        """Reconcile ``key`` in ``delay_s`` (an earlier deadline for it wins)."""
+        if delay_s <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay_s
+        current = self._timers.get(key)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+        self._timers[key] = (due, loop.call_at(due, self._fire, key))
+
+    def _fire(self, key: K) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def retry(self, key: K) -> float:
+        """Adds ``key`` again after its backoff; returns the delay."""
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        delay = float(min(RETRY_FIRST_S * 2 ** min(failures - 1, 16), RETRY_MAX_S))
+        self.add_after(key, delay)
+        return delay
+
+    def succeeded(self, key: K) -> None:
+        self._failures.pop(key, None)
+
+    async def _get(self) -> K:
+        while not self._order:
+            self._ready.clear()
+            await self._ready.wait()
+        key = self._order.popleft()
+        self._waiting.discard(key)
+        self._busy.add(key)
+        return key
+
+    def _done(self, key: K) -> None:
+        self._busy.discard(key)
+        if key in self._again:
+            self._again.discard(key)
+            self.add(key)
+
+    async def work(self, handle: Callable[[K], Awaitable[None]]) -> None:
+        """One worker: runs ``handle`` for each key until cancelled; a failure retries the key
+        with backoff and never stops the worker."""
+        while True:
+            key = await self._get()
+            try:
+                await handle(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                delay = self.retry(key)
+                log.warning("reconcile of %s failed (%s: %s); retrying in %.1fs",
+                            key, type(error).__name__, error, delay)
+            else:
+                self.succeeded(key)
+            finally:
+                self._done(key)
+
+    def close(self) -> None:
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
