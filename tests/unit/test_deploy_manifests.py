@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from agent.settings import (
+    DEFAULT_CDI_SPEC_DIR,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentSettings,
@@ -122,6 +123,7 @@ def test_daemonset_environment_gives_the_agent_the_node_defaults() -> None:
         metrics_port=metrics["containerPort"],
         namespace=None,  # every namespace: the RBAC is cluster-wide
         serve_device_plugins=True,
+        cdi_spec_dir=DEFAULT_CDI_SPEC_DIR,
     )
 
 
@@ -163,9 +165,12 @@ def test_daemonset_mounts_the_kubelet_paths_the_settings_name() -> None:
     assert host_paths[mounts[resources_dir]["name"]] == resources_dir
     for path in ("/sys", "/dev", resources_dir):
         assert mounts[path].get("readOnly") is True, f"{path} should be mounted read-only"
+    assert settings.cdi_spec_dir is not None
+    cdi_dir = str(settings.cdi_spec_dir)
+    assert host_paths[mounts[cdi_dir]["name"]] == cdi_dir
     writable_host = [m["mountPath"] for m in mounts.values()
                      if m["name"] in host_paths and not m.get("readOnly")]
-    assert writable_host == [str(settings.plugin_dir)]
+    assert sorted(writable_host) == sorted([str(settings.plugin_dir), cdi_dir])
 
 
 def test_agent_memory_limit_leaves_a_margin_above_its_target() -> None:
