@@ -126,15 +126,17 @@ class LineProcess:
         self.lines: list[dict[str, Any]] = []
 
     @classmethod
-    async def start(cls, ns: str, module: str, config: Any, workdir: Path) -> LineProcess:
+    async def start(cls, ns: str | None, module: str, config: Any, workdir: Path) -> LineProcess:
+        """Run ``module`` with ``config`` in namespace ``ns`` (None: here, on loopback only)."""
         name = f"{module.rsplit('.', 1)[1]}-{uuid_module.uuid4().hex[:6]}"
         config_path = workdir / f"{name}.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
         stderr_path = workdir / f"{name}.log"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with stderr_path.open("wb") as stderr:
+            prefix = ["ip", "netns", "exec", ns] if ns else []
             proc = await asyncio.create_subprocess_exec(
-                "ip", "netns", "exec", ns, sys.executable, "-m", module, str(config_path),
+                *prefix, sys.executable, "-m", module, str(config_path),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
@@ -206,8 +208,12 @@ class LineProcess:
                 await self.proc.wait()
 
 
-async def start_cameras(bed: NetnsBed, ns: str, config: dict[str, Any]) -> LineProcess:
-    process = await LineProcess.start(ns, "tests.harness.onvif_camera", config, bed.workdir)
+async def start_cameras(
+    bed: NetnsBed | None, ns: str | None, config: dict[str, Any], *, workdir: Path | None = None
+) -> LineProcess:
+    """Simulated cameras in ``ns`` (None: on loopback, with ``multicast: false`` in config)."""
+    where = workdir or (bed.workdir if bed else Path(tempfile.mkdtemp(prefix="onvif-")))
+    process = await LineProcess.start(ns, "tests.harness.onvif_camera", config, where)
     await process.wait_for(lambda line: line.get("text") == "READY", what="cameras ready")
     return process
 

@@ -1,0 +1,157 @@
+"""End to end: a camera is found → its Instance → a broker pod whose Allocate carries the camera's
+service URL and stream URI → the camera goes silent → Instance and broker gone after the grace.
+
+The camera is the simulator (``tests.harness.onvif_camera``, standing in for an ONVIF IP camera)
+on loopback, probed by unicast (``multicast: false``) so that nothing leaves this machine; the
+agent and controller are the product, the kubelet the node emulator, as in the debugEcho test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.main import run_agent
+from agent.settings import AgentSettings
+from crds.naming import instance_name
+from tests.harness.controller_process import (
+    ControllerProcess,
+    apply,
+    broker_pod_spec,
+    broker_pods,
+    install_peering_crds,
+    items,
+)
+from tests.harness.controlplane import ControlPlane, free_port
+from tests.harness.kube_waits import WAIT_S
+from tests.harness.node_emulator import NodeEmulator
+from tests.harness.onvif_netns import camera, start_cameras
+
+POLL_S = 0.1
+PASSWORD = "e2e-camera-password"
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def until(check: Any, *, what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not (result := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+        await asyncio.sleep(POLL_S)
+    return result
+
+
+def onvif_configuration(namespace: str, wsd_port: int) -> dict[str, Any]:
+    details = (
+        "multicast: false\n"
+        f"unicastTargets: ['127.0.0.1:{wsd_port}']\n"
+        "discoveryTimeoutSeconds: 0.5\n"
+        "discoveryIntervalSeconds: 1\n"
+    )
+    return {
+        "apiVersion": "edgeplug.io/v1alpha1",
+        "kind": "Configuration",
+        "metadata": {"name": "cams", "namespace": namespace},
+        "spec": {
+            "discoveryHandler": {
+                "name": "onvif",
+                "discoveryDetails": details,
+                "discoveryProperties": [
+                    {"name": "username_default", "value": "admin"},
+                    {
+                        "name": "password_default",
+                        "valueFrom": {"secretKeyRef": {"name": "cams", "key": "password"}},
+                    },
+                ],
+            },
+            "capacity": 1,
+            "offlineGracePeriodSeconds": 2,
+            "brokerSpec": {"brokerPodSpec": broker_pod_spec()},
+        },
+    }
+
+
+async def test_broker_gets_the_camera_url_and_stream_and_goes_with_the_camera(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path
+) -> None:
+    install_peering_crds(control_plane)
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    wsd_port, http_port = free_port(), free_port()
+    cam = camera(
+        1,
+        "127.0.0.1",
+        port=http_port,
+        username="admin",
+        password=PASSWORD,
+        profiles=[{"token": "main", "name": "Main",
+                   "uri": f"rtsp://admin:{PASSWORD}@127.0.0.1:8554/main"}],
+    )
+    cameras = await start_cameras(
+        None,
+        None,
+        {"multicast": False, "wsd_bind": "127.0.0.1", "wsd_port": wsd_port,
+         "http_port": http_port, "cameras": [cam]},
+        workdir=tmp_path,
+    )
+    url = f"http://127.0.0.1:{http_port}/onvif/1/device_service"
+    inst = instance_name("cams", f"{url}-{cam['uuid']}", shared=True, node=node)
+    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                            plugin_dir=plugin_dir)
+    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
+                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             namespace=namespace)
+    ctl = ControllerProcess(control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log")
+    await emulator.start()
+    agent = asyncio.create_task(run_agent(settings))
+    ctl.start()
+    try:
+        apply(control_plane, {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "cams", "namespace": namespace},
+            "data": {"password": base64.b64encode(PASSWORD.encode()).decode()},
+        })
+        apply(control_plane, onvif_configuration(namespace, wsd_port))
+        pod_name = f"{inst}-{node}-pod"
+
+        def running() -> bool:
+            return any(
+                pod["metadata"]["name"] == pod_name
+                and pod.get("status", {}).get("phase") == "Running"
+                for pod in broker_pods(control_plane, namespace)
+            )
+
+        await until(running, what=f"broker {pod_name} Running")
+        [allocation] = emulator.allocations(namespace, pod_name)
+        assert allocation.envs["ONVIF_DEVICE_SERVICE_URL"] == url
+        assert allocation.envs["ONVIF_DEVICE_UUID"] == cam["uuid"]
+        assert allocation.envs["ONVIF_STREAM_URI"] == "rtsp://127.0.0.1:8554/main"
+        instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+        [instance] = items(control_plane, instances)
+        assert PASSWORD not in str(instance)
+
+        await cameras.command(cmd="silence", uuid=cam["uuid"])  # unplugged: no answer at all
+        await until(lambda: not items(control_plane, instances), what="the Instance deleted")
+        await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
+    finally:
+        ctl.stop()
+        agent.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent
+        await emulator.stop(delete_node=True)
+        await cameras.stop()
