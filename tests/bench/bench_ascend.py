@@ -4,13 +4,17 @@ Why this exists: issue 11 asks for the discovery pass and the CPU of one health 
 16-chip node, and for how long a faulted chip takes to show Unhealthy (target: within the poll
 interval + 0.2 s). Timings are never pass/fail, so they are measured here. The node is
 tests/harness/ascend_node.py's (the DCMI stand-in compiled and loaded through ctypes, and the
-fake ``npu-smi``). A pure-Python loop timed in the same run shows the machine's speed beside
-the figures.
+fake ``npu-smi``); part 3 runs the whole path to the node: a real control plane, the agent in
+this process (it loads the DCMI stand-in) and the node emulator as the kubelet, and times a
+fault until the kubelet holds the chip Unhealthy (ListAndWatch) and until the Node's
+allocatable drops. ``--no-node`` skips part 3. A pure-Python loop timed in the same run shows
+the machine's speed beside the figures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import resource
 import statistics
@@ -18,12 +22,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from discovery_handlers.ascend import handler
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.sources import scan
 from tests.bench.stats import summary
 from tests.harness.ascend_node import AscendNode, build_dcmi_library, chips_910b
+from tests.harness.controlplane import ControlPlane
 
 CHIPS = 16
 PER_CARD = 2
@@ -32,6 +38,9 @@ FAULT_RUNS = 10
 POLL_S = 1.0  # the fastest poll details allow; Huawei's default is 5 s
 FAULT_DEADLINE_S = 10.0
 CALIBRATION_LOOPS = 2_000_000
+NODE_POLLS = ((1.0, 10), (5.0, 5))  # (healthPollSeconds, runs): the fastest and Huawei's default
+RESOURCE = "huawei.com/Ascend910"
+LOOK_S = 0.01  # how often the node part looks at the kubelet and the API
 
 
 def machine_speed() -> float:
@@ -96,8 +105,78 @@ async def bench_fault(node: AscendNode, details: AscendDetails) -> list[float]:
     return samples
 
 
+async def bench_node(plane: ControlPlane, node: AscendNode, poll: float, runs: int
+                     ) -> tuple[list[float], list[float]]:
+    """Fault → the emulated kubelet holds the chip Unhealthy; → the Node's allocatable drops."""
+    import shutil
+    import uuid
+
+    from agent.main import run_agent
+    from agent.settings import AgentSettings
+    from tests.harness.agent_process import api_client
+    from tests.harness.controller_process import apply
+    from tests.harness.kube_waits import allocatable
+    from tests.harness.node_emulator import NodeEmulator
+
+    name = f"npu-{uuid.uuid4().hex[:8]}"
+    namespace = f"bench-{name}"
+    plane.kubectl("create", "namespace", namespace)
+    plugin_dir = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
+    emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir)
+    kube = api_client(plane)
+    await emulator.start()
+    agent = asyncio.create_task(run_agent(AgentSettings(
+        node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir,
+        pod_resources_socket=None, namespace=namespace)))
+
+    async def until(predicate: Any, what: str) -> float:
+        deadline = time.perf_counter() + FAULT_DEADLINE_S + poll
+        while not await predicate():
+            if time.perf_counter() > deadline:
+                raise TimeoutError(what)
+            await asyncio.sleep(LOOK_S)
+        return time.perf_counter()
+
+    async def kubelet_sees(count: int) -> bool:
+        return len(emulator.healthy_device_ids(RESOURCE)) == count
+
+    async def node_shows(count: int) -> bool:
+        return await allocatable(kube, name, RESOURCE) == str(count)
+
+    to_kubelet: list[float] = []
+    to_node: list[float] = []
+    try:
+        apply(plane, {
+            "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+            "metadata": {"name": "npu", "namespace": namespace},
+            "spec": {"discoveryHandler": {"name": "ascend", "discoveryDetails":
+                                          node.details(healthPollSeconds=poll)},
+                     "capacity": 1, "resourceName": RESOURCE}})
+        await until(lambda: node_shows(CHIPS), f"{CHIPS} chips allocatable")
+        for run in range(runs):
+            phy = run % CHIPS
+            await asyncio.sleep(poll * ((run * 0.37) % 1.0))  # a fault comes at any moment
+            started = time.perf_counter()
+            node.fault(phy)
+            to_kubelet.append(await until(lambda: kubelet_sees(CHIPS - 1), "kubelet") - started)
+            to_node.append(await until(lambda: node_shows(CHIPS - 1), "node") - started)
+            node.clear(phy)
+            await until(lambda: node_shows(CHIPS), "chip back")
+    finally:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+        await emulator.stop(delete_node=True)
+        await kube.close()
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+    return to_kubelet, to_node
+
+
 def main(argv: Sequence[str]) -> None:
-    del argv
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("tests.harness").setLevel(logging.ERROR)
+    logging.getLogger("discovery_handlers.ascend").setLevel(logging.ERROR)
+    logging.getLogger("agent").setLevel(logging.ERROR)  # one warning per fault otherwise
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)
     print(f"machine speed: {CALIBRATION_LOOPS:,} loop iterations in "
@@ -115,3 +194,13 @@ def main(argv: Sequence[str]) -> None:
         print(f"2. fault → Unhealthy from the handler, poll {POLL_S:g} s (n={FAULT_RUNS}; "
               f"target ≤ poll + 0.2 s)", flush=True)
         print("  " + summary("fault → Unhealthy", asyncio.run(bench_fault(node, dcmi))))
+        if "--no-node" in argv:
+            return
+        with ControlPlane() as plane:
+            plane.apply_crds()
+            for poll, runs in NODE_POLLS:
+                print(f"3. fault → Unhealthy on the emulated node, poll {poll:g} s (n={runs}; "
+                      f"target ≤ {poll + 0.2:g} s)", flush=True)
+                kubelet, api = asyncio.run(bench_node(plane, node, poll, runs))
+                print("  " + summary("fault → kubelet holds it Unhealthy", kubelet))
+                print("  " + summary("fault → Node allocatable drops", api))
