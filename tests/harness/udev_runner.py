@@ -5,7 +5,8 @@ preload library and ``UMOCKDEV_DIR``, so tests start this module as that process
 (``python -m tests.harness.udev_runner DETAILS_YAML``) and read its lines:
 ``{"t": monotonic seconds, "devices": [...], "reopens": n, "full_scans": n}``. A line
 ``break-monitor`` on stdin shuts the watcher's uevent socket down (a real socket failure, seen
-through the real libudev); ``stats`` prints the counters and the process's memory.
+through the real libudev); ``scan-stress N`` runs N full enumerations back to back and prints
+``{"scans": N, "errors": [...]}``; ``stats`` prints the counters, CPU seconds and memory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from typing import Any
 
 from discovery_handlers.contract import Device
-from discovery_handlers.udev import handler
+from discovery_handlers.udev import handler, udevlib
 from discovery_handlers.udev.watch import Watcher
 
 
@@ -52,9 +53,23 @@ def on_command(watcher: Watcher) -> None:
         sock.shutdown(socket.SHUT_RDWR)
         sock.close()
         emit(watcher, broke=True)
+    elif command.startswith("scan-stress "):
+        asyncio.get_running_loop().create_task(scan_stress(watcher, int(command.split()[1])))
     elif command == "stats":
         times = os.times()
         emit(watcher, cpu_s=times.user + times.system)
+
+
+async def scan_stress(watcher: Watcher, count: int) -> None:
+    """Full enumerations back to back (while the test unplugs devices under them)."""
+    context = udevlib.new_context()
+    errors: list[str] = []
+    for _ in range(count):
+        try:
+            await asyncio.to_thread(udevlib.enumerate_matches, context, watcher.details.rules)
+        except Exception as exc:  # reported to the test, which fails on any
+            errors.append(f"{type(exc).__name__}: {exc}")
+    emit(watcher, scans=count, errors=errors)
 
 
 async def main(details_text: str) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -110,3 +112,89 @@ class UmockdevBed:
                     raise TestbedError(f"test bed exited (status {proc.poll()})")
                 reply: dict[str, Any] = json.loads(line)
                 return reply
+
+
+class DiscoveryProcess:
+    """``python -m tests.harness.udev_runner`` under a bed: the handler's discovery, with each
+    device list it yields read back as a dict (see ``udev_runner``)."""
+
+    def __init__(self, bed: UmockdevBed, details: str) -> None:
+        env = dict(os.environ)
+        env.update(bed.env())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.harness.udev_runner", details], env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+            cwd=Path(__file__).resolve().parents[2])
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="udev-runner-out").start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # a thread: select() cannot see Python's read buffer
+            self._lines.put(line)
+        self._lines.put("")
+
+    def __enter__(self) -> DiscoveryProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def next_line(self, *, deadline_s: float = REPLY_DEADLINE_S) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=deadline_s)
+        except queue.Empty:
+            raise TestbedError(f"discovery printed nothing within {deadline_s}s") from None
+        if not line:
+            raise TestbedError(f"discovery exited (status {self.proc.wait()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def poll_stats(self, check: Any, *, what: str, deadline_s: float = REPLY_DEADLINE_S
+                   ) -> dict[str, Any]:
+        """Ask for the counters until ``check(stats)`` holds; fail naming ``what``."""
+        end = time.monotonic() + deadline_s
+        while True:
+            self.send("stats")
+            while "cpu_s" not in (line := self.next_line(deadline_s=deadline_s)):
+                pass
+            if check(line):
+                return line
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
+
+    def next_list(self, *, deadline_s: float = REPLY_DEADLINE_S) -> dict[str, Any]:
+        """The next line that carries a device list."""
+        while True:
+            line = self.next_line(deadline_s=deadline_s)
+            if "devices" in line:
+                return line
+
+    def until(self, check: Any, *, what: str, deadline_s: float = REPLY_DEADLINE_S
+              ) -> tuple[dict[str, Any], int]:
+        """Read lists until ``check(devices)`` holds; returns that line and how many lists it
+        took. Fails naming ``what`` at the deadline."""
+        end = time.monotonic() + deadline_s
+        lists = 0
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
+            line = self.next_list(deadline_s=remaining)
+            lists += 1
+            if check(line["devices"]):
+                return line, lists
