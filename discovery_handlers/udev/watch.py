@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -56,8 +57,8 @@ def rescan_roots(events: list[udevlib.Event]) -> list[str]:
 class Watcher:
     """Follows the host's devices for one Configuration's details.
 
-    ``changes()`` yields the full device list at once and again whenever it changes. Tests read
-    ``monitor`` (its ``fileno``), ``reopens`` and ``full_scans``.
+    ``changes()`` yields the full device list at once and again whenever it changes. Tests and
+    benchmarks read ``monitor`` (its ``fileno``), ``reopens``, ``full_scans``, ``last_scan_s``.
     """
 
     def __init__(self, details: UdevDetails, *,
@@ -67,6 +68,7 @@ class Watcher:
         self.reopens = 0
         self.full_scans = 0
         self.events_handled = 0
+        self.last_scan_s = 0.0  # how long the latest full enumeration took
         self._monitor_factory = monitor_factory
         self._context: Any = None
         self._matched: dict[str, NodeRecord] = {}
@@ -175,8 +177,10 @@ class Watcher:
 
     async def _full_scan(self) -> None:
         self.full_scans += 1
+        started = time.monotonic()
         self._matched = await run_blocking(udevlib.enumerate_matches, self._context,
                                            self.details.rules)
+        self.last_scan_s = time.monotonic() - started
 
     def _drop_subtree(self, sys_path: str) -> None:
         devpath = sys_path[len("/sys"):] if sys_path.startswith("/sys/") else sys_path

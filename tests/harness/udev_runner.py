@@ -38,6 +38,7 @@ def device_json(device: Device) -> dict[str, Any]:
 def emit(watcher: Watcher, **fields: Any) -> None:
     line = {"t": time.monotonic(), "reopens": watcher.reopens,
             "full_scans": watcher.full_scans, "events": watcher.events_handled,
+            "scan_s": watcher.last_scan_s,
             "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, **fields}
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
