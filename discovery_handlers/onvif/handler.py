@@ -8,6 +8,7 @@ discovery starts.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -31,5 +32,8 @@ class OnvifHandler:
             raise TypeError(f"onvif discovery needs OnvifDetails, not {type(details).__name__}")
         from discovery_handlers.onvif.scanner import Scanner  # imports the vendor library
 
-        async for devices in Scanner(details).devices():
-            yield devices
+        # aclosing: the scanner's sockets and HTTP connections are released when the agent stops
+        # this stream, not whenever the garbage collector finalises it
+        async with contextlib.aclosing(Scanner(details).devices()) as stream:
+            async for devices in stream:
+                yield devices

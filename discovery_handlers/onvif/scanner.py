@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from discovery_handlers.contract import Device
 from discovery_handlers.onvif import wsd_messages
 from discovery_handlers.onvif.cameras import WARNING_EXTRA, Camera, visible_devices
 from discovery_handlers.onvif.details import OnvifDetails
-from discovery_handlers.onvif.soap import CameraError, CameraSession
+from discovery_handlers.onvif.soap import CameraError, CameraSession, SoapClients
 from discovery_handlers.onvif.wsd_transport import WsdTransport
 from discovery_handlers.onvif.xmlsafe import UnsafeXml
 
@@ -43,6 +43,8 @@ class Scanner:
         self._details = details
         self._cameras: dict[str, Camera] = {}
         self._sessions: dict[str, CameraSession] = {}
+        self._clients = SoapClients()
+        self._pass_checks: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
         self._probe_id = ""
         self._pass_started = 0.0
@@ -54,7 +56,7 @@ class Scanner:
             receive=self._on_datagram, multicast=details.multicast, ipv6=details.ipv6
         )
 
-    async def devices(self) -> AsyncIterator[Sequence[Device]]:
+    async def devices(self) -> AsyncGenerator[Sequence[Device], None]:
         await self._transport.open()
         passes = asyncio.create_task(self._passes(), name="onvif-passes")
         last: list[Device] | None = None
@@ -76,9 +78,10 @@ class Scanner:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            for check in self._pass_checks.values():
+                check.cancel()
             self._transport.close()
-            for session in self._sessions.values():
-                await session.close()
+            await self._clients.close()
 
     async def _passes(self) -> None:
         try:
@@ -93,8 +96,10 @@ class Scanner:
             self._changed.set()  # wake the consumer so it sees a crash
 
     async def _one_pass(self) -> None:
+        """Probe, then check every camera: each as soon as it answers, the rest after the wait."""
         self._probe_id = wsd_messages.new_message_id()
         self._pass_started = time.monotonic()
+        self._pass_checks = {}
         message = wsd_messages.probe(self._probe_id)
         self._transport.send_probe(message, self._details.unicast_targets)
         await asyncio.sleep(PROBE_REPEAT_DELAY_S)
@@ -103,8 +108,17 @@ class Scanner:
         missed = MISSED_PASSES_BEFORE_GONE * self._details.discovery_interval_s
         horizon = self._pass_started - missed
         for uuid in [u for u, c in self._cameras.items() if c.last_seen < horizon]:
-            await self._forget(uuid)
-        await asyncio.gather(*(self._check(camera) for camera in list(self._cameras.values())))
+            self._forget(uuid)
+        for camera in list(self._cameras.values()):
+            self._check_in_pass(camera)
+        checks, self._pass_checks = self._pass_checks, {}
+        await asyncio.gather(*checks.values())
+        self._probe_id = ""  # late answers to this probe no longer start checks
+
+    def _check_in_pass(self, camera: Camera) -> None:
+        if camera.match.uuid not in self._pass_checks:
+            task = asyncio.create_task(self._check(camera))
+            self._pass_checks[camera.match.uuid] = task
 
     def _on_datagram(self, data: bytes, sender: str) -> None:
         try:
@@ -116,7 +130,9 @@ class Scanner:
             if message.relates_to != self._probe_id:
                 return  # an answer to someone else's probe, or to an older one
             for match in message.matches:
-                self._seen(match, sender)
+                camera = self._seen(match, sender)
+                if camera is not None:
+                    self._check_in_pass(camera)
         elif isinstance(message, wsd_messages.Hello):
             camera = self._seen(message.match, sender)
             if camera is not None:
@@ -124,9 +140,7 @@ class Scanner:
                 self._hello_tasks.add(task)
                 task.add_done_callback(self._hello_tasks.discard)
         elif isinstance(message, wsd_messages.Bye) and message.uuid in self._cameras:
-            task = asyncio.create_task(self._forget(message.uuid))
-            self._hello_tasks.add(task)
-            task.add_done_callback(self._hello_tasks.discard)
+            self._forget(message.uuid)
             self._changed.set()
 
     def _seen(self, match: wsd_messages.Match, sender: str) -> Camera | None:
@@ -149,11 +163,9 @@ class Scanner:
         camera.last_seen = now
         return camera
 
-    async def _forget(self, uuid: str) -> None:
+    def _forget(self, uuid: str) -> None:
         self._cameras.pop(uuid, None)
-        session = self._sessions.pop(uuid, None)
-        if session is not None:
-            await session.close()
+        self._sessions.pop(uuid, None)
 
     async def _check_and_publish(self, camera: Camera) -> None:
         await self._check(camera)
@@ -182,12 +194,8 @@ class Scanner:
         uuid = camera.match.uuid
         session = self._sessions.get(uuid)
         if session is None or session.xaddr != camera.service_url:
-            if session is not None:
-                task = asyncio.create_task(session.close())
-                self._hello_tasks.add(task)
-                task.add_done_callback(self._hello_tasks.discard)
             credential = self._details.credentials.lookup(uuid)
-            session = CameraSession(camera.service_url, credential)
+            session = CameraSession(self._clients, camera.service_url, credential)
             self._sessions[uuid] = session
         return session
 

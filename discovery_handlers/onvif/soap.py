@@ -3,8 +3,9 @@
 Why this exists: it is the one seam to the vendor library, so the rest of the handler never
 sees zeep, aiohttp or their exceptions. onvif-zeep-async brings ONVIF's WSDLs (loaded from the
 package, never fetched) and signs requests with a WS-Security UsernameToken PasswordDigest. We
-use its ``ONVIFService`` directly rather than ``ONVIFCamera`` (which builds its own device URL
-from host and port, and follows whatever XAddrs a camera returns), and harden it at the edge:
+use its ``ONVIFService`` as a factory of zeep clients (one per service kind and credential,
+shared by every camera) rather than ``ONVIFCamera`` (one set of clients per camera, a device URL
+built from host and port, and whatever XAddrs a camera returns followed), and harden it:
 
 - replies are read with a byte cap (``MAX_REPLY_BYTES``) and parsed by zeep with DTDs,
   entities and external references forbidden and lxml's huge-tree mode off;
@@ -29,7 +30,13 @@ from onvif.client import AsyncTransportProtocolErrorHandler, ONVIFService
 from onvif.definition import SERVICES
 from zeep.settings import Settings
 
-from discovery_handlers.onvif.cameras import Description, Stream, host_of, strip_credentials
+from discovery_handlers.onvif.cameras import (
+    MAX_PROFILES,
+    Description,
+    Stream,
+    host_of,
+    strip_credentials,
+)
 from discovery_handlers.onvif.credentials import Credential
 from discovery_handlers.onvif.details import normalise_mac
 
@@ -41,6 +48,8 @@ MAX_REPLY_BYTES = 512 * 1024  # a GetProfiles of 16 profiles is ~50 KiB
 READ_CHUNK_BYTES = 16 * 1024
 MAX_REASON_CHARS = 160
 WSDL_DIR = Path(onvif.__file__).parent / "wsdl"
+MAX_CONNECTIONS = 64  # HTTP connections open at once, over every camera of one run
+KEEPALIVE_S = 30.0  # an idle connection to a camera is kept this long for the next pass
 STREAM_SETUP = {"Stream": "RTP-Unicast", "Transport": {"Protocol": "RTSP"}}
 
 #: zeep's parse settings for camera replies: lenient about schema, strict about XML safety.
@@ -89,35 +98,48 @@ class _CappedTransport(AsyncTransportProtocolErrorHandler):  # type: ignore[misc
         return response, bytes(body)
 
 
-def _service(kind: str, xaddr: str, credential: Credential | None) -> ONVIFService:
-    spec = SERVICES[kind]
-    service = ONVIFService(
-        xaddr,
-        credential.username if credential else None,
-        credential.password if credential else None,
-        str(WSDL_DIR / spec["wsdl"]),
-        encrypt=True,
-        no_cache=True,
-        binding_name=f"{{{spec['ns']}}}{spec['binding']}",
-        read_timeout=int(CALL_TIMEOUT_S) + 1,
-    )
-    service.transport = _CappedTransport(session=service._session, verify_ssl=False, cache=None)
-    return service
+class SoapClients:
+    """zeep clients shared by every camera of one discovery run, over one HTTP connection pool.
 
+    A zeep client (and its service proxy, which binds every operation of the WSDL) costs
+    milliseconds of CPU and about a MiB to build, so there is one per service kind and
+    credential, not one per camera; each call names its camera's address.
+    """
 
-class CameraSession:
-    """SOAP clients of one camera (device and media services); reused across passes."""
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._transport: _CappedTransport | None = None
+        self._services: dict[tuple[str, tuple[str, str] | None], ONVIFService] = {}
+        self._lock = asyncio.Lock()
 
-    def __init__(self, xaddr: str, credential: Credential | None) -> None:
-        self.xaddr = xaddr
-        self.credential = credential
-        self._services: dict[str, ONVIFService] = {}
-
-    async def _get(self, kind: str, xaddr: str) -> ONVIFService:
-        key = f"{kind} {xaddr}"
-        service = self._services.get(key)
-        if service is None:
-            service = _service(kind, xaddr, self.credential)
+    async def _service(self, kind: str, credential: Credential | None) -> ONVIFService:
+        key = (kind, (credential.username, credential.password) if credential else None)
+        async with self._lock:
+            service = self._services.get(key)
+            if service is not None:
+                return service
+            if self._session is None:
+                connector = aiohttp.TCPConnector(
+                    limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S
+                )
+                self._session = aiohttp.ClientSession(
+                    connector=connector,
+                    timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S + 1),
+                )
+                self._transport = _CappedTransport(
+                    session=self._session, verify_ssl=False, cache=None
+                )
+            spec = SERVICES[kind]
+            service = ONVIFService(
+                "http://unused.invalid/",  # every call below names its camera's address
+                credential.username if credential else None,
+                credential.password if credential else None,
+                str(WSDL_DIR / spec["wsdl"]),
+                encrypt=True,
+                no_cache=True,
+                binding_name=f"{{{spec['ns']}}}{spec['binding']}",
+            )
+            service.transport = self._transport
             try:
                 await service.setup()
             except Exception:
@@ -126,12 +148,59 @@ class CameraSession:
             for client in (service.zeep_client, service.zeep_client_authless):
                 client.settings = _SAFE_SETTINGS
             self._services[key] = service
-        return service
+            return service
+
+    async def call(
+        self,
+        kind: str,
+        xaddr: str,
+        operation: str,
+        *,
+        credential: Credential | None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
+        """One SOAP operation on ``xaddr``, signed with ``credential`` unless it is None."""
+        service = await self._service(kind, credential)
+        client = service.zeep_client if credential else service.zeep_client_authless
+        binding = client.wsdl.bindings[service.binding_name]
+        return await binding.send_async(client, {"address": xaddr}, operation, (), params or {})
+
+    async def close(self) -> None:
+        services, self._services = list(self._services.values()), {}
+        for service in services:
+            try:
+                await service.close()  # its own (unused) session; ours is closed below
+            except Exception as exc:  # closing must never fail a discovery run
+                log.debug("closing a SOAP client failed: %s", exc)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class CameraSession:
+    """The SOAP conversation with one camera, through the run's shared clients."""
+
+    def __init__(self, clients: SoapClients, xaddr: str, credential: Credential | None) -> None:
+        self.xaddr = xaddr
+        self.credential = credential
+        self._clients = clients
+
+    def _op(
+        self, kind: str, xaddr: str, name: str, authless: bool
+    ) -> Callable[[dict[str, Any] | None], Awaitable[Any]]:
+        credential = None if authless else self.credential
+
+        async def call(params: dict[str, Any] | None) -> Any:
+            return await self._clients.call(
+                kind, xaddr, name, credential=credential, params=params
+            )
+
+        return call
 
     async def check_clock(self) -> None:
         """GetSystemDateAndTime, unauthenticated (ONVIF requires it to be open)."""
-        device = await self._get("devicemgmt", self.xaddr)
-        await _call("GetSystemDateAndTime", device.authless_GetSystemDateAndTime)
+        op = self._op("devicemgmt", self.xaddr, "GetSystemDateAndTime", True)
+        await _call("GetSystemDateAndTime", op)
 
     async def describe(self) -> Description:
         """Identity, MAC and stream URIs; with credentials when they are accepted."""
@@ -142,24 +211,25 @@ class CameraSession:
             raise CameraError(f"no description within {DESCRIBE_TIMEOUT_S:g}s") from None
 
     async def _describe(self) -> Description:
-        device = await self._get("devicemgmt", self.xaddr)
         authless = self.credential is None
         refused = False
         info: Any = None
         try:
-            op = _op(device, "GetDeviceInformation", authless)
+            op = self._op("devicemgmt", self.xaddr, "GetDeviceInformation", authless)
             info = await _call("GetDeviceInformation", op)
         except CameraError as exc:
-            if not exc.auth_refused or authless:
-                if exc.auth_refused:
-                    return Description()
+            if not exc.auth_refused:
                 raise
+            if authless:
+                return Description()  # it wants credentials and none are configured
             refused, authless = True, True
-            info = await _optional("GetDeviceInformation", device.authless_GetDeviceInformation)
+            op = self._op("devicemgmt", self.xaddr, "GetDeviceInformation", True)
+            info = await _optional("GetDeviceInformation", op)
         interfaces = await _optional(
-            "GetNetworkInterfaces", _op(device, "GetNetworkInterfaces", authless)
+            "GetNetworkInterfaces",
+            self._op("devicemgmt", self.xaddr, "GetNetworkInterfaces", authless),
         )
-        streams = await self._streams(device, authless)
+        streams = await self._streams(authless)
         return Description(
             mac=_mac(interfaces),
             manufacturer=_field(info, "Manufacturer"),
@@ -169,24 +239,27 @@ class CameraSession:
             auth_refused=refused,
         )
 
-    async def _streams(self, device: ONVIFService, authless: bool) -> tuple[Stream, ...]:
+    async def _streams(self, authless: bool) -> tuple[Stream, ...]:
         capabilities = await _optional(
-            "GetCapabilities", _op(device, "GetCapabilities", authless), {"Category": "Media"}
+            "GetCapabilities",
+            self._op("devicemgmt", self.xaddr, "GetCapabilities", authless),
+            {"Category": "Media"},
         )
         media_xaddr = _field(getattr(capabilities, "Media", None), "XAddr") or self.xaddr
         if host_of(media_xaddr) != host_of(self.xaddr):
             log.info("camera %s names a media service on another host; not followed", self.xaddr)
             return ()
-        media = await self._get("media", media_xaddr)
-        profiles = await _optional("GetProfiles", _op(media, "GetProfiles", authless))
+        profiles = await _optional(
+            "GetProfiles", self._op("media", media_xaddr, "GetProfiles", authless)
+        )
         streams: list[Stream] = []
-        for profile in list(profiles or [])[:16]:
+        for profile in list(profiles or [])[:MAX_PROFILES]:
             token = str(getattr(profile, "token", "") or "")[:64]
             if not token:
                 continue
             reply = await _optional(
                 "GetStreamUri",
-                _op(media, "GetStreamUri", authless),
+                self._op("media", media_xaddr, "GetStreamUri", authless),
                 {"StreamSetup": STREAM_SETUP, "ProfileToken": token},
             )
             uri = strip_credentials(_field(reply, "Uri"))
@@ -194,20 +267,8 @@ class CameraSession:
                 streams.append(Stream(token=token, uri=uri))
         return tuple(streams)
 
-    async def close(self) -> None:
-        services, self._services = list(self._services.values()), {}
-        for service in services:
-            try:
-                await service.close()
-            except Exception as exc:  # closing must never fail a discovery pass
-                log.debug("closing a SOAP client failed: %s", exc)
 
-
-def _op(service: ONVIFService, name: str, authless: bool) -> Callable[..., Awaitable[Any]]:
-    return getattr(service, f"authless_{name}" if authless else name)  # type: ignore[no-any-return]
-
-
-async def _call(name: str, op: Callable[..., Awaitable[Any]], params: Any = None) -> Any:
+async def _call(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = None) -> Any:
     try:
         async with asyncio.timeout(CALL_TIMEOUT_S):
             return await op(params)
@@ -230,7 +291,7 @@ async def _call(name: str, op: Callable[..., Awaitable[Any]], params: Any = None
         raise CameraError(f"{name}: {type(exc).__name__}") from None
 
 
-async def _optional(name: str, op: Callable[..., Awaitable[Any]], params: Any = None) -> Any:
+async def _optional(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = None) -> Any:
     """A call whose failure leaves its properties out (auth refusals included)."""
     try:
         return await _call(name, op, params)

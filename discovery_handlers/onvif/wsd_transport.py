@@ -32,6 +32,9 @@ MULTICAST_TTL = 1  # link-local: probes never cross a router
 #: Receive buffer for every socket; a burst of ProbeMatches from 200 cameras fits.
 RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
 
+#: Linux's SO_RCVBUFFORCE (not in Python's socket module).
+SO_RCVBUFFORCE = 33
+
 Receiver = Callable[[bytes, str], None]
 
 
@@ -114,8 +117,11 @@ class WsdTransport:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+            try:  # past net.core.rmem_max where we may (CAP_NET_ADMIN), else as far as it allows
+                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER_BYTES)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, MULTICAST_TTL)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import struct
 import sys
@@ -35,6 +36,9 @@ NS_DN = "http://www.onvif.org/ver10/network/wsdl"
 GROUP_V4 = "239.255.255.250"
 GROUP_V6 = "ff02::c"
 WSD_PORT = 3702
+#: Longest random delay before a ProbeMatch (WS-Discovery's APP_MAX_DELAY is 0.5 s; shorter
+#: here so tests may use a short discoveryTimeoutSeconds).
+DEFAULT_MAX_DELAY_S = 0.2
 HOSTILE_KINDS = ("malformed", "bomb", "xxe", "oversized", "other_id")
 
 
@@ -129,12 +133,21 @@ class _Protocol(asyncio.DatagramProtocol):
         if message_id is None or self.transport is None:
             return
         self.simulator.probes_seen += 1
+        loop = asyncio.get_running_loop()
+        spread = self.simulator.max_delay_s
         for camera in self.simulator.cameras.values():
             if not camera.silent:
-                self.transport.sendto(probe_matches(camera, message_id), addr)
+                # each answer after a random delay, as WS-Discovery asks (APP_MAX_DELAY)
+                reply = probe_matches(camera, message_id)
+                loop.call_later(random.uniform(0, spread), self._send, reply, addr)
         decoy = self.simulator.decoy
         for kind in self.simulator.hostile:
             self.transport.sendto(hostile_datagrams(kind, message_id, decoy), addr)
+
+
+    def _send(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(data, addr)
 
 
 class CameraProcess:
@@ -149,6 +162,7 @@ class CameraProcess:
         self.decoy = _spec({"index": 9999, "uuid": str(uuid_module.uuid4()), "host": "10.0.0.1"})
         self.http_port: int = config.get("http_port", 8080)
         self.probes_seen = 0
+        self.max_delay_s: float = config.get("max_delay_s", DEFAULT_MAX_DELAY_S)
         self._soap = SoapServer(self.cameras, port=self.http_port)
         self._transports: list[asyncio.DatagramTransport] = []
         self._raw: list[socket.socket] = []

@@ -37,6 +37,7 @@ LAN_V6 = "fd77:1::"
 FAR_V4 = "10.77.2"
 HANDLER_V4 = f"{LAN_V4}.1"
 ROUTER_V4 = f"{LAN_V4}.254"
+LINE_LIMIT_BYTES = 64 * 1024 * 1024  # one printed device list of hundreds of cameras
 
 
 def ip(*args: str) -> None:
@@ -142,6 +143,7 @@ class LineProcess:
                 stderr=stderr,
                 cwd=REPO,
                 env=env,
+                limit=LINE_LIMIT_BYTES,
             )
         return cls(proc, stderr_path)
 
