@@ -15,6 +15,7 @@ import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
@@ -37,6 +38,11 @@ from crds.configuration import Configuration
 log = logging.getLogger(__name__)
 
 RELIST_INTERVAL = 300.0  # seconds between full lists that catch deletions a watch missed
+HTTP_UNAUTHORIZED = 401
+
+
+class FatalStartError(RuntimeError):
+    """A misconfiguration retrying cannot fix; the message says what to fix."""
 
 
 class ConfigurationWatch:
@@ -80,11 +86,7 @@ class ConfigurationWatch:
         """Run until cancelled; on cancel, stop every run and leave the Instances in place."""
         try:
             self._cdi.remove_all()  # specs of Configurations gone while the agent was down
-            self._node_labels = await self._read_node_labels()
-            await self._labels.prune(
-                node_labels=self._node_labels,
-                configurations=[name for _, name in await self._list_configurations()],
-            )
+            await self._start_up()
             for part, name in ((self._watch_node(), "watch-node"), (self._relist(), "relist")):
                 self._background.add(asyncio.create_task(part, name=name))
             stream = watching.watch(
@@ -102,6 +104,33 @@ class ConfigurationWatch:
                     await self._reconcile(key)
         finally:
             await self._shutdown()
+
+    async def _start_up(self) -> None:
+        """Read the Node's labels and prune stale ones, retrying transient API errors (a 429
+        while the API server initialises, 5xx, connection refused, timeouts) with backoff:
+        only refused credentials end the agent, with a message saying what to fix."""
+        failures = 0
+        while True:
+            try:
+                self._node_labels = await self._read_node_labels()
+                await self._labels.prune(
+                    node_labels=self._node_labels,
+                    configurations=[name for _, name in await self._list_configurations()],
+                )
+                return
+            except ApiError as exc:
+                if exc.status.code == HTTP_UNAUTHORIZED:
+                    raise FatalStartError(
+                        "the API server refused the agent's credentials (401): check the "
+                        "ServiceAccount token or KUBECONFIG"
+                    ) from exc
+                error: Exception = exc
+            except (OSError, httpx.HTTPError) as exc:
+                error = exc
+            failures += 1
+            delay = watching.retry_delay(failures)
+            log.warning("starting: %s; retrying in %.1fs", watching.describe(error), delay)
+            await asyncio.sleep(delay)
 
     async def _shutdown(self) -> None:
         runs = list(self._runs.values())
@@ -183,8 +212,8 @@ class ConfigurationWatch:
             before = dict(self._configurations)
             try:
                 listed = await self._list_configurations()
-            except ApiError as exc:
-                log.warning("relist of Configurations failed: %s", exc)
+            except Exception as exc:  # ApiError, or the API server unreachable
+                log.warning("relist of Configurations failed: %s", watching.describe(exc))
                 continue
             async with self._lock:
                 for key in watching.missed_deletions(before, self._configurations, listed):

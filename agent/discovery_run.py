@@ -20,6 +20,7 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient
 
+from agent import watching
 from agent.events import (
     REASON_DISCOVERY_FAILED,
     REASON_INVALID_DETAILS,
@@ -87,6 +88,9 @@ class DiscoveryRun:
         )
         self._task: asyncio.Task[None] | None = None
         self._got_result = False
+        self._publish_failed = asyncio.Event()
+        self._extra = {"configuration": f"{configuration.namespace}/{configuration.name}",
+                       "node": node_name}
 
     def start(self) -> None:
         name = f"discovery-{self.key[0]}/{self.key[1]}"
@@ -198,9 +202,17 @@ class DiscoveryRun:
                 now = loop.time()
                 self._metrics.discovery_duration.labels(handler.name).observe(now - started)
                 started = now
-                await self.publisher.publish(
-                    handler, details, self._without_secrets(devices), shared=shared
-                )
+                try:
+                    await self.publisher.publish(
+                        handler, details, self._without_secrets(devices), shared=shared
+                    )
+                except Exception as exc:
+                    # The API server away or refusing: the handler keeps running, and the
+                    # resync loop publishes the newest list again, with backoff, until it lands.
+                    log.warning("publishing devices failed (%s); retrying",
+                                watching.describe(exc), extra=self._extra)
+                    self._publish_failed.set()
+                    continue
                 if first:
                     first = False
                     self._got_result = True
@@ -236,9 +248,21 @@ class DiscoveryRun:
         return clean
 
     async def _resync_forever(self) -> None:
+        """Re-publish every ``resync_interval`` (heals Instances deleted behind our back and
+        re-derives every join and leave), and soon after a failed publish, with backoff."""
+        failures = 0
         while True:
-            await asyncio.sleep(self._resync_interval)
+            if failures == 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._resync_interval):
+                        await self._publish_failed.wait()
+                failures = 1 if self._publish_failed.is_set() else 0
+            if failures:
+                await asyncio.sleep(watching.retry_delay(failures))
+            self._publish_failed.clear()
             try:
                 await self.publisher.resync()
-            except ApiError as exc:
-                log.warning("resync of %s/%s failed: %s", *self.key, exc)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log.warning("resync of %s/%s failed (%s)", *self.key, watching.describe(exc))

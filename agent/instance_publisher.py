@@ -74,6 +74,10 @@ LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under 
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
 
 
+class LeaveFailed(Exception):
+    """A conditioned leave lost every race; the caller tries again later."""
+
+
 class InstancePublisher:
     """Instances of one Configuration as this node sees them. Not shared between runs."""
 
@@ -172,7 +176,11 @@ class InstancePublisher:
         await self.close()
         async with self._lock:
             for name, shared in list(self._owned.items()):
-                await self._leave(name, shared=shared)
+                try:
+                    await self._leave(name, shared=shared)
+                except Exception as exc:  # the ownerReference still collects a deleted one
+                    log.warning("could not leave Instance %s: %s", name,
+                                watching.describe(exc), extra=self._extra(name))
             await self._report()
 
     async def close(self) -> None:
@@ -260,8 +268,11 @@ class InstancePublisher:
             self._applied.pop(name, None)  # someone wrote in between: fill at the next pass
 
     async def _leave(self, name: str, *, shared: bool) -> None:
-        """Remove this node from ``name``; delete it when local or when no node is left."""
-        self._owned.pop(name, None)
+        """Remove this node from ``name``; delete it when local or when no node is left.
+
+        This node stops serving it first; ``name`` stays owned until the API agrees, so a
+        failed leave (the API server away) is derived again by the next publish or resync.
+        """
         self._applied.pop(name, None)
         self._health.forget(name)
         if self._served.pop(name, None) is not None:
@@ -269,7 +280,12 @@ class InstancePublisher:
         await self._table.remove(self._cfg.namespace, name)
         if not shared:
             await self._delete(name)
+            self._owned.pop(name, None)
             return
+        await self._leave_shared(name)
+        self._owned.pop(name, None)
+
+    async def _leave_shared(self, name: str) -> None:
         for _attempt in range(LEAVE_ATTEMPTS):
             try:
                 current = as_dict(
@@ -293,8 +309,7 @@ class InstancePublisher:
             if not nodes:
                 await self._delete(name)
             return
-        log.warning("could not leave Instance %s: it kept changing", name,
-                    extra=self._extra(name))
+        raise LeaveFailed(f"could not leave Instance {name}: it kept changing")
 
     def _leave_body(self, name: str, resource_version: str) -> dict[str, Any]:
         cfg = self._cfg

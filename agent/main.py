@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from agent.cdi_specs import CdiSpecs
-from agent.configuration_watch import ConfigurationWatch
+from agent.configuration_watch import ConfigurationWatch, FatalStartError
 from agent.discovery_run import RESYNC_INTERVAL
 from agent.kube import make_client
 from agent.metrics import AgentMetrics
@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         log.error("%s", exc)
         raise SystemExit(2) from exc
-    asyncio.run(_serve_until_signalled(settings))
+    try:
+        asyncio.run(_serve_until_signalled(settings))
+    except* FatalStartError as fatal:
+        for error in fatal.exceptions:
+            log.error("%s", error)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

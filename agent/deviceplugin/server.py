@@ -95,17 +95,22 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         updates = self._spec.feed.updates()
         async with contextlib.aclosing(updates):
             stopped = asyncio.ensure_future(self._stopping.wait())
+            update: asyncio.Future[tuple[AdvertisedDevice, ...]] | None = None
             try:
                 while True:
                     update = asyncio.ensure_future(anext(updates))
                     await asyncio.wait((update, stopped), return_when=asyncio.FIRST_COMPLETED)
                     if not update.done():
-                        update.cancel()
-                        await asyncio.gather(update, return_exceptions=True)
                         return
                     yield update.result()
             finally:
+                # However the stream ends (plugin stopping, or the kubelet hanging up, which
+                # cancels us), the pending read ends before the generator is closed: closing a
+                # generator a task is still inside raises "already running".
                 stopped.cancel()
+                if update is not None and not update.done():
+                    update.cancel()
+                    await asyncio.gather(update, return_exceptions=True)
 
     async def GetPreferredAllocation(
         self,

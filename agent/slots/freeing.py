@@ -2,9 +2,12 @@
 
 Why this exists: the kubelet never tells a device plugin that a pod has gone, so a slot written
 into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-resources ``List``
-says which device ids live pods hold; a slot of ours whose id no live pod holds, continuously for
-``ORPHAN_GRACE_SECONDS`` (and not claimed within that time: the kubelet lists a pod only after
-admitting it), is freed through its ledger, under the lock ``Allocate`` takes, and only if it
+says which device ids live pods hold. A slot that ``List`` once showed held by a live pod and no
+longer does was freed by the pod's end: it is freed at the next sweep (a second at most), so a
+pod waiting on another node gets it at once. A slot never seen held (the kubelet lists a pod
+only after admitting it, and an agent restart forgets what it saw) is freed only once no live pod
+has held it, continuously, for ``ORPHAN_GRACE_SECONDS`` and it was not claimed within that time.
+Freeing goes through the slot's ledger, under the lock ``Allocate`` takes, and only if the slot
 still carries the same usage.
 """
 
@@ -46,6 +49,7 @@ class OrphanFreer:
         self._ledger = ledger
         self._grace = grace
         self._orphan_since: dict[_Key, float] = {}
+        self._seen_live: set[_Key] = set()
         self._claimed_at: dict[tuple[str, str, str], float] = {}
 
     def claimed(self, refs: Iterable[SlotRef]) -> None:
@@ -81,6 +85,13 @@ class OrphanFreer:
                 seen.add(key)
                 claimed = self._claimed_at.get(key[:3], float("-inf"))
                 live = resource is not None and device_id in in_use.get(resource, frozenset())
+                if live:
+                    self._seen_live.add(key)
+                elif key in self._seen_live:  # its pod ended: free now, no grace needed
+                    self._seen_live.discard(key)
+                    await self._free(instance, slot, usage)
+                    self._orphan_since.pop(key, None)
+                    continue
                 if live or now - claimed < self._grace:
                     self._orphan_since.pop(key, None)
                     continue
@@ -90,6 +101,7 @@ class OrphanFreer:
                     self._orphan_since.pop(key, None)
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
+        self._seen_live &= seen
 
     async def _free(self, instance: Instance, slot: str, usage: SlotUsage) -> None:
         ledger = self._ledger(instance.namespace, instance.name)

@@ -182,7 +182,8 @@ class DevicePluginService:
                     async for obj in self._client.list(InstanceResource, namespace="*")
                 ]
             }
-        except ApiError as error:
+        except Exception as error:  # ApiError, or the API server unreachable: the next
+            # watch restart relists again, and the periodic reconcile carries on meanwhile
             log.warning("relist of Instances failed (%s)", watching.describe(error))
             return
         for key in watching.missed_deletions(before, self._instances, listed):
