@@ -70,10 +70,18 @@ class Camera:
     healthy: bool = True
     reason: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    #: the XAddr chosen when first seen; kept while the camera still lists it, so a dual-stack
+    #: camera heard over IPv4 and IPv6 does not flip its id (and Instance) between them
+    pinned_url: str = ""
 
     @property
     def service_url(self) -> str:
+        if self.pinned_url in self.match.xaddrs:
+            return self.pinned_url
         return service_url(self.match.xaddrs, self.source)
+
+    def pin_url(self) -> None:
+        self.pinned_url = self.service_url
 
 
 def service_url(xaddrs: Sequence[str], source: str) -> str:

@@ -151,6 +151,7 @@ class Scanner:
                 self._warn_bad(sender, f"more than {MAX_CAMERAS} cameras; ignoring the rest")
                 return None
             camera = Camera(match=match, source=sender, last_seen=now)
+            camera.pin_url()
             self._cameras[match.uuid] = camera
             return camera
         if camera.match != match or camera.source != sender:
@@ -158,6 +159,7 @@ class Scanner:
                 camera.match.metadata_version != match.metadata_version
             )
             camera.match, camera.source = match, sender
+            camera.pin_url()
             if stale:
                 camera.described_at = 0.0  # re-read the description on the next check
         camera.last_seen = now

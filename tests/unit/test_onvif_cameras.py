@@ -149,3 +149,16 @@ def test_property_values_are_capped() -> None:
     assert cam.description is not None
     cam.description = c.Description(model="M" * 5000)
     assert len(c.device_of(cam).properties["ONVIF_DEVICE_MODEL"]) == c.MAX_PROPERTY_CHARS
+
+
+def test_a_dual_stack_camera_keeps_the_url_it_was_first_seen_on() -> None:
+    v4, v6 = URL, "http://[fd00::5]:8080/onvif/device_service"
+    cam = camera(xaddrs=(v4, v6), source="10.0.0.5")
+    cam.pin_url()
+    first = c.device_id(cam)
+    cam.source = "fd00::5"  # the same camera, heard over IPv6
+    cam.pin_url()
+    assert c.device_id(cam) == first
+    cam.match = Match(uuid=UUID, xaddrs=(v6,), scopes=())  # it stopped listing the IPv4 one
+    cam.pin_url()
+    assert cam.service_url == v6
