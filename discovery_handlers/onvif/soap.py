@@ -280,6 +280,8 @@ async def _call(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = No
         reason = f"{name}: SOAP fault {_safe(exc.message)}"
         raise CameraError(reason, auth_refused=_is_auth_fault(exc)) from None
     except zeep.exceptions.TransportError as exc:
+        if exc.status_code == 200:  # zeep's way of saying the reply was not XML
+            raise CameraError(f"{name}: unreadable reply (not XML)") from None
         refused = exc.status_code == 401
         raise CameraError(f"{name}: HTTP {exc.status_code}", auth_refused=refused) from None
     except (zeep.exceptions.Error, ValueError) as exc:
