@@ -15,7 +15,6 @@ import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
@@ -125,7 +124,7 @@ class ConfigurationWatch:
                         "ServiceAccount token or KUBECONFIG"
                     ) from exc
                 error: Exception = exc
-            except (OSError, httpx.HTTPError) as exc:
+            except Exception as exc:  # connection refused or reset, timeouts (httpx's errors)
                 error = exc
             failures += 1
             delay = watching.retry_delay(failures)
