@@ -21,8 +21,9 @@ exception text that could carry them is logged: reasons name the exception type 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ from discovery_handlers.contract import Health
 from discovery_handlers.opcua.details import Security
 from discovery_handlers.opcua.selection import ServerRecord, clean_text, state_health
 
-MAX_CONNECTION_BYTES = 16 * 1024 * 1024  # a FindServers answer of 10,000 servers is ~2 MB
+MAX_CONNECTION_BYTES = 4 * 1024 * 1024  # a FindServers answer of 10,000 servers is ~1.5 MB
 MAX_SERVERS_PER_ANSWER = 1000
 MAX_URLS_PER_SERVER = 16
 MAX_REASON_CHARS = 160
@@ -73,7 +74,7 @@ async def find_servers(url: str, *, limit_s: float) -> FoundServers:
     """Ask ``url`` (a discovery server or a server) which servers it knows, over security None."""
     client = _client(url, limit_s)
     try:
-        async with asyncio.timeout(limit_s):
+        async with _bounded(limit_s):
             described = await client.connect_and_find_servers()
     except Exception as exc:
         raise Unreachable(_reason(exc)) from None
@@ -95,7 +96,7 @@ async def check(url: str, *, limit_s: float, security: Security | None) -> Healt
     client = _client(url, limit_s)
     channel_open = False
     try:
-        async with asyncio.timeout(limit_s):
+        async with _bounded(limit_s):
             if security is not None:
                 refused = await _secure(client, security)
                 if refused is not None:
@@ -183,6 +184,25 @@ async def _close_quietly(client: Client) -> None:
         await client.close_secure_channel()
     except Exception:  # the state was read; a server that drops the session here is not news
         return
+
+
+@contextlib.asynccontextmanager
+async def _bounded(limit_s: float) -> AsyncIterator[None]:
+    """``asyncio.timeout`` that always ends in ``TimeoutError`` when its own deadline passed.
+
+    asyncua waits through ``wait_for2``, which turns a deadline that races a finished request
+    into ``CancelledWithResultError`` (a ``CancelledError`` subclass that ``asyncio.timeout``
+    does not translate): left alone it would end the caller's task as if cancelled. A real
+    cancellation of the caller (``cancelling() > 0``) still propagates.
+    """
+    try:
+        async with asyncio.timeout(limit_s):
+            yield
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() == 0:
+            raise TimeoutError from None
+        raise
 
 
 def _client(url: str, timeout: float) -> Client:

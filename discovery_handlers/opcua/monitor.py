@@ -93,22 +93,32 @@ class Monitor:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            async with self._limit:
-                try:
-                    found = await client.find_servers(url, limit_s=self._details.timeout_s)
-                except client.Unreachable as exc:
-                    self._problem(url, f"FindServers failed: {exc}")
-                    answer = Answer(url, ())
-                else:
-                    dropped = found.total - len(found.records)
-                    self._problem(url, f"FindServers answered {found.total} servers; kept the "
-                                       f"first {len(found.records)}" if dropped else None)
-                    answer = Answer(url, found.records)
-            hosts = hosts_to_resolve([answer], names=self._details.application_names)
-            self._unresolvable[url] = await self._unresolvable_of(hosts)
-            self._answers[url] = answer
-            self._reconcile()
+            try:
+                await self._find_once(url)
+            except Exception as exc:  # a bug must not end discovery for this URL for good
+                log.exception("opcua: %s: discovery round failed", url)
+                self._problem(url, f"discovery round failed: {type(exc).__name__}")
+                if url not in self._answers:  # the first list must not wait on it forever
+                    self._answers[url] = Answer(url, ())
+                    self._reconcile()
             await asyncio.sleep(max(0.0, self._details.interval_s - (loop.time() - started)))
+
+    async def _find_once(self, url: str) -> None:
+        async with self._limit:
+            try:
+                found = await client.find_servers(url, limit_s=self._details.timeout_s)
+            except client.Unreachable as exc:
+                self._problem(url, f"FindServers failed: {exc}")
+                answer = Answer(url, ())
+            else:
+                dropped = found.total - len(found.records)
+                self._problem(url, f"FindServers answered {found.total} servers; kept the "
+                                   f"first {len(found.records)}" if dropped else None)
+                answer = Answer(url, found.records)
+        hosts = hosts_to_resolve([answer], names=self._details.application_names)
+        self._unresolvable[url] = await self._unresolvable_of(hosts)
+        self._answers[url] = answer
+        self._reconcile()
 
     def _reconcile(self) -> None:
         unresolvable = frozenset().union(*self._unresolvable.values())
@@ -136,30 +146,36 @@ class Monitor:
 
     async def _check_loop(self, key: tuple[str, int, str]) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while (server := self._servers.get(key)) is not None:
             started = loop.time()
-            server = self._servers.get(key)
-            if server is None:
-                return  # dropped by a discovery answer before this check started
-            url = server.candidate.url
-            health: Health | None = None
-            problem: str | None = None
-            async with self._limit:
-                try:
-                    health = await client.check(
-                        url, limit_s=self._details.timeout_s, security=self._details.security)
-                except client.Unreachable as exc:
-                    problem = f"not reachable: {exc}"
-                else:
-                    problem = None if health.healthy else f"unhealthy: {health.reason}"
-            if self._servers.get(key) is not server:
-                return  # dropped by a discovery answer while this check ran
-            self._problem(url, problem)
-            if health != server.health or not server.checked:
-                server.health = health
-                server.checked = True
-                self._changed.set()
+            try:
+                await self._check_once(key, server)
+            except Exception as exc:  # a bug must not freeze this server's health for good
+                log.exception("opcua: %s: check failed", server.candidate.url)
+                self._problem(server.candidate.url, f"check failed: {type(exc).__name__}")
+                if not server.checked:  # the first list must not wait on it forever
+                    server.checked = True
+                    self._changed.set()
             await asyncio.sleep(max(0.0, self._details.interval_s - (loop.time() - started)))
+
+    async def _check_once(self, key: tuple[str, int, str], server: _Server) -> None:
+        url = server.candidate.url
+        health: Health | None = None
+        async with self._limit:
+            try:
+                health = await client.check(
+                    url, limit_s=self._details.timeout_s, security=self._details.security)
+            except client.Unreachable as exc:
+                problem: str | None = f"not reachable: {exc}"
+            else:
+                problem = None if health.healthy else f"unhealthy: {health.reason}"
+        if self._servers.get(key) is not server:
+            return  # dropped by a discovery answer while this check ran
+        self._problem(url, problem)
+        if health != server.health or not server.checked:
+            server.health = health
+            server.checked = True
+            self._changed.set()
 
     async def _unresolvable_of(self, hosts: set[str]) -> frozenset[str]:
         loop = asyncio.get_running_loop()
