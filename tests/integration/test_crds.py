@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 import pytest
+import yaml
 
 from crds.api import API_VERSION, CONFIGURATION_KIND, INSTANCE_KIND
 from crds.configuration import Configuration
@@ -49,8 +50,8 @@ def get_json(cp: ControlPlane, namespace: str, kind: str, name: str) -> dict[str
     return result
 
 
-def table(cp: ControlPlane, namespace: str, resource: str) -> list[list[str]]:
-    out = cp.kubectl("get", resource, "-n", namespace).stdout
+def table(cp: ControlPlane, namespace: str, resource: str, *extra: str) -> list[list[str]]:
+    out = cp.kubectl("get", resource, "-n", namespace, *extra).stdout
     return [line.split() for line in out.strip().splitlines()]
 
 
@@ -69,13 +70,28 @@ def test_get_configurations_prints_columns(control_plane: ControlPlane, namespac
         "--type=merge", "-p",
         json.dumps({"status": {"instanceCount": 2, "brokers": {"desired": 2, "ready": 1}}}),
     )
+    control_plane.kubectl(
+        "patch", "configuration", "debug-echo", "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": {"conditions": [{
+            "type": "DiscoveryDetailsValid", "status": "False",
+            "reason": "InvalidDiscoveryDetails", "message": "descriptions: required",
+            "lastTransitionTime": "2026-11-30T00:00:00Z"}]}}),
+    )
     rows = table(control_plane, namespace, "configurations")
-    assert rows[0] == ["NAME", "HANDLER", "CAPACITY", "INSTANCES", "BROKERS", "READY", "AGE"]
+    assert rows[0] == ["NAME", "HANDLER", "CAPACITY", "INSTANCES", "BROKERS", "READY",
+                       "DETAILS", "AGE"]
     by_name = {row[0]: row for row in rows[1:]}
-    assert set(by_name) == {"udev-video", "onvif-camera", "opcua-thermometer", "ascend-910",
-                            "debug-echo"}
-    assert by_name["debug-echo"][1:6] == ["debugEcho", "2", "2", "2", "1"]
-    assert by_name["ascend-910"][1:3] == ["ascend", "1"]
+    examples = {
+        doc["metadata"]["name"]
+        for path in EXAMPLES_DIR.iterdir()
+        if path.name.endswith(".yaml")
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "Configuration"
+    }
+    assert set(by_name) == examples
+    # A Configuration that cannot run says so in the default columns.
+    assert by_name["debug-echo"][1:7] == [
+        "debugEcho", "2", "2", "2", "1", "InvalidDiscoveryDetails"]
     # The short name and the "all" category reach the same objects.
     assert len(table(control_plane, namespace, "epc")) == len(rows)
     all_out = control_plane.kubectl("get", "all", "-n", namespace).stdout
@@ -101,12 +117,16 @@ def test_get_instances_prints_columns(control_plane: ControlPlane, namespace: st
         "-p", json.dumps({"status": view.status_to_object()}),
     )
     rows = table(control_plane, namespace, "instances")
-    assert rows[0] == ["NAME", "CONFIG", "SHARED", "NODES", "CAPACITY", "USED", "AGE"]
+    assert rows[0] == ["NAME", "CONFIG", "SHARED", "CAPACITY", "USED", "AGE"]
     (row,) = rows[1:]
-    assert row[:3] == [name, "debug-echo", "true"]
-    assert "node-a" in row[3]
-    assert "node-b" in row[3]
-    assert row[4:6] == ["3", "2"]
+    assert row[:5] == [name, "debug-echo", "true", "3", "2"]
+    default_view = control_plane.kubectl("get", "instances", "-n", namespace).stdout
+    assert max(len(line) for line in default_view.splitlines()) <= 80
+    wide = table(control_plane, namespace, "instances", "-o", "wide")
+    assert wide[0] == ["NAME", "CONFIG", "SHARED", "NODES", "CAPACITY", "USED", "UNHEALTHY",
+                       "AGE"]
+    assert "node-a" in wide[1][3]
+    assert "node-b" in wide[1][3]
     assert len(table(control_plane, namespace, "epi")) == 2
 
 
@@ -222,6 +242,16 @@ def test_malformed_configuration_refused(
     assert field in result.stderr, f"error does not name {field}: {result.stderr}"
     missing = control_plane.kubectl("get", "configuration", "bad", "-n", namespace, check=False)
     assert missing.returncode != 0
+
+
+def test_configuration_name_that_would_break_resource_names_is_refused(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    too_long = apply(control_plane, namespace, minimal_configuration("c" * 57), check=False)
+    assert too_long.returncode != 0
+    assert "at most 56 characters" in too_long.stderr, too_long.stderr
+    longest = apply(control_plane, namespace, minimal_configuration("c" * 56))
+    assert " created" in longest.stdout
 
 
 def test_handler_name_is_immutable(control_plane: ControlPlane, namespace: str) -> None:
