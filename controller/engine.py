@@ -23,8 +23,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import httpx2 as httpx
-
 from controller import naming, wire
 from controller.cache import ClusterCache
 from controller.nodes import remove_node_from_instance
@@ -38,6 +36,7 @@ from controller.records import (
     ObservedPod,
     OwnedObject,
 )
+from controller.rest import Rest
 from controller.settings import ControllerSettings
 from controller.watching import Kind, Watcher, namespaced_path, selector
 from controller.workqueue import WorkQueue
@@ -100,7 +99,7 @@ class Engine:
     """Watches, cache, queue and workers of one controller replica."""
 
     def __init__(
-        self, *, http: httpx.AsyncClient, reconciler: Reconciler, settings: ControllerSettings,
+        self, *, http: Rest, reconciler: Reconciler, settings: ControllerSettings,
         identity: str,
     ) -> None:
         self.http = http

@@ -20,9 +20,11 @@ from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod, Service
-from lightkube.types import CascadeType, PatchType
+from lightkube.types import PatchType
 
-from crds.api import API_VERSION, CONFIGURATION_KIND
+from controller.rest import ApiFailure, Rest, status_message
+from crds.api import API_VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL
+from crds.api import VERSION as CRD_VERSION
 from crds.resources import ConfigurationResource as ConfigurationResource
 from crds.resources import InstanceResource as InstanceResource
 
@@ -46,6 +48,23 @@ _RESOURCES: Final[Mapping[str, type[NamespacedResource]]] = {
     "Service": Service,
     "Job": Job,
 }
+#: Where each kind the controller creates or deletes lives: (group path, plural).
+_COLLECTIONS: Final[Mapping[str, tuple[str, str]]] = {
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "Event": ("/api/v1", "events"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "Instance": (f"/apis/{GROUP}/{CRD_VERSION}", INSTANCE_PLURAL),
+    "Configuration": (f"/apis/{GROUP}/{CRD_VERSION}", CONFIGURATION_PLURAL),
+}
+_CREATE_PARAMS: Final = {"fieldManager": FIELD_MANAGER}
+_DELETE_BACKGROUND: Final = {"propagationPolicy": "Background"}
+HTTP_OK_RANGE: Final = range(200, 300)
+
+
+def collection_path(kind: str, namespace: str) -> str:
+    group, plural = _COLLECTIONS[kind]
+    return f"{group}/namespaces/{namespace}/{plural}"
 
 
 class Refused(Exception):
@@ -77,36 +96,39 @@ def _refusal(error: ApiError) -> Refused | None:
 
 
 class Kube:
-    """Idempotent writes. ``create``/``delete`` return whether this call changed anything."""
+    """Idempotent writes. ``create``/``delete`` return whether this call changed anything.
 
-    def __init__(self, client: AsyncClient) -> None:
+    Creations and deletions, the writes made per Instance, go through :class:`Rest`; the rarer
+    patches, reads and server-side applies through lightkube's client."""
+
+    def __init__(self, client: AsyncClient, rest: Rest) -> None:
         self.client = client
+        self.rest = rest
         self._writes = asyncio.Semaphore(MAX_WRITES_IN_FLIGHT)
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
-        try:
-            async with self._writes:
-                await self.client.create(from_dict(dict(obj)), field_manager=FIELD_MANAGER)
-        except ApiError as error:
-            if _code(error) == HTTP_CONFLICT:
-                return False
-            refused = _refusal(error)
-            if refused is not None:
-                raise refused from error
-            raise
-        return True
+        meta = obj["metadata"]
+        path = collection_path(str(obj["kind"]), str(meta["namespace"]))
+        async with self._writes:
+            code, body = await self.rest.request("POST", path, body=obj, params=_CREATE_PARAMS)
+        if code in HTTP_OK_RANGE:
+            return True
+        if code == HTTP_CONFLICT:
+            return False
+        message = status_message(code, body)
+        if code in (HTTP_INVALID, HTTP_BAD_REQUEST):
+            raise Refused(message)
+        raise ApiFailure(code, message)
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        try:
-            async with self._writes:
-                await self.client.delete(
-                    _RESOURCES[kind], name, namespace=namespace, cascade=CascadeType.BACKGROUND
-                )
-        except ApiError as error:
-            if _code(error) == HTTP_NOT_FOUND:
-                return False
-            raise
-        return True
+        path = f"{collection_path(kind, namespace)}/{name}"
+        async with self._writes:
+            code, body = await self.rest.request("DELETE", path, body=_DELETE_BACKGROUND)
+        if code in HTTP_OK_RANGE:
+            return True
+        if code == HTTP_NOT_FOUND:
+            return False
+        raise ApiFailure(code, status_message(code, body))
 
     async def merge_patch(self, obj: Mapping[str, Any]) -> None:
         """Replaces the labels, annotations and spec of an existing object (services)."""
@@ -155,13 +177,7 @@ class Kube:
                 raise
 
     async def delete_instance(self, namespace: str, name: str) -> bool:
-        try:
-            await self.client.delete(InstanceResource, name, namespace=namespace)
-        except ApiError as error:
-            if _code(error) == HTTP_NOT_FOUND:
-                return False
-            raise
-        return True
+        return await self.delete("Instance", namespace, name)
 
     async def apply_configuration_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
@@ -199,8 +215,7 @@ class Kube:
 
     async def post_event(self, event: Mapping[str, Any]) -> None:
         """Creates a core/v1 Event (best effort: the caller logs a failure and moves on)."""
-        async with self._writes:
-            await self.client.create(from_dict(dict(event)))
+        await self.create(event)
 
     async def ensure_peering(self, namespace: str | None, name: str) -> None:
         """Creates the peering object the replicas elect their active one through: a

@@ -19,18 +19,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
 
-import httpx2 as httpx
 import kopf
 from lightkube import KubeConfig
-from lightkube.config.client_adapter import AsyncClient as http_client
-from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.kubeconfig import SingleConfig
 
 from controller.engine import Engine
 from controller.eventbatch import EventPoster
 from controller.handlers import register
-from controller.kube import Kube, make_client
+from controller.kube import MAX_WRITES_IN_FLIGHT, Kube, make_client
 from controller.naming import FINALIZER
 from controller.reconciler import Reconciler
+from controller.rest import Rest
 from controller.settings import ControllerSettings
 
 __all__ = ["FINALIZER", "kopf_settings", "main", "run"]
@@ -44,8 +43,6 @@ REPORTING_COMPONENT: Final = "edgeplug-controller"
 #: steps, then this many seconds forever; short, so a returning API server is seen quickly.
 KOPF_FIRST_BACKOFFS_S: Final = (0.5, 1.0, 2.0)
 KOPF_BACKOFF_MAX_S: Final = 3.0
-#: Timeout for one API request of the watch client outside a watch stream.
-HTTP_TIMEOUT_S: Final = 10.0
 #: Waits between attempts to create the peering object while the API is unreachable.
 PEERING_SETUP_RETRY_S: Final = 2.0
 
@@ -75,13 +72,16 @@ def kopf_settings(settings: ControllerSettings) -> kopf.OperatorSettings:
     return config
 
 
-def watch_client(kubeconfig: Path | None) -> httpx.AsyncClient:
-    """An HTTP client for the watches, authenticated as the kubeconfig (or in-cluster) says."""
+def cluster_config(kubeconfig: Path | None) -> SingleConfig:
+    """The kubeconfig's current context (or the in-cluster service account's)."""
     config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_env()
     single = config.get()
     if single is None:
         raise ValueError(f"no usable context in the kubeconfig {kubeconfig or '$KUBECONFIG'}")
-    return http_client(single, ConnectionParams(timeout=httpx.Timeout(HTTP_TIMEOUT_S)))
+    return single
+
+
+
 
 
 async def _ensure_peering(kube: Kube, settings: ControllerSettings) -> None:
@@ -103,9 +103,11 @@ async def run(
     ready_flag: asyncio.Event | None = None,
 ) -> None:
     """Runs the controller until ``stop_flag`` is set (or forever)."""
+    config = cluster_config(settings.kubeconfig)
     client = make_client(settings.kubeconfig)
-    http = watch_client(settings.kubeconfig)
-    kube = Kube(client)
+    http = Rest(config, connections=0)  # the watches: one long-lived connection each
+    rest = Rest(config, connections=MAX_WRITES_IN_FLIGHT)
+    kube = Kube(client, rest)
     tasks: list[asyncio.Task[Any]] = []
     try:
         if settings.peering_name is not None:
@@ -142,7 +144,8 @@ async def run(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await http.aclose()
+        await http.close()
+        await rest.close()
         await client.close()
 
 

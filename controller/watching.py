@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-import httpx2 as httpx
 import msgspec
+
+from controller.rest import ApiFailure, Rest, status_message
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,11 @@ WATCH_TIMEOUT_S: Final = 300
 WATCH_TIMEOUT_JITTER_S: Final = 60
 #: Client-side read timeout beyond the server's own watch timeout (a stuck connection ends).
 READ_MARGIN_S: Final = 30.0
+HTTP_OK: Final = 200
 #: Backoff between failed attempts (connection refused during an outage, 5xx): doubles from
 #: the first to the last, and stays there: short enough to notice a returning server quickly.
 RETRY_FIRST_S: Final = 0.25
-RETRY_MAX_S: Final = 4.0
+RETRY_MAX_S: Final = 2.0
 HTTP_GONE: Final = 410
 
 R = TypeVar("R")
@@ -113,7 +115,7 @@ class Watcher(Generic[K, R]):
     old, new)`` (``old`` None: appeared; ``new`` None: vanished) for each record that changed."""
 
     def __init__(
-        self, *, http: httpx.AsyncClient, kind: Kind[K, R], on_change: ChangeHandler[K, R]
+        self, *, http: Rest, kind: Kind[K, R], on_change: ChangeHandler[K, R]
     ) -> None:
         self.http = http
         self.kind = kind
@@ -161,12 +163,13 @@ class Watcher(Generic[K, R]):
             params = self._params(limit=str(LIST_PAGE_SIZE))
             if cont:
                 params["continue"] = cont
-            response = await self.http.get(self.kind.path, params=params)
-            if response.status_code == HTTP_GONE:  # the continue token expired mid-list
+            code, body = await self.http.request("GET", self.kind.path, params=params)
+            if code == HTTP_GONE:  # the continue token expired mid-list
                 cont, fresh = "", {}
                 continue
-            response.raise_for_status()
-            page = _decode_list(response.content)
+            if code != HTTP_OK:
+                raise ApiFailure(code, status_message(code, body))
+            page = _decode_list(body)
             for raw in page.items:
                 record = self._decode(bytes(raw))
                 if record is not None:
@@ -193,15 +196,15 @@ class Watcher(Generic[K, R]):
             watch="1", allowWatchBookmarks="true", resourceVersion=self.version,
             timeoutSeconds=str(timeout_s),
         )
-        timeout = httpx.Timeout(10.0, read=timeout_s + READ_MARGIN_S)
-        async with self.http.stream("GET", self.kind.path, params=params,
-                                    timeout=timeout) as response:
-            if response.status_code == HTTP_GONE:
+        async with self.http.stream(self.kind.path, params=params,
+                                    read_timeout_s=timeout_s + READ_MARGIN_S) as (code, body):
+            if code == HTTP_GONE:
                 raise Gone()
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line:
-                    self._event(line.encode())
+            if code != HTTP_OK:
+                raise ApiFailure(code, status_message(code, await body.read()))
+            async for line in body:
+                if line.strip():
+                    self._event(line)
 
     def _event(self, line: bytes) -> None:
         event = _decode_event(line)
