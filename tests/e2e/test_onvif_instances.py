@@ -1,0 +1,143 @@
+"""End to end on the namespaced camera network: Instances follow cameras' Hello, Bye and silence.
+
+The real agent runs in the test's handler namespace (``tests.harness.onvif_agent_netns``: its
+API connection crosses to the host's loopback through a Unix socket, so its multicast never
+can), simulated cameras (standing in for ONVIF IP cameras) in a camera namespace on the same
+bridge, and the real API server holds the Instances a user would look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import urllib.error
+import uuid
+from collections.abc import Iterator
+from http import HTTPStatus
+from typing import Any
+
+import pytest
+
+from crds.naming import instance_name
+from tests.harness.controller_process import apply, items
+from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import POLL_S, WAIT_S
+from tests.harness.onvif_agent_netns import NetnsAgent
+from tests.harness.onvif_netns import LAN_V4, NetnsBed, camera, start_cameras
+
+GRACE_S = 3
+PASSWORD = "netns-camera-password"
+WRONG = "netns-wrong-password"
+
+
+@pytest.fixture
+def bed() -> Iterator[NetnsBed]:
+    network = NetnsBed()
+    try:
+        network.build()
+        yield network
+    finally:
+        network.close()
+
+
+def configuration(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "edgeplug.io/v1alpha1",
+        "kind": "Configuration",
+        "metadata": {"name": "cams", "namespace": namespace},
+        "spec": {
+            "discoveryHandler": {
+                "name": "onvif",
+                "discoveryDetails": (
+                    "discoveryTimeoutSeconds: 0.5\ndiscoveryIntervalSeconds: 2\nipv6: false\n"
+                ),
+                "discoveryProperties": [
+                    {"name": "username_default", "value": "admin"},
+                    {"name": "password_default",
+                     "valueFrom": {"secretKeyRef": {"name": "cams", "key": "password"}}},
+                ],
+            },
+            "capacity": 1,
+            "offlineGracePeriodSeconds": GRACE_S,
+        },
+    }
+
+
+async def until(check: Any, *, what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not (result := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+        await asyncio.sleep(POLL_S)
+    return result
+
+
+@pytest.mark.slow
+async def test_instances_follow_hello_bye_and_silence(
+    control_plane: ControlPlane, namespace: str, bed: NetnsBed
+) -> None:
+    host = f"{LAN_V4}.30"
+    ns = bed.add_camera_ns(30)
+    first = camera(1, host, username="admin", password=PASSWORD, model="M1")
+    second = camera(2, host)
+    refusing = camera(3, host, username="admin", password=WRONG, model="M3")
+    cameras = await start_cameras(bed, ns, {"cameras": [first, second, refusing]})
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    agent = NetnsAgent(control_plane, ns=bed.handler_ns, node_name=node, namespace=namespace,
+                       workdir=bed.workdir)
+    path = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+
+    def names() -> set[str] | None:
+        try:
+            return {i["metadata"]["name"] for i in items(control_plane, path)}
+        except urllib.error.HTTPError as error:
+            if error.code == HTTPStatus.TOO_MANY_REQUESTS:  # the API server sheds load: look again
+                return None
+            raise
+
+    def name_of(cam: dict[str, Any]) -> str:
+        url = f"http://{host}:8080/onvif/{cam['index']}/device_service"
+        return instance_name("cams", f"{url}-{cam['uuid']}", shared=True, node=node)
+
+    try:
+        apply(control_plane, {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "cams", "namespace": namespace},
+            "data": {"password": base64.b64encode(PASSWORD.encode()).decode()},
+        })
+        apply(control_plane, configuration(namespace))
+        await agent.start()
+        three = {name_of(first), name_of(second), name_of(refusing)}
+        await until(lambda: names() == three, what="an Instance per camera")
+        by_name = {i["metadata"]["name"]: i for i in items(control_plane, path)}
+        assert by_name[name_of(first)]["spec"]["brokerProperties"]["ONVIF_DEVICE_MODEL"] == "M1"
+        # the camera that refuses our password is listed with what it shows without it
+        refused = by_name[name_of(refusing)]["spec"]["brokerProperties"]
+        assert "ONVIF_DEVICE_MODEL" not in refused
+        assert refused["ONVIF_DEVICE_UUID"] == refusing["uuid"]
+
+        newcomer = camera(4, host)
+        await cameras.command(cmd="add", camera=newcomer)  # says Hello
+        await until(lambda: name_of(newcomer) in (names() or ()), what="the Instance of a Hello")
+
+        said_bye = time.monotonic()
+        await cameras.command(cmd="bye", uuid=first["uuid"])
+        await until(lambda: name_of(first) not in (names() or {name_of(first)}),
+                    what="the Instance of a Bye gone")
+        assert time.monotonic() - said_bye >= GRACE_S, "kept for offlineGracePeriodSeconds"
+
+        await cameras.command(cmd="silence", uuid=second["uuid"])
+        await until(lambda: name_of(second) not in (names() or {name_of(second)}),
+                    what="a silent camera's Instance gone")
+        assert names() == {name_of(refusing), name_of(newcomer)}
+
+        log = agent.log()
+        assert PASSWORD not in log
+        assert f"uuid {refusing['uuid']}) refused the configured credentials" in log
+        assert PASSWORD not in str(items(control_plane, path))
+    finally:
+        await agent.stop()
+        await cameras.stop()
+        print(f"--- agent log ---\n{agent.log()[-6000:]}")
