@@ -27,8 +27,9 @@ from asyncua.crypto.validator import CertificateValidator, CertificateValidatorO
 from asyncua.server.server import Server
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-NAMESPACE_URI = "urn:edgeplug:test"
+NAMESPACE_URI = "urn:edgeplug:test"  # the first namespace a server registers: index 2
 VALUE_NAME = "Temperature"
+VALUE_IDENTIFIER = "Thermometer_Temperature"  # Akri's example broker reads ns=2;s=<this>
 VALUE = 21.5
 REGISTRATION_PERIOD_S = 60  # asyncua re-registers this often; the tests never wait on it
 CLIENT_APPLICATION_URI = "urn:edgeplug:test:client"
@@ -105,7 +106,8 @@ class TestServer:
                 CertificateValidatorOptions.TRUSTED_VALIDATION
                 | CertificateValidatorOptions.PEER_CLIENT, store))
         index = await server.register_namespace(NAMESPACE_URI)
-        await server.nodes.objects.add_variable(index, VALUE_NAME, VALUE)
+        await server.nodes.objects.add_variable(
+            f"ns={index};s={VALUE_IDENTIFIER}", VALUE_NAME, VALUE)
         await server.start()
         self._server = server
         if self._register_to is not None:

@@ -1,0 +1,158 @@
+"""End to end: OPC-UA servers registered to a discovery server → Instances → a broker pod whose
+Allocate carries ``OPCUA_DISCOVERY_URL`` → a test broker reads a value with it; a server set to a
+state other than Running → its slot Unhealthy on the node, the reason on the Instance; a server
+stopped → Instance and broker gone after the grace; restarted → back under the same name.
+
+The servers and discovery server are real asyncua ones on loopback; the agent and controller are
+the product; the kubelet is the node emulator, which runs no containers: the "broker" is
+tests/harness/opcua_broker.py run as a process with the environment the emulator recorded from
+the agent's Allocate (what a container would get), reading ns=2;s=Thermometer_Temperature the
+way Akri's OPC-UA monitoring broker does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asyncua import ua
+
+from agent.main import run_agent
+from agent.settings import AgentSettings
+from crds.naming import instance_name
+from tests.harness.controller_process import (
+    ControllerProcess,
+    apply,
+    broker_pod_spec,
+    broker_pods,
+    install_peering_crds,
+    items,
+)
+from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import WAIT_S
+from tests.harness.node_emulator import NodeEmulator
+from tests.harness.opcua_servers import VALUE, VALUE_IDENTIFIER, TestServer
+
+POLL_S = 0.1
+BROKER_DEADLINE_S = 30.0
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def until(check: Any, *, what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not (result := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+        await asyncio.sleep(POLL_S)
+    return result
+
+
+def opcua_configuration(namespace: str, lds_url: str) -> dict[str, Any]:
+    details = (f"opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: [{lds_url}]\n"
+               "applicationNames:\n  action: Include\n  items: [line-1]\n"
+               "discoveryIntervalSeconds: 0.5\ntimeoutSeconds: 2\n")
+    return {
+        "apiVersion": "edgeplug.io/v1alpha1",
+        "kind": "Configuration",
+        "metadata": {"name": "plcs", "namespace": namespace},
+        "spec": {
+            "discoveryHandler": {"name": "opcua", "discoveryDetails": details},
+            "capacity": 1,
+            "offlineGracePeriodSeconds": 2,
+            "brokerProperties": {"IDENTIFIER": VALUE_IDENTIFIER, "NAMESPACE_INDEX": "2"},
+            "brokerSpec": {"brokerPodSpec": broker_pod_spec()},
+        },
+    }
+
+
+async def run_broker(envs: dict[str, str]) -> str:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.harness.opcua_broker",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **envs})
+    out, err = await asyncio.wait_for(process.communicate(), BROKER_DEADLINE_S)
+    assert process.returncode == 0, err.decode()
+    return out.decode().strip()
+
+
+async def test_broker_reads_the_server_health_follows_state_and_presence(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path
+) -> None:
+    install_peering_crds(control_plane)
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    lds = await TestServer("lds", discovery=True).start()
+    line1 = await TestServer("line-1", register_to=lds.url).start()
+    line2 = await TestServer("line-2", register_to=lds.url).start()  # filtered out by name
+    inst = instance_name("plcs", line1.url, shared=True, node=node)
+    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                            plugin_dir=plugin_dir)
+    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
+                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             namespace=namespace)
+    ctl = ControllerProcess(control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log")
+    await emulator.start()
+    agent = asyncio.create_task(run_agent(settings))
+    ctl.start()
+    instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+    resource = f"edgeplug.io/{inst}"
+    try:
+        apply(control_plane, opcua_configuration(namespace, lds.url))
+        pod_name = f"{inst}-{node}-pod"
+
+        def running() -> bool:
+            return any(pod["metadata"]["name"] == pod_name
+                       and pod.get("status", {}).get("phase") == "Running"
+                       for pod in broker_pods(control_plane, namespace))
+
+        await until(running, what=f"broker {pod_name} Running")
+        assert [i["metadata"]["name"] for i in items(control_plane, instances)] == [inst]
+        [allocation] = emulator.allocations(namespace, pod_name)
+        assert allocation.envs["OPCUA_DISCOVERY_URL"] == line1.url
+        assert allocation.envs["OPCUA_APPLICATION_NAME"] == "line-1"
+        assert await run_broker(dict(allocation.envs)) == str(VALUE)
+
+        # present but not Running: the Instance stays, its slot is Unhealthy, users see why
+        await line1.set_state(ua.ServerState.Suspended)
+
+        def unhealthy_reason() -> str | None:
+            found = items(control_plane, instances)
+            status = (found[0].get("status") or {}) if found else {}
+            reason: str | None = (status.get("unhealthy") or {}).get(node)
+            return reason if reason and not emulator.healthy_device_ids(resource) else None
+
+        assert await until(unhealthy_reason, what="the slot Unhealthy") == \
+            "server state is Suspended"
+        await line1.set_state(ua.ServerState.Running)
+        await until(lambda: emulator.healthy_device_ids(resource), what="the slot healthy again")
+
+        await line1.stop()
+        await until(lambda: not items(control_plane, instances), what="the Instance gone")
+        await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
+        await line1.start()
+        [back] = await until(lambda: items(control_plane, instances), what="the Instance back")
+        assert back["metadata"]["name"] == inst
+    finally:
+        ctl.stop()
+        agent.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent
+        await emulator.stop(delete_node=True)
+        for server in (line1, line2, lds):
+            await server.stop()
+        print(f"--- controller log ---\n{ctl.log_tail(40)}")
