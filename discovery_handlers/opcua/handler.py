@@ -8,6 +8,7 @@ on first use, so an agent that runs no OPC-UA Configuration never pays for it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -31,8 +32,10 @@ class OpcuaHandler:
             raise TypeError(f"opcua.discover needs OpcuaDetails, got {type(details).__name__}")
         from discovery_handlers.opcua.monitor import Monitor  # imports asyncua (~40 MiB)
 
-        async for devices in Monitor(details).lists():
-            yield devices
+        # closing this generator (the CLI's aclosing, the agent's cancel) ends the monitor's tasks
+        async with contextlib.aclosing(Monitor(details).lists()) as lists:
+            async for devices in lists:
+                yield devices
 
 
 handler = OpcuaHandler()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from discovery_handlers.contract import Device, Health, run_blocking
@@ -56,7 +56,7 @@ class Monitor:
         self._problems: dict[str, str] = {}
         self._resolved: dict[str, tuple[float, bool]] = {}
 
-    async def lists(self) -> AsyncIterator[Sequence[Device]]:
+    async def lists(self) -> AsyncGenerator[Sequence[Device], None]:
         finders = [asyncio.create_task(self._find_loop(url), name=f"opcua-find {url}")
                    for url in self._details.discovery_urls]
         try:
