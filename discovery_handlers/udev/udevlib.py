@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,8 @@ from discovery_handlers.udev.rules import Key, Rule
 
 log = logging.getLogger(__name__)
 
-#: Present when a udev daemon runs on the host: then listen to udev's processed events (with
-#: its database written: ID_* properties, links); else to the kernel's own uevents.
+#: Present when a udev daemon runs on the host: then listen to udev's processed events too
+#: (with its database written: ID_* properties, links), besides the kernel's own uevents.
 UDEV_CONTROL = "/run/udev/control"
 #: Kernel receive buffer asked for the monitor socket (udevadm asks 128 MiB); a burst larger
 #: than this overflows, and discovery re-enumerates.
@@ -230,43 +231,77 @@ class Overflow(OSError):
 
 
 class Monitor:
-    """A started uevent monitor; ``fileno`` for the loop's reader, ``drain`` to receive."""
+    """The started uevent monitors behind one pollable descriptor (an epoll set): ``fileno``
+    for the loop's reader, ``drain`` to receive from every source.
+
+    The kernel source always: kernel uevents reach a pod in its own network namespace too.
+    The udev source as well when a udev daemon runs on the host (``/run/udev/control``): its
+    events come once udev has written its database (``ID_*`` properties, ``/dev/serial/by-id``
+    links), which rules on ``ENV{...}`` need; they reach only processes in the host's network
+    namespace (``hostNetwork``). Either event makes discovery re-read the device, so a second
+    copy of the same change costs one re-read and changes nothing.
+    """
 
     def __init__(self, context: Any) -> None:
-        self.source = "udev" if os.path.exists(UDEV_CONTROL) else "kernel"
-        self._monitor = pyudev.Monitor.from_netlink(context, source=self.source)
-        try:
-            self._monitor.set_receive_buffer_size(MONITOR_BUFFER_BYTES)
-        except Exception as exc:  # needs CAP_NET_ADMIN; the default buffer still works
-            log.debug("monitor buffer size not raised: %s", exc)
-        self._monitor.start()
+        self.sources = ["kernel", *(["udev"] if os.path.exists(UDEV_CONTROL) else [])]
+        self.source = "+".join(self.sources)
+        self._monitors = [_started(context, source) for source in self.sources]
+        self._epoll: select.epoll | None = select.epoll()
+        for monitor in self._monitors:
+            self._epoll.register(monitor.fileno(), select.EPOLLIN)
 
     def fileno(self) -> int:
-        return int(self._monitor.fileno())
+        if self._epoll is None:
+            raise MonitorBroken(errno.EBADF, "uevent monitor closed")
+        return self._epoll.fileno()
+
+    def socket_fds(self) -> list[int]:
+        """The netlink sockets themselves (tests break one to see discovery recover)."""
+        return [int(m.fileno()) for m in self._monitors]
 
     def drain(self) -> list[Event]:
         """Events waiting now (never blocks). Raises ``Overflow`` or ``MonitorBroken``."""
         events: list[Event] = []
-        for _ in range(MAX_EVENTS_PER_DRAIN):
-            try:
-                device = self._monitor.poll(timeout=0)
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
-                    raise Overflow(errno.ENOBUFS, "uevent monitor overflowed") from exc
-                raise MonitorBroken(exc.errno or errno.EIO,
-                                    f"uevent monitor failed: {exc}") from exc
-            except Exception as exc:
-                raise MonitorBroken(errno.EIO, f"uevent monitor failed: {exc}") from exc
-            if device is None:
-                break
-            event = _event_of(device)
-            if event is not None:
-                events.append(event)
+        for monitor in self._monitors:
+            events += _drain_one(monitor)
         return events
 
     def close(self) -> None:
-        """Let go of the monitor: pyudev unrefs it (closing its socket) when collected."""
-        self._monitor = None
+        """Let go of the sockets: pyudev unrefs each monitor (closing it) when collected."""
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+        self._monitors = []
+
+
+def _started(context: Any, source: str) -> Any:
+    monitor = pyudev.Monitor.from_netlink(context, source=source)
+    try:
+        monitor.set_receive_buffer_size(MONITOR_BUFFER_BYTES)
+    except Exception as exc:  # needs CAP_NET_ADMIN; the default buffer still works
+        log.debug("monitor buffer size not raised: %s", exc)
+    monitor.start()
+    return monitor
+
+
+def _drain_one(monitor: Any) -> list[Event]:
+    events: list[Event] = []
+    for _ in range(MAX_EVENTS_PER_DRAIN):
+        try:
+            device = monitor.poll(timeout=0)
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                raise Overflow(errno.ENOBUFS, "uevent monitor overflowed") from exc
+            raise MonitorBroken(exc.errno or errno.EIO,
+                                f"uevent monitor failed: {exc}") from exc
+        except Exception as exc:
+            raise MonitorBroken(errno.EIO, f"uevent monitor failed: {exc}") from exc
+        if device is None:
+            break
+        event = _event_of(device)
+        if event is not None:
+            events.append(event)
+    return events
 
 
 def _event_of(device: Any) -> Event | None:

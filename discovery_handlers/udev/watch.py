@@ -28,10 +28,12 @@ from discovery_handlers.udev.devices import NodeRecord, build_devices
 
 log = logging.getLogger(__name__)
 
-#: A burst is over once no event came for this long...
-DEBOUNCE_QUIET_S = 0.03
-#: ...or this long after its first event, whichever comes first.
-DEBOUNCE_MAX_S = 0.25
+#: A burst is over once no event came for this long (the kernel enumerates a hub's devices one
+#: after another, tens of milliseconds apart)...
+DEBOUNCE_QUIET_S = 0.1
+#: ...or this long after its first event, whichever comes first (a long stream of events still
+#: yields a list every second).
+DEBOUNCE_MAX_S = 1.0
 #: Reopening a failed monitor more often than this without one good event in between gives up.
 MAX_REOPENS_IN_A_ROW = 5
 #: A socket that keeps waking the loop without delivering an event (a shut-down socket reads

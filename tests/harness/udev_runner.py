@@ -50,7 +50,7 @@ def on_command(watcher: Watcher) -> None:
     if not line:
         asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
     elif command == "break-monitor" and watcher.monitor is not None:
-        sock = socket.socket(fileno=os.dup(watcher.monitor.fileno()))
+        sock = socket.socket(fileno=os.dup(watcher.monitor.socket_fds()[0]))
         sock.shutdown(socket.SHUT_RDWR)
         sock.close()
         emit(watcher, broke=True)
