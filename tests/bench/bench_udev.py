@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from crds.naming import instance_name, instance_resource_name
+from discovery_handlers.udev.watch import DEBOUNCE_QUIET_S
 from tests.bench.bench_agent_setup import WatchedState, quiet_logs
 from tests.bench.stats import summary
 from tests.harness.agent_process import AgentSubprocess, api_client, apply
@@ -124,7 +125,9 @@ def bench_handler_hotplug() -> None:
             latencies.append(line["t"] - plugged["t"])
             bed.unplug("1-1")
             discovery.until(lambda ds: ds == [], what="the radio gone")
-    print(summary("  handler: last uevent sent → new list (debounce 30 ms included)", latencies))
+    quiet_ms = DEBOUNCE_QUIET_S * 1000
+    print(summary(f"  handler: last uevent sent → new list ({quiet_ms:.0f} ms quiet window "
+                  "included)", latencies))
 
 
 def bench_scale() -> None:

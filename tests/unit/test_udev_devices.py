@@ -132,3 +132,35 @@ def test_details_defaults_and_akri_fields() -> None:
         "usb: {vendor: '0403', product: '6001'}", {})
     assert (parsed.group_recursive, parsed.permissions, len(parsed.rules)) == (True, "r", 2)
     assert handler.shared is False
+
+
+def test_usb_devices_are_one_per_interface_with_the_interface_path_as_id() -> None:
+    intf = f"{USB_PATH}/1-1:1.0"
+    first = NodeRecord(devpath=f"{intf}/ttyUSB1/tty/ttyUSB1", devnode="/dev/ttyUSB1", anchor=intf)
+    second = NodeRecord(devpath=f"{intf}/ttyUSB0/tty/ttyUSB0", devnode="/dev/ttyUSB0", anchor=intf)
+    [device] = build_devices([first, second], group_recursive=False, permissions="rw")
+    assert device.id == intf
+    assert device.properties["UDEV_DEVPATH"] == intf
+    assert [device.properties[f"UDEV_DEVNODE_{i}"] for i in (0, 1)] == [
+        "/dev/ttyUSB0", "/dev/ttyUSB1"]
+    renumbered = NodeRecord(devpath=f"{intf}/ttyUSB2/tty/ttyUSB2", devnode="/dev/ttyUSB2",
+                            anchor=intf)
+    [again] = build_devices([renumbered], group_recursive=False, permissions="rw")
+    assert again.id == device.id
+    assert again.properties["UDEV_DEVNODE"] == "/dev/ttyUSB2"
+
+
+@pytest.mark.parametrize(("events", "roots"), [
+    ([("add", "/sys/a"), ("add", "/sys/a/b"), ("add", "/sys/a/b/c")], ["/sys/a"]),
+    ([("remove", "/sys/a/b"), ("add", "/sys/a-x")], ["/sys/a-x", "/sys/a/b"]),
+    ([("move", "/sys/n/new")], ["/sys/n/new", "/sys/o/old"]),
+    ([], []),
+])
+def test_a_burst_rereads_only_its_top_most_subtrees(events: list[tuple[str, str]],
+                                                     roots: list[str]) -> None:
+    from discovery_handlers.udev.udevlib import Event
+    from discovery_handlers.udev.watch import rescan_roots
+
+    burst = [Event(action=a, sys_path=p, old_sys_path="/sys/o/old" if a == "move" else None)
+             for a, p in events]
+    assert rescan_roots(burst) == roots
