@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,7 @@ class NetnsBed:
             with contextlib.suppress(subprocess.CalledProcessError):
                 ip("netns", "del", name)
         self.namespaces.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class LineProcess:
