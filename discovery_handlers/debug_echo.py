@@ -11,15 +11,19 @@ plugin → broker) can be exercised without hardware. Details (YAML)::
                                  # offline (Akri's convention); a missing file means all online
 
 The device id is the description and the device carries ``DEBUG_ECHO_DESCRIPTION``. The file is
-polled every ``AVAILABILITY_POLL_INTERVAL`` seconds (cheap: one ``stat`` per poll, read only when
-it changed) and a new list is yielded only when the visible set changes.
+read again when inotify reports a change of it (a watch on its directory, so creating, replacing
+and deleting it are seen too): an idle handler costs nothing, however long it runs. Where
+inotify cannot watch the directory (it does not exist, the watch limit is reached) the file is
+polled every ``AVAILABILITY_POLL_INTERVAL`` seconds instead (one ``stat`` per poll, read only
+when it changed). A new list is yielded only when the visible set changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,8 @@ from discovery_handlers.contract import Device, InvalidDetails, PropertyValue
 NAME = "debugEcho"
 DESCRIPTION_PROPERTY = "DEBUG_ECHO_DESCRIPTION"
 ALL_OFFLINE_MARKER = "OFFLINE"
-AVAILABILITY_POLL_INTERVAL = 0.05  # seconds between stat() calls on the availability file
+#: Seconds between stat() calls on the availability file when inotify cannot watch it.
+AVAILABILITY_POLL_INTERVAL = 0.05
 _KNOWN_FIELDS = frozenset({"descriptions", "shared", "availabilityFile"})
 
 
@@ -86,22 +91,57 @@ class DebugEchoHandler:
 
     async def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]:
         assert isinstance(details, DebugEchoDetails)
+        path = details.availability_file
+        if path is None:
+            yield [_device(d) for d in details.descriptions]
+            await asyncio.Event().wait()  # the list never changes: wait to be cancelled
+            return
         last: tuple[str, ...] | None = None
         stamp: tuple[int, int, int] | None = None
         offline: frozenset[str] = frozenset()
-        while True:
-            if details.availability_file is not None:
-                current = _stamp(details.availability_file)
+        changes = _changes(path)
+        async with contextlib.aclosing(changes):
+            async for _ in changes:
+                current = _stamp(path)
                 if current != stamp:
                     stamp = current
-                    offline = _read_offline(details.availability_file)
-            visible = tuple(d for d in details.descriptions if _online(d, offline))
-            if visible != last:
-                last = visible
-                yield [_device(d) for d in visible]
-            if details.availability_file is None:
-                await asyncio.Event().wait()  # the list never changes: wait to be cancelled
+                    offline = _read_offline(path)
+                visible = tuple(d for d in details.descriptions if _online(d, offline))
+                if visible != last:
+                    last = visible
+                    yield [_device(d) for d in visible]
+
+
+async def _changes(path: Path) -> AsyncGenerator[None, None]:
+    """Yield now and after every change that may concern ``path`` (inotify, else a poll)."""
+    from asyncinotify import Inotify, Mask  # only a running discovery needs it
+
+    events = (
+        Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.CLOSE_WRITE
+        | Mask.MODIFY | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
+    )
+    inotify: Inotify | None = None
+    try:
+        inotify = Inotify()
+        inotify.add_watch(path.parent, events)
+    except OSError:
+        if inotify is not None:
+            inotify.close()
+        inotify = None
+    try:
+        yield None
+        if inotify is not None:
+            async for event in inotify:
+                if event.name is None or event.name == Path(path.name):
+                    yield None
+                if event.mask & (Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF):
+                    break  # the directory went: poll from now on
+        while True:
             await asyncio.sleep(AVAILABILITY_POLL_INTERVAL)
+            yield None
+    finally:
+        if inotify is not None:
+            inotify.close()
 
 
 def _device(description: str) -> Device:

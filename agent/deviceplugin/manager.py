@@ -2,12 +2,16 @@
 
 Why this exists: when the kubelet restarts it deletes every plugin socket in its directory and
 creates a fresh ``kubelet.sock``; a plugin that does not notice is silently gone from the node
-(Akri's agent never re-registers). The manager polls, every ``KUBELET_WATCH_INTERVAL_SECONDS``,
-the identity (inode, ctime) of ``kubelet.sock`` and of each plugin's own socket: a plugin whose
-socket vanished is served again, and every plugin not yet registered with the current kubelet
-is registered again, concurrently, so a restart is repaired within one tick plus one
-registration round trip. Registration failures are retried after
-``REGISTER_RETRY_SECONDS`` for as long as the plugin exists (the kubelet may simply be down).
+(Akri's agent never re-registers). The manager sleeps until inotify reports a change of the
+plugin directory's entries (``dirwatch``), then compares the identity (inode, ctime) of
+``kubelet.sock`` and of each plugin's own socket with what it knows: a plugin whose socket
+vanished is served again, and every plugin not yet registered with the current kubelet is
+registered again, concurrently, so a restart is repaired within one event plus one registration
+round trip. Nothing runs while nothing changes, however many plugins there are: the only timers
+are a registration retry after ``REGISTER_RETRY_SECONDS`` (only while one failed; the kubelet
+may simply be down), a safety check every ``SAFETY_CHECK_SECONDS``, and, where inotify cannot
+watch the directory, the old poll every ``KUBELET_WATCH_INTERVAL_SECONDS`` (inotify is tried
+again every ``WATCH_RETRY_SECONDS``).
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.deviceplugin.backend import PluginSpec
+from agent.deviceplugin.dirwatch import DirectoryWatch
 from agent.deviceplugin.registration import KUBELET_SOCKET_NAME, RegistrationFailed, register
 from agent.deviceplugin.server import PluginServer
 from agent.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
-#: How often kubelet.sock and the plugin sockets are checked for a kubelet restart.
+#: How often kubelet.sock and the plugin sockets are checked when inotify is not available.
 KUBELET_WATCH_INTERVAL_SECONDS = 0.1
 #: Wait after a failed registration before trying that plugin again.
 REGISTER_RETRY_SECONDS = 1.0
+#: Check the sockets this often even without an event (a safety net, costs one stat a plugin).
+SAFETY_CHECK_SECONDS = 60.0
+#: While polling, how often to try to set up the inotify watch again.
+WATCH_RETRY_SECONDS = 10.0
 
 _Identity = tuple[int, int]
 
@@ -67,6 +76,9 @@ class PluginManager:
         self._watch_interval = watch_interval
         self._plugins: dict[str, _Plugin] = {}
         self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        #: When the earliest registration retry that the last reconcile put off is due.
+        self._retry_due: float | None = None
 
     @property
     def resource_names(self) -> frozenset[str]:
@@ -100,23 +112,43 @@ class PluginManager:
 
     async def run(self) -> None:
         """Watch for kubelet restarts until cancelled; then stop every plugin."""
+        watch = DirectoryWatch(self.plugin_dir, self._changed)
+        next_watch_try = 0.0
         try:
             while True:
+                if not watch.alive and time.monotonic() >= next_watch_try:
+                    next_watch_try = time.monotonic() + WATCH_RETRY_SECONDS
+                    await watch.start()
                 try:
                     await self.reconcile()
                 except Exception:
                     # A socket that cannot be served now (disk full, directory gone) must not
-                    # end the watch; the next tick tries again.
+                    # end the watch; the next event or tick tries again.
                     log.exception("kubelet watch tick failed; retrying")
-                await asyncio.sleep(self._watch_interval)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+                # cancellation that lands as the event fires.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._next_check(polling=not watch.alive)):
+                        await self._changed.wait()
+                self._changed.clear()
         finally:
+            await watch.close()
             await self.close()
+
+    def _next_check(self, *, polling: bool) -> float:
+        """Seconds until a check is due without an event: a retry, the safety net, or a poll."""
+        if polling:
+            return self._watch_interval
+        if self._retry_due is None:
+            return SAFETY_CHECK_SECONDS
+        return max(0.0, min(self._retry_due - time.monotonic(), SAFETY_CHECK_SECONDS))
 
     async def reconcile(self) -> None:
         """One watch tick: re-serve plugins whose socket went, register unregistered ones."""
         async with self._lock:
             kubelet = _identity(self.kubelet_socket)
             pending = []
+            self._retry_due = None
             for plugin in self._plugins.values():
                 if not plugin.server.socket_intact():
                     log.info(
@@ -125,12 +157,12 @@ class PluginManager:
                     )
                     await plugin.server.start()
                     plugin.registered_with = None
-                if (
-                    kubelet is not None
-                    and plugin.registered_with != kubelet
-                    and time.monotonic() >= plugin.retry_after
-                ):
+                if kubelet is None or plugin.registered_with == kubelet:
+                    continue
+                if time.monotonic() >= plugin.retry_after:
                     pending.append(self._register(plugin, kubelet))
+                elif self._retry_due is None or plugin.retry_after < self._retry_due:
+                    self._retry_due = plugin.retry_after
             if pending:
                 await asyncio.gather(*pending)
 
@@ -152,8 +184,10 @@ class PluginManager:
             )
         except RegistrationFailed as error:
             plugin.retry_after = time.monotonic() + REGISTER_RETRY_SECONDS
+            self._changed.set()  # the run loop then times its retry
             log.warning("registration failed; will retry", extra={"error": str(error)})
             return
+        plugin.retry_after = 0.0
         kind = "re" if plugin.ever_registered else "first"
         plugin.registered_with = kubelet
         plugin.ever_registered = True

@@ -21,7 +21,7 @@ import grpc
 
 from agent.podresources import PodResourcesClient
 from agent.slots.ledger import SlotLedger
-from agent.slots.rules import SlotRef, usage_of
+from agent.slots.rules import SlotRef, is_held_by, usage_of
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import instance_resource_name
 
@@ -59,13 +59,26 @@ class OrphanFreer:
 
     async def sweep(
         self, instances: Iterable[Instance], configuration_resources: Mapping[tuple[str, str], str]
-    ) -> None:
-        """One pass: look at every slot this node holds, free those orphaned long enough."""
+    ) -> bool:
+        """One pass: look at every slot this node holds, free those orphaned long enough.
+
+        Returns whether this node still holds a slot (the caller sweeps again soon if so).
+        Holding none, pod-resources is not asked at all.
+        """
+        instances = list(instances)
+        if not any(
+            is_held_by(usage_of(i, slot), self._node)
+            for i in instances
+            for slot in i.spec.device_usage
+        ):
+            self._orphan_since.clear()
+            self._seen_live.clear()
+            return False
         try:
             in_use = await self._client.devices_in_use()
         except grpc.RpcError as error:
             log.warning("pod-resources List failed; not freeing slots this time: %s", error)
-            return
+            return True
         now = time.monotonic()
         seen: set[_Key] = set()
         for instance in instances:
@@ -102,6 +115,7 @@ class OrphanFreer:
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
         self._seen_live &= seen
+        return bool(seen)
 
     async def _free(self, instance: Instance, slot: str, usage: SlotUsage) -> None:
         ledger = self._ledger(instance.namespace, instance.name)

@@ -2,14 +2,19 @@
 
 Why this exists: ``agent.main`` needs one entry point, ``serve_device_plugins``, that keeps the
 kubelet's view in line with the API server and with what this node can serve. It watches
-Instances, reacts to the ``NodeDeviceTable``, and on every change (and every
-``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists this node,
-one configuration-level plugin per Configuration with such Instances, advertised lists computed
+Instances, reacts to the ``NodeDeviceTable``, and on every change (and, as a safety net,
+every ``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists
+this node, one configuration-level plugin per Configuration with such Instances, advertised
+lists computed
 by ``agent.slots.rules``, reservations moved through ``agent.slots.ledger`` (advertising stops
 before a reservation is released) and steered by the demand of Pending pods pinned to this node
 (``agent.slots.demand``, published as ``status.demand``), this node's usage freed when an
 Instance stops listing it, and slots of vanished pods freed by ``agent.slots.freeing``. The
 lifecycle (sockets, registration, kubelet restarts) is ``PluginManager``'s.
+
+At rest the loop sleeps: a pass that failed in part is retried after ``RETRY_SECONDS``, and
+pod-resources is swept every ``SWEEP_SECONDS`` only while this node holds a slot; with nothing
+held and nothing changing, nothing runs.
 """
 
 from __future__ import annotations
@@ -50,8 +55,14 @@ from crds.naming import configuration_resource_name, instance_resource_name
 
 log = logging.getLogger(__name__)
 
-#: Reconcile at least this often even without events (retries, orphan sweeps).
-RESYNC_SECONDS = 1.0
+#: Reconcile at least this often even without events: a safety net only, since every change
+#: that matters (Instances, the node's devices, pods, claims) wakes the loop itself.
+RESYNC_SECONDS = 300.0
+#: After a pass that failed in part (an API error, a lost race), the next one comes this soon.
+RETRY_SECONDS = 1.0
+#: While this node holds slots, pod-resources is asked this often which live pods hold them
+#: (the kubelet never says that a pod has gone). Holding nothing, it is never asked.
+SWEEP_SECONDS = 1.0
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -100,6 +111,10 @@ class DevicePluginService:
         self._config_resources: dict[_Key, str] = {}
         self._used: dict[_Key, object] = {}  # status.used as last seen
         self._wake = asyncio.Event()
+        #: A pass failed in part: the next one is due after ``RETRY_SECONDS``.
+        self._retry = False
+        #: This node held a slot at the last sweep: the next one is due after ``SWEEP_SECONDS``.
+        self._holding = False
         self._pods = PendingPods(client=client, node=node_name, on_change=self._wake.set)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
@@ -216,19 +231,42 @@ class DevicePluginService:
             self._wake.set()
 
     async def _reconcile_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        resync_at = loop.time() + RESYNC_SECONDS
         while True:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
             # that lands as the event fires, and this loop would then never stop.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(RESYNC_SECONDS):
+                async with asyncio.timeout(self._idle_seconds(resync_at - loop.time())):
                     await self._wake.wait()
+            full = self._wake.is_set() or self._retry or loop.time() >= resync_at
             self._wake.clear()
+            self._retry = False
             try:
-                await self.reconcile()
+                if full:
+                    resync_at = loop.time() + RESYNC_SECONDS
+                    await self.reconcile()
+                else:  # only the sweep was due
+                    await self._sweep()
             except Exception:
                 # One bad pass (API hiccup, lost races, a socket error) must not stop the
-                # plugins; the next event or resync tries again.
+                # plugins; the retry, the next event or the resync tries again.
+                self._retry = True
                 log.exception("device-plugin reconcile failed; retrying")
+
+    def _idle_seconds(self, until_resync: float) -> float:
+        """How long the loop may sleep without an event."""
+        if self._retry:
+            return RETRY_SECONDS
+        if self._holding:
+            return min(SWEEP_SECONDS, until_resync)
+        return max(0.0, until_resync)
+
+    async def _sweep(self) -> None:
+        if self._freer is not None:
+            self._holding = await self._freer.sweep(
+                list(self._instances.values()), self._config_resources
+            )
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
         return self.node in instance.spec.nodes and self._devices.get(*key) is not None
@@ -250,8 +288,7 @@ class DevicePluginService:
         await self._move_reservations(served)
         await self._withdraw_from_unlisted()
         await self._correct_used(served)
-        if self._freer is not None:
-            await self._freer.sweep(list(self._instances.values()), self._config_resources)
+        await self._sweep()
 
     async def _ensure_instance_plugin(self, key: _Key, instance: Instance) -> str:
         resource = instance_resource_name(instance.name)
@@ -361,6 +398,7 @@ class DevicePluginService:
                     elif published != plan.demand:
                         await ledger.publish_demand(plan.demand)
             except (ApiError, TooManyConflicts, InstanceGone) as error:
+                self._retry = True
                 log.warning("moving reservations of %s/%s failed: %s", *key, error)
 
     def _withhold(self, key: _Key, slots: set[str]) -> None:

@@ -172,24 +172,28 @@ class TracedAgentSubprocess(AgentSubprocess):
 
 
 @contextlib.asynccontextmanager
-async def bench_node(plane: ControlPlane, *, label: str,
-                     trace_out: Path | None = None) -> AsyncIterator[BenchNode]:
+async def bench_node(plane: ControlPlane, *, label: str, trace_out: Path | None = None,
+                     pod_resources: bool = False) -> AsyncIterator[BenchNode]:
     """A fresh namespace, an emulated node, the agent as ``python -m agent.main`` (traced by
-    tracemalloc when ``trace_out`` is given), and two watches."""
+    tracemalloc when ``trace_out`` is given; sweeping the emulator's pod-resources socket when
+    ``pod_resources``), and two watches."""
     suffix = uuid.uuid4().hex[:6]
     name, namespace = f"bench-{label}-{suffix}", f"bench-{label}-{suffix}"
     plane.kubectl("create", "namespace", namespace)
     # Unix socket paths are limited to 108 bytes: keep the directory short.
     plugin_dir = Path(tempfile.mkdtemp(prefix="epb-", dir="/tmp"))
     log_path = plugin_dir.parent / f"{plugin_dir.name}-agent.log"
-    emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir)
+    pod_resources_socket = plugin_dir.parent / f"{plugin_dir.name}-pr.sock"
+    emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir,
+                            pod_resources_socket=pod_resources_socket if pod_resources else None)
+    extra_env = {"POD_RESOURCES_SOCKET": str(pod_resources_socket)} if pod_resources else {}
     agent = (
         AgentSubprocess(plane, node_name=name, namespace=namespace, serve_device_plugins=True,
-                        plugin_dir=plugin_dir, log_path=log_path)
+                        plugin_dir=plugin_dir, log_path=log_path, extra_env=extra_env)
         if trace_out is None else
         TracedAgentSubprocess(plane, node_name=name, namespace=namespace,
                               serve_device_plugins=True, plugin_dir=plugin_dir,
-                              log_path=log_path, trace_out=trace_out)
+                              log_path=log_path, trace_out=trace_out, extra_env=extra_env)
     )
     client = api_client(plane)
     state = WatchedState()
@@ -215,6 +219,7 @@ async def bench_node(plane: ControlPlane, *, label: str,
             await client.delete(Namespace, namespace)
         await client.close()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+        pod_resources_socket.unlink(missing_ok=True)
 
 
 def quiet_logs() -> None:

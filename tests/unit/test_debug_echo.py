@@ -76,3 +76,28 @@ async def test_availability_file_takes_devices_offline_and_back(tmp_path: Path) 
     availability.unlink()
     assert await _next(stream) == ["foo0", "foo1"]
     await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_replaced_availability_file_is_seen(tmp_path: Path) -> None:
+    """Tools write a new file and rename it over the old one: the rename is a change too."""
+    availability = tmp_path / "offline"
+    details = handler.parse_details(f"descriptions: [a, b]\navailabilityFile: {availability}", {})
+    stream = handler.discover(details)
+    assert await _next(stream) == ["a", "b"]
+    staged = tmp_path / "offline.new"
+    staged.write_text("a\n")
+    staged.rename(availability)
+    assert await _next(stream) == ["b"]
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_availability_file_in_a_directory_made_later(tmp_path: Path) -> None:
+    """No directory to watch yet: the file is polled, and its later creation is seen."""
+    availability = tmp_path / "later" / "offline"
+    details = handler.parse_details(f"descriptions: [a, b]\navailabilityFile: {availability}", {})
+    stream = handler.discover(details)
+    assert await _next(stream) == ["a", "b"]
+    availability.parent.mkdir()
+    availability.write_text("b\n")
+    assert await _next(stream) == ["a"]
+    await stream.aclose()  # type: ignore[attr-defined]
