@@ -58,8 +58,16 @@ def machine_speed() -> float:
     return time.perf_counter() - started
 
 
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return 0
+
+
 async def bench_agent_hotplug(plane: ControlPlane) -> None:
-    """Plug → Instance seen by a watch → allocatable on the Node, through the whole agent."""
+    """Plug → Instance seen by a watch → allocatable on the Node, through the whole agent (with
+    1,000 other devices on the node), and the agent's memory after the runs."""
     suffix = uuid.uuid4().hex[:6]
     node, namespace = f"bench-udev-{suffix}", f"bench-udev-{suffix}"
     plane.kubectl("create", "namespace", namespace)
@@ -70,6 +78,7 @@ async def bench_agent_hotplug(plane: ControlPlane) -> None:
     name = instance_name("radio", PORT_ID, shared=False, node=node)
     resource = instance_resource_name(name)
     with UmockdevBed() as bed:
+        bed.bulk(SCALE_DEVICES)  # a console server's ports beside the radio: not selected
         agent = AgentSubprocess(plane, node_name=node, namespace=namespace,
                                 serve_device_plugins=True, plugin_dir=plugin_dir,
                                 log_path=plugin_dir.parent / f"{plugin_dir.name}.log",
@@ -102,6 +111,10 @@ async def bench_agent_hotplug(plane: ControlPlane) -> None:
             print(summary("  plug → Instance exists (watch) [target median ≤ 300 ms]",
                           to_instance))
             print(summary("  plug → allocatable on the Node (watch)", to_allocatable))
+            assert agent.process is not None
+            print(f"  agent with {SCALE_DEVICES + 1} devices on the node: "
+                  f"{_status_kib(agent.process.pid, 'VmRSS') / 1024:.1f} MiB resident, "
+                  f"peak {_status_kib(agent.process.pid, 'VmHWM') / 1024:.1f} MiB")
         finally:
             agent.stop()
             for task in watches:
@@ -136,13 +149,13 @@ def bench_scale() -> None:
     for _ in range(SCALE_RUNS):
         with UmockdevBed() as bed:
             with DiscoveryProcess(bed, FIVE_RULES) as empty:
-                rss_empty.append(empty.next_list()["rss_kib"] / 1024)
+                rss_empty.append(empty.next_list()["hwm_kib"] / 1024)
             bed.bulk(SCALE_DEVICES)
             with DiscoveryProcess(bed, FIVE_RULES) as discovery:
                 first = discovery.next_list(deadline_s=120)
                 found = len(first["devices"])
                 scans.append(first["scan_s"])
-                rss.append(first["rss_kib"] / 1024)
+                rss.append(first["hwm_kib"] / 1024)
                 before = discovery.poll_stats(lambda s: True, what="stats")
                 window_end = time.monotonic() + IDLE_WINDOW_S
                 while (left := window_end - time.monotonic()) > 0:
@@ -151,7 +164,7 @@ def bench_scale() -> None:
                 idle_cpu.append((after["cpu_s"] - before["cpu_s"]) / IDLE_WINDOW_S)
     print(f"  {SCALE_DEVICES} devices, 5 rules ({found} matched):")
     print(summary("    first enumeration", scans))
-    print(f"    discovery process max RSS: median {statistics.median(rss):.1f} MiB "
+    print(f"    discovery process peak RSS (VmHWM): median {statistics.median(rss):.1f} MiB "
           f"(same process, empty bed: {statistics.median(rss_empty):.1f} MiB)")
     print(f"    CPU while idle: median {statistics.median(idle_cpu) * 100:.3f} % of one core "
           f"over {IDLE_WINDOW_S:.0f} s windows (n={len(idle_cpu)})")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import resource
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from discovery_handlers.contract import Device
@@ -35,11 +35,19 @@ def device_json(device: Device) -> dict[str, Any]:
     }
 
 
+def memory_kib() -> dict[str, int]:
+    """This process's resident memory now and at its peak (``getrusage``'s peak is not used:
+    Linux carries it over from the parent across fork and exec)."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return {"rss_kib": int(fields["VmRSS"].split()[0]), "hwm_kib": int(fields["VmHWM"].split()[0])}
+
+
 def emit(watcher: Watcher, **fields: Any) -> None:
     line = {"t": time.monotonic(), "reopens": watcher.reopens,
             "full_scans": watcher.full_scans, "events": watcher.events_handled,
             "scan_s": watcher.last_scan_s,
-            "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, **fields}
+            **memory_kib(), **fields}
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
 
