@@ -140,3 +140,15 @@ def test_non_utf8_details_bytes_are_refused() -> None:
 def test_a_rule_that_is_not_a_string_is_refused() -> None:
     with pytest.raises(InvalidDetails, match=r"udevRules\[0\]: must be a string, got dict"):
         handler.parse_details('udevRules:\n  - KERNEL: null\n', {})
+
+
+def test_parse_details_never_imports_pyudev() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from discovery_handlers.udev import handler; "
+            "handler.parse_details('udevRules: [\\'KERNEL==\"null\"\\']', {}); "
+            "print('pyudev' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "False"
