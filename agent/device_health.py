@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 REASON_UNHEALTHY = "DeviceUnhealthy"
 REASON_HEALTHY = "DeviceHealthy"
+REASON_WARNING = "DeviceWarning"
 
 
 class HealthReporter:
@@ -34,9 +35,27 @@ class HealthReporter:
         self._node = node_name
         self._namespace = namespace
         self._reported: dict[str, Health] = {}
+        self._warned: dict[str, str] = {}
 
     def forget(self, instance: str) -> None:
         self._reported.pop(instance, None)
+        self._warned.pop(instance, None)
+
+    async def warn(self, instance: str, warning: str) -> None:
+        """One Warning Event each time a device's warning changes to a new one."""
+        if self._warned.get(instance, "") == warning:
+            return
+        if warning:
+            try:
+                await emit_event(
+                    self._client, node=self._node, kind=INSTANCE_KIND, name=instance,
+                    namespace=self._namespace, uid="", reason=REASON_WARNING,
+                    message=f"node {self._node}: {warning}", warning=True,
+                )
+            except Exception as error:  # the next publish or resync tries again
+                log.warning("could not post a warning for Instance %s: %s", instance, error)
+                return
+        self._warned[instance] = warning
 
     async def report(self, instance: str, health: Health) -> None:
         """Write ``health`` for ``instance`` if it differs from what was last written."""

@@ -378,6 +378,7 @@ class InstancePublisher:
         for name, served in self._served.items():
             await self._table.put(served if with_cdi else replace(served, cdi_name=""))
             await self._health.report(name, served.health)
+            await self._health.warn(name, served.device.warning)
 
     async def _report(self) -> None:
         cfg = self._cfg

@@ -77,8 +77,11 @@ class Device:
     ``id`` must be stable across discoveries and restarts: the Instance name is derived from it.
     ``properties`` reach brokers as environment variables, so names are shell-safe identifiers;
     they must never hold a secret (the agent refuses a device whose property carries a Secret's
-    value). ``extra`` is the handler's own data for its hooks (a chip's card number, say); it
-    reaches neither the API nor a container.
+    value). ``warning`` is a problem users should see that does not make the device unhealthy
+    (a camera refusing the configured credentials, listed with what it shows without them): the
+    agent posts it once as a Warning Event on the Instance; it never holds a secret. ``extra``
+    is the handler's own data for its hooks (a chip's card number, say); it reaches neither the
+    API nor a container.
     """
 
     id: str
@@ -86,6 +89,7 @@ class Device:
     mounts: tuple[Mount, ...] = ()
     device_specs: tuple[DeviceSpec, ...] = ()
     health: Health = HEALTHY
+    warning: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
 
 

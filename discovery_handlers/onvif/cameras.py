@@ -188,7 +188,10 @@ def device_of(camera: Camera) -> Device:
                 properties[f"{STREAM_URI}_{property_suffix(stream.token)}"] = stream.uri
     properties = {name: value[:MAX_PROPERTY_CHARS] for name, value in properties.items()}
     health = Health() if camera.healthy else Health.unhealthy(camera.reason)
-    return Device(id=device_id(camera), properties=properties, health=health, extra=camera.extra)
+    return Device(
+        id=device_id(camera), properties=properties, health=health,
+        warning=camera.extra.get(WARNING_EXTRA, ""),
+    )
 
 
 def visible_devices(details: OnvifDetails, cameras: Mapping[str, Camera]) -> list[Device]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 import urllib.error
 import uuid
@@ -136,6 +137,18 @@ async def test_instances_follow_hello_bye_and_silence(
         log = agent.log()
         assert PASSWORD not in log
         assert f"uuid {refusing['uuid']}) refused the configured credentials" in log
+        # ... and a Warning Event on its Instance names the camera, never the password
+        def warnings() -> list[dict[str, Any]]:
+            return list(json.loads(control_plane.kubectl(
+                "get", "events", "-n", namespace, "--field-selector",
+                f"involvedObject.name={name_of(refusing)},reason=DeviceWarning",
+                "-o", "json").stdout)["items"])
+
+        await until(warnings, what="a DeviceWarning Event on the refusing camera's Instance")
+        [event] = warnings()
+        assert event["type"] == "Warning"
+        assert refusing["uuid"] in event["message"]
+        assert PASSWORD not in json.dumps(event)
         assert PASSWORD not in str(items(control_plane, path))
     finally:
         await agent.stop()

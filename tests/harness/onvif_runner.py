@@ -44,7 +44,7 @@ def device_json(device: Device) -> dict[str, Any]:
         "properties": dict(device.properties),
         "healthy": device.health.healthy,
         "reason": device.health.reason,
-        "extra": dict(device.extra),
+        "warning": device.warning,
     }
 
 

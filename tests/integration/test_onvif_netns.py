@@ -129,7 +129,7 @@ async def test_cameras_found_over_multicast_v4_v6_and_unicast_across_a_router(
     assert set(refused["properties"]) == {
         "ONVIF_DEVICE_SERVICE_URL", "ONVIF_DEVICE_UUID", "ONVIF_DEVICE_IP_ADDRESS"
     }
-    assert url in refused["extra"]["warning"]
+    assert url in refused["warning"]
     assert f"{url} (uuid {secured['uuid']}) refused the configured credentials" in runner.stderr()
     everything = json.dumps(runner.lines) + runner.stderr()
     assert PASSWORD not in everything
