@@ -21,7 +21,15 @@ from agent.deviceplugin.feed import DeviceFeed
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice
 from agent.slots.ledger import InstanceGone, SlotLedger, SlotUnavailable, TooManyConflicts
-from agent.slots.rules import SlotRef, available_slots, broker_envs, held_virtual_ids, slot_ids
+from agent.slots.rules import (
+    SlotRef,
+    Verdict,
+    available_slots,
+    broker_envs,
+    held_virtual_ids,
+    judge_claim,
+    slot_ids,
+)
 from crds.instance import Instance, SlotUsage
 from discovery_handlers.contract import (
     ComposingHandler,
@@ -53,6 +61,16 @@ class SlotWorld(Protocol):
     def configuration_instances(self, namespace: str, configuration: str) -> list[Instance]: ...
 
     def slots_changed(self, refs: Iterable[SlotRef]) -> None: ...
+
+    @property
+    def answers_before_recording(self) -> bool:
+        """Whether the fast path may run: pod-resources is there to reconcile after a crash,
+        and it has been asked once since this agent started."""
+        ...
+
+    def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
+        """Record ``wanted`` (already in the ledger's ``promised``) right after answering."""
+        ...
 
 
 def container_allocation(devices: Sequence[NodeDevice]) -> ContainerAllocation:
@@ -119,6 +137,37 @@ async def _claim(
     world.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
 
 
+def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> bool:
+    """The fast path: promise ``wanted`` at once when every slot is ours to give, and have it
+    recorded right after; False leaves the claim to the conditioned write.
+
+    Ours to give: in the newest state this agent knows, this node is listed and each slot is
+    free and reserved for it, or already carries ``wanted``'s usage, or is promised with it;
+    and no release of its reservation is in flight. ``agent.slots.rules`` says why nobody else
+    can change such a slot, and what happens if the agent dies before recording. No ``await``
+    between judging and promising: nothing else runs in between.
+    """
+    if not world.answers_before_recording:
+        return False
+    ledger = world.ledger(namespace, instance)
+    view = ledger.current(world.instance(namespace, instance))
+    if view is None or world.node not in view.spec.nodes:
+        return False
+    for slot, usage in wanted.items():
+        if slot in ledger.releasing:
+            return False
+        promise = ledger.promised.get(slot)
+        if promise is not None:
+            if promise != usage:
+                return False
+            continue
+        if judge_claim(view, slot, usage) not in (Verdict.CLAIM, Verdict.HELD_ALREADY):
+            return False
+    ledger.promised.update(wanted)
+    world.record_later(namespace, instance, wanted)
+    return True
+
+
 async def _counted(
     world: SlotWorld, resource: str, allocation: Awaitable[list[ContainerAllocation]]
 ) -> list[ContainerAllocation]:
@@ -157,7 +206,9 @@ class InstanceBackend:
                     f"unknown device id {slot!r}: not a slot of Instance {ns}/{name}",
                 )
         mine = SlotUsage.by_node(world.node)
-        await _claim(world, self._resource, ns, name, dict.fromkeys(wanted, mine))
+        claim = dict.fromkeys(wanted, mine)
+        if not _promise(world, ns, name, claim):
+            await _claim(world, self._resource, ns, name, claim)
         return [container_allocation([device]) for _ in requests]
 
     async def preferred_allocation(

@@ -21,7 +21,7 @@ import grpc
 
 from agent.podresources import PodResourcesClient
 from agent.slots.ledger import SlotLedger
-from agent.slots.rules import SlotRef, is_held_by, usage_of
+from agent.slots.rules import SlotRef, is_held_by, slot_ids, usage_of
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import instance_resource_name
 
@@ -58,15 +58,22 @@ class OrphanFreer:
             self._claimed_at[(ref.namespace, ref.instance, ref.slot)] = now
 
     async def sweep(
-        self, instances: Iterable[Instance], configuration_resources: Mapping[tuple[str, str], str]
+        self,
+        instances: Iterable[Instance],
+        configuration_resources: Mapping[tuple[str, str], str],
+        *,
+        adopt: bool = False,
     ) -> bool:
-        """One pass: look at every slot this node holds, free those orphaned long enough.
+        """One pass: record slots live pods hold unrecorded, free those orphaned long enough.
 
-        Returns whether this node still holds a slot (the caller sweeps again soon if so).
-        Holding none, pod-resources is not asked at all.
+        Returns whether this node holds (or has promised) a slot: the caller sweeps again soon
+        if so. Holding none, pod-resources is not asked at all, unless ``adopt`` (the first
+        pass after start, when a crash may have left a slot unrecorded), which also raises
+        ``grpc.RpcError`` when pod-resources does not answer.
         """
         instances = list(instances)
-        if not any(
+        promised = any(self._ledger(i.namespace, i.name).promised for i in instances)
+        if not adopt and not promised and not any(
             is_held_by(usage_of(i, slot), self._node)
             for i in instances
             for slot in i.spec.device_usage
@@ -77,8 +84,11 @@ class OrphanFreer:
         try:
             in_use = await self._client.devices_in_use()
         except grpc.RpcError as error:
+            if adopt:
+                raise
             log.warning("pod-resources List failed; not freeing slots this time: %s", error)
             return True
+        await self._record_unrecorded(instances, in_use)
         now = time.monotonic()
         seen: set[_Key] = set()
         for instance in instances:
@@ -96,6 +106,8 @@ class OrphanFreer:
                     device_id = usage.virtual_id
                 key = (instance.namespace, instance.name, slot, value)
                 seen.add(key)
+                if slot in self._ledger(instance.namespace, instance.name).promised:
+                    continue  # handed to a new pod, being recorded: not an orphan
                 claimed = self._claimed_at.get(key[:3], float("-inf"))
                 live = resource is not None and device_id in in_use.get(resource, frozenset())
                 if live:
@@ -115,7 +127,38 @@ class OrphanFreer:
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
         self._seen_live &= seen
-        return bool(seen)
+        return bool(seen) or promised
+
+    async def _record_unrecorded(
+        self, instances: list[Instance], in_use: Mapping[str, frozenset[str]]
+    ) -> None:
+        """Slots of Instance resources that live pods hold but ``deviceUsage`` shows free (an
+        agent killed between answering ``Allocate`` and recording it) are recorded now."""
+        mine = SlotUsage.by_node(self._node)
+        for instance in instances:
+            if self._node not in instance.spec.nodes:
+                continue
+            live = in_use.get(instance_resource_name(instance.name), frozenset()) & set(
+                slot_ids(instance)
+            )
+            ledger = self._ledger(instance.namespace, instance.name)
+            missing = {
+                slot: mine
+                for slot in sorted(live)
+                if usage_of(instance, slot).is_free and slot not in ledger.promised
+            }
+            if not missing:
+                continue
+            try:
+                async with ledger.lock:
+                    await ledger.claim(missing)
+            except Exception as error:  # SlotUnavailable cannot happen while the rules hold
+                log.error("recording slots %s that live pods hold failed: %s",
+                          sorted(missing), error, extra={"instance": instance.name})
+                continue
+            self.claimed(SlotRef(instance.namespace, instance.name, s) for s in missing)
+            log.info("recorded slots live pods hold (unrecorded at a crash)",
+                     extra={"instance": instance.name, "slots": sorted(missing)})
 
     async def _free(self, instance: Instance, slot: str, usage: SlotUsage) -> None:
         ledger = self._ledger(instance.namespace, instance.name)

@@ -8,10 +8,17 @@ server applies such a patch only if the object is still at that version (409 oth
 makes every write conditional on the exact state it was judged on. Conflicts are retried after
 a re-read, at most ``MAX_WRITE_ATTEMPTS`` times.
 
-A claim of an unreserved slot is two writes (status, then spec), each conditioned: if another
-writer slips in between, the spec write gets a 409 and the claim is judged again on the new
-state (where the slot is now reserved for us, or taken) — so the split never lets a slot be
-held twice; at worst it leaves a reservation that the fair-share rule later moves.
+A claim of a free, unreserved slot is one conditioned write of ``deviceUsage`` and nothing
+else: every node judging the same version sees the slot free, and only one conditioned write
+on that version can succeed. The reservation follows the use at the next reconcile (the
+reservation rule reserves a slot for the node that holds it).
+
+The ledger also keeps what the ``Allocate`` fast path (``agent.slots.rules``, "answered at
+once, recorded right after") needs: ``latest``, the object our last slot write returned, until
+the Instance watch has delivered that version (``seen``); ``promised``, slots handed to the
+kubelet but not yet recorded; and ``releasing``, slots whose reservation a write in flight gives
+back. The last two are set before the first ``await`` of the operation that needs them, so the
+fast path, which never awaits between judging and promising, sees them.
 """
 
 from __future__ import annotations
@@ -60,6 +67,26 @@ class SlotLedger:
         self.namespace = namespace
         self.name = name
         self.lock = asyncio.Lock()
+        #: The Instance as our last slot write returned it, while the watch has not delivered
+        #: that version yet (None once it has).
+        self.latest: Instance | None = None
+        #: Slots answered to the kubelet by the fast path and not yet recorded, with the usage.
+        self.promised: dict[str, SlotUsage] = {}
+        #: Slots whose reservation a release in flight gives back.
+        self.releasing: set[str] = set()
+
+    def current(self, watched: Instance | None) -> Instance | None:
+        """The newest state of this Instance we know: our last write until the watch has it."""
+        return self.latest if self.latest is not None else watched
+
+    def seen(self, instance: Instance) -> None:
+        """The watch delivered ``instance``; from our last write on, its copies are current."""
+        if self.latest is not None and instance.resource_version == self.latest.resource_version:
+            self.latest = None
+
+    def _wrote(self, instance: Instance) -> Instance:
+        self.latest = instance
+        return instance
 
     async def read(self) -> Instance:
         try:
@@ -95,25 +122,23 @@ class SlotLedger:
                 instance = await self.read()
                 verdicts = self._judge(instance, wanted)
             for slot, verdict in verdicts.items():
+                promise = self.promised.get(slot)
+                if promise is not None and promise != wanted[slot]:
+                    # Handed to a pod by the fast path, not recorded yet: it is not free.
+                    verdict = verdicts[slot] = Verdict.HELD_ELSEWHERE
                 if verdict in (Verdict.UNKNOWN, Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE):
                     detail = (
                         f"deviceUsage={instance.spec.device_usage.get(slot, '')!r}, "
                         f"reserved for {reservation_of(instance, slot)!r}"
                     )
                     raise SlotUnavailable(slot, verdict, detail)
-            to_reserve = [s for s, v in verdicts.items() if v is Verdict.RESERVE_AND_CLAIM]
             to_write = {
                 s: wanted[s].format() for s, v in verdicts.items() if v is not Verdict.HELD_ALREADY
             }
             if not to_write:
                 return instance
             try:
-                version = instance.resource_version
-                if to_reserve:
-                    version = await self._patch_status(
-                        version, {"reservations": {s: self.node for s in to_reserve}}
-                    )
-                return await self._patch_usage(version, to_write)
+                return await self._patch_usage(instance.resource_version, to_write)
             except ApiError as error:
                 if not is_conflict(error):
                     raise
@@ -155,8 +180,17 @@ class SlotLedger:
         await self._move_reservations(slots, release=False, demand=demand)
 
     async def release(self, slots: list[str]) -> None:
-        """Give back reservations of ours on slots we do not use. Holds ``lock``."""
-        await self._move_reservations(slots, release=True)
+        """Give back reservations of ours on slots we do not use. Holds ``lock``.
+
+        Slots the fast path has promised are kept; the others are marked ``releasing`` from
+        now until the write is done, so the fast path leaves them to a conditioned claim.
+        """
+        slots = [s for s in slots if s not in self.promised]
+        self.releasing.update(slots)
+        try:
+            await self._move_reservations(slots, release=True)
+        finally:
+            self.releasing.difference_update(slots)
 
     async def publish_demand(self, demand: int) -> None:
         """Set this node's key of ``status.demand`` (removed when zero). Only this node writes
@@ -190,7 +224,7 @@ class SlotLedger:
             if demand is not None:
                 status["demand"] = {self.node: demand or None}
             try:
-                await self._patch_status(instance.resource_version, status)
+                self._wrote(await self._patch_status(instance.resource_version, status))
                 log.info(
                     "reservations changed",
                     extra={"instance": self.name, "node": self.node, "changes": changes},
@@ -201,7 +235,7 @@ class SlotLedger:
                     raise
         raise TooManyConflicts(f"moving reservations {slots} on {self.namespace}/{self.name}")
 
-    async def _patch_status(self, version: str, status: dict[str, Any]) -> str:
+    async def _patch_status(self, version: str, status: dict[str, Any]) -> Instance:
         obj = await self._client.patch(
             InstanceResource.Status,
             self.name,
@@ -209,7 +243,7 @@ class SlotLedger:
             namespace=self.namespace,
             patch_type=PatchType.MERGE,
         )
-        return str(as_dict(obj)["metadata"]["resourceVersion"])
+        return Instance.from_object(as_dict(obj))
 
     async def _patch_usage(self, version: str, usage: Mapping[str, str]) -> Instance:
         obj = await self._client.patch(
@@ -220,8 +254,8 @@ class SlotLedger:
             patch_type=PatchType.MERGE,
         )
         # status.used is left to the service's reconcile (woken by this write's watch event),
-        # keeping Allocate to one GET and one or two conditioned writes.
-        return Instance.from_object(as_dict(obj))
+        # keeping a claim to one conditioned write.
+        return self._wrote(Instance.from_object(as_dict(obj)))
 
     async def write_used(self, instance: Instance) -> None:
         """Best effort: ``status.used`` for ``kubectl get instances`` (a display field)."""

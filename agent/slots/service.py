@@ -40,7 +40,7 @@ from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
-from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
+from agent.slots.ledger import InstanceGone, SlotLedger, SlotUnavailable, TooManyConflicts
 from agent.slots.rules import (
     SlotRef,
     configuration_devices,
@@ -50,7 +50,7 @@ from agent.slots.rules import (
     usage_of,
 )
 from crds.configuration import Configuration
-from crds.instance import Instance
+from crds.instance import Instance, SlotUsage
 from crds.naming import configuration_resource_name, instance_resource_name
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,8 @@ RETRY_SECONDS = 1.0
 #: While this node holds slots, pod-resources is asked this often which live pods hold them
 #: (the kubelet never says that a pod has gone). Holding nothing, it is never asked.
 SWEEP_SECONDS = 1.0
+#: Attempts to record what the Allocate fast path promised before leaving it to the sweep.
+RECORD_ATTEMPTS = 5
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -115,6 +117,10 @@ class DevicePluginService:
         self._retry = False
         #: This node held a slot at the last sweep: the next one is due after ``SWEEP_SECONDS``.
         self._holding = False
+        #: pod-resources has been asked once since start (slots a crash left unrecorded are
+        #: recorded): until then no plugin is served and nothing is answered before recording.
+        self._adopted = False
+        self._recording: set[asyncio.Task[None]] = set()
         self._pods = PendingPods(client=client, node=node_name, on_change=self._wake.set)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
@@ -166,6 +172,46 @@ class DevicePluginService:
         if self._freer is not None:
             self._freer.claimed(refs)
         self._wake.set()
+
+    @property
+    def answers_before_recording(self) -> bool:
+        return self._freer is not None and self._adopted
+
+    def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
+        task = asyncio.create_task(self._record(namespace, instance, wanted), name="record-slots")
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+
+    async def _record(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
+        """Write what the fast path promised; retried a few times, then left to the sweep."""
+        ledger = self.ledger(namespace, instance)
+        try:
+            for attempt in range(1, RECORD_ATTEMPTS + 1):
+                try:
+                    async with ledger.lock:
+                        claimed = await ledger.claim(
+                            wanted, known=ledger.current(self.instance(namespace, instance))
+                        )
+                        self.remember(claimed)
+                    self.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
+                    return
+                except InstanceGone:
+                    return
+                except SlotUnavailable as error:  # cannot happen while the rules hold
+                    log.error("a promised slot could not be recorded: %s", error)
+                    return
+                except Exception as error:  # the API server unreachable, conflicts
+                    log.warning("recording promised slots %s of %s/%s failed (%s); attempt %d",
+                                sorted(wanted), namespace, instance, watching.describe(error),
+                                attempt)
+                    await asyncio.sleep(watching.retry_delay(attempt))
+            # Still unrecorded: the next sweeps record whatever a live pod holds.
+            self._holding = True
+            self._wake.set()
+        finally:
+            for slot, usage in wanted.items():
+                if ledger.promised.get(slot) == usage:
+                    del ledger.promised[slot]
 
     # -- running -----------------------------------------------------------------------------
 
@@ -222,6 +268,8 @@ class DevicePluginService:
             else:
                 self._instances[key] = instance
                 self._used[key] = (as_dict(obj).get("status") or {}).get("used")
+                if key in self._ledgers:
+                    self._ledgers[key].seen(instance)
             self._wake.set()
 
     async def _watch_table(self) -> None:
@@ -265,13 +313,18 @@ class DevicePluginService:
     async def _sweep(self) -> None:
         if self._freer is not None:
             self._holding = await self._freer.sweep(
-                list(self._instances.values()), self._config_resources
+                list(self._instances.values()), self._config_resources, adopt=not self._adopted
             )
+            self._adopted = True
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
         return self.node in instance.spec.nodes and self._devices.get(*key) is not None
 
     async def reconcile(self) -> None:
+        if self._freer is not None and not self._adopted:
+            # Before any plugin serves: slots that live pods hold and a crash left unrecorded
+            # are recorded (raises, and is retried, while pod-resources does not answer).
+            await self._sweep()
         served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
