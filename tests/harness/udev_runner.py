@@ -6,7 +6,8 @@ preload library and ``UMOCKDEV_DIR``, so tests start this module as that process
 ``{"t": monotonic seconds, "devices": [...], "reopens": n, "full_scans": n}``. A line
 ``break-monitor`` on stdin shuts the watcher's uevent socket down (a real socket failure, seen
 through the real libudev); ``scan-stress N`` runs N full enumerations back to back and prints
-``{"scans": N, "errors": [...]}``; ``stats`` prints the counters, CPU seconds and memory.
+``{"scans": N, "errors": [...]}``; ``stats`` prints the counters, CPU seconds and memory. When
+discovery fails, the last line is ``{"failed": message}`` and the exit status 1.
 """
 
 from __future__ import annotations
@@ -81,13 +82,34 @@ async def scan_stress(watcher: Watcher, count: int) -> None:
     emit(watcher, scans=count, errors=errors)
 
 
+class OneMonitorOnly:
+    """A monitor factory whose second call fails, as opening a netlink socket does when the
+    process is out of descriptors or memory (``UDEV_RUNNER_ONE_MONITOR=1``)."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def __call__(self, context: Any) -> udevlib.Monitor:
+        self.opened += 1
+        if self.opened > 1:
+            raise OSError(24, "Too many open files")
+        return udevlib.Monitor(context)
+
+
 async def main(details_text: str) -> None:
     details = handler.parse_details(details_text, {})
-    watcher = Watcher(details)
+    if os.environ.get("UDEV_RUNNER_ONE_MONITOR") == "1":
+        watcher = Watcher(details, monitor_factory=OneMonitorOnly())
+    else:
+        watcher = Watcher(details)
     asyncio.get_running_loop().add_reader(sys.stdin.fileno(), on_command, watcher)
     async for devices in watcher.changes():
         emit(watcher, devices=[device_json(d) for d in devices])
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    try:
+        asyncio.run(main(sys.argv[1]))
+    except Exception as exc:  # what the agent would put on the Configuration
+        sys.stdout.write(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}) + "\n")
+        sys.exit(1)

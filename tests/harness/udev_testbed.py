@@ -123,9 +123,11 @@ class DiscoveryProcess:
     """``python -m tests.harness.udev_runner`` under a bed: the handler's discovery, with each
     device list it yields read back as a dict (see ``udev_runner``)."""
 
-    def __init__(self, bed: UmockdevBed, details: str) -> None:
+    def __init__(self, bed: UmockdevBed, details: str,
+                 extra_env: dict[str, str] | None = None) -> None:
         env = dict(os.environ)
         env.update(bed.env())
+        env.update(extra_env or {})
         self.proc = subprocess.Popen(
             [*_PRIORITY, sys.executable, "-m", "tests.harness.udev_runner", details], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr, text=True,

@@ -171,6 +171,18 @@ def test_a_failed_monitor_socket_is_reopened_and_events_still_arrive(bed: Umockd
         assert line["full_scans"] >= 2  # events may have been lost: everything was re-read
 
 
+def test_a_monitor_that_cannot_be_reopened_ends_discovery_with_a_clear_error(
+    bed: UmockdevBed,
+) -> None:
+    with DiscoveryProcess(bed, RADIO, extra_env={"UDEV_RUNNER_ONE_MONITOR": "1"}) as discovery:
+        discovery.next_list()
+        discovery.send("break-monitor")
+        line = discovery.line_with("failed")
+        assert line["failed"] == ("MonitorFailed: udev event monitor cannot be reopened: "
+                                  "[Errno 24] Too many open files")
+        assert discovery.proc.wait(timeout=30) == 1
+
+
 def test_devices_removed_during_enumeration_are_skipped(bed: UmockdevBed) -> None:
     with DiscoveryProcess(bed, RADIO) as discovery:
         discovery.next_list()
