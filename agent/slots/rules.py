@@ -34,6 +34,36 @@ The design, and why it is safe:
   never releases a slot it uses, so no slot is ever held twice. Reservations and demand only
   steer who tries; correctness rests on the conditioned claim alone. (A stale or wrong demand
   can only move an idle reservation; it cannot make a slot held twice.)
+
+Allocate from a confirmed reservation (the fast path, ``agent.slots.backends``): an Instance
+plugin's ``Allocate`` for slots that are free and reserved for this node, or held by it already,
+is answered at once and recorded in ``deviceUsage`` right after (a conditioned claim, as above).
+Why this stays safe — no slot to two pods, ever:
+
+- Nobody else changes such a slot. Another node's claim of it is refused (reserved elsewhere,
+  or held elsewhere) by the very rule above, and its reservation moves only when this node
+  releases it. So the state of this node's reserved and held slots changes only by this
+  agent's own writes, all made through its ledger, which keeps the object each write returned
+  until the watch has caught up: the agent knows that state exactly, without reading. The one
+  exception is this node leaving ``spec.nodes`` (its device gone, or the node itself gone, when
+  the controller frees all it held); the fast path requires the node listed and its device in
+  the node's table, and falls back to the conditioned claim otherwise.
+- This agent itself never gives the slot away before it is recorded: the slot is *promised*
+  (in memory) in the same step that judges it, with no ``await`` between. A promised slot is
+  refused to the configuration plugin's claims, never released, never freed as an orphan; a
+  slot whose release is in flight is never promised (the claim then waits for the lock and is
+  judged afresh).
+- On this node, the kubelet itself never hands one device id (an Instance plugin's device id is
+  the slot) to two live containers: it checkpoints what it allocated. The configuration plugin,
+  whose virtual ids the agent maps onto slots, keeps the conditioned claim before answering
+  (a mapping lost in a crash could not be recovered).
+- An agent killed between answering and recording: the pod holds the slot (the kubelet's
+  checkpoint, and its pod-resources ``List``), the API shows it free and reserved for this node,
+  and nobody else may claim it (first point). A restarted agent asks pod-resources before it
+  serves any plugin or moves any reservation, and records every slot a live pod holds that
+  ``deviceUsage`` shows free; until then it answers nothing. So the slot is recorded for the
+  pod that has it, and never handed to another. Without a pod-resources socket the agent
+  cannot do this, and the fast path is off (every claim is a conditioned write first).
 """
 
 from __future__ import annotations
