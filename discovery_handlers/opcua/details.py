@@ -8,7 +8,7 @@ Akri Configuration works unchanged::
       standard:
         discoveryUrls: [opc.tcp://localhost:4840/]   # default; discovery servers or servers
     applicationNames:                                # optional: Akri's filter list
-      action: Include                                # Include | Exclude (default Exclude)
+      action: Include                                # Include (default) | Exclude
       items: [Thermometer-Line-1]
 
 Beyond Akri (all optional)::
@@ -75,7 +75,10 @@ class SecurityMode(Enum):
 
 @dataclass(frozen=True)
 class NameFilter:
-    """Akri's filter list: keep names in ``items`` (Include) or not in them (Exclude)."""
+    """Akri's filter list: keep names in ``items`` (Include) or not in them (Exclude).
+
+    No list at all keeps every name; a list without ``action`` is Include (Akri's defaults).
+    """
 
     items: frozenset[str] = frozenset()
     action: FilterAction = FilterAction.EXCLUDE
@@ -198,7 +201,7 @@ def _name_filter(raw: Any) -> NameFilter:
     for index, item in enumerate(items):
         if not isinstance(item, str):
             raise InvalidDetails(f"applicationNames.items[{index}]", "must be a string")
-    action = raw.get("action", FilterAction.EXCLUDE.value)
+    action = raw.get("action", FilterAction.INCLUDE.value)  # Akri's default, once a list is given
     try:
         parsed = FilterAction(action)
     except ValueError:

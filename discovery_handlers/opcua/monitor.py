@@ -31,6 +31,8 @@ from discovery_handlers.opcua.selection import (
 
 log = logging.getLogger(__name__)
 
+CANCEL_WAIT_S = 1.0  # how long a cancelled task gets to end before it is cancelled again
+CANCEL_ROUNDS = 5  # after that many, a task that still runs is left (and logged)
 COALESCE_S = 0.02  # after a change, wait this long so a burst of changes makes one list
 RESOLVE_CACHE_S = 30.0  # how long a host name's look-up result is reused
 
@@ -71,10 +73,7 @@ class Monitor:
                 await self._next_change()
                 await asyncio.sleep(COALESCE_S)
         finally:
-            tasks = finders + [server.task for server in self._servers.values()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(finders + [server.task for server in self._servers.values()])
 
     async def _next_change(self) -> None:
         await self._changed.wait()
@@ -206,3 +205,17 @@ class Monitor:
             return
         self._problems[url] = problem
         log.warning("opcua: %s: %s", url, problem)
+
+
+async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, bounded: a library that swallows one cancellation
+    (a request finishing as its deadline passes) gets it again, and none can hang the caller."""
+    pending = {task for task in tasks if not task.done()}
+    for _ in range(CANCEL_ROUNDS):
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
+    if pending:
+        log.warning("opcua: %d discovery tasks did not end when cancelled", len(pending))

@@ -51,10 +51,13 @@ def test_default_url_is_akris(text: str) -> None:
     assert handler.parse_details(text, {}).discovery_urls == (DEFAULT_DISCOVERY_URL,)
 
 
-def test_filter_default_is_exclude_nothing() -> None:
+def test_no_filter_keeps_every_name_and_a_list_without_action_includes() -> None:
     names = handler.parse_details("opcuaDiscoveryMethod: {standard: {}}", {}).application_names
-    assert names.action is FilterAction.EXCLUDE
     assert names.keeps("anything")
+    listed = handler.parse_details("opcuaDiscoveryMethod: {standard: {}}\n"
+                                   "applicationNames: {items: [a]}", {}).application_names
+    assert listed.action is FilterAction.INCLUDE  # Akri's default action
+    assert (listed.keeps("a"), listed.keeps("b")) == (True, False)
 
 
 @pytest.mark.parametrize(("action", "name", "kept"), [
