@@ -2,13 +2,14 @@
 umockdev's preload library, so the real libudev sees the test bed's sysfs, /dev and uevents)
 publishes its Instance and serves it → the controller creates a broker pinned to the node → the
 emulated kubelet's Allocate hands the broker ``/dev/ttyUSB0`` as a device node and
-``UDEV_DEVNODE``; the radio comes back as ``/dev/ttyUSB1`` → the Instance follows; it is
-unplugged → Instance and broker are gone.
+``UDEV_DEVNODE`` (and its CDI spec holds the node); the radio comes back as ``/dev/ttyUSB1`` →
+the Instance and the CDI spec follow; it is unplugged → Instance and broker are gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 import uuid
@@ -57,6 +58,16 @@ async def until(check: Any, *, what: str) -> Any:
         await asyncio.sleep(POLL_S)
 
 
+def spec_nodes(path: Path) -> list[tuple[str, str, str]]:
+    """The device nodes in the agent's CDI spec file for the Configuration (none: no file)."""
+    try:
+        spec = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    return [(n["path"], n["hostPath"], n["permissions"])
+            for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
+
+
 def radio_configuration(name: str, namespace: str) -> dict[str, Any]:
     """crds/examples/udev-serial-radio.yaml's shape, with the test's broker."""
     return {
@@ -88,9 +99,13 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
     ctl = ControllerProcess(control_plane, namespaces=[namespace],
                             log_path=tmp_path / "ctl.log")
     with UmockdevBed() as bed:
+        cdi_dir = tmp_path / "cdi"
+        cdi_dir.mkdir()
+        spec_file = cdi_dir / f"edgeplug.io-{namespace}_radio.json"
         agent = AgentSubprocess(control_plane, node_name=node, namespace=namespace,
                                 serve_device_plugins=True, plugin_dir=plugin_dir,
-                                log_path=tmp_path / "agent.log", extra_env=bed.env())
+                                log_path=tmp_path / "agent.log",
+                                extra_env={**bed.env(), "CDI_SPEC_DIR": str(cdi_dir)})
         await emulator.start()
         agent.start()
         ctl.start()
@@ -105,6 +120,13 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
                         return pod
                 return None
 
+            def allocatable() -> str | None:
+                obj: dict[str, Any] = dict(control_plane.get_json(f"/api/v1/nodes/{node}") or {})
+                value = obj.get("status", {}).get("allocatable", {}).get(f"edgeplug.io/{inst}")
+                return str(value) if value is not None else None
+
+            await until(lambda: allocatable() == "1",
+                        what=f"edgeplug.io/{inst}: 1 allocatable on the Node")
             pod = await until(running, what=f"broker {pod_name} Running")
             assert pod["spec"]["nodeName"] == node
             [allocation] = emulator.allocations(namespace, pod_name)
@@ -113,6 +135,9 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
             assert allocation.envs["UDEV_DEVNODE"] == "/dev/ttyUSB0"
             assert allocation.envs["UDEV_DEVPATH"] == PORT_ID
             assert allocation.envs["UDEV_SERIAL"] == "A50285BI"
+            cdi_name = f"edgeplug.io/radio={inst.rsplit('-', 1)[1]}"
+            assert cdi_name in allocation.cdi_devices
+            assert spec_nodes(spec_file) == [("/dev/ttyUSB0", "/dev/ttyUSB0", "rw")]
             [instance] = items(control_plane, instances_path)
             assert instance["metadata"]["name"] == inst
             assert instance["spec"]["nodes"] == [node]
@@ -125,6 +150,8 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
                 return bool(props.get("UDEV_DEVNODE") == "/dev/ttyUSB1")
 
             await until(follows, what="the Instance's UDEV_DEVNODE following to /dev/ttyUSB1")
+            await until(lambda: spec_nodes(spec_file) == [("/dev/ttyUSB1", "/dev/ttyUSB1", "rw")],
+                        what="the CDI spec following to /dev/ttyUSB1")
             assert [i["metadata"]["name"] for i in items(control_plane, instances_path)] == [inst]
 
             bed.unplug("1-1")
