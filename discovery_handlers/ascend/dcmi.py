@@ -269,8 +269,10 @@ class Dcmi:
 
 
 def _text(raw: Any) -> str:
-    data = bytes(raw)
-    return data.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    """A ``unsigned char[32]`` field: up to the first NUL, printable ASCII only (a library that
+    fills the field with garbage gives a shorter name, never a control character)."""
+    data = bytes(raw).split(b"\0", 1)[0]
+    return "".join(chr(b) for b in data if 0x20 < b < 0x7F)
 
 
 _loaded: dict[str | None, Dcmi] = {}

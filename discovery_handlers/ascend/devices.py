@@ -18,6 +18,7 @@ plugin run unchanged, and it has no I/O, so it is unit-tested over tables.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from discovery_handlers.ascend.chips import Chip
@@ -42,6 +43,7 @@ LABEL_CHIP_NAME = "edgeplug.io/npu.chip.name"  # Huawei: node.kubernetes.io/npu.
 LABEL_CHIP_COUNT = "edgeplug.io/npu.chip.count"
 LABEL_ACCELERATOR = "edgeplug.io/accelerator"  # Huawei's nodes: accelerator=huawei-Ascend910
 MIXED = "mixed"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 EXTRA_PHY = "phy_id"
 EXTRA_CARD = "card_id"
@@ -116,7 +118,8 @@ def node_labels(devices: Sequence[Device]) -> dict[str, str]:
     if devices and "" not in families:
         labels[LABEL_ACCELERATOR] = (f"huawei-{families.pop()}" if len(families) == 1
                                      else MIXED)
-    return labels
+    # A name a label cannot carry (a library's odd chip name) is left out, never sent.
+    return {key: value for key, value in labels.items() if _LABEL_VALUE.match(value)}
 
 
 def rank(available: Sequence[Device], must_include: Sequence[Device], size: int

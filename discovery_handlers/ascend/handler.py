@@ -21,6 +21,7 @@ from discovery_handlers.ascend.details import AscendDetails, parse_details
 from discovery_handlers.contract import Device, PropertyValue, run_blocking
 
 NAME = "ascend"
+STATUS_KEPT = 64  # details whose last status is kept (one per Configuration on a node)
 log = logging.getLogger(__name__)
 
 
@@ -92,4 +93,7 @@ class AscendHandler:
         if self._status.get(details) != status:
             level = logging.WARNING if status.degraded else logging.INFO
             log.log(level, "ascend discovery (%s): %s", details.host_root, status)
+        self._status.pop(details, None)
         self._status[details] = status
+        while len(self._status) > STATUS_KEPT:  # forget the details used longest ago
+            del self._status[next(iter(self._status))]

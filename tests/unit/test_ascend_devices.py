@@ -115,3 +115,26 @@ def test_node_labels_say_which_chips_and_how_many() -> None:
                      driver_present=True, health=HEALTHY)
     assert node_labels([*devices, bare]) == {"edgeplug.io/npu.chip.count": "5"}
     assert node_labels([]) == {"edgeplug.io/npu.chip.count": "0"}
+
+
+def test_node_labels_leave_out_what_a_label_cannot_carry() -> None:
+    odd = to_device(Chip(phy_id=0, chip_type="Ascend", chip_name="910B3/x y"), AscendDetails(),
+                    shared_present=SHARED, driver_present=True, health=HEALTHY)
+    labels = node_labels([odd])
+    assert "edgeplug.io/npu.chip.name" not in labels
+    assert labels["edgeplug.io/npu.chip.count"] == "1"
+    mixed = [chip_device(0, 0), to_device(Chip(phy_id=1, chip_type="Ascend", chip_name="910B4"),
+                                          AscendDetails(), shared_present=SHARED,
+                                          driver_present=True, health=HEALTHY)]
+    assert node_labels(mixed)["edgeplug.io/npu.chip.name"] == "mixed"
+    assert node_labels(mixed)["edgeplug.io/accelerator"] == "huawei-Ascend910"
+
+
+def test_a_chip_name_field_of_garbage_gives_printable_text() -> None:
+    import ctypes
+
+    from discovery_handlers.ascend.dcmi import _text
+
+    field = (ctypes.c_ubyte * 32)(*b"910B3\x1b[31m\xff\n" + b"A" * 20)  # no NUL at all
+    assert _text(field) == "910B3[31m" + "A" * 20
+    assert _text((ctypes.c_ubyte * 32)(*b"310P3\x00junk")) == "310P3"
