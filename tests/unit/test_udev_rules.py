@@ -7,7 +7,7 @@ import pytest
 
 from discovery_handlers.contract import InvalidDetails
 from discovery_handlers.udev import handler
-from discovery_handlers.udev.rules import Key, Rule, parse_rule
+from discovery_handlers.udev.rules import ACTION_KEYS, Key, Rule, parse_rule
 
 
 def details_of(*rules: str) -> str:
@@ -152,3 +152,14 @@ def test_parse_details_never_imports_pyudev() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("key", sorted(ACTION_KEYS))
+@pytest.mark.parametrize("op", ["==", "!=", "=", "+=", "-=", ":="])
+def test_every_udev_action_key_is_refused_with_any_operator(key: str, op: str) -> None:
+    rule = f'SUBSYSTEM=="tty", {key}{op}"x"'
+    with pytest.raises(InvalidDetails) as caught:
+        handler.parse_details(details_of(rule), {})
+    assert caught.value.field == "udevRules[0]"
+    assert caught.value.reason.startswith(f"at position 19 ('{key}{op}")
+    assert f"{key} assigns or runs something" in caught.value.reason
