@@ -123,8 +123,8 @@ async def run(
             "cluster-wide" if settings.clusterwide else f"namespaces {settings.namespaces}",
             settings.priority,
         )
-        tasks.append(asyncio.create_task(engine.run(), name="engine"))
-        tasks.append(asyncio.create_task(kopf.operator(
+        engine_task = asyncio.create_task(engine.run(), name="engine")
+        kopf_task = asyncio.create_task(kopf.operator(
             registry=registry,
             settings=kopf_settings(settings),
             clusterwide=settings.clusterwide,
@@ -133,11 +133,15 @@ async def run(
             identity=cast(Any, identity),
             stop_flag=stop_flag,
             ready_flag=ready_flag,
-        ), name="kopf"))
-        # Either ending ends both: kopf on a stop signal, the engine only on a bug.
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()
+        ), name="kopf")
+        tasks += [engine_task, kopf_task]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        # kopf ends on a stop signal, and when stopping cancels the tasks started after it
+        # (the engine's watches and workers): then the engine ends cancelled, which is fine.
+        # The engine ending on its own is a bug, and ends the process with its error.
+        if engine_task.done() and not engine_task.cancelled():
+            engine_task.result()
+        await kopf_task
     finally:
         for task in tasks:
             task.cancel()
