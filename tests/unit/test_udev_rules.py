@@ -163,3 +163,38 @@ def test_every_udev_action_key_is_refused_with_any_operator(key: str, op: str) -
     assert caught.value.field == "udevRules[0]"
     assert caught.value.reason.startswith(f"at position 19 ('{key}{op}")
     assert f"{key} assigns or runs something" in caught.value.reason
+
+
+def test_garbage_rules_are_refused_or_compiled_never_crash() -> None:
+    import random
+
+    from discovery_handlers.udev.rules import RuleError
+
+    keys = ["KERNEL", "ATTRS{idVendor}", "ENV{X}", "SUBSYSTEMS", "TAG", "RUN", "ATTR{", "FOO"]
+    ops = ["==", "!=", "=", "+=", ""]
+    values = ["*", "?", "[", "]", "[!0-9]", "[[:digit:]]", "[[:nope:]]", "|", "\\", "\\\"",
+              "x", "\x00", "\udc80", "é", " ", ",", "{", "}"]
+    rng = random.Random(8)  # fixed: the same 3,000 rules every run
+    outcomes = {"compiled": 0, "refused": 0}
+    columns: list[int] = []
+    for _ in range(3000):
+        clauses = []
+        for _ in range(rng.randint(1, 3)):
+            value = "".join(rng.choice(values) for _ in range(rng.randint(0, 5)))
+            clauses.append(f'{rng.choice(keys)}{rng.choice(ops)}"{value}"')
+        text = rng.choice([", ", ",", " "]).join(clauses)
+        if rng.random() < 0.3:  # drop or duplicate a character somewhere
+            at = rng.randrange(len(text))
+            text = text[:at] + (text[at] * 2 if rng.random() < 0.5 else "") + text[at + 1:]
+        try:
+            rule = parse_rule(text)
+        except RuleError as exc:
+            columns.append(exc.column)
+            outcomes["refused"] += 1
+            continue
+        for match in (*rule.own, *(m for g in rule.parent_groups for m in g)):
+            match.pattern.matches("x")  # compiled patterns evaluate
+        outcomes["compiled"] += 1
+    assert outcomes["refused"] > 100
+    assert outcomes["compiled"] > 100
+    assert min(columns) >= 1  # every refusal names a position in the rule
