@@ -1,0 +1,126 @@
+"""End to end with a secured server: a real asyncua server that accepts only Basic256Sha256
+SignAndEncrypt (and trusts one client certificate) is checked by the agent with the client
+certificate and key of a Kubernetes Secret (binary data: DER certificate, PEM key); its Instance
+is published healthy, and the key appears in no Instance, no Event and no log line.
+
+The agent is the product (in this process, so its log lines are captured); the kubelet is the
+node emulator; the server is real, on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.main import run_agent
+from agent.settings import AgentSettings
+from crds.naming import instance_name
+from tests.harness.controller_process import apply, items
+from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import WAIT_S
+from tests.harness.node_emulator import NodeEmulator
+from tests.harness.opcua_servers import TestServer, make_certificates
+
+POLL_S = 0.1
+SECURE_URI = "urn:edgeplug:test:secure-press"
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def until(check: Any, *, what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not (result := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+        await asyncio.sleep(POLL_S)
+    return result
+
+
+def secure_configuration(namespace: str, url: str) -> dict[str, Any]:
+    details = (f"opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: [{url}]\n"
+               "discoveryIntervalSeconds: 0.5\n"
+               "security:\n  policy: Basic256Sha256\n  mode: SignAndEncrypt\n")
+    ref = {"name": "opcua-client", "key": ""}
+    return {
+        "apiVersion": "edgeplug.io/v1alpha1",
+        "kind": "Configuration",
+        "metadata": {"name": "presses", "namespace": namespace},
+        "spec": {
+            "discoveryHandler": {
+                "name": "opcua",
+                "discoveryDetails": details,
+                "discoveryProperties": [
+                    {"name": "clientCertificate",
+                     "valueFrom": {"secretKeyRef": {**ref, "key": "certificate"}}},
+                    {"name": "clientPrivateKey",
+                     "valueFrom": {"secretKeyRef": {**ref, "key": "privateKey"}}},
+                ],
+            },
+            "capacity": 1,
+        },
+    }
+
+
+async def test_secure_server_checked_with_a_secrets_certificate_and_nothing_leaks(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    certs = await make_certificates(tmp_path, server_uri=SECURE_URI)
+    server = await TestServer("secure-press", application_uri=SECURE_URI,
+                              secure_with=certs).start()
+    key = certs.client_key.read_bytes()
+    key_line = key.split(b"\n")[1].decode()  # a line of the key's own material
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    inst = instance_name("presses", server.url, shared=True, node=node)
+    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                            plugin_dir=plugin_dir)
+    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
+                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             namespace=namespace)
+    await emulator.start()
+    agent = asyncio.create_task(run_agent(settings))
+    instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+    try:
+        apply(control_plane, {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "opcua-client", "namespace": namespace},
+            "data": {"certificate": base64.b64encode(certs.client_cert.read_bytes()).decode(),
+                     "privateKey": base64.b64encode(key).decode()},
+        })
+        apply(control_plane, secure_configuration(namespace, server.url))
+        [instance] = await until(lambda: items(control_plane, instances), what="the Instance")
+        assert instance["metadata"]["name"] == inst
+        resource = f"edgeplug.io/{inst}"
+        await until(lambda: emulator.healthy_device_ids(resource),
+                    what="the secured server's slot healthy (checked with the Secret's cert)")
+        [instance] = items(control_plane, instances)
+        assert not (instance.get("status") or {}).get("unhealthy")
+        assert instance["spec"]["brokerProperties"]["OPCUA_DISCOVERY_URL"] == server.url
+        events = control_plane.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+        for shown, where in ((json.dumps(instance), "the Instance"), (events, "an Event"),
+                             (caplog.text, "a log line")):
+            assert key_line not in shown, f"the private key appears in {where}"
+    finally:
+        agent.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent
+        await emulator.stop(delete_node=True)
+        await server.stop()
