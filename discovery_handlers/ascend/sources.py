@@ -67,11 +67,13 @@ def scan(details: AscendDetails) -> Scan:
     chips: tuple[Chip, ...] = ()
     source = NO_SOURCE
     for candidate in details.sources:
+        before = len(problems)
         found = _read(candidate, details, problems)
         if found:
             chips, source = found, candidate
             break
-        problems.append(f"{candidate}: no chips found")
+        if len(problems) == before:  # the source worked and saw no chip
+            problems.append(f"{candidate}: no chips found")
     chips = tuple(sorted({c.phy_id: c for c in chips if wanted(c, details.chip_names)}.values(),
                          key=lambda c: c.phy_id))
     for chip in chips:
