@@ -115,7 +115,7 @@ async def test_pod_for_huaweis_plugin_gets_two_healthy_chips_of_one_card(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path,
     dcmi_library: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Eight 910B3 chips, two per card (the layout of Atlas A3 nodes; only the layout matters).
+    # Eight 910B3 chips, two per card, so that keeping a request on one card is a choice.
     host = AscendNode(tmp_path / "host", chips_910b(8, per_card=2), library=dcmi_library)
     for key, value in host.env.items():
         monkeypatch.setenv(key, value)
