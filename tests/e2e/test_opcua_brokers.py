@@ -91,6 +91,7 @@ async def run_broker(envs: dict[str, str]) -> str:
     return out.decode().strip()
 
 
+@pytest.mark.slow  # ~30 s: a grace period, a server restart, a broker process
 async def test_broker_reads_the_server_health_follows_state_and_presence(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path
 ) -> None:
