@@ -95,11 +95,19 @@ async def _serve_until_signalled(settings: AgentSettings) -> None:
         await task
 
 
+#: Modules the agent process never needs but a dependency imports whenever they are installed:
+#: httpcore2 imports trio (with attrs, 2 MiB resident) only to tell trio from asyncio, and the
+#: agent runs on asyncio alone. Marked absent before anything could import them.
+_NEVER_IMPORTED = ("trio",)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args:
         print(help_text())
         raise SystemExit(0 if args[0] in ("-h", "--help") else 2)
+    for module in _NEVER_IMPORTED:
+        sys.modules.setdefault(module, None)  # type: ignore[arg-type]
     configure_logging()
     try:
         settings = AgentSettings.from_env()

@@ -11,7 +11,8 @@ while nothing changes. Beside it: the load average and the time of a fixed CPU-b
 this process, so figures from a busier machine can be told apart. Nothing is asserted.
 
 ``python -m tests.bench agent_idle`` (defaults), or with options
-``python -m tests.bench.bench_agent_idle [--window S] [--windows N] [--devices 2,200]``.
+``python -m tests.bench.bench_agent_idle [--window S] [--windows N] [--devices 2,200]
+[--smaps]`` (``--smaps`` lists the largest resident mappings).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ READY_DEADLINE_S = 240.0
 TARGET_CPU_S = 0.05
 #: The fixed loop whose duration shows the machine's speed at the time of the reading.
 SPEED_LOOP = 2_000_000
+#: With ``--smaps``: how many mappings to list by resident size.
+SMAPS_TOP = 15
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -49,6 +52,20 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _rss_by_mapping(pid: int, top: int) -> list[tuple[int, str]]:
+    """Resident KiB per mapped file (or ``[anon]``, ``[heap]``, ``[stack]``), largest first."""
+    sizes: dict[str, int] = {}
+    name = "[anon]"
+    with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else "[anon]"
+            elif head and head[0] == "Rss:":
+                sizes[name] = sizes.get(name, 0) + int(head[1])
+    return sorted(((kib, n) for n, kib in sizes.items()), reverse=True)[:top]
 
 
 def _speed_ms() -> float:
@@ -82,7 +99,8 @@ async def _ready(node: BenchNode, names: list[str]) -> float:
     return time.monotonic() - started
 
 
-async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int) -> None:
+async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int,
+                smaps: bool) -> None:
     offline = Path(tempfile.mkdtemp(prefix="epi-", dir="/tmp")) / "offline"
     async with bench_node(plane, label="idl", pod_resources=True) as node:
         names = [f"d{i:03d}" for i in range(count)]
@@ -108,6 +126,9 @@ async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int)
               f"MiB, threads {memory['Threads']}")
         print(f"    machine: load {load} (1, 5, 15 min); {SPEED_LOOP:,}-step loop "
               f"{statistics.median(speeds):.0f} ms median", flush=True)
+        if smaps:
+            for kib, mapping in _rss_by_mapping(node.pid, SMAPS_TOP):
+                print(f"      {kib / 1024:6.1f} MiB  {mapping}")
     offline.unlink(missing_ok=True)
     offline.parent.rmdir()
 
@@ -123,7 +144,8 @@ def main(argv: list[str]) -> None:
         plane.apply_crds()
         for count in counts:
             print(f"agent at rest, {count} debugEcho devices", flush=True)
-            asyncio.run(_idle(plane, count, window=window, windows=windows))
+            asyncio.run(_idle(plane, count, window=window, windows=windows,
+                              smaps="--smaps" in argv))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -260,6 +262,46 @@ async def test_registers_once_the_kubelet_appears(
         await eventually(lambda: _registrations(metrics, "first") == 1, "first counted")
     finally:
         await late.stop()
+
+
+class _RefusingOnce(_Registrar):
+    """A kubelet that is not ready for the first registration (as while it starts up)."""
+
+    async def Register(self, request: pb.RegisterRequest, context: object) -> pb.Empty:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            assert isinstance(context, aio.ServicerContext)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet starting")
+        return pb.Empty()
+
+
+async def test_a_refused_registration_is_tried_again(
+    plugin_dir: Path, kubelet: KubeletStandIn, manager: tuple[PluginManager, AgentMetrics]
+) -> None:
+    """Nothing in the directory changes after the refusal: only the retry timer brings it."""
+    mgr, metrics = manager
+    kubelet.registrar = refusing = _RefusingOnce()
+    await kubelet.restart()
+    await mgr.add(_spec())
+    await eventually(lambda: len(refusing.requests) == 2, "a second Register after the refusal")
+    await eventually(lambda: _registrations(metrics, "first") == 1, "the accepted one counted")
+
+
+async def test_a_recreated_plugin_directory_is_followed(
+    plugin_dir: Path, kubelet: KubeletStandIn, manager: tuple[PluginManager, AgentMetrics]
+) -> None:
+    """The directory itself deleted and made again (a remounted kubelet directory): the
+    inotify watch ends with it, and the manager still serves and registers there again."""
+    mgr, _ = manager
+    spec = _spec()
+    await mgr.add(spec)
+    await kubelet.wait_registrations(1, "first registration")
+    await kubelet.stop()
+    shutil.rmtree(plugin_dir)
+    os.mkdir(plugin_dir)
+    await kubelet.start()
+    await kubelet.wait_registrations(2, "registration in the re-created directory")
+    assert (plugin_dir / spec.socket_name).is_socket()
 
 
 async def test_allocate_answers_and_refusals_carry_status_and_resource(
