@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 CANCEL_WAIT_S = 1.0  # how long a cancelled task gets to end before it is cancelled again
 CANCEL_ROUNDS = 5  # after that many, a task that still runs is left (and logged)
-COALESCE_S = 0.02  # after a change, wait this long so a burst of changes makes one list
+COALESCE_S = 0.02
+_ASKED = "discovery URL"  # roles in log lines (and keys of the problems logged once)
+_CHECKED = "server"  # after a change, wait this long so a burst of changes makes one list
 RESOLVE_CACHE_S = 30.0  # how long a host name's look-up result is reused
 
 
@@ -55,7 +57,7 @@ class Monitor:
         self._unresolvable: dict[str, frozenset[str]] = {}
         self._servers: dict[tuple[str, int, str], _Server] = {}
         self._changed = asyncio.Event()
-        self._problems: dict[str, str] = {}
+        self._problems: dict[tuple[str, str], str] = {}
         self._resolved: dict[str, tuple[float, bool]] = {}
 
     async def lists(self) -> AsyncGenerator[Sequence[Device], None]:
@@ -96,7 +98,7 @@ class Monitor:
                 await self._find_once(url)
             except Exception as exc:  # a bug must not end discovery for this URL for good
                 log.exception("opcua: %s: discovery round failed", url)
-                self._problem(url, f"discovery round failed: {type(exc).__name__}")
+                self._problem(_ASKED, url, f"discovery round failed: {type(exc).__name__}")
                 if url not in self._answers:  # the first list must not wait on it forever
                     self._answers[url] = Answer(url, ())
                     self._reconcile()
@@ -107,12 +109,12 @@ class Monitor:
             try:
                 found = await client.find_servers(url, limit_s=self._details.timeout_s)
             except client.Unreachable as exc:
-                self._problem(url, f"FindServers failed: {exc}")
+                self._problem(_ASKED, url, f"FindServers failed: {exc}")
                 answer = Answer(url, ())
             else:
                 dropped = found.total - len(found.records)
-                self._problem(url, f"FindServers answered {found.total} servers; kept the "
-                                   f"first {len(found.records)}" if dropped else None)
+                self._problem(_ASKED, url, f"FindServers answered {found.total} servers; kept "
+                                           f"the first {len(found.records)}" if dropped else None)
                 answer = Answer(url, found.records)
         hosts = hosts_to_resolve([answer], names=self._details.application_names)
         self._unresolvable[url] = await self._unresolvable_of(hosts)
@@ -129,7 +131,7 @@ class Monitor:
             if key not in wanted:
                 gone = self._servers.pop(key)
                 gone.task.cancel()
-                self._problems.pop(gone.candidate.url, None)
+                self._problems.pop((_CHECKED, gone.candidate.url), None)
                 changed = changed or gone.health is not None
         for key, candidate in wanted.items():
             known = self._servers.get(key)
@@ -151,7 +153,7 @@ class Monitor:
                 await self._check_once(key, server)
             except Exception as exc:  # a bug must not freeze this server's health for good
                 log.exception("opcua: %s: check failed", server.candidate.url)
-                self._problem(server.candidate.url, f"check failed: {type(exc).__name__}")
+                self._problem(_CHECKED, server.candidate.url, f"check failed: {type(exc).__name__}")
                 if not server.checked:  # the first list must not wait on it forever
                     server.checked = True
                     self._changed.set()
@@ -170,7 +172,7 @@ class Monitor:
                 problem = None if health.healthy else f"unhealthy: {health.reason}"
         if self._servers.get(key) is not server:
             return  # dropped by a discovery answer while this check ran
-        self._problem(url, problem)
+        self._problem(_CHECKED, url, problem)
         if health != server.health or not server.checked:
             server.health = health
             server.checked = True
@@ -179,6 +181,7 @@ class Monitor:
     async def _unresolvable_of(self, hosts: set[str]) -> frozenset[str]:
         loop = asyncio.get_running_loop()
         now = loop.time()
+        self._resolved = {h: seen for h, seen in self._resolved.items() if seen[0] > now}
         fresh = {h for h in hosts if h in self._resolved and self._resolved[h][0] > now}
         todo = sorted(hosts - fresh)
         results = await asyncio.gather(*(self._resolves(h) for h in todo))
@@ -194,17 +197,21 @@ class Monitor:
             return False
         return True
 
-    def _problem(self, url: str, problem: str | None) -> None:
-        """Log a URL's problem when it starts or changes, and its end (never each interval)."""
-        before = self._problems.get(url)
+    def _problem(self, role: str, url: str, problem: str | None) -> None:
+        """Log a problem when it starts or changes, and its end (never each interval).
+
+        ``role`` keeps a URL asked for servers apart from the same URL checked as a server.
+        """
+        key = (role, url)
+        before = self._problems.get(key)
         if problem == before:
             return
         if problem is None:
-            del self._problems[url]
-            log.info("opcua: %s: recovered (%s)", url, before)
+            del self._problems[key]
+            log.info("opcua: %s %s: recovered (%s)", role, url, before)
             return
-        self._problems[url] = problem
-        log.warning("opcua: %s: %s", url, problem)
+        self._problems[key] = problem
+        log.warning("opcua: %s %s: %s", role, url, problem)
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
