@@ -66,7 +66,7 @@ from crds.api import API_VERSION, INSTANCE_KIND
 from crds.configuration import Configuration
 from crds.instance import Instance
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
-from discovery_handlers.contract import Device, DiscoveryHandler, Health
+from discovery_handlers.contract import Device, DiscoveryHandler, Health, LabellingHandler
 
 log = logging.getLogger(__name__)
 
@@ -383,8 +383,19 @@ class InstancePublisher:
     async def _report(self) -> None:
         cfg = self._cfg
         self._metrics.instances.labels(cfg.namespace, cfg.name).set(len(self._owned))
+        handler_labels: Mapping[str, str] = {}
+        if self._last is not None and self._owned:
+            handler, details = self._last[0], self._last[1]
+            if isinstance(handler, LabellingHandler):
+                try:
+                    handler_labels = handler.node_labels(
+                        details, [s.device for s in self._served.values()]
+                    )
+                except Exception:  # a handler's bug must not stop publishing
+                    log.exception("handler %s: node_labels failed", handler.name)
         await self._labels.set(
-            namespace=cfg.namespace, configuration=cfg.name, has_devices=bool(self._owned)
+            namespace=cfg.namespace, configuration=cfg.name, has_devices=bool(self._owned),
+            handler_labels=handler_labels,
         )
 
     def _extra(self, name: str) -> dict[str, str]:

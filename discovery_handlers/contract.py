@@ -198,6 +198,16 @@ class RankingHandler(DiscoveryHandler, Protocol):
 
 
 @runtime_checkable
+class LabellingHandler(DiscoveryHandler, Protocol):
+    """A handler that describes the node's devices as Node labels a scheduler or a person reads
+    (chip model and count, say). Keys must be under ``edgeplug.io/`` (others are ignored); the
+    agent sets them on its own Node while the Configuration has devices there and removes them
+    with the last device."""
+
+    def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
 class PreparingHandler(DiscoveryHandler, Protocol):
     """A handler that must check or prepare devices right before a container starts.
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
 
 from agent.main import run_agent
 from agent.settings import AgentSettings
@@ -122,6 +123,16 @@ async def test_pod_for_huaweis_plugin_gets_two_healthy_chips_of_one_card(
     async with ascend_node(control_plane, namespace, plugin_dir, host) as (node, emulator, kube):
         apply(control_plane, configuration(namespace, "ascend-910", host, resourceName=RESOURCE))
         await wait_allocatable(kube, node, RESOURCE, "8")
+
+        async def labelled() -> bool:
+            meta = (await kube.get(Node, node)).metadata
+            labels = (meta.labels if meta else None) or {}
+            return (labels.get("edgeplug.io/npu.chip.name"),
+                    labels.get("edgeplug.io/npu.chip.count"),
+                    labels.get("edgeplug.io/accelerator")) == (
+                        "910B3", "8", "huawei-Ascend910")
+
+        await wait_until(labelled, what="the Node labelled with chip model, count and family")
 
         started = time.monotonic()
         host.fault(0)  # chip 0 of card 0 faults: card 0 has one usable chip left
