@@ -33,6 +33,7 @@ from asyncua.client.ua_client import UASocketProtocol
 from asyncua.crypto import security_policies, uacrypto
 from asyncua.ua.uaerrors import UaError, UaStatusCodeError
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from discovery_handlers.contract import Health
@@ -114,7 +115,10 @@ async def check(url: str, *, limit_s: float, security: Security | None) -> Healt
                 state = await client.nodes.server_state.read_value()
             finally:
                 await _close_quietly(client)
-    except (UaError, UaStatusCodeError) as exc:
+    except UaStatusCodeError as exc:  # the peer speaks OPC-UA and said no: present
+        step = "ServerStatus.State unreadable" if channel_open else "secure channel refused"
+        return Health.unhealthy(f"{step}: {_reason(exc)}")
+    except UaError as exc:
         if channel_open:
             return Health.unhealthy(f"ServerStatus.State unreadable: {_reason(exc)}")
         raise Unreachable(_reason(exc)) from None
@@ -143,14 +147,20 @@ async def _secure(client: Client, security: Security) -> Health | None:
     if server_cert is None:
         return Health.unhealthy("server endpoint carries no certificate")
     certificate = security.certificate.value
-    client.application_uri = security.application_uri or _certificate_uri(certificate)
-    await client.set_security(
-        policy,
-        uacrypto.CertProperties(certificate, _encoding(certificate)),
-        uacrypto.CertProperties(security.private_key.value, _encoding(security.private_key.value)),
-        server_certificate=server_cert.public_bytes(Encoding.DER),
-        mode=mode,
-    )
+    try:
+        client.application_uri = security.application_uri or _certificate_uri(certificate)
+        await client.set_security(
+            policy,
+            uacrypto.CertProperties(certificate, _encoding(certificate)),
+            uacrypto.CertProperties(security.private_key.value,
+                                    _encoding(security.private_key.value)),
+            server_certificate=server_cert.public_bytes(Encoding.DER),
+            mode=mode,
+        )
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        # our own certificate or key does not load: say so, naming no content (the
+        # exception's text is not shown: it is about key material)
+        return Health.unhealthy(f"client certificate or key unusable ({type(exc).__name__})")
     return None
 
 

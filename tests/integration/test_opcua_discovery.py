@@ -132,6 +132,14 @@ async def test_secure_only_server_checked_with_certificate_from_secret(
         async with DeviceWatch(details(secure.url, extra=policy, properties=secrets)) as watch:
             devices = await watch.until(bool, what="the secure server, checked with the cert")
         assert devices[secure.url].health.healthy, devices[secure.url].health.reason
+        # a certificate the server does not trust: present, unhealthy, and says why
+        other = await make_certificates(tmp_path / "other", server_uri="urn:other")
+        untrusted = {"clientCertificate": Secret(other.client_cert.read_bytes()),
+                     "clientPrivateKey": Secret(other.client_key.read_bytes())}
+        async with DeviceWatch(details(secure.url, extra=policy, properties=untrusted)) as watch:
+            refused = await watch.until(bool, what="the secure server, refusing the cert")
+        assert not refused[secure.url].health.healthy
+        assert "refused" in refused[secure.url].health.reason, refused[secure.url].health.reason
     finally:
         await secure.stop()
     body = key.split(b"-----")[2].strip().splitlines()[0].decode()  # a line of the key itself
