@@ -49,6 +49,7 @@ from tests.harness.node_emulator import NodeEmulator
 SERVERS = 500
 REAL_SERVERS = 3
 RUNS = 5
+STEADY_S = 10.0  # how long the steady-state CPU is measured
 SAMPLES = 10
 TIMEOUT_S = 2.0
 INTERVAL_S = 2.0
@@ -66,9 +67,9 @@ def machine_speed() -> float:
     return time.perf_counter() - started
 
 
-def _run_handler(url: str, timeout_s: float) -> dict[str, Any]:
+def _run_handler(url: str, timeout_s: float, steady_s: float = 0.0) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "tests.harness.opcua_runner", url,
-                          str(timeout_s), str(INTERVAL_S)],
+                          str(timeout_s), str(INTERVAL_S), str(steady_s)],
                          capture_output=True, text=True, check=True, timeout=DEADLINE_S)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -136,6 +137,10 @@ async def _bench_lists(farm: Farm) -> None:
     added = statistics.median(r["seconds"] for r in hung) - statistics.median(
         r["seconds"] for r in clean)
     print(f"   the hung server added {added:.2f} s (median to median)", flush=True)
+    steady = await asyncio.to_thread(_run_handler, farm.urls["lds"], TIMEOUT_S, STEADY_S)
+    print(f"   steady state, {SERVERS} servers each checked every {INTERVAL_S:g} s: handler CPU "
+          f"{steady['steady_cpu_per_s'] * 100:.0f}% of one core (over {STEADY_S:g} s)",
+          flush=True)
 
 
 async def _bench_instances(farm: Farm, plane: ControlPlane) -> list[float]:

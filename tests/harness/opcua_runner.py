@@ -3,7 +3,9 @@
 Why this exists: the benchmark measures the handler's time to its first complete list and the
 memory of a process doing nothing else; importing the benchmark itself (lightkube, the agent)
 would blur the memory figure. Usage: ``python -m tests.harness.opcua_runner URL TIMEOUT_S
-INTERVAL_S``. asyncua is imported before the clock starts; its cost is printed apart.
+INTERVAL_S STEADY_S``. asyncua is imported before the clock starts; its cost is printed apart.
+With ``STEADY_S`` > 0 discovery keeps running that long after the first list and the CPU it
+uses per second is printed too (the steady-state cost of checking every server each interval).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import resource
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 MAX_CONCURRENT_CHECKS = 32
@@ -24,8 +27,19 @@ def _status_kib(field: str) -> int:
     return int(next(r for r in rows if r.startswith(field)).split()[1])
 
 
+def _cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+async def _drain(stream: AsyncIterator[object]) -> None:
+    async for _ in stream:
+        pass
+
+
 def main(argv: list[str]) -> None:
-    url, timeout_s, interval_s = argv
+    url, timeout_s, interval_s, steady_arg = argv
+    steady_s = float(steady_arg)
     before_import = _status_kib("VmRSS")
     started = time.perf_counter()
     import discovery_handlers.opcua.monitor  # noqa: F401  (asyncua: measured apart)
@@ -38,19 +52,28 @@ def main(argv: list[str]) -> None:
         f"timeoutSeconds: {timeout_s}\ndiscoveryIntervalSeconds: {interval_s}\n"
         f"maxConcurrentChecks: {MAX_CONCURRENT_CHECKS}\n", {})
 
-    async def first_list() -> tuple[float, int, int]:
-        cpu = resource.getrusage(resource.RUSAGE_SELF)
+    async def first_list() -> tuple[float, int, int, float]:
+        cpu = _cpu_s()
         began = time.perf_counter()
         stream = handler.discover(details)
         async with contextlib.aclosing(stream):  # type: ignore[type-var]
             devices = await anext(stream)
             elapsed = time.perf_counter() - began
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        cpu_s = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
-        return elapsed, len(devices), int(cpu_s * 1000)
+            cpu_ms = int((_cpu_s() - cpu) * 1000)
+            steady = 0.0
+            if steady_s > 0:  # keep discovery running; what does it cost per second?
+                follow = asyncio.ensure_future(_drain(stream))
+                cpu = _cpu_s()
+                await asyncio.sleep(steady_s)  # a measuring window, not a synchronisation
+                steady = (_cpu_s() - cpu) / steady_s
+                follow.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follow
+        return elapsed, len(devices), cpu_ms, steady
 
-    elapsed, count, cpu_ms = asyncio.run(first_list())
+    elapsed, count, cpu_ms, steady = asyncio.run(first_list())
     print(json.dumps({"seconds": elapsed, "devices": count, "cpu_ms": cpu_ms,
+                      "steady_cpu_per_s": steady,
                       "import_s": imported, "import_kib": after_import - before_import,
                       "rss_kib": _status_kib("VmRSS"), "hwm_kib": _status_kib("VmHWM"),
                       "base_kib": after_import}))
