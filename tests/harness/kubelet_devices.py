@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import logging
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -32,12 +33,46 @@ from tests.harness.kubelet_records import (
 from tests.harness.unix_grpc import SocketServer
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 KUBELET_SOCKET = "kubelet.sock"
 #: Deadline of every unary call to a plugin (options, preferred allocation, allocate, pre-start).
 PLUGIN_RPC_TIMEOUT_S = 10.0
 #: How long stopping the registration server lets in-flight Register calls finish.
 SERVER_STOP_GRACE_S = 0.5
+#: The HTTP/2 ``:authority`` the kubelet sends on every plugin call (its dialer's
+#: ``grpc.WithAuthority("localhost")``). gRPC core would otherwise send the socket path,
+#: percent-encoded, which HTTP/2 stacks that validate the authority (tonic/h2) refuse.
+PLUGIN_AUTHORITY = "localhost"
+#: How long the kubelet's dialer waits for a plugin's socket to accept (its ``dial`` timeout).
+PLUGIN_DIAL_TIMEOUT_S = 10.0
+
+
+def plugin_channel(socket_path: Path) -> grpc.aio.Channel:
+    """A channel to a plugin's socket that speaks as the kubelet's plugin client does."""
+    return grpc.aio.insecure_channel(
+        f"unix:{socket_path}", options=[("grpc.default_authority", PLUGIN_AUTHORITY)])
+
+
+class PluginGone(Exception):
+    """A call to a plugin ended because its channel closed under it (a kubelet restart or a
+    re-registration replaced the endpoint): the kubelet sees an RPC error, not a crash."""
+
+
+def cancelled_by_caller() -> bool:
+    """Whether the running task itself is being cancelled (not merely a call inside it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _unary(call: Awaitable[_T], what: str) -> _T:
+    """Await one unary plugin call; a call cancelled by its channel closing is PluginGone."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if cancelled_by_caller():
+            raise
+        raise PluginGone(f"{what}: the connection to the plugin was closed") from None
 
 
 class PluginEndpoint:
@@ -50,18 +85,24 @@ class PluginEndpoint:
         self.pre_start_required = False
         self.preferred_allocation_available = False
         self.streaming = False  # True once the first ListAndWatch response arrived
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        self._channel = plugin_channel(socket_path)
         self._stub = pb_grpc.DevicePluginStub(self._channel)
         self.task: asyncio.Task[None] | None = None
 
     def healthy_ids(self) -> list[str]:
         return sorted(d for d, health in self.devices.items() if health == HEALTHY)
 
-    async def watch(self, on_change: Callable[[], None]) -> None:
-        """Fetch options, then follow ListAndWatch until the plugin ends it or goes away."""
+    async def connect(self) -> None:
+        """Dial the plugin and fetch its options, as the kubelet does inside Register: wait
+        (up to its dial timeout) for the socket to accept, then GetDevicePluginOptions."""
+        async with asyncio.timeout(PLUGIN_DIAL_TIMEOUT_S):
+            await self._channel.channel_ready()
         options = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=PLUGIN_RPC_TIMEOUT_S)
         self.pre_start_required = options.pre_start_required
         self.preferred_allocation_available = options.get_preferred_allocation_available
+
+    async def watch(self, on_change: Callable[[], None]) -> None:
+        """Follow ListAndWatch until the plugin ends it or goes away."""
         stream = self._stub.ListAndWatch(pb.Empty())
         async for response in stream:
             self.devices = {device.ID: device.health for device in response.devices}
@@ -75,7 +116,9 @@ class PluginEndpoint:
             pb.ContainerPreferredAllocationRequest(
                 available_deviceIDs=list(available), allocation_size=size)
         ])
-        response = await self._stub.GetPreferredAllocation(request, timeout=PLUGIN_RPC_TIMEOUT_S)
+        response = await _unary(
+            self._stub.GetPreferredAllocation(request, timeout=PLUGIN_RPC_TIMEOUT_S),
+            "GetPreferredAllocation")
         if len(response.container_responses) != 1:
             raise ValueError(f"{len(response.container_responses)} container responses, want 1")
         return list(response.container_responses[0].deviceIDs)
@@ -83,14 +126,16 @@ class PluginEndpoint:
     async def allocate(self, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         request = pb.AllocateRequest(
             container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
-        response = await self._stub.Allocate(request, timeout=PLUGIN_RPC_TIMEOUT_S)
+        response = await _unary(self._stub.Allocate(request, timeout=PLUGIN_RPC_TIMEOUT_S),
+                                "Allocate")
         if len(response.container_responses) != 1:
             raise ValueError(f"{len(response.container_responses)} container responses, want 1")
         return response.container_responses[0]
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         request = pb.PreStartContainerRequest(devices_ids=list(device_ids))
-        await self._stub.PreStartContainer(request, timeout=PLUGIN_RPC_TIMEOUT_S)
+        await _unary(self._stub.PreStartContainer(request, timeout=PLUGIN_RPC_TIMEOUT_S),
+                     "PreStartContainer")
 
     async def close(self) -> None:
         if self.task is not None and not self.task.done():
@@ -111,7 +156,12 @@ class _RegistrationService(pb_grpc.RegistrationServicer):
         if problem is not None:
             log.warning("rejected registration of %r: %s", request.resource_name, problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        self._manager.add_endpoint(request)
+        # The kubelet answers Register only once it has dialled the plugin back and read its
+        # options; a plugin it cannot reach gets an error, not a registration.
+        failure = await self._manager.add_endpoint(request)
+        if failure is not None:
+            log.warning("registration of %r failed: %s", request.resource_name, failure)
+            await context.abort(grpc.StatusCode.UNKNOWN, failure)
         return pb.Empty()
 
 
@@ -173,9 +223,19 @@ class DeviceManager:
             return f"invalid endpoint {endpoint!r}: a socket file name in the plugin directory"
         return None
 
-    def add_endpoint(self, request: pb.RegisterRequest) -> None:
-        """Accept a registration: a new endpoint replaces any earlier one for the resource."""
+    async def add_endpoint(self, request: pb.RegisterRequest) -> str | None:
+        """Connect to a registering plugin; once connected it replaces any earlier endpoint
+        for the resource. Returns why the connection failed, or None."""
         resource = request.resource_name
+        endpoint = PluginEndpoint(resource_name=resource,
+                                  socket_path=self.plugin_dir / request.endpoint)
+        try:
+            await endpoint.connect()
+        except (TimeoutError, grpc.aio.AioRpcError) as error:
+            await endpoint.close()
+            detail = (f"{error.code().name}: {error.details()}"
+                      if isinstance(error, grpc.aio.AioRpcError) else "dial timed out")
+            return f"failed to dial device plugin at {endpoint.socket_path}: {detail}"
         self.registrations.append(Registration(
             resource_name=resource,
             endpoint=request.endpoint,
@@ -183,8 +243,6 @@ class DeviceManager:
             pre_start_required=request.options.pre_start_required,
             get_preferred_allocation_available=request.options.get_preferred_allocation_available,
         ))
-        endpoint = PluginEndpoint(resource_name=resource,
-                                  socket_path=self.plugin_dir / request.endpoint)
         old = self._endpoints.get(resource)
         self._endpoints[resource] = endpoint
         self._known.add(resource)
@@ -194,6 +252,7 @@ class DeviceManager:
             closing = asyncio.create_task(old.close(), name=f"close old plugin {resource}")
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
+        return None
 
     async def _follow(self, endpoint: PluginEndpoint) -> None:
         try:

@@ -25,7 +25,12 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 from lightkube.utils.quantity import parse_quantity
 
-from tests.harness.kubelet_devices import DeviceManager, PluginEndpoint
+from tests.harness.kubelet_devices import (
+    DeviceManager,
+    PluginEndpoint,
+    PluginGone,
+    cancelled_by_caller,
+)
 from tests.harness.kubelet_records import ContainerAllocation, is_extended_resource_name
 
 log = logging.getLogger(__name__)
@@ -138,12 +143,20 @@ class PodManager:
                     try:
                         await self._handle(event, pod)
                     except asyncio.CancelledError:
-                        raise
+                        if cancelled_by_caller():
+                            raise
+                        # A cancellation that is not ours (a call whose channel closed under
+                        # it) must not end admission for good: log it, take the next event.
+                        log.exception("node %s: handling %s of a pod was cancelled",
+                                      self.node_name, event)
                     except Exception:
                         log.exception("node %s: handling %s of a pod failed", self.node_name,
                                       event)
             except asyncio.CancelledError:
-                raise
+                if cancelled_by_caller():
+                    raise
+                log.exception("node %s: the pod watch was cancelled; re-opening it",
+                              self.node_name)
             except Exception:
                 log.exception("node %s: the pod watch broke; re-opening it", self.node_name)
             failures += 1
@@ -270,7 +283,7 @@ class PodManager:
         if endpoint.preferred_allocation_available:
             try:
                 preferred = await endpoint.preferred(available=available, size=count)
-            except (grpc.aio.AioRpcError, ValueError) as error:
+            except (grpc.aio.AioRpcError, PluginGone, ValueError) as error:
                 log.warning("%s: GetPreferredAllocation failed, choosing myself: %s",
                             endpoint.resource_name, error)
             else:
@@ -290,6 +303,9 @@ class PodManager:
         except grpc.aio.AioRpcError as error:
             raise AdmissionError(f"Allocate failed due to rpc error: code = {error.code().name} "
                                  f"desc = {error.details()}, which is unexpected") from error
+        except PluginGone as error:
+            raise AdmissionError(f"Allocate failed due to rpc error: code = Canceled "
+                                 f"desc = {error}, which is unexpected") from error
         except ValueError as error:
             raise AdmissionError(f"Allocate failed due to {error}, which is unexpected") from error
         return ContainerAllocation(

@@ -65,7 +65,8 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
 
     def __init__(self, *, plugin_dir: Path, resource_name: str, devices: Mapping[str, str],
                  socket_name: str | None = None, preferred: Sequence[str] | None = None,
-                 pre_start_required: bool = False, fail_allocate: bool = False) -> None:
+                 pre_start_required: bool = False, fail_allocate: bool = False,
+                 allocate_gate: asyncio.Event | None = None) -> None:
         self.plugin_dir = plugin_dir
         self.resource_name = resource_name
         self.socket_name = socket_name or resource_name.replace("/", "-") + ".sock"
@@ -73,6 +74,8 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
         self.preferred_order = list(preferred) if preferred is not None else None
         self.pre_start_required = pre_start_required
         self.fail_allocate = fail_allocate
+        # When set, Allocate answers only once the event is set (a plugin slow to allocate).
+        self.allocate_gate = allocate_gate
         self.calls = Calls()
         self._updates: list[asyncio.Queue[dict[str, str] | None]] = []
         self._grpc = SocketServer(
@@ -166,6 +169,8 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
     ) -> pb.AllocateResponse:
         for container in request.container_requests:
             self.calls.allocate.append(tuple(container.devices_ids))
+        if self.allocate_gate is not None:
+            await self.allocate_gate.wait()
         if self.fail_allocate:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "test plugin told to fail Allocate")
         return pb.AllocateResponse(container_responses=[

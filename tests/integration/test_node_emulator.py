@@ -357,15 +357,18 @@ async def test_a_garbage_plugin_does_not_hurt_the_emulator(
     emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
 ) -> None:
     # Registers, but nothing serves its socket; then one whose socket is not even gRPC.
+    # The kubelet dials a plugin back inside Register, so both registrations are refused.
     ghost = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
                        devices={})
-    await ghost.register()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await ghost.register()
     junk_path = emulator.plugin_dir / "junk.sock"
     junk = await asyncio.start_unix_server(junk_reply, path=str(junk_path))
     try:
         garbage = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
                              socket_name="junk.sock", devices={})
-        await garbage.register()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await garbage.register()
         good = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
                           devices={"g": HEALTHY})
         await good.start()
@@ -375,7 +378,8 @@ async def test_a_garbage_plugin_does_not_hurt_the_emulator(
                              pod_manifest("fine", resources={good.resource_name: "1"}))
             await wait_phase(kube, pod_namespace, "fine", "Running")
             for broken in (ghost, garbage):
-                assert await allocatable(kube, emulator.node_name, broken.resource_name) == "0"
+                assert await allocatable(kube, emulator.node_name, broken.resource_name) is None
+            assert [r.resource_name for r in emulator.registrations] == [good.resource_name]
         finally:
             await good.stop()
     finally:
