@@ -1,7 +1,8 @@
 """Find or build the Kubernetes control-plane binaries the tests and the demo run.
 
 Why this exists: edgeplug is tested against a real etcd, kube-apiserver, kube-scheduler and
-kube-controller-manager, and this machine has no release binaries of them. We build one
+kube-controller-manager (and nodes whose device side is the kubelet's own device manager, the
+``devicenode`` command), and this machine has no release binaries of them. We build one
 multi-call Go program (``tests/harness/kubebin``) from Kubernetes' and etcd's Go modules,
 cache it outside the repository keyed by the hash of its sources, and reuse it until the
 pinned versions change. A user who already has envtest binaries points ``KUBEBUILDER_ASSETS``
@@ -23,7 +24,13 @@ log = logging.getLogger(__name__)
 
 KUBE_VERSION = "v1.36.3"
 SOURCE_DIR = Path(__file__).resolve().parent / "kubebin"
-SOURCE_FILES = ("go.mod", "go.sum", "main.go")
+
+
+def source_files() -> list[str]:
+    """go.mod, go.sum and every Go file of the program: what the binary is built from."""
+    return ["go.mod", "go.sum", *sorted(p.name for p in SOURCE_DIR.glob("*.go"))]
+
+
 COMMANDS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
 
 
@@ -38,7 +45,7 @@ def cache_dir() -> Path:
 def source_digest() -> str:
     """A short digest of the Go sources; a change to any pin gives a new binary."""
     digest = hashlib.sha256()
-    for name in SOURCE_FILES:
+    for name in source_files():
         digest.update(name.encode())
         digest.update((SOURCE_DIR / name).read_bytes())
     return digest.hexdigest()[:16]

@@ -1,6 +1,7 @@
 // Command kubebin is one binary that serves as etcd, kube-apiserver,
 // kube-scheduler, kube-controller-manager and kubectl, chosen by its first
-// argument.
+// argument; and, for the tests, as a node whose device side is the kubelet's own
+// device manager (devicenode) and as a grpc-go device plugin (testplugin).
 //
 // It exists because linking the three Kubernetes control-plane commands and
 // etcd separately costs three to four times the link time and disk on a
@@ -35,10 +36,16 @@ var commands = map[string]func() *cobra.Command{
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: kubebin etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubectl [args]")
+		fmt.Fprintln(os.Stderr, "usage: kubebin etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubectl|devicenode|testplugin [args]")
 		os.Exit(2)
 	}
 	name := os.Args[1]
+	switch name {
+	case "devicenode":
+		os.Exit(runDeviceNode(os.Args[2:]))
+	case "testplugin":
+		os.Exit(runTestPlugin(os.Args[2:]))
+	}
 	if name == "etcd" {
 		// etcdmain reads its flags from the slice it is given, program name first.
 		etcdmain.Main(append([]string{"etcd"}, os.Args[2:]...))

@@ -1,0 +1,349 @@
+// The devicenode's pod side: admit pods bound to the node as the kubelet does, start their
+// containers on paper, report them, release their devices when they end.
+//
+// It exists because a device is only given to a pod through kubelet admission: the topology
+// manager's Admit (none policy) calls the device manager's Allocate for each init and app
+// container in order (init containers' devices reused as the device manager reuses them), and a
+// failure rejects the pod with the reason and message admission gives (UnexpectedAdmissionError).
+// An admitted pod's containers are then "created": GetDeviceRunContainerOptions (which makes the
+// PreStartContainer call), then CDI resolution as a CDI-enabled runtime does it. Pods are
+// handled one at a time in watch order, as the kubelet admits them serially.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+)
+
+// statusAttempts bounds the retries of one pod status write.
+const statusAttempts = 5
+
+type podAdmitter struct {
+	client   kubernetes.Interface
+	node     string
+	manager  *devicemanager.ManagerImpl
+	topology topologymanager.Manager
+	records  *records
+	cdiDirs  []string
+	changed  func()
+
+	mu       sync.Mutex
+	live     map[string]*v1.Pod // uid -> pod, for pods that hold or are being given devices
+	ready    bool               // sources ready: the initial pods were re-admitted
+	informer cache.SharedIndexInformer
+}
+
+func newPodAdmitter(client kubernetes.Interface, node string, manager *devicemanager.ManagerImpl, topology topologymanager.Manager, records *records, cdiDirs []string, changed func()) *podAdmitter {
+	return &podAdmitter{client: client, node: node, manager: manager, topology: topology, records: records,
+		cdiDirs: cdiDirs, changed: changed, live: map[string]*v1.Pod{}}
+}
+
+// AddSource and AllReady make the admitter the device manager's config.SourcesReady: not ready
+// until the pods found running at start were re-admitted, as the kubelet's sources are not
+// ready before its first sync.
+func (p *podAdmitter) AddSource(string) {}
+
+func (p *podAdmitter) AllReady() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ready
+}
+
+func (p *podAdmitter) activePods() []*v1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pods := make([]*v1.Pod, 0, len(p.live))
+	for _, pod := range p.live {
+		pods = append(pods, pod)
+	}
+	return pods
+}
+
+// GetActivePods, GetPods and GetPodByName serve the pod-resources API.
+func (p *podAdmitter) GetActivePods() []*v1.Pod { return p.activePods() }
+func (p *podAdmitter) GetPods() []*v1.Pod       { return p.activePods() }
+func (p *podAdmitter) GetPodByName(namespace, name string) (*v1.Pod, bool) {
+	for _, pod := range p.activePods() {
+		if pod.Namespace == namespace && pod.Name == name {
+			return pod, true
+		}
+	}
+	return nil, false
+}
+
+func (p *podAdmitter) run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(p.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", p.node).String()
+		}))
+	p.informer = factory.Core().V1().Pods().Informer()
+	queue := workqueue.NewTyped[string]()
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			queue.Add(key)
+		}
+	}
+	_, err := p.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
+	})
+	if err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
+		return ctx.Err()
+	}
+	p.readmit(ctx)
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	for {
+		key, shutdown := queue.Get()
+		if shutdown {
+			return nil
+		}
+		p.handle(ctx, key)
+		queue.Done(key)
+	}
+}
+
+// readmit runs admission again for the pods the runtime still runs, as a restarted kubelet
+// does; the device manager keeps their devices from its checkpoint without calling Allocate.
+func (p *podAdmitter) readmit(ctx context.Context) {
+	var pods []*v1.Pod
+	for _, uid := range p.records.live() {
+		record := p.records.pod(uid)
+		obj, exists, _ := p.informer.GetStore().GetByKey(record.Namespace + "/" + record.Name)
+		pod, _ := obj.(*v1.Pod)
+		if !exists || pod.UID != types.UID(uid) || !record.Admitted {
+			p.records.update(uid, func(r *podRecord) { r.Live = false })
+			continue
+		}
+		pods = append(pods, pod)
+	}
+	sort.Slice(pods, func(i, j int) bool { return pods[i].CreationTimestamp.Before(&pods[j].CreationTimestamp) })
+	p.mu.Lock()
+	for _, pod := range pods {
+		p.live[string(pod.UID)] = pod
+	}
+	p.mu.Unlock()
+	for _, pod := range pods {
+		if result := p.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod}); !result.Admit {
+			p.reject(ctx, pod, result.Reason, result.Message)
+		}
+	}
+	p.mu.Lock()
+	p.ready = true
+	p.mu.Unlock()
+	p.manager.UpdateAllocatedDevices()
+	p.records.setReady()
+}
+
+func (p *podAdmitter) handle(ctx context.Context, key string) {
+	obj, exists, err := p.informer.GetStore().GetByKey(key)
+	if err != nil {
+		return
+	}
+	if !exists {
+		p.releaseByKey(key)
+		return
+	}
+	pod := obj.(*v1.Pod)
+	uid := string(pod.UID)
+	if pod.DeletionTimestamp != nil {
+		p.release(uid)
+		// The containers "stop" at once; confirm the deletion as the kubelet does.
+		zero := int64(0)
+		_ = p.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+		return
+	}
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		p.release(uid)
+		return
+	}
+	if p.records.pod(uid) != nil {
+		return // admitted, rejected or failed already
+	}
+	p.admit(ctx, pod)
+}
+
+func (p *podAdmitter) admit(ctx context.Context, pod *v1.Pod) {
+	uid := string(pod.UID)
+	p.records.update(uid, func(r *podRecord) {
+		r.Namespace, r.Name, r.Live, r.Phase = pod.Namespace, pod.Name, true, string(v1.PodPending)
+	})
+	p.mu.Lock()
+	p.live[uid] = pod // the kubelet's pod manager holds a pod before admitting it
+	p.mu.Unlock()
+	result := p.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod})
+	if !result.Admit {
+		p.reject(ctx, pod, result.Reason, result.Message)
+		return
+	}
+	var containers []containerRecord
+	ordered := append([]v1.Container{}, pod.Spec.InitContainers...)
+	ordered = append(ordered, pod.Spec.Containers...)
+	for i := range ordered {
+		c := &ordered[i]
+		record, err := p.createContainer(ctx, pod, c, i < len(pod.Spec.InitContainers))
+		if err != nil {
+			p.failContainer(ctx, pod, c.Name, err)
+			return
+		}
+		containers = append(containers, record)
+	}
+	p.records.update(uid, func(r *podRecord) {
+		r.Admitted, r.Phase, r.Containers = true, string(v1.PodRunning), containers
+	})
+	p.patchStatus(ctx, pod, runningStatus(pod))
+	p.changed()
+}
+
+// createContainer does what the kubelet does for a container with devices before the runtime
+// creates it, and what a CDI-enabled runtime does with the CDI names it is handed.
+func (p *podAdmitter) createContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, init bool) (containerRecord, error) {
+	record := containerRecord{Name: c.Name, Init: init, ContainerID: fmt.Sprintf("devicenode://%s/%s", pod.UID, c.Name),
+		DeviceIDs: map[string][]string{}, Envs: map[string]string{}, Annotations: map[string]string{},
+		Mounts: [][3]any{}, Devices: [][3]string{}, CDIDevices: []string{}}
+	opts, err := p.manager.GetDeviceRunContainerOptions(ctx, pod, c)
+	if err != nil {
+		return record, err
+	}
+	for resource, devices := range p.manager.GetDevices(string(pod.UID), c.Name) {
+		for id := range devices {
+			record.DeviceIDs[resource] = append(record.DeviceIDs[resource], id)
+		}
+		sort.Strings(record.DeviceIDs[resource])
+	}
+	if opts == nil {
+		return record, nil
+	}
+	for _, e := range opts.Envs {
+		record.Envs[e.Name] = e.Value
+	}
+	for _, m := range opts.Mounts {
+		record.Mounts = append(record.Mounts, [3]any{m.ContainerPath, m.HostPath, m.ReadOnly})
+	}
+	for _, d := range opts.Devices {
+		record.Devices = append(record.Devices, [3]string{d.PathInContainer, d.PathOnHost, d.Permissions})
+	}
+	for _, a := range opts.Annotations {
+		record.Annotations[a.Name] = a.Value
+	}
+	for _, d := range opts.CDIDevices {
+		record.CDIDevices = append(record.CDIDevices, d.Name)
+	}
+	if len(record.CDIDevices) > 0 {
+		edits, err := resolveCDI(p.cdiDirs, record.CDIDevices)
+		if err != nil {
+			return record, err
+		}
+		record.CDI = edits
+	}
+	return record, nil
+}
+
+func (p *podAdmitter) reject(ctx context.Context, pod *v1.Pod, reason, message string) {
+	fmt.Fprintf(os.Stderr, "devicenode %s: rejecting pod %s/%s: %s: %s\n", p.node, pod.Namespace, pod.Name, reason, message)
+	p.end(string(pod.UID), string(v1.PodFailed), reason, message)
+	p.patchStatus(ctx, pod, map[string]any{"phase": v1.PodFailed, "reason": reason, "message": "Pod was rejected: " + message})
+}
+
+// failContainer reports a container the runtime could not create. A kubelet would leave the pod
+// Pending and retry; the harness fails it at once so that tests and controllers see it.
+func (p *podAdmitter) failContainer(ctx context.Context, pod *v1.Pod, container string, err error) {
+	const reason = "CreateContainerError"
+	fmt.Fprintf(os.Stderr, "devicenode %s: pod %s/%s container %s: %v\n", p.node, pod.Namespace, pod.Name, container, err)
+	p.end(string(pod.UID), string(v1.PodFailed), reason, err.Error())
+	p.patchStatus(ctx, pod, map[string]any{
+		"phase": v1.PodFailed, "reason": reason, "message": err.Error(),
+		"containerStatuses": []map[string]any{{"name": container, "image": "", "imageID": "", "ready": false,
+			"restartCount": 0, "state": map[string]any{"waiting": map[string]any{"reason": reason, "message": err.Error()}}}},
+	})
+}
+
+func (p *podAdmitter) end(uid, phase, reason, message string) {
+	p.records.update(uid, func(r *podRecord) { r.Live, r.Phase, r.Reason, r.Message = false, phase, reason, message })
+	p.mu.Lock()
+	delete(p.live, uid)
+	p.mu.Unlock()
+	p.manager.UpdateAllocatedDevices()
+}
+
+func (p *podAdmitter) release(uid string) {
+	if record := p.records.pod(uid); record != nil && record.Live {
+		p.end(uid, record.Phase, record.Reason, record.Message)
+		p.changed()
+	}
+}
+
+func (p *podAdmitter) releaseByKey(key string) {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return
+	}
+	for _, uid := range p.records.live() {
+		if record := p.records.pod(uid); record.Namespace == namespace && record.Name == name {
+			p.release(uid)
+		}
+	}
+}
+
+func runningStatus(pod *v1.Pod) map[string]any {
+	now := time.Now().UTC().Format(time.RFC3339)
+	status := func(c v1.Container, state map[string]any, ready bool) map[string]any {
+		return map[string]any{"name": c.Name, "image": c.Image, "imageID": "",
+			"containerID": fmt.Sprintf("devicenode://%s/%s", pod.UID, c.Name), "ready": ready,
+			"started": ready, "restartCount": 0, "state": state}
+	}
+	running := map[string]any{"running": map[string]any{"startedAt": now}}
+	done := map[string]any{"terminated": map[string]any{"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+	var conditions, containers, inits []map[string]any
+	for _, kind := range []string{"PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"} {
+		conditions = append(conditions, map[string]any{"type": kind, "status": "True", "lastTransitionTime": now})
+	}
+	for _, c := range pod.Spec.Containers {
+		containers = append(containers, status(c, running, true))
+	}
+	for _, c := range pod.Spec.InitContainers {
+		inits = append(inits, status(c, done, false))
+	}
+	return map[string]any{
+		"phase": v1.PodRunning, "hostIP": "127.0.0.1", "hostIPs": []map[string]string{{"ip": "127.0.0.1"}},
+		"podIP": "127.0.0.1", "podIPs": []map[string]string{{"ip": "127.0.0.1"}}, "startTime": now,
+		"conditions": conditions, "containerStatuses": containers, "initContainerStatuses": inits,
+	}
+}
+
+func (p *podAdmitter) patchStatus(ctx context.Context, pod *v1.Pod, status map[string]any) {
+	patch, _ := json.Marshal(map[string]any{"status": status})
+	for attempt := 1; attempt <= statusAttempts; attempt++ {
+		_, err := p.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch,
+			metav1.PatchOptions{FieldManager: fieldManager}, "status")
+		if err == nil || apierrors.IsNotFound(err) || ctx.Err() != nil {
+			return
+		}
+		fmt.Fprintf(os.Stderr, "devicenode %s: status of %s/%s: %v\n", p.node, pod.Namespace, pod.Name, err)
+		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+	}
+}
