@@ -30,6 +30,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 
 from tests.harness import kubebin
+from tests.harness.cdi import CdiDeviceNode, CdiEdits
 from tests.harness.kubelet_records import ContainerAllocation, Registration
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,20 @@ COMMAND_TIMEOUT_S = 30.0
 #: How often ``wait_for`` and start-up re-check their condition.
 WAIT_POLL_S = 0.05
 LEASE_NAMESPACE = "kube-node-lease"
-#: Where a CDI-enabled runtime looks for specs unless told otherwise.
-DEFAULT_CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+def _cdi_edits(report: Mapping[str, Any] | None) -> CdiEdits | None:
+    """The runtime's CDI edits as tests/harness/cdi.py gives them (same JSON as cditool's)."""
+    if report is None:
+        return None
+    return CdiEdits(
+        env=dict(item.split("=", 1) for item in report["env"] or []),
+        device_nodes=tuple(CdiDeviceNode(n["path"], n["type"], n["major"], n["minor"],
+                                         n.get("permissions") or "")
+                           for n in report["deviceNodes"] or []),
+        mounts=tuple((m["source"], m["destination"], tuple(m["options"] or ()))
+                     for m in report["mounts"] or []),
+    )
 
 
 class DeviceNode:
@@ -56,12 +69,14 @@ class DeviceNode:
     def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
                  pod_resources_socket: Path | None = None,
                  labels: Mapping[str, str] | None = None,
-                 cdi_spec_dirs: Sequence[Path] = DEFAULT_CDI_SPEC_DIRS) -> None:
+                 cdi_spec_dirs: Sequence[Path] | None = None) -> None:
+        """``cdi_spec_dirs``: where the node's runtime resolves CDI names (the agent's CDI
+        directory); None is a runtime with CDI disabled, which ignores them."""
         self.node_name = node_name
         self.kubeconfig = kubeconfig
         self.plugin_dir = plugin_dir
         self.pod_resources_socket = pod_resources_socket
-        self.cdi_spec_dirs = tuple(cdi_spec_dirs)
+        self.cdi_spec_dirs = tuple(cdi_spec_dirs or ())
         self._labels = dict(labels or {})
         self._state_dir = Path(tempfile.mkdtemp(prefix="ep-dn-", dir="/tmp"))
         self.records_path = self._state_dir / "records.json"
@@ -238,7 +253,7 @@ class DeviceNode:
                     devices=tuple((d[0], d[1], d[2]) for d in c["devices"] or []),
                     cdi_devices=tuple(c["cdiDevices"] or []),
                     annotations=dict(c["annotations"] or {}), container=c["name"],
-                    init_container=c["init"]))
+                    init_container=c["init"], cdi_edits=_cdi_edits(c["cdi"])))
         return out
 
     def allocated_device_ids(self, resource_name: str) -> set[str]:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import grpc.aio
@@ -25,6 +26,11 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 from lightkube.utils.quantity import parse_quantity
 
+from tests.harness.kubelet_cdi import (
+    CREATE_CONTAINER_ERROR,
+    ContainerCreateError,
+    create_containers,
+)
 from tests.harness.kubelet_devices import (
     DeviceManager,
     PluginEndpoint,
@@ -89,10 +95,12 @@ def extended_requests(container: Container) -> Iterator[tuple[str, int]]:
 class PodManager:
     """Admits the pods bound to one node and remembers their device allocations."""
 
-    def __init__(self, *, client: AsyncClient, node_name: str, devices: DeviceManager) -> None:
+    def __init__(self, *, client: AsyncClient, node_name: str, devices: DeviceManager,
+                 cdi_spec_dirs: Sequence[Path] | None = None) -> None:
         self._client = client
         self.node_name = node_name
         self._devices = devices
+        self.cdi_spec_dirs = cdi_spec_dirs  # None: a runtime with CDI disabled
         self.records: dict[str, PodRecord] = {}  # by pod uid
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest uid
         self._tasks: list[asyncio.Task[None]] = []
@@ -236,6 +244,22 @@ class PodManager:
             await self._patch_status(record, {
                 "phase": "Failed", "reason": ADMISSION_ERROR,
                 "message": f"Pod was rejected: {error}",
+            })
+            return
+        try:
+            record.allocations = await create_containers(record.allocations, self.cdi_spec_dirs)
+        except ContainerCreateError as error:
+            # A kubelet would leave the pod Pending and retry; failing it at once lets tests
+            # and controllers see it.
+            record.live = False
+            log.warning("node %s: pod %s/%s: container %s: %s", self.node_name,
+                        record.namespace, record.name, error.container, error)
+            await self._patch_status(record, {
+                "phase": "Failed", "reason": CREATE_CONTAINER_ERROR, "message": str(error),
+                "containerStatuses": [{
+                    "name": error.container, "image": "", "imageID": "", "ready": False,
+                    "restartCount": 0, "state": {"waiting": {
+                        "reason": CREATE_CONTAINER_ERROR, "message": str(error)}}}],
             })
             return
         await self._patch_status(record, self._running_status(pod))

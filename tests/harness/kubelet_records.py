@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from tests.harness.cdi import CdiEdits
+
 #: The one device-plugin API version this kubelet speaks.
 DEVICE_PLUGIN_VERSION = "v1beta1"
 HEALTHY = "Healthy"
@@ -43,6 +45,8 @@ class ContainerAllocation:
     annotations: Mapping[str, str]
     container: str = ""  # the container's name in the pod spec
     init_container: bool = False
+    #: What the runtime injected for the container's CDI names (None: none, or CDI disabled).
+    cdi_edits: CdiEdits | None = None
 
 
 @dataclass(frozen=True)

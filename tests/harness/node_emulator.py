@@ -8,6 +8,7 @@ the real scheduler. ``NodeEmulator`` is the one public face of the ``kubelet_*``
 - ``kubelet_devices``: ``kubelet.sock``, plugin endpoints and their ListAndWatch streams;
 - ``kubelet_pods``: pod admission (GetPreferredAllocation, Allocate, PreStartContainer),
   Running/Failed status, deletion;
+- ``kubelet_cdi``: CDI names resolved as a CDI-enabled runtime does at container creation;
 - ``kubelet_podresources``: the pod-resources ``List`` API.
 
 Several emulators can run in one process (each with its own plugin directory and client).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -50,7 +51,10 @@ class NodeEmulator:
 
     def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
                  pod_resources_socket: Path | None = None,
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None,
+                 cdi_spec_dirs: Sequence[Path] | None = None) -> None:
+        """``cdi_spec_dirs``: where the emulated runtime resolves CDI names (the agent's CDI
+        directory); None is a runtime with CDI disabled, which ignores them."""
         self.node_name = node_name
         self.plugin_dir = plugin_dir
         self.pod_resources_socket = pod_resources_socket
@@ -58,7 +62,8 @@ class NodeEmulator:
         self._node = NodeReporter(client=self._client, node_name=node_name, labels=labels or {},
                                   device_counts=self._device_counts)
         self._devices = DeviceManager(plugin_dir=plugin_dir, on_change=self._node.poke)
-        self._pods = PodManager(client=self._client, node_name=node_name, devices=self._devices)
+        self._pods = PodManager(client=self._client, node_name=node_name, devices=self._devices,
+                                cdi_spec_dirs=cdi_spec_dirs)
         self._pod_resources = (
             PodResourcesServer(socket_path=pod_resources_socket, pods=self._pods,
                                devices=self._devices)

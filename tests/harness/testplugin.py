@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,18 @@ REGISTER_TIMEOUT_S = 5.0
 #: How long stopping lets in-flight calls finish.
 STOP_GRACE_S = 0.2
 CDI_KIND = "edgeplug.test/device"
+
+
+def write_cdi_spec(cdi_dir: Path, device_ids: Sequence[str]) -> Path:
+    """A CDI spec defining this plugin's CDI names for ``device_ids`` (what a plugin that hands
+    out CDI names installs for the runtime); each device sets CDI_DEVICE and adds /dev/null."""
+    spec = {"cdiVersion": "0.6.0", "kind": CDI_KIND, "devices": [
+        {"name": d, "containerEdits": {"env": [f"CDI_DEVICE={d}"],
+                                       "deviceNodes": [{"path": "/dev/null"}]}}
+        for d in device_ids]}
+    path = cdi_dir / "edgeplug-test-device.json"
+    path.write_text(json.dumps(spec))
+    return path
 
 
 def env_name(device_id: str) -> str:

@@ -12,6 +12,7 @@ does. Real parts: the control plane, gRPC over Unix sockets, mount namespaces.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -29,7 +30,8 @@ from tests.harness import kubebin
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import CHECKPOINT, DeviceNode
 from tests.harness.kube_waits import wait_allocatable
-from tests.harness.testplugin import TestPlugin, expected_response
+from tests.harness.testplugin import CDI_KIND, TestPlugin, expected_response, write_cdi_spec
+from tests.integration.test_devicenode_parity import AuthorityProbe
 from tests.integration.test_node_emulator import create_pod, pod_manifest, wait_phase
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -38,7 +40,6 @@ HEALTHY = "Healthy"
 GRPC_TIMEOUT_S = 10.0
 #: Generous deadline for a shared 2-core machine; never a pass/fail timing.
 WAIT_S = 60.0
-CDI_KIND = "edgeplug.test/device"
 
 
 @pytest.fixture
@@ -67,8 +68,7 @@ async def node(control_plane: ControlPlane,
 @pytest.fixture
 async def plugin(node: DeviceNode, node_dirs: tuple[Path, Path]) -> AsyncIterator[TestPlugin]:
     # The test plugin hands out CDI names; a runtime creates the containers only with specs.
-    for device in ("d0", "d1", "d2"):
-        write_cdi_spec(node_dirs[1], device)
+    write_cdi_spec(node_dirs[1], ["d0", "d1", "d2"])
     test_plugin = TestPlugin(plugin_dir=node.plugin_dir,
                              resource_name=f"test.edgeplug.io/dev-{uuid.uuid4().hex[:8]}",
                              devices={"d0": HEALTHY, "d1": HEALTHY, "d2": HEALTHY})
@@ -108,6 +108,22 @@ async def test_a_grpc_go_plugin_registers_and_serves_through_the_device_manager(
     finally:
         plugin.terminate()
         await plugin.wait()
+
+
+async def test_plugin_calls_carry_the_kubelets_authority(node: DeviceNode) -> None:
+    probe = AuthorityProbe()
+    server = await asyncio.start_unix_server(probe.handle, path=str(node.plugin_dir / "p.sock"))
+    try:
+        registrant = TestPlugin(plugin_dir=node.plugin_dir, socket_name="p.sock", devices={},
+                                resource_name=f"test.edgeplug.io/p-{uuid.uuid4().hex[:8]}")
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await registrant.register()  # refused: the probe never answers
+        headers = await asyncio.wait_for(probe.headers, WAIT_S)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert headers[b":authority"] == b"localhost"
+    assert headers[b":path"] == b"/v1beta1.DevicePlugin/GetDevicePluginOptions"
 
 
 async def test_pods_get_devices_and_a_failed_allocate_is_an_admission_error(
@@ -200,15 +216,6 @@ async def test_a_reboot_forgets_the_allocations_of_running_pods(
     assert len(plugin.calls.allocate) == 2
 
 
-def write_cdi_spec(cdi_dir: Path, device: str) -> None:
-    spec = {"cdiVersion": "0.6.0", "kind": CDI_KIND, "devices": [{
-        "name": device,
-        "containerEdits": {"env": [f"CDI_DEVICE={device}"],
-                           "deviceNodes": [{"path": "/dev/null"}]},
-    }]}
-    (cdi_dir / f"test-{device}.json").write_text(json.dumps(spec))
-
-
 async def test_cdi_names_are_resolved_as_a_runtime_does_or_the_pod_fails(
     node: DeviceNode, plugin: TestPlugin, kube: AsyncClient, pod_namespace: str,
     node_dirs: tuple[Path, Path],
@@ -220,8 +227,10 @@ async def test_cdi_names_are_resolved_as_a_runtime_does_or_the_pod_fails(
     [container] = node.containers(pod_namespace, "cdi")
     [device] = container["deviceIDs"][plugin.resource_name]
     assert container["cdiDevices"] == [f"{CDI_KIND}={device}"]
-    assert f"CDI_DEVICE={device}" in container["cdi"]["env"]
-    assert [n["path"] for n in container["cdi"]["deviceNodes"]] == ["/dev/null"]
+    [allocation] = node.allocations(pod_namespace, "cdi")
+    assert allocation.cdi_edits is not None
+    assert allocation.cdi_edits.env["CDI_DEVICE"] == device
+    assert [n.path for n in allocation.cdi_edits.device_nodes] == ["/dev/null"]
 
     for spec in node_dirs[1].iterdir():
         spec.unlink()

@@ -32,7 +32,7 @@ from lightkube.resources.core_v1 import Pod
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
-from tests.harness.testplugin import TestPlugin
+from tests.harness.testplugin import CDI_KIND, TestPlugin, write_cdi_spec
 from tests.integration.test_node_emulator import create_pod, pod_manifest, wait_phase
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,8 +52,10 @@ def plugin_dir() -> Iterator[Path]:
 
 @pytest.fixture
 async def emulator(control_plane: ControlPlane, plugin_dir: Path) -> AsyncIterator[NodeEmulator]:
+    # CDI specs live beside the plugin sockets here; the runtime reads only its spec files.
     node = NodeEmulator(node_name=f"emu-{uuid.uuid4().hex[:8]}",
-                        kubeconfig=control_plane.kubeconfig, plugin_dir=plugin_dir)
+                        kubeconfig=control_plane.kubeconfig, plugin_dir=plugin_dir,
+                        cdi_spec_dirs=[plugin_dir])
     await node.start()
     yield node
     await node.stop(delete_node=True)
@@ -129,6 +131,7 @@ async def test_admission_survives_a_kubelet_restart_during_allocate(
     gate = asyncio.Event()
     plugin = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
                         devices={"s0": HEALTHY, "s1": HEALTHY}, allocate_gate=gate)
+    write_cdi_spec(emulator.plugin_dir, ["s0", "s1"])
     await plugin.start()
     try:
         await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "2")
@@ -156,4 +159,35 @@ async def test_admission_survives_a_kubelet_restart_during_allocate(
         assert emulator.pod_admitted(pod_namespace, "after")
     finally:
         gate.set()
+        await plugin.stop()
+
+
+async def test_cdi_names_are_resolved_as_a_runtime_does_or_the_pod_fails(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    plugin = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                        devices={"c0": HEALTHY, "c1": HEALTHY})
+    spec = write_cdi_spec(emulator.plugin_dir, ["c0", "c1"])
+    await plugin.start()
+    try:
+        await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "2")
+        await create_pod(kube, pod_namespace,
+                         pod_manifest("resolved", resources={plugin.resource_name: "1"}))
+        await wait_phase(kube, pod_namespace, "resolved", "Running")
+        [allocation] = emulator.allocations(pod_namespace, "resolved")
+        [device] = allocation.device_ids
+        assert allocation.cdi_devices == (f"{CDI_KIND}={device}",)
+        assert allocation.cdi_edits is not None
+        assert allocation.cdi_edits.env["CDI_DEVICE"] == device
+        assert [n.path for n in allocation.cdi_edits.device_nodes] == ["/dev/null"]
+
+        spec.unlink()  # the runtime can no longer resolve the plugin's names
+        await create_pod(kube, pod_namespace,
+                         pod_manifest("unresolved", resources={plugin.resource_name: "1"}))
+        failed = await wait_phase(kube, pod_namespace, "unresolved", "Failed")
+        assert failed.status is not None
+        assert failed.status.reason == "CreateContainerError"
+        assert "unresolvable CDI devices" in (failed.status.message or "")
+        assert not emulator.pod_admitted(pod_namespace, "unresolved")
+    finally:
         await plugin.stop()

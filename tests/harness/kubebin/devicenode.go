@@ -57,7 +57,7 @@ func parseNodeFlags(args []string) (nodeFlags, error) {
 	fs.StringVar(&f.pluginDir, "plugin-dir", "", "host directory mounted over device-plugins/ (default: <state-dir>/device-plugins)")
 	fs.StringVar(&f.podResources, "pod-resources-socket", "", "where to serve the pod-resources API (empty: not served)")
 	fs.StringVar(&f.records, "records", "", "JSON file recording registrations, devices and containers (also the runtime's state)")
-	fs.StringVar(&f.cdiDirs, "cdi-spec-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories, as a runtime is configured")
+	fs.StringVar(&f.cdiDirs, "cdi-spec-dirs", "", "comma-separated CDI spec directories, as a runtime is configured (empty: a runtime with CDI disabled, which ignores CDI names)")
 	fs.StringVar(&f.labels, "labels", "", "comma-separated key=value labels for the Node")
 	if err := fs.Parse(args); err != nil {
 		return f, err

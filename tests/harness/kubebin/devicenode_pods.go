@@ -134,8 +134,12 @@ func (p *podAdmitter) readmit(ctx context.Context) {
 		record := p.records.pod(uid)
 		obj, exists, _ := p.informer.GetStore().GetByKey(record.Namespace + "/" + record.Name)
 		pod, _ := obj.(*v1.Pod)
-		if !exists || pod.UID != types.UID(uid) || !record.Admitted {
+		if !exists || pod.UID != types.UID(uid) {
 			p.records.update(uid, func(r *podRecord) { r.Live = false })
+			continue
+		}
+		if !record.Admitted {
+			p.records.remove(uid) // the kubelet stopped during its admission: admit it afresh
 			continue
 		}
 		pods = append(pods, pod)
@@ -253,7 +257,7 @@ func (p *podAdmitter) createContainer(ctx context.Context, pod *v1.Pod, c *v1.Co
 	for _, d := range opts.CDIDevices {
 		record.CDIDevices = append(record.CDIDevices, d.Name)
 	}
-	if len(record.CDIDevices) > 0 {
+	if len(record.CDIDevices) > 0 && len(p.cdiDirs) > 0 {
 		edits, err := resolveCDI(p.cdiDirs, record.CDIDevices)
 		if err != nil {
 			return record, err

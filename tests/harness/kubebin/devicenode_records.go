@@ -182,6 +182,20 @@ func (r *records) update(uid string, change func(*podRecord)) {
 	r.save()
 }
 
+// remove forgets a pod.
+func (r *records) remove(uid string) {
+	r.mu.Lock()
+	kept := r.data.Pods[:0]
+	for _, p := range r.data.Pods {
+		if p.UID != uid {
+			kept = append(kept, p)
+		}
+	}
+	r.data.Pods = kept
+	r.mu.Unlock()
+	r.save()
+}
+
 // live lists the uids of pods that hold (or are being given) devices.
 func (r *records) live() []string {
 	r.mu.Lock()
