@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 
 from agent import watching
 from agent.events import (
@@ -100,8 +100,9 @@ class DiscoveryRun:
         """Cancel the run; ``withdraw`` also removes this node from the Instances."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Whatever the run ended with (cancelled, or a crash already logged), it is
+            # collected here, so nothing is left as "Task exception was never retrieved".
+            await asyncio.gather(self._task, return_exceptions=True)
         self._references.track(self.key, frozenset())
         if withdraw:
             await self.publisher.withdraw()
@@ -157,7 +158,8 @@ class DiscoveryRun:
                 ).inc()
                 await self._reporter.problem(REASON_PROPERTY_UNAVAILABLE, str(exc))
                 return
-            except ApiError as exc:  # adoption or a property read hit a transient API error
+            except Exception as exc:  # adoption or a property read hit a transient API error,
+                # or the API server is unreachable (httpx's errors)
                 failures += 1
                 if not await self._back_off(handler, failures, exc, extra):
                     return
