@@ -1,7 +1,8 @@
 # The node agent: lightkube, gRPC and the discovery handlers' own libraries, nothing of the
 # controller (kopf and the official client would cost ~130 MiB on every node).
 # Build from the repository root: docker build -f deploy/images/agent.Dockerfile .
-# HANDLER_EXTRAS picks the handlers' libraries (pyproject extras); "" gives a debugEcho-only agent.
+# HANDLER_EXTRAS picks the handlers' libraries (pyproject extras); "" leaves debugEcho and ascend
+# (ctypes and the host's DCMI library only) as the handlers that can run.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
