@@ -1,7 +1,8 @@
 """Emulated nodes running the agent's device-plugin side, and the Instances they serve.
 
 Why this exists: the device-plugin service tests and the slot-demand tests both start nodes
-(a ``NodeEmulator`` as kubelet plus ``serve_device_plugins`` as ``agent.main`` runs it), create
+(the kubelet's own device manager as ``DeviceNode``, or the Python ``NodeEmulator`` when
+``EDGEPLUG_KUBELET=emulator``, plus ``serve_device_plugins`` as ``agent.main`` runs it), create
 Instances in the API server and feed the nodes' device tables. The parts live here once; the
 ``start_node`` fixture in tests/integration/conftest.py hands out ``AgentNodes.start``.
 """
@@ -9,6 +10,7 @@ Instances in the API server and feed the nodes' device tables. The parts live he
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 import uuid
@@ -24,6 +26,7 @@ from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.slots.service import serve_device_plugins
 from crds.instance import Instance
 from discovery_handlers.contract import Device, DeviceSpec, Mount
+from tests.harness.devicenode import DeviceNode
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import NodeEmulator
 
@@ -36,11 +39,27 @@ MOUNT = Mount(container_path="/var/run/cam", host_path="/run/cam", read_only=Tru
 DEVICE = DeviceSpec(container_path="/dev/cam0", host_path="/dev/video0", permissions="rw")
 
 
+#: Which kubelet stand-in runs the agent nodes: "devicenode" (the kubelet's own device
+#: manager, tests/harness/devicenode.py; the default) or "emulator" (the Python emulator).
+KUBELET_ENV = "EDGEPLUG_KUBELET"
+KubeletNode = DeviceNode | NodeEmulator
+
+
+def kubelet_class() -> type[DeviceNode] | type[NodeEmulator]:
+    """The kubelet stand-in ``$EDGEPLUG_KUBELET`` names; a clear error for anything else."""
+    choice = os.environ.get(KUBELET_ENV, "devicenode")
+    if choice == "devicenode":
+        return DeviceNode
+    if choice == "emulator":
+        return NodeEmulator
+    raise ValueError(f"{KUBELET_ENV}={choice!r}: expected 'devicenode' or 'emulator'")
+
+
 @dataclass
 class AgentNode:
-    """One emulated node with the device-plugin side of its agent running."""
+    """One node (a kubelet stand-in) with the device-plugin side of its agent running."""
 
-    emulator: NodeEmulator
+    emulator: KubeletNode
     table: NodeDeviceTable
     metrics: AgentMetrics
     task: asyncio.Task[None]
@@ -71,7 +90,7 @@ class AgentNodes:
         plugin_dir = Path(tempfile.mkdtemp(prefix="ep-dp-", dir="/tmp"))
         pod_resources_dir = Path(tempfile.mkdtemp(prefix="ep-pr-", dir="/tmp"))
         self.dirs.extend([str(plugin_dir), str(pod_resources_dir)])
-        emulator = NodeEmulator(
+        emulator = kubelet_class()(
             node_name=f"emu-{uuid.uuid4().hex[:8]}",
             kubeconfig=self.kubeconfig,
             plugin_dir=plugin_dir,

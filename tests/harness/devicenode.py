@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -78,7 +78,8 @@ class DeviceNode:
         self.pod_resources_socket = pod_resources_socket
         self.cdi_spec_dirs = tuple(cdi_spec_dirs or ())
         self._labels = dict(labels or {})
-        self._state_dir = Path(tempfile.mkdtemp(prefix="ep-dn-", dir="/tmp"))
+        # The node's own /var/lib/kubelet, records and log; made by the first start.
+        self._state_dir = Path("/tmp") / f"ep-dn-{node_name}-{uuid.uuid4().hex[:6]}"
         self.records_path = self._state_dir / "records.json"
         self.log_path = self._state_dir / "devicenode.log"
         self._process: asyncio.subprocess.Process | None = None
@@ -111,6 +112,7 @@ class DeviceNode:
         if shutil.which("unshare") is None:
             raise RuntimeError("DeviceNode needs util-linux's 'unshare' (mount namespaces)")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._state_dir.mkdir(mode=0o700, exist_ok=True)
         before = self._data().get("started")
         self._log = self.log_path.open("ab")
         self._process = await asyncio.create_subprocess_exec(

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 from lightkube import AsyncClient, KubeConfig
 
+from tests.harness.devicenode import DeviceNode
 from tests.harness.kubelet_devices import KUBELET_SOCKET, PLUGIN_RPC_TIMEOUT_S, DeviceManager
 from tests.harness.kubelet_node import HEARTBEAT_INTERVAL_S, NodeReporter
 from tests.harness.kubelet_podresources import PodResourcesServer
@@ -46,8 +49,20 @@ log = logging.getLogger(__name__)
 WAIT_POLL_S = 0.05
 
 
+#: ``EDGEPLUG_KUBELET=devicenode`` makes ``NodeEmulator(...)`` a ``DeviceNode``: the kubelet's
+#: own device manager behind the same interface (tests/harness/devicenode.py), so any test can
+#: be run against the real thing unchanged. ``PythonNodeEmulator`` is always this emulator.
+KUBELET_ENV = "EDGEPLUG_KUBELET"
+
+
 class NodeEmulator:
     """An emulated kubelet: a Node, kubelet.sock, device plugins' devices and pod admission."""
+
+    def __new__(cls, **kwargs: Any) -> NodeEmulator:
+        if cls is NodeEmulator and os.environ.get(KUBELET_ENV) == "devicenode":
+            # Same constructor and methods; __init__ is not called on the DeviceNode again.
+            return cast(NodeEmulator, DeviceNode(**kwargs))
+        return super().__new__(cls)
 
     def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
                  pod_resources_socket: Path | None = None,
@@ -174,3 +189,7 @@ class NodeEmulator:
 
     def _device_counts(self) -> dict[str, int]:
         return self._devices.healthy_counts()
+
+
+class PythonNodeEmulator(NodeEmulator):
+    """This Python emulator whatever ``EDGEPLUG_KUBELET`` says (for the tests of the emulator)."""

@@ -31,7 +31,7 @@ from lightkube.resources.core_v1 import Pod
 
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_allocatable
-from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
+from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator, PythonNodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, write_cdi_spec
 from tests.integration.test_node_emulator import create_pod, pod_manifest, wait_phase
 
@@ -53,7 +53,7 @@ def plugin_dir() -> Iterator[Path]:
 @pytest.fixture
 async def emulator(control_plane: ControlPlane, plugin_dir: Path) -> AsyncIterator[NodeEmulator]:
     # CDI specs live beside the plugin sockets here; the runtime reads only its spec files.
-    node = NodeEmulator(node_name=f"emu-{uuid.uuid4().hex[:8]}",
+    node = PythonNodeEmulator(node_name=f"emu-{uuid.uuid4().hex[:8]}",
                         kubeconfig=control_plane.kubeconfig, plugin_dir=plugin_dir,
                         cdi_spec_dirs=[plugin_dir])
     await node.start()

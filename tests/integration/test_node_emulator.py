@@ -34,7 +34,7 @@ from tests.harness.kube_waits import (
     wait_until,
 )
 from tests.harness.kubelet_records import is_extended_resource_name
-from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator
+from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator, PythonNodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, env_name, expected_response
 
 pytestmark = pytest.mark.timeout(180)
@@ -66,7 +66,7 @@ def new_resource() -> str:
 
 @pytest.fixture
 async def emulator(control_plane: ControlPlane, plugin_dir: Path) -> AsyncIterator[NodeEmulator]:
-    node = NodeEmulator(node_name=new_node_name(), kubeconfig=control_plane.kubeconfig,
+    node = PythonNodeEmulator(node_name=new_node_name(), kubeconfig=control_plane.kubeconfig,
                         plugin_dir=plugin_dir, pod_resources_socket=plugin_dir / "pr.sock",
                         labels={"edgeplug.test/role": "emulated"})
     await node.start()
@@ -459,11 +459,11 @@ async def test_stop_can_delete_the_node_and_a_new_emulator_adopts_a_kept_one(
     control_plane: ControlPlane, plugin_dir: Path, kube: AsyncClient,
 ) -> None:
     name = new_node_name()
-    first = NodeEmulator(node_name=name, kubeconfig=control_plane.kubeconfig,
+    first = PythonNodeEmulator(node_name=name, kubeconfig=control_plane.kubeconfig,
                          plugin_dir=plugin_dir, labels={"generation": "one"})
     await first.start()
     await first.stop()  # keeps the Node, as a stopped kubelet does
-    second = NodeEmulator(node_name=name, kubeconfig=control_plane.kubeconfig,
+    second = PythonNodeEmulator(node_name=name, kubeconfig=control_plane.kubeconfig,
                           plugin_dir=plugin_dir, labels={"generation": "two"})
     await second.start()
     try:
@@ -490,10 +490,10 @@ async def test_two_emulated_nodes_in_one_process_both_get_pods(
     try:
         for index in range(2):
             directory = Path(tempfile.mkdtemp(prefix="ep-kl-", dir="/tmp"))
-            emulator = NodeEmulator(node_name=new_node_name(),
-                                    kubeconfig=control_plane.kubeconfig, plugin_dir=directory)
-            await emulator.start()
-            emulators.append(emulator)
+            started = PythonNodeEmulator(node_name=new_node_name(),
+                                         kubeconfig=control_plane.kubeconfig, plugin_dir=directory)
+            await started.start()
+            emulators.append(started)
             test_plugin = TestPlugin(plugin_dir=directory, resource_name=resource,
                                      devices={f"n{index}-a": HEALTHY})
             await test_plugin.start()
