@@ -271,6 +271,11 @@ class DeviceNode:
         """Device ids the kubelet counts healthy for the resource (empty when not connected)."""
         return sorted((self._data().get("healthy") or {}).get(resource_name) or [])
 
+    def plugin_connected(self, resource_name: str) -> bool:
+        """Whether the kubelet holds a connected client for the resource's plugin (it
+        disconnects it when the plugin's ListAndWatch stream ends)."""
+        return bool((self._data().get("connected") or {}).get(resource_name))
+
     def pod_admitted(self, namespace: str, pod: str) -> bool:
         """Whether the newest pod of that name was admitted and still holds its devices."""
         record = self._pod(namespace, pod)

@@ -167,6 +167,10 @@ class NodeEmulator:
         """Device ids the resource's plugin last reported Healthy (empty when not connected)."""
         return self._devices.healthy_ids(resource_name)
 
+    def plugin_connected(self, resource_name: str) -> bool:
+        """Whether a plugin for the resource is connected (its ListAndWatch stream is open)."""
+        return self._devices.endpoint(resource_name) is not None
+
     def pod_admitted(self, namespace: str, pod: str) -> bool:
         """Whether the newest pod of that name was admitted and still holds its devices."""
         record = self._pods.record(namespace, pod)

@@ -169,8 +169,10 @@ async def test_kubelet_restart_keeps_allocations_from_the_checkpoint_without_all
     await node.restart_kubelet()
 
     assert not plugin.socket_path.exists(), "the restarted device manager deletes plugin sockets"
+    assert not node.plugin_connected(plugin.resource_name)
     await plugin.stop()
     await plugin.start()
+    assert node.plugin_connected(plugin.resource_name)
     await wait_allocatable(kube, node.node_name, plugin.resource_name, "3")
     # The running pod kept its devices: no second Allocate, and pod-resources still says so.
     assert len(plugin.calls.allocate) == 1

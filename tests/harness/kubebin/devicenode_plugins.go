@@ -86,12 +86,14 @@ func (w *pluginWatcher) PluginConnected(ctx context.Context, resource string, p 
 		reg.GetPreferredAllocationAvailable = opts.GetPreferredAllocationAvailable
 	}
 	w.records.addRegistration(reg)
+	w.records.setConnected(resource, true)
 	w.refresh()
 	return nil
 }
 
 func (w *pluginWatcher) PluginDisconnected(logger klog.Logger, resource string) {
 	w.manager.PluginDisconnected(logger, resource)
+	w.records.setConnected(resource, false)
 	w.refresh()
 }
 

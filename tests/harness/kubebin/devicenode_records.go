@@ -78,6 +78,7 @@ type podRecord struct {
 type recordData struct {
 	Registrations []registration      `json:"registrations"`
 	Healthy       map[string][]string `json:"healthy"`
+	Connected     map[string]bool     `json:"connected"` // resource -> a plugin client is connected
 	Pods          []*podRecord        `json:"pods"`
 	Started       time.Time           `json:"started"`
 	Ready         bool                `json:"ready"` // the node's first status is posted
@@ -103,6 +104,7 @@ func loadRecords(path string) (*records, error) {
 		}
 	}
 	r.data.Healthy = map[string][]string{} // a fresh kubelet knows no devices yet
+	r.data.Connected = map[string]bool{}
 	r.data.Started = time.Now().UTC()
 	r.data.Ready = false
 	return r, nil
@@ -141,6 +143,13 @@ func (r *records) setHealthy(healthy map[string][]string) {
 	}
 	r.mu.Lock()
 	r.data.Healthy = healthy
+	r.mu.Unlock()
+	r.save()
+}
+
+func (r *records) setConnected(resource string, connected bool) {
+	r.mu.Lock()
+	r.data.Connected[resource] = connected
 	r.mu.Unlock()
 	r.save()
 }

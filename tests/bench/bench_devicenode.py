@@ -1,0 +1,145 @@
+"""What the kubelet's own device manager costs the harness: start, kubelet restart, admission.
+
+Why this exists: issue 15 moves the tests from the Python node emulator to ``DeviceNode`` (the
+kubelet's device manager in the ``devicenode`` command) and asks what that costs: the harness's
+start (control plane plus one node), a kubelet restart until a plugin's devices are allocatable
+again, and one pod from creation to Running. Both stand-ins are measured in the same run, with
+a fixed pure-Python loop as the machine's speed beside the figures. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from tests.bench.stats import summary
+from tests.harness.controlplane import ControlPlane
+from tests.harness.devicenode import DeviceNode
+from tests.harness.kube_waits import in_phase, wait_allocatable, wait_pod, wait_service_account
+from tests.harness.node_emulator import PythonNodeEmulator
+from tests.harness.testplugin import TestPlugin
+
+PLANE_RUNS = 3
+NODE_RUNS = 8
+RESTART_RUNS = 5
+POD_RUNS = 8
+CALIBRATION_LOOPS = 5_000_000
+HEALTHY = "Healthy"
+
+Kind = Callable[..., PythonNodeEmulator | DeviceNode]
+KINDS: dict[str, Kind] = {"python emulator": PythonNodeEmulator, "devicenode": DeviceNode}
+
+
+def machine_speed() -> float:
+    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(CALIBRATION_LOOPS):
+        total += i & 7
+    return time.perf_counter() - started
+
+
+async def timed(action: Callable[[], Awaitable[Any]]) -> float:
+    started = time.perf_counter()
+    await action()
+    return time.perf_counter() - started
+
+
+def plane_starts() -> list[float]:
+    samples = []
+    for _ in range(PLANE_RUNS):
+        started = time.perf_counter()
+        with ControlPlane():
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def measure(kind: Kind, plane: ControlPlane, kube: AsyncClient,
+                  namespace: str) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {"start": [], "restart": [], "pod": []}
+    for _ in range(NODE_RUNS):
+        plugin_dir = Path(tempfile.mkdtemp(prefix="ep-bn-", dir="/tmp"))
+        node = kind(node_name=f"bn-{uuid.uuid4().hex[:8]}", kubeconfig=plane.kubeconfig,
+                    plugin_dir=plugin_dir)
+        figures["start"].append(await timed(node.start))
+        await node.stop(delete_node=True)
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+    plugin_dir = Path(tempfile.mkdtemp(prefix="ep-bn-", dir="/tmp"))
+    node = kind(node_name=f"bn-{uuid.uuid4().hex[:8]}", kubeconfig=plane.kubeconfig,
+                plugin_dir=plugin_dir)
+    await node.start()
+    plugin = TestPlugin(plugin_dir=plugin_dir,
+                        resource_name=f"bench.edgeplug.io/d-{node.node_name}",
+                        devices={f"d{i}": HEALTHY for i in range(POD_RUNS)})
+    try:
+        await plugin.start()
+        await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
+        for _ in range(RESTART_RUNS):
+            async def restart() -> None:
+                await node.restart_kubelet()
+                await plugin.stop()
+                await plugin.start()
+                await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
+            figures["restart"].append(await timed(restart))
+        for index in range(POD_RUNS):
+            name = f"p{index}-{node.node_name}"
+            pod = cast(Pod, Pod.from_dict({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"nodeName": node.node_name, "containers": [{
+                    "name": "main", "image": "registry.invalid/pause:1",
+                    "resources": {"limits": {plugin.resource_name: "1"}}}]}}))
+
+            async def run_pod(pod: Pod = pod, name: str = name) -> None:
+                await kube.create(pod)
+                await wait_pod(kube, namespace, name, lambda p: in_phase(p, "Running"),
+                               "Running")
+            figures["pod"].append(await timed(run_pod))
+    finally:
+        await plugin.stop()
+        await node.stop(delete_node=True)
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+    return figures
+
+
+async def measure_all(plane: ControlPlane) -> None:
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    plane.kubectl("create", "namespace", namespace)
+    try:
+        await wait_service_account(kube, namespace)
+        for label, kind in KINDS.items():
+            figures = await measure(kind, plane, kube, namespace)
+            print(summary(f"{label}: node start (Node posted, kubelet.sock served)",
+                          figures["start"]), flush=True)
+            print(summary(f"{label}: kubelet restart until a plugin's devices are allocatable",
+                          figures["restart"]), flush=True)
+            print(summary(f"{label}: pod bound to the node, created to Running",
+                          figures["pod"]), flush=True)
+    finally:
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        await kube.close()
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    print(f"machine speed: {CALIBRATION_LOOPS:,} loop iterations in {machine_speed():.2f} s")
+    planes = plane_starts()
+    print(summary("control plane start (etcd, API server, scheduler, controller-manager)",
+                  planes), flush=True)
+    with ControlPlane() as plane:
+        asyncio.run(measure_all(plane))
+    print(f"harness start, control plane + one node: median control plane "
+          f"{statistics.median(planes):.2f} s plus the node start above")
