@@ -291,6 +291,11 @@ def _broker_pod(cp: ControlPlane, namespace: str, instance: str) -> dict[str, An
     return None
 
 
+def _deleted_or_going(pod: dict[str, Any] | None) -> bool:
+    """Gone, or being deleted (a pod bound to a node waits for that node's kubelet)."""
+    return pod is None or "deletionTimestamp" in pod["metadata"]
+
+
 def _observed(cp: ControlPlane, namespace: str, configuration: str) -> bool:
     found = _get(cp, "configuration", configuration, "-n", namespace)
     assert found is not None
@@ -380,3 +385,9 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     assert _get(cp, "configuration", configuration, "-n", workload) is not None
     assert _get(cp, "instance", instance, "-n", workload) is not None
     assert _broker_pod(cp, workload, instance) is not None
+    # with the parts gone, deleting a Configuration still cleans up (no finalizer waits for a
+    # controller): the garbage collector takes its Instance, then the Instance's broker pod.
+    cp.kubectl("delete", "configuration", configuration, "-n", workload, "--timeout=60s")
+    _poll(lambda: _get(cp, "instance", instance, "-n", workload) is None
+          and _deleted_or_going(_broker_pod(cp, workload, instance)),
+          what="the Instance and broker of a deleted Configuration collected")
