@@ -54,7 +54,7 @@ bench: install
 # OCI image archives of the agent and the controller, built without a container engine
 # (mmdebstrap and umoci from Debian; see deploy/images/README.md).
 images: $(VENV_STAMP)
-	deploy/images/build-oci.sh $(IMAGES_DIR)
+	PYTHON=$(CURDIR)/$(VENV_PY) deploy/images/build-oci.sh $(IMAGES_DIR)
 
 # What the two commands made in the working tree. The control-plane and Helm binaries in
 # ~/.cache/edgeplug stay (a rebuild is minutes); `make clean-cache` removes them too.

@@ -270,3 +270,19 @@ def test_chart_defaults_match_the_plain_manifests() -> None:
     [controller] = deployment["spec"]["template"]["spec"]["containers"]
     assert values["controller"]["resources"] == controller["resources"]
     assert values["watchNamespace"] == ""
+
+
+@pytest.mark.parametrize("image", ["agent", "controller"])
+def test_engine_free_build_makes_the_dockerfiles_image(image: str) -> None:
+    """deploy/images/build-oci.sh (``make images``) builds what the Dockerfile says: the same
+    entrypoint, user and default extras."""
+    dockerfile = (IMAGES / f"{image}.Dockerfile").read_text()
+    [entrypoint] = re.findall(r'^ENTRYPOINT \["([^"]+)"\]$', dockerfile, flags=re.MULTILINE)
+    [user] = re.findall(r"^USER (\S+)$", dockerfile, flags=re.MULTILINE)
+    extras = (re.findall(r"^ARG HANDLER_EXTRAS=(.*)$", dockerfile, flags=re.MULTILINE)
+              or re.findall(r'pip wheel .*"\.\[(\w+)\]"', dockerfile))
+    script = (IMAGES / "build-oci.sh").read_text()
+    [built] = re.findall(rf"^\s*(?:all\) )?image edgeplug-{image} {image} (\S+) (\S+) (\S+)",
+                         script, flags=re.MULTILINE)
+    assert (built[0], built[1]) == (extras[0], entrypoint)
+    assert built[2] in (user, f"{user}:{user}")
