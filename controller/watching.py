@@ -95,13 +95,14 @@ def retry_delay(failures: int) -> float:
 class Kind(Generic[K, R]):
     """How to follow one kind: where, which objects, how to decode and key a record.
 
-    ``decode`` returns None for an object the controller does not keep (it is then treated as
-    absent); ``key`` must not depend on fields that change during the object's life.
+    ``decode`` returns the record and the object's resourceVersion; the record is None for an
+    object the controller does not keep (it is then treated as absent). ``key`` must not depend
+    on fields that change during the object's life.
     """
 
     name: str
     path: str
-    decode: Callable[[bytes], R | None]
+    decode: Callable[[bytes], tuple[R | None, str]]
     key: Callable[[R], K]
     label_selector: str = ""
     field_selector: str = ""
@@ -171,7 +172,7 @@ class Watcher(Generic[K, R]):
                 raise ApiFailure(code, status_message(code, body))
             page = _decode_list(body)
             for raw in page.items:
-                record = self._decode(bytes(raw))
+                record, _ = self._decode(bytes(raw))
                 if record is not None:
                     fresh[self.kind.key(record)] = record
             cont = page.metadata.continue_
@@ -214,12 +215,11 @@ class Watcher(Generic[K, R]):
             if status.code == HTTP_GONE:
                 raise Gone()
             raise RuntimeError(f"watch error {status.code}: {status.message}")
-        version = _decode_version(raw).metadata.resourceVersion
         if event.type == "BOOKMARK":
-            self.version = version or self.version
+            self.version = _decode_version(raw).metadata.resourceVersion or self.version
             return
         self.events += 1
-        record = self._decode(raw)
+        record, version = self._decode(raw)
         if version:
             self.version = version
         if record is None:
@@ -235,13 +235,13 @@ class Watcher(Generic[K, R]):
             self.store[key] = record
             self._notify(key, before, record)
 
-    def _decode(self, raw: bytes) -> R | None:
+    def _decode(self, raw: bytes) -> tuple[R | None, str]:
         try:
             return self.kind.decode(raw)
         except (msgspec.DecodeError, ValueError, KeyError, TypeError) as error:
             # A malformed object must not stop the watch: skip it, say which kind.
             log.warning("%s: an object could not be read, skipped: %s", self.kind.name, error)
-            return None
+            return None, ""
 
     def _notify(self, key: K, old: R | None, new: R | None) -> None:
         try:

@@ -1,5 +1,7 @@
 """Decoders from the API server's JSON to the controller's records, one per kind it follows.
 
+Each decoder returns the record and the object's ``resourceVersion`` (read in the same pass).
+
 Why this exists: a broker pod's JSON is several kilobytes (managed fields, the whole spec), of
 which the controller reads a dozen fields. ``msgspec`` structs that declare only those fields
 decode just them and skip the rest in C, which is what keeps a watch event cheap at scale
@@ -27,6 +29,7 @@ from crds.instance import Instance
 
 
 class _Meta(msgspec.Struct):
+    resourceVersion: str = ""
     name: str = ""
     namespace: str = ""
     uid: str = ""
@@ -93,17 +96,14 @@ class _Owned(msgspec.Struct):
     metadata: _Meta = msgspec.field(default_factory=_Meta)
 
 
-class _InstanceMeta(_Meta):
-    resourceVersion: str = ""
-
-
 class _Instance(msgspec.Struct):
-    metadata: _InstanceMeta = msgspec.field(default_factory=_InstanceMeta)
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
     spec: dict[str, Any] | None = None
     status: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class _Peering(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
     status: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -116,7 +116,7 @@ _peering = msgspec.json.Decoder(_Peering).decode
 _any = msgspec.json.Decoder(dict[str, Any]).decode
 
 
-def pod(raw: bytes) -> ObservedPod:
+def pod(raw: bytes) -> tuple[ObservedPod, str]:
     obj = _pod(raw)
     meta, status = obj.metadata, obj.status
     return ObservedPod.build(
@@ -131,16 +131,17 @@ def pod(raw: bytes) -> ObservedPod:
         node=obj.spec.nodeName or "",
         instance=meta.labels.get(naming.LABEL_INSTANCE, ""),
         configuration=meta.labels.get(naming.LABEL_CONFIGURATION, ""),
-    )
+    ), meta.resourceVersion
 
 
-def node(raw: bytes) -> NodeHealth:
+def node(raw: bytes) -> tuple[NodeHealth, str]:
     obj = _node(raw)
+    version = obj.metadata.resourceVersion
     for condition in obj.status.conditions:
         if condition.type == "Ready":
             return NodeHealth(name=obj.metadata.name, ready=condition.status == "True",
-                              since=parse_time(condition.lastTransitionTime))
-    return NodeHealth(name=obj.metadata.name, ready=False, since=None)
+                              since=parse_time(condition.lastTransitionTime)), version
+    return NodeHealth(name=obj.metadata.name, ready=False, since=None), version
 
 
 def _owned_object(meta: _Meta, *, ready: bool = False) -> OwnedObject:
@@ -155,21 +156,24 @@ def _owned_object(meta: _Meta, *, ready: bool = False) -> OwnedObject:
     )
 
 
-def job(raw: bytes) -> OwnedObject:
+def job(raw: bytes) -> tuple[OwnedObject, str]:
     """A broker Job."""
     obj = _job(raw)
-    return _owned_object(obj.metadata, ready=bool(obj.status.succeeded or obj.status.ready))
+    ready = bool(obj.status.succeeded or obj.status.ready)
+    return _owned_object(obj.metadata, ready=ready), obj.metadata.resourceVersion
 
 
-def service(raw: bytes) -> OwnedObject:
+def service(raw: bytes) -> tuple[OwnedObject, str]:
     """A Service the controller made."""
-    return _owned_object(_owned(raw).metadata)
+    meta = _owned(raw).metadata
+    return _owned_object(meta), meta.resourceVersion
 
 
-def instance(raw: bytes) -> InstanceRecord | None:
+def instance(raw: bytes) -> tuple[InstanceRecord | None, str]:
     obj = _instance(raw)
     if obj.spec is None:
-        return None  # not an Instance the API would accept; nothing to serve
+        # Not an Instance the API would accept; nothing to serve.
+        return None, obj.metadata.resourceVersion
     meta = obj.metadata
     body = {
         "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
@@ -177,12 +181,13 @@ def instance(raw: bytes) -> InstanceRecord | None:
         "spec": obj.spec,
         "status": obj.status,
     }
-    return InstanceRecord(
+    record = InstanceRecord(
         instance=Instance.from_object(body), created_at=parse_time(meta.creationTimestamp)
     )
+    return record, meta.resourceVersion
 
 
-def configuration(raw: bytes) -> ConfigurationRecord:
+def configuration(raw: bytes) -> tuple[ConfigurationRecord, str]:
     body = _any(raw)
     meta = body.get("metadata") or {}
     slim = {
@@ -191,10 +196,12 @@ def configuration(raw: bytes) -> ConfigurationRecord:
         "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "finalizers")},
         "status": body.get("status") or {},
     }
-    return ConfigurationRecord(Configuration.from_object(body), slim)
+    record = ConfigurationRecord(Configuration.from_object(body), slim)
+    return record, str(meta.get("resourceVersion") or "")
 
 
-def peering(raw: bytes) -> dict[str, Any]:
-    """The ``status`` of a KopfPeering or ClusterKopfPeering: identity → priority, lifetime,
-    lastseen of each peer."""
-    return _peering(raw).status
+def peering(raw: bytes) -> tuple[dict[str, Any], str]:
+    """The ``status`` of a KopfPeering or ClusterKopfPeering (identity → priority, lifetime,
+    lastseen of each peer)."""
+    obj = _peering(raw)
+    return obj.status, obj.metadata.resourceVersion

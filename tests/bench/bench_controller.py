@@ -144,6 +144,7 @@ async def scale_run(
             raise TimeoutError(f"only {len(watch.added)}/{instances} brokers")
         await asyncio.sleep(POLL_S)
     last_broker = max(watch.added.values())
+    first_broker = min(watch.added.values())
     cpu_converge = cpu_s(ctl.pid) - cpu_before
     await watch.stop()
     sent = requests(ctl) - requests_before
@@ -155,6 +156,7 @@ async def scale_run(
         "created_s": created_at - start,
         "create_rate": instances / (created_at - start),
         "lag_s": max(0.0, last_broker - created_at),
+        "broker_rate": instances / max(last_broker - first_broker, 1e-3),
         "converge_s": last_broker - start,
         "cpu_ms_per_instance": 1000 * cpu_converge / instances,
         "cpu_s": cpu_converge,
@@ -171,7 +173,8 @@ def describe(mode: str, nodes: int, instances: int, f: dict[str, float]) -> str:
     return (
         f"scale {mode} {nodes} nodes x {instances} Instances: API server created them in "
         f"{f['created_s']:.1f} s ({f['create_rate']:.0f} Instances/s); last broker "
-        f"{f['lag_s']:.2f} s after the last Instance (all in {f['converge_s']:.1f} s); "
+        f"{f['lag_s']:.2f} s after the last Instance (all in {f['converge_s']:.1f} s, "
+        f"{f['broker_rate']:.0f} brokers/s); "
         f"controller CPU {f['cpu_s']:.1f} s = {f['cpu_ms_per_instance']:.2f} ms per Instance; "
         f"{f['requests_per_instance']:.3f} requests per Instance; RSS {f['rss_mib']:.0f} MiB "
         f"(peak sampled {f['peak_mib']:.0f}); settled {f['settle_s']:.1f} s later; steady "
@@ -213,7 +216,7 @@ def medians(mode: str, runs: list[dict[str, float]]) -> None:
     if len(runs) < 2:
         return
     keys = ("lag_s", "cpu_ms_per_instance", "requests_per_instance", "rss_mib", "create_rate",
-            "steady_cpu_s", "steady_writes")
+            "broker_rate", "steady_cpu_s", "steady_writes")
     text = ", ".join(f"{k} {statistics.median(r[k] for r in runs):.3g}" for k in keys)
     print(f"scale {mode}, median of {len(runs)} runs: {text}", flush=True)
 
