@@ -11,8 +11,6 @@ does. Real parts: the control plane, gRPC over Unix sockets, mount namespaces.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import shutil
 import tempfile
@@ -26,12 +24,11 @@ from lightkube import AsyncClient
 
 from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
-from tests.harness import kubebin
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import CHECKPOINT, DeviceNode
+from tests.harness.devicenode_plugin import GoPlugin
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.testplugin import CDI_KIND, TestPlugin, expected_response, write_cdi_spec
-from tests.integration.test_devicenode_parity import AuthorityProbe
 from tests.integration.test_node_emulator import create_pod, pod_manifest, wait_phase
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -91,13 +88,10 @@ async def test_a_grpc_go_plugin_registers_and_serves_through_the_device_manager(
 ) -> None:
     resource = f"test.edgeplug.io/go-{uuid.uuid4().hex[:8]}"
     # The plugin refuses any call whose :authority is not a plain host (as tonic/h2 does).
-    plugin = await asyncio.create_subprocess_exec(
-        str(kubebin.build()), "testplugin", "--plugin-dir", str(node.plugin_dir),
-        "--resource", resource, "--devices", "g0,g1", stdout=asyncio.subprocess.PIPE)
+    plugin = GoPlugin(plugin_dir=node.plugin_dir, resource=resource, devices=["g0", "g1"])
+    await plugin.start()
     try:
-        assert plugin.stdout is not None
-        async with asyncio.timeout(WAIT_S):
-            assert await plugin.stdout.readline() == b"registered\n"
+        assert plugin.authorities == ["localhost"]  # the kubelet's grpc.WithAuthority
         await wait_allocatable(kube, node.node_name, resource, "2")
         assert [r.resource_name for r in node.registrations] == [resource]
         await create_pod(kube, pod_namespace, pod_manifest("go", resources={resource: "2"}))
@@ -106,24 +100,7 @@ async def test_a_grpc_go_plugin_registers_and_serves_through_the_device_manager(
         assert allocation.device_ids == ("g0", "g1")
         assert set(allocation.envs["GO_PLUGIN_DEVICES"].split(",")) == {"g0", "g1"}
     finally:
-        plugin.terminate()
-        await plugin.wait()
-
-
-async def test_plugin_calls_carry_the_kubelets_authority(node: DeviceNode) -> None:
-    probe = AuthorityProbe()
-    server = await asyncio.start_unix_server(probe.handle, path=str(node.plugin_dir / "p.sock"))
-    try:
-        registrant = TestPlugin(plugin_dir=node.plugin_dir, socket_name="p.sock", devices={},
-                                resource_name=f"test.edgeplug.io/p-{uuid.uuid4().hex[:8]}")
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await registrant.register()  # refused: the probe never answers
-        headers = await asyncio.wait_for(probe.headers, WAIT_S)
-    finally:
-        server.close()
-        await server.wait_closed()
-    assert headers[b":authority"] == b"localhost"
-    assert headers[b":path"] == b"/v1beta1.DevicePlugin/GetDevicePluginOptions"
+        await plugin.stop()
 
 
 async def test_pods_get_devices_and_a_failed_allocate_is_an_admission_error(

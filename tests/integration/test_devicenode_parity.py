@@ -3,17 +3,16 @@
 Why this exists: every agent test trusts a kubelet stand-in, so where the Python emulator once
 differed from the kubelet's device manager (``pkg/kubelet/cm/devicemanager``) a test here pins
 the kubelet's behaviour: the HTTP/2 ``:authority`` of plugin calls (the kubelet dials with
-``localhost``; the emulator used to send the socket path, which tonic/h2 plugins refuse), and
-admission surviving a kubelet restart that closes a plugin channel mid-Allocate (the emulator
-used to stop admitting pods for good). Real parts throughout: the real control plane, real
-gRPC over Unix sockets, and a plugin whose HTTP/2 layer is the ``h2`` library, so the test
-sees the exact header frame the kubelet sends.
+``localhost``; the emulator used to send the socket path, which tonic/h2 plugins refuse), the
+plugin dialled back inside Register, admission surviving a kubelet restart that closes a
+plugin channel mid-Allocate (the emulator used to stop admitting pods for good), and CDI names
+resolved as a runtime does. Real parts throughout: the real control plane, real gRPC over Unix
+sockets, and a device plugin on another gRPC stack (grpc-go) that checks the authority.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import tempfile
 import uuid
@@ -22,14 +21,12 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
-import h2.config
-import h2.connection
-import h2.events
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from tests.harness.controlplane import ControlPlane
+from tests.harness.devicenode_plugin import GoPlugin
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import ADMISSION_ERROR, NodeEmulator, PythonNodeEmulator
 from tests.harness.testplugin import CDI_KIND, TestPlugin, write_cdi_spec
@@ -65,49 +62,24 @@ def new_resource() -> str:
     return f"test.edgeplug.io/dev-{uuid.uuid4().hex[:8]}"
 
 
-class AuthorityProbe:
-    """A plugin socket whose HTTP/2 server (h2) records the headers of the first request.
-
-    It answers nothing, so the registration that made the kubelet dial it fails; what matters
-    is the request the kubelet sent."""
-
-    def __init__(self) -> None:
-        self.headers: asyncio.Future[dict[bytes, bytes]] = (
-            asyncio.get_running_loop().create_future())
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        connection.initiate_connection()
-        writer.write(connection.data_to_send())
-        try:
-            while data := await reader.read(65535):
-                for event in connection.receive_data(data):
-                    if isinstance(event, h2.events.RequestReceived) and not self.headers.done():
-                        self.headers.set_result(dict(event.headers or []))
-                writer.write(connection.data_to_send())
-                await writer.drain()
-        finally:
-            writer.close()
-
-
-async def test_plugin_calls_carry_the_kubelets_authority(emulator: NodeEmulator) -> None:
-    probe = AuthorityProbe()
-    socket_name = "probe.sock"
-    server = await asyncio.start_unix_server(probe.handle,
-                                             path=str(emulator.plugin_dir / socket_name))
+async def test_a_grpc_go_plugin_that_checks_the_authority_registers_and_serves(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    # The plugin refuses calls whose :authority is not a plain host, as tonic/h2 plugins do;
+    # the kubelet's client sends "localhost".
+    plugin = GoPlugin(plugin_dir=emulator.plugin_dir, resource=new_resource(),
+                      devices=["g0", "g1"])
+    await plugin.start()
     try:
-        registrant = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
-                                socket_name=socket_name, devices={})
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await registrant.register()  # refused: the probe never answers
-        headers = await asyncio.wait_for(probe.headers, WAIT_S)
+        assert plugin.authorities == ["localhost"]
+        await wait_allocatable(kube, emulator.node_name, plugin.resource, "2")
+        await create_pod(kube, pod_namespace,
+                         pod_manifest("go", resources={plugin.resource: "1"}))
+        await wait_phase(kube, pod_namespace, "go", "Running")
+        [allocation] = emulator.allocations(pod_namespace, "go")
+        assert allocation.envs["GO_PLUGIN_DEVICES"] in {"g0", "g1"}
     finally:
-        server.close()
-        await server.wait_closed()
-    # The kubelet's plugin client: grpc.WithAuthority("localhost"), and options come first.
-    assert headers[b":authority"] == b"localhost"
-    assert headers[b":path"] == b"/v1beta1.DevicePlugin/GetDevicePluginOptions"
-    assert emulator.registrations == []
+        await plugin.stop()
 
 
 async def test_a_plugin_that_is_not_serving_cannot_register(emulator: NodeEmulator) -> None:

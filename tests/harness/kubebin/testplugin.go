@@ -2,7 +2,7 @@
 //
 // It exists to prove the harness speaks to plugins as the kubelet does whatever their gRPC
 // stack: it refuses any call whose HTTP/2 :authority is not a plain host name (as tonic/h2
-// plugins do), registers, streams its devices and answers Allocate with one environment
+// plugins do) and prints each authority it is called with, registers, streams its devices and answers Allocate with one environment
 // variable per device. When its socket is deleted (a kubelet restart) it serves and registers
 // again, as real plugins do.
 package main
@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,9 +37,25 @@ type testPlugin struct {
 	devices []string
 }
 
+var (
+	seenMu sync.Mutex
+	seen   = map[string]bool{}
+)
+
+// checkAuthority refuses a call whose :authority is not a plain host, and reports each
+// authority it sees for the first time on stdout ("authority <value>").
 func checkAuthority(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if got := md.Get(":authority"); len(got) != 1 || !plainHost.MatchString(got[0]) {
+	got := md.Get(":authority")
+	seenMu.Lock()
+	for _, a := range got {
+		if !seen[a] {
+			seen[a] = true
+			fmt.Printf("authority %s\n", a)
+		}
+	}
+	seenMu.Unlock()
+	if len(got) != 1 || !plainHost.MatchString(got[0]) {
 		return status.Errorf(codes.InvalidArgument, "malformed :authority %q", got)
 	}
 	return nil
