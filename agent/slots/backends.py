@@ -143,9 +143,10 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
 
     Ours to give: in the newest state this agent knows, this node is listed and each slot is
     free and reserved for it, or already carries ``wanted``'s usage, or is promised with it;
-    and no release of its reservation is in flight. ``agent.slots.rules`` says why nobody else
-    can change such a slot, and what happens if the agent dies before recording. No ``await``
-    between judging and promising: nothing else runs in between.
+    and no release of its reservation, and no free of it, is in flight. Only free slots are
+    promised and recorded; one held already is recorded already. ``agent.slots.rules`` says
+    why nobody else can change such a slot, and what happens if the agent dies before
+    recording. No ``await`` between judging and promising: nothing else runs in between.
     """
     if not world.answers_before_recording:
         return False
@@ -153,18 +154,25 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
     view = ledger.current(world.instance(namespace, instance))
     if view is None or world.node not in view.spec.nodes:
         return False
+    to_record: dict[str, SlotUsage] = {}
     for slot, usage in wanted.items():
-        if slot in ledger.releasing:
+        if slot in ledger.releasing or slot in ledger.freeing:
             return False
         promise = ledger.promised.get(slot)
         if promise is not None:
             if promise != usage:
                 return False
             continue
-        if judge_claim(view, slot, usage) not in (Verdict.CLAIM, Verdict.HELD_ALREADY):
+        verdict = judge_claim(view, slot, usage)
+        if verdict is Verdict.CLAIM:
+            to_record[slot] = usage
+        elif verdict is not Verdict.HELD_ALREADY:  # held already: recorded, nothing to write
             return False
-    ledger.promised.update(wanted)
-    world.record_later(namespace, instance, wanted)
+    if to_record:
+        ledger.promised.update(to_record)
+        world.record_later(namespace, instance, to_record)
+    # A new pod holds these now: the orphan sweep gives it time to show in pod-resources.
+    world.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
     return True
 
 

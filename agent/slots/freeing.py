@@ -112,7 +112,9 @@ class OrphanFreer:
                 live = resource is not None and device_id in in_use.get(resource, frozenset())
                 if live:
                     self._seen_live.add(key)
-                elif key in self._seen_live:  # its pod ended: free now, no grace needed
+                elif key in self._seen_live and now - claimed >= self._grace:
+                    # Its pod ended (and the slot was not handed to a new pod since, which
+                    # pod-resources may not list yet): free now, no grace needed.
                     self._seen_live.discard(key)
                     await self._free(instance, slot, usage)
                     self._orphan_since.pop(key, None)

@@ -16,9 +16,10 @@ reservation rule reserves a slot for the node that holds it).
 The ledger also keeps what the ``Allocate`` fast path (``agent.slots.rules``, "answered at
 once, recorded right after") needs: ``latest``, the object our last slot write returned, until
 the Instance watch has delivered that version (``seen``); ``promised``, slots handed to the
-kubelet but not yet recorded; and ``releasing``, slots whose reservation a write in flight gives
-back. The last two are set before the first ``await`` of the operation that needs them, so the
-fast path, which never awaits between judging and promising, sees them.
+kubelet but not yet recorded; ``releasing``, slots whose reservation a write in flight gives
+back; and ``freeing``, slots a free in flight sets free. The last three are set before the first
+``await`` of the operation that needs them, so the fast path, which never awaits between
+judging and promising, sees them.
 """
 
 from __future__ import annotations
@@ -72,8 +73,10 @@ class SlotLedger:
         self.latest: Instance | None = None
         #: Slots answered to the kubelet by the fast path and not yet recorded, with the usage.
         self.promised: dict[str, SlotUsage] = {}
-        #: Slots whose reservation a release in flight gives back.
+        #: Slots whose reservation a release in flight gives back, and slots a free in flight
+        #: sets free.
         self.releasing: set[str] = set()
+        self.freeing: set[str] = set()
 
     def current(self, watched: Instance | None) -> Instance | None:
         """The newest state of this Instance we know: our last write until the watch has it."""
@@ -153,7 +156,15 @@ class SlotLedger:
         """Set each slot free if it still carries the given usage. The caller holds ``lock``.
 
         Returns None when the Instance is gone (before or during the write): nothing to free.
+        The slots are marked ``freeing`` meanwhile, so the fast path leaves them alone.
         """
+        self.freeing.update(slots)
+        try:
+            return await self._free(slots)
+        finally:
+            self.freeing.difference_update(slots)
+
+    async def _free(self, slots: Mapping[str, SlotUsage]) -> Instance | None:
         for _ in range(MAX_WRITE_ATTEMPTS):
             try:
                 instance = await self.read()

@@ -40,7 +40,8 @@ from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
-from agent.slots.ledger import InstanceGone, SlotLedger, SlotUnavailable, TooManyConflicts
+from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
+from agent.slots.recording import PromiseRecorder
 from agent.slots.rules import (
     SlotRef,
     configuration_devices,
@@ -63,8 +64,8 @@ RETRY_SECONDS = 1.0
 #: While this node holds slots, pod-resources is asked this often which live pods hold them
 #: (the kubelet never says that a pod has gone). Holding nothing, it is never asked.
 SWEEP_SECONDS = 1.0
-#: Attempts to record what the Allocate fast path promised before leaving it to the sweep.
-RECORD_ATTEMPTS = 5
+#: ``status.used`` is written this long after a claim or free first made it stale.
+USED_WRITE_DELAY_SECONDS = 0.5
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -112,6 +113,7 @@ class DevicePluginService:
         self._served: dict[str, _Served] = {}
         self._config_resources: dict[_Key, str] = {}
         self._used: dict[_Key, object] = {}  # status.used as last seen
+        self._used_writer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         #: A pass failed in part: the next one is due after ``RETRY_SECONDS``.
         self._retry = False
@@ -120,7 +122,7 @@ class DevicePluginService:
         #: pod-resources has been asked once since start (slots a crash left unrecorded are
         #: recorded): until then no plugin is served and nothing is answered before recording.
         self._adopted = False
-        self._recording: set[asyncio.Task[None]] = set()
+        self._recorder = PromiseRecorder(world=self)
         self._pods = PendingPods(client=client, node=node_name, on_change=self._wake.set)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
@@ -178,40 +180,7 @@ class DevicePluginService:
         return self._freer is not None and self._adopted
 
     def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
-        task = asyncio.create_task(self._record(namespace, instance, wanted), name="record-slots")
-        self._recording.add(task)
-        task.add_done_callback(self._recording.discard)
-
-    async def _record(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
-        """Write what the fast path promised; retried a few times, then left to the sweep."""
-        ledger = self.ledger(namespace, instance)
-        try:
-            for attempt in range(1, RECORD_ATTEMPTS + 1):
-                try:
-                    async with ledger.lock:
-                        claimed = await ledger.claim(
-                            wanted, known=ledger.current(self.instance(namespace, instance))
-                        )
-                        self.remember(claimed)
-                    self.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
-                    return
-                except InstanceGone:
-                    return
-                except SlotUnavailable as error:  # cannot happen while the rules hold
-                    log.error("a promised slot could not be recorded: %s", error)
-                    return
-                except Exception as error:  # the API server unreachable, conflicts
-                    log.warning("recording promised slots %s of %s/%s failed (%s); attempt %d",
-                                sorted(wanted), namespace, instance, watching.describe(error),
-                                attempt)
-                    await asyncio.sleep(watching.retry_delay(attempt))
-            # Still unrecorded: the next sweeps record whatever a live pod holds.
-            self._holding = True
-            self._wake.set()
-        finally:
-            for slot, usage in wanted.items():
-                if ledger.promised.get(slot) == usage:
-                    del ledger.promised[slot]
+        self._recorder.record_later(namespace, instance, wanted)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -224,6 +193,11 @@ class DevicePluginService:
                 tasks.create_task(self._reconcile_loop(), name="reconcile-plugins")
                 tasks.create_task(self._pods.run(), name="watch-pending-pods")
         finally:
+            # Promises still unrecorded are recorded by the next start's pod-resources sweep.
+            await self._recorder.close()
+            if self._used_writer is not None:
+                self._used_writer.cancel()
+                await asyncio.gather(self._used_writer, return_exceptions=True)
             if self._pod_resources is not None:
                 await self._pod_resources.close()
 
@@ -485,10 +459,22 @@ class DevicePluginService:
             )
 
     async def _correct_used(self, served: dict[_Key, Instance]) -> None:
-        """``status.used`` is written after each claim; a lost race can leave it stale."""
-        for key, instance in served.items():
-            if self._used.get(key) != instance.spec.used:
-                await self.ledger(*key).write_used(instance)
+        """``status.used`` (a display field) follows ``deviceUsage``, but not on every claim: a
+        burst of Allocates is summed up once, ``USED_WRITE_DELAY_SECONDS`` after it began, so
+        those writes neither load the API server nor make claims conflict with them."""
+        stale = any(self._used.get(k) != i.spec.used for k, i in served.items())
+        if stale and (self._used_writer is None or self._used_writer.done()):
+            self._used_writer = asyncio.create_task(self._write_used_later(), name="status-used")
+
+    async def _write_used_later(self) -> None:
+        await asyncio.sleep(USED_WRITE_DELAY_SECONDS)
+        for key, instance in list(self._instances.items()):
+            if self._serves(key, instance) and self._used.get(key) != instance.spec.used:
+                try:
+                    await self.ledger(*key).write_used(instance)
+                except Exception as error:  # the next change or resync writes it again
+                    log.info("status.used of %s/%s not written (%s)", *key,
+                             watching.describe(error))
 
     async def _withdraw_from_unlisted(self) -> None:
         """Free this node's usage on Instances that no longer list it."""

@@ -1,0 +1,91 @@
+"""Recording what the ``Allocate`` fast path promised: one writer per Instance, batched.
+
+Why this exists: the fast path (``agent.slots.backends``) answers the kubelet from a slot
+reserved for this node and leaves the ``deviceUsage`` write for right after. A burst of
+Allocates on one Instance (a Deployment scaled up) must not become a queue of writes, each
+waiting for the Instance's lock and conflicting with the next: one task per Instance writes
+everything promised so far in one conditioned claim, then whatever was promised meanwhile.
+A write that fails (the API server unreachable) is retried with the watches' bounded backoff for
+as long as it takes: the promise keeps the slot from being released, freed or given to the
+configuration plugin meanwhile, so it is dropped only once recorded (or the Instance is gone).
+If the agent dies first, the pod-resources sweep of the next start records it;
+``agent.slots.rules`` says why this is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agent import watching
+from agent.slots.backends import SlotWorld
+from agent.slots.ledger import InstanceGone, SlotUnavailable
+from agent.slots.rules import SlotRef
+from crds.instance import SlotUsage
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[str, str]
+
+
+class PromiseRecorder:
+    """Records promised slots, one task per Instance while it has some."""
+
+    def __init__(self, *, world: SlotWorld) -> None:
+        self._world = world
+        #: Per Instance: slots promised and not yet recorded, and the task recording them.
+        self._unrecorded: dict[_Key, dict[str, SlotUsage]] = {}
+        self._recorders: dict[_Key, asyncio.Task[None]] = {}
+
+    def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
+        key = (namespace, instance)
+        self._unrecorded.setdefault(key, {}).update(wanted)
+        if key not in self._recorders:
+            self._recorders[key] = asyncio.create_task(self._record(key), name="record-slots")
+
+    async def close(self) -> None:
+        """Stop recording (the agent is stopping)."""
+        tasks = list(self._recorders.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _record(self, key: _Key) -> None:
+        """Write what the fast path promised on one Instance: everything promised meanwhile in
+        one conditioned write, retried with backoff until it is done."""
+        try:
+            await self._record_pending(key)
+        finally:
+            # No await from the last look at the pending slots to here: a promise made after
+            # it starts a new recorder.
+            self._recorders.pop(key, None)
+
+    async def _record_pending(self, key: _Key) -> None:
+        ledger = self._world.ledger(*key)
+        failures = 0
+        while pending := self._unrecorded.get(key):
+            batch = dict(pending)
+            done = True
+            try:
+                async with ledger.lock:
+                    known = ledger.current(self._world.instance(*key))
+                    self._world.remember(await ledger.claim(batch, known=known))
+                self._world.slots_changed(SlotRef(*key, slot) for slot in batch)
+            except InstanceGone:
+                pass
+            except SlotUnavailable as error:  # cannot happen while the rules hold
+                log.error("a promised slot could not be recorded: %s", error)
+                batch = {error.slot: batch[error.slot]}
+            except Exception as error:  # the API server unreachable, conflicts
+                failures += 1
+                done = False
+                log.warning("recording promised slots %s of %s/%s failed (%s); retrying",
+                            sorted(batch), *key, watching.describe(error))
+                await asyncio.sleep(watching.retry_delay(failures))
+            if done:
+                for slot, usage in batch.items():
+                    if pending.get(slot) == usage:
+                        del pending[slot]
+                    if ledger.promised.get(slot) == usage:
+                        del ledger.promised[slot]
+        self._unrecorded.pop(key, None)
