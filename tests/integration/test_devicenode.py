@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
 
 from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
@@ -101,6 +102,19 @@ async def test_a_grpc_go_plugin_registers_and_serves_through_the_device_manager(
         assert set(allocation.envs["GO_PLUGIN_DEVICES"].split(",")) == {"g0", "g1"}
     finally:
         await plugin.stop()
+
+
+async def test_a_plugin_gone_leaves_capacity_with_nothing_allocatable(
+    node: DeviceNode, plugin: TestPlugin, kube: AsyncClient,
+) -> None:
+    await wait_allocatable(kube, node.node_name, plugin.resource_name, "3")
+    await plugin.stop()
+    await wait_allocatable(kube, node.node_name, plugin.resource_name, "0")
+    # Within the kubelet's 5-minute grace the devices count as unhealthy: still capacity.
+    found = await kube.get(Node, node.node_name)
+    assert found.status is not None
+    assert (found.status.capacity or {})[plugin.resource_name] == "3"
+    assert not node.plugin_connected(plugin.resource_name)
 
 
 async def test_pods_get_devices_and_a_failed_allocate_is_an_admission_error(

@@ -4,7 +4,7 @@
 // status.allocatable holds the requested resources, and the node-lifecycle controller taints a
 // Node whose Lease goes stale. Capacity and allocatable of device resources come from the device
 // manager's GetCapacity, as the kubelet's node status setter takes them; resources GetCapacity
-// reports deleted (a plugin gone past its grace) are dropped from the Node, as the kubelet does.
+// reports deleted (a plugin gone past its grace) drop to 0, as the kubelet sets them.
 package main
 
 import (
@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/utils/ptr"
 )
@@ -58,6 +59,9 @@ type nodeReporter struct {
 	ready      bool
 	readySince metav1.Time
 	bootTime   metav1.Time
+	// resetExtended: zero the Node's extended resources at the first status write, as the
+	// kubelet does when its device-manager checkpoint is gone (a new or rebooted node).
+	resetExtended bool
 }
 
 func newNodeReporter(client kubernetes.Interface, name string, extra map[string]string, manager *devicemanager.ManagerImpl) *nodeReporter {
@@ -70,7 +74,19 @@ func newNodeReporter(client kubernetes.Interface, name string, extra map[string]
 	}
 	now := metav1.Now()
 	return &nodeReporter{client: client, name: name, labels: labels, manager: manager,
-		changed: make(chan struct{}, 1), ready: true, readySince: now, bootTime: now}
+		changed: make(chan struct{}, 1), ready: true, readySince: now, bootTime: now,
+		resetExtended: manager.ShouldResetExtendedResourceCapacity()}
+}
+
+func zeroExtended(resources v1.ResourceList) v1.ResourceList {
+	out := v1.ResourceList{}
+	for name, q := range resources {
+		if v1helper.IsExtendedResourceName(name) {
+			q = *resource.NewQuantity(0, resource.DecimalSI)
+		}
+		out[name] = q
+	}
+	return out
 }
 
 // poke asks for the status to be written soon (device counts changed).
@@ -185,15 +201,27 @@ func (n *nodeReporter) clearReadinessTaints(ctx context.Context) error {
 	return err
 }
 
-func (n *nodeReporter) status() v1.NodeStatus {
+// status computes the Node's status as the kubelet's MachineInfo setter does: the capacity the
+// Node already has is kept (an extended resource keeps its last value), device-plugin capacity
+// overwrites it, resources the device manager removed drop to 0, and allocatable is capacity
+// (nothing reserved here) overwritten by device-plugin allocatable.
+func (n *nodeReporter) status(existing v1.ResourceList) v1.NodeStatus {
 	capacity, allocatable := v1.ResourceList{}, v1.ResourceList{}
+	for name, q := range existing {
+		capacity[name] = q
+	}
 	for name, q := range baseResources {
 		capacity[name] = resource.MustParse(q)
-		allocatable[name] = resource.MustParse(q)
 	}
-	devCapacity, devAllocatable, _ := n.manager.GetCapacity()
+	devCapacity, devAllocatable, removed := n.manager.GetCapacity()
 	for name, q := range devCapacity {
 		capacity[name] = q
+	}
+	for _, name := range removed {
+		capacity[v1.ResourceName(name)] = *resource.NewQuantity(0, resource.DecimalSI)
+	}
+	for name, q := range capacity {
+		allocatable[name] = q
 	}
 	for name, q := range devAllocatable {
 		allocatable[name] = q
@@ -226,14 +254,21 @@ func (n *nodeReporter) status() v1.NodeStatus {
 	}
 }
 
-// writeStatus replaces the Node's status. Device resources GetCapacity no longer reports are
-// dropped with the replace, as the kubelet drops deleted resources.
+// writeStatus replaces the Node's status with the one status() computes from it.
 func (n *nodeReporter) writeStatus(ctx context.Context) error {
 	node, err := n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
-	node.Status = n.status()
+	n.mu.Lock()
+	reset := n.resetExtended
+	n.resetExtended = false
+	n.mu.Unlock()
+	existing := node.Status.Capacity
+	if reset {
+		existing = zeroExtended(existing)
+	}
+	node.Status = n.status(existing)
 	_, err = n.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{FieldManager: fieldManager})
 	if apierrors.IsConflict(err) {
 		n.poke()
