@@ -82,6 +82,8 @@ class AgentNodes:
 
     kube: AsyncClient
     kubeconfig: Path
+    #: The kubelet stand-in; None: the one ``$EDGEPLUG_KUBELET`` names.
+    kubelet: type[DeviceNode] | type[NodeEmulator] | None = None
     started: list[AgentNode] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
 
@@ -90,7 +92,7 @@ class AgentNodes:
         plugin_dir = Path(tempfile.mkdtemp(prefix="ep-dp-", dir="/tmp"))
         pod_resources_dir = Path(tempfile.mkdtemp(prefix="ep-pr-", dir="/tmp"))
         self.dirs.extend([str(plugin_dir), str(pod_resources_dir)])
-        emulator = kubelet_class()(
+        emulator = (self.kubelet or kubelet_class())(
             node_name=f"emu-{uuid.uuid4().hex[:8]}",
             kubeconfig=self.kubeconfig,
             plugin_dir=plugin_dir,

@@ -1,0 +1,94 @@
+"""The agent's slots across a restart of the real kubelet device manager.
+
+Why this exists: issue 15 asks that a kubelet restart with running pods holding slots be shown
+against the kubelet's own device manager (``DeviceNode``): allocations survive from its
+checkpoint, Allocate is not called again for the running pod, and the agent's ``deviceUsage``
+stays what it was, while the agent re-registers every plugin. Real parts: the control plane,
+the kubelet's device manager in its own mount namespace, the agent's device-plugin service.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from lightkube import AsyncClient
+
+from agent.slots.rules import is_held_by, usage_of
+from tests.harness.agent_nodes import (
+    AgentNode,
+    AgentNodes,
+    create_instance,
+    node_device,
+    read_instance,
+)
+from tests.harness.controlplane import ControlPlane
+from tests.harness.devicenode import DeviceNode
+from tests.harness.kube_waits import WAIT_S, wait_allocatable, wait_until
+from tests.integration.test_node_emulator import create_pod, pod_manifest, wait_phase
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+@pytest.fixture
+async def agent_node(control_plane: ControlPlane, kube: AsyncClient) -> AsyncIterator[AgentNode]:
+    nodes = AgentNodes(kube=kube, kubeconfig=control_plane.kubeconfig, kubelet=DeviceNode)
+    yield await nodes.start()
+    await nodes.stop_all()
+
+
+def allocations(node: AgentNode, resource: str) -> float:
+    return node.counter("edgeplug_allocations_total", resource=resource, outcome="ok")
+
+
+async def held_slots(kube: AsyncClient, namespace: str, name: str, node: str) -> set[str]:
+    """Slots the Instance's deviceUsage records as held by ``node``."""
+    instance = await read_instance(kube, namespace, name)
+    return {slot for slot in instance.spec.device_usage
+            if is_held_by(usage_of(instance, slot), node)}
+
+
+async def test_running_pods_keep_their_slots_across_a_kubelet_restart(
+    agent_node: AgentNode, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    node, ns, configuration = agent_node, pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
+    assert isinstance(node.emulator, DeviceNode)
+    name = await create_instance(kube, ns, configuration=configuration, digest="f6f6f6",
+                                 nodes=[node.name], capacity=2)
+    await node.table.put(node_device(ns, configuration, name))
+    resource = f"edgeplug.io/{name}"
+    await wait_allocatable(kube, node.name, resource, "2")
+    await create_pod(kube, ns, pod_manifest("holder", resources={resource: "1"}))
+    await wait_phase(kube, ns, "holder", "Running")
+    [held] = node.emulator.allocated_device_ids(resource)
+
+    async def recorded() -> bool:
+        return await held_slots(kube, ns, name, node.name) == {held}
+
+    await wait_until(recorded, what=f"{held} recorded in deviceUsage for {node.name}")
+    before = await read_instance(kube, ns, name)
+    calls = allocations(node, resource)
+    registered = len(node.emulator.registrations)
+
+    await node.emulator.restart_kubelet()
+
+    await node.emulator.wait_for(
+        lambda: resource in {r.resource_name for r in node.emulator.registrations[registered:]},
+        timeout=WAIT_S, what=f"{resource} registered again")
+    await wait_allocatable(kube, node.name, resource, "2")
+    # The running pod still holds its slot, from the checkpoint, without a second Allocate...
+    assert node.emulator.allocated_device_ids(resource) == {held}
+    assert allocations(node, resource) == calls
+    # ...and the agent's record of it is unchanged.
+    assert (await read_instance(kube, ns, name)).spec.device_usage == before.spec.device_usage
+    # The other slot is still free, and the next pod gets it.
+    await create_pod(kube, ns, pod_manifest("next", resources={resource: "1"}))
+    await wait_phase(kube, ns, "next", "Running")
+    [second] = node.emulator.allocated_device_ids(resource) - {held}
+
+    async def both_recorded() -> bool:
+        return await held_slots(kube, ns, name, node.name) == {held, second}
+
+    await wait_until(both_recorded, what=f"{held} and {second} recorded for {node.name}")
+    assert allocations(node, resource) == calls + 1
