@@ -34,8 +34,12 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
 
-// kubeletRoot is where the kubelet keeps its state; the device manager's paths hang off it.
-const kubeletRoot = "/var/lib/kubelet"
+const (
+	// kubeletRoot is where the kubelet keeps its state; the device manager's paths hang off it.
+	kubeletRoot  = "/var/lib/kubelet"
+	kubeAPIQPS   = 50
+	kubeAPIBurst = 100
+)
 
 type nodeFlags struct {
 	kubeconfig   string
@@ -154,6 +158,9 @@ func runDeviceNode(args []string) int {
 		fmt.Fprintln(os.Stderr, "devicenode: kubeconfig:", err)
 		return 1
 	}
+	// The kubelet's defaults (KubeletConfiguration kubeAPIQPS 50, kubeAPIBurst 100), not
+	// client-go's 5/10, which would throttle status writes to one per 200 ms.
+	config.QPS, config.Burst = kubeAPIQPS, kubeAPIBurst
 	client, err := kubernetes.NewForConfig(config)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devicenode: client:", err)
