@@ -1,5 +1,5 @@
 """Fixtures the integration tests share: a lightkube client, a pod-ready namespace, agent nodes,
-and the controller as a process.
+the controller as a process, and the choice of kubelet stand-in.
 
 Why this exists: the device-plugin, slot-demand, slot-ledger and node-emulator tests all need a
 client on the real control plane, and the pod-running ones a namespace whose default
@@ -8,6 +8,7 @@ ServiceAccount exists (pods are refused before it does). Defined once here rathe
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,6 +19,17 @@ from tests.harness.agent_nodes import AgentNodes, StartNode
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess, install_peering_crds
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_service_account
+from tests.harness.node_emulator import KUBELET_ENV
+
+
+@pytest.fixture(autouse=True)
+def kubelet_stand_in(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Integration tests run their kubelet stand-ins on the kubelet's own device manager
+    (``DeviceNode``) unless ``EDGEPLUG_KUBELET=emulator`` asks for the Python emulator; the
+    emulator's own tests use ``PythonNodeEmulator`` either way."""
+    choice = os.environ.get(KUBELET_ENV) or "devicenode"
+    monkeypatch.setenv(KUBELET_ENV, choice)
+    return choice
 
 
 @pytest.fixture
