@@ -6,7 +6,8 @@
 # agent.Dockerfile and controller.Dockerfile, from the same inputs (pyproject.toml, README.md and
 # the packages each role needs; the agent's handler libraries picked by the same pyproject
 # extras), with Debian's own tools:
-#   1. mmdebstrap makes a minimal Debian root (Essential packages, python3, libudev1 for pyudev;
+#   1. mmdebstrap makes a minimal Debian root (Essential packages, python3, libudev1 for pyudev,
+#      libstdc++6 for grpcio;
 #      no docs, man pages or translations), from this machine's own apt sources;
 #   2. pip builds the project's wheel from a copy holding only the role's packages, and fetches
 #      its dependencies' wheels for the image's Python (Debian's python3, whatever Python runs
@@ -37,7 +38,7 @@ IMAGE_ABI=cp311
 # Bookworm's glibc is 2.36: any manylinux wheel up to that runs.
 MANYLINUX_MAX_MINOR=36
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml")
-ROOT_PACKAGES=python3,libudev1
+ROOT_PACKAGES=python3,libudev1,libstdc++6
 
 log() { printf '[images] %s\n' "$*" >&2; }
 
@@ -91,6 +92,9 @@ image_python=$(chroot "$WORK/root" python3 -c 'import sys; print("%d.%d" % sys.v
 [ "$image_python" = "$IMAGE_PYTHON_VERSION" ] \
   || { echo "the root's python3 is $image_python, not $IMAGE_PYTHON_VERSION" >&2; exit 1; }
 
+base_mib=$(du -sm --apparent-size "$WORK/root" | cut -f1)
+printf '%-24s unpacked %3s MiB: the Debian root every image starts from\n' "(base layer)" \
+  "$base_mib" >"$WORK/sizes.txt"
 umoci init --layout "$WORK/layout"
 umoci new --image "$WORK/layout:base"
 umoci unpack --image "$WORK/layout:base" "$WORK/bundle-base"
@@ -142,6 +146,7 @@ image() {
   rm -rf "$bundle/rootfs/tmp/wheels" "$bundle/rootfs/root/.cache"
   local installed
   installed=$(du -sm --apparent-size "$bundle/rootfs" | cut -f1)
+  local added=$(( installed - base_mib ))
   umoci repack --image "$layout:base" "$bundle"
   umoci config --image "$layout:base" --tag "$VERSION" \
     --config.entrypoint "$entrypoint" --config.user "$user" --config.workingdir / \
@@ -152,11 +157,21 @@ image() {
   umoci rm --image "$layout:base"
   umoci gc --layout "$layout"
   tar --sort=name --owner=0 --group=0 --numeric-owner -C "$layout" -cf "$OUT/$name.oci.tar" .
+  local layers
+  layers=$("$PYTHON" - "$layout" <<'EOF'
+import json, pathlib, sys
+layout = pathlib.Path(sys.argv[1])
+[entry] = json.loads((layout / "index.json").read_text())["manifests"]
+manifest = json.loads((layout / "blobs/sha256" / entry["digest"].split(":")[1]).read_text())
+base, own = (layer["size"] / 2**20 for layer in manifest["layers"])
+print(f"{base:.1f} MiB shared base + {own:.1f} MiB own")
+EOF
+)
   rm -rf "$bundle" "$layout"
   local archive
   archive=$(( $(stat -c %s "$OUT/$name.oci.tar") / 1024 / 1024 ))
-  printf '%-28s %6s MiB compressed (archive) %6s MiB unpacked\n' \
-    "$name" "$archive" "$installed" >>"$OUT/sizes.txt"
+  printf '%-24s archive %3s MiB (gzip layers: %s); unpacked %3s MiB (%s over the base)\n' \
+    "$name" "$archive" "$layers" "$installed" "$added" >>"$WORK/sizes.txt"
 }
 
 image edgeplug-controller controller controller edgeplug-controller 65532:65532
@@ -167,5 +182,6 @@ for set in $AGENT_HANDLER_SETS; do
     *) image "edgeplug-agent-${set//,/-}" agent "$set" edgeplug-agent 0:0 ;;
   esac
 done
+mv "$WORK/sizes.txt" "$OUT/sizes.txt"
 echo "$DIGEST" >"$OUT/inputs.sha256"
 cat "$OUT/sizes.txt"
