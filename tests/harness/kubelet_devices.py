@@ -40,6 +40,8 @@ KUBELET_SOCKET = "kubelet.sock"
 PLUGIN_RPC_TIMEOUT_S = 10.0
 #: How long stopping the registration server lets in-flight Register calls finish.
 SERVER_STOP_GRACE_S = 0.5
+#: How long the kubelet keeps a gone plugin's devices in capacity (its endpointStopGracePeriod).
+ENDPOINT_STOP_GRACE_S = 300.0
 #: The HTTP/2 ``:authority`` the kubelet sends on every plugin call (its dialer's
 #: ``grpc.WithAuthority("localhost")``). gRPC core would otherwise send the socket path,
 #: percent-encoded, which HTTP/2 stacks that validate the authority (tonic/h2) refuse.
@@ -174,6 +176,8 @@ class DeviceManager:
         self._on_change = on_change
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._known: set[str] = set()  # every resource ever registered: reported even at 0
+        # Resources whose plugin went away: (devices it last reported, loop time it went).
+        self._gone: dict[str, tuple[int, float]] = {}
         self._grpc = SocketServer(
             self.socket_path,
             add_services=lambda server: pb_grpc.add_RegistrationServicer_to_server(
@@ -268,7 +272,10 @@ class DeviceManager:
                           endpoint.socket_path)
         finally:
             if self._endpoints.get(endpoint.resource_name) is endpoint:
-                # The plugin is gone: its devices are no longer allocatable.
+                # The plugin is gone: its devices are no longer allocatable, but the kubelet
+                # counts them (unhealthy) in capacity until its stop grace expires.
+                self._gone[endpoint.resource_name] = (
+                    len(endpoint.devices), asyncio.get_running_loop().time())
                 endpoint.devices = {}
                 del self._endpoints[endpoint.resource_name]
                 self._on_change()
@@ -283,10 +290,22 @@ class DeviceManager:
         return resource_name in self._known
 
     def healthy_counts(self) -> dict[str, int]:
-        """Healthy devices per known resource: what the Node's capacity/allocatable say."""
+        """Healthy devices per known resource: what the Node's allocatable says."""
         counts = dict.fromkeys(self._known, 0)
         for name, endpoint in self._endpoints.items():
             counts[name] = len(endpoint.healthy_ids())
+        return counts
+
+    def capacity_counts(self) -> dict[str, int]:
+        """Devices per known resource, healthy or not, as the kubelet's capacity counts them:
+        a gone plugin's last count while within ENDPOINT_STOP_GRACE_S, then 0."""
+        counts = dict.fromkeys(self._known, 0)
+        now = asyncio.get_running_loop().time()
+        for name, (total, gone_at) in self._gone.items():
+            if now - gone_at < ENDPOINT_STOP_GRACE_S:
+                counts[name] = total
+        for name, endpoint in self._endpoints.items():
+            counts[name] = len(endpoint.devices)
         return counts
 
     def healthy_ids(self, resource_name: str) -> list[str]:

@@ -53,7 +53,10 @@ class NodeReporter:
     """Keeps one Node and its Lease alive and in step with the device counts."""
 
     def __init__(self, *, client: AsyncClient, node_name: str, labels: Mapping[str, str],
-                 device_counts: Callable[[], Mapping[str, int]]) -> None:
+                 device_counts: Callable[[], Mapping[str, int]],
+                 device_capacity: Callable[[], Mapping[str, int]] | None = None) -> None:
+        """``device_counts``: healthy devices per resource (allocatable); ``device_capacity``:
+        all devices per resource, unhealthy ones too (capacity; default: the same counts)."""
         self._client = client
         self.node_name = node_name
         self._labels = {
@@ -64,6 +67,7 @@ class NodeReporter:
             **labels,
         }
         self._device_counts = device_counts
+        self._device_capacity = device_capacity or device_counts
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._boot_time = _now()
@@ -179,8 +183,10 @@ class NodeReporter:
             # clear them itself now that the Node is Ready.
 
     def _status(self) -> dict[str, Any]:
-        counts = self._device_counts()
-        resources = {**BASE_RESOURCES, **{name: str(n) for name, n in counts.items()}}
+        resources = {**BASE_RESOURCES,
+                     **{name: str(n) for name, n in self._device_counts().items()}}
+        capacity = {**BASE_RESOURCES,
+                    **{name: str(n) for name, n in self._device_capacity().items()}}
         now = _now()
 
         def condition(kind: str, status: str, reason: str, message: str,
@@ -189,7 +195,7 @@ class NodeReporter:
                     "lastHeartbeatTime": now, "lastTransitionTime": since}
 
         return {
-            "capacity": resources,
+            "capacity": capacity,
             "allocatable": resources,
             "conditions": [
                 condition("Ready", "True", "KubeletReady",

@@ -75,7 +75,8 @@ class NodeEmulator:
         self.pod_resources_socket = pod_resources_socket
         self._client = AsyncClient(KubeConfig.from_file(str(kubeconfig)))
         self._node = NodeReporter(client=self._client, node_name=node_name, labels=labels or {},
-                                  device_counts=self._device_counts)
+                                  device_counts=self._device_counts,
+                                  device_capacity=self._device_capacity)
         self._devices = DeviceManager(plugin_dir=plugin_dir, on_change=self._node.poke)
         self._pods = PodManager(client=self._client, node_name=node_name, devices=self._devices,
                                 cdi_spec_dirs=cdi_spec_dirs)
@@ -193,6 +194,9 @@ class NodeEmulator:
 
     def _device_counts(self) -> dict[str, int]:
         return self._devices.healthy_counts()
+
+    def _device_capacity(self) -> dict[str, int]:
+        return self._devices.capacity_counts()
 
 
 class PythonNodeEmulator(NodeEmulator):

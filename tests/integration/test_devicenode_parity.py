@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode_plugin import GoPlugin
@@ -163,3 +163,24 @@ async def test_cdi_names_are_resolved_as_a_runtime_does_or_the_pod_fails(
         assert not emulator.pod_admitted(pod_namespace, "unresolved")
     finally:
         await plugin.stop()
+
+
+async def test_capacity_counts_unhealthy_and_gone_devices_as_the_kubelet_does(
+    emulator: NodeEmulator, kube: AsyncClient,
+) -> None:
+    plugin = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                        devices={"h0": HEALTHY, "h1": HEALTHY, "u0": "Unhealthy"})
+    await plugin.start()
+    try:
+        await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "2")
+        assert await capacity(kube, emulator.node_name, plugin.resource_name) == "3"
+    finally:
+        await plugin.stop()
+    # Gone, within the kubelet's stop grace: nothing allocatable, all three still capacity.
+    await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "0")
+    assert await capacity(kube, emulator.node_name, plugin.resource_name) == "3"
+
+
+async def capacity(kube: AsyncClient, node: str, resource: str) -> str | None:
+    found = await kube.get(Node, node)
+    return (found.status.capacity or {}).get(resource) if found.status is not None else None

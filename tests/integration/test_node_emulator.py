@@ -295,7 +295,8 @@ async def test_only_healthy_devices_are_allocatable(
     node = await kube.get(Node, emulator.node_name)
     assert node.status is not None
     assert node.status.capacity is not None
-    assert node.status.capacity[plugin.resource_name] == "1"
+    # As the kubelet's GetCapacity: unhealthy devices count in capacity, not in allocatable.
+    assert node.status.capacity[plugin.resource_name] == "3"
 
     await run_pod(kube, pod_namespace, "healthy", {plugin.resource_name: "1"})
 
