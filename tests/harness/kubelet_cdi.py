@@ -10,40 +10,34 @@ given; without any it is a runtime with CDI disabled, which ignores the names.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 from tests.harness import cdi
-from tests.harness.kubelet_records import ContainerAllocation
 
-#: The reason a runtime's failure to create a container is reported with.
+#: Reasons a container that could not be created is reported with: the kubelet's own step
+#: failed (GetDeviceRunContainerOptions, e.g. PreStartContainer), or the runtime's did.
+CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
 CREATE_CONTAINER_ERROR = "CreateContainerError"
 
 
 class ContainerCreateError(Exception):
-    """The runtime could not create a container (an unresolvable CDI name)."""
+    """A container could not be created; ``reason`` says which step failed."""
 
-    def __init__(self, container: str, message: str) -> None:
+    def __init__(self, container: str, message: str, *,
+                 reason: str = CREATE_CONTAINER_ERROR) -> None:
         super().__init__(message)
         self.container = container
+        self.reason = reason
 
 
-async def create_containers(allocations: Sequence[ContainerAllocation],
-                            spec_dirs: Sequence[Path] | None) -> list[ContainerAllocation]:
-    """The allocations with each container's CDI names resolved (``cdi_edits``), container by
-    container in pod order; ContainerCreateError for the first container that fails."""
-    if not spec_dirs:
-        return list(allocations)
-    names: dict[str, list[str]] = {}
-    for allocation in allocations:
-        names.setdefault(allocation.container, []).extend(allocation.cdi_devices)
-    edits: dict[str, cdi.CdiEdits] = {}
-    for container, wanted in names.items():
-        if not wanted:
-            continue
-        try:
-            edits[container] = await asyncio.to_thread(cdi.resolve, spec_dirs, wanted)
-        except cdi.CdiUnresolvable as error:
-            raise ContainerCreateError(container, str(error)) from error
-    return [dataclasses.replace(a, cdi_edits=edits.get(a.container)) for a in allocations]
+async def resolve_cdi(container: str, names: Sequence[str],
+                      spec_dirs: Sequence[Path] | None) -> cdi.CdiEdits | None:
+    """The runtime's edits for one container's CDI names (None: no names, or CDI disabled);
+    ContainerCreateError when a name does not resolve."""
+    if not spec_dirs or not names:
+        return None
+    try:
+        return await asyncio.to_thread(cdi.resolve, spec_dirs, names)
+    except cdi.CdiUnresolvable as error:
+        raise ContainerCreateError(container, str(error)) from error

@@ -2,7 +2,8 @@
 
 Why this exists: a pod that asks for an extended resource only gets its device after the kubelet
 admits it: picks free healthy device ids, asks the plugin (GetPreferredAllocation when offered,
-Allocate, PreStartContainer when asked) and starts the containers, or rejects the pod with
+Allocate) for each container, then starts the containers in order (PreStartContainer when asked,
+CDI names resolved by the runtime), or rejects the pod with
 ``UnexpectedAdmissionError`` when that fails. ``PodManager`` does the same for the pods the real
 scheduler binds to the emulated node, one pod at a time in watch order (as the kubelet admits
 pods serially), records what each Allocate returned, and confirms deletions as a kubelet does.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,9 +29,9 @@ from lightkube.types import OnErrorAction, OnErrorResult
 from lightkube.utils.quantity import parse_quantity
 
 from tests.harness.kubelet_cdi import (
-    CREATE_CONTAINER_ERROR,
+    CREATE_CONTAINER_CONFIG_ERROR,
     ContainerCreateError,
-    create_containers,
+    resolve_cdi,
 )
 from tests.harness.kubelet_devices import (
     DeviceManager,
@@ -247,7 +249,7 @@ class PodManager:
             })
             return
         try:
-            record.allocations = await create_containers(record.allocations, self.cdi_spec_dirs)
+            record.allocations = await self._start_containers(pod, record.allocations)
         except ContainerCreateError as error:
             # A kubelet would leave the pod Pending and retry; failing it at once lets tests
             # and controllers see it.
@@ -255,11 +257,11 @@ class PodManager:
             log.warning("node %s: pod %s/%s: container %s: %s", self.node_name,
                         record.namespace, record.name, error.container, error)
             await self._patch_status(record, {
-                "phase": "Failed", "reason": CREATE_CONTAINER_ERROR, "message": str(error),
+                "phase": "Failed", "reason": error.reason, "message": str(error),
                 "containerStatuses": [{
                     "name": error.container, "image": "", "imageID": "", "ready": False,
                     "restartCount": 0, "state": {"waiting": {
-                        "reason": CREATE_CONTAINER_ERROR, "message": str(error)}}}],
+                        "reason": error.reason, "message": str(error)}}}],
             })
             return
         await self._patch_status(record, self._running_status(pod))
@@ -289,6 +291,39 @@ class PodManager:
                 if not is_init:
                     app_held.setdefault(resource, set()).update(chosen)
         return allocations
+
+    async def _start_containers(
+        self, pod: Pod, allocations: list[ContainerAllocation],
+    ) -> list[ContainerAllocation]:
+        """Start each container in pod order, as the kubelet does after admission: its
+        PreStartContainer calls (GetDeviceRunContainerOptions), then the runtime resolves its
+        CDI names. Returns the allocations with the runtime's CDI edits."""
+        assert pod.spec is not None
+        started: list[ContainerAllocation] = []
+        for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
+            mine = [a for a in allocations if a.container == container.name]
+            for allocation in mine:
+                await self._pre_start(allocation)
+            names = [name for a in mine for name in a.cdi_devices]
+            edits = await resolve_cdi(container.name, names, self.cdi_spec_dirs)
+            started += [dataclasses.replace(a, cdi_edits=edits) for a in mine]
+        return started
+
+    async def _pre_start(self, allocation: ContainerAllocation) -> None:
+        endpoint = self._devices.endpoint(allocation.resource_name)
+        if endpoint is None:
+            raise ContainerCreateError(
+                allocation.container, "endpoint not found in cache for a registered resource: "
+                f"{allocation.resource_name}", reason=CREATE_CONTAINER_CONFIG_ERROR)
+        if not endpoint.pre_start_required:
+            return
+        try:
+            await endpoint.pre_start(list(allocation.device_ids))
+        except (grpc.aio.AioRpcError, PluginGone) as error:
+            raise ContainerCreateError(
+                allocation.container,
+                f"device plugin PreStartContainer rpc failed with err: {error}",
+                reason=CREATE_CONTAINER_CONFIG_ERROR) from error
 
     async def _wait_for_plugin(self, resource: str) -> PluginEndpoint:
         loop = asyncio.get_running_loop()
@@ -322,8 +357,6 @@ class PodManager:
                            *, is_init: bool) -> ContainerAllocation:
         try:
             response = await endpoint.allocate(device_ids)
-            if endpoint.pre_start_required:
-                await endpoint.pre_start(device_ids)
         except grpc.aio.AioRpcError as error:
             raise AdmissionError(f"Allocate failed due to rpc error: code = {error.code().name} "
                                  f"desc = {error.details()}, which is unexpected") from error

@@ -79,7 +79,8 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
     def __init__(self, *, plugin_dir: Path, resource_name: str, devices: Mapping[str, str],
                  socket_name: str | None = None, preferred: Sequence[str] | None = None,
                  pre_start_required: bool = False, fail_allocate: bool = False,
-                 allocate_gate: asyncio.Event | None = None) -> None:
+                 allocate_gate: asyncio.Event | None = None,
+                 fail_pre_start: bool = False) -> None:
         self.plugin_dir = plugin_dir
         self.resource_name = resource_name
         self.socket_name = socket_name or resource_name.replace("/", "-") + ".sock"
@@ -89,6 +90,7 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
         self.fail_allocate = fail_allocate
         # When set, Allocate answers only once the event is set (a plugin slow to allocate).
         self.allocate_gate = allocate_gate
+        self.fail_pre_start = fail_pre_start
         self.calls = Calls()
         self._updates: list[asyncio.Queue[dict[str, str] | None]] = []
         self._grpc = SocketServer(
@@ -195,4 +197,6 @@ class TestPlugin(pb_grpc.DevicePluginServicer):
                                           pb.PreStartContainerResponse],
     ) -> pb.PreStartContainerResponse:
         self.calls.pre_start.append(tuple(request.devices_ids))
+        if self.fail_pre_start:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "test plugin told to fail PreStart")
         return pb.PreStartContainerResponse()

@@ -233,3 +233,27 @@ async def test_cdi_names_are_resolved_as_a_runtime_does_or_the_pod_fails(
     assert failed.status is not None
     assert failed.status.reason == "CreateContainerError"
     assert "unresolvable CDI devices" in (failed.status.message or "")
+
+
+async def test_pre_start_comes_after_admission_and_its_failure_fails_the_container(
+    node: DeviceNode, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    plugin = TestPlugin(plugin_dir=node.plugin_dir,
+                        resource_name=f"test.edgeplug.io/ps-{uuid.uuid4().hex[:8]}",
+                        devices={"p0": HEALTHY, "p1": HEALTHY}, pre_start_required=True,
+                        fail_pre_start=True)
+    await plugin.start()
+    try:
+        await wait_allocatable(kube, node.node_name, plugin.resource_name, "2")
+        await create_pod(kube, pod_namespace,
+                         pod_manifest("prestart", resources={plugin.resource_name: "1"}))
+        failed = await wait_phase(kube, pod_namespace, "prestart", "Failed")
+        # Admitted (Allocate answered), then the kubelet's PreStartContainer call at container
+        # start failed: the container's config could not be made, not an admission error.
+        assert failed.status is not None
+        assert failed.status.reason == "CreateContainerConfigError"
+        assert "test plugin told to fail PreStart" in (failed.status.message or "")
+        assert len(plugin.calls.allocate) == 1
+        assert plugin.calls.pre_start == plugin.calls.allocate
+    finally:
+        await plugin.stop()

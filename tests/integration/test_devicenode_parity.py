@@ -184,3 +184,26 @@ async def test_capacity_counts_unhealthy_and_gone_devices_as_the_kubelet_does(
 async def capacity(kube: AsyncClient, node: str, resource: str) -> str | None:
     found = await kube.get(Node, node)
     return (found.status.capacity or {}).get(resource) if found.status is not None else None
+
+
+async def test_pre_start_comes_after_admission_and_its_failure_fails_the_container(
+    emulator: NodeEmulator, kube: AsyncClient, pod_namespace: str,
+) -> None:
+    plugin = TestPlugin(plugin_dir=emulator.plugin_dir, resource_name=new_resource(),
+                        devices={"p0": HEALTHY, "p1": HEALTHY}, pre_start_required=True,
+                        fail_pre_start=True)
+    await plugin.start()
+    try:
+        await wait_allocatable(kube, emulator.node_name, plugin.resource_name, "2")
+        await create_pod(kube, pod_namespace,
+                         pod_manifest("prestart", resources={plugin.resource_name: "1"}))
+        failed = await wait_phase(kube, pod_namespace, "prestart", "Failed")
+        # Admitted (Allocate answered), then the kubelet's PreStartContainer call at container
+        # start failed: the container's config could not be made, not an admission error.
+        assert failed.status is not None
+        assert failed.status.reason == "CreateContainerConfigError"
+        assert "test plugin told to fail PreStart" in (failed.status.message or "")
+        assert len(plugin.calls.allocate) == 1
+        assert plugin.calls.pre_start == plugin.calls.allocate
+    finally:
+        await plugin.stop()

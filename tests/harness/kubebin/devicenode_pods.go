@@ -209,9 +209,9 @@ func (p *podAdmitter) admit(ctx context.Context, pod *v1.Pod) {
 	ordered = append(ordered, pod.Spec.Containers...)
 	for i := range ordered {
 		c := &ordered[i]
-		record, err := p.createContainer(ctx, pod, c, i < len(pod.Spec.InitContainers))
+		record, reason, err := p.createContainer(ctx, pod, c, i < len(pod.Spec.InitContainers))
 		if err != nil {
-			p.failContainer(ctx, pod, c.Name, err)
+			p.failContainer(ctx, pod, c.Name, reason, err)
 			return
 		}
 		containers = append(containers, record)
@@ -225,13 +225,16 @@ func (p *podAdmitter) admit(ctx context.Context, pod *v1.Pod) {
 
 // createContainer does what the kubelet does for a container with devices before the runtime
 // creates it, and what a CDI-enabled runtime does with the CDI names it is handed.
-func (p *podAdmitter) createContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, init bool) (containerRecord, error) {
+//
+// A failure says which step failed: the kubelet's own (CreateContainerConfigError, as when
+// generating the container's config fails) or the runtime's (CreateContainerError).
+func (p *podAdmitter) createContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, init bool) (containerRecord, string, error) {
 	record := containerRecord{Name: c.Name, Init: init, ContainerID: fmt.Sprintf("devicenode://%s/%s", pod.UID, c.Name),
 		DeviceIDs: map[string][]string{}, Envs: map[string]string{}, Annotations: map[string]string{},
 		Mounts: [][3]any{}, Devices: [][3]string{}, CDIDevices: []string{}}
 	opts, err := p.manager.GetDeviceRunContainerOptions(ctx, pod, c)
 	if err != nil {
-		return record, err
+		return record, "CreateContainerConfigError", err
 	}
 	for resource, devices := range p.manager.GetDevices(string(pod.UID), c.Name) {
 		for id := range devices {
@@ -240,7 +243,7 @@ func (p *podAdmitter) createContainer(ctx context.Context, pod *v1.Pod, c *v1.Co
 		sort.Strings(record.DeviceIDs[resource])
 	}
 	if opts == nil {
-		return record, nil
+		return record, "", nil
 	}
 	for _, e := range opts.Envs {
 		record.Envs[e.Name] = e.Value
@@ -260,11 +263,11 @@ func (p *podAdmitter) createContainer(ctx context.Context, pod *v1.Pod, c *v1.Co
 	if len(record.CDIDevices) > 0 && len(p.cdiDirs) > 0 {
 		edits, err := resolveCDI(p.cdiDirs, record.CDIDevices)
 		if err != nil {
-			return record, err
+			return record, "CreateContainerError", err
 		}
 		record.CDI = edits
 	}
-	return record, nil
+	return record, "", nil
 }
 
 func (p *podAdmitter) reject(ctx context.Context, pod *v1.Pod, reason, message string) {
@@ -275,8 +278,7 @@ func (p *podAdmitter) reject(ctx context.Context, pod *v1.Pod, reason, message s
 
 // failContainer reports a container the runtime could not create. A kubelet would leave the pod
 // Pending and retry; the harness fails it at once so that tests and controllers see it.
-func (p *podAdmitter) failContainer(ctx context.Context, pod *v1.Pod, container string, err error) {
-	const reason = "CreateContainerError"
+func (p *podAdmitter) failContainer(ctx context.Context, pod *v1.Pod, container, reason string, err error) {
 	fmt.Fprintf(os.Stderr, "devicenode %s: pod %s/%s container %s: %v\n", p.node, pod.Namespace, pod.Name, container, err)
 	p.end(string(pod.UID), string(v1.PodFailed), reason, err.Error())
 	p.patchStatus(ctx, pod, map[string]any{
