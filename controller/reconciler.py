@@ -34,6 +34,7 @@ from controller.records import ConfigurationRecord, InstanceRecord
 from controller.settings import ControllerSettings
 from controller.view import ClusterView, EventSink
 from crds.configuration import Configuration
+from crds.instance import Instance
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ REFUSAL_RETRY_S: Final = 30.0
 #: shown it yet (saves a 409 per broker when a resync overtakes the watch during a burst).
 RECENT_CREATE_S: Final = 5.0
 RECENT_CREATE_PRUNE_AT: Final = 4096
+#: Broker identities (name, spec hash) remembered, keyed by Configuration generation, Instance
+#: and node; the cache is emptied when it grows past this (about 300 bytes an entry).
+IDENTITY_CACHE_MAX: Final = 200_000
 #: Status is recomputed at most this often per Configuration after broker events.
 STATUS_DEBOUNCE_S: Final = 1.0
 
@@ -70,6 +74,7 @@ class Reconciler:
         self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
         self.invalid_reported: dict[tuple[str, str], int] = {}
         self._recent_creates: dict[tuple[str, str, str], float] = {}
+        self._identities: dict[tuple[str, int, str, str, str, str], tuple[str, str]] = {}
         self._status_pending: set[tuple[str, str]] = set()
         self._status_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -149,19 +154,29 @@ class Reconciler:
         for pod in pods:
             if pod.ready:
                 self.restarts.pop((inst.namespace, pod.name), None)
+        # What each broker should be, by name and spec hash (remembered: a resync of an
+        # unchanged Instance renders nothing); the full pod only for one to create.
         desired_pods: dict[str, dict[str, Any]] = {}
+        rendered: dict[str, dict[str, Any]] = {}
+        node_of: dict[str, str] = {}
         if cfg.spec.broker_pod_spec is not None:
             for node in inst.spec.nodes:
-                pod_obj = brokers.render_broker_pod(configuration=cfg, instance=inst, node=node)
-                desired_pods[pod_obj["metadata"]["name"]] = pod_obj
-        plan.extend(
-            plan_pods(
-                desired=desired_pods, actual=pods, now=_now(), policy=self.policy,
-                restarts={
-                    pod.name: self.restarts.get((inst.namespace, pod.name), 0) for pod in pods
-                },
-            )
+                name, digest = self._broker_identity(cfg, inst, node, rendered)
+                desired_pods[name] = {
+                    "metadata": {"name": name, "annotations": {naming.ANNOTATION_SPEC_HASH: digest}}
+                }
+                node_of[name] = node
+        pod_plan = plan_pods(
+            desired=desired_pods, actual=pods, now=_now(), policy=self.policy,
+            restarts={pod.name: self.restarts.get((inst.namespace, pod.name), 0) for pod in pods},
         )
+        pod_plan.create = [
+            rendered.get(stub["metadata"]["name"]) or brokers.render_broker_pod(
+                configuration=cfg, instance=inst, node=node_of[stub["metadata"]["name"]]
+            )
+            for stub in pod_plan.create
+        ]
+        plan.extend(pod_plan)
         desired_jobs: dict[str, dict[str, Any]] = {}
         if cfg.spec.broker_job_spec is not None and inst.spec.nodes:
             job = brokers.render_broker_job(configuration=cfg, instance=inst)
@@ -185,6 +200,23 @@ class Reconciler:
         if plan.create and self._recently_refused(cfg):
             plan.wait(REFUSAL_RETRY_S)
         return plan.retry_after_s
+
+    def _broker_identity(
+        self, cfg: Configuration, inst: Instance, node: str, rendered: dict[str, dict[str, Any]]
+    ) -> tuple[str, str]:
+        """(name, spec hash) of the broker ``inst`` should have on ``node``; a pod rendered to
+        learn them is left in ``rendered``."""
+        key = (cfg.uid, cfg.generation, inst.namespace, inst.name, inst.uid, node)
+        found = self._identities.get(key)
+        if found is None:
+            pod = brokers.render_broker_pod(configuration=cfg, instance=inst, node=node)
+            meta = pod["metadata"]
+            found = (str(meta["name"]), str(meta["annotations"][naming.ANNOTATION_SPEC_HASH]))
+            rendered[found[0]] = pod
+            if len(self._identities) >= IDENTITY_CACHE_MAX:
+                self._identities.clear()  # rare: stale keys of gone Instances or generations
+            self._identities[key] = found
+        return found
 
     async def _apply(
         self, config: ConfigurationRecord, namespace: str, plan: Plan, *, kind: str
