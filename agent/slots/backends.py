@@ -143,8 +143,7 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
 
     Ours to give: in the newest state this agent knows, this node is listed and each slot is
     free and reserved for it, or already carries ``wanted``'s usage, or is promised with it;
-    and no release of its reservation, and no free of it, is in flight. Only free slots are
-    promised and recorded; one held already is recorded already. ``agent.slots.rules`` says
+    and no release of its reservation, and no free of it, is in flight. ``agent.slots.rules`` says
     why nobody else can change such a slot, and what happens if the agent dies before
     recording. No ``await`` between judging and promising: nothing else runs in between.
     """
@@ -163,11 +162,11 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
             if promise != usage:
                 return False
             continue
-        verdict = judge_claim(view, slot, usage)
-        if verdict is Verdict.CLAIM:
-            to_record[slot] = usage
-        elif verdict is not Verdict.HELD_ALREADY:  # held already: recorded, nothing to write
+        if judge_claim(view, slot, usage) not in (Verdict.CLAIM, Verdict.HELD_ALREADY):
             return False
+        # Held already is promised too: the recording confirms it on a fresh read (in the
+        # background), in case someone outside freed it meanwhile.
+        to_record[slot] = usage
     if to_record:
         ledger.promised.update(to_record)
         world.record_later(namespace, instance, to_record)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 #: Bound on re-read-and-retry rounds after 409 Conflicts, per operation.
 MAX_WRITE_ATTEMPTS = 8
+#: How many resourceVersions the watch delivered are remembered, to tell whether it has
+#: already delivered one of our writes when the write's response comes in.
+SEEN_VERSIONS = 16
 
 
 class SlotUnavailable(Exception):
@@ -71,6 +75,7 @@ class SlotLedger:
         #: The Instance as our last slot write returned it, while the watch has not delivered
         #: that version yet (None once it has).
         self.latest: Instance | None = None
+        self._seen: deque[str] = deque(maxlen=SEEN_VERSIONS)
         #: Slots answered to the kubelet by the fast path and not yet recorded, with the usage.
         self.promised: dict[str, SlotUsage] = {}
         #: Slots whose reservation a release in flight gives back, and slots a free in flight
@@ -84,11 +89,17 @@ class SlotLedger:
 
     def seen(self, instance: Instance) -> None:
         """The watch delivered ``instance``; from our last write on, its copies are current."""
+        self._seen.append(instance.resource_version)
         if self.latest is not None and instance.resource_version == self.latest.resource_version:
             self.latest = None
 
+    def forget_latest(self) -> None:
+        """The watch starts over (a relist follows): its copies are current again."""
+        self.latest = None
+
     def _wrote(self, instance: Instance) -> Instance:
-        self.latest = instance
+        # The watch may deliver our write before its HTTP response is read.
+        self.latest = None if instance.resource_version in self._seen else instance
         return instance
 
     async def read(self) -> Instance:

@@ -69,6 +69,7 @@ Why this stays safe — no slot to two pods, ever:
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -76,9 +77,28 @@ from agent.deviceplugin.feed import AdvertisedDevice
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import slot_id
 
+#: Instances whose slot ids are kept computed, and distinct ``deviceUsage`` values kept parsed:
+#: every reconcile pass and Allocate asks for them again, on the event loop.
+SLOT_ID_CACHE = 64
+USAGE_CACHE = 1024
+
+
+@functools.lru_cache(maxsize=SLOT_ID_CACHE)
+def _slot_ids(name: str, capacity: int) -> tuple[str, ...]:
+    return tuple(slot_id(name, i) for i in range(capacity))
+
 
 def slot_ids(instance: Instance) -> list[str]:
-    return [slot_id(instance.name, i) for i in range(instance.spec.capacity)]
+    return list(_slot_ids(instance.name, instance.spec.capacity))
+
+
+@functools.lru_cache(maxsize=USAGE_CACHE)
+def _parse_usage(value: str) -> SlotUsage:
+    try:
+        return SlotUsage.parse(value)
+    except ValueError:
+        # A value we cannot read is somebody's: never treat it as free.
+        return SlotUsage.by_node(value)
 
 
 def preferred_node(index: int, nodes: Iterable[str]) -> str | None:
@@ -88,12 +108,7 @@ def preferred_node(index: int, nodes: Iterable[str]) -> str | None:
 
 
 def usage_of(instance: Instance, slot: str) -> SlotUsage:
-    value = instance.spec.device_usage.get(slot, "")
-    try:
-        return SlotUsage.parse(value)
-    except ValueError:
-        # A value we cannot read is somebody's: never treat it as free.
-        return SlotUsage.by_node(value)
+    return _parse_usage(instance.spec.device_usage.get(slot, ""))
 
 
 def reservation_of(instance: Instance, slot: str) -> str | None:

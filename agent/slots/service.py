@@ -171,9 +171,10 @@ class DevicePluginService:
         ]
 
     def slots_changed(self, refs: Iterable[SlotRef]) -> None:
+        # No reconcile for this: the write's watch event (or, for a promise, its recording's)
+        # brings one, and a pass per Allocate would make a burst of them wait on each other.
         if self._freer is not None:
             self._freer.claimed(refs)
-        self._wake.set()
 
     @property
     def answers_before_recording(self) -> bool:
@@ -203,6 +204,8 @@ class DevicePluginService:
 
     def _forget_unseen_later(self) -> None:
         """The Instance watch starts over: relist, so Instances deleted meanwhile go."""
+        for ledger in self._ledgers.values():
+            ledger.forget_latest()
         task = asyncio.create_task(self._relist_instances(), name="relist-instances")
         self._relists.add(task)
         task.add_done_callback(self._relists.discard)
