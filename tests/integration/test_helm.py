@@ -5,9 +5,10 @@ show (an indentation, a value that renders to the wrong type, a field the API se
 Helm v3.22 is built from its Go module (tests/harness/helmbin.py). Here the chart is linted,
 rendered with its default and with non-default values and applied with
 ``kubectl apply --dry-run=server`` to the real API server, and, on a control plane of its own,
-installed, upgraded to changed values and uninstalled, with the real controller started from
-what the chart rendered (its arguments, on its ServiceAccount's own token) in between. What the
-test sees at upgrade and uninstall is what deploy/README.md tells a cluster admin.
+installed, upgraded to changed values and uninstalled, with the real agent and controller
+started from what the chart rendered (the DaemonSet's environment, the Deployment's arguments,
+each on its own ServiceAccount's token) in between. What the test sees at upgrade and uninstall
+is what deploy/README.md tells a cluster admin.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import yaml
 
 from tests.harness import helmbin
 from tests.harness.agent_process import apply, create_node, debug_echo_configuration
-from tests.harness.controlplane import REPO_ROOT, ControlPlane, running
-from tests.harness.service_accounts import mint
+from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port, running
+from tests.harness.service_accounts import mint, pod_bound
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -229,27 +230,28 @@ def _get(cp: ControlPlane, *args: str) -> dict[str, Any] | None:
     return found
 
 
-class _Controller:
-    """The real controller, started with the arguments the chart rendered into its Deployment
-    and nothing but its ServiceAccount's own token."""
+class _Part:
+    """A real part (controller or agent) started as its rendered workload says: its
+    container's arguments and environment, and nothing but its ServiceAccount's own token."""
 
-    def __init__(self, cp: ControlPlane, folder: Path) -> None:
-        deployment = _get(cp, "deployment", "edgeplug-controller", "-n", SYSTEM_NAMESPACE)
-        assert deployment is not None
-        container = _container(deployment)
-        token = mint(cp, namespace=SYSTEM_NAMESPACE, account=deployment["spec"]["template"][
-            "spec"]["serviceAccountName"], path=folder / f"token-{uuid.uuid4().hex[:6]}")
-        self.log = folder / "controller.log"
-        env = {**cp.env(), "KUBECONFIG": str(token.kubeconfig), "PYTHONUNBUFFERED": "1",
-               **_env(container)}
+    def __init__(self, cp: ControlPlane, kind: str, name: str, folder: Path) -> None:
+        workload = _get(cp, kind, name, "-n", SYSTEM_NAMESPACE)
+        assert workload is not None, f"{kind}/{name} not rendered"
+        self.container = _container(workload)
+        self.account = workload["spec"]["template"]["spec"]["serviceAccountName"]
+        self.log = folder / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, cp: ControlPlane, kubeconfig: Path, argv: list[str],
+              env: dict[str, str]) -> None:
+        full = {**cp.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **env}
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controller.main", "--kubeconfig", str(token.kubeconfig),
-                 *container.get("args", []), *CONTROLLER_TEST_ARGS],
-                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
+            self.process = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=full,
+                                            stdout=out, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
         self.process.terminate()
         try:
             self.process.wait(CONTROLLER_STOP_S)
@@ -258,27 +260,51 @@ class _Controller:
             self.process.wait(CONTROLLER_STOP_S)
 
 
-def _publish(cp: ControlPlane, namespace: str, node: str) -> tuple[str, str]:
-    """A Configuration with a broker, and the Instance an agent on ``node`` would publish."""
+def _controller(cp: ControlPlane, folder: Path) -> _Part:
+    """``controller.main`` with the Deployment's arguments and environment."""
+    part = _Part(cp, "deployment", "edgeplug-controller", folder)
+    token = mint(cp, namespace=SYSTEM_NAMESPACE, account=part.account,
+                 path=folder / f"token-{uuid.uuid4().hex[:6]}")
+    part.start(cp, token.kubeconfig,
+               ["-m", "controller.main", "--kubeconfig", str(token.kubeconfig),
+                *part.container.get("args", []), *CONTROLLER_TEST_ARGS],
+               _env(part.container))
+    return part
+
+
+def _agent(cp: ControlPlane, node: str, folder: Path) -> _Part:
+    """``agent.main`` with the DaemonSet's environment on ``node``, its token bound to a pod
+    there as a DaemonSet pod's is. Where no kubelet is, the harness sets what a node would: the
+    node's name (the downward API), no host paths (no kubelet directories, no CDI directory on
+    this machine), a free metrics port, and no device-plugin serving."""
+    part = _Part(cp, "daemonset", "edgeplug-agent", folder)
+    token = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=part.account, node=node,
+                      folder=folder)
+    env = _env(part.container)
+    env.update({"NODE_NAME": node, "PLUGIN_DIR": str(folder), "POD_RESOURCES_SOCKET": "",
+                "CDI_SPEC_DIR": "", "METRICS_PORT": str(free_port()), "DEVICE_PLUGINS": "off"})
+    part.start(cp, token.kubeconfig, ["-m", "agent.main"], env)
+    return part
+
+
+def _configure(cp: ControlPlane, namespace: str) -> str:
+    """A debugEcho Configuration with a broker; returns its name."""
     configuration = debug_echo_configuration("cam", descriptions=["cam0"])
     configuration["spec"]["brokerSpec"] = {"brokerPodSpec": {"containers": [
         {"name": "broker", "image": "registry.example.test/broker:1"}]}}
     apply(cp, namespace, configuration)
-    created = _get(cp, "configuration", "cam", "-n", namespace)
-    assert created is not None
-    name = f"cam-{uuid.uuid4().hex[:6]}"
-    apply(cp, namespace, {
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
-        "metadata": {"name": name, "labels": {"edgeplug.io/configuration": "cam"},
-                     "ownerReferences": [{"apiVersion": "edgeplug.io/v1alpha1",
-                                          "kind": "Configuration", "name": "cam",
-                                          "uid": created["metadata"]["uid"]}]},
-        "spec": {"configurationName": "cam", "cdiName": f"edgeplug.io/cam={name[-6:]}",
-                 "capacity": 1, "shared": True, "nodes": [node],
-                 "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": "cam0"},
-                 "deviceUsage": {f"{name}-0": ""}},
-    })
-    return "cam", name
+    return "cam"
+
+
+def _instance_on(cp: ControlPlane, namespace: str, configuration: str,
+                 node: str) -> dict[str, Any] | None:
+    """The Instance of ``configuration`` that lists ``node``."""
+    found = _get(cp, "instances", "-n", namespace)
+    assert found is not None
+    for item in found["items"]:
+        if item["spec"]["configurationName"] == configuration and node in item["spec"]["nodes"]:
+            return dict(item)
+    return None
 
 
 def _broker_pod(cp: ControlPlane, namespace: str, instance: str) -> dict[str, Any] | None:
@@ -328,17 +354,25 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
                                 "app.kubernetes.io/name=edgeplug-controller"))
           and len(pods["items"]) == 2, what="the Deployment's two controller pods")
 
-    # the controller as rendered serves a Configuration: status observed, broker pod created.
+    # the parts as rendered, on their own tokens: the agent publishes the device's Instance,
+    # the controller creates its broker pod and writes the Configuration's status.
     workload = f"apps-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", workload)
     create_node(cp, "node-a")
-    configuration, instance = _publish(cp, workload, "node-a")
-    controller = _Controller(cp, tmp_path)
+    configuration = _configure(cp, workload)
+    agent, controller = _agent(cp, "node-a", tmp_path), _controller(cp, tmp_path)
     try:
+        published = _poll(lambda: _instance_on(cp, workload, configuration, "node-a"),
+                          what=f"the agent's Instance (log: {agent.log})")
+        instance = published["metadata"]["name"]
         broker = _poll(lambda: _broker_pod(cp, workload, instance),
-                       what=f"the controller's broker pod for {instance}")
+                       what=f"the controller's broker pod for {instance} (log: {controller.log})")
         _poll(lambda: _observed(cp, workload, configuration), what="the Configuration's status")
+        # The chart's node policy lets the agent label its own node.
+        _poll(lambda: ((_get(cp, "node", "node-a") or {})["metadata"].get("labels") or {}).get(
+            f"edgeplug.io/{configuration}") == "true", what="the agent's label on its node")
     finally:
+        agent.stop()
         controller.stop()
 
     # upgrade to changed values: the parts change, CRDs and what users made stay as they were.
@@ -354,20 +388,26 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     assert _container(deployment)["args"] == [f"--namespace={workload}", "--standalone"]
     daemonset = _get(cp, "daemonset", "edgeplug-agent", "-n", SYSTEM_NAMESPACE)
     assert daemonset is not None
-    assert _env(_container(daemonset))["METRICS_PORT"] == "9500"
+    assert _env(_container(daemonset))["WATCH_NAMESPACE"] == workload
     kept = _broker_pod(cp, workload, instance)
     assert kept is not None
     assert kept["metadata"]["uid"] == broker["metadata"]["uid"], "the broker pod was replaced"
-    assert _get(cp, "instance", instance, "-n", workload) is not None
-    # the upgraded controller (one replica, standalone, one namespace) still serves.
+    # the upgraded parts (one namespace; the controller standalone) take up where they left off.
     cp.kubectl("patch", "configuration", configuration, "-n", workload, "--type=merge",
                "-p", '{"spec": {"capacity": 2}}')
-    controller = _Controller(cp, tmp_path)
+    agent, controller = _agent(cp, "node-a", tmp_path), _controller(cp, tmp_path)
     try:
+        _poll(lambda: (found := _instance_on(cp, workload, configuration, "node-a"))
+              and found["spec"]["capacity"] == 2,
+              what=f"the upgraded agent applying the new capacity (log: {agent.log})")
         _poll(lambda: _observed(cp, workload, configuration),
-              what="the upgraded controller observing the changed Configuration")
+              what=f"the upgraded controller observing the change (log: {controller.log})")
     finally:
+        agent.stop()
         controller.stop()
+    adopted = _instance_on(cp, workload, configuration, "node-a")
+    assert adopted is not None
+    assert adopted["metadata"]["uid"] == published["metadata"]["uid"], "Instance re-created"
 
     # uninstall: the release's objects go; CRDs, Configurations, Instances and brokers stay.
     helm("uninstall", RELEASE, "--namespace", SYSTEM_NAMESPACE, "--wait", **kube)
