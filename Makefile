@@ -52,7 +52,7 @@ bench: install
 	$(VENV_PY) -m tests.bench
 
 # OCI image archives of the agent and the controller, built without a container engine
-# (mmdebstrap and umoci from Debian; see deploy/images/README.md).
+# (mmdebstrap and umoci from Debian; see deploy/README.md).
 images: $(VENV_STAMP)
 	PYTHON=$(CURDIR)/$(VENV_PY) deploy/images/build-oci.sh $(IMAGES_DIR)
 
