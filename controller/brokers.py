@@ -12,7 +12,10 @@ Configuration's ``brokerPodSpec`` with:
 - a required node affinity on ``metadata.name`` In [node], pinning it to the node that sees it;
 - labels naming the configuration, instance and target node, and an owner reference to the
   Instance, so deleting the Instance deletes its brokers;
-- an annotation with a hash of the rendered spec, so a changed Configuration rolls its brokers.
+- an annotation with a hash of the rendered spec and of the device's properties, so a changed
+  Configuration rolls its brokers, and so does a device whose properties changed under the same
+  Instance (a USB serial adapter re-enumerated as ``/dev/ttyUSB1``): the kubelet hands a device
+  to a container only at admission, so only a new broker gets the new device node.
 """
 
 from __future__ import annotations
@@ -131,7 +134,9 @@ def render_broker_pod(
             "labels": broker_labels(
                 configuration=configuration.name, instance=instance.name, node=node
             ),
-            "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(spec)},
+            "annotations": {naming.ANNOTATION_SPEC_HASH: hash_of(
+                {"pod": spec, "device": dict(instance.spec.broker_properties)}
+            )},
             "ownerReferences": [instance.owner_reference()],
         },
         "spec": spec,

@@ -74,7 +74,7 @@ class Reconciler:
         self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
         self.invalid_reported: dict[tuple[str, str], int] = {}
         self._recent_creates: dict[tuple[str, str, str], float] = {}
-        self._identities: dict[tuple[str, int, str, str, str, str], tuple[str, str]] = {}
+        self._identities: dict[tuple[str, int, str, str, str, str, int], tuple[str, str]] = {}
         self._status_pending: set[tuple[str, str]] = set()
         self._status_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -206,7 +206,8 @@ class Reconciler:
     ) -> tuple[str, str]:
         """(name, spec hash) of the broker ``inst`` should have on ``node``; a pod rendered to
         learn them is left in ``rendered``."""
-        key = (cfg.uid, cfg.generation, inst.namespace, inst.name, inst.uid, node)
+        key = (cfg.uid, cfg.generation, inst.namespace, inst.name, inst.uid, node,
+               hash(frozenset(inst.spec.broker_properties.items())))
         found = self._identities.get(key)
         if found is None:
             pod = brokers.render_broker_pod(configuration=cfg, instance=inst, node=node)

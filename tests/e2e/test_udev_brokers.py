@@ -94,8 +94,9 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
     inst = instance_name("radio", PORT_ID, shared=False, node=node)
     pod_name = f"{inst}-{node}-pod"
     instances_path = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+    pod_resources = plugin_dir / "pr.sock"  # the agent frees the slot of a replaced broker
     emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
+                            plugin_dir=plugin_dir, pod_resources_socket=pod_resources)
     ctl = ControllerProcess(control_plane, namespaces=[namespace],
                             log_path=tmp_path / "ctl.log")
     with UmockdevBed() as bed:
@@ -105,7 +106,8 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
         agent = AgentSubprocess(control_plane, node_name=node, namespace=namespace,
                                 serve_device_plugins=True, plugin_dir=plugin_dir,
                                 log_path=tmp_path / "agent.log",
-                                extra_env={**bed.env(), "CDI_SPEC_DIR": str(cdi_dir)})
+                                extra_env={**bed.env(), "CDI_SPEC_DIR": str(cdi_dir),
+                                           "POD_RESOURCES_SOCKET": str(pod_resources)})
         await emulator.start()
         agent.start()
         ctl.start()
@@ -153,6 +155,17 @@ async def test_radio_plugged_gets_a_broker_with_its_device_node(
             await until(lambda: spec_nodes(spec_file) == [("/dev/ttyUSB1", "/dev/ttyUSB1", "rw")],
                         what="the CDI spec following to /dev/ttyUSB1")
             assert [i["metadata"]["name"] for i in items(control_plane, instances_path)] == [inst]
+
+            # The running broker still has the old node in its container: the controller
+            # replaces it, and the new broker's Allocate carries the new node.
+            def replaced() -> bool:
+                allocations = emulator.allocations(namespace, pod_name)
+                return bool(running()) and bool(allocations) and (
+                    "/dev/ttyUSB1", "/dev/ttyUSB1", "rw") in allocations[0].devices
+
+            await until(replaced, what="a new broker whose Allocate carried /dev/ttyUSB1")
+            [allocation] = emulator.allocations(namespace, pod_name)
+            assert allocation.envs["UDEV_DEVNODE"] == "/dev/ttyUSB1"
 
             bed.unplug("1-1")
             await until(lambda: not items(control_plane, instances_path),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from controller import brokers, naming
@@ -107,6 +108,23 @@ def test_spec_hash_changes_with_the_spec_only() -> None:
     key = naming.ANNOTATION_SPEC_HASH
     assert a["metadata"]["annotations"][key] == b["metadata"]["annotations"][key]
     assert a["metadata"]["annotations"][key] != c["metadata"]["annotations"][key]
+
+
+def test_spec_hash_changes_when_the_device_properties_change() -> None:
+    """A radio re-enumerated as /dev/ttyUSB1 keeps its Instance; its broker must be replaced."""
+    cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC})
+    before, after = (
+        dataclasses.replace(instance(["n1"]), spec=dataclasses.replace(
+            instance(["n1"]).spec, broker_properties={"UDEV_DEVNODE": node}))
+        for node in ("/dev/ttyUSB0", "/dev/ttyUSB1")
+    )
+    key = naming.ANNOTATION_SPEC_HASH
+    hashes = [
+        brokers.render_broker_pod(configuration=cfg, instance=i, node="n1")["metadata"][
+            "annotations"][key]
+        for i in (before, after)
+    ]
+    assert hashes[0] != hashes[1]
 
 
 def test_job_is_named_with_generation_and_pinned_to_instance_nodes() -> None:
