@@ -31,6 +31,7 @@ from controller.naming import FINALIZER
 from controller.reconciler import Reconciler
 from controller.rest import Rest
 from controller.settings import ControllerSettings
+from controller.webhook import WebhookServer
 
 __all__ = ["FINALIZER", "kopf_settings", "main", "run"]
 
@@ -134,13 +135,19 @@ async def run(
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         ), name="kopf")
-        tasks += [engine_task, kopf_task]
+        ours = [engine_task]
+        if settings.webhook.enabled:
+            webhook = WebhookServer(settings.webhook, client)
+            ours.append(asyncio.create_task(webhook.run(), name="webhook"))
+        tasks += [*ours, kopf_task]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         # kopf ends on a stop signal, and when stopping cancels the tasks started after it
         # (the engine's watches and workers): then the engine ends cancelled, which is fine.
         # The engine ending on its own is a bug, and ends the process with its error.
-        if engine_task.done() and not engine_task.cancelled():
-            engine_task.result()
+        # So does the webhook ending (a port it cannot bind).
+        for task in ours:
+            if task.done() and not task.cancelled():
+                task.result()
         await kopf_task
     finally:
         for task in tasks:

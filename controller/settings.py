@@ -22,6 +22,7 @@ from controller.plans import (
     DEFAULT_RESTART_BACKOFF_MAX_S,
     BrokerPolicy,
 )
+from controller.webhook_settings import WebhookSettings, add_webhook_arguments, webhook_settings
 
 #: How often everything is queued for a full reconcile anyway. Watch events make the controller
 #: react at once and deadlines (backoffs, grace periods) are timers, so this is only the net
@@ -62,6 +63,8 @@ class ControllerSettings:
     peering_name: str | None = DEFAULT_PEERING_NAME
     peering_lifetime_s: int = DEFAULT_PEERING_LIFETIME_S
     priority: int = field(default_factory=_random_priority)
+    #: The validating admission webhook for Configurations (off unless ``--webhook``).
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)
 
     @property
     def clusterwide(self) -> bool:
@@ -116,6 +119,7 @@ class ControllerSettings:
         add("--priority", type=int, default=None, metavar="N",
             help="peering priority, 1 to 2**31-1: the highest live replica acts"
                  " (default: random, so replicas of one Deployment differ)")
+        add_webhook_arguments(parser)
         args = parser.parse_args(argv)
         kubeconfig = args.kubeconfig or (
             Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
@@ -132,4 +136,5 @@ class ControllerSettings:
             peering_name=None if args.standalone else args.peering_name,
             peering_lifetime_s=args.peering_lifetime,
             priority=args.priority if args.priority is not None else _random_priority(),
+            webhook=webhook_settings(args),
         )
