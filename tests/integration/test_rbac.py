@@ -50,8 +50,9 @@ pytestmark = pytest.mark.timeout(300)
 
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
+#: The agent's Instance policy too: the real agent below must do its whole job under it.
 RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
-              "controller-rbac.yaml")
+              "agent-instance-policy.yaml", "controller-rbac.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
