@@ -171,7 +171,8 @@ def test_update_to_bad_details_refused(webhook: Webhook) -> None:
 
 def test_unknown_handler_refused_listing_the_known_ones(webhook: Webhook) -> None:
     output = webhook.refuses(configuration(webhook.namespace, "udevv", "udevRules: []"))
-    assert "spec.discoveryHandler.name" in output and "'udevv'" in output, output
+    assert "spec.discoveryHandler.name" in output, output
+    assert "'udevv'" in output, output
     assert "known handlers: ascend, debugEcho, onvif, opcua, udev" in output, output
 
 
@@ -186,7 +187,8 @@ def test_property_from_a_secret_is_left_to_the_agent_with_a_warning(webhook: Web
     accepted, output = webhook.apply(
         configuration(webhook.namespace, "opcua", details, properties))
     assert accepted, output
-    assert "Warning:" in output and "clientCertificate" in output, output
+    assert "Warning:" in output, output
+    assert "clientCertificate" in output, output
     # What the handler checks before it needs the Secret is still refused.
     bad_url = details.replace("opc.tcp://", "http://")
     output = webhook.refuses(configuration(webhook.namespace, "opcua", bad_url, properties))
@@ -197,7 +199,8 @@ def test_certificates_kept_in_a_secret_and_remade_with_the_ca_bundle(webhook: We
     """The caBundle is the Secret's CA; a lost Secret is remade (new CA) and the bundle follows,
     so the API server keeps calling the webhook."""
     first = webhook.secret_ca()
-    assert first and webhook.ca_bundle().startswith(first)
+    assert first
+    assert webhook.ca_bundle().startswith(first)
     webhook.plane.kubectl("delete", "secret", SECRET, "-n", webhook.namespace)
     wait_until(lambda: webhook.secret_ca() not in (b"", first), what="a new CA in the Secret")
     wait_until(lambda: webhook.ca_bundle().startswith(webhook.secret_ca()),
