@@ -4,34 +4,26 @@ webhook over TLS on loopback.
 Why this exists: the webhook is only worth something if the API server actually calls it, trusts
 the certificate the controller made, and shows the user the handler's message naming the field.
 So the controller runs as its own process (``--webhook``), the ValidatingWebhookConfiguration is
-the one deploy/manifests/controller-webhook.yaml installs with its ``clientConfig`` pointed at
-``https://127.0.0.1:<port>/validate`` (the API server runs on this machine; in a cluster it is
-the Service) and scoped to this module's namespace, and every check goes through the real
-``kubectl``. The controller fills the ``caBundle`` itself.
+the shipped one aimed at loopback (``tests.harness.webhook_setup``), and every check goes through
+the real ``kubectl``. The controller fills the ``caBundle`` itself.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.harness.controller_process import FAST_ARGS, ControllerProcess, wait_until
-from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port
+from tests.harness.controller_process import ControllerProcess, wait_until
+from tests.harness.controlplane import ControlPlane
+from tests.harness.webhook_setup import SECRET, webhook_controller
 
-WEBHOOK_MANIFEST = REPO_ROOT / "deploy" / "manifests" / "controller-webhook.yaml"
-SECRET = "edgeplug-controller-webhook-tls"
 DENIED = "denied the request"
-#: The test's certificate checks run every second, so a deleted Secret is remade at once.
-CHECK_INTERVAL_S = "1"
 
 
 @dataclass(frozen=True)
@@ -107,46 +99,16 @@ class Webhook:
                    what="the API server refusing through the webhook")
 
 
-def _webhook_configuration(name: str, namespace: str, port: int) -> dict[str, Any]:
-    """The shipped manifest's ValidatingWebhookConfiguration, aimed at loopback and scoped to
-    ``namespace`` (the control plane is shared by the whole session)."""
-    docs = [d for d in yaml.safe_load_all(WEBHOOK_MANIFEST.read_text()) if d]
-    found = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
-    config = copy.deepcopy(found)
-    config["metadata"]["name"] = name
-    for hook in config["webhooks"]:
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate"}
-        hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    return dict(config)
-
-
 @pytest.fixture(scope="module")
 def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Webhook]:
-    namespace = f"wh-{uuid.uuid4().hex[:8]}"
-    name = f"edgeplug-configurations-{namespace}"
-    port = free_port()
-    control_plane.kubectl("create", "namespace", namespace)
-    control_plane.kubectl("apply", "-f", "-",
-                          stdin=json.dumps(_webhook_configuration(name, namespace, port)))
-    log = Path(tmp_path_factory.mktemp("webhook")) / "controller.log"
-    controller = ControllerProcess(control_plane, namespaces=[namespace], log_path=log,
-                                   extra_args=(*FAST_ARGS, "--standalone", "--webhook",
-                                               "--webhook-address", "127.0.0.1",
-                                               "--webhook-port", str(port),
-                                               "--webhook-namespace", namespace,
-                                               "--webhook-configuration", name,
-                                               "--webhook-cert-check-interval",
-                                               CHECK_INTERVAL_S))
-    hook = Webhook(control_plane, namespace, controller.start(), name)
-    try:
-        hook.wait_refusing()
-        yield hook
-    finally:
-        controller.stop()
-        print(f"--- controller log ---\n{controller.log_tail(60)}")
-        control_plane.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    with webhook_controller(control_plane, tmp_path_factory.mktemp("webhook")) as setup:
+        hook = Webhook(control_plane, setup.namespace, setup.controller, setup.configuration)
+        try:
+            hook.wait_refusing()
+            yield hook
+        finally:
+            print(f"--- controller log ---\n{setup.controller.log_tail(60)}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.handler for c in CASES])
