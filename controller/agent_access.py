@@ -1,0 +1,194 @@
+"""The agent reads only the Secrets and ConfigMaps that Configurations name: Roles kept here.
+
+Why this exists: a node's agent resolves ``discoveryProperties`` from Secrets and ConfigMaps
+(``valueFrom``). A cluster-wide grant to read them hands every Secret of the cluster to whoever
+steals a node's token. RBAC can grant reading objects by name (``resourceNames``), but the names
+come from Configurations, which change; so the controller keeps, in every namespace that some
+Configuration's properties reference, one Role ``edgeplug-agent-properties`` listing exactly the
+referenced Secrets and ConfigMaps (get and watch, by name) and one RoleBinding of it to the
+agent's ServiceAccount, and deletes both when nothing there is referenced any more.
+
+Safety: the controller holds no ``escalate`` or ``bind`` verb, so the API server lets it write
+only Roles whose every rule it holds itself (RBAC's escalation check): at worst a compromised
+controller grants what it could already read. A rule with an empty ``resourceNames`` means "all
+objects", so a kind with no referenced name gets no rule at all (``role_body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+
+from crds.configuration import Configuration, ValueSourceKind
+from crds.resources import ConfigurationResource
+
+log = logging.getLogger(__name__)
+
+ROLE_NAME = "edgeplug-agent-properties"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "edgeplug-controller"
+FIELD_MANAGER = "edgeplug-controller/agent-access"
+AGENT_NAMESPACE = "edgeplug-system"
+AGENT_ACCOUNT = "edgeplug-agent"
+#: Wait before watching again after the Configuration watch broke.
+RETRY_S = 5.0
+#: Verbs the agent needs on each referenced object: read it, and watch it by name.
+VERBS = ("get", "watch")
+_RESOURCES = {ValueSourceKind.SECRET: "secrets", ValueSourceKind.CONFIG_MAP: "configmaps"}
+
+#: namespace -> resource ("secrets", "configmaps") -> names
+References = dict[str, dict[str, set[str]]]
+
+
+def references_of(obj: Mapping[str, Any]) -> References:
+    """What one Configuration's ``discoveryProperties`` read, by namespace; a Configuration that
+    does not parse references nothing (its agent cannot run it either)."""
+    try:
+        cfg = Configuration.from_object(obj)
+    except (KeyError, TypeError, ValueError) as error:
+        meta = obj.get("metadata") or {}
+        log.warning("Configuration %s/%s does not parse (%s); it grants no reads",
+                    meta.get("namespace"), meta.get("name"), error)
+        return {}
+    found: References = {}
+    for prop in cfg.spec.discovery_handler.discovery_properties:
+        source = prop.value_from
+        if source is None:
+            continue
+        namespace = source.namespace or cfg.namespace
+        found.setdefault(namespace, {}).setdefault(_RESOURCES[source.kind], set()).add(
+            source.name)
+    return found
+
+
+def merged(parts: Iterable[References]) -> References:
+    out: References = {}
+    for part in parts:
+        for namespace, kinds in part.items():
+            for resource, names in kinds.items():
+                out.setdefault(namespace, {}).setdefault(resource, set()).update(names)
+    return out
+
+
+def role_body(namespace: str, kinds: Mapping[str, set[str]]) -> dict[str, Any]:
+    """The Role granting exactly ``kinds``' names; never a rule without names (that is all)."""
+    rules = [
+        {"apiGroups": [""], "resources": [resource], "verbs": list(VERBS),
+         "resourceNames": sorted(names)}
+        for resource, names in sorted(kinds.items()) if names
+    ]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": ROLE_NAME, "namespace": namespace,
+                     "labels": {MANAGED_BY: MANAGER}},
+        "rules": rules,
+    }
+
+
+def binding_body(namespace: str, *, account: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": ROLE_NAME, "namespace": namespace,
+                     "labels": {MANAGED_BY: MANAGER}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE_NAME},
+        "subjects": [{"kind": "ServiceAccount", "namespace": account[0], "name": account[1]}],
+    }
+
+
+class AgentAccess:
+    """Keeps the agent's per-namespace read Roles equal to what Configurations reference."""
+
+    def __init__(self, client: AsyncClient, *,
+                 account: tuple[str, str] = (AGENT_NAMESPACE, AGENT_ACCOUNT)) -> None:
+        self._client = client
+        self._account = account
+        self._by_configuration: dict[tuple[str, str], References] = {}
+        self._granted: References = {}
+
+    async def run(self) -> None:
+        """Forever: list, grant, then follow the Configuration watch; start over if it breaks."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the API server away, a 403: keep serving, retry
+                log.warning("agent access: Configuration watch broke (%s); retrying", error)
+            await asyncio.sleep(RETRY_S)
+
+    async def _follow(self) -> None:
+        self._by_configuration.clear()
+        async for obj in self._client.list(ConfigurationResource, namespace="*"):
+            data = _as_dict(obj)
+            self._by_configuration[_key(data)] = references_of(data)
+        await self.sync(full=True)
+        # The watch begins with every Configuration again (ADDED): unchanged ones write nothing.
+        async for op, obj in self._client.watch(ConfigurationResource, namespace="*"):
+            data = _as_dict(obj)
+            if op == "DELETED":
+                self._by_configuration.pop(_key(data), None)
+            else:
+                self._by_configuration[_key(data)] = references_of(data)
+            await self.sync(full=False)
+
+    def set_configurations(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the known Configurations (for a caller that has them from its own watch)."""
+        self._by_configuration = {_key(o): references_of(o) for o in objects}
+
+    async def sync(self, *, full: bool = True) -> None:
+        """Write what changed since the last sync; ``full`` also deletes Roles found in the
+        cluster that no Configuration asks for (left by an earlier run)."""
+        wanted = merged(self._by_configuration.values())
+        stale = set(self._granted) - set(wanted)
+        if full:
+            async for role in self._client.list(Role, namespace="*",
+                                                labels={MANAGED_BY: MANAGER}):
+                namespace = role.metadata.namespace if role.metadata else None
+                if namespace and namespace not in wanted:
+                    stale.add(namespace)
+        for namespace, kinds in wanted.items():
+            if full or self._granted.get(namespace) != kinds:
+                await self._grant(namespace, kinds)
+        for namespace in stale:
+            await self._revoke(namespace)
+        self._granted = {ns: {r: set(n) for r, n in kinds.items()}
+                         for ns, kinds in wanted.items()}
+
+    async def _grant(self, namespace: str, kinds: Mapping[str, set[str]]) -> None:
+        try:
+            await self._client.apply(cast(Role, Role.from_dict(role_body(namespace, kinds))),
+                                     field_manager=FIELD_MANAGER, force=True)
+            await self._client.apply(
+                cast(RoleBinding,
+                     RoleBinding.from_dict(binding_body(namespace, account=self._account))),
+                field_manager=FIELD_MANAGER, force=True)
+        except ApiError as error:  # a namespace being deleted: its Configurations go too
+            log.warning("agent access: cannot grant reads in %s: %s", namespace,
+                        error.status.message)
+            return
+        log.info("agent may read %s in %s",
+                 {r: len(n) for r, n in kinds.items()}, namespace)
+
+    async def _revoke(self, namespace: str) -> None:
+        for kind in (RoleBinding, Role):
+            try:
+                await self._client.delete(kind, ROLE_NAME, namespace=namespace)
+            except ApiError as error:
+                if error.status.code != 404:
+                    log.warning("agent access: cannot revoke reads in %s: %s", namespace,
+                                error.status.message)
+        log.info("agent reads nothing in %s any more", namespace)
+
+
+def _key(data: Mapping[str, Any]) -> tuple[str, str]:
+    meta = data.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return cast(dict[str, Any], obj.to_dict())

@@ -1,0 +1,51 @@
+"""What the controller grants the agent to read, from Configurations (controller/agent_access.py).
+
+Why this exists: a wrong Role here is either an agent that cannot start discovery or one that
+reads Secrets nobody named; the second is silent, so the tables below pin the rules down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.agent_access import VERBS, merged, references_of, role_body
+
+
+def _configuration(namespace: str, *refs: dict[str, Any]) -> dict[str, Any]:
+    props = [{"name": f"p{i}", "valueFrom": ref} for i, ref in enumerate(refs)]
+    return {"metadata": {"name": "cam", "namespace": namespace},
+            "spec": {"discoveryHandler": {"name": "debugEcho", "discoveryDetails": "",
+                                          "discoveryProperties": [
+                                              *props, {"name": "plain", "value": "1"}]}}}
+
+
+def test_each_reference_lands_in_its_own_namespace() -> None:
+    cfg = _configuration(
+        "cams",
+        {"secretKeyRef": {"name": "login", "key": "password"}},
+        {"configMapKeyRef": {"name": "ports", "key": "rtsp", "namespace": "shared"}},
+        {"secretKeyRef": {"name": "login", "key": "user"}},
+    )
+    assert references_of(cfg) == {"cams": {"secrets": {"login"}},
+                                  "shared": {"configmaps": {"ports"}}}
+
+
+def test_a_configuration_that_does_not_parse_grants_nothing() -> None:
+    assert references_of({"metadata": {"name": "x", "namespace": "n"}, "spec": {}}) == {}
+
+
+def test_references_of_several_configurations_are_merged() -> None:
+    a = {"n": {"secrets": {"a"}}}
+    b = {"n": {"secrets": {"b"}, "configmaps": {"c"}}, "m": {"secrets": {"d"}}}
+    assert merged([a, b]) == {"n": {"secrets": {"a", "b"}, "configmaps": {"c"}},
+                              "m": {"secrets": {"d"}}}
+
+
+def test_roles_never_carry_a_rule_without_names() -> None:
+    """An empty resourceNames grants every object of the kind: a kind nobody names is left
+    out of the Role entirely."""
+    body = role_body("ns", {"secrets": set(), "configmaps": {"b", "a"}})
+    assert body["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "verbs": list(VERBS), "resourceNames": ["a", "b"]}]
+    assert role_body("ns", {"secrets": set()})["rules"] == []
+    assert "list" not in VERBS
