@@ -21,7 +21,7 @@ import pytest
 
 from tests.harness.controller_process import ControllerProcess, wait_until
 from tests.harness.controlplane import ControlPlane
-from tests.harness.webhook_setup import SECRET, webhook_controller
+from tests.harness.webhook_setup import SECRET, webhook_configuration, webhook_controller
 
 DENIED = "denied the request"
 
@@ -69,6 +69,7 @@ class Webhook:
     namespace: str
     controller: ControllerProcess
     configuration: str
+    port: int
 
     def apply(self, manifest: str, *args: str) -> tuple[bool, str]:
         """``kubectl apply``: (accepted, what kubectl printed)."""
@@ -103,7 +104,8 @@ class Webhook:
 def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Webhook]:
     with webhook_controller(control_plane, tmp_path_factory.mktemp("webhook")) as setup:
-        hook = Webhook(control_plane, setup.namespace, setup.controller, setup.configuration)
+        hook = Webhook(control_plane, setup.namespace, setup.controller, setup.configuration,
+                       setup.port)
         try:
             hook.wait_refusing()
             yield hook
@@ -167,6 +169,19 @@ def test_certificates_kept_in_a_secret_and_remade_with_the_ca_bundle(webhook: We
     wait_until(lambda: webhook.secret_ca() not in (b"", first), what="a new CA in the Secret")
     wait_until(lambda: webhook.ca_bundle().startswith(webhook.secret_ca()),
                what="the caBundle following the new CA")
+    webhook.wait_refusing()
+
+
+@pytest.mark.parametrize("mode", [("--server-side=false",),
+                                  ("--server-side=true", "--force-conflicts=true")],
+                         ids=["client-side", "server-side"])
+def test_reapplying_the_manifest_keeps_the_ca_bundle(webhook: Webhook,
+                                                     mode: tuple[str, ...]) -> None:
+    """An admin re-applying the manifest (it sets no caBundle) keeps the controller's bundle."""
+    bundle = webhook.ca_bundle()
+    manifest = webhook_configuration(webhook.configuration, webhook.namespace, webhook.port)
+    webhook.plane.kubectl("apply", *mode, "-f", "-", stdin=json.dumps(manifest))
+    assert webhook.ca_bundle() == bundle
     webhook.wait_refusing()
 
 
