@@ -142,8 +142,8 @@ def test_agent_image_loads_every_handler_and_its_library(agent: Unpacked) -> Non
 
 @pytest.mark.parametrize(
     ("image", "present", "absent"),
-    [("agent", "lightkube, grpc, agent.main", "kopf, kubernetes, controller"),
-     ("controller", "kopf, kubernetes, controller.main", "agent, pyudev, asyncua")],
+    [("agent", "lightkube, grpc, agent.main", "kopf, kubernetes, controller, pip"),
+     ("controller", "kopf, kubernetes, controller.main", "agent, pyudev, asyncua, pip")],
 )
 def test_each_image_holds_its_own_part_only(
     request: pytest.FixtureRequest, image: str, present: str, absent: str
