@@ -283,6 +283,8 @@ async def test_the_real_agent_works_with_its_token_alone(
                 await admin.create(cast(Secret, secret))
                 await _assert_agent_published(admin, namespace, node.node_name, agent)
                 await _assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
+                await _assert_agent_leaves(cp, admin, namespace, node.node_name, agent,
+                                           offline=tmp_path / "offline")
                 assert not agent.done(), "the agent stopped"
             finally:
                 # The stand-in for the agent's DaemonSet pod that its token is bound to.
@@ -358,6 +360,38 @@ async def _assert_pod_got_a_slot(
         return found.status is not None and found.status.phase == "Running"
 
     await eventually(running, what="pod uses-cam Running", deadline=WAIT_S)
+
+
+async def _assert_agent_leaves(
+    cp: ControlPlane, admin: AsyncClient, namespace: str, node: str, agent: asyncio.Task[None],
+    *, offline: Path,
+) -> None:
+    """Devices gone: the agent leaves a shared Instance (server-side apply without its node,
+    then delete) and deletes a local one; the Instance policy must let it do both."""
+    shared = debug_echo_configuration("rbac-leave", descriptions=["cam1"], grace=0,
+                                      availability_file=offline)
+    local = debug_echo_configuration("rbac-local", descriptions=["cam2"], shared=False,
+                                     availability_file=offline)
+    names = [instance_name("rbac-leave", "cam1", shared=True, node=node),
+             instance_name("rbac-local", "cam2", shared=False, node=node)]
+    apply(cp, namespace, shared, local)
+
+    async def published() -> bool:
+        _alive(agent)
+        found = await instances(admin, namespace)
+        return all(found.get(name, {}).get("spec", {}).get("nodes") == [node] for name in names)
+
+    await eventually(published, what=f"Instances {names} on {node}", deadline=WAIT_S)
+    # The debugEcho handler's "every device offline".
+    await asyncio.to_thread(offline.write_text, "OFFLINE\n")
+
+    async def left() -> bool:
+        _alive(agent)
+        found = await instances(admin, namespace)
+        return not any(name in found for name in names)
+
+    await eventually(left, what=f"Instances {names} left and deleted by the agent",
+                     deadline=WAIT_S)
 
 
 async def _assert_problem_reported(
