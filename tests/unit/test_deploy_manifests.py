@@ -286,3 +286,36 @@ def test_engine_free_build_makes_the_dockerfiles_image(image: str) -> None:
                          script, flags=re.MULTILINE)
     assert (built[0], built[1]) == (extras[0], entrypoint)
     assert built[2] in (user, f"{user}:{user}")
+
+
+# -- the agent's admission policies ------------------------------------------------------------
+
+#: RBAC verb → the admission operation it arrives as (patch is an UPDATE).
+_OPERATION = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE"}
+
+
+@pytest.mark.parametrize("policy", ["edgeplug-agent-own-node-labels",
+                                    "edgeplug-agent-own-node-instances"])
+def test_agent_policy_judges_the_agents_own_account_and_denies(policy: str) -> None:
+    account = _one("ServiceAccount", "edgeplug-agent")["metadata"]
+    username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    [condition] = _one("ValidatingAdmissionPolicy", policy)["spec"]["matchConditions"]
+    assert f'"{username}"' in condition["expression"]
+    binding = _one("ValidatingAdmissionPolicyBinding", policy)["spec"]
+    assert binding["policyName"] == policy
+    assert binding["validationActions"] == ["Deny"]
+
+
+def test_instance_policy_covers_every_instance_write_the_agent_may_make() -> None:
+    """A write verb the ClusterRole grants on Instances that the policy does not see would
+    be a way around it."""
+    rules = _one("ClusterRole", "edgeplug-agent")["rules"]
+    granted = {(resource, _OPERATION[verb]) for rule in rules if "edgeplug.io" in rule["apiGroups"]
+               for resource in rule["resources"] if resource.startswith("instances")
+               for verb in rule["verbs"] if verb in _OPERATION}
+    spec = _one("ValidatingAdmissionPolicy", "edgeplug-agent-own-node-instances")["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    covered = {(resource, operation) for rule in spec["matchConstraints"]["resourceRules"]
+               for resource in rule["resources"] for operation in rule["operations"]}
+    assert granted, "the ClusterRole grants no Instance writes: this test reads the wrong rule"
+    assert granted <= covered, f"Instance writes the policy does not judge: {granted - covered}"
