@@ -346,7 +346,8 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
                              **kube).stdout)
     assert (status["info"]["status"], status["version"]) == ("deployed", 1)
     for kind, name in [("clusterrole", "edgeplug-agent"), ("clusterrole", "edgeplug-controller"),
-                       ("validatingadmissionpolicy", "edgeplug-agent-own-node-labels")]:
+                       ("validatingadmissionpolicy", "edgeplug-agent-own-node-labels"),
+                       ("validatingadmissionpolicy", "edgeplug-agent-own-node-instances")]:
         assert _get(cp, kind, name) is not None, f"{kind}/{name} not installed"
     assert _get(cp, "daemonset", "edgeplug-agent", "-n", SYSTEM_NAMESPACE) is not None
     # The controller-manager acts on the Deployment: two controller pods (no node runs them).
@@ -416,7 +417,9 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
                            ("serviceaccount", "edgeplug-agent", SYSTEM_NAMESPACE),
                            ("clusterrole", "edgeplug-agent", None),
                            ("clusterrolebinding", "edgeplug-controller", None),
-                           ("validatingadmissionpolicy", "edgeplug-agent-own-node-labels", None)]:
+                           ("validatingadmissionpolicy", "edgeplug-agent-own-node-labels", None),
+                           ("validatingadmissionpolicy", "edgeplug-agent-own-node-instances",
+                            None)]:
         where = ("-n", ns) if ns else ()
         assert _get(cp, kind, name, *where) is None, f"{kind}/{name} left after uninstall"
     assert json.loads(helm("list", "-A", "-o", "json", **kube).stdout) == []

@@ -39,7 +39,8 @@ AGENT_TARGET_MIB = 79
 AGENT_MIN_MARGIN_MIB = 16
 NODE_NAME_PLACEHOLDER = "node-from-downward-api"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                  "ValidatingWebhookConfiguration"}
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -249,7 +250,8 @@ def test_chart_links_to_the_repositorys_own_crds_and_rbac() -> None:
         assert link.resolve().is_file(), f"{link} is a dangling link"
     expected = {p.name for p in (REPO_ROOT / "crds" / "manifests").glob("*.yaml")}
     assert expected | {PEERING_CRDS.name} == set(linked)
-    for name in ("agent-rbac.yaml", "agent-node-policy.yaml", "controller-rbac.yaml"):
+    for name in ("agent-rbac.yaml", "agent-node-policy.yaml", "agent-instance-policy.yaml",
+                 "controller-rbac.yaml"):
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link (copies drift)"
         assert link.resolve() == (MANIFESTS / name).resolve()
