@@ -196,7 +196,13 @@ def test_controller_runs_two_replicas_apart_with_peering_resources_installed() -
     assert ControllerSettings(namespaces=()).peering_name is not None
     crds = {doc["spec"]["names"]["kind"] for doc in _documents(PEERING_CRDS)}
     assert crds == {"KopfPeering", "ClusterKopfPeering"}
-    assert "args" not in pod["containers"][0], "the plain Deployment runs cluster-wide"
+    # Cluster-wide (no --namespace), serving the webhook on the port the Service targets.
+    container = pod["containers"][0]
+    settings = ControllerSettings.from_args(container["args"])
+    assert settings.namespaces == ()
+    assert settings.webhook.enabled
+    [port] = [p for p in container["ports"] if p["name"] == "webhook"]
+    assert port["containerPort"] == settings.webhook.port
 
 
 @pytest.mark.parametrize(("kind", "name"), [("DaemonSet", "edgeplug-agent"),
