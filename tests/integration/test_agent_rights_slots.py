@@ -1,0 +1,154 @@
+"""Slots still move between nodes when each agent holds only its own node's rights.
+
+Why this exists: the Instance admission policy (deploy/manifests/agent-instance-policy.yaml)
+lets an agent write only its own node's slots, reservations and demand. Moving a slot to the
+node whose pinned pods wait takes writes by both nodes' agents: the waiting node publishes its
+demand, the idle node gives its reservation back, the waiting node reserves and claims it, and
+later frees it. Here two emulated nodes each run the agent's device-plugin side with its own
+ServiceAccount token bound to a pod on that node (as its DaemonSet pod's token is), the real
+scheduler places pinned pods, and the scenario of tests/integration/test_slot_demand.py must
+still end with every pod Running on its node and no write refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDeviceTable
+from agent.slots.service import serve_device_plugins
+from tests.harness.agent_nodes import (
+    STOP_WAIT_S,
+    TEST_ORPHAN_GRACE_S,
+    AgentNode,
+    kubelet_class,
+    read_instance,
+    share_instance,
+)
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
+from tests.harness.service_accounts import pod_bound
+from tests.integration import test_slot_demand as slot_demand
+from tests.integration.test_slot_demand import assert_quiet, demand_of, pinned_pod
+
+pytestmark = pytest.mark.timeout(240)
+
+MANIFESTS = REPO_ROOT / "deploy" / "manifests"
+POLICY_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-instance-policy.yaml")
+SYSTEM_NAMESPACE = "edgeplug-system"
+AGENT_ACCOUNT = "edgeplug-agent"
+#: Log text of a write the API server refused (RBAC or the admission policy).
+REFUSALS = ("denied request", "Forbidden", "forbidden")
+
+StartNode = Callable[[], Awaitable[AgentNode]]
+#: Every Failed or admission-rejected pod status seen in the test's namespace (a fixture).
+failures = slot_demand.failures
+
+
+@pytest.fixture
+async def token_node(
+    control_plane: ControlPlane, tmp_path: Path
+) -> AsyncIterator[StartNode]:
+    """Starts emulated nodes whose device-plugin side uses its own node-bound agent token."""
+    cp = control_plane
+    for name in POLICY_FILES:
+        cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    started: list[tuple[AgentNode, AsyncClient]] = []
+    dirs: list[str] = []
+
+    async def start() -> AgentNode:
+        plugin_dir = Path(tempfile.mkdtemp(prefix="ep-rs-dp-", dir="/tmp"))
+        resources_dir = Path(tempfile.mkdtemp(prefix="ep-rs-pr-", dir="/tmp"))
+        dirs.extend([str(plugin_dir), str(resources_dir)])
+        emulator = kubelet_class()(
+            node_name=f"rights-{uuid.uuid4().hex[:8]}", kubeconfig=cp.kubeconfig,
+            plugin_dir=plugin_dir, pod_resources_socket=resources_dir / "kubelet.sock",
+        )
+        await emulator.start()
+        identity = await asyncio.to_thread(
+            pod_bound, cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT,
+            node=emulator.node_name, folder=tmp_path)
+        client = AsyncClient(KubeConfig.from_file(str(identity.kubeconfig)))
+        table, metrics = NodeDeviceTable(), AgentMetrics()
+        task = asyncio.create_task(serve_device_plugins(
+            client=client, node_name=emulator.node_name, plugin_dir=plugin_dir,
+            pod_resources_socket=resources_dir / "kubelet.sock", devices=table,
+            metrics=metrics, orphan_grace=TEST_ORPHAN_GRACE_S,
+        ))
+        node = AgentNode(emulator=emulator, table=table, metrics=metrics, task=task)
+        started.append((node, client))
+        return node
+
+    try:
+        yield start
+    finally:
+        for node, client in started:
+            node.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(node.task, STOP_WAIT_S)
+            await node.emulator.stop(delete_node=True)
+            await client.close()
+            cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+                       f"{AGENT_ACCOUNT}-{node.name}", check=False)
+        for folder in dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
+    kube: AsyncClient,
+    pod_namespace: str,
+    token_node: StartNode,
+    failures: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
+    a, b = await token_node(), await token_node()
+    # Fair share: each agent reserves one slot (its own status.reservations entry).
+    name, resource = await share_instance(
+        kube, ns, configuration=configuration, digest="e7e7e7", nodes=(a, b), capacity=2
+    )
+
+    # Two pods that can only run on a: a publishes demand, b gives back, a reserves and claims.
+    await kube.create(pinned_pod(ns, "a-1", resource, a.name, by_affinity=True))
+    await kube.create(pinned_pod(ns, "a-2", resource, a.name, by_affinity=False))
+    for pod in ("a-1", "a-2"):
+        placed = await wait_pod(kube, ns, pod, running, "Running")
+        assert placed.spec is not None
+        assert placed.spec.nodeName == a.name
+    held_a = a.emulator.allocated_device_ids(resource)
+    assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
+    instance = await read_instance(kube, ns, name)
+    assert instance.spec.device_usage == dict.fromkeys(held_a, a.name)
+
+    # A pod pinned to b waits; a pod on a goes: a frees the slot and gives the reservation back,
+    # b reserves and claims it.
+    await kube.create(pinned_pod(ns, "b-1", resource, b.name, by_affinity=False))
+    await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
+    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
+    await kube.delete(Pod, "a-1", namespace=ns)
+    placed = await wait_pod(kube, ns, "b-1", running, "Running")
+    assert placed.spec is not None
+    assert placed.spec.nodeName == b.name
+    assert b.emulator.allocated_device_ids(resource) == {freed}
+
+    async def demand_met() -> bool:
+        return await demand_of(kube, ns, name) == {}
+
+    await wait_until(demand_met, what=f"status.demand of {name} cleared once b's pod runs")
+    assert_quiet((a, b), resource, failures)
+    refused = [record.getMessage() for record in caplog.records
+               if record.name.startswith("agent")
+               and any(text in record.getMessage() for text in REFUSALS)]
+    assert not refused, f"an agent's write was refused: {refused}"
