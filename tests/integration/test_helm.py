@@ -48,7 +48,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "image": {"registry": "registry.example.test/edge", "tag": "9.8.7", "pullPolicy": "Always"},
     "agent": {"pluginDir": "/var/lib/k0s/kubelet/device-plugins", "metricsPort": 9500,
               "cdiSpecDir": ""},
-    "controller": {"replicas": 1},
+    "controller": {"replicas": 1, "webhook": {"enabled": False}},
 }
 
 T = TypeVar("T")
@@ -174,7 +174,11 @@ def test_default_values_render_what_the_api_server_accepts(
     controller = _find(stored, "Deployment", "edgeplug-controller")
     assert controller["metadata"]["namespace"] == namespace
     assert controller["spec"]["replicas"] == 2
-    assert "args" not in _container(controller), "two replicas elect a leader: no --standalone"
+    # Two replicas elect a leader (no --standalone); both serve the admission webhook.
+    assert _container(controller)["args"] == ["--webhook"]
+    assert _find(stored, "ValidatingWebhookConfiguration", "edgeplug-configurations")
+    assert _find(stored, "Service", "edgeplug-controller-webhook")["metadata"]["namespace"] == (
+        namespace)
     assert _container(controller)["image"] == "ghcr.io/edgeplug/controller:0.1.0"
     agent = _find(stored, "DaemonSet", "edgeplug-agent")
     env = _env(_container(agent))
@@ -265,10 +269,13 @@ def _controller(cp: ControlPlane, folder: Path) -> _Part:
     part = _Part(cp, "deployment", "edgeplug-controller", folder)
     token = mint(cp, namespace=SYSTEM_NAMESPACE, account=part.account,
                  path=folder / f"token-{uuid.uuid4().hex[:6]}")
+    args = list(part.container.get("args", []))
+    if "--webhook" in args:  # served on loopback here: no Service network on this machine
+        args += ["--webhook-address", "127.0.0.1", "--webhook-port", str(free_port())]
+    env = {**_env(part.container), "POD_NAMESPACE": SYSTEM_NAMESPACE}  # the downward API's
     part.start(cp, token.kubeconfig,
                ["-m", "controller.main", "--kubeconfig", str(token.kubeconfig),
-                *part.container.get("args", []), *CONTROLLER_TEST_ARGS],
-               _env(part.container))
+                *args, *CONTROLLER_TEST_ARGS], env)
     return part
 
 
