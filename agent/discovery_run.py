@@ -52,7 +52,10 @@ log = logging.getLogger(__name__)
 RESTART_BACKOFF_BASE = 1.0  # seconds before the first restart of a failed discovery
 RESTART_BACKOFF_MAX = 60.0
 MAX_CONSECUTIVE_FAILURES = 8
-RESYNC_INTERVAL = 60.0  # seconds between re-applies of every visible device's Instance
+#: Seconds between re-applies of every visible device's Instance: a safety net (it heals an
+#: Instance deleted behind the agent's back) costing one write per device, so it runs rarely;
+#: changes are published as they happen.
+RESYNC_INTERVAL = 600.0
 #: Secret values shorter than this are not searched for in device properties (a one-letter
 #: password would match everywhere and drop honest properties).
 MIN_GUARDED_SECRET_LENGTH = 4
