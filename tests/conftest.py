@@ -7,8 +7,11 @@ tests isolate themselves with their own namespaces and object names.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +31,11 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    """A device-plugin directory of the test's own, short: a Unix socket path fits 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +55,6 @@ SHARED_SPECS = {("/dev/davinci_manager", "/dev/davinci_manager", "rwm"),
                 ("/dev/hisi_hdc", "/dev/hisi_hdc", "rwm")}
 DRIVER_MOUNT = ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver", True)
 
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager

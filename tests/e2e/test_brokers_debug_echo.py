@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agent.main import run_agent
 from agent.settings import AgentSettings
@@ -35,12 +30,6 @@ from tests.harness.node_emulator import NodeEmulator
 DEADLINE_S = 40.0
 POLL_S = 0.1
 
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def until(check: Any, *, what: str) -> Any:

@@ -11,14 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agent.main import run_agent
 from agent.settings import AgentSettings
@@ -32,7 +27,7 @@ from tests.harness.controller_process import (
     items,
 )
 from tests.harness.controlplane import ControlPlane, free_port
-from tests.harness.kube_waits import WAIT_S
+from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
 from tests.harness.onvif_netns import camera, start_cameras
 
@@ -40,21 +35,6 @@ POLL_S = 0.1
 PASSWORD = "e2e-camera-password"
 
 
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def until(check: Any, *, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not (result := check()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
-    return result
 
 
 def onvif_configuration(namespace: str, wsd_port: int) -> dict[str, Any]:

@@ -8,7 +8,6 @@ bridge, and the real API server holds the Instances a user would look at.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import time
@@ -23,7 +22,7 @@ import pytest
 from crds.naming import instance_name
 from tests.harness.controller_process import apply, items
 from tests.harness.controlplane import ControlPlane
-from tests.harness.kube_waits import POLL_S, WAIT_S
+from tests.harness.kube_waits import until
 from tests.harness.onvif_agent_netns import NetnsAgent
 from tests.harness.onvif_netns import LAN_V4, NetnsBed, camera, start_cameras
 
@@ -64,15 +63,6 @@ def configuration(namespace: str) -> dict[str, Any]:
         },
     }
 
-
-async def until(check: Any, *, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not (result := check()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
-    return result
 
 
 @pytest.mark.slow

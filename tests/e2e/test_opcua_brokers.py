@@ -15,11 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +35,7 @@ from tests.harness.controller_process import (
     items,
 )
 from tests.harness.controlplane import ControlPlane
-from tests.harness.kube_waits import WAIT_S
+from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
 from tests.harness.opcua_servers import VALUE, VALUE_IDENTIFIER, TestServer
 
@@ -46,21 +43,6 @@ POLL_S = 0.1
 BROKER_DEADLINE_S = 30.0
 
 
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def until(check: Any, *, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not (result := check()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
-    return result
 
 
 def opcua_configuration(namespace: str, lds_url: str) -> dict[str, Any]:

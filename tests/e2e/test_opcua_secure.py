@@ -14,10 +14,7 @@ import base64
 import contextlib
 import json
 import logging
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +25,7 @@ from agent.settings import AgentSettings
 from crds.naming import instance_name
 from tests.harness.controller_process import apply, items
 from tests.harness.controlplane import ControlPlane
-from tests.harness.kube_waits import WAIT_S
+from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
 from tests.harness.opcua_servers import TestServer, make_certificates
 
@@ -36,21 +33,6 @@ POLL_S = 0.1
 SECURE_URI = "urn:edgeplug:test:secure-press"
 
 
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def until(check: Any, *, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not (result := check()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
-    return result
 
 
 def secure_configuration(namespace: str, url: str) -> dict[str, Any]:

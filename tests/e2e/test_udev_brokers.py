@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from crds.naming import instance_name
@@ -38,12 +34,6 @@ DEADLINE_S = 40.0
 POLL_S = 0.05
 PORT_ID = "/devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1:1.0"
 
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # short: Unix socket path limit
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def until(check: Any, *, what: str) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
@@ -17,6 +18,8 @@ from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 WAIT_S = 60.0
 #: Pause between two looks at the condition.
 POLL_S = 0.1
+
+T = TypeVar("T")
 
 
 async def wait_until(
@@ -107,3 +110,15 @@ def unschedulable(pod: Pod) -> bool:
         c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
         for c in conditions
     )
+
+
+async def until(check: Callable[[], T], *, what: str, within: float = WAIT_S) -> T:
+    """Poll a synchronous ``check`` until it returns something truthy, and return that; fail
+    naming ``what`` after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not (result := check()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+        await asyncio.sleep(POLL_S)
+    return result

@@ -9,13 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from lightkube.resources.core_v1 import Node
 
 from agent.main import run_agent
@@ -30,14 +26,6 @@ from tests.harness.agent_process import (
 )
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    # Unix socket paths are limited to 108 bytes: keep the directory short.
-    path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_pod_requesting_an_instance_gets_its_properties(
