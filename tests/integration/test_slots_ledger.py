@@ -117,3 +117,30 @@ async def test_claim_on_a_current_copy_succeeds(
         claimed = await ledger.claim({f"{name}-1": SlotUsage.by_node("node-a")}, known=current)
     assert claimed.spec.device_usage[f"{name}-1"] == "node-a"
     assert (await read_instance(kube, namespace, name)).spec.device_usage[f"{name}-1"] == "node-a"
+
+
+async def test_a_promised_slot_is_neither_given_to_a_configuration_claim_nor_released(
+    kube: AsyncClient, namespace: str
+) -> None:
+    """A slot the Allocate fast path handed to a pod, not yet recorded: the API shows it free
+    and reserved for this node, and it must stay this node's until it is recorded."""
+    name = await _instance(kube, namespace, ["node-a", "node-b"], capacity=1)
+    slot = f"{name}-0"
+    ledger = SlotLedger(client=kube, node="node-a", namespace=namespace, name=name)
+    async with ledger.lock:
+        await ledger.reserve([slot])
+    ledger.promised[slot] = SlotUsage.by_node("node-a")
+    with pytest.raises(SlotUnavailable) as refused:
+        async with ledger.lock:
+            await ledger.claim({slot: SlotUsage.by_configuration("cfg-v0", "node-a")})
+    assert refused.value.verdict is Verdict.HELD_ELSEWHERE
+    async with ledger.lock:
+        await ledger.release([slot])
+    after = await read_instance(kube, namespace, name)
+    assert after.reservations.get(slot) == "node-a", "a promised slot keeps its reservation"
+    assert after.spec.device_usage.get(slot, "") == ""
+    # Recording it (what the fast path does right after answering) is one write.
+    async with ledger.lock:
+        recorded = await ledger.claim({slot: SlotUsage.by_node("node-a")}, known=after)
+    assert recorded.spec.device_usage[slot] == "node-a"
+    assert ledger.current(after) == recorded, "the ledger knows its write before the watch"
