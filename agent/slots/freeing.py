@@ -8,7 +8,13 @@ pod waiting on another node gets it at once. A slot never seen held (the kubelet
 only after admitting it, and an agent restart forgets what it saw) is freed only once no live pod
 has held it, continuously, for ``ORPHAN_GRACE_SECONDS`` and it was not claimed within that time.
 Freeing goes through the slot's ledger, under the lock ``Allocate`` takes, and only if the slot
-still carries the same usage.
+still carries the same usage; a slot the ``Allocate`` fast path has promised is never freed.
+
+The same ``List`` also records the opposite case: a slot of an Instance plugin that a live pod
+holds while ``deviceUsage`` shows it free (an agent killed between answering ``Allocate`` and
+recording it). The first sweep after start always asks, before any plugin is served, and a
+sweep that asks records such slots at once. Holding nothing and having promised nothing, a
+sweep does not ask pod-resources at all.
 """
 
 from __future__ import annotations
