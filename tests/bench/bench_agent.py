@@ -216,8 +216,10 @@ async def bench_allocate(node: BenchNode, *, configuration: str, fast: bool) -> 
         await _free_all(node, name)
     how = ("answered from the reservation, recorded after" if fast
            else "1 conditioned write before the answer")
+    held_how = ("answered at once, confirmed by 1 GET after" if fast
+                else "confirmed by 1 GET before the answer")
     print(summary("  GetDevicePluginOptions (gRPC unary floor, same socket)", floor))
-    print(summary(f"  Allocate, slot already held by this node ({how}) "
+    print(summary(f"  Allocate, slot already held by this node ({held_how}) "
                   "[target p99 ≤ 5 ms]", held))
     print(summary(f"  Allocate, distinct free slot each call, capacity {ALLOCATE_CAPACITY} "
                   f"({how}) [target p50 ≤ 10 ms{', p99 ≤ 5 ms' if fast else ''}]", fresh))
