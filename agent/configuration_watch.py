@@ -68,9 +68,7 @@ class ConfigurationWatch:
         self._relist_interval = relist_interval
         self._cdi = cdi if cdi is not None else CdiSpecs(None)
         self._labels = NodeLabels(client=client, node_name=node_name)
-        self._references = ReferenceWatch(
-            client=client, namespace=namespace, on_change=self._on_reference_change
-        )
+        self._references = ReferenceWatch(client=client, on_change=self._on_reference_change)
         self._configurations: dict[RunKey, Configuration] = {}
         self._runs: dict[RunKey, DiscoveryRun] = {}
         self._node_labels: Mapping[str, str] = {}

@@ -130,18 +130,20 @@ ChangeCallback = Callable[[Reference], Awaitable[None]]
 
 
 class ReferenceWatch:
-    """Watches Secrets and ConfigMaps (lazily, one watch per kind once a run needs it).
+    """Watches exactly the Secrets and ConfigMaps some run refers to, each by name.
 
-    Calls ``on_change(reference)`` for every added, modified or deleted object some run refers
-    to; the callee re-resolves and decides whether anything changed.
+    One watch per referenced object (``metadata.name`` field selector, in its namespace) rather
+    than one per kind across the cluster: the agent's rights then need only the named objects
+    (the controller grants them per namespace, see deploy/README.md), and the agent is never
+    sent every Secret of the cluster. Calls ``on_change(reference)`` for every added, modified
+    or deleted event; the callee re-resolves and decides whether anything changed.
     """
 
-    def __init__(self, *, client: AsyncClient, namespace: str | None, on_change: ChangeCallback):
+    def __init__(self, *, client: AsyncClient, on_change: ChangeCallback):
         self._client = client
-        self._namespace = namespace
         self._on_change = on_change
         self._wanted: dict[object, frozenset[Reference]] = {}
-        self._tasks: dict[ValueSourceKind, asyncio.Task[None]] = {}
+        self._tasks: dict[Reference, asyncio.Task[None]] = {}
 
     def track(self, owner: object, references: frozenset[Reference]) -> None:
         """Declare what ``owner`` (a run key) refers to now; an empty set forgets it."""
@@ -149,27 +151,24 @@ class ReferenceWatch:
             self._wanted[owner] = references
         else:
             self._wanted.pop(owner, None)
-        for ref in references:
-            if ref.kind not in self._tasks:
-                self._tasks[ref.kind] = asyncio.create_task(
-                    self._watch(ref.kind), name=f"watch-{ref.kind}"
-                )
+        wanted = frozenset().union(*self._wanted.values())
+        for ref in wanted - set(self._tasks):
+            self._tasks[ref] = asyncio.create_task(
+                self._watch(ref), name=f"watch-{ref.kind}-{ref.namespace}/{ref.name}"
+            )
+        for ref in set(self._tasks) - wanted:
+            self._tasks.pop(ref).cancel()
 
-    def _referenced(self, ref: Reference) -> bool:
-        return any(ref in refs for refs in self._wanted.values())
-
-    async def _watch(self, kind: ValueSourceKind) -> None:
-        resource: type[NamespacedResource] = Secret if kind is ValueSourceKind.SECRET else ConfigMap
-        stream = watching.watch(
-            self._client, resource, what=str(kind), namespace=self._namespace or "*"
+    async def _watch(self, ref: Reference) -> None:
+        resource: type[NamespacedResource] = (
+            Secret if ref.kind is ValueSourceKind.SECRET else ConfigMap
         )
-        async for _op, obj in stream:
-            meta = getattr(obj, "metadata", None)
-            if meta is None or meta.name is None or meta.namespace is None:
-                continue
-            ref = Reference(kind, meta.namespace, meta.name)
-            if self._referenced(ref):
-                await self._on_change(ref)
+        stream = watching.watch(
+            self._client, resource, what=f"{ref.kind} {ref.namespace}/{ref.name}",
+            namespace=ref.namespace, fields={"metadata.name": ref.name},
+        )
+        async for _op, _obj in stream:
+            await self._on_change(ref)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())

@@ -23,6 +23,7 @@ import kopf
 from lightkube import KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 
+from controller.agent_access import AGENT_ACCOUNT, AgentAccess
 from controller.engine import Engine
 from controller.eventbatch import EventPoster
 from controller.handlers import register
@@ -32,6 +33,7 @@ from controller.reconciler import Reconciler
 from controller.rest import Rest
 from controller.settings import ControllerSettings
 from controller.webhook import WebhookServer
+from controller.webhook_settings import own_namespace
 
 __all__ = ["FINALIZER", "kopf_settings", "main", "run"]
 
@@ -139,6 +141,11 @@ async def run(
         if settings.webhook.enabled:
             webhook = WebhookServer(settings.webhook, client)
             ours.append(asyncio.create_task(webhook.run(), name="webhook"))
+        # Every replica keeps the agent's named-Secret Roles (idempotent writes): an agent never
+        # waits for a failover to read a newly referenced Secret.
+        agent_account = (own_namespace(), AGENT_ACCOUNT)  # installed beside the controller
+        ours.append(asyncio.create_task(
+            AgentAccess(client, account=agent_account).run(), name="agent-access"))
         tasks += [*ours, kopf_task]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         # kopf ends on a stop signal, and when stopping cancels the tasks started after it

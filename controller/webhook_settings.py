@@ -31,7 +31,7 @@ SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/servicea
 _ANY_ADDRESSES: Final = frozenset({"0.0.0.0", "::", ""})
 
 
-def _own_namespace() -> str:
+def own_namespace() -> str:
     found = os.environ.get("POD_NAMESPACE")
     if found:
         return found
@@ -105,7 +105,7 @@ def webhook_settings(args: argparse.Namespace) -> WebhookSettings:
         enabled=args.webhook,
         address=args.webhook_address,
         port=args.webhook_port,
-        namespace=args.webhook_namespace or _own_namespace(),
+        namespace=args.webhook_namespace or own_namespace(),
         service=args.webhook_service,
         secret=args.webhook_secret,
         configuration=args.webhook_configuration,

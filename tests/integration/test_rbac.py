@@ -34,6 +34,7 @@ from agent.kube import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.node_labels import LABEL_VALUE, label_key
 from agent.settings import AgentSettings
+from controller.agent_access import AgentAccess
 from crds.naming import instance_name
 from tests.harness.agent_process import (
     api_client,
@@ -124,12 +125,15 @@ AGENT_NEEDS = [
     ("get", "nodes", None),
     ("patch", "nodes", None),
     ("create", "events", None),
-    ("get", "secrets", None),
-    ("watch", "configmaps", None),
     ("watch", "pods", None),
 ]
 AGENT_MUST_NOT = [
     ("create", "pods", None),
+    # Only the Secrets and ConfigMaps Configurations name, granted per namespace by the
+    # controller (controller/agent_access.py); nothing cluster-wide.
+    ("get", "secrets", None),
+    ("watch", "secrets", None),
+    ("watch", "configmaps", None),
     ("list", "secrets", None),
     ("create", "secrets", None),
     ("update", "secrets", None),
@@ -155,10 +159,16 @@ CONTROLLER_NEEDS = [
     ("watch", "nodes", None),
     ("create", "events", None),
     ("patch", "clusterkopfpeerings.kopf.dev", None),
+    ("create", "roles.rbac.authorization.k8s.io", None),
+    ("patch", "rolebindings.rbac.authorization.k8s.io", None),
+    ("get", "secrets", None),
+    ("watch", "configmaps", None),
 ]
 CONTROLLER_MUST_NOT = [
-    ("get", "secrets", None),
+    ("list", "secrets", None),
     ("list", "configmaps", None),
+    ("escalate", "roles.rbac.authorization.k8s.io", None),
+    ("bind", "roles.rbac.authorization.k8s.io", None),
     ("patch", "nodes", None),
     ("delete", "nodes", None),
     ("create", "instances.edgeplug.io", None),
@@ -265,15 +275,25 @@ async def test_the_real_agent_works_with_its_token_alone(
             {"name": "password",
              "valueFrom": {"secretKeyRef": {"name": "cam-login", "key": "password"}}}])
     bad = debug_echo_configuration("rbac-bad", descriptions=[], raw_details="descriptions: 7")
+    # The controller's part: the agent may read exactly the Secrets Configurations name.
+    access = asyncio.create_task(
+        AgentAccess(admin, account=(SYSTEM_NAMESPACE, AGENT_ACCOUNT)).run())
     try:
+        apply(cp, namespace, good, bad)
+
+        async def granted() -> bool:
+            found = cp.kubectl("get", "role", "edgeplug-agent-properties", "-n", namespace,
+                               check=False)
+            return found.returncode == 0
+
+        await eventually(granted, what="the agent's Role for the named Secret")
         async with _emulated_node(cp) as node, _agent(AgentSettings(
             node_name=node.node_name,
-            kubeconfig=_agent_on(cp, node.node_name, tmp_path).kubeconfig,
+            kubeconfig=(agent_identity := _agent_on(cp, node.node_name, tmp_path)).kubeconfig,
             plugin_dir=node.plugin_dir,
             pod_resources_socket=node.pod_resources_socket,
         )) as agent:
             try:
-                apply(cp, namespace, good, bad)
                 # Problems are told on the Configuration: Events and status are writable.
                 await _assert_problem_reported(admin, namespace, node.node_name, agent,
                                                "rbac-bad", REASON_INVALID_DETAILS)
@@ -282,6 +302,15 @@ async def test_the_real_agent_works_with_its_token_alone(
                 # The Secret appears: only a Secret watch can restart the run.
                 await admin.create(cast(Secret, secret))
                 await _assert_agent_published(admin, namespace, node.node_name, agent)
+                # ... and no other: a Secret no Configuration names stays unreadable.
+                await admin.create(cast(Secret, Secret.from_dict({
+                    "metadata": {"name": "unnamed", "namespace": namespace},
+                    "stringData": {"password": "other"}})))
+                unnamed = agent_identity.kubectl(cp, "get", "secret", "unnamed", "-n", namespace)
+                assert unnamed.returncode != 0
+                assert "forbidden" in unnamed.stderr.lower(), unnamed.stderr
+                named = agent_identity.kubectl(cp, "get", "secret", "cam-login", "-n", namespace)
+                assert named.returncode == 0, named.stderr
                 await _assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
                 await _assert_agent_leaves(cp, admin, namespace, node.node_name, agent,
                                            offline=tmp_path / "offline")
@@ -291,6 +320,8 @@ async def test_the_real_agent_works_with_its_token_alone(
                 cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
                            f"{AGENT_ACCOUNT}-{node.node_name}", check=False)
     finally:
+        access.cancel()
+        await asyncio.gather(access, return_exceptions=True)
         await admin.close()
     complaints = _refusals(
         [record.getMessage() for record in caplog.records if record.name.startswith("agent")]
