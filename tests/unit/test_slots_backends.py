@@ -18,7 +18,7 @@ from agent.node_devices import NodeDevice
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.ledger import SlotLedger
 from agent.slots.rules import SlotRef
-from crds.instance import Instance, InstanceSpec
+from crds.instance import Instance, InstanceSpec, SlotUsage
 from discovery_handlers.contract import HEALTHY, Device, Health
 
 NODE = "node-a"
@@ -69,6 +69,12 @@ class World:
         return list(self.instances.values())
 
     def slots_changed(self, refs: Iterable[SlotRef]) -> None:
+        raise AssertionError("no claim expected in these tests")
+
+    def answers_before_recording(self) -> bool:
+        return False
+
+    def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
         raise AssertionError("no claim expected in these tests")
 
 
