@@ -71,6 +71,7 @@ class World:
     def slots_changed(self, refs: Iterable[SlotRef]) -> None:
         raise AssertionError("no claim expected in these tests")
 
+    @property
     def answers_before_recording(self) -> bool:
         return False
 
