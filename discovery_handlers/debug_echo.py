@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from discovery_handlers.contract import Device, InvalidDetails, PropertyValue
+from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
 NAME = "debugEcho"
 DESCRIPTION_PROPERTY = "DEBUG_ECHO_DESCRIPTION"
@@ -58,15 +57,9 @@ class DebugEchoHandler:
     def parse_details(
         self, details: str, properties: Mapping[str, PropertyValue]
     ) -> DebugEchoDetails:
-        try:
-            raw: Any = yaml.safe_load(details) if details.strip() else None
-        except yaml.YAMLError as exc:
-            raise InvalidDetails("(root)", f"not valid YAML: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise InvalidDetails("descriptions", "required: a non-empty list of strings")
-        unknown = sorted(set(map(str, raw)) - _KNOWN_FIELDS)
-        if unknown:
-            raise InvalidDetails(unknown[0], f"unknown field (known: {sorted(_KNOWN_FIELDS)})")
+        raw = load_mapping(details, field="descriptions",
+                           expected="required: a non-empty list of strings")
+        refuse_unknown(raw, _KNOWN_FIELDS)
         descriptions = raw.get("descriptions")
         if not isinstance(descriptions, list) or not descriptions:
             raise InvalidDetails("descriptions", "required: a non-empty list of strings")

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-import yaml
-
 from discovery_handlers.contract import InvalidDetails, PropertyValue
+from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
 DEFAULT_HOST_ROOT = "/"
 DEFAULT_NPU_SMI_PATH = "/usr/local/sbin/npu-smi"
@@ -73,17 +72,8 @@ class AscendDetails:
 def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> AscendDetails:
     """Parse ``discoveryDetails`` YAML; ``properties`` are not used by this handler."""
     del properties
-    try:
-        raw: Any = yaml.safe_load(details) if details.strip() else {}
-    except yaml.YAMLError as exc:
-        raise InvalidDetails("(root)", f"not valid YAML: {exc}") from exc
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise InvalidDetails("(root)", "must be a mapping of fields")
-    unknown = sorted(set(map(str, raw)) - _KNOWN_FIELDS)
-    if unknown:
-        raise InvalidDetails(unknown[0], f"unknown field (known: {sorted(_KNOWN_FIELDS)})")
+    raw = load_mapping(details, expected="must be a mapping of fields", empty_is_empty=True)
+    refuse_unknown(raw, _KNOWN_FIELDS)
     library = raw.get("libraryPath")
     return AscendDetails(
         host_root=_path(raw, "hostRoot", DEFAULT_HOST_ROOT),

@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from discovery_handlers.contract import InvalidDetails, PropertyValue
 from discovery_handlers.onvif.credentials import CredentialStore, parse_credentials
+from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
 DEFAULT_DISCOVERY_TIMEOUT_S = 1.0
 MAX_DISCOVERY_TIMEOUT_S = 60.0
@@ -84,17 +83,10 @@ class OnvifDetails:
 
 def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> OnvifDetails:
     """Parse ``discoveryDetails`` YAML; raise ``InvalidDetails`` naming the field on bad input."""
-    try:
-        raw: Any = yaml.safe_load(details) if details.strip() else {}
-    except yaml.YAMLError as exc:
-        raise InvalidDetails("(root)", f"not valid YAML: {exc}") from exc
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise InvalidDetails("(root)", "must be a mapping of ONVIF discovery settings")
-    unknown = sorted(set(map(str, raw)) - _KNOWN_FIELDS)
-    if unknown:
-        raise InvalidDetails(unknown[0], f"unknown field (known: {sorted(_KNOWN_FIELDS)})")
+    raw = load_mapping(
+        details, expected="must be a mapping of ONVIF discovery settings", empty_is_empty=True
+    )
+    refuse_unknown(raw, _KNOWN_FIELDS)
     filters = {name: _filter_list(name, raw.get(name)) for name in _FILTER_FIELDS}
     timeout = _seconds(
         raw, "discoveryTimeoutSeconds", DEFAULT_DISCOVERY_TIMEOUT_S, 0.0, MAX_DISCOVERY_TIMEOUT_S

@@ -35,9 +35,8 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from discovery_handlers.contract import InvalidDetails, PropertyValue, Secret
+from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
 DEFAULT_DISCOVERY_URL = "opc.tcp://localhost:4840/"
 DEFAULT_INTERVAL_S = 2.0  # Akri asks every 10 s
@@ -112,13 +111,9 @@ class OpcuaDetails:
 
 def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> OpcuaDetails:
     """Validate ``discoveryDetails`` (YAML) and properties; ``InvalidDetails`` names the field."""
-    try:
-        raw: Any = yaml.safe_load(details) if details.strip() else None
-    except yaml.YAMLError as exc:
-        raise InvalidDetails("(root)", f"not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise InvalidDetails("opcuaDiscoveryMethod", "required: a mapping with 'standard'")
-    _refuse_unknown(raw, _TOP_FIELDS, prefix="")
+    raw = load_mapping(details, field="opcuaDiscoveryMethod",
+                       expected="required: a mapping with 'standard'")
+    refuse_unknown(raw, _TOP_FIELDS)
     return OpcuaDetails(
         discovery_urls=_discovery_urls(raw.get("opcuaDiscoveryMethod")),
         application_names=_name_filter(raw.get("applicationNames")),
@@ -128,12 +123,6 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Opcu
         max_concurrent_checks=_count(raw, "maxConcurrentChecks", DEFAULT_MAX_CONCURRENT_CHECKS),
         security=_security(raw.get("security"), properties),
     )
-
-
-def _refuse_unknown(raw: dict[Any, Any], known: frozenset[str], *, prefix: str) -> None:
-    unknown = sorted(set(map(str, raw)) - known)
-    if unknown:
-        raise InvalidDetails(prefix + unknown[0], f"unknown field (known: {sorted(known)})")
 
 
 def _discovery_urls(method: Any) -> tuple[str, ...]:
@@ -147,7 +136,7 @@ def _discovery_urls(method: Any) -> tuple[str, ...]:
     path = "opcuaDiscoveryMethod.standard"
     if not isinstance(standard, dict):
         raise InvalidDetails(path, "must be a mapping (with optional 'discoveryUrls')")
-    _refuse_unknown(standard, frozenset({"discoveryUrls"}), prefix=path + ".")
+    refuse_unknown(standard, frozenset({"discoveryUrls"}), prefix=path + ".")
     urls = standard.get("discoveryUrls")
     if urls is None or urls == []:
         return (DEFAULT_DISCOVERY_URL,)  # Akri's default when the list is absent or empty
@@ -194,7 +183,7 @@ def _name_filter(raw: Any) -> NameFilter:
         return NameFilter()
     if not isinstance(raw, dict):
         raise InvalidDetails("applicationNames", "must be a mapping with 'items' and 'action'")
-    _refuse_unknown(raw, frozenset({"items", "action"}), prefix="applicationNames.")
+    refuse_unknown(raw, frozenset({"items", "action"}), prefix="applicationNames.")
     items = raw.get("items", [])
     if not isinstance(items, list):
         raise InvalidDetails("applicationNames.items", "must be a list of application names")
@@ -233,7 +222,7 @@ def _security(raw: Any, properties: Mapping[str, PropertyValue]) -> Security | N
         raw = {}
     if not isinstance(raw, dict):
         raise InvalidDetails("security", "must be a mapping with 'policy' and 'mode'")
-    _refuse_unknown(raw, _SECURITY_FIELDS, prefix="security.")
+    refuse_unknown(raw, _SECURITY_FIELDS, prefix="security.")
     policy = raw.get("policy", "None")
     if policy not in POLICIES:
         raise InvalidDetails("security.policy", f"must be one of {list(POLICIES)}")

@@ -18,11 +18,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from discovery_handlers.contract import InvalidDetails
 from discovery_handlers.udev.patterns import compile_pattern, escape_glob
 from discovery_handlers.udev.rules import Key, Match, Rule, RuleError, parse_rule
+from discovery_handlers.yaml_details import load_mapping
 
 PERMISSIONS = ("r", "w", "m", "rw", "rm", "wm", "rwm")
 DEFAULT_PERMISSIONS = "rwm"
@@ -75,15 +74,7 @@ def _load_yaml(details: str | bytes) -> dict[Any, Any]:
             raise InvalidDetails("(root)", f"not UTF-8 text (byte {exc.start})") from None
     if not details.strip():
         raise InvalidDetails("udevRules", "required: a non-empty list of udev rule strings")
-    try:
-        raw: Any = yaml.safe_load(details)
-    except yaml.YAMLError as exc:
-        raise InvalidDetails("(root)", f"not valid YAML: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # pragma: no cover - yaml's own guard
-        raise InvalidDetails("(root)", f"not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise InvalidDetails("(root)", "must be a mapping with udevRules")
-    return raw
+    return load_mapping(details, expected="must be a mapping with udevRules")
 
 
 def _parse_rules(value: Any) -> list[Rule]:
