@@ -30,7 +30,7 @@ from controller import naming
 from crds.api import RESOURCE_PLACEHOLDER
 from crds.configuration import Configuration
 from crds.instance import Instance
-from crds.naming import instance_resource_name
+from crds.naming import instance_resource_name, target_node_label
 
 _CONTAINER_LISTS: Final = ("initContainers", "containers")
 _RESOURCE_SECTIONS: Final = ("requests", "limits")
@@ -51,13 +51,8 @@ def broker_labels(*, configuration: str, instance: str, node: str | None) -> dic
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
     }
     if node is not None:
-        labels[naming.LABEL_TARGET_NODE] = _label_value(node)
+        labels[naming.LABEL_TARGET_NODE] = target_node_label(node)
     return labels
-
-
-def _label_value(value: str) -> str:
-    """Node names are DNS subdomains (253 chars); a label value holds 63."""
-    return value if len(value) <= naming.DNS_LABEL_MAX else naming.dns_label(value)
 
 
 def _containers(pod_spec: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

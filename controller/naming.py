@@ -11,20 +11,27 @@ Instance naming itself (``<configuration>-<digest>``) lives in :mod:`crds.naming
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import Final
 
-DNS_LABEL_MAX: Final = 63
-HASH_SUFFIX_CHARS: Final = 8
+from crds.naming import (
+    DNS_LABEL_MAX,
+    HASH_SUFFIX_CHARS,
+    LABEL_TARGET_NODE,
+    dns_label,
+    short_hash,
+)
 
-_INVALID: Final = re.compile(r"[^a-z0-9-]+")
-_DASHES: Final = re.compile(r"-{2,}")
+__all__ = [
+    "DNS_LABEL_MAX",
+    "HASH_SUFFIX_CHARS",
+    "LABEL_TARGET_NODE",
+    "dns_label",
+]
+
 
 # Labels on every broker pod, job, pod template and service the controller creates.
 LABEL_CONFIGURATION: Final = "edgeplug.io/configuration"
 LABEL_INSTANCE: Final = "edgeplug.io/instance"
-LABEL_TARGET_NODE: Final = "edgeplug.io/target-node"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "edgeplug-controller"
@@ -39,31 +46,6 @@ FINALIZER: Final = "edgeplug.io/controller"
 # Annotations.
 ANNOTATION_SPEC_HASH: Final = "edgeplug.io/broker-spec-hash"
 ANNOTATION_GENERATION: Final = "edgeplug.io/configuration-generation"
-
-
-def _hash(text: str, chars: int = HASH_SUFFIX_CHARS) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:chars]
-
-
-def dns_label(*parts: str, must_start_with_letter: bool = False) -> str:
-    """Joins ``parts`` with ``-`` into a valid DNS label (RFC 1123; RFC 1035 if asked).
-
-    A name that is already valid is kept as is. Otherwise characters outside ``[a-z0-9-]``
-    become ``-``, the result is cut to leave room, and ``-<8 hex>`` of the whole original is
-    appended, so two different originals never end up with one name.
-    """
-    original = "-".join(parts)
-    name = _DASHES.sub("-", _INVALID.sub("-", original.lower())).strip("-")
-    if must_start_with_letter and not name[:1].isalpha():
-        name = f"ep-{name}"
-    if not name:
-        name = "ep"
-    if len(name) <= DNS_LABEL_MAX and name == original:
-        return name
-    # Too long, or altered by sanitising (so two originals could now be equal): cut, and make
-    # it unique again with a hash of the original.
-    head = name[: DNS_LABEL_MAX - HASH_SUFFIX_CHARS - 1].rstrip("-")
-    return f"{head}-{_hash(original)}"
 
 
 def broker_pod_name(instance: str, node: str) -> str:
@@ -88,4 +70,4 @@ def configuration_service_name(configuration: str) -> str:
 
 def spec_hash(canonical_json: str) -> str:
     """The short hash stored in :data:`ANNOTATION_SPEC_HASH`."""
-    return _hash(canonical_json, 16)
+    return short_hash(canonical_json, 16)

@@ -10,9 +10,22 @@ names it alike while two nodes' local devices with equal ids stay apart.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Final
 
 from crds.api import GROUP
+
+# DNS labels (RFC 1123): what every object name the controller derives must be.
+DNS_LABEL_MAX: Final = 63
+HASH_SUFFIX_CHARS: Final = 8
+
+_INVALID: Final = re.compile(r"[^a-z0-9-]+")
+_DASHES: Final = re.compile(r"-{2,}")
+
+#: The label on each broker pod naming the node it is pinned to (the controller sets it). An
+#: agent's slot-demand watch selects its own node's pods by it (``agent.slots.demand``); a user's
+#: own pod pinned to a node gets the same demand handling by carrying it.
+LABEL_TARGET_NODE: Final = "edgeplug.io/target-node"
 
 DIGEST_BYTES: Final = 3
 #: Characters Akri replaces by ``-`` to keep names valid Kubernetes object names.
@@ -73,3 +86,34 @@ def configuration_resource_name(configuration: str, resource_name_override: str 
     if resource_name_override:
         return resource_name_override
     return f"{GROUP}/{_sanitise(configuration)}"
+
+
+def short_hash(text: str, chars: int = HASH_SUFFIX_CHARS) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:chars]
+
+
+def dns_label(*parts: str, must_start_with_letter: bool = False) -> str:
+    """Joins ``parts`` with ``-`` into a valid DNS label (RFC 1123; RFC 1035 if asked).
+
+    A name that is already valid is kept as is. Otherwise characters outside ``[a-z0-9-]``
+    become ``-``, the result is cut to leave room, and ``-<8 hex>`` of the whole original is
+    appended, so two different originals never end up with one name.
+    """
+    original = "-".join(parts)
+    name = _DASHES.sub("-", _INVALID.sub("-", original.lower())).strip("-")
+    if must_start_with_letter and not name[:1].isalpha():
+        name = f"ep-{name}"
+    if not name:
+        name = "ep"
+    if len(name) <= DNS_LABEL_MAX and name == original:
+        return name
+    # Too long, or altered by sanitising (so two originals could now be equal): cut, and make
+    # it unique again with a hash of the original.
+    head = name[: DNS_LABEL_MAX - HASH_SUFFIX_CHARS - 1].rstrip("-")
+    return f"{head}-{short_hash(original)}"
+
+
+def target_node_label(node: str) -> str:
+    """The ``LABEL_TARGET_NODE`` value for ``node``: its name (node names are DNS subdomains, so
+    any name up to 63 characters is a valid label value), cut and hashed if longer."""
+    return node if len(node) <= DNS_LABEL_MAX else dns_label(node)

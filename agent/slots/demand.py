@@ -8,19 +8,28 @@ such a pod, Pending and unscheduled, can only ever run here, so its requests are
 demand. Unpinned pending pods are ignored: had any node a free reserved slot, the scheduler
 would already have placed them.
 
-One lightkube watch of Pending pods (field selector ``status.phase=Pending``) feeds two tables:
-unscheduled pods pinned here (``spec.nodeName`` empty) are this node's demand; pods bound to
-this node that have not started may be in admission by the kubelet right now, so the service
-gives back no reservation of what they request. One stream, not two (``spec.nodeName=`` and
-``spec.nodeName=<node>``), because a pod moves from the first table to the second in one
-MODIFIED event (its binding); with two streams there is a moment where the pod is in neither,
-and the slot its kubelet is admitting it with could be given away (a test caught exactly that).
-Only pod uid → extended-resource counts are kept, never the pods, and only for pods that
-concern this node: the agent's memory target is 79 MiB with 200 Instances.
+Two narrow watches, never one of every Pending pod in the cluster (with 1,000 nodes every agent
+would receive every Pending pod's spec, and a stolen node token would read them all through it):
+
+- *this node's pods*: Pending pods labelled ``edgeplug.io/target-node=<node>`` (the controller puts
+  the label on every broker pod it pins; a user's own pod may carry it too). One stream holds such
+  a pod from creation to start: unscheduled and pinned here it is this node's demand; its binding
+  is one MODIFIED event in the same stream that moves it to the bound table, so there is no moment
+  when it is counted in neither (with two streams, one per table, there was, and the slot its
+  kubelet was admitting it with could be given away: a test caught exactly that).
+- *pods bound here*: Pending pods with ``spec.nodeName=<node>`` (what this node's kubelet admits,
+  labelled or not): their kubelet may be admitting them right now, so the service gives back no
+  reservation of what they request.
+
+A pod in both streams counts once (by uid), as bound if either stream says so. An unlabelled pod
+pinned here is not demand: it gets the fair share of the shared devices and whatever slot is
+free; labelling it gives it demand like a broker's. Only pod uid → extended-resource counts are
+kept, never the pods: the agent's memory target is 64 MiB with 200 Instances.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
@@ -36,13 +45,16 @@ from lightkube.resources.core_v1 import Pod
 from agent import watching
 from agent.slots.rules import split_wanted
 from crds.instance import Instance
-from crds.naming import instance_resource_name
+from crds.naming import LABEL_TARGET_NODE, instance_resource_name, target_node_label
 
 log = logging.getLogger(__name__)
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NAME_FIELD = "metadata.name"
 PENDING = "Pending"
+#: The two pod streams (see the module docstring).
+TARGETED = "labelled for this node"
+BOUND = "bound to this node"
 
 Requests = dict[str, int]
 _Key = tuple[str, str]  # (namespace, Instance name)
@@ -146,11 +158,11 @@ def instance_needs(
 
 
 class PendingPods:
-    """Pending pods' extended-resource requests that concern ``node``, kept current by a watch.
+    """Pending pods' extended-resource requests that concern ``node``, kept current by watches.
 
-    ``wanted()``: resource → devices requested by unscheduled Pending pods pinned to ``node``.
-    ``starting()``: resource → devices requested by Pending pods bound to ``node``.
-    ``on_change`` is called after every change of either.
+    ``wanted()``: resource → devices requested by unscheduled Pending pods labelled for and
+    pinned to ``node``. ``starting()``: resource → devices requested by Pending pods bound to
+    ``node``. ``on_change`` is called after every change of either.
     """
 
     def __init__(
@@ -159,45 +171,70 @@ class PendingPods:
         self._client = client
         self.node = node
         self._on_change = on_change
-        self._unscheduled: dict[str, Requests] = {}
-        self._bound: dict[str, Requests] = {}
+        #: Per stream: pod uid → (bound here?, requests).
+        self._streams: dict[str, dict[str, tuple[bool, Requests]]] = {
+            TARGETED: {}, BOUND: {}
+        }
 
     def wanted(self) -> Requests:
-        return _sum(self._unscheduled.values())
+        bound = self._bound_uids()
+        return _sum(r for uid, (_, r) in self._streams[TARGETED].items() if uid not in bound)
 
     def starting(self) -> Requests:
-        return _sum(self._bound.values())
+        counts: dict[str, Requests] = {}
+        for table in self._streams.values():
+            counts.update({uid: r for uid, (is_bound, r) in table.items() if is_bound})
+        return _sum(counts.values())
+
+    def _bound_uids(self) -> set[str]:
+        return {
+            uid for table in self._streams.values() for uid, (bound, _) in table.items() if bound
+        }
 
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as streams:
+            streams.create_task(
+                self._follow(TARGETED, labels={LABEL_TARGET_NODE: target_node_label(self.node)})
+            )
+            streams.create_task(self._follow(BOUND, fields={"spec.nodeName": self.node}))
+
+    async def _follow(
+        self,
+        stream: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        fields: Mapping[str, str] | None = None,
+    ) -> None:
         def forget() -> None:
             # The watch starts over and lists every matching pod again; entries whose
             # deletion we missed must not linger.
-            self._unscheduled.clear()
-            self._bound.clear()
+            self._streams[stream].clear()
+            self._on_change()
 
-        stream = watching.watch(
-            self._client, Pod, what="pending pods", namespace="*",
-            fields={"status.phase": PENDING}, on_restart=forget,
+        events = watching.watch(
+            self._client, Pod, what=f"pending pods ({stream})", namespace="*",
+            fields={"status.phase": PENDING, **(fields or {})}, labels=labels, on_restart=forget,
         )
-        async for op, pod in stream:
-            self.update(pod, deleted=op == "DELETED")
+        async for op, pod in events:
+            self.update(pod, deleted=op == "DELETED", stream=stream)
 
-    def update(self, pod: Pod, *, deleted: bool = False) -> None:
+    def update(self, pod: Pod, *, deleted: bool = False, stream: str = TARGETED) -> None:
         """Take one watch event's pod into account (public so tests can feed it)."""
         uid = (pod.metadata.uid if pod.metadata else None) or ""
-        before = (self._unscheduled.get(uid), self._bound.get(uid))
-        self._unscheduled.pop(uid, None)
-        self._bound.pop(uid, None)
+        before = (self.wanted(), self.starting())
+        table = self._streams[stream]
+        table.pop(uid, None)
         spec = pod.spec
         pending = pod.status is None or pod.status.phase in (None, PENDING)
         if not deleted and spec is not None and pending:
             if spec.nodeName == self.node and (counts := extended_requests(spec)):
-                self._bound[uid] = counts
+                table[uid] = (True, counts)
             elif (
                 not spec.nodeName
+                and stream == TARGETED
                 and pinned_node(spec) == self.node
                 and (counts := extended_requests(spec))
             ):
-                self._unscheduled[uid] = counts
-        if (self._unscheduled.get(uid), self._bound.get(uid)) != before:
+                table[uid] = (False, counts)
+        if (self.wanted(), self.starting()) != before:
             self._on_change()

@@ -24,6 +24,7 @@ from agent.kube import InstanceResource, as_dict
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.slots.service import socket_name
+from crds.naming import LABEL_TARGET_NODE, target_node_label
 from tests.harness import echo_handlers
 from tests.harness.agent_nodes import (
     StartNode,
@@ -60,13 +61,16 @@ async def create_pod(
             {"name": "main", "image": "registry.invalid/pause:1", "resources": {"limits": limits}}
         ]
     }
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if node is not None:
+        # Pinned and labelled as the controller pins and labels broker pods.
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        metadata["labels"] = {LABEL_TARGET_NODE: target_node_label(node)}
     pod = Pod.from_dict(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": metadata,
             "spec": spec,
         }
     )

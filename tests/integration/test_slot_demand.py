@@ -21,6 +21,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from agent.kube import InstanceResource, as_dict
+from crds.naming import LABEL_TARGET_NODE, target_node_label
 from tests.harness.agent_nodes import AgentNode, StartNode, read_instance, share_instance
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 from tests.harness.node_emulator import ADMISSION_ERROR
@@ -34,7 +35,9 @@ WATCH_RETRY_S = 0.2
 def pinned_pod(
     namespace: str, name: str, resource: str, node: str, *, by_affinity: bool
 ) -> Pod:
-    """A pod that can only run on ``node``, pinned the two ways the controller may pin."""
+    """A pod that can only run on ``node``, pinned the two ways the controller may pin, and
+    labelled for the node as the controller labels broker pods (the agent's demand watch
+    selects by that label)."""
     spec: dict[str, Any] = {
         "containers": [
             {"name": "main", "image": "registry.invalid/pause:1",
@@ -56,7 +59,11 @@ def pinned_pod(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace},
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {LABEL_TARGET_NODE: target_node_label(node)},
+                },
                 "spec": spec,
             }
         ),

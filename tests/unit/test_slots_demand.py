@@ -14,7 +14,14 @@ from lightkube import AsyncClient
 from lightkube.models.core_v1 import PodSpec
 from lightkube.resources.core_v1 import Pod
 
-from agent.slots.demand import PendingPods, extended_requests, instance_needs, pinned_node
+from agent.slots.demand import (
+    BOUND,
+    TARGETED,
+    PendingPods,
+    extended_requests,
+    instance_needs,
+    pinned_node,
+)
 from agent.slots.rules import instance_devices, reservation_plan, split_wanted
 from crds.instance import Instance
 from tests.harness.slot_instances import NAME, slot_instance
@@ -229,3 +236,27 @@ def test_a_pinned_pod_counts_as_wanted_then_starting_with_no_gap_between() -> No
     pods.update(_pod("u3"), deleted=True)
     assert (pods.wanted(), pods.starting()) == ({}, {})
     assert len(changes) == 5
+
+
+def test_pods_bound_here_hold_labelled_or_not_and_a_pod_in_both_streams_counts_once() -> None:
+    unused = cast(AsyncClient, None)
+    pods = PendingPods(client=unused, node="n1")
+    # A user's pod, unlabelled: only the bound stream sees it, once the scheduler bound it.
+    pods.update(_pod("user", node_name="n1"), stream=BOUND)
+    assert (pods.wanted(), pods.starting()) == ({}, {"edgeplug.io/cam": 1})
+    # A broker: the labelled stream sees it unscheduled, then bound; the bound stream too.
+    pods.update(_pod("broker"), stream=TARGETED)
+    assert pods.wanted() == {"edgeplug.io/cam": 1}
+    pods.update(_pod("broker", node_name="n1"), stream=BOUND)  # bound stream first: no gap
+    assert (pods.wanted(), pods.starting()) == ({}, {"edgeplug.io/cam": 2})
+    pods.update(_pod("broker", node_name="n1"), stream=TARGETED)
+    assert (pods.wanted(), pods.starting()) == ({}, {"edgeplug.io/cam": 2})
+    # Started: one stream has said so, the other not yet; it is held until both have.
+    pods.update(_pod("broker", node_name="n1", phase="Running"), stream=TARGETED)
+    assert pods.starting() == {"edgeplug.io/cam": 2}
+    pods.update(_pod("broker", node_name="n1"), deleted=True, stream=BOUND)
+    pods.update(_pod("user", node_name="n1"), deleted=True, stream=BOUND)
+    assert (pods.wanted(), pods.starting()) == ({}, {})
+    # An unscheduled pod is demand only through the labelled stream.
+    pods.update(_pod("stray"), stream=BOUND)
+    assert pods.wanted() == {}
