@@ -31,6 +31,7 @@ from lightkube.resources.core_v1 import Node
 
 from tests.harness import kubebin
 from tests.harness.cdi import CdiDeviceNode, CdiEdits
+from tests.harness.kube_waits import until
 from tests.harness.kubelet_records import ContainerAllocation, Registration
 
 log = logging.getLogger(__name__)
@@ -287,9 +288,5 @@ class DeviceNode:
         what: str,
     ) -> None:
         """Wait until ``predicate()`` is true; TimeoutError naming ``what`` after ``timeout``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            if loop.time() >= deadline:
-                raise TimeoutError(f"node {self.node_name}: waited {timeout:.0f}s for {what}")
-            await asyncio.sleep(WAIT_POLL_S)
+        await until(predicate, what=f"node {self.node_name}: {what}", within=timeout,
+                    poll=WAIT_POLL_S)

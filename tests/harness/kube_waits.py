@@ -22,6 +22,11 @@ POLL_S = 0.1
 T = TypeVar("T")
 
 
+class WaitTimedOut(AssertionError, TimeoutError):
+    """A wait ran past its deadline: a test failure (AssertionError) that harness code waiting
+    on a node (``DeviceNode.wait_for``) may also catch as the TimeoutError it promises."""
+
+
 async def wait_until(
     check: Callable[[], Awaitable[bool]], *, what: str, within: float = WAIT_S
 ) -> None:
@@ -112,13 +117,15 @@ def unschedulable(pod: Pod) -> bool:
     )
 
 
-async def until(check: Callable[[], T], *, what: str, within: float = WAIT_S) -> T:
+async def until(
+    check: Callable[[], T], *, what: str, within: float = WAIT_S, poll: float = POLL_S
+) -> T:
     """Poll a synchronous ``check`` until it returns something truthy, and return that; fail
     naming ``what`` after ``within`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while not (result := check()):
         if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
+            raise WaitTimedOut(f"timed out after {within:.0f}s waiting for {what}")
+        await asyncio.sleep(poll)
     return result

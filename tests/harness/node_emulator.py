@@ -16,7 +16,6 @@ Several emulators can run in one process (each with its own plugin directory and
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import Any, cast
 from lightkube import AsyncClient, KubeConfig
 
 from tests.harness.devicenode import DeviceNode
+from tests.harness.kube_waits import until
 from tests.harness.kubelet_devices import KUBELET_SOCKET, PLUGIN_RPC_TIMEOUT_S, DeviceManager
 from tests.harness.kubelet_node import HEARTBEAT_INTERVAL_S, NodeReporter
 from tests.harness.kubelet_podresources import PodResourcesServer
@@ -183,12 +183,8 @@ class NodeEmulator:
         what: str,
     ) -> None:
         """Wait until ``predicate()`` is true; TimeoutError naming ``what`` after ``timeout``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            if loop.time() >= deadline:
-                raise TimeoutError(f"node {self.node_name}: waited {timeout:.0f}s for {what}")
-            await asyncio.sleep(WAIT_POLL_S)
+        await until(predicate, what=f"node {self.node_name}: {what}", within=timeout,
+                    poll=WAIT_POLL_S)
 
     # -- wiring ----------------------------------------------------------------------------
 

@@ -194,6 +194,10 @@ async def test_a_reboot_forgets_the_allocations_of_running_pods(
     assert node.allocations(pod_namespace, "survivor") == []
     await plugin.stop()
     await plugin.start()
+    # The Node may still show the allocatable count from before the reboot: wait for the
+    # kubelet itself to have the plugin again, or "next" could be admitted without it.
+    await node.wait_for(lambda: len(node.healthy_device_ids(plugin.resource_name)) == 3,
+                        timeout=WAIT_S, what="the plugin's three devices known again")
     await wait_allocatable(kube, node.node_name, plugin.resource_name, "3")
     # Its old devices are held no more: pod-resources lists it without any, and the new
     # checkpoint holds only the next pod's.
