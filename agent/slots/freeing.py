@@ -3,8 +3,10 @@
 Why this exists: the kubelet never tells a device plugin that a pod has gone, so a slot written
 into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-resources ``List``
 says which device ids live pods hold. A slot that ``List`` once showed held by a live pod and no
-longer does was freed by the pod's end: it is freed at the next sweep (a second at most), so a
-pod waiting on another node gets it at once. A slot never seen held (the kubelet lists a pod
+longer does was freed by the pod's end: it is freed at the next sweep. Sweeps come every second
+while this node holds a slot, and every ``SWEEP_AWAITED_SECONDS`` while another node's pods
+wait for an Instance this node holds a slot of, so such a pod gets the slot well within a
+second of the holder's pod going. A slot never seen held (the kubelet lists a pod
 only after admitting it, and an agent restart forgets what it saw) is freed only once no live pod
 has held it, continuously, for ``ORPHAN_GRACE_SECONDS`` and it was not claimed within that time.
 Freeing goes through the slot's ledger, under the lock ``Allocate`` takes, and only if the slot
@@ -27,7 +29,7 @@ import grpc
 
 from agent.podresources import PodResourcesClient
 from agent.slots.ledger import SlotLedger
-from agent.slots.rules import SlotRef, is_held_by, slot_ids, usage_of
+from agent.slots.rules import SlotRef, is_held_by, listed_demand, slot_ids, usage_of
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import instance_resource_name
 
@@ -35,6 +37,11 @@ log = logging.getLogger(__name__)
 
 #: How long a held slot must have no live pod before it is freed.
 ORPHAN_GRACE_SECONDS = 5.0
+#: While another node's pinned pods wait for an Instance of which this node holds a slot, the
+#: sweep comes this often instead of every ``SWEEP_SECONDS`` (``agent.slots.service``): the
+#: slot a deleted pod leaves reaches the waiting node a fraction of a second later. It costs
+#: four pod-resources ``List`` calls a second, only while some other node waits.
+SWEEP_AWAITED_SECONDS = 0.25
 
 _Key = tuple[str, str, str, str]  # namespace, instance, slot, usage value
 
@@ -57,6 +64,9 @@ class OrphanFreer:
         self._orphan_since: dict[_Key, float] = {}
         self._seen_live: set[_Key] = set()
         self._claimed_at: dict[tuple[str, str, str], float] = {}
+        #: At the last sweep another node waited for a slot of an Instance this node holds
+        #: one of: the next sweep is due after ``SWEEP_AWAITED_SECONDS``.
+        self.awaited = False
 
     def claimed(self, refs: Iterable[SlotRef]) -> None:
         now = time.monotonic()
@@ -78,6 +88,7 @@ class OrphanFreer:
         ``grpc.RpcError`` when pod-resources does not answer.
         """
         instances = list(instances)
+        self.awaited = any(self._awaited(i) for i in instances)
         promised = any(self._ledger(i.namespace, i.name).promised for i in instances)
         if not adopt and not promised and not any(
             is_held_by(usage_of(i, slot), self._node)
@@ -136,6 +147,13 @@ class OrphanFreer:
             del self._orphan_since[key]
         self._seen_live &= seen
         return bool(seen) or promised
+
+    def _awaited(self, instance: Instance) -> bool:
+        """This node holds a slot of ``instance`` and another listed node's pods wait for one."""
+        return any(
+            node != self._node for node in listed_demand(instance)
+        ) and any(is_held_by(usage_of(instance, slot), self._node)
+                  for slot in instance.spec.device_usage)
 
     async def _record_unrecorded(
         self, instances: list[Instance], in_use: Mapping[str, frozenset[str]]

@@ -39,7 +39,7 @@ from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
-from agent.slots.freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
+from agent.slots.freeing import ORPHAN_GRACE_SECONDS, SWEEP_AWAITED_SECONDS, OrphanFreer
 from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots.recording import PromiseRecorder
 from agent.slots.rules import (
@@ -62,7 +62,8 @@ RESYNC_SECONDS = 300.0
 #: After a pass that failed in part (an API error, a lost race), the next one comes this soon.
 RETRY_SECONDS = 1.0
 #: While this node holds slots, pod-resources is asked this often which live pods hold them
-#: (the kubelet never says that a pod has gone). Holding nothing, it is never asked.
+#: (the kubelet never says that a pod has gone); every ``SWEEP_AWAITED_SECONDS`` while another
+#: node's pods wait for such a slot. Holding nothing, it is never asked.
 SWEEP_SECONDS = 1.0
 #: ``status.used`` is written this long after a claim or free first made it stale.
 USED_WRITE_DELAY_SECONDS = 0.5
@@ -284,7 +285,8 @@ class DevicePluginService:
         if self._retry:
             return RETRY_SECONDS
         if self._holding:
-            return min(SWEEP_SECONDS, until_resync)
+            awaited = self._freer is not None and self._freer.awaited
+            return min(SWEEP_AWAITED_SECONDS if awaited else SWEEP_SECONDS, until_resync)
         return max(0.0, until_resync)
 
     async def _sweep(self) -> None:

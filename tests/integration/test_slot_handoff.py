@@ -1,0 +1,88 @@
+"""A slot another node waits for is freed by the awaited sweep, not the holder's slow cadence.
+
+Two nodes (the kubelet's own device manager, or the emulator under ``EDGEPLUG_KUBELET=emulator``)
+share one Instance of capacity 2, both slots held by pods on node a; a pod pinned to node b
+waits Pending. When one of a's pods is deleted, a's agent must notice at its next sweep that the
+pod has left pod-resources, free the slot, and give the reservation back, so b's pod gets it.
+The holder sweeps every ``SWEEP_SECONDS`` while it holds a slot, and every
+``SWEEP_AWAITED_SECONDS`` while another node's pods wait for it (``agent.slots.freeing``). Here
+``SWEEP_SECONDS`` is an hour: the hand-off can only happen through the awaited sweep (nothing
+else wakes a's agent after the delete), so without it b's pod would wait for the hour.
+(How fast the hand-off is goes in ``tests/bench/bench_faults.py``, never in a test.)
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
+
+from agent.slots import service
+from crds.naming import LABEL_TARGET_NODE, target_node_label
+from tests.harness.agent_nodes import StartNode, read_instance, share_instance
+from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+#: The holder's regular sweep cadence in this test: longer than the test itself.
+HOUR_S = 3600.0
+
+
+def broker_like_pod(namespace: str, name: str, resource: str, node: str) -> Pod:
+    """A pod pinned to ``node`` and labelled with it, as the controller makes broker pods."""
+    return cast(Pod, Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_TARGET_NODE: target_node_label(node)}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "main", "image": "registry.invalid/pause:1",
+                            "resources": {"limits": {resource: "1"}}}],
+        },
+    }))
+
+
+async def test_a_slot_another_node_waits_for_is_freed_by_the_awaited_sweep(
+    kube: AsyncClient,
+    pod_namespace: str,
+    start_node: StartNode,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(service, "SWEEP_SECONDS", HOUR_S)
+    ns = pod_namespace
+    a, b = await start_node(), await start_node()
+    name, resource = await share_instance(
+        kube, ns, configuration="handoff", digest="a0a0a0", nodes=(a, b), capacity=2
+    )
+    for pod in ("a-1", "a-2"):
+        await kube.create(broker_like_pod(ns, pod, resource, a.name))
+        await wait_pod(kube, ns, pod, running, "Running")
+    assert a.emulator.allocated_device_ids(resource) == {f"{name}-0", f"{name}-1"}
+
+    await kube.create(broker_like_pod(ns, "b-1", resource, b.name))
+    await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
+
+    async def b_demands() -> bool:
+        return (await read_instance(kube, ns, name)).demand == {b.name: 1}
+
+    await wait_until(b_demands, what=f"status.demand of {name} = {{{b.name}: 1}}")
+
+    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
+    await kube.delete(Pod, "a-1", namespace=ns)
+    placed = await wait_pod(kube, ns, "b-1", running, "Running")
+    assert placed.spec is not None
+    assert placed.spec.nodeName == b.name
+    held_a, held_b = (n.emulator.allocated_device_ids(resource) for n in (a, b))
+    assert held_b == {freed}, f"b's kubelet holds {held_b}, expected the freed slot {freed}"
+    assert not held_a & held_b, "one slot handed out on both nodes"
+
+    async def recorded() -> bool:
+        usage = (await read_instance(kube, ns, name)).spec.device_usage
+        return usage == {**dict.fromkeys(held_a, a.name), **dict.fromkeys(held_b, b.name)}
+
+    await wait_until(recorded, what="deviceUsage matching what the kubelets allocated")
+    instance = await read_instance(kube, ns, name)
+    assert instance.reservations.get(freed) == b.name
+    assert instance.demand == {}
