@@ -40,7 +40,8 @@ AGENT_MIN_MARGIN_MIB = 16
 NODE_NAME_PLACEHOLDER = "node-from-downward-api"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                  "ValidatingWebhookConfiguration"}
+                  "ValidatingWebhookConfiguration", "MutatingAdmissionPolicy",
+                  "MutatingAdmissionPolicyBinding"}
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
