@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -101,6 +102,24 @@ async def _serve_until_signalled(settings: AgentSettings) -> None:
 _NEVER_IMPORTED = ("trio",)
 
 
+def settle_heap(settings: AgentSettings) -> None:
+    """Import what the agent will run, then move every object so far out of the collector's
+    sight (``gc.freeze``).
+
+    Module code, classes and constants (about 40,000 tracked objects) live as long as the
+    process, yet every full collection walked all of them: one such pass took 12 to 28 ms on the
+    event loop, and an ``Allocate`` arriving during it waited that long. Frozen, they are never
+    examined again; the collector only walks what the agent allocated since (a few thousand
+    objects), so its passes stay around a millisecond. Objects that die are still freed by
+    reference counting; only cycles among the frozen ones would stay, and module-level objects
+    never die.
+    """
+    if settings.serve_device_plugins:
+        import agent.slots.service  # noqa: F401  (run_agent imports it; here before freezing)
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args:
@@ -114,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         log.error("%s", exc)
         raise SystemExit(2) from exc
+    settle_heap(settings)
     try:
         asyncio.run(_serve_until_signalled(settings))
     except* FatalStartError as fatal:
