@@ -7,7 +7,7 @@ lifecycle streams them. This module is the grpc-free meeting point of the two.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -40,13 +40,22 @@ class DeviceFeed:
         if new == self._devices:
             return False
         self._devices = new
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self.wake()
         return True
 
-    async def updates(self) -> AsyncGenerator[tuple[AdvertisedDevice, ...], None]:
+    def wake(self) -> None:
+        """Wake every reader waiting for a change (they look again; a stream that is ending
+        uses this to end without a second waiter of its own)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def updates(
+        self, *, until: Callable[[], bool] = lambda: False
+    ) -> AsyncGenerator[tuple[AdvertisedDevice, ...], None]:
+        """The current list at once, then each distinct list; ends once ``until()`` is true
+        (checked whenever the reader wakes: call ``wake`` after making it true)."""
         sent: tuple[AdvertisedDevice, ...] | None = None
-        while True:
+        while not until():
             waiter = self._changed
             if self._devices != sent:
                 sent = self._devices

@@ -8,13 +8,14 @@ Why this exists: the kubelet dials each plugin on a socket in its plugin directo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 from grpc import aio
 
 from agent.deviceplugin.backend import (
@@ -63,11 +64,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, spec: PluginSpec) -> None:
         self._spec = spec
-        self._stopping = asyncio.Event()
+        self._stopping = False
 
     def end_streams(self) -> None:
         """End every ListAndWatch stream, as a plugin that is going away does."""
-        self._stopping.set()
+        self._stopping = True
+        self._spec.feed.wake()
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
@@ -91,26 +93,11 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             )
             yield pb.ListAndWatchResponse(devices=[_device_pb(d) for d in devices])
 
-    async def _updates_until_stopped(self) -> AsyncIterator[tuple[AdvertisedDevice, ...]]:
-        updates = self._spec.feed.updates()
-        async with contextlib.aclosing(updates):
-            stopped = asyncio.ensure_future(self._stopping.wait())
-            update: asyncio.Future[tuple[AdvertisedDevice, ...]] | None = None
-            try:
-                while True:
-                    update = asyncio.ensure_future(anext(updates))
-                    await asyncio.wait((update, stopped), return_when=asyncio.FIRST_COMPLETED)
-                    if not update.done():
-                        return
-                    yield update.result()
-            finally:
-                # However the stream ends (plugin stopping, or the kubelet hanging up, which
-                # cancels us), the pending read ends before the generator is closed: closing a
-                # generator a task is still inside raises "already running".
-                stopped.cancel()
-                if update is not None and not update.done():
-                    update.cancel()
-                    await asyncio.gather(update, return_exceptions=True)
+    def _updates_until_stopped(self) -> AsyncIterator[tuple[AdvertisedDevice, ...]]:
+        # The stream's own task reads the feed: no task per stream waits for the stop besides
+        # it (one plugin per Instance, so every task and future per stream counts at rest).
+        # The kubelet hanging up cancels that task inside the feed's wait.
+        return self._spec.feed.updates(until=lambda: self._stopping)
 
     async def GetPreferredAllocation(
         self,
@@ -166,6 +153,30 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         await context.abort(error.code, message)
 
 
+class _GenericHandlersOnly:
+    """What the generated ``add_DevicePluginServicer_to_server`` sees as the server: it keeps
+    the generic handler and drops the "registered method" ones.
+
+    A registered method makes ``grpc.aio`` keep one call requested from gRPC core per method
+    and server at all times (a task, its call state and a core request each): five per plugin,
+    one plugin per Instance, about 10 KiB each at rest. The generic handler serves the same
+    five methods through the one request every server keeps anyway.
+    """
+
+    def __init__(self, server: aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(
+        self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        del service, handlers  # served by the generic handler
+
+
 class PluginServer:
     """Serves one plugin on ``<plugin_dir>/<socket_name>``; restartable (stop, then start)."""
 
@@ -187,7 +198,9 @@ class PluginServer:
             self.socket_path.unlink()
         server = aio.server()
         self._servicer = _Servicer(self.spec)
-        pb_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
+        # The generated function calls only the two methods _GenericHandlersOnly has.
+        only_generic = cast(aio.Server, _GenericHandlersOnly(server))
+        pb_grpc.add_DevicePluginServicer_to_server(self._servicer, only_generic)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
