@@ -25,23 +25,8 @@ from tests.harness.controller_process import (
     items,
 )
 from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
-
-DEADLINE_S = 40.0
-POLL_S = 0.1
-
-
-
-async def until(check: Any, *, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while True:
-        result = check()
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {DEADLINE_S}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
 
 
 async def test_broker_runs_with_device_env_and_goes_with_the_device(

@@ -8,7 +8,6 @@ the Instance and the CDI spec follow; it is unplugged → Instance and broker ar
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -27,25 +26,12 @@ from tests.harness.controller_process import (
     items,
 )
 from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
 from tests.harness.udev_testbed import UmockdevBed
 
-DEADLINE_S = 40.0
-POLL_S = 0.05
 PORT_ID = "/devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1:1.0"
 
-
-
-async def until(check: Any, *, what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while True:
-        result = check()
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {DEADLINE_S}s waiting for {what}")
-        await asyncio.sleep(POLL_S)
 
 
 def spec_nodes(path: Path) -> list[tuple[str, str, str]]:

@@ -118,14 +118,16 @@ def unschedulable(pod: Pod) -> bool:
 
 
 async def until(
-    check: Callable[[], T], *, what: str, within: float = WAIT_S, poll: float = POLL_S
+    check: Callable[[], T | None], *, what: str, within: float = WAIT_S, poll: float = POLL_S
 ) -> T:
     """Poll a synchronous ``check`` until it returns something truthy, and return that; fail
     naming ``what`` after ``within`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    while not (result := check()):
+    while True:
+        result = check()
+        if result:
+            return result
         if loop.time() > deadline:
             raise WaitTimedOut(f"timed out after {within:.0f}s waiting for {what}")
         await asyncio.sleep(poll)
-    return result
