@@ -17,7 +17,6 @@ import asyncio
 import logging
 import os
 import resource
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from typing import Any
 from discovery_handlers.ascend import handler
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.sources import scan
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.ascend_node import AscendNode, build_dcmi_library, chips_910b
 from tests.harness.controlplane import ControlPlane
 
@@ -37,19 +36,9 @@ PASSES = 50
 FAULT_RUNS = 10
 POLL_S = 1.0  # the fastest poll details allow; Huawei's default is 5 s
 FAULT_DEADLINE_S = 10.0
-CALIBRATION_LOOPS = 2_000_000
 NODE_POLLS = ((1.0, 10), (5.0, 5))  # (healthPollSeconds, runs): the fastest and Huawei's default
 RESOURCE = "huawei.com/Ascend910"
 LOOK_S = 0.01  # how often the node part looks at the kubelet and the API
-
-
-def machine_speed() -> float:
-    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for value in range(CALIBRATION_LOOPS):
-        total += value & 7
-    return time.perf_counter() - started
 
 
 def _cpu() -> float:
@@ -177,10 +166,7 @@ def main(argv: Sequence[str]) -> None:
     logging.getLogger("tests.harness").setLevel(logging.ERROR)
     logging.getLogger("discovery_handlers.ascend").setLevel(logging.ERROR)
     logging.getLogger("agent").setLevel(logging.ERROR)  # one warning per fault otherwise
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)
-    print(f"machine speed: {CALIBRATION_LOOPS:,} loop iterations in "
-          f"{statistics.median(machine_speed() for _ in range(3)) * 1000:.0f} ms (median of 3)")
+    print(machine_speed_line(), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-ascend-") as tmp:
         library = build_dcmi_library(Path(tmp) / "lib")
         node = AscendNode(Path(tmp) / "host", chips_910b(CHIPS, per_card=PER_CARD),

@@ -23,7 +23,7 @@ from typing import Any, cast
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import DeviceNode
 from tests.harness.kube_waits import in_phase, wait_allocatable, wait_pod, wait_service_account
@@ -34,20 +34,10 @@ PLANE_RUNS = 3
 NODE_RUNS = 8
 RESTART_RUNS = 5
 POD_RUNS = 8
-CALIBRATION_LOOPS = 5_000_000
 HEALTHY = "Healthy"
 
 Kind = Callable[..., PythonNodeEmulator | DeviceNode]
 KINDS: dict[str, Kind] = {"python emulator": PythonNodeEmulator, "devicenode": DeviceNode}
-
-
-def machine_speed() -> float:
-    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for i in range(CALIBRATION_LOOPS):
-        total += i & 7
-    return time.perf_counter() - started
 
 
 async def timed(action: Callable[[], Awaitable[Any]]) -> float:
@@ -135,7 +125,7 @@ async def measure_all(plane: ControlPlane) -> None:
 
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING)
-    print(f"machine speed: {CALIBRATION_LOOPS:,} loop iterations in {machine_speed():.2f} s")
+    print(machine_speed_line())
     planes = plane_starts()
     print(summary("control plane start (etcd, API server, scheduler, controller-manager)",
                   planes), flush=True)

@@ -30,7 +30,7 @@ from lightkube import AsyncClient, KubeConfig
 
 from crds.naming import instance_name
 from crds.resources import InstanceResource
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controller_process import apply
 from tests.harness.controlplane import ControlPlane
 from tests.harness.onvif_agent_netns import NetnsAgent
@@ -49,17 +49,7 @@ HELLOS = 20
 INSTANCE_CAMERAS = 20  # cameras already known to the agent when the Hellos start
 WATCH_REOPEN_S = 0.2
 DISCOVERY_TIMEOUT_S = 1.0
-CALIBRATION_LOOPS = 2_000_000
 DEADLINE_S = 120.0
-
-
-def machine_speed() -> float:
-    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for value in range(CALIBRATION_LOOPS):
-        total += value & 7
-    return time.perf_counter() - started
 
 
 def import_cost() -> tuple[float, int]:
@@ -216,10 +206,7 @@ async def _until(check: Any, what: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)
-    print(f"machine speed: {CALIBRATION_LOOPS:,} loop iterations in "
-          f"{statistics.median(machine_speed() for _ in range(3)) * 1000:.0f} ms (median of 3)")
+    print(machine_speed_line(), flush=True)
     seconds, kib = import_cost()
     print(f"importing the SOAP side (onvif-zeep-async, zeep, aiohttp): {seconds:.2f} s, "
           f"{kib / 1024:.1f} MiB, once per process")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ from agent.main import run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
 from crds.resources import InstanceResource
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controller_process import apply
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
@@ -53,18 +52,8 @@ STEADY_S = 10.0  # how long the steady-state CPU is measured
 SAMPLES = 10
 TIMEOUT_S = 2.0
 INTERVAL_S = 2.0
-CALIBRATION_LOOPS = 2_000_000
 DEADLINE_S = 120.0
 WATCH_REOPEN_S = 0.2
-
-
-def machine_speed() -> float:
-    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for value in range(CALIBRATION_LOOPS):
-        total += value & 7
-    return time.perf_counter() - started
 
 
 def _run_handler(url: str, timeout_s: float, steady_s: float = 0.0) -> dict[str, Any]:
@@ -220,11 +209,7 @@ async def _bench(plane: ControlPlane) -> None:
 
 
 def main(argv: list[str]) -> None:
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)
-    print(f"machine speed: {CALIBRATION_LOOPS:,} loop iterations in "
-          f"{statistics.median(machine_speed() for _ in range(3)) * 1000:.0f} ms (median of 3)",
-          flush=True)
+    print(machine_speed_line(), flush=True)
     with ControlPlane() as plane:
         plane.apply_crds()
         asyncio.run(_bench(plane))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import statistics
 import tempfile
@@ -25,7 +24,7 @@ import yaml
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.udev.watch import DEBOUNCE_QUIET_S
 from tests.bench.bench_agent_setup import WatchedState, quiet_logs
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.agent_process import AgentSubprocess, api_client, apply
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
@@ -36,7 +35,6 @@ HANDLER_PLUG_RUNS = 20
 SCALE_DEVICES = 1000
 SCALE_RUNS = 3
 IDLE_WINDOW_S = 10.0  # a measuring window for idle CPU, not a wait for a condition
-CALIBRATION_LOOPS = 2_000_000
 PORT_ID = "/devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1:1.0"
 RADIO = "usb: {vendor: '0403', product: '6001'}"
 #: Five rules over a console server's 1,000 ports: two select all, three select none.
@@ -47,15 +45,6 @@ FIVE_RULES = yaml.safe_dump({"udevRules": [
     'SUBSYSTEM=="video4linux"',
     'ENV{ID_SERIAL}=="nothing*"',
 ]})
-
-
-def machine_speed() -> float:
-    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for value in range(CALIBRATION_LOOPS):
-        total += value & 7
-    return time.perf_counter() - started
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -178,9 +167,7 @@ async def _bench_with_plane() -> None:
 def main(argv: list[str]) -> None:
     del argv
     quiet_logs()
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"machine: {os.cpu_count()} CPUs, load {load}; speed loop "
-          f"{statistics.median(machine_speed() for _ in range(3)) * 1000:.0f} ms (median of 3)")
+    print(machine_speed_line())
     bench_handler_hotplug()
     bench_scale()
     asyncio.run(_bench_with_plane())

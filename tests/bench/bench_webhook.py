@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import ssl
 import statistics
 import tempfile
@@ -31,7 +30,7 @@ import aiohttp
 from lightkube import KubeConfig
 
 from controller.rest import Rest
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controller_process import wait_until
 from tests.harness.controlplane import ControlPlane
 from tests.harness.webhook_setup import WebhookSetup, webhook_controller
@@ -39,7 +38,6 @@ from tests.harness.webhook_setup import WebhookSetup, webhook_controller
 RUNS: Final = 5
 REVIEWS_PER_RUN: Final = 100
 CREATES_PER_RUN: Final = 40
-CALIBRATION_LOOPS: Final = 2_000_000
 API: Final = "/apis/edgeplug.io/v1alpha1"
 #: (handler, good details, bad details): one of each per handler, sent in turn.
 DETAILS: Final = (
@@ -50,15 +48,6 @@ DETAILS: Final = (
     ("ascend", "chipNames: [Ascend910B3]", "healthPollSeconds: -1"),
     ("debugEcho", "descriptions: [a, b]", "descriptions: []"),
 )
-
-
-def machine_speed() -> float:
-    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for value in range(CALIBRATION_LOOPS):
-        total += value & 7
-    return time.perf_counter() - started
 
 
 def _configuration(namespace: str, handler: str, details: str) -> dict[str, Any]:
@@ -148,9 +137,7 @@ def _refusing(setup: WebhookSetup) -> bool:
 
 def main(argv: list[str]) -> None:
     del argv
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"machine: {os.cpu_count()} CPUs, load {load}; speed loop "
-          f"{statistics.median(machine_speed() for _ in range(3)) * 1000:.0f} ms (median of 3)")
+    print(machine_speed_line())
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as logs:
         plain = f"plain-{uuid.uuid4().hex[:8]}"
         plane.kubectl("create", "namespace", plain)

@@ -6,7 +6,9 @@ runs), so figures in README.md can be compared run to run.
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 from collections.abc import Sequence
 
 
@@ -27,3 +29,27 @@ def summary(label: str, samples: Sequence[float], unit: str = "ms", scale: float
         f"p95 {percentile(scaled, 0.95):.2f}, p99 {percentile(scaled, 0.99):.2f}, "
         f"min {min(scaled):.2f}, max {max(scaled):.2f} (n={len(scaled)})"
     )
+
+
+#: Iterations of the fixed pure-Python loop that shows the machine's speed beside the figures.
+CALIBRATION_LOOPS = 2_000_000
+CALIBRATION_RUNS = 3
+
+
+def machine_speed(loops: int = CALIBRATION_LOOPS) -> float:
+    """Seconds for a fixed pure-Python loop: the machine's speed, beside the figures."""
+    started = time.perf_counter()
+    total = 0
+    for value in range(loops):
+        total += value & 7
+    return time.perf_counter() - started
+
+
+def machine_speed_line() -> str:
+    """The line every benchmark prints so its figures can be compared across machines: CPUs,
+    load average, and the time of a fixed pure-Python loop."""
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    seconds = statistics.median(machine_speed() for _ in range(CALIBRATION_RUNS))
+    return (f"machine: {os.cpu_count()} CPUs, load {load} (1, 5, 15 min); speed loop "
+            f"{CALIBRATION_LOOPS:,} iterations in {seconds * 1000:.0f} ms "
+            f"(median of {CALIBRATION_RUNS})")
