@@ -11,7 +11,8 @@ USB core and the ftdi_sio driver: the sysfs layout, attributes and uevents of an
 behind a root hub (``/devices/pci0000:00/0000:00:14.0/usb1/1-N/1-N:1.0/ttyUSBk/tty/ttyUSBk``).
 
 Protocol: one JSON object per line in, one per line out. First line out: ``{"root": dir}``.
-Ops: ``plug`` (port, tty, serial, [vendor, product, hub]) → ``{"paths": [...], "t": monotonic}``;
+Ops: ``plug`` (port, tty, serial, [vendor, product, hub]) → ``{"paths": [...], "t": monotonic,
+"stamps": [when each uevent went out]}``;
 ``unplug`` (port) and ``renumber`` (port, tty) likewise; ``hub`` (port, count, first_tty)
 plugs a hub with ``count`` radios at once; ``odd_attribute`` (port, name, hex_bytes) writes raw
 bytes into a USB attribute; ``bulk`` (count) adds plain serial ports.
@@ -46,18 +47,27 @@ class Bed:
         self.ports: dict[str, list[str]] = {}  # port → sysfs paths added, parents first
         self.ids: dict[str, tuple[str, str, str]] = {}  # port → (serial, vendor, product)
         self.devnum = 1
+        #: When each uevent of the current op went out (the test compares the gaps between
+        #: them with the handler's debounce: a gap the bed itself made may split a burst).
+        self.stamps: list[float] = []
+
+    def add_device(self, *args: Any) -> str:
+        """The test bed's add_device (which sends the "add" uevent), stamped."""
+        path: str = self.tb.add_device(*args)
+        self.stamps.append(time.monotonic())
+        return path
 
     def plug(self, port: str, tty: str, serial: str, vendor: str = FTDI[0],
              product: str = FTDI[1], hub: str | None = None) -> list[str]:
         parent = self.ports[hub][0] if hub else self.root_hub
         self.devnum += 1
-        usb = self.tb.add_device(
+        usb = self.add_device(
             "usb", port, parent,
             ["idVendor", vendor, "idProduct", product, "serial", serial, "busnum", "1",
              "devnum", str(self.devnum), "manufacturer", "FTDI", "product", "FT232R USB UART"],
             ["DEVTYPE", "usb_device", "DEVNAME", f"/dev/bus/usb/001/{self.devnum:03d}",
              "ID_VENDOR_ID", vendor, "ID_MODEL_ID", product, "ID_SERIAL_SHORT", serial])
-        intf = self.tb.add_device("usb", f"{port}:1.0", usb,
+        intf = self.add_device("usb", f"{port}:1.0", usb,
                                   ["bInterfaceNumber", "00", "bInterfaceClass", "ff"],
                                   ["DEVTYPE", "usb_interface", "INTERFACE", "255/255/255"])
         self.ports[port] = [usb, intf, *self._add_tty(intf, tty, serial, vendor, product)]
@@ -66,9 +76,9 @@ class Bed:
 
     def _add_tty(self, intf: str, tty: str, serial: str, vendor: str, product: str) -> list[str]:
         minor = int("".join(c for c in tty if c.isdigit()) or "0")
-        port_dev = self.tb.add_device("usb-serial", tty, intf, ["port_number", "0"], [])
+        port_dev = self.add_device("usb-serial", tty, intf, ["port_number", "0"], [])
         link = f"/dev/serial/by-id/usb-FTDI_FT232R_USB_UART_{serial}-if00-port0"
-        node = self.tb.add_device(
+        node = self.add_device(
             "tty", f"tty/{tty}", port_dev, ["dev", f"{TTY_MAJOR}:{minor}"],
             ["DEVNAME", f"/dev/{tty}", "MAJOR", str(TTY_MAJOR), "MINOR", str(minor),
              "DEVLINKS", link, "ID_VENDOR_ID", vendor, "ID_MODEL_ID", product,
@@ -86,6 +96,7 @@ class Bed:
     def _remove(self, paths: list[str]) -> None:
         for path in sorted(paths, key=len, reverse=True):  # children first, as the kernel does
             self.tb.uevent(path, "remove")
+            self.stamps.append(time.monotonic())
             self.tb.remove_device(path)
 
     def renumber(self, port: str, tty: str) -> list[str]:
@@ -98,7 +109,7 @@ class Bed:
 
     def hub(self, port: str, count: int, first_tty: int) -> list[str]:
         self.devnum += 1
-        hub = self.tb.add_device(
+        hub = self.add_device(
             "usb", port, self.root_hub, ["idVendor", "05e3", "idProduct", "0608",
                                          "bDeviceClass", "09"],
             ["DEVTYPE", "usb_device", "DEVNAME", f"/dev/bus/usb/001/{self.devnum:03d}"])
@@ -114,14 +125,15 @@ class Bed:
         usb = self.ports[port][0]
         self.tb.set_attribute_binary(usb, name, bytes.fromhex(hex_bytes))
         self.tb.uevent(usb, "change")
+        self.stamps.append(time.monotonic())
         return [usb]
 
     def bulk(self, count: int) -> list[str]:
         """``count`` plain serial ports (a console server), each its own device node."""
-        parent = self.tb.add_device("platform", "serial8250", None, [], [])
+        parent = self.add_device("platform", "serial8250", None, [], [])
         paths = []
         for index in range(count):
-            paths.append(self.tb.add_device(
+            paths.append(self.add_device(
                 "tty", f"tty/ttyS{index}", parent, ["dev", f"4:{64 + index}", "type", "4"],
                 ["DEVNAME", f"/dev/ttyS{index}", "MAJOR", "4", "MINOR", str(64 + index)]))
         return paths
@@ -135,9 +147,10 @@ def main() -> None:
             continue
         request: dict[str, Any] = json.loads(line)
         op = request.pop("op")
+        bed.stamps = []
         try:
             paths = getattr(bed, op)(**request)
-            reply: dict[str, Any] = {"paths": paths, "t": time.monotonic()}
+            reply: dict[str, Any] = {"paths": paths, "t": time.monotonic(), "stamps": bed.stamps}
         except Exception as exc:  # report, keep serving
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(reply), flush=True)

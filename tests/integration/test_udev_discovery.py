@@ -6,6 +6,7 @@ sockets; see tests/harness/udev_testbed_helper.py for the USB serial devices it 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import stat
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 
 from discovery_handlers.contract import Device, DeviceSpec
 from discovery_handlers.udev import handler
+from discovery_handlers.udev.watch import DEBOUNCE_QUIET_S
 from tests.harness.udev_testbed import DiscoveryProcess, UmockdevBed
 
 FIRST_LIST_DEADLINE_S = 20.0
@@ -117,14 +119,24 @@ def test_plug_and_unplug_a_usb_serial_radio(bed: UmockdevBed) -> None:
 def test_a_hub_of_ten_radios_yields_one_or_two_lists(bed: UmockdevBed) -> None:
     with DiscoveryProcess(bed, RADIO) as discovery:
         assert discovery.next_list()["devices"] == []
-        bed.hub("1-2", 10, 10)
+        plugged = bed.hub("1-2", 10, 10)
         line, lists = discovery.until(lambda ds: len(ds) == 10, what="ten radios")
-        assert lists <= 2, f"a burst of 10 plugs gave {lists} lists"
+        # One or two lists, plus one for each pause longer than the debounce that the bed
+        # itself made between two uevents (a loaded machine can stall it; the kernel does
+        # not), since the handler cannot tell such a pause from the burst's end.
+        assert lists <= 2 + bed_pauses(plugged), f"a burst of 10 plugs gave {lists} lists"
         nodes = sorted(d["properties"]["UDEV_DEVNODE"] for d in line["devices"])
         assert nodes == sorted(f"/dev/ttyUSB{n}" for n in range(10, 20))
-        bed.unplug("1-2")
+        unplugged = bed.unplug("1-2")
         _, lists = discovery.until(lambda ds: ds == [], what="the hub's radios gone")
-        assert lists <= 2
+        assert lists <= 2 + bed_pauses(unplugged)
+
+
+def bed_pauses(reply: dict[str, Any]) -> int:
+    """How many gaps between two of the bed's uevents in one operation exceeded the
+    handler's debounce quiet time."""
+    stamps: list[float] = reply["stamps"]
+    return sum(1 for a, b in itertools.pairwise(stamps) if b - a > DEBOUNCE_QUIET_S)
 
 
 def test_a_renumbered_node_keeps_the_id_and_carries_the_new_path(bed: UmockdevBed) -> None:
