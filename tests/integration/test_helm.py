@@ -47,7 +47,7 @@ CHART_CRDS = ("configurations.edgeplug.io", "instances.edgeplug.io",
 NON_DEFAULT_VALUES: dict[str, Any] = {
     "image": {"registry": "registry.example.test/edge", "tag": "9.8.7", "pullPolicy": "Always"},
     "agent": {"pluginDir": "/var/lib/k0s/kubelet/device-plugins", "metricsPort": 9500,
-              "cdiSpecDir": ""},
+              "cdiSpecDir": "", "hostNetwork": False},
     "controller": {"replicas": 1, "webhook": {"enabled": False}},
 }
 
@@ -185,6 +185,9 @@ def test_default_values_render_what_the_api_server_accepts(
     assert env["PLUGIN_DIR"] == "/var/lib/kubelet/device-plugins"
     assert env["CDI_SPEC_DIR"] == "/var/run/cdi"
     assert "WATCH_NAMESPACE" not in env
+    # The node's network, for ONVIF multicast and udev's netlink events; cluster DNS kept.
+    pod_spec = agent["spec"]["template"]["spec"]
+    assert (pod_spec["hostNetwork"], pod_spec["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     for binding in (o for o in stored if o["kind"] == "ClusterRoleBinding"):
         assert {s["namespace"] for s in binding["subjects"]} == {namespace}, binding
 
@@ -209,6 +212,9 @@ def test_non_default_values_render_what_the_api_server_accepts(
     assert env["METRICS_PORT"] == "9500"
     assert env["CDI_SPEC_DIR"] == ""
     assert agent["ports"][0]["containerPort"] == 9500
+    pod_spec = daemonset["spec"]["template"]["spec"]
+    assert not pod_spec.get("hostNetwork"), "hostNetwork: false keeps the pod's own network"
+    assert pod_spec["dnsPolicy"] == "ClusterFirst"
     volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
     assert "cdi" not in volumes, "no CDI spec directory: nothing mounted for it"
     assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/device-plugins"
