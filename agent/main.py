@@ -98,8 +98,10 @@ async def _serve_until_signalled(settings: AgentSettings) -> None:
 
 #: Modules the agent process never needs but a dependency imports whenever they are installed:
 #: httpcore2 imports trio (with attrs, 2 MiB resident) only to tell trio from asyncio, and the
-#: agent runs on asyncio alone. Marked absent before anything could import them.
-_NEVER_IMPORTED = ("trio",)
+#: agent runs on asyncio alone; it imports h2 (with hpack and hyperframe, 1 MiB) for HTTP/2,
+#: which the agent's API client never speaks (lightkube asks for HTTP/1.1) and which none of
+#: the agent's own dependencies installs. Marked absent before anything could import them.
+_NEVER_IMPORTED = ("trio", "h2")
 
 
 def settle_heap(settings: AgentSettings) -> None:
