@@ -3,13 +3,15 @@
 Why this exists: the fast path (``agent.slots.backends``) answers the kubelet from a slot
 reserved for this node and leaves the ``deviceUsage`` write for right after. A burst of
 Allocates on one Instance (a Deployment scaled up) must not become a queue of writes, each
-waiting for the Instance's lock and conflicting with the next: one task per Instance gathers
-what is promised for ``GATHER_SECONDS``, writes it in one conditioned claim, then does the
-same with whatever was promised meanwhile. Every write costs the agent more than the write:
-its watch event brings a reconcile pass over every slot of the Instance, and an ``Allocate``
-that arrives meanwhile waits behind both on the event loop; gathering a burst into a few writes
-keeps that tail short (``tests/bench/bench_agent.py`` measures it). The wait only delays the
-record, never the answer, and an unrecorded promise is as safe as a recorded claim.
+waiting for the Instance's lock and conflicting with the next: one task per Instance writes
+what is promised in one conditioned claim, at once for the first promise and then at most once
+per ``GATHER_SECONDS``, each write taking everything promised since the last. A write costs
+the agent more than the request: its watch event brings a reconcile pass over every slot of the
+Instance, and an ``Allocate`` that arrives meanwhile waits behind both on the event loop;
+gathering a burst into a few writes keeps that tail short (``tests/bench/bench_agent.py``
+measures it). The wait only delays the record, never the answer, and an unrecorded promise is
+as safe as a recorded claim.
+
 A write that fails (the API server unreachable) is retried with the watches' bounded backoff for
 as long as it takes: the promise keeps the slot from being released, freed or given to the
 configuration plugin meanwhile, so it is dropped only once recorded (or the Instance is gone).
@@ -30,7 +32,8 @@ from crds.instance import SlotUsage
 
 log = logging.getLogger(__name__)
 
-#: How long promises on one Instance are gathered before they are written in one claim.
+#: While promises on one Instance keep coming, they are written at most this often, each write
+#: taking all promised since the last.
 GATHER_SECONDS = 0.05
 
 _Key = tuple[str, str]
@@ -71,12 +74,14 @@ class PromiseRecorder:
 
     async def _record_pending(self, key: _Key) -> None:
         ledger = self._world.ledger(*key)
+        loop = asyncio.get_running_loop()
         failures = 0
-        while self._unrecorded.get(key):
-            await asyncio.sleep(self._gather)  # the rest of the burst joins this write
-            pending = self._unrecorded.get(key)
-            if not pending:
-                break
+        next_write = loop.time()  # the first promise is written at once
+        while pending := self._unrecorded.get(key):
+            if (wait := next_write - loop.time()) > 0:
+                await asyncio.sleep(wait)  # the rest of the burst joins the next write
+                continue
+            next_write = loop.time() + self._gather
             batch = dict(pending)
             done = True
             try:
