@@ -27,7 +27,13 @@ from pathlib import Path
 
 from crds.naming import instance_name, instance_resource_name
 from tests.bench.bench_agent_memory import _status_kib
-from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
+from tests.bench.bench_agent_setup import (
+    DAEMONSET_SETTINGS,
+    BenchNode,
+    bench_node,
+    daemonset_env,
+    quiet_logs,
+)
 from tests.harness.agent_process import apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
 
@@ -102,7 +108,7 @@ async def _ready(node: BenchNode, names: list[str]) -> float:
 async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int,
                 smaps: bool) -> None:
     offline = Path(tempfile.mkdtemp(prefix="epi-", dir="/tmp")) / "offline"
-    async with bench_node(plane, label="idl", pod_resources=True) as node:
+    async with bench_node(plane, label="idl", pod_resources=True, env=daemonset_env()) as node:
         names = [f"d{i:03d}" for i in range(count)]
         apply(plane, node.namespace, debug_echo_configuration(
             "idle", descriptions=names, availability_file=offline))
@@ -140,6 +146,7 @@ def main(argv: list[str]) -> None:
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start; "
           f"{SPEED_LOOP:,}-step loop {_speed_ms():.0f} ms", flush=True)
+    print(f"the agent runs as the DaemonSet runs it: {DAEMONSET_SETTINGS}", flush=True)
     with ControlPlane() as plane:
         plane.apply_crds()
         for count in counts:

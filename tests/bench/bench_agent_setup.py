@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,12 +172,29 @@ class TracedAgentSubprocess(AgentSubprocess):
         )
 
 
+def daemonset_env() -> dict[str, str]:
+    """The settings the DaemonSet gives the agent beyond the node's paths
+    (``deploy/manifests/agent-daemonset.yaml``): its metrics endpoint, served here on loopback.
+    The memory and idle benchmarks run the agent with these (and pod-resources) and nothing
+    else: no allocator or gRPC tuning variables, which the DaemonSet does not set either."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return {"METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1"}
+
+
+#: What ``daemonset_env`` sets, for the benchmarks' output.
+DAEMONSET_SETTINGS = ("POD_RESOURCES_SOCKET (the emulator's), METRICS_PORT on 127.0.0.1; "
+                      "no MALLOC_* or GRPC_* variables")
+
+
 @contextlib.asynccontextmanager
 async def bench_node(plane: ControlPlane, *, label: str, trace_out: Path | None = None,
-                     pod_resources: bool = False) -> AsyncIterator[BenchNode]:
+                     pod_resources: bool = False,
+                     env: Mapping[str, str] | None = None) -> AsyncIterator[BenchNode]:
     """A fresh namespace, an emulated node, the agent as ``python -m agent.main`` (traced by
     tracemalloc when ``trace_out`` is given; sweeping the emulator's pod-resources socket when
-    ``pod_resources``), and two watches."""
+    ``pod_resources``; with ``env`` added to its environment), and two watches."""
     suffix = uuid.uuid4().hex[:6]
     name, namespace = f"bench-{label}-{suffix}", f"bench-{label}-{suffix}"
     plane.kubectl("create", "namespace", namespace)
@@ -187,6 +205,7 @@ async def bench_node(plane: ControlPlane, *, label: str, trace_out: Path | None 
     emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir,
                             pod_resources_socket=pod_resources_socket if pod_resources else None)
     extra_env = {"POD_RESOURCES_SOCKET": str(pod_resources_socket)} if pod_resources else {}
+    extra_env.update(env or {})
     agent = (
         AgentSubprocess(plane, node_name=name, namespace=namespace, serve_device_plugins=True,
                         plugin_dir=plugin_dir, log_path=log_path, extra_env=extra_env)
