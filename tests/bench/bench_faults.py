@@ -61,6 +61,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--failover-runs", type=int, default=DEFAULT_FAILOVER_RUNS)
     parser.add_argument("--trace", action="store_true",
                         help="print each outage run's convergence step by step")
+    parser.add_argument("--agent-retry-max", type=float, default=None, metavar="S",
+                        help="experiment: cap the agents' retry backoff at S seconds "
+                             "(agent.watching.RETRY_MAX_S) in the outage part")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="keep the outage part's process logs in this directory")
     args = parser.parse_args(argv)
@@ -74,7 +77,8 @@ def main(argv: list[str]) -> None:
         print("-- API server outage, devices changing in it (target: 5 s after the return)",
               flush=True)
         results, rate = faults_outage.measure(
-            args.outages, trace=print if args.trace else None, keep=args.keep_logs)
+            args.outages, trace=print if args.trace else None, keep=args.keep_logs,
+            agent_retry_max_s=args.agent_retry_max)
         faults_outage.report(results, rate)
     if "failover" in parts:
         print("-- controller failover (default peering lifetime)", flush=True)

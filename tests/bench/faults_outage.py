@@ -101,7 +101,21 @@ class _Cluster:
             raise RuntimeError(f"the controller exited:\n{ctl.log_tail()}")
 
 
-async def _start(plane: ControlPlane, workdir: Path) -> _Cluster:
+def _agent_env(workdir: Path, retry_max_s: float | None) -> dict[str, str]:
+    """The agents' extra environment: with ``retry_max_s``, an experiment: the agent's retry
+    backoff capped there instead of ``agent.watching.RETRY_MAX_S`` (a ``sitecustomize`` sets
+    it as the interpreter starts), to show what that cap costs after an outage."""
+    if retry_max_s is None:
+        return {}
+    patch = workdir / "retry-patch"
+    patch.mkdir(exist_ok=True)
+    (patch / "sitecustomize.py").write_text(
+        "import agent.watching\n"
+        f"agent.watching.RETRY_MAX_S = {float(retry_max_s)!r}\n")
+    return {"PYTHONPATH": str(patch)}
+
+
+async def _start(plane: ControlPlane, workdir: Path, retry_max_s: float | None) -> _Cluster:
     namespace = f"bench-outage-{uuid.uuid4().hex[:6]}"
     await asyncio.to_thread(install_peering_crds, plane)
     await asyncio.to_thread(plane.kubectl, "create", "namespace", namespace)
@@ -118,7 +132,8 @@ async def _start(plane: ControlPlane, workdir: Path) -> _Cluster:
         agent = AgentSubprocess(plane, node_name=node.node_name, namespace=namespace,
                                 serve_device_plugins=True, plugin_dir=plugin_dir,
                                 log_path=workdir / f"agent-{node.node_name}.log",
-                                extra_env={"POD_RESOURCES_SOCKET": str(pod_resources)})
+                                extra_env={"POD_RESOURCES_SOCKET": str(pod_resources),
+                                           **_agent_env(workdir, retry_max_s)})
         agent.start()
         cluster.agents.append(agent)
     cluster.controller = ControllerProcess(plane, namespaces=[namespace], extra_args=(),
@@ -226,8 +241,9 @@ async def _wait_converged(client: AsyncClient, cluster: _Cluster, expected: dict
 
 
 async def _outages(plane: ControlPlane, workdir: Path, plan: Sequence[tuple[float, int]],
-                   trace: Callable[[str], Any] | None) -> tuple[list[OutageResult], float]:
-    cluster = await _start(plane, workdir)
+                   trace: Callable[[str], Any] | None, retry_max_s: float | None
+                   ) -> tuple[list[OutageResult], float]:
+    cluster = await _start(plane, workdir, retry_max_s)
     client = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
     results = []
     try:
@@ -263,13 +279,15 @@ async def _outages(plane: ControlPlane, workdir: Path, plan: Sequence[tuple[floa
 
 
 def measure(plan: Sequence[tuple[float, int]], *, trace: Callable[[str], Any] | None = None,
-            keep: Path | None = None) -> tuple[list[OutageResult], float]:
+            keep: Path | None = None, agent_retry_max_s: float | None = None
+            ) -> tuple[list[OutageResult], float]:
     """``plan``: (outage seconds, runs) in order, all on one cluster; ``trace``: each run's
     convergence step by step; ``keep``: a directory for the processes' logs (else removed).
-    Also returns the API server's create rate, measured once the cluster has settled."""
+    ``agent_retry_max_s``: the experiment of ``_agent_env``. Also returns the API server's
+    create rate, measured once the cluster has settled."""
     with tempfile.TemporaryDirectory(prefix="ep-bo-") as tmp, \
             ControlPlane(workdir=keep / "control-plane" if keep else None) as plane:
-        return asyncio.run(_outages(plane, keep or Path(tmp), plan, trace))
+        return asyncio.run(_outages(plane, keep or Path(tmp), plan, trace, agent_retry_max_s))
 
 
 def report(results: Sequence[OutageResult], rate: float,
