@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO_ROOT / "crds" / "manifests"
-#: Keeps the Instances' Nodes printer column sorted (deploy/manifests/instance-nodes-policy.yaml).
-INSTANCE_NODES_POLICY = REPO_ROOT / "deploy" / "manifests" / "instance-nodes-policy.yaml"
 READY_TIMEOUT_S = 120.0
 READY_POLL_S = 0.1
 STOP_TIMEOUT_S = 15.0
@@ -332,37 +330,11 @@ class ControlPlane:
         )
 
     def apply_crds(self) -> None:
-        """The CRDs, and the admission policy their Nodes printer column relies on (as every
-        install applies both)."""
         self.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
         self.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s",
             "crd/configurations.edgeplug.io", "crd/instances.edgeplug.io",
         )
-        self.kubectl("apply", "--server-side", "-f", str(INSTANCE_NODES_POLICY))
-        self._wait_instance_nodes_policy()
-
-    def _wait_instance_nodes_policy(self) -> None:
-        """The API server takes up a new admission policy a moment after it is created: wait
-        until a dry-run create of an Instance comes back annotated, so no test writes one first."""
-        probe = json.dumps({
-            "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
-            "metadata": {"name": "policy-probe", "namespace": "default"},
-            "spec": {"configurationName": "probe", "nodes": ["b", "a"]},
-        })
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            # Refused while the new CRD's storage starts (429), or before "default" exists.
-            created = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
-                                   stdin=probe, check=False)
-            if created.returncode == 0:
-                annotations = json.loads(created.stdout)["metadata"].get("annotations") or {}
-                if annotations.get("edgeplug.io/nodes") == "a,b":
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError("the instance-nodes admission policy never took effect: "
-                                   f"{created.stderr.strip()}")
-            time.sleep(READY_POLL_S)
 
 
 def _terminate(process: _Process) -> None:

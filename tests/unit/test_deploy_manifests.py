@@ -40,8 +40,7 @@ AGENT_MIN_MARGIN_MIB = 16
 NODE_NAME_PLACEHOLDER = "node-from-downward-api"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                  "ValidatingWebhookConfiguration", "MutatingAdmissionPolicy",
-                  "MutatingAdmissionPolicyBinding"}
+                  "ValidatingWebhookConfiguration"}
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
