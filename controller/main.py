@@ -121,6 +121,15 @@ async def run(
         engine = Engine(http=http, reconciler=reconciler, settings=settings, identity=identity)
         registry = kopf.OperatorRegistry()
         register(registry)
+        ours: list[asyncio.Task[Any]] = []
+
+        @kopf.on.cleanup(registry=registry)
+        async def stop_ours(**_: Any) -> None:
+            # On a stop signal kopf gives every task started after it 5 s to end by itself
+            # before cancelling it; the engine's watches and workers never end by themselves,
+            # so a SIGTERM took 5 s. They are ours to stop, and are stopped here at once.
+            await _stop(ours)
+
         log.info(
             "edgeplug controller starting: %s, priority %d",
             "cluster-wide" if settings.clusterwide else f"namespaces {settings.namespaces}",
@@ -137,7 +146,7 @@ async def run(
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         ), name="kopf")
-        ours = [engine_task]
+        ours.append(engine_task)
         if settings.webhook.enabled:
             webhook = WebhookServer(settings.webhook, client)
             ours.append(asyncio.create_task(webhook.run(), name="webhook"))
@@ -157,14 +166,18 @@ async def run(
                 task.result()
         await kopf_task
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _stop(tasks)
         await http.close()
         await rest.close()
         await client.close()
+
+
+async def _stop(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def main(argv: Sequence[str] | None = None) -> None:
