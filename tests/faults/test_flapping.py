@@ -53,11 +53,14 @@ async def test_device_flapping_faster_than_its_grace_churns_nothing(
     brokers = await broker_uids(client, cluster)
 
     async with cluster.recorder() as recorder:
+        flaps_seen = 0  # flaps in which the kubelet saw the device's slots go unhealthy
         for _ in range(FLAPS):
             availability.write_text("cam0\n")
             await asyncio.sleep(FLAP_HALF_PERIOD_S)
+            flaps_seen += len(node.kubelet.healthy_device_ids(resource)) < CAPACITY
             availability.write_text("")
             await asyncio.sleep(FLAP_HALF_PERIOD_S)
+        assert flaps_seen > 0, "the kubelet never saw the device flap"
         await cluster.converged(client, expected, brokers=True)
         await node.kubelet.wait_for(
             lambda: len(node.kubelet.healthy_device_ids(resource)) == CAPACITY,
