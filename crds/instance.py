@@ -7,7 +7,8 @@ device). :class:`SlotUsage` parses and formats those strings so nobody else spli
 ``status.reservations`` maps a slot to the node that holds it in reserve (see the agent's slot
 design), ``status.demand`` maps a node to how many slots its agent still needs for Pending pods
 pinned to it, ``status.unhealthy`` maps a node to why the device is present there but unusable,
-and ``status.used`` is the count of held slots that ``kubectl get instances`` prints.
+and ``status.used`` is the count of held slots that ``kubectl get instances`` prints
+(``status.nodes`` the sorted node list its ``-o wide`` prints).
 """
 
 from __future__ import annotations
@@ -142,6 +143,11 @@ class InstanceSpec:
         """How many slots someone holds (what ``status.used`` should say)."""
         return sum(1 for value in self.device_usage.values() if value)
 
+    @property
+    def nodes_shown(self) -> str:
+        """``nodes`` as ``kubectl get instances -o wide`` shows them (``status.nodes``)."""
+        return ",".join(sorted(self.nodes))
+
 
 @dataclass(frozen=True)
 class Instance:
@@ -193,10 +199,11 @@ class Instance:
 
     def status_to_object(self) -> dict[str, Any]:
         """The ``status`` this Instance should carry: reservations, demand, the nodes that find
-        the device unhealthy (and why), the used-slot count."""
+        the device unhealthy (and why), the used-slot count and the sorted node list."""
         return {
             "reservations": dict(self.reservations),
             "demand": dict(self.demand),
             "unhealthy": dict(self.unhealthy),
             "used": self.spec.used,
+            "nodes": self.spec.nodes_shown,
         }

@@ -280,14 +280,15 @@ class SlotLedger:
         return self._wrote(Instance.from_object(as_dict(obj)))
 
     async def write_used(self, instance: Instance) -> None:
-        """Best effort: ``status.used`` for ``kubectl get instances`` (a display field)."""
+        """Best effort: ``status.used`` and ``status.nodes`` for ``kubectl get instances``
+        (display fields), conditioned on the object they were computed from."""
         try:
             await self._client.patch(
                 InstanceResource.Status,
                 self.name,
                 {
                     "metadata": {"resourceVersion": instance.resource_version},
-                    "status": {"used": instance.spec.used},
+                    "status": {"used": instance.spec.used, "nodes": instance.spec.nodes_shown},
                 },
                 namespace=self.namespace,
                 patch_type=PatchType.MERGE,

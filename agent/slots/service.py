@@ -113,7 +113,7 @@ class DevicePluginService:
         self._ledgers: dict[_Key, SlotLedger] = {}
         self._served: dict[str, _Served] = {}
         self._config_resources: dict[_Key, str] = {}
-        self._used: dict[_Key, object] = {}  # status.used as last seen
+        self._used: dict[_Key, object] = {}  # (status.used, status.nodes) as last seen
         self._used_writer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         #: A pass failed in part: the next one is due after ``RETRY_SECONDS``.
@@ -245,7 +245,8 @@ class DevicePluginService:
                 self._used.pop(key, None)
             else:
                 self._instances[key] = instance
-                self._used[key] = (as_dict(obj).get("status") or {}).get("used")
+                status = as_dict(obj).get("status") or {}
+                self._used[key] = (status.get("used"), status.get("nodes"))
                 if key in self._ledgers:
                     self._ledgers[key].seen(instance)
             self._wake.set()
@@ -464,17 +465,18 @@ class DevicePluginService:
             )
 
     async def _correct_used(self, served: dict[_Key, Instance]) -> None:
-        """``status.used`` (a display field) follows ``deviceUsage``, but not on every claim: a
-        burst of Allocates is summed up once, ``USED_WRITE_DELAY_SECONDS`` after it began, so
-        those writes neither load the API server nor make claims conflict with them."""
-        stale = any(self._used.get(k) != i.spec.used for k, i in served.items())
+        """``status.used`` and ``status.nodes`` (display fields) follow ``deviceUsage`` and
+        ``nodes``, but not on every claim: a burst of Allocates is summed up once,
+        ``USED_WRITE_DELAY_SECONDS`` after it began, so those writes neither load the API
+        server nor make claims conflict with them."""
+        stale = any(self._used.get(k) != _shown(i) for k, i in served.items())
         if stale and (self._used_writer is None or self._used_writer.done()):
             self._used_writer = asyncio.create_task(self._write_used_later(), name="status-used")
 
     async def _write_used_later(self) -> None:
         await asyncio.sleep(USED_WRITE_DELAY_SECONDS)
         for key, instance in list(self._instances.items()):
-            if self._serves(key, instance) and self._used.get(key) != instance.spec.used:
+            if self._serves(key, instance) and self._used.get(key) != _shown(instance):
                 try:
                     await self.ledger(*key).write_used(instance)
                 except Exception as error:  # the next change or resync writes it again
@@ -495,6 +497,11 @@ class DevicePluginService:
                 ledger = self.ledger(*key)
                 async with ledger.lock:
                     await ledger.free(mine)
+
+
+def _shown(instance: Instance) -> tuple[int, str]:
+    """The display fields ``status.used`` and ``status.nodes`` as they should read."""
+    return instance.spec.used, instance.spec.nodes_shown
 
 
 async def serve_device_plugins(

@@ -119,6 +119,12 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     name, resource = await share_instance(
         kube, ns, configuration=configuration, digest="f6f6f6", nodes=(a, b), capacity=2
     )
+    # The agents keep the display field `kubectl get instances -o wide` prints: nodes sorted.
+    async def nodes_shown() -> bool:
+        obj = as_dict(await kube.get(InstanceResource, name, namespace=ns))
+        return bool((obj.get("status") or {}).get("nodes") == ",".join(sorted((a.name, b.name))))
+
+    await wait_until(nodes_shown, what="status.nodes: both nodes, sorted")
 
     # Two pods that can only run on a: the second needs b's idle slot.
     await kube.create(pinned_pod(ns, "a-1", resource, a.name, by_affinity=True))

@@ -188,16 +188,16 @@ def test_configuration_round_trips_every_field() -> None:
 def test_instance_round_trips_every_field() -> None:
     spec = {"configurationName": "cam", "cdiName": "edgeplug.io/cam=bb0879", "capacity": 2,
             "brokerProperties": {"ONVIF_DEVICE_IP_ADDRESS": "10.0.0.5"}, "shared": True,
-            "nodes": ["a", "b"], "deviceUsage": {"cam-bb0879-0": "a", "cam-bb0879-1": ""}}
+            "nodes": ["b", "a"], "deviceUsage": {"cam-bb0879-0": "a", "cam-bb0879-1": ""}}
     assert set(spec) == set(INSTANCE_SPEC["properties"])
     obj = {"apiVersion": API_VERSION, "kind": INSTANCE_KIND,
            "metadata": {"name": "cam-bb0879", "namespace": "ns", "uid": "u",
                         "resourceVersion": "9"},
            "spec": spec,
            "status": {"reservations": {"cam-bb0879-1": "b"}, "demand": {"a": 1},
-                      "unhealthy": {"b": "no answer to SOAP"}, "used": 1}}
+                      "unhealthy": {"b": "no answer to SOAP"}, "used": 1, "nodes": "a,b"}}
     view = inst.Instance.from_object(obj)
-    assert view.spec.nodes == ("a", "b")
+    assert view.spec.nodes == ("b", "a")
     assert view.reservations == {"cam-bb0879-1": "b"}
     assert view.demand == {"a": 1}
     assert view.unhealthy == {"b": "no answer to SOAP"}
