@@ -77,10 +77,16 @@ class PromiseRecorder:
         loop = asyncio.get_running_loop()
         failures = 0
         next_write = loop.time()  # the first promise is written at once
-        while pending := self._unrecorded.get(key):
+        while True:
             if (wait := next_write - loop.time()) > 0:
-                await asyncio.sleep(wait)  # the rest of the burst joins the next write
+                # The rest of a burst joins the next write. Also after the last write, so a
+                # burst whose promises each come after the previous write is done (a held slot
+                # confirmed again and again) is not one write per Allocate.
+                await asyncio.sleep(wait)
                 continue
+            pending = self._unrecorded.get(key)
+            if not pending:
+                break
             next_write = loop.time() + self._gather
             batch = dict(pending)
             done = True
