@@ -137,21 +137,15 @@ class InstancePublisher:
             for device in devices:
                 name = instance_name(self._cfg.name, device.id, shared=shared, node=self._node)
                 desired[name] = device
-            for name, device in desired.items():
+            # Grace timers first, writes after: a write that fails (the API server away) ends
+            # the pass, and a shared device gone meanwhile must still leave one grace period
+            # after it went, not one grace period after the server came back.
+            for name in desired:
                 task = self._grace.pop(name, None)
                 if task is not None:
                     task.cancel()
-                await self._ensure(name, device, shared=shared)
-                self._owned[name] = shared
-                self._served[name] = self._node_device(
-                    name, handler, details, device, shared=shared
-                )
             for name, was_shared in list(self._owned.items()):
-                if name in desired:
-                    continue
-                if not was_shared:
-                    await self._leave(name, shared=False)
-                elif name not in self._grace:
+                if was_shared and name not in desired and name not in self._grace:
                     served = self._served.get(name)
                     if served is not None:
                         self._served[name] = replace(
@@ -160,6 +154,15 @@ class InstancePublisher:
                     self._grace[name] = asyncio.create_task(
                         self._leave_after_grace(name), name=f"grace-{name}"
                     )
+            for name, device in desired.items():
+                await self._ensure(name, device, shared=shared)
+                self._owned[name] = shared
+                self._served[name] = self._node_device(
+                    name, handler, details, device, shared=shared
+                )
+            for name, was_shared in list(self._owned.items()):
+                if name not in desired and not was_shared:
+                    await self._leave(name, shared=False)
             await self._serve()
             await self._report()
 

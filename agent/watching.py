@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -24,7 +25,11 @@ from lightkube.types import OnErrorAction, OnErrorResult
 log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
-RETRY_MAX_S = 30.0  # the longest wait between attempts
+#: The longest wait between attempts. Short, so an agent is back within a few seconds of the
+#: API server's return (issue 13's outage target is 5 s); the jitter below spreads a fleet's
+#: reconnects over that time instead of landing them all at once.
+RETRY_MAX_S = 2.0
+RETRY_JITTER_LOW = 0.5  # each wait is drawn from [ceiling * this, ceiling]
 HTTP_GONE = 410  # the watch's resourceVersion is too old: it restarts from the current state
 HTTP_TOO_MANY_REQUESTS = 429
 
@@ -33,7 +38,8 @@ _K = TypeVar("_K")
 
 def retry_delay(failures: int) -> float:
     """Seconds to wait after ``failures`` consecutive failures (1, 2, ...)."""
-    return float(min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(max(failures - 1, 0), 10)))
+    ceiling = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(max(failures - 1, 0), 10))
+    return float(ceiling * random.uniform(RETRY_JITTER_LOW, 1.0))
 
 
 def _status_code(error: BaseException) -> int | None:
