@@ -205,7 +205,7 @@ class FaultCluster:
                          [as_dict(i) async for i in client.list(InstanceResource,
                                                                 namespace=self.namespace)]}
             pods = [as_dict(p) async for p in client.list(Pod, namespace=self.namespace)]
-        except (ApiError, OSError) as error:
+        except Exception as error:  # refused, timed out, 5xx: the server is not back yet
             return [f"API: {error!r}"]
         out = []
         if set(instances) != set(expected):
