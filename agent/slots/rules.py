@@ -37,7 +37,9 @@ The design, and why it is safe:
 
 Allocate from a confirmed reservation (the fast path, ``agent.slots.backends``): an Instance
 plugin's ``Allocate`` for slots that are free and reserved for this node, or held by it already,
-is answered at once and recorded in ``deviceUsage`` right after (a conditioned claim, as above).
+is answered at once and recorded in ``deviceUsage`` right after (a conditioned claim, as above;
+the first promise on an Instance is written at once, later ones in a burst gathered at most every
+``agent.slots.recording.GATHER_SECONDS``).
 Why this stays safe — no slot to two pods, ever:
 
 - Nobody else changes such a slot. Another node's claim of it is refused (reserved elsewhere,
@@ -90,6 +92,16 @@ def _slot_ids(name: str, capacity: int) -> tuple[str, ...]:
 
 def slot_ids(instance: Instance) -> list[str]:
     return list(_slot_ids(instance.name, instance.spec.capacity))
+
+
+@functools.lru_cache(maxsize=SLOT_ID_CACHE)
+def _slot_id_set(name: str, capacity: int) -> frozenset[str]:
+    return frozenset(_slot_ids(name, capacity))
+
+
+def has_slot(instance: Instance, slot: str) -> bool:
+    """Whether ``slot`` is one of the Instance's slot ids (no list built per question)."""
+    return slot in _slot_id_set(instance.name, instance.spec.capacity)
 
 
 @functools.lru_cache(maxsize=USAGE_CACHE)
@@ -276,7 +288,7 @@ class Verdict(enum.Enum):
 
 def judge_claim(instance: Instance, slot: str, want: SlotUsage) -> Verdict:
     """May ``want.node`` put ``want`` on ``slot`` of this exact version of the Instance?"""
-    if slot not in slot_ids(instance):
+    if not has_slot(instance, slot):
         return Verdict.UNKNOWN
     usage = usage_of(instance, slot)
     if usage == want:

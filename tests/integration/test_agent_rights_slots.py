@@ -129,8 +129,12 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
         assert placed.spec.nodeName == a.name
     held_a = a.emulator.allocated_device_ids(resource)
     assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
-    instance = await read_instance(kube, ns, name)
-    assert instance.spec.device_usage == dict.fromkeys(held_a, a.name)
+    # Answered at once, recorded right after (the fast path): the record is the agent's write.
+    async def recorded() -> bool:
+        instance = await read_instance(kube, ns, name)
+        return instance.spec.device_usage == dict.fromkeys(held_a, a.name)
+
+    await wait_until(recorded, what="a's claims recorded in deviceUsage under its token")
 
     # A pod pinned to b waits; a pod on a goes: a frees the slot and gives the reservation back,
     # b reserves and claims it.

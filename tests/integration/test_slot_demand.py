@@ -136,10 +136,13 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     held_a = a.emulator.allocated_device_ids(resource)
     assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
     assert b.emulator.allocated_device_ids(resource) == set()
+    # A slot reserved for a is answered at once and recorded right after (the fast path).
+    async def recorded() -> bool:
+        instance = await read_instance(kube, ns, name)
+        return instance.spec.device_usage == dict.fromkeys(held_a, a.name)
+
+    await wait_until(recorded, what="deviceUsage agreeing with what the kubelets allocated")
     instance = await read_instance(kube, ns, name)
-    assert instance.spec.device_usage == dict.fromkeys(held_a, a.name), (
-        "deviceUsage disagrees with what the kubelets allocated"
-    )
     assert instance.reservations == dict.fromkeys(held_a, a.name)
 
     async def demand_met() -> bool:
