@@ -65,6 +65,8 @@ RETRY_SECONDS = 1.0
 #: (the kubelet never says that a pod has gone); every ``SWEEP_AWAITED_SECONDS`` while another
 #: node's pods wait for such a slot. Holding nothing, it is never asked.
 SWEEP_SECONDS = 1.0
+#: A reconcile pass lets waiting calls (Allocate) run after this many Instances.
+PASS_YIELD_EVERY = 16
 #: ``status.used`` is written this long after a claim or free first made it stale.
 USED_WRITE_DELAY_SECONDS = 0.5
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
@@ -308,9 +310,13 @@ class DevicePluginService:
         served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
-        for key, instance in served.items():
+        for count, (key, instance) in enumerate(served.items(), start=1):
             wanted.add(await self._ensure_instance_plugin(key, instance))
             groups.setdefault((key[0], instance.spec.configuration_name), []).append(instance)
+            if count % PASS_YIELD_EVERY == 0:
+                # Unchanged plugins never yield: without this a pass over hundreds of
+                # Instances holds the loop for milliseconds while Allocates wait behind it.
+                await asyncio.sleep(0)
         for (namespace, configuration), instances in groups.items():
             wanted.add(await self._ensure_configuration_plugin(namespace, configuration, instances))
         for resource in set(self._served) - wanted:
