@@ -70,6 +70,12 @@ class ClusterCache:
     def instances_on(self, node: str) -> list[Key]:
         return sorted(self._instances_by_node.get(node, ()))
 
+    def instances_with_brokers(self) -> list[Key]:
+        """(namespace, Instance) for every Instance a broker pod or job is labelled with,
+        whether that Instance still exists or not."""
+        return sorted({key for key, pods in self._pods_by_instance.items() if pods}
+                      | {key for key, jobs in self._jobs_by_instance.items() if jobs})
+
     def broker_pods(self, namespace: str, instance: str) -> list[ObservedPod]:
         return list(self._pods_by_instance.get((namespace, instance), {}).values())
 

@@ -239,13 +239,18 @@ class Engine:
 
     def enqueue_all(self, where: str | None = None) -> None:
         """Queues every Configuration and Instance (in namespace ``where``; all when None or
-        cluster-wide)."""
+        cluster-wide), and every gone Instance that still has brokers."""
         everywhere = where is None or where == CLUSTER
         for namespace, name in self.cache.configurations():
             if everywhere or namespace == where:
                 self.queue.add((CONFIGURATION, namespace, name))
         for namespace, name in self.cache.instance_keys():
             if everywhere or namespace == where:
+                self.queue.add((INSTANCE, namespace, name))
+        # Brokers of Instances that are gone: deleted while this replica was standby (it saw
+        # the deletion but was not the one to act) or while no controller ran.
+        for namespace, name in self.cache.instances_with_brokers():
+            if (everywhere or namespace == where) and self.cache.instance(namespace, name) is None:
                 self.queue.add((INSTANCE, namespace, name))
 
     async def _handle(self, key: WorkKey) -> None:

@@ -119,10 +119,18 @@ def test_standby_takes_over_when_the_active_replica_dies(
                    what="the active replica (higher priority) to have created it")
         assert "created Pod" not in standby.log_path.read_text(), "the standby stays paused"
 
+        # x's broker without its owner reference: the garbage collector cannot remove it, so
+        # only a controller that acts on x's deletion does.
+        [x_broker] = [p["metadata"]["name"] for p in broker_pods(plane, namespace)]
+        plane.kubectl("patch", "pod", x_broker, "-n", namespace, "--type=json",
+                      "-p", '[{"op": "remove", "path": "/metadata/ownerReferences"}]')
+
         active.kill()
+        # In the gap: a device comes, and x's goes (the standby sees it, but is not active).
         apply(plane, instance(namespace, y, configuration_name=cfg, nodes=["n-1", "n-2"]))
-        wait_until(lambda: brokers(plane, namespace) == {(x, "n-1"), (y, "n-1"), (y, "n-2")},
-                   what="the standby to take over and create the new brokers", deadline=40)
+        plane.kubectl("delete", "instances.edgeplug.io", x, "-n", namespace)
+        wait_until(lambda: brokers(plane, namespace) == {(y, "n-1"), (y, "n-2")},
+                   what="the standby to take over: y's brokers created, x's deleted", deadline=40)
         assert f"created Pod {namespace}/{y}" in standby.log_path.read_text()
     finally:
         active.stop()
