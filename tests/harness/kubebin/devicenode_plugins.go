@@ -14,6 +14,7 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -57,8 +58,16 @@ func (w *pluginWatcher) install(logger klog.Logger) error {
 	return nil
 }
 
-// options reads the options the manager fetched from a connected plugin.
+// options reads the options the manager fetched from a connected plugin, under the manager's
+// own lock (another plugin's registration may be writing the endpoints map at the same time).
 func (w *pluginWatcher) options(resource string) *pluginapi.DevicePluginOptions {
+	lock, err := unexported(w.manager, "mutex")
+	if err != nil {
+		return nil
+	}
+	mutex := lock.Addr().Interface().(*sync.Mutex)
+	mutex.Lock()
+	defer mutex.Unlock()
 	endpoints, err := unexported(w.manager, "endpoints")
 	if err != nil {
 		return nil

@@ -185,8 +185,14 @@ func (p *podAdmitter) handle(ctx context.Context, key string) {
 		p.release(uid)
 		return
 	}
-	if p.records.pod(uid) != nil {
-		return // admitted, rejected or failed already
+	if record := p.records.pod(uid); record != nil {
+		// Admitted, rejected or failed already. A failure whose status never reached the API
+		// server (the node stopped first) is sent again, as a restarted kubelet does.
+		if record.Phase == string(v1.PodFailed) {
+			p.patchStatus(ctx, pod, map[string]any{
+				"phase": v1.PodFailed, "reason": record.Reason, "message": record.Message})
+		}
+		return
 	}
 	p.admit(ctx, pod)
 }
