@@ -5,12 +5,12 @@ kubelet's view in line with the API server and with what this node can serve. It
 Instances, reacts to the ``NodeDeviceTable``, and on every change (and, as a safety net,
 every ``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists
 this node, one configuration-level plugin per Configuration with such Instances, advertised
-lists computed
-by ``agent.slots.rules``, reservations moved through ``agent.slots.ledger`` (advertising stops
-before a reservation is released) and steered by the demand of Pending pods pinned to this node
-(``agent.slots.demand``, published as ``status.demand``), this node's usage freed when an
-Instance stops listing it, and slots of vanished pods freed by ``agent.slots.freeing``. The
-lifecycle (sockets, registration, kubelet restarts) is ``PluginManager``'s.
+lists computed by ``agent.slots.rules``, reservations moved through ``agent.slots.ledger``
+(advertising stops before a reservation is released) and steered by the demand of Pending pods
+pinned to this node (``agent.slots.demand``, published as ``status.demand``), this node's usage
+freed when an Instance stops listing it, slots of vanished pods freed by
+``agent.slots.freeing``, display fields kept by ``agent.slots.display``. The lifecycle
+(sockets, registration, kubelet restarts) is ``PluginManager``'s.
 
 At rest the loop sleeps: a pass that failed in part is retried after ``RETRY_SECONDS``, and
 pod-resources is swept every ``SWEEP_SECONDS`` only while this node holds a slot; with nothing
@@ -39,6 +39,7 @@ from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
+from agent.slots.display import DisplayFields
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS, SWEEP_AWAITED_SECONDS, OrphanFreer
 from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots.recording import PromiseRecorder
@@ -67,8 +68,6 @@ RETRY_SECONDS = 1.0
 SWEEP_SECONDS = 1.0
 #: A reconcile pass lets waiting calls (Allocate) run after this many Instances.
 PASS_YIELD_EVERY = 16
-#: ``status.used`` is written this long after a claim or free first made it stale.
-USED_WRITE_DELAY_SECONDS = 0.5
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -115,8 +114,10 @@ class DevicePluginService:
         self._ledgers: dict[_Key, SlotLedger] = {}
         self._served: dict[str, _Served] = {}
         self._config_resources: dict[_Key, str] = {}
-        self._used: dict[_Key, object] = {}  # (status.used, status.nodes) as last seen
-        self._used_writer: asyncio.Task[None] | None = None
+        self._display = DisplayFields(
+            ledger=self.ledger,
+            served=lambda: [(k, i) for k, i in self._instances.items() if self._serves(k, i)],
+        )
         self._wake = asyncio.Event()
         #: A pass failed in part: the next one is due after ``RETRY_SECONDS``.
         self._retry = False
@@ -199,9 +200,7 @@ class DevicePluginService:
         finally:
             # Promises still unrecorded are recorded by the next start's pod-resources sweep.
             await self._recorder.close()
-            if self._used_writer is not None:
-                self._used_writer.cancel()
-                await asyncio.gather(self._used_writer, return_exceptions=True)
+            await self._display.close()
             if self._pod_resources is not None:
                 await self._pod_resources.close()
 
@@ -230,7 +229,7 @@ class DevicePluginService:
         for key in watching.missed_deletions(before, self._instances, listed):
             self._instances.pop(key, None)
             self._ledgers.pop(key, None)
-            self._used.pop(key, None)
+            self._display.forget(key)
         self._wake.set()
 
     async def _watch_instances(self) -> None:
@@ -244,11 +243,10 @@ class DevicePluginService:
             if op == "DELETED":
                 self._instances.pop(key, None)
                 self._ledgers.pop(key, None)
-                self._used.pop(key, None)
+                self._display.forget(key)
             else:
                 self._instances[key] = instance
-                status = as_dict(obj).get("status") or {}
-                self._used[key] = (status.get("used"), status.get("nodes"))
+                self._display.seen(key, as_dict(obj).get("status") or {})
                 if key in self._ledgers:
                     self._ledgers[key].seen(instance)
             self._wake.set()
@@ -326,7 +324,7 @@ class DevicePluginService:
             await self.manager.remove(resource)
         await self._move_reservations(served)
         await self._withdraw_from_unlisted()
-        await self._correct_used(served)
+        self._display.correct(served)
         await self._sweep()
 
     async def _ensure_instance_plugin(self, key: _Key, instance: Instance) -> str:
@@ -470,25 +468,6 @@ class DevicePluginService:
                 configuration_devices(configuration, [*others, reduced], self.node, healthy=healthy)
             )
 
-    async def _correct_used(self, served: dict[_Key, Instance]) -> None:
-        """``status.used`` and ``status.nodes`` (display fields) follow ``deviceUsage`` and
-        ``nodes``, but not on every claim: a burst of Allocates is summed up once,
-        ``USED_WRITE_DELAY_SECONDS`` after it began, so those writes neither load the API
-        server nor make claims conflict with them."""
-        stale = any(self._used.get(k) != _shown(i) for k, i in served.items())
-        if stale and (self._used_writer is None or self._used_writer.done()):
-            self._used_writer = asyncio.create_task(self._write_used_later(), name="status-used")
-
-    async def _write_used_later(self) -> None:
-        await asyncio.sleep(USED_WRITE_DELAY_SECONDS)
-        for key, instance in list(self._instances.items()):
-            if self._serves(key, instance) and self._used.get(key) != _shown(instance):
-                try:
-                    await self.ledger(*key).write_used(instance)
-                except Exception as error:  # the next change or resync writes it again
-                    log.info("status.used of %s/%s not written (%s)", *key,
-                             watching.describe(error))
-
     async def _withdraw_from_unlisted(self) -> None:
         """Free this node's usage on Instances that no longer list it."""
         for key, instance in list(self._instances.items()):
@@ -503,11 +482,6 @@ class DevicePluginService:
                 ledger = self.ledger(*key)
                 async with ledger.lock:
                     await ledger.free(mine)
-
-
-def _shown(instance: Instance) -> tuple[int, str]:
-    """The display fields ``status.used`` and ``status.nodes`` as they should read."""
-    return instance.spec.used, instance.spec.nodes_shown
 
 
 async def serve_device_plugins(
