@@ -31,10 +31,15 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 from agent.kube import InstanceResource, as_dict
 from agent.slots import freeing, service
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS
-from crds.naming import LABEL_TARGET_NODE, target_node_label
 from tests.bench.stats import summary
 from tests.harness import agent_nodes
-from tests.harness.agent_nodes import AgentNode, AgentNodes, create_instance, node_device
+from tests.harness.agent_nodes import (
+    AgentNode,
+    AgentNodes,
+    create_instance,
+    node_device,
+    pinned_pod,
+)
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import (
     running,
@@ -140,20 +145,6 @@ class Observer:
                 t.mark("running")
 
 
-def pinned_pod(namespace: str, name: str, resource: str, node: str) -> Pod:
-    """A pod that can only run on ``node``, labelled as the controller labels broker pods."""
-    return cast(Pod, Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_TARGET_NODE: target_node_label(node)}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [{"name": "main", "image": "registry.invalid/pause:1",
-                            "resources": {"limits": {resource: "1"}}}],
-        },
-    }))
-
-
 async def create_rate(kube: AsyncClient, namespace: str) -> float:
     """ConfigMaps the API server creates per second here and now (the machine's speed)."""
     names = iter(range(SPEED_OBJECTS))
@@ -189,7 +180,7 @@ async def _hand_off(
     """One hand-off: a pod pinned to ``waiter`` waits; ``holder``'s pod ``held`` is deleted."""
     resource = f"edgeplug.io/{instance}"
     new = f"{waiter.name[-8:]}-r{run:03d}"
-    await kube.create(pinned_pod(ns, new, resource, waiter.name))
+    await kube.create(pinned_pod(ns, new, resource=resource, node=waiter.name))
     await wait_pod(kube, ns, new, unschedulable, "Unschedulable")
 
     async def demanded() -> bool:
@@ -230,7 +221,7 @@ async def _cpu_per_s() -> float:
 async def _cpu_waiting(kube: AsyncClient, ns: str, instance: str, waiter: AgentNode) -> float:
     """This process's CPU while a pod pinned to ``waiter`` waits for a slot the other holds."""
     name = f"{waiter.name[-8:]}-cpu"
-    await kube.create(pinned_pod(ns, name, f"edgeplug.io/{instance}", waiter.name))
+    await kube.create(pinned_pod(ns, name, resource=f"edgeplug.io/{instance}", node=waiter.name))
 
     async def demanded() -> bool:
         return (await _demand(kube, ns, instance)).get(waiter.name) == 1
@@ -265,7 +256,7 @@ async def measure(plane: ControlPlane, runs: int, *, seed: int) -> Result:
         held: dict[str, tuple[str, float]] = {}  # pod → its node, when it was Running
         for i in range(CAPACITY):  # every slot held, all on a
             name = f"{a.name[-8:]}-init{i}"
-            await kube.create(pinned_pod(ns, name, resource, a.name))
+            await kube.create(pinned_pod(ns, name, resource=resource, node=a.name))
             await wait_pod(kube, ns, name, running, "Running", within=STEP_DEADLINE_S)
             held[name] = (a.name, time.monotonic())
         observer = Observer(kube, ns, instance)

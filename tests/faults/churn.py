@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from lightkube import AsyncClient
 
-from tests.faults.cluster import delete_pod, pinned_pod
+from tests.faults.cluster import delete_pod
+from tests.harness.agent_nodes import pinned_pod
 from tests.harness.kube_waits import WAIT_S, running, wait_pod
 
 
@@ -41,7 +42,8 @@ class PodChurn:
             name = f"{self.prefix}-{self.ran}"
             async with self.admitting:
                 await self.client.create(
-                    pinned_pod(self.namespace, name, self.node, self.resource))
+                    pinned_pod(self.namespace, name, resource=self.resource, node=self.node,
+                               stop_at_once=True))
                 await wait_pod(self.client, self.namespace, name, running, "Running",
                                within=WAIT_S)
             await delete_pod(self.client, self.namespace, name)

@@ -19,13 +19,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
 from agent.kube import InstanceResource, as_dict
-from crds.naming import LABEL_TARGET_NODE, instance_name
+from crds.naming import instance_name
 from tests.faults.invariants import (
     InvariantRecorder,
     KubeletView,
@@ -51,7 +51,6 @@ from tests.harness.kube_waits import POLL_S
 CONVERGED_WITHIN_S = 20.0
 #: Lines of each process's log shown when a scenario fails.
 LOG_LINES = 25
-TEST_IMAGE = "registry.invalid/pause:1"
 
 
 @dataclass
@@ -252,22 +251,6 @@ def _tail(path: Path) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_LINES:])
     return ""
-
-
-def pinned_pod(namespace: str, name: str, node: str, resource: str) -> Pod:
-    """A test pod asking one unit of ``resource`` on ``node``, labelled as that node's demand."""
-    body: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_TARGET_NODE: node}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": TEST_IMAGE,
-                            "resources": {"limits": {resource: "1"}}}],
-        },
-    }
-    return cast(Pod, Pod.from_dict(body))
 
 
 async def delete_pod(client: AsyncClient, namespace: str, name: str) -> None:

@@ -20,7 +20,8 @@ import pytest
 from lightkube import AsyncClient
 
 from crds.naming import configuration_resource_name, instance_resource_name
-from tests.faults.cluster import FaultCluster, FaultNode, delete_pod, pinned_pod
+from tests.faults.cluster import FaultCluster, FaultNode, delete_pod
+from tests.harness.agent_nodes import pinned_pod
 from tests.harness.kube_waits import WAIT_S, running, wait_pod
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -72,7 +73,8 @@ async def test_agent_sigkilled_ten_times_as_pods_are_admitted(
     async with cluster.recorder() as recorder:
         for round_ in range(KILLS):
             pod = f"pod-{round_}"
-            await client.create(pinned_pod(ns, pod, node.name, resources[round_ % 2]))
+            await client.create(pinned_pod(
+                ns, pod, resource=resources[round_ % 2], node=node.name, stop_at_once=True))
             await node.kubelet.wait_for(lambda pod=pod: admitted(node, ns, pod),  # type: ignore[misc]
                                         timeout=WAIT_S, what=f"{pod} admitted")
             since = len(node.kubelet.registrations)

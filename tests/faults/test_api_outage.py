@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from crds.naming import instance_name, instance_resource_name
-from tests.faults.cluster import FaultCluster, pinned_pod
+from tests.faults.cluster import FaultCluster
+from tests.harness.agent_nodes import pinned_pod
 from tests.harness.controller_process import install_peering_crds, unique
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import running, wait_pod, wait_service_account
@@ -128,7 +129,8 @@ async def run_outages(cluster: FaultCluster, server: str, downs: tuple[float, ..
         await cluster.converged(client, cluster.expected("out", visible_after(0)), brokers=True,
                                 running_within=RUNNING_AFTER_OUTAGE_S)
         kept = instance_resource_name(instance_name("out", KEPT, shared=True, node=""))
-        await client.create(pinned_pod(cluster.namespace, "user", node.name, kept))
+        await client.create(pinned_pod(
+            cluster.namespace, "user", resource=kept, node=node.name, stop_at_once=True))
         await wait_pod(client, cluster.namespace, "user", running, "Running")
         async with cluster.recorder() as recorder:
             for number, down_s in enumerate(downs, start=1):

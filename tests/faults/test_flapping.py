@@ -16,8 +16,9 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from crds.naming import instance_resource_name
-from tests.faults.cluster import FaultCluster, pinned_pod
+from tests.faults.cluster import FaultCluster
 from tests.faults.invariants import is_broker
+from tests.harness.agent_nodes import pinned_pod
 from tests.harness.kube_waits import running, wait_pod
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -47,7 +48,8 @@ async def test_device_flapping_faster_than_its_grace_churns_nothing(
     [instance] = expected
     resource = instance_resource_name(instance)
     await cluster.converged(client, expected, brokers=True)
-    await client.create(pinned_pod(cluster.namespace, "user", node.name, resource))
+    await client.create(pinned_pod(
+        cluster.namespace, "user", resource=resource, node=node.name, stop_at_once=True))
     await wait_pod(client, cluster.namespace, "user", running, "Running")
     await cluster.converged(client, expected, brokers=True)
     brokers = await broker_uids(client, cluster)

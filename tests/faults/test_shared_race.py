@@ -16,7 +16,8 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from crds.naming import instance_resource_name
-from tests.faults.cluster import FaultCluster, delete_pod, pinned_pod
+from tests.faults.cluster import FaultCluster, delete_pod
+from tests.harness.agent_nodes import pinned_pod
 from tests.harness.kube_waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -48,7 +49,9 @@ async def test_two_nodes_race_for_one_shared_device(
 
     async with cluster.recorder() as recorder:
         for name in names:
-            await client.create(pinned_pod(ns, name, name.rpartition("-")[0], resource))
+            pinned_to = name.rpartition("-")[0]
+            await client.create(pinned_pod(
+                ns, name, resource=resource, node=pinned_to, stop_at_once=True))
         ran: set[str] = set()
         deleted: list[str] = []
         while True:

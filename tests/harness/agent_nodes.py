@@ -17,14 +17,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
 
 from agent.kube import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.slots.service import serve_device_plugins
 from crds.instance import Instance
+from crds.naming import LABEL_TARGET_NODE, target_node_label
 from discovery_handlers.contract import Device, DeviceSpec, Mount
 from tests.harness.devicenode import DeviceNode
 from tests.harness.kube_waits import wait_allocatable
@@ -213,3 +216,32 @@ async def share_instance(
     for node in nodes:
         await wait_allocatable(kube, node.name, resource, share)
     return name, resource
+
+
+def pinned_pod(
+    namespace: str, name: str, *, resource: str, node: str, by_affinity: bool = False,
+    stop_at_once: bool = False,
+) -> Pod:
+    """A pod asking one unit of ``resource`` that can only run on ``node``, pinned the two ways
+    the controller may pin (``by_affinity``: node affinity on ``metadata.name``; else a
+    ``kubernetes.io/hostname`` node selector), and labelled for the node as the controller
+    labels broker pods (the agent's demand watch selects by that label). ``stop_at_once``:
+    a zero termination grace period."""
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "registry.invalid/pause:1",
+                        "resources": {"limits": {resource: "1"}}}],
+    }
+    if by_affinity:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        spec["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    else:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if stop_at_once:
+        spec["terminationGracePeriodSeconds"] = 0
+    return cast(Pod, Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_TARGET_NODE: target_node_label(node)}},
+        "spec": spec,
+    }))

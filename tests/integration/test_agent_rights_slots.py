@@ -33,6 +33,7 @@ from tests.harness.agent_nodes import (
     TEST_ORPHAN_GRACE_S,
     AgentNode,
     kubelet_class,
+    pinned_pod,
     read_instance,
     share_instance,
 )
@@ -40,7 +41,7 @@ from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 from tests.harness.service_accounts import pod_bound
 from tests.integration import test_slot_demand as slot_demand
-from tests.integration.test_slot_demand import assert_quiet, demand_of, pinned_pod
+from tests.integration.test_slot_demand import assert_quiet, demand_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -121,8 +122,8 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
     )
 
     # Two pods that can only run on a: a publishes demand, b gives back, a reserves and claims.
-    await kube.create(pinned_pod(ns, "a-1", resource, a.name, by_affinity=True))
-    await kube.create(pinned_pod(ns, "a-2", resource, a.name, by_affinity=False))
+    await kube.create(pinned_pod(ns, "a-1", resource=resource, node=a.name, by_affinity=True))
+    await kube.create(pinned_pod(ns, "a-2", resource=resource, node=a.name, by_affinity=False))
     for pod in ("a-1", "a-2"):
         placed = await wait_pod(kube, ns, pod, running, "Running")
         assert placed.spec is not None
@@ -138,7 +139,7 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
 
     # A pod pinned to b waits; a pod on a goes: a frees the slot and gives the reservation back,
     # b reserves and claims it.
-    await kube.create(pinned_pod(ns, "b-1", resource, b.name, by_affinity=False))
+    await kube.create(pinned_pod(ns, "b-1", resource=resource, node=b.name, by_affinity=False))
     await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
     freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
     await kube.delete(Pod, "a-1", namespace=ns)

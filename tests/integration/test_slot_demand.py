@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient
@@ -21,8 +20,13 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from agent.kube import InstanceResource, as_dict
-from crds.naming import LABEL_TARGET_NODE, target_node_label
-from tests.harness.agent_nodes import AgentNode, StartNode, read_instance, share_instance
+from tests.harness.agent_nodes import (
+    AgentNode,
+    StartNode,
+    pinned_pod,
+    read_instance,
+    share_instance,
+)
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 from tests.harness.node_emulator import ADMISSION_ERROR
 
@@ -30,44 +34,6 @@ pytestmark = pytest.mark.timeout(240)
 
 #: Pause before re-opening the failure-recording pod watch after an error.
 WATCH_RETRY_S = 0.2
-
-
-def pinned_pod(
-    namespace: str, name: str, resource: str, node: str, *, by_affinity: bool
-) -> Pod:
-    """A pod that can only run on ``node``, pinned the two ways the controller may pin, and
-    labelled for the node as the controller labels broker pods (the agent's demand watch
-    selects by that label)."""
-    spec: dict[str, Any] = {
-        "containers": [
-            {"name": "main", "image": "registry.invalid/pause:1",
-             "resources": {"limits": {resource: "1"}}}
-        ]
-    }
-    if by_affinity:
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
-            }
-        }
-    else:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return cast(
-        Pod,
-        Pod.from_dict(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": {LABEL_TARGET_NODE: target_node_label(node)},
-                },
-                "spec": spec,
-            }
-        ),
-    )
 
 
 @pytest.fixture
@@ -127,8 +93,8 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     await wait_until(nodes_shown, what="status.nodes: both nodes, sorted")
 
     # Two pods that can only run on a: the second needs b's idle slot.
-    await kube.create(pinned_pod(ns, "a-1", resource, a.name, by_affinity=True))
-    await kube.create(pinned_pod(ns, "a-2", resource, a.name, by_affinity=False))
+    await kube.create(pinned_pod(ns, "a-1", resource=resource, node=a.name, by_affinity=True))
+    await kube.create(pinned_pod(ns, "a-2", resource=resource, node=a.name, by_affinity=False))
     for pod in ("a-1", "a-2"):
         placed = await wait_pod(kube, ns, pod, running, "Running")
         assert placed.spec is not None
@@ -152,7 +118,7 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     assert_quiet((a, b), resource, failures)
 
     # A pod pinned to b waits Pending (not Failed) while a uses both slots, and says so.
-    await kube.create(pinned_pod(ns, "b-1", resource, b.name, by_affinity=False))
+    await kube.create(pinned_pod(ns, "b-1", resource=resource, node=b.name, by_affinity=False))
     waiting = await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
     assert waiting.status is not None
     assert waiting.status.phase == "Pending"

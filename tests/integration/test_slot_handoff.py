@@ -13,35 +13,18 @@ else wakes a's agent after the delete), so without it b's pod would wait for the
 
 from __future__ import annotations
 
-from typing import cast
-
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.slots import service
-from crds.naming import LABEL_TARGET_NODE, target_node_label
-from tests.harness.agent_nodes import StartNode, read_instance, share_instance
+from tests.harness.agent_nodes import StartNode, pinned_pod, read_instance, share_instance
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 #: The holder's regular sweep cadence in this test: longer than the test itself.
 HOUR_S = 3600.0
-
-
-def broker_like_pod(namespace: str, name: str, resource: str, node: str) -> Pod:
-    """A pod pinned to ``node`` and labelled with it, as the controller makes broker pods."""
-    return cast(Pod, Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_TARGET_NODE: target_node_label(node)}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [{"name": "main", "image": "registry.invalid/pause:1",
-                            "resources": {"limits": {resource: "1"}}}],
-        },
-    }))
 
 
 async def test_a_slot_another_node_waits_for_is_freed_by_the_awaited_sweep(
@@ -57,11 +40,11 @@ async def test_a_slot_another_node_waits_for_is_freed_by_the_awaited_sweep(
         kube, ns, configuration="handoff", digest="a0a0a0", nodes=(a, b), capacity=2
     )
     for pod in ("a-1", "a-2"):
-        await kube.create(broker_like_pod(ns, pod, resource, a.name))
+        await kube.create(pinned_pod(ns, pod, resource=resource, node=a.name))
         await wait_pod(kube, ns, pod, running, "Running")
     assert a.emulator.allocated_device_ids(resource) == {f"{name}-0", f"{name}-1"}
 
-    await kube.create(broker_like_pod(ns, "b-1", resource, b.name))
+    await kube.create(pinned_pod(ns, "b-1", resource=resource, node=b.name))
     await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
 
     async def b_demands() -> bool:
