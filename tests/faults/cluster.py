@@ -163,6 +163,17 @@ class FaultCluster:
         return {instance_name(configuration, d, shared=False, node=n): {n}
                 for d in descriptions for n in names}
 
+    async def one_shared_device(
+        self, client: AsyncClient, configuration: str, *, capacity: int, brokers: bool
+    ) -> dict[str, set[str]]:
+        """A Configuration with one shared debugEcho device (``cam0``, seen by every node,
+        offline while ``workdir/offline`` exists), converged; its expected Instance → nodes."""
+        self.configure(configuration, descriptions=["cam0"], availability=self.workdir / "offline",
+                       capacity=capacity, grace=5, brokers=brokers)
+        expected = self.expected(configuration, ["cam0"])
+        await self.converged(client, expected, brokers=brokers)
+        return expected
+
     async def converged(self, client: AsyncClient, expected: Mapping[str, set[str]], *,
                         brokers: bool,
                         running_within: float | None = CONVERGED_WITHIN_S) -> None:

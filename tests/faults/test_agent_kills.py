@@ -61,12 +61,9 @@ async def test_agent_sigkilled_ten_times_as_pods_are_admitted(
 ) -> None:
     node = await cluster.add_node()
     cluster.start_controller()
-    cluster.configure("kill", descriptions=["cam0"], availability=cluster.workdir / "offline",
-                      capacity=CAPACITY, grace=5, brokers=True)
-    expected = cluster.expected("kill", ["cam0"])
+    expected = await cluster.one_shared_device(client, "kill", capacity=CAPACITY, brokers=True)
     [instance] = expected
     resources = (instance_resource_name(instance), configuration_resource_name("kill", None))
-    await cluster.converged(client, expected, brokers=True)
     await serving_again(node, 0, resources)
     ns = cluster.namespace
 

@@ -35,12 +35,9 @@ async def test_kubelet_restart_storm_while_pods_churn(
 ) -> None:
     node = await cluster.add_node()
     cluster.start_controller()
-    cluster.configure("storm", descriptions=["cam0"], availability=cluster.workdir / "offline",
-                      capacity=CAPACITY, grace=5, brokers=True)
-    expected = cluster.expected("storm", ["cam0"])
+    expected = await cluster.one_shared_device(client, "storm", capacity=CAPACITY, brokers=True)
     [instance] = expected
     resource = instance_resource_name(instance)
-    await cluster.converged(client, expected, brokers=True)
 
     churn = PodChurn(client, cluster.namespace, node.name, resource, prefix="churn")
     async with cluster.recorder() as recorder:

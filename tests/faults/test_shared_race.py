@@ -37,12 +37,9 @@ async def test_two_nodes_race_for_one_shared_device(
     cluster: FaultCluster, client: AsyncClient
 ) -> None:
     first, second = await cluster.add_node(), await cluster.add_node()
-    cluster.configure("race", descriptions=["cam0"], availability=cluster.workdir / "offline",
-                      capacity=CAPACITY, grace=5, brokers=False)
-    expected = cluster.expected("race", ["cam0"])
+    expected = await cluster.one_shared_device(client, "race", capacity=CAPACITY, brokers=False)
     [instance] = expected
     resource = instance_resource_name(instance)
-    await cluster.converged(client, expected, brokers=False)
     ns = cluster.namespace
     names = [f"{node.name}-{i}" for node, count in zip((first, second), PODS, strict=True)
              for i in range(count)]
