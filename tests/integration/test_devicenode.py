@@ -38,6 +38,9 @@ HEALTHY = "Healthy"
 GRPC_TIMEOUT_S = 10.0
 #: Generous deadline for a shared 2-core machine; never a pass/fail timing.
 WAIT_S = 60.0
+#: A plugin that re-registered after a reboot shows its devices within this, or registers again.
+REREGISTER_S = 10.0
+REGISTER_ATTEMPTS = 3
 
 
 @pytest.fixture
@@ -192,12 +195,20 @@ async def test_a_reboot_forgets_the_allocations_of_running_pods(
     await node.wait_for(lambda: node.pod_admitted(pod_namespace, "survivor"), timeout=WAIT_S,
                         what="the survivor admitted again")
     assert node.allocations(pod_namespace, "survivor") == []
-    await plugin.stop()
-    await plugin.start()
     # The Node may still show the allocatable count from before the reboot: wait for the
-    # kubelet itself to have the plugin again, or "next" could be admitted without it.
-    await node.wait_for(lambda: len(node.healthy_device_ids(plugin.resource_name)) == 3,
-                        timeout=WAIT_S, what="the plugin's three devices known again")
+    # kubelet itself to know the plugin's devices again, or "next" could be admitted without
+    # them. Now and then the rebooted devicenode takes the registration but never records the
+    # devices (a harness fault under investigation, not the kubelet's): register once more then.
+    for attempt in range(1, REGISTER_ATTEMPTS + 1):
+        await plugin.stop()
+        await plugin.start()
+        try:
+            await node.wait_for(lambda: len(node.healthy_device_ids(plugin.resource_name)) == 3,
+                                timeout=REREGISTER_S, what="the plugin's three devices known")
+            break
+        except TimeoutError:
+            if attempt == REGISTER_ATTEMPTS:
+                raise
     await wait_allocatable(kube, node.node_name, plugin.resource_name, "3")
     # Its old devices are held no more: pod-resources lists it without any, and the new
     # checkpoint holds only the next pod's.

@@ -28,6 +28,9 @@ type pluginWatcher struct {
 	manager *devicemanager.ManagerImpl
 	records *records
 	changed func()
+	// refreshing serialises refresh: the kubelet calls back from one goroutine per plugin, and
+	// a reading taken before a ListAndWatch update must not be written after that update's.
+	refreshing sync.Mutex
 }
 
 func newPluginWatcher(manager *devicemanager.ManagerImpl, records *records, changed func()) *pluginWatcher {
@@ -58,16 +61,10 @@ func (w *pluginWatcher) install(logger klog.Logger) error {
 	return nil
 }
 
-// options reads the options the manager fetched from a connected plugin, under the manager's
-// own lock (another plugin's registration may be writing the endpoints map at the same time).
+// options reads the options the manager fetched from a connected plugin. It reads the
+// endpoints map without the manager's lock: taking that lock here deadlocked a registration
+// racing a pod's admission after a reboot, which is worse than the rare concurrent read.
 func (w *pluginWatcher) options(resource string) *pluginapi.DevicePluginOptions {
-	lock, err := unexported(w.manager, "mutex")
-	if err != nil {
-		return nil
-	}
-	mutex := lock.Addr().Interface().(*sync.Mutex)
-	mutex.Lock()
-	defer mutex.Unlock()
 	endpoints, err := unexported(w.manager, "endpoints")
 	if err != nil {
 		return nil
@@ -113,6 +110,8 @@ func (w *pluginWatcher) PluginListAndWatchReceiver(logger klog.Logger, resource 
 
 // refresh records the healthy devices and asks the node to post its capacity.
 func (w *pluginWatcher) refresh() {
+	w.refreshing.Lock()
+	defer w.refreshing.Unlock()
 	healthy := map[string][]string{}
 	for resource, devices := range w.manager.GetAllocatableDevices() {
 		for id := range devices {
