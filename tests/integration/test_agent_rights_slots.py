@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
-from lightkube.resources.core_v1 import Pod
 
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
@@ -38,10 +37,10 @@ from tests.harness.agent_nodes import (
     share_instance,
 )
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
-from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
+from tests.harness.kube_waits import unschedulable, wait_pod, wait_until
 from tests.harness.service_accounts import pod_bound
 from tests.integration import test_slot_demand as slot_demand
-from tests.integration.test_slot_demand import assert_quiet, demand_of
+from tests.integration.test_slot_demand import assert_quiet, demand_of, fill_from, hand_over
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -122,14 +121,7 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
     )
 
     # Two pods that can only run on a: a publishes demand, b gives back, a reserves and claims.
-    await kube.create(pinned_pod(ns, "a-1", resource=resource, node=a.name, by_affinity=True))
-    await kube.create(pinned_pod(ns, "a-2", resource=resource, node=a.name, by_affinity=False))
-    for pod in ("a-1", "a-2"):
-        placed = await wait_pod(kube, ns, pod, running, "Running")
-        assert placed.spec is not None
-        assert placed.spec.nodeName == a.name
-    held_a = a.emulator.allocated_device_ids(resource)
-    assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
+    held_a = await fill_from(kube, ns, name, resource, a)
     # Answered at once, recorded right after (the fast path): the record is the agent's write.
     async def recorded() -> bool:
         instance = await read_instance(kube, ns, name)
@@ -141,12 +133,7 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
     # b reserves and claims it.
     await kube.create(pinned_pod(ns, "b-1", resource=resource, node=b.name, by_affinity=False))
     await wait_pod(kube, ns, "b-1", unschedulable, "Unschedulable")
-    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
-    await kube.delete(Pod, "a-1", namespace=ns)
-    placed = await wait_pod(kube, ns, "b-1", running, "Running")
-    assert placed.spec is not None
-    assert placed.spec.nodeName == b.name
-    assert b.emulator.allocated_device_ids(resource) == {freed}
+    await hand_over(kube, ns, resource, a, b)
 
     async def demand_met() -> bool:
         return await demand_of(kube, ns, name) == {}

@@ -73,6 +73,38 @@ def assert_quiet(nodes: tuple[AgentNode, ...], resource: str, failures: list[str
         assert refused == 0, f"{node.name} refused {refused} Allocate calls"
 
 
+async def fill_from(
+    kube: AsyncClient, ns: str, name: str, resource: str, a: AgentNode
+) -> set[str]:
+    """Two pods that can only run on ``a`` (pinned both ways the controller pins), Running
+    there; returns the slots a's kubelet holds for them: both of the Instance's."""
+    await kube.create(pinned_pod(ns, "a-1", resource=resource, node=a.name, by_affinity=True))
+    await kube.create(pinned_pod(ns, "a-2", resource=resource, node=a.name, by_affinity=False))
+    for pod in ("a-1", "a-2"):
+        placed = await wait_pod(kube, ns, pod, running, "Running")
+        assert placed.spec is not None
+        assert placed.spec.nodeName == a.name
+    held_a = a.emulator.allocated_device_ids(resource)
+    assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
+    return held_a
+
+
+async def hand_over(
+    kube: AsyncClient, ns: str, resource: str, a: AgentNode, b: AgentNode
+) -> tuple[str, set[str], set[str]]:
+    """a's pod a-1 goes; b's waiting pod b-1 must run on b with the very slot a-1 freed, and
+    no slot may be held on both nodes. Returns that slot, and what a's and b's kubelets hold."""
+    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
+    await kube.delete(Pod, "a-1", namespace=ns)
+    placed = await wait_pod(kube, ns, "b-1", running, "Running")
+    assert placed.spec is not None
+    assert placed.spec.nodeName == b.name
+    held_a, held_b = (n.emulator.allocated_device_ids(resource) for n in (a, b))
+    assert held_b == {freed}, f"b's kubelet holds {held_b}, expected the freed slot {freed}"
+    assert not held_a & held_b, "one slot handed out on both nodes"
+    return freed, held_a, held_b
+
+
 async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     kube: AsyncClient,
     pod_namespace: str,
@@ -93,14 +125,7 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     await wait_until(nodes_shown, what="status.nodes: both nodes, sorted")
 
     # Two pods that can only run on a: the second needs b's idle slot.
-    await kube.create(pinned_pod(ns, "a-1", resource=resource, node=a.name, by_affinity=True))
-    await kube.create(pinned_pod(ns, "a-2", resource=resource, node=a.name, by_affinity=False))
-    for pod in ("a-1", "a-2"):
-        placed = await wait_pod(kube, ns, pod, running, "Running")
-        assert placed.spec is not None
-        assert placed.spec.nodeName == a.name
-    held_a = a.emulator.allocated_device_ids(resource)
-    assert held_a == {f"{name}-0", f"{name}-1"}, f"a's kubelet holds {held_a}"
+    held_a = await fill_from(kube, ns, name, resource, a)
     assert b.emulator.allocated_device_ids(resource) == set()
     # A slot reserved for a is answered at once and recorded right after (the fast path).
     async def recorded() -> bool:
@@ -133,14 +158,7 @@ async def test_reservations_move_to_the_node_whose_pinned_pods_wait(
     assert_quiet((a, b), resource, failures)
 
     # A pod on a goes: its slot is freed, a gives the reservation back, b's pod gets it.
-    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
-    await kube.delete(Pod, "a-1", namespace=ns)
-    placed = await wait_pod(kube, ns, "b-1", running, "Running")
-    assert placed.spec is not None
-    assert placed.spec.nodeName == b.name
-    held_a, held_b = (n.emulator.allocated_device_ids(resource) for n in (a, b))
-    assert held_b == {freed}, f"b's kubelet holds {held_b}, expected the freed slot {freed}"
-    assert not held_a & held_b, "one slot handed out on both nodes"
+    _, held_a, held_b = await hand_over(kube, ns, resource, a, b)
     usage = (await read_instance(kube, ns, name)).spec.device_usage
     assert usage == {**dict.fromkeys(held_a, a.name), **dict.fromkeys(held_b, b.name)}, (
         "deviceUsage disagrees with what the kubelets allocated"

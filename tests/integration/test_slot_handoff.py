@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
 
 from agent.slots import service
 from tests.harness.agent_nodes import StartNode, pinned_pod, read_instance, share_instance
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
+from tests.integration.test_slot_demand import hand_over
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -52,14 +52,7 @@ async def test_a_slot_another_node_waits_for_is_freed_by_the_awaited_sweep(
 
     await wait_until(b_demands, what=f"status.demand of {name} = {{{b.name}: 1}}")
 
-    freed = a.emulator.allocations(ns, "a-1")[0].device_ids[0]
-    await kube.delete(Pod, "a-1", namespace=ns)
-    placed = await wait_pod(kube, ns, "b-1", running, "Running")
-    assert placed.spec is not None
-    assert placed.spec.nodeName == b.name
-    held_a, held_b = (n.emulator.allocated_device_ids(resource) for n in (a, b))
-    assert held_b == {freed}, f"b's kubelet holds {held_b}, expected the freed slot {freed}"
-    assert not held_a & held_b, "one slot handed out on both nodes"
+    freed, held_a, held_b = await hand_over(kube, ns, resource, a, b)
 
     async def recorded() -> bool:
         usage = (await read_instance(kube, ns, name)).spec.device_usage
