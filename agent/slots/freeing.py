@@ -14,9 +14,9 @@ still carries the same usage; a slot the ``Allocate`` fast path has promised is 
 
 The same ``List`` also records the opposite case: a slot of an Instance plugin that a live pod
 holds while ``deviceUsage`` shows it free (an agent killed between answering ``Allocate`` and
-recording it). The first sweep after start always asks, before any plugin is served, and a
-sweep that asks records such slots at once. Holding nothing and having promised nothing, a
-sweep does not ask pod-resources at all.
+recording it). Before a plugin first serves an Instance's slots, a sweep asks (however late
+the Instance's watch event comes), and a sweep that asks records such slots at once. Holding
+nothing and having promised nothing, a sweep does not ask pod-resources at all.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ class OrphanFreer:
         """One pass: record slots live pods hold unrecorded, free those orphaned long enough.
 
         Returns whether this node holds (or has promised) a slot: the caller sweeps again soon
-        if so. Holding none, pod-resources is not asked at all, unless ``adopt`` (the first
-        pass after start, when a crash may have left a slot unrecorded), which also raises
+        if so. Holding none, pod-resources is not asked at all, unless ``adopt`` (an
+        Instance is about to be served for the first time since start, and a crash may have
+        left one of its slots unrecorded), which also raises
         ``grpc.RpcError`` when pod-resources does not answer.
         """
         instances = list(instances)

@@ -123,9 +123,11 @@ class DevicePluginService:
         self._retry = False
         #: This node held a slot at the last sweep: the next one is due after ``SWEEP_SECONDS``.
         self._holding = False
-        #: pod-resources has been asked once since start (slots a crash left unrecorded are
-        #: recorded): until then no plugin is served and nothing is answered before recording.
-        self._adopted = False
+        #: Served Instances whose slots pod-resources has been asked about since start (slots
+        #: a crash left unrecorded are recorded): no plugin serves an Instance's slots before.
+        #: Per Instance, not once at start: an Instance the watch brings only after the first
+        #: pass would otherwise be served with a slot a live pod holds showing free.
+        self._checked: set[_Key] = set()
         self._recorder = PromiseRecorder(world=self)
         self._pods = PendingPods(client=client, node=node_name, on_change=self._wake.set)
         self._pod_resources = (
@@ -182,7 +184,7 @@ class DevicePluginService:
 
     @property
     def answers_before_recording(self) -> bool:
-        return self._freer is not None and self._adopted
+        return self._freer is not None
 
     def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
         self._recorder.record_later(namespace, instance, wanted)
@@ -290,22 +292,23 @@ class DevicePluginService:
             return min(SWEEP_AWAITED_SECONDS if awaited else SWEEP_SECONDS, until_resync)
         return max(0.0, until_resync)
 
-    async def _sweep(self) -> None:
+    async def _sweep(self, *, adopt: bool = False) -> None:
         if self._freer is not None:
             self._holding = await self._freer.sweep(
-                list(self._instances.values()), self._config_resources, adopt=not self._adopted
+                list(self._instances.values()), self._config_resources, adopt=adopt
             )
-            self._adopted = True
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
         return self.node in instance.spec.nodes and self._devices.get(*key) is not None
 
     async def reconcile(self) -> None:
-        if self._freer is not None and not self._adopted:
-            # Before any plugin serves: slots that live pods hold and a crash left unrecorded
-            # are recorded (raises, and is retried, while pod-resources does not answer).
-            await self._sweep()
         served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
+        if self._freer is not None and not served.keys() <= self._checked:
+            # Before a plugin first serves an Instance: slots that live pods hold and a crash
+            # left unrecorded are recorded (raises, and is retried, while pod-resources does
+            # not answer).
+            await self._sweep(adopt=True)
+        self._checked = set(served)
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
         for count, (key, instance) in enumerate(served.items(), start=1):

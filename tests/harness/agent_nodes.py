@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -66,10 +66,24 @@ class AgentNode:
     table: NodeDeviceTable
     metrics: AgentMetrics
     task: asyncio.Task[None]
+    #: Makes the coroutine that serves this node's device plugins (``serve_device_plugins``).
+    serve: Callable[[], Coroutine[Any, Any, None]]
 
     @property
     def name(self) -> str:
         return self.emulator.node_name
+
+    async def restart_service(self) -> None:
+        """Stop the device-plugin side (its plugins' sockets go) and start a new one on the
+        same kubelet, device table and pod-resources: an agent restart as the kubelet sees
+        it, with the new agent remembering nothing of the old one's ledgers."""
+        await self.stop_service()
+        self.task = asyncio.create_task(self.serve())
+
+    async def stop_service(self) -> None:
+        self.task.cancel()
+        done, _ = await asyncio.wait([self.task], timeout=STOP_WAIT_S)
+        assert done, f"the device-plugin service of {self.name} did not stop when cancelled"
 
     def counter(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -103,8 +117,9 @@ class AgentNodes:
         )
         await emulator.start()
         table, metrics = NodeDeviceTable(), AgentMetrics()
-        task = asyncio.create_task(
-            serve_device_plugins(
+
+        def serve() -> Coroutine[Any, Any, None]:
+            return serve_device_plugins(
                 client=self.kube,
                 node_name=emulator.node_name,
                 plugin_dir=plugin_dir,
@@ -113,17 +128,16 @@ class AgentNodes:
                 metrics=metrics,
                 orphan_grace=TEST_ORPHAN_GRACE_S,
             )
-        )
-        node = AgentNode(emulator=emulator, table=table, metrics=metrics, task=task)
+
+        node = AgentNode(emulator=emulator, table=table, metrics=metrics,
+                         task=asyncio.create_task(serve()), serve=serve)
         self.started.append(node)
         return node
 
     async def stop_all(self) -> None:
         try:
             for node in self.started:
-                node.task.cancel()
-                done, _ = await asyncio.wait([node.task], timeout=STOP_WAIT_S)
-                assert done, f"the device-plugin service of {node.name} did not stop when cancelled"
+                await node.stop_service()
                 await node.emulator.stop(delete_node=True)
         finally:
             for d in self.dirs:

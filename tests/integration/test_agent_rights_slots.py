@@ -18,8 +18,9 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
@@ -81,12 +82,15 @@ async def token_node(
             node=emulator.node_name, folder=tmp_path)
         client = AsyncClient(KubeConfig.from_file(str(identity.kubeconfig)))
         table, metrics = NodeDeviceTable(), AgentMetrics()
-        task = asyncio.create_task(serve_device_plugins(
-            client=client, node_name=emulator.node_name, plugin_dir=plugin_dir,
-            pod_resources_socket=resources_dir / "kubelet.sock", devices=table,
-            metrics=metrics, orphan_grace=TEST_ORPHAN_GRACE_S,
-        ))
-        node = AgentNode(emulator=emulator, table=table, metrics=metrics, task=task)
+        def serve() -> Coroutine[Any, Any, None]:
+            return serve_device_plugins(
+                client=client, node_name=emulator.node_name, plugin_dir=plugin_dir,
+                pod_resources_socket=resources_dir / "kubelet.sock", devices=table,
+                metrics=metrics, orphan_grace=TEST_ORPHAN_GRACE_S,
+            )
+
+        node = AgentNode(emulator=emulator, table=table, metrics=metrics,
+                         task=asyncio.create_task(serve()), serve=serve)
         started.append((node, client))
         return node
 

@@ -8,6 +8,11 @@ kubelet's Allocate (no API call needed) but cannot record it; it is then SIGKILL
 that window, and started again. The restarted agent must record the slot for the pod that has
 it (the emulator's pod-resources lists it), and hand it to no other pod: a second pod asking
 for the Configuration's resource, which the agent maps onto any free slot, stays Pending.
+
+The same must hold when the Instance reaches the restarted agent only after its first pass
+(its watch event late, or this node listed in it later): the slot is recorded before any
+plugin serves the Instance. That case runs the device-plugin side in-process
+(``serve_device_plugins``, restarted on the same kubelet) so the order is the test's to set.
 """
 
 from __future__ import annotations
@@ -24,13 +29,17 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import AsyncClient
+from lightkube.types import PatchType
 
+from agent.kube import InstanceResource
+from agent.slots.service import socket_name
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.harness import agent_process as harness
+from tests.harness.agent_nodes import StartNode, create_instance, node_device, read_instance
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import running, unschedulable, wait_pod, wait_until
 from tests.harness.node_emulator import NodeEmulator
-from tests.integration.test_device_plugin_service import create_pod
+from tests.integration.test_device_plugin_service import create_pod, run_pod
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -168,3 +177,48 @@ async def test_agent_killed_between_answer_and_record_keeps_the_slot_for_its_pod
         with contextlib.suppress(FileNotFoundError):
             os.unlink(pod_resources)
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def test_an_instance_served_only_after_the_first_pass_gets_its_unrecorded_slot_recorded(
+    kube: AsyncClient, pod_namespace: str, start_node: StartNode
+) -> None:
+    ns, tag = pod_namespace, uuid.uuid4().hex[:6]
+    late_config, early_config = f"late{tag}", f"early{tag}"
+    node = await start_node()
+    late = await create_instance(kube, ns, configuration=late_config, digest="c3c3c3",
+                                 nodes=[node.name], capacity=1)
+    early = await create_instance(kube, ns, configuration=early_config, digest="d4d4d4",
+                                  nodes=[node.name], capacity=1)
+    await node.table.put(node_device(ns, late_config, late))
+    await node.table.put(node_device(ns, early_config, early))
+    await run_pod(kube, ns, "holder", {f"edgeplug.io/{late}": "1"})
+    [allocation] = node.emulator.allocations(ns, "holder")
+    [slot] = allocation.device_ids
+
+    async def recorded() -> bool:
+        return (await read_instance(kube, ns, late)).spec.device_usage.get(slot) == node.name
+
+    await wait_until(recorded, what=f"{slot} recorded for {node.name}")
+
+    # The agent goes. Meanwhile the record is lost, as a crash between answering Allocate and
+    # recording leaves it, and the Instance does not list this node yet.
+    await node.stop_service()
+    early_socket = node.emulator.plugin_dir / socket_name(f"edgeplug.io/{early}")
+    assert not early_socket.exists(), "a stopped agent leaves no plugin socket"
+    await kube.patch(InstanceResource, late, {"spec": {"deviceUsage": {slot: ""}, "nodes": []}},
+                     namespace=ns, patch_type=PatchType.MERGE)
+
+    await node.restart_service()
+
+    async def early_served() -> bool:
+        return early_socket.exists()
+
+    await wait_until(early_served, what=f"{early} served again: the first pass ran")
+    await kube.patch(InstanceResource, late, {"spec": {"nodes": [node.name]}},
+                     namespace=ns, patch_type=PatchType.MERGE)
+    await wait_until(recorded, what=f"{slot}, which holder still has (pod-resources lists it), "
+                                    f"recorded again once {late} lists {node.name}")
+    # Nobody else gets it: a pod for the Configuration's resource stays Pending.
+    await create_pod(kube, ns, "other", {f"edgeplug.io/{late_config}": "1"}, node=node.name)
+    await wait_pod(kube, ns, "other", unschedulable, "Unschedulable")
+    assert (await read_instance(kube, ns, late)).spec.device_usage == {slot: node.name}
