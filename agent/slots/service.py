@@ -66,7 +66,8 @@ RETRY_SECONDS = 1.0
 #: (the kubelet never says that a pod has gone); every ``SWEEP_AWAITED_SECONDS`` while another
 #: node's pods wait for such a slot. Holding nothing, it is never asked.
 SWEEP_SECONDS = 1.0
-#: A reconcile pass lets waiting calls (Allocate) run after this many Instances.
+#: A reconcile pass lets waiting calls (Allocate) run after this many Instances, and between
+#: its phases.
 PASS_YIELD_EVERY = 16
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
@@ -123,6 +124,12 @@ class DevicePluginService:
         self._retry = False
         #: This node held a slot at the last sweep: the next one is due after ``SWEEP_SECONDS``.
         self._holding = False
+        #: When the last sweep ran (loop time), and whether one is owed: a pass right after
+        #: a sweep leaves its own to the loop, at most ``SWEEP_AWAITED_SECONDS`` later, so a
+        #: burst of events (each recording's watch event wakes a pass) costs one pod-resources
+        #: ``List`` per interval instead of one per event.
+        self._last_sweep = float("-inf")
+        self._sweep_owed = False
         #: Served Instances whose slots pod-resources has been asked about since start (slots
         #: a crash left unrecorded are recorded): no plugin serves an Instance's slots before.
         #: Per Instance, not once at start: an Instance the watch brings only after the first
@@ -287,6 +294,9 @@ class DevicePluginService:
         """How long the loop may sleep without an event."""
         if self._retry:
             return RETRY_SECONDS
+        if self._sweep_owed:
+            loop = asyncio.get_running_loop()
+            return max(0.0, self._last_sweep + SWEEP_AWAITED_SECONDS - loop.time())
         if self._holding:
             awaited = self._freer is not None and self._freer.awaited
             return min(SWEEP_AWAITED_SECONDS if awaited else SWEEP_SECONDS, until_resync)
@@ -294,6 +304,8 @@ class DevicePluginService:
 
     async def _sweep(self, *, adopt: bool = False) -> None:
         if self._freer is not None:
+            self._last_sweep = asyncio.get_running_loop().time()
+            self._sweep_owed = False
             self._holding = await self._freer.sweep(
                 list(self._instances.values()), self._config_resources, adopt=adopt
             )
@@ -318,6 +330,7 @@ class DevicePluginService:
                 # Unchanged plugins never yield: without this a pass over hundreds of
                 # Instances holds the loop for milliseconds while Allocates wait behind it.
                 await asyncio.sleep(0)
+        await asyncio.sleep(0)
         for (namespace, configuration), instances in groups.items():
             wanted.add(await self._ensure_configuration_plugin(namespace, configuration, instances))
         for resource in set(self._served) - wanted:
@@ -325,10 +338,15 @@ class DevicePluginService:
             if served_plugin.key[0] == "configuration":
                 self._config_resources.pop(served_plugin.key[1:], None)
             await self.manager.remove(resource)
+        await asyncio.sleep(0)
         await self._move_reservations(served)
         await self._withdraw_from_unlisted()
+        await asyncio.sleep(0)
         self._display.correct(served)
-        await self._sweep()
+        if asyncio.get_running_loop().time() - self._last_sweep >= SWEEP_AWAITED_SECONDS:
+            await self._sweep()
+        else:
+            self._sweep_owed = self._freer is not None
 
     async def _ensure_instance_plugin(self, key: _Key, instance: Instance) -> str:
         resource = instance_resource_name(instance.name)
@@ -417,7 +435,9 @@ class DevicePluginService:
             wanted=self._pods.wanted(),
             starting=self._pods.starting(),
         )
-        for key, instance in served.items():
+        for count, (key, instance) in enumerate(served.items(), start=1):
+            if count % PASS_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             plan = reservation_plan(
                 instance, self.node, wanted=wanted.get(key, 0), hold=key in holding
             )
