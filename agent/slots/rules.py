@@ -61,9 +61,10 @@ Why this stays safe — no slot to two pods, ever:
   (a mapping lost in a crash could not be recovered).
 - An agent killed between answering and recording: the pod holds the slot (the kubelet's
   checkpoint, and its pod-resources ``List``), the API shows it free and reserved for this node,
-  and nobody else may claim it (first point). A restarted agent asks pod-resources before it
-  serves any plugin or moves any reservation, and records every slot a live pod holds that
-  ``deviceUsage`` shows free; until then it answers nothing. So the slot is recorded for the
+  and nobody else may claim it (first point). A restarted agent asks pod-resources before a
+  plugin first serves an Instance or moves its reservations (at its first pass, or whenever
+  the Instance reaches it later), and records every slot a live pod holds that
+  ``deviceUsage`` shows free; until then it answers nothing for that Instance. So the slot is recorded for the
   pod that has it, and never handed to another. Without a pod-resources socket the agent
   cannot do this, and the fast path is off (every claim is a conditioned write first).
 """
