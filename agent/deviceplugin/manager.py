@@ -7,11 +7,21 @@ plugin directory's entries (``dirwatch``), then compares the identity (inode, ct
 ``kubelet.sock`` and of each plugin's own socket with what it knows: a plugin whose socket
 vanished is served again, and every plugin not yet registered with the current kubelet is
 registered again, concurrently, so a restart is repaired within one event plus one registration
-round trip. Nothing runs while nothing changes, however many plugins there are: the only timers
-are a registration retry after ``REGISTER_RETRY_SECONDS`` (only while one failed; the kubelet
-may simply be down), a safety check every ``SAFETY_CHECK_SECONDS``, and, where inotify cannot
-watch the directory, the old poll every ``KUBELET_WATCH_INTERVAL_SECONDS`` (inotify is tried
-again every ``WATCH_RETRY_SECONDS``).
+round trip.
+
+The kubelet may also hang up on a plugin while its ``kubelet.sock`` stays: its plugin server
+disconnects a client by resource name when an older client's stream ends, so a plugin that
+registers again (an agent restarted) while the kubelet is still handling the old stream's end
+is dropped right after registering, and its resource stays unhealthy for good. A plugin whose
+last ListAndWatch stream the kubelet ended registers again unless the kubelet opens a new stream
+within ``HUNG_UP_SECONDS``: long after the kubelet is done with the old client, so the new
+registration cannot meet the same fate.
+
+Nothing runs while nothing changes, however many plugins there are: the only timers are a
+registration retry after ``REGISTER_RETRY_SECONDS`` (only while one failed; the kubelet may
+simply be down), the hang-up check (only after a hang-up), a safety check every
+``SAFETY_CHECK_SECONDS``, and, where inotify cannot watch the directory, the old poll every
+``KUBELET_WATCH_INTERVAL_SECONDS`` (inotify is tried again every ``WATCH_RETRY_SECONDS``).
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ REGISTER_RETRY_SECONDS = 1.0
 SAFETY_CHECK_SECONDS = 60.0
 #: While polling, how often to try to set up the inotify watch again.
 WATCH_RETRY_SECONDS = 10.0
+#: The kubelet ended a plugin's last ListAndWatch stream and opened none since, this long:
+#: the plugin registers again.
+HUNG_UP_SECONDS = 1.0
 
 _Identity = tuple[int, int]
 
@@ -58,6 +71,10 @@ class _Plugin:
     registered_with: _Identity | None = None
     ever_registered: bool = False
     retry_after: float = 0.0
+    #: Registrations failed in a row (the kubelet down): only the first is a warning.
+    failures: int = 0
+    #: When the kubelet ended the plugin's last stream (monotonic), while it stays served.
+    hung_up_at: float | None = None
 
 
 class PluginManager:
@@ -94,7 +111,11 @@ class PluginManager:
             old = self._plugins.pop(spec.resource_name, None)
             if old is not None:
                 await old.server.stop()
-            server = PluginServer(spec=spec, plugin_dir=self.plugin_dir)
+            server = PluginServer(
+                spec=spec,
+                plugin_dir=self.plugin_dir,
+                on_hung_up=lambda: self._hung_up(spec.resource_name),
+            )
             await server.start()
             plugin = _Plugin(server=server, ever_registered=old is not None and old.ever_registered)
             self._plugins[spec.resource_name] = plugin
@@ -143,6 +164,16 @@ class PluginManager:
             return SAFETY_CHECK_SECONDS
         return max(0.0, min(self._retry_due - time.monotonic(), SAFETY_CHECK_SECONDS))
 
+    def _hung_up(self, resource_name: str) -> None:
+        plugin = self._plugins.get(resource_name)
+        if plugin is not None:
+            plugin.hung_up_at = time.monotonic()
+            self._changed.set()  # the run loop then times the check
+
+    def _due(self, when: float) -> None:
+        if self._retry_due is None or when < self._retry_due:
+            self._retry_due = when
+
     async def reconcile(self) -> None:
         """One watch tick: re-serve plugins whose socket went, register unregistered ones."""
         async with self._lock:
@@ -150,19 +181,30 @@ class PluginManager:
             pending = []
             self._retry_due = None
             for plugin in self._plugins.values():
+                resource = plugin.server.spec.resource_name
                 if not plugin.server.socket_intact():
                     log.info(
                         "plugin socket gone (kubelet restart?): serving again",
-                        extra={"resource": plugin.server.spec.resource_name},
+                        extra={"resource": resource},
                     )
                     await plugin.server.start()
                     plugin.registered_with = None
+                if plugin.hung_up_at is not None:
+                    if plugin.server.streams or plugin.registered_with is None:
+                        plugin.hung_up_at = None  # called back, or registering anyway
+                    elif time.monotonic() >= plugin.hung_up_at + HUNG_UP_SECONDS:
+                        log.info("the kubelet hung up on the plugin and did not call back: "
+                                 "registering again", extra={"resource": resource})
+                        plugin.hung_up_at = None
+                        plugin.registered_with = None
+                    else:
+                        self._due(plugin.hung_up_at + HUNG_UP_SECONDS)
                 if kubelet is None or plugin.registered_with == kubelet:
                     continue
                 if time.monotonic() >= plugin.retry_after:
                     pending.append(self._register(plugin, kubelet))
-                elif self._retry_due is None or plugin.retry_after < self._retry_due:
-                    self._retry_due = plugin.retry_after
+                else:
+                    self._due(plugin.retry_after)
             if pending:
                 await asyncio.gather(*pending)
 
@@ -185,9 +227,17 @@ class PluginManager:
         except RegistrationFailed as error:
             plugin.retry_after = time.monotonic() + REGISTER_RETRY_SECONDS
             self._changed.set()  # the run loop then times its retry
-            log.warning("registration failed; will retry", extra={"error": str(error)})
+            plugin.failures += 1
+            log.log(logging.WARNING if plugin.failures == 1 else logging.DEBUG,
+                    "registration failed; will retry every %.0f s", REGISTER_RETRY_SECONDS,
+                    extra={"resource": spec.resource_name, "error": str(error)})
             return
+        if plugin.failures:
+            log.info("registered after %d failed attempts", plugin.failures,
+                     extra={"resource": spec.resource_name})
+        plugin.failures = 0
         plugin.retry_after = 0.0
+        plugin.hung_up_at = None  # a hang-up from here on is about this registration
         kind = "re" if plugin.ever_registered else "first"
         plugin.registered_with = kubelet
         plugin.ever_registered = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,9 +62,12 @@ def _allocation_pb(allocation: ContainerAllocation) -> pb.ContainerAllocateRespo
 class _Servicer(pb_grpc.DevicePluginServicer):
     """The wire-facing half: every call is logged with the resource name and errors mapped."""
 
-    def __init__(self, spec: PluginSpec) -> None:
+    def __init__(self, spec: PluginSpec, on_hung_up: Callable[[], None]) -> None:
         self._spec = spec
         self._stopping = False
+        self._on_hung_up = on_hung_up
+        #: ListAndWatch streams open now.
+        self.streams = 0
 
     def end_streams(self) -> None:
         """End every ListAndWatch stream, as a plugin that is going away does."""
@@ -86,12 +89,19 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         resource = self._spec.resource_name
         log.info("ListAndWatch opened", extra={"resource": resource})
-        async for devices in self._updates_until_stopped():
-            log.debug(
-                "ListAndWatch update",
-                extra={"resource": resource, "devices": [(d.id, d.healthy) for d in devices]},
-            )
-            yield pb.ListAndWatchResponse(devices=[_device_pb(d) for d in devices])
+        self.streams += 1
+        try:
+            async for devices in self._updates_until_stopped():
+                log.debug(
+                    "ListAndWatch update",
+                    extra={"resource": resource, "devices": [(d.id, d.healthy) for d in devices]},
+                )
+                yield pb.ListAndWatchResponse(devices=[_device_pb(d) for d in devices])
+        finally:
+            # No await here: the stream's task may be cancelled (the kubelet hung up).
+            self.streams -= 1
+            if not self._stopping and not self.streams:
+                self._on_hung_up()
 
     def _updates_until_stopped(self) -> AsyncIterator[tuple[AdvertisedDevice, ...]]:
         # The stream's own task reads the feed: no task per stream waits for the stop besides
@@ -180,9 +190,14 @@ class _GenericHandlersOnly:
 class PluginServer:
     """Serves one plugin on ``<plugin_dir>/<socket_name>``; restartable (stop, then start)."""
 
-    def __init__(self, *, spec: PluginSpec, plugin_dir: Path) -> None:
+    def __init__(
+        self, *, spec: PluginSpec, plugin_dir: Path, on_hung_up: Callable[[], None] = lambda: None
+    ) -> None:
+        """``on_hung_up``: called when the kubelet ends the last open ListAndWatch stream
+        while this server is not stopping."""
         self.spec = spec
         self.socket_path = plugin_dir / spec.socket_name
+        self._on_hung_up = on_hung_up
         self._server: aio.Server | None = None
         self._servicer: _Servicer | None = None
         self._inode: int | None = None
@@ -191,13 +206,18 @@ class PluginServer:
     def running(self) -> bool:
         return self._server is not None
 
+    @property
+    def streams(self) -> int:
+        """ListAndWatch streams open now."""
+        return self._servicer.streams if self._servicer is not None else 0
+
     async def start(self) -> None:
         if self._server is not None:
             await self.stop()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = aio.server()
-        self._servicer = _Servicer(self.spec)
+        self._servicer = _Servicer(self.spec, self._on_hung_up)
         # The generated function calls only the two methods _GenericHandlersOnly has.
         only_generic = cast(aio.Server, _GenericHandlersOnly(server))
         pb_grpc.add_DevicePluginServicer_to_server(self._servicer, only_generic)

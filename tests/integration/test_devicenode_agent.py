@@ -5,6 +5,10 @@ against the kubelet's own device manager (``DeviceNode``): allocations survive f
 checkpoint, Allocate is not called again for the running pod, and the agent's ``deviceUsage``
 stays what it was, while the agent re-registers every plugin. Real parts: the control plane,
 the kubelet's device manager in its own mount namespace, the agent's device-plugin service.
+
+Also against that device manager: its plugin server hangs up on a freshly registered plugin
+when an older client of the same resource ends afterwards (it disconnects by name), and the
+agent must notice and register again rather than leave the resource unhealthy for good.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from tests.harness.agent_nodes import (
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import DeviceNode
 from tests.harness.kube_waits import WAIT_S, wait_allocatable, wait_until
+from tests.harness.testplugin import TestPlugin
+from tests.integration.test_device_plugin_service import run_pod
 from tests.integration.test_node_emulator import create_pod, pod_manifest, wait_phase
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -92,3 +98,35 @@ async def test_running_pods_keep_their_slots_across_a_kubelet_restart(
 
     await wait_until(both_recorded, what=f"{held} and {second} recorded for {node.name}")
     assert allocations(node, resource) == calls + 1
+
+
+async def test_a_plugin_the_kubelet_hangs_up_on_registers_again(
+    kube: AsyncClient, pod_namespace: str, agent_node: AgentNode
+) -> None:
+    ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
+    name, node = f"{configuration}-e5e5e5", agent_node
+    resource = f"edgeplug.io/{name}"
+    # An older client of the resource: what a killed agent's plugin is to the kubelet until
+    # it has handled that plugin's end.
+    older = TestPlugin(plugin_dir=node.emulator.plugin_dir, resource_name=resource,
+                       devices={"old0": "Healthy"})
+    await older.start()
+    try:
+        await wait_allocatable(kube, node.name, resource, "1")
+        await create_instance(kube, ns, configuration=configuration, digest="e5e5e5",
+                              nodes=[node.name], capacity=2)
+        await node.table.put(node_device(ns, configuration, name))
+        await wait_allocatable(kube, node.name, resource, "2")
+        registered = node.counter("edgeplug_kubelet_registrations_total", kind="re")
+    finally:
+        # The older client's stream ends now: the kubelet disconnects the agent's client.
+        await older.stop()
+
+    async def registered_again() -> bool:
+        return node.counter("edgeplug_kubelet_registrations_total", kind="re") > registered
+
+    await wait_until(registered_again, what=f"{resource} registered again after the hang-up")
+    await wait_allocatable(kube, node.name, resource, "2")
+    await run_pod(kube, ns, "after-hang-up", {resource: "1"})
+    assert allocations(node, resource) == 1, "the agent's plugin answered the pod's Allocate"
+    assert older.calls.allocate == []
