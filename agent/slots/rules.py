@@ -64,9 +64,10 @@ Why this stays safe — no slot to two pods, ever:
   and nobody else may claim it (first point). A restarted agent asks pod-resources before a
   plugin first serves an Instance or moves its reservations (at its first pass, or whenever
   the Instance reaches it later), and records every slot a live pod holds that
-  ``deviceUsage`` shows free; until then it answers nothing for that Instance. So the slot is recorded for the
-  pod that has it, and never handed to another. Without a pod-resources socket the agent
-  cannot do this, and the fast path is off (every claim is a conditioned write first).
+  ``deviceUsage`` shows free; until then it answers nothing for that Instance. So the slot is
+  recorded for the pod that has it, and never handed to another. Without a pod-resources
+  socket the agent cannot do this, and the fast path is off (every claim is a conditioned
+  write first).
 """
 
 from __future__ import annotations
