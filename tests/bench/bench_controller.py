@@ -71,6 +71,10 @@ MODES = ("realistic", "unschedulable")
 CREATE_CONCURRENCY = 32
 #: How long the steady state is watched for writes and CPU.
 STEADY_WATCH_S = 25.0
+#: Before it: no broker pod changed for this long, every one handled by the scheduler...
+CLUSTER_QUIET_S = 5.0
+#: ...or this long has passed since the controller settled.
+CLUSTER_SETTLE_TIMEOUT_S = 300.0
 #: The scale run's unschedulable brokers stay Pending and bare Nodes never turn Ready: neither
 #: may be acted on while the steady state is measured.
 HOUR_S = "3600"
@@ -118,12 +122,26 @@ def start_kubelets(plane: ControlPlane, namespace: str, cfg: str, nodes: int,
     return proc
 
 
+def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each named process has used so far (0 for one that is gone)."""
+    used = {}
+    for name, pid in pids.items():
+        try:
+            used[name] = cpu_s(pid)
+        except FileNotFoundError:
+            used[name] = 0.0
+    return used
+
+
 async def scale_run(
     client: AsyncClient, ctl: ControllerProcess, namespace: str, cfg: str, *, nodes: int,
-    instances: int,
+    instances: int, others: dict[str, int],
 ) -> dict[str, float]:
-    """One scale run; returns its figures."""
+    """One scale run; returns its figures. ``others``: the processes beside the controller
+    whose CPU until the last broker is reported too (the control plane, the emulated nodes,
+    this benchmark)."""
     requests_before = requests(ctl)
+    others_before = cpu_by_process(others)
     limit = asyncio.Semaphore(CREATE_CONCURRENCY)
     watch = PodWatch(client, namespace)
     await watch.start()
@@ -146,12 +164,19 @@ async def scale_run(
     last_broker = max(watch.added.values())
     first_broker = min(watch.added.values())
     cpu_converge = cpu_s(ctl.pid) - cpu_before
-    await watch.stop()
+    others_used = {name: used - others_before[name]
+                   for name, used in cpu_by_process(others).items()}
     sent = requests(ctl) - requests_before
     settle_s = await quiesce(ctl)
-    steady_from = writes(ctl)
+    # "Nothing changing" includes the cluster: the scheduler marks 10,000 unschedulable pods
+    # (one status write each) for a while after the last broker exists.
+    cluster_settle_s = await watch.settled(instances, quiet_s=CLUSTER_QUIET_S,
+                                           timeout_s=CLUSTER_SETTLE_TIMEOUT_S)
+    steady_from, steady_events = writes(ctl), watch.events
     steady_cpu = cpu_s(ctl.pid)
     await asyncio.sleep(STEADY_WATCH_S)  # the measurement window itself, not a wait for a result
+    steady_events = watch.events - steady_events
+    await watch.stop()
     return {
         "created_s": created_at - start,
         "create_rate": instances / (created_at - start),
@@ -164,8 +189,11 @@ async def scale_run(
         "rss_mib": rss_mib(ctl.pid),
         "peak_mib": peak,
         "settle_s": settle_s,
+        "cluster_settle_s": cluster_settle_s,
+        "steady_pod_events": steady_events,
         "steady_writes": writes(ctl) - steady_from,
         "steady_cpu_s": cpu_s(ctl.pid) - steady_cpu,
+        **{f"cpu_s:{name}": used for name, used in others_used.items()},
     }
 
 
@@ -177,9 +205,14 @@ def describe(mode: str, nodes: int, instances: int, f: dict[str, float]) -> str:
         f"{f['broker_rate']:.0f} brokers/s); "
         f"controller CPU {f['cpu_s']:.1f} s = {f['cpu_ms_per_instance']:.2f} ms per Instance; "
         f"{f['requests_per_instance']:.3f} requests per Instance; RSS {f['rss_mib']:.0f} MiB "
-        f"(peak sampled {f['peak_mib']:.0f}); settled {f['settle_s']:.1f} s later; steady "
+        f"(peak sampled {f['peak_mib']:.0f}); settled {f['settle_s']:.1f} s later, every "
+        f"broker pod {f['cluster_settle_s']:.1f} s after that; steady "
         f"{STEADY_WATCH_S:.0f} s: {f['steady_cpu_s']:.2f} s CPU, "
-        f"{f['steady_writes']:.0f} writes"
+        f"{f['steady_writes']:.0f} writes, {f['steady_pod_events']:.0f} broker pod events; "
+        f"CPU until the last broker: controller {f['cpu_s']:.1f} s, "
+        + ", ".join(f"{k.removeprefix('cpu_s:')} {v:.1f} s"
+                    for k, v in f.items() if k.startswith("cpu_s:"))
+        + f" (in {f['converge_s']:.1f} s on {os.cpu_count()} CPUs)"
     )
 
 
@@ -200,8 +233,11 @@ async def scale_once(mode: str, nodes: int, instances: int) -> dict[str, float]:
         client = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
         try:
             apply(plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
+            others = {**plane.pids(), "this benchmark": os.getpid()}
+            if kubelets is not None:
+                others["emulated nodes"] = kubelets.pid
             figures = await scale_run(client, ctl, namespace, cfg, nodes=nodes,
-                                      instances=instances)
+                                      instances=instances, others=others)
         finally:
             await client.close()
             ctl.stop()
@@ -216,7 +252,7 @@ def medians(mode: str, runs: list[dict[str, float]]) -> None:
     if len(runs) < 2:
         return
     keys = ("lag_s", "cpu_ms_per_instance", "requests_per_instance", "rss_mib", "create_rate",
-            "broker_rate", "steady_cpu_s", "steady_writes")
+            "broker_rate", "steady_cpu_s", "steady_writes", "steady_pod_events")
     text = ", ".join(f"{k} {statistics.median(r[k] for r in runs):.3g}" for k in keys)
     print(f"scale {mode}, median of {len(runs)} runs: {text}", flush=True)
 

@@ -32,13 +32,17 @@ _REQUEST: Final = re.compile(r"HTTP Request: ")
 
 
 class PodWatch:
-    """Records when each broker pod was first seen and when it was seen deleted."""
+    """Records when each broker pod was first seen and when it was seen deleted; counts every
+    pod event, and which pods the scheduler has handled (a ``PodScheduled`` condition)."""
 
     def __init__(self, client: AsyncClient, namespace: str) -> None:
         self.client = client
         self.namespace = namespace
         self.added: dict[str, float] = {}
         self.deleted: dict[str, float] = {}
+        self.scheduled: set[str] = set()
+        self.events = 0
+        self.last_event = time.monotonic()
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -57,6 +61,11 @@ class PodWatch:
             assert pod.metadata is not None
             name = str(pod.metadata.name)
             now = time.monotonic()
+            self.events += 1
+            self.last_event = now
+            conditions = (pod.status.conditions if pod.status else None) or []
+            if any(c.type == "PodScheduled" for c in conditions):
+                self.scheduled.add(name)
             if kind == "DELETED":
                 self.deleted.setdefault(name, now)
             else:
@@ -67,6 +76,16 @@ class PodWatch:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+
+    async def settled(self, count: int, *, quiet_s: float, timeout_s: float) -> float:
+        """Seconds until the scheduler has handled ``count`` pods and no pod changed for
+        ``quiet_s``: the cluster itself at rest, not only the controller."""
+        start = time.monotonic()
+        while len(self.scheduled) < count or time.monotonic() - self.last_event < quiet_s:
+            if time.monotonic() - start > timeout_s:
+                break
+            await asyncio.sleep(POLL_S)
+        return time.monotonic() - start
 
     async def wait(self, table: dict[str, float], name: str,
                    timeout_s: float = EVENT_TIMEOUT_S) -> float:

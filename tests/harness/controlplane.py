@@ -129,6 +129,10 @@ class ControlPlane:
         if name == "kube-apiserver":
             self._wait_ready(name, f"{self.server}/readyz", tls=True)
 
+    def pids(self) -> dict[str, int]:
+        """Each running server's process id, by name (etcd, kube-apiserver, ...)."""
+        return {p.name: p.popen.pid for p in self._processes if p.popen.poll() is None}
+
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         assert self.workdir is not None
         log_file = (self.workdir / f"{name}.log").open("ab")
