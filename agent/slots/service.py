@@ -438,6 +438,8 @@ class DevicePluginService:
         for count, (key, instance) in enumerate(served.items(), start=1):
             if count % PASS_YIELD_EVERY == 0:
                 await asyncio.sleep(0)
+            if key not in self._instances:
+                continue  # deleted while the pass yielded: nothing left to move
             plan = reservation_plan(
                 instance, self.node, wanted=wanted.get(key, 0), hold=key in holding
             )

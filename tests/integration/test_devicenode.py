@@ -197,8 +197,11 @@ async def test_a_reboot_forgets_the_allocations_of_running_pods(
     assert node.allocations(pod_namespace, "survivor") == []
     # The Node may still show the allocatable count from before the reboot: wait for the
     # kubelet itself to know the plugin's devices again, or "next" could be admitted without
-    # them. Now and then the rebooted devicenode takes the registration but never records the
-    # devices (a harness fault under investigation, not the kubelet's): register once more then.
+    # them. Now and then the kubelet takes the registration but then drops it: the stopped
+    # plugin's old stream ends after the new registration, and the kubelet's plugin server
+    # disconnects the client of that resource name, which is by then the new one (runClient in
+    # kubelet/cm/devicemanager/plugin/v1beta1). A plugin must register once more then, as the
+    # agent does by itself (agent/deviceplugin/manager.py); this test plugin does it here.
     for attempt in range(1, REGISTER_ATTEMPTS + 1):
         await plugin.stop()
         await plugin.start()
