@@ -109,10 +109,11 @@ class ConfigurationWatch:
         failures = 0
         while True:
             try:
-                self._node_labels = await self._read_node_labels()
+                self._node_labels, annotations = await self._read_node()
                 await self._labels.prune(
                     node_labels=self._node_labels,
-                    configurations=[name for _, name in await self._list_configurations()],
+                    node_annotations=annotations,
+                    configurations=await self._list_configurations(),
                 )
                 return
             except ApiError as exc:
@@ -249,15 +250,18 @@ class ConfigurationWatch:
                     await run.stop(withdraw=False)
                     self._start(cfg)
 
-    async def _read_node_labels(self) -> Mapping[str, str]:
+    async def _read_node(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        """The Node's labels and annotations (none while the Node does not exist yet)."""
         try:
             node = await self._client.get(Node, self._node)
         except ApiError as exc:
             if is_not_found(exc):
                 log.warning("Node %s not found yet; selectors see no labels", self._node)
-                return {}
+                return {}, {}
             raise
-        return dict((node.metadata.labels if node.metadata else None) or {})
+        meta = node.metadata
+        return dict((meta.labels if meta else None) or {}), dict(
+            (meta.annotations if meta else None) or {})
 
     async def _watch_node(self) -> None:
         stream = watching.watch(

@@ -9,11 +9,19 @@ Configurations deleted while no agent ran are pruned when the agent starts.
 A handler may describe the devices as labels too (``LabellingHandler``: Ascend's chip model and
 count): those ``edgeplug.io/`` labels are set with the same merge patch and removed with the
 Configuration's last device on this node.
+
+Which labels are the agent's is written on the Node itself, in the same patch as the labels:
+the annotation ``edgeplug.io/labels`` maps each Configuration (``namespace/name``) with devices
+here to the labels set for it. Pruning at start removes only labels recorded for Configurations
+that no longer exist (handler labels included), never an ``edgeplug.io/`` label somebody else
+set. A Node labelled by an agent that kept no record is pruned by the older rule: a
+``edgeplug.io/<name>=true`` label whose Configuration name no longer exists.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -26,6 +34,41 @@ from crds.api import GROUP
 log = logging.getLogger(__name__)
 
 LABEL_VALUE = "true"
+#: The Node annotation recording which labels the agent set, per Configuration.
+OWNED_ANNOTATION = f"{GROUP}/labels"
+
+_Owned = dict[str, list[str]]  # "namespace/configuration" -> label keys, sorted
+
+
+def parse_owned(annotations: Mapping[str, str]) -> _Owned | None:
+    """The record in ``OWNED_ANNOTATION``; None when there is none or it is malformed."""
+    text = annotations.get(OWNED_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+        for k, v in value.items()
+    ):
+        log.warning("ignoring a malformed %s annotation on the Node", OWNED_ANNOTATION)
+        return None
+    return {k: sorted(v) for k, v in value.items()}
+
+
+def _unrecorded_stale(node_labels: Mapping[str, str], names: set[str]) -> set[str]:
+    """Without a record: ``edgeplug.io/<name>=true`` labels whose name is no Configuration's
+    (how agents that kept no record labelled)."""
+    prefix = f"{GROUP}/"
+    return {key for key, value in node_labels.items()
+            if key.startswith(prefix) and value == LABEL_VALUE
+            and key.removeprefix(prefix) not in names}
+
+
+def _format_owned(owned: _Owned) -> str | None:
+    return json.dumps(owned, sort_keys=True, separators=(",", ":")) if owned else None
 
 
 def label_key(configuration: str) -> str:
@@ -45,6 +88,8 @@ class NodeLabels:
         self._reported: set[str] = set()
         self._handler_labels: dict[tuple[str, str], dict[str, str]] = {}
         self._written: dict[str, str] = {}  # handler labels as last written
+        #: The ``OWNED_ANNOTATION`` record as last read or written.
+        self._owned: _Owned = {}
 
     async def set(
         self,
@@ -76,32 +121,51 @@ class NodeLabels:
             changes.update({k: None for k in self._written if k not in wanted})
             if before != after or configuration not in self._reported:
                 changes[label_key(configuration)] = LABEL_VALUE if after else None
-            if not changes:
+            owned = {k: v for k, v in self._owned.items() if k != f"{namespace}/{configuration}"}
+            if has_devices:
+                owned[f"{namespace}/{configuration}"] = sorted(
+                    {label_key(configuration), *self._handler_labels[key]})
+            if not changes and owned == self._owned:
                 return
             self._reported.add(configuration)
-            if await self._patch_labels(changes):
+            if await self._patch_labels(changes, owned=owned):
                 self._written = wanted
 
-    async def prune(self, *, node_labels: Mapping[str, str], configurations: Iterable[str]) -> None:
-        """Remove labels of ours whose Configuration no longer exists (gone while we were down)."""
-        prefix = f"{GROUP}/"
-        existing = set(configurations)
+    async def prune(
+        self,
+        *,
+        node_labels: Mapping[str, str],
+        node_annotations: Mapping[str, str],
+        configurations: Iterable[tuple[str, str]],
+    ) -> None:
+        """Remove labels of ours whose Configuration no longer exists (gone while we were
+        down). ``configurations``: (namespace, name) of every Configuration there is."""
+        existing = {f"{namespace}/{name}" for namespace, name in configurations}
         async with self._lock:
-            for key, value in node_labels.items():
-                name = key.removeprefix(prefix)
-                if key.startswith(prefix) and value == LABEL_VALUE and name not in existing:
-                    log.info("removing stale node label %s", key, extra={"node": self._node})
-                    await self._patch(name, None)
+            recorded = parse_owned(node_annotations)
+            if recorded is None:
+                stale = _unrecorded_stale(node_labels, {k.split("/", 1)[1] for k in existing})
+                owned: _Owned = {}
+            else:
+                owned = {k: v for k, v in recorded.items() if k in existing}
+                kept = {label for labels in owned.values() for label in labels}
+                stale = {label for k, labels in recorded.items() if k not in existing
+                         for label in labels if label not in kept and label in node_labels}
+            for label in sorted(stale):
+                log.info("removing stale node label %s", label, extra={"node": self._node})
+            if stale or owned != (recorded or {}):
+                await self._patch_labels(dict.fromkeys(stale), owned=owned)
+            self._owned = owned  # as the Node should record it, written or not
 
-    async def _patch(self, configuration: str, value: str | None) -> None:
-        await self._patch_labels({label_key(configuration): value})
-
-    async def _patch_labels(self, labels: Mapping[str, str | None]) -> bool:
-        body = {"metadata": {"labels": dict(labels)}}
+    async def _patch_labels(self, labels: Mapping[str, str | None], *, owned: _Owned) -> bool:
+        """One merge patch of ``labels`` and the ``owned`` record."""
+        body = {"metadata": {"labels": dict(labels),
+                             "annotations": {OWNED_ANNOTATION: _format_owned(owned)}}}
         try:
             await self._client.patch(Node, self._node, body, patch_type=PatchType.MERGE)
         except ApiError as exc:
             log.warning("could not change node labels %s: %s", sorted(labels), exc,
                         extra={"node": self._node})
             return False
+        self._owned = owned
         return True

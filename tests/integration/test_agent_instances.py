@@ -6,11 +6,14 @@ name (a Node object the test creates).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
+from agent.node_labels import OWNED_ANNOTATION
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
@@ -85,6 +88,11 @@ async def test_shared_and_local_devices_become_instances(
             return labels if wanted.items() <= labels.items() else None
 
         await harness.eventually(labelled, what=f"labels edgeplug.io/echo-* on Node {node}")
+        # The same patch recorded them as the agent's, per Configuration.
+        assert await _record(client, node) == {
+            f"{namespace}/echo-local": ["edgeplug.io/echo-local"],
+            f"{namespace}/echo-shared": ["edgeplug.io/echo-shared"],
+        }
 
         # Deleting a Configuration removes the node's Instances of it and its label.
         control_plane.kubectl("delete", "configuration", "echo-local", "-n", namespace)
@@ -99,7 +107,16 @@ async def test_shared_and_local_devices_become_instances(
             )
 
         await harness.eventually(local_gone, what="echo-local's Instance and node label gone")
+        assert await _record(client, node) == {
+            f"{namespace}/echo-shared": ["edgeplug.io/echo-shared"]}
     await client.close()
+
+
+async def _record(client: AsyncClient, node: str) -> Any:
+    """The agent's record of its labels on ``node`` (None without one)."""
+    got = await client.get(Node, node)
+    text = ((got.metadata.annotations if got.metadata else None) or {}).get(OWNED_ANNOTATION)
+    return None if text is None else json.loads(text)
 
 
 async def test_two_nodes_share_one_instance(control_plane: ControlPlane, namespace: str) -> None:
@@ -235,4 +252,32 @@ async def test_stale_configuration_labels_pruned_at_start(
     # Labels that are not ours to manage stay.
     assert labels["edgeplug.io/team"] == "cameras"
     assert labels["zone"] == "a"
+    await client.close()
+
+
+async def test_stale_labels_pruned_at_start_are_only_those_recorded_as_the_agents(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """With the agent's record on the Node: a deleted Configuration's labels go, handler labels
+    included, and an edgeplug.io/ label the agent never set stays, whatever its value."""
+    node = harness.new_node(control_plane, labels={
+        "edgeplug.io/ghost": "true", "edgeplug.io/npu.chip.name": "910B",
+        "edgeplug.io/mine": "true", "zone": "a"})
+    record = {f"{namespace}/ghost": ["edgeplug.io/ghost", "edgeplug.io/npu.chip.name"]}
+    control_plane.kubectl("annotate", "node", node, f"{OWNED_ANNOTATION}={json.dumps(record)}")
+    client = harness.api_client(control_plane)
+    async with harness.agent_in_process(control_plane, node_name=node, namespace=namespace):
+
+        async def pruned() -> dict[str, str] | None:
+            got = await client.get(Node, node)
+            labels = dict((got.metadata.labels if got.metadata else None) or {})
+            return labels if "edgeplug.io/ghost" not in labels else None
+
+        labels = await harness.eventually(
+            pruned, what=f"stale label edgeplug.io/ghost gone from {node}"
+        )
+    assert "edgeplug.io/npu.chip.name" not in labels
+    assert labels["edgeplug.io/mine"] == "true"
+    assert labels["zone"] == "a"
+    assert await _record(client, node) is None
     await client.close()

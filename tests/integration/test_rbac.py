@@ -630,7 +630,7 @@ async def _assert_brokers_made(
 # -- the node policy -------------------------------------------------------------------------
 
 
-def test_agent_may_change_only_edgeplug_labels_on_its_own_node(
+def test_agent_may_change_only_edgeplug_labels_and_its_record_on_its_own_node(
     control_plane: ControlPlane, identities: dict[str, Identity], tmp_path: Path
 ) -> None:
     """RBAC grants nodes/patch on every Node; the admission policy narrows it."""
@@ -664,7 +664,12 @@ def test_agent_may_change_only_edgeplug_labels_on_its_own_node(
         eventually_refused(agent, "patch", "node", own, "-p", '{"spec":{"unschedulable":true}}',
                            because="only edgeplug.io/ labels")
         eventually_refused(agent, "annotate", "node", own, "team=edge",
-                           because="only edgeplug.io/ labels")
+                           because="only its edgeplug.io/labels annotation")
+        eventually_refused(agent, "annotate", "node", own, "edgeplug.io/other=x",
+                           because="only its edgeplug.io/labels annotation")
+        record = agent.kubectl(cp, "annotate", "node", own,
+                               'edgeplug.io/labels={"ns/cam":["edgeplug.io/cam"]}')
+        assert record.returncode == 0, record.stderr
         removed = agent.kubectl(cp, "label", "node", own, "edgeplug.io/cam-")
         assert removed.returncode == 0, removed.stderr
     finally:
