@@ -112,6 +112,22 @@ async def test_shared_and_local_devices_become_instances(
     await client.close()
 
 
+async def _labels_once_ghost_pruned(
+    control_plane: ControlPlane, client: AsyncClient, namespace: str, node: str
+) -> dict[str, str]:
+    """Start an agent on ``node``; the node's labels once ``edgeplug.io/ghost`` is gone."""
+    async with harness.agent_in_process(control_plane, node_name=node, namespace=namespace):
+
+        async def pruned() -> dict[str, str] | None:
+            got = await client.get(Node, node)
+            labels = dict((got.metadata.labels if got.metadata else None) or {})
+            return labels if "edgeplug.io/ghost" not in labels else None
+
+        found: dict[str, str] = await harness.eventually(
+            pruned, what=f"stale label edgeplug.io/ghost gone from {node}")
+        return found
+
+
 async def _record(client: AsyncClient, node: str) -> Any:
     """The agent's record of its labels on ``node`` (None without one)."""
     got = await client.get(Node, node)
@@ -239,16 +255,7 @@ async def test_stale_configuration_labels_pruned_at_start(
         labels={"edgeplug.io/ghost": "true", "edgeplug.io/team": "cameras", "zone": "a"},
     )
     client = harness.api_client(control_plane)
-    async with harness.agent_in_process(control_plane, node_name=node, namespace=namespace):
-
-        async def pruned() -> dict[str, str] | None:
-            got = await client.get(Node, node)
-            labels = dict((got.metadata.labels if got.metadata else None) or {})
-            return labels if "edgeplug.io/ghost" not in labels else None
-
-        labels = await harness.eventually(
-            pruned, what=f"stale label edgeplug.io/ghost gone from {node}"
-        )
+    labels = await _labels_once_ghost_pruned(control_plane, client, namespace, node)
     # Labels that are not ours to manage stay.
     assert labels["edgeplug.io/team"] == "cameras"
     assert labels["zone"] == "a"
@@ -266,16 +273,7 @@ async def test_stale_labels_pruned_at_start_are_only_those_recorded_as_the_agent
     record = {f"{namespace}/ghost": ["edgeplug.io/ghost", "edgeplug.io/npu.chip.name"]}
     control_plane.kubectl("annotate", "node", node, f"{OWNED_ANNOTATION}={json.dumps(record)}")
     client = harness.api_client(control_plane)
-    async with harness.agent_in_process(control_plane, node_name=node, namespace=namespace):
-
-        async def pruned() -> dict[str, str] | None:
-            got = await client.get(Node, node)
-            labels = dict((got.metadata.labels if got.metadata else None) or {})
-            return labels if "edgeplug.io/ghost" not in labels else None
-
-        labels = await harness.eventually(
-            pruned, what=f"stale label edgeplug.io/ghost gone from {node}"
-        )
+    labels = await _labels_once_ghost_pruned(control_plane, client, namespace, node)
     assert "edgeplug.io/npu.chip.name" not in labels
     assert labels["edgeplug.io/mine"] == "true"
     assert labels["zone"] == "a"
