@@ -37,6 +37,12 @@ class AgentMetrics:
             "Slot claims lost to another node or writer (optimistic concurrency conflicts)",
             ["resource"], registry=self.registry,
         )
+        self.pod_resources_lists = Counter(
+            "edgeplug_pod_resources_lists_total",
+            "Sweeps that asked the kubelet's pod-resources List which pods hold slots, by "
+            "outcome (while it fails, no slot is freed)",
+            ["outcome"], registry=self.registry,
+        )
         self.kubelet_registrations = Counter(
             "edgeplug_kubelet_registrations_total",
             "Device-plugin registrations with the kubelet, first ones and re-registrations",

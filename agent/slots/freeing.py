@@ -3,7 +3,9 @@
 Why this exists: the kubelet never tells a device plugin that a pod has gone, so a slot written
 into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-resources ``List``
 says which device ids live pods hold. A slot that ``List`` once showed held by a live pod and no
-longer does was freed by the pod's end: it is freed at the next sweep. Sweeps come every second
+longer does was freed by the pod's end, unless it was claimed again since that ``List`` was
+asked (a new pod, which pod-resources may not list yet): it is freed at the next sweep, however
+young the claim. Sweeps come every second
 while this node holds a slot, and every ``SWEEP_AWAITED_SECONDS`` while another node's pods
 wait for an Instance this node holds a slot of, so such a pod gets the slot well within a
 second of the holder's pod going. A slot never seen held (the kubelet lists a pod
@@ -56,13 +58,18 @@ class OrphanFreer:
         node: str,
         ledger: Callable[[str, str], SlotLedger],
         grace: float = ORPHAN_GRACE_SECONDS,
+        on_listed: Callable[[bool], None] = lambda ok: None,
     ) -> None:
+        """``on_listed(ok)``: after each sweep that asked pod-resources, once its answer is
+        acted on (``ok``), or when it failed."""
         self._client = client
+        self._on_listed = on_listed
         self._node = node
         self._ledger = ledger
         self._grace = grace
         self._orphan_since: dict[_Key, float] = {}
-        self._seen_live: set[_Key] = set()
+        #: Slot (with its usage) → when a ``List`` that showed it held by a live pod was asked.
+        self._seen_live: dict[_Key, float] = {}
         self._claimed_at: dict[tuple[str, str, str], float] = {}
         #: At the last sweep another node waited for a slot of an Instance this node holds
         #: one of: the next sweep is due after ``SWEEP_AWAITED_SECONDS``.
@@ -99,9 +106,11 @@ class OrphanFreer:
             self._orphan_since.clear()
             self._seen_live.clear()
             return False
+        asked = time.monotonic()
         try:
             in_use = await self._client.devices_in_use()
         except grpc.RpcError as error:
+            self._on_listed(False)
             if adopt:
                 raise
             log.warning("pod-resources List failed; not freeing slots this time: %s", error)
@@ -128,12 +137,13 @@ class OrphanFreer:
                     continue  # handed to a new pod, being recorded: not an orphan
                 claimed = self._claimed_at.get(key[:3], float("-inf"))
                 live = resource is not None and device_id in in_use.get(resource, frozenset())
+                seen_at = self._seen_live.get(key)
                 if live:
-                    self._seen_live.add(key)
-                elif key in self._seen_live and now - claimed >= self._grace:
-                    # Its pod ended (and the slot was not handed to a new pod since, which
-                    # pod-resources may not list yet): free now, no grace needed.
-                    self._seen_live.discard(key)
+                    self._seen_live[key] = asked
+                elif seen_at is not None and (claimed <= seen_at or now - claimed >= self._grace):
+                    # Its pod ended, and the slot was not claimed for a new pod since the List
+                    # that showed it held (a new pod may not be listed yet): free now.
+                    del self._seen_live[key]
                     await self._free(instance, slot, usage)
                     self._orphan_since.pop(key, None)
                     continue
@@ -146,7 +156,9 @@ class OrphanFreer:
                     self._orphan_since.pop(key, None)
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
-        self._seen_live &= seen
+        for key in set(self._seen_live) - seen:
+            del self._seen_live[key]
+        self._on_listed(True)
         return bool(seen) or promised
 
     def _awaited(self, instance: Instance) -> bool:

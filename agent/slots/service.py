@@ -142,7 +142,9 @@ class DevicePluginService:
         )
         self._freer = (
             OrphanFreer(
-                client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace
+                client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace,
+                on_listed=lambda ok: metrics.pod_resources_lists.labels(
+                    outcome="ok" if ok else "error").inc(),
             )
             if self._pod_resources
             else None

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
@@ -89,8 +89,11 @@ class AgentNode:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-#: What the ``start_node`` fixture hands a test: start one more agent node.
-StartNode = Callable[[], Awaitable[AgentNode]]
+class StartNode(Protocol):
+    """What the ``start_node`` fixture hands a test: start one more agent node (with this
+    orphan grace)."""
+
+    def __call__(self, *, orphan_grace: float = ...) -> Awaitable[AgentNode]: ...
 
 
 @dataclass
@@ -104,7 +107,7 @@ class AgentNodes:
     started: list[AgentNode] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
 
-    async def start(self) -> AgentNode:
+    async def start(self, *, orphan_grace: float = TEST_ORPHAN_GRACE_S) -> AgentNode:
         # Short paths: a Unix socket path must fit in 108 bytes.
         plugin_dir = Path(tempfile.mkdtemp(prefix="ep-dp-", dir="/tmp"))
         pod_resources_dir = Path(tempfile.mkdtemp(prefix="ep-pr-", dir="/tmp"))
@@ -126,7 +129,7 @@ class AgentNodes:
                 pod_resources_socket=pod_resources_dir / "kubelet.sock",
                 devices=table,
                 metrics=metrics,
-                orphan_grace=TEST_ORPHAN_GRACE_S,
+                orphan_grace=orphan_grace,
             )
 
         node = AgentNode(emulator=emulator, table=table, metrics=metrics,
