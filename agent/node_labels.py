@@ -67,6 +67,11 @@ def _unrecorded_stale(node_labels: Mapping[str, str], names: set[str]) -> set[st
             and key.removeprefix(prefix) not in names}
 
 
+def _record_key(namespace: str, configuration: str) -> str:
+    """A Configuration's key in the ``OWNED_ANNOTATION`` record."""
+    return f"{namespace}/{configuration}"
+
+
 def _format_owned(owned: _Owned) -> str | None:
     return json.dumps(owned, sort_keys=True, separators=(",", ":")) if owned else None
 
@@ -121,9 +126,10 @@ class NodeLabels:
             changes.update({k: None for k in self._written if k not in wanted})
             if before != after or configuration not in self._reported:
                 changes[label_key(configuration)] = LABEL_VALUE if after else None
-            owned = {k: v for k, v in self._owned.items() if k != f"{namespace}/{configuration}"}
+            record = _record_key(namespace, configuration)
+            owned = {k: v for k, v in self._owned.items() if k != record}
             if has_devices:
-                owned[f"{namespace}/{configuration}"] = sorted(
+                owned[record] = sorted(
                     {label_key(configuration), *self._handler_labels[key]})
             if not changes and owned == self._owned:
                 return
@@ -140,11 +146,12 @@ class NodeLabels:
     ) -> None:
         """Remove labels of ours whose Configuration no longer exists (gone while we were
         down). ``configurations``: (namespace, name) of every Configuration there is."""
-        existing = {f"{namespace}/{name}" for namespace, name in configurations}
+        configurations = list(configurations)
+        existing = {_record_key(namespace, name) for namespace, name in configurations}
         async with self._lock:
             recorded = parse_owned(node_annotations)
             if recorded is None:
-                stale = _unrecorded_stale(node_labels, {k.split("/", 1)[1] for k in existing})
+                stale = _unrecorded_stale(node_labels, {name for _, name in configurations})
                 owned: _Owned = {}
             else:
                 owned = {k: v for k, v in recorded.items() if k in existing}

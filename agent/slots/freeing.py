@@ -5,12 +5,12 @@ into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-
 says which device ids live pods hold. A slot that ``List`` once showed held by a live pod and no
 longer does was freed by the pod's end, unless it was claimed again since that ``List`` was
 asked (a new pod, which pod-resources may not list yet): it is freed at the next sweep, however
-young the claim. Sweeps come every second
-while this node holds a slot, and every ``SWEEP_AWAITED_SECONDS`` while another node's pods
-wait for an Instance this node holds a slot of, so such a pod gets the slot well within a
-second of the holder's pod going. A slot never seen held (the kubelet lists a pod
-only after admitting it, and an agent restart forgets what it saw) is freed only once no live pod
-has held it, continuously, for ``ORPHAN_GRACE_SECONDS`` and it was not claimed within that time.
+young the claim. Sweeps come every second while this node holds a slot, and every
+``SWEEP_AWAITED_SECONDS`` while another node's pods wait for an Instance this node holds a slot
+of, so such a pod gets the slot well within a second of the holder's pod going. A slot never
+seen held (the kubelet lists a pod only after admitting it, and an agent restart forgets what
+it saw) is freed only once no live pod has held it, continuously, for ``ORPHAN_GRACE_SECONDS``
+and it was not claimed within that time.
 Freeing goes through the slot's ledger, under the lock ``Allocate`` takes, and only if the slot
 still carries the same usage; a slot the ``Allocate`` fast path has promised is never freed.
 
