@@ -1,8 +1,9 @@
 # edgeplug: the two commands README.md opens with are `make demo` and `make test`.
 # Both install what they need first, so they work the same on a laptop, a CI runner and a fresh
-# machine: a project virtual environment (.venv, made from the `python3` found on PATH; the
-# machine's own Python is left alone), the control-plane binaries and Helm, built from their Go
-# modules and cached in ~/.cache/edgeplug.
+# machine: the Debian packages of .ci/apt/*.txt (as root, or through `sudo -n`), a project
+# virtual environment (.venv, made from the `python3` found on PATH; the machine's own Python is
+# left alone), the control-plane binaries and Helm, built from their Go modules and cached in
+# ~/.cache/edgeplug. `make test` also builds the OCI images its tests check (build/images).
 
 # The interpreter the virtual environment is made from (only used to create it).
 PYTHON ?= python3
@@ -11,6 +12,16 @@ VENV_PY := $(VENV)/bin/python
 # Inside the venv, so removing the venv removes the record that the project is installed in it.
 VENV_STAMP := $(VENV)/.edgeplug-installed
 IMAGES_DIR := build/images
+# Agent images `make images` builds (deploy/images/build-oci.sh); `all` is what the tests check.
+AGENT_HANDLER_SETS ?= all
+export AGENT_HANDLER_SETS
+empty :=
+space := $(empty) $(empty)
+# The record that build/images holds the images of these sets built from the inputs below.
+IMAGES_STAMP := $(IMAGES_DIR)/.built-$(subst $(space),+,$(strip $(AGENT_HANDLER_SETS)))
+# What build-oci.sh builds from (its own inputs_digest reads the same list).
+IMAGE_INPUTS := $(shell find pyproject.toml README.md agent controller crds discovery_handlers \
+  deploy/images -type f -not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
 # Recipes run with the venv first on PATH: console scripts (lint-imports, edgeplug-agent) and
 # any `python3` a test starts by name are the venv's. Go and everything else are found as before.
@@ -18,9 +29,14 @@ HOST_PATH := $(PATH)
 export PATH := $(CURDIR)/$(VENV)/bin:$(HOST_PATH)
 export VIRTUAL_ENV := $(CURDIR)/$(VENV)
 
-.PHONY: install venv controlplane helm demo test lint unit bench images clean clean-cache
+.PHONY: aptdeps install venv controlplane helm demo test lint unit bench images clean clean-cache
 
-$(VENV_PY):
+# Debian packages (.ci/apt/*.txt): only asks dpkg when all are there; first, since the venv
+# itself needs python3-venv.
+aptdeps:
+	tests/harness/aptdeps.sh
+
+$(VENV_PY): | aptdeps
 	PATH="$(HOST_PATH)" $(PYTHON) -m venv --clear $(VENV)
 
 $(VENV_STAMP): pyproject.toml | $(VENV_PY)
@@ -29,7 +45,7 @@ $(VENV_STAMP): pyproject.toml | $(VENV_PY)
 
 venv: $(VENV_STAMP)
 
-install: $(VENV_STAMP) controlplane helm
+install: aptdeps $(VENV_STAMP) controlplane helm
 
 controlplane: $(VENV_STAMP)
 	$(VENV_PY) -m tests.harness.kubebin
@@ -45,7 +61,8 @@ lint: $(VENV_STAMP)
 	$(VENV_PY) -m mypy agent controller discovery_handlers crds tests
 	$(VENV)/bin/lint-imports
 
-test: install lint
+# images: tests/integration/test_images.py runs what they hold (rebuilt only when an input changed).
+test: install lint images
 	$(VENV_PY) -m pytest -q
 
 bench: install
@@ -53,8 +70,13 @@ bench: install
 
 # OCI image archives of the agent and the controller, built without a container engine
 # (mmdebstrap and umoci from Debian; see deploy/README.md).
-images: $(VENV_STAMP)
+# A file target: a second `make images` (or `make test`) with no input changed runs nothing.
+images: $(IMAGES_STAMP)
+
+$(IMAGES_STAMP): $(IMAGE_INPUTS) | aptdeps $(VENV_STAMP)
+	rm -f $(IMAGES_DIR)/.built-*
 	PYTHON=$(CURDIR)/$(VENV_PY) deploy/images/build-oci.sh $(IMAGES_DIR)
+	touch $@
 
 # What the two commands made in the working tree. The control-plane and Helm binaries in
 # ~/.cache/edgeplug stay (a rebuild is minutes); `make clean-cache` removes them too.
