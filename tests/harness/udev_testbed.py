@@ -52,7 +52,11 @@ class UmockdevBed:
         self._proc = subprocess.Popen(
             [*_PRIORITY, SYSTEM_PYTHON, str(HELPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=sys.stderr, text=True, env=env)
-        self.root = str(self._reply()["root"])
+        first = self._reply()
+        if "error" in first:  # the helper could not load umockdev (it names the packages)
+            self.__exit__()
+            raise TestbedError(str(first["error"]))
+        self.root = str(first["root"])
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,10 +25,20 @@ import sys
 import time
 from typing import Any
 
-import gi
+#: What the bed needs from Debian (.ci/apt/udev.txt, which `make install` installs).
+PACKAGES = "umockdev gir1.2-umockdev-1.0 python3-gi"
 
-gi.require_version("UMockdev", "1.0")
-from gi.repository import UMockdev  # noqa: E402
+try:
+    import gi
+
+    gi.require_version("UMockdev", "1.0")
+    from gi.repository import UMockdev
+except (ImportError, ValueError) as missing:
+    # The first line out is an error the driver raises, naming what to install.
+    print(json.dumps({"error": f"umockdev's GObject binding is not usable from {sys.executable}"
+                      f" ({missing}): install the Debian packages {PACKAGES}"
+                      " (.ci/apt/udev.txt; `make install` installs them)"}), flush=True)
+    sys.exit(1)
 
 ROOT_HUB = "/sys/devices/pci0000:00/0000:00:14.0/usb1"
 FTDI = ("0403", "6001")
