@@ -56,6 +56,8 @@ class Description:
     streams: tuple[Stream, ...] = ()
     #: credentials were configured for it and refused
     auth_refused: bool = False
+    #: it refused what we asked without credentials, and none are configured for it
+    credentials_missing: bool = False
 
 
 @dataclass
@@ -85,11 +87,30 @@ class Camera:
 
 
 def service_url(xaddrs: Sequence[str], source: str) -> str:
-    """The XAddr to use: the one on the address the camera answered from, else the first."""
-    for xaddr in xaddrs:
-        if host_of(xaddr) == source:
-            return xaddr
-    return xaddrs[0]
+    """The XAddr to use when a camera lists several (IPv4, IPv6, host names).
+
+    The one on the address the camera answered from; else an address of the same family as
+    that one; else a host name; else another address; loopback, unspecified and zoneless
+    link-local addresses last (they cannot name the camera from here). Ties: the camera's
+    order.
+    """
+    return min(xaddrs, key=lambda xaddr: _xaddr_rank(host_of(xaddr), source))
+
+
+def _xaddr_rank(host: str, source: str) -> int:
+    if host == source:
+        return 0
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return 2 if host else 5
+    if address.is_loopback or address.is_unspecified or address.is_link_local:
+        return 4
+    try:
+        same_family = address.version == ipaddress.ip_address(source).version
+    except ValueError:
+        same_family = False
+    return 1 if same_family else 3
 
 
 def host_of(url: str) -> str:
@@ -192,6 +213,22 @@ def device_of(camera: Camera) -> Device:
         id=device_id(camera), properties=properties, health=health,
         warning=camera.extra.get(WARNING_EXTRA, ""),
     )
+
+
+def auth_warning(camera: Camera) -> str:
+    """What to tell users about a camera that would not show us everything; '' when it did."""
+    description = camera.description
+    if description is None:
+        return ""
+    name = f"camera {camera.service_url} (uuid {camera.match.uuid})"
+    if description.auth_refused:
+        return f"{name} refused the configured credentials; listed with what it shows without them"
+    if description.credentials_missing:
+        return (
+            f"{name} wants credentials and none are configured for it; listed with what it "
+            "shows without them"
+        )
+    return ""
 
 
 def visible_devices(details: OnvifDetails, cameras: Mapping[str, Camera]) -> list[Device]:

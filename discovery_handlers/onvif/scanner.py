@@ -13,6 +13,7 @@ Instance goes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -20,7 +21,12 @@ from collections.abc import AsyncGenerator, Sequence
 
 from discovery_handlers.contract import Device
 from discovery_handlers.onvif import wsd_messages
-from discovery_handlers.onvif.cameras import WARNING_EXTRA, Camera, visible_devices
+from discovery_handlers.onvif.cameras import (
+    WARNING_EXTRA,
+    Camera,
+    auth_warning,
+    visible_devices,
+)
 from discovery_handlers.onvif.details import OnvifDetails
 from discovery_handlers.onvif.soap import CameraError, CameraSession, SoapClients
 from discovery_handlers.onvif.wsd_transport import WsdTransport
@@ -33,7 +39,7 @@ DESCRIBE_REFRESH_S = 300.0  # a known camera's full description is re-read this 
 PROBE_REPEAT_DELAY_S = 0.1  # UDP is lossy: each Probe goes out twice (WS-Discovery's advice)
 MAX_CONCURRENT_CHECKS = 32  # SOAP conversations in flight at once
 MAX_CAMERAS = 4096  # cameras tracked per Configuration; more are ignored and logged
-BAD_DATAGRAM_LOG_INTERVAL_S = 60.0  # one warning per sender per minute
+OLD_PROBE_IDS = 4  # our last Probes, so a late answer is told from a stray one
 
 
 class Scanner:
@@ -51,7 +57,8 @@ class Scanner:
         self._first_pass_done = False
         self._checks = asyncio.Semaphore(MAX_CONCURRENT_CHECKS)
         self._hello_tasks: set[asyncio.Task[None]] = set()
-        self._warned: dict[str, float] = {}
+        self._warned: set[str] = set()  # senders whose dropped messages were logged
+        self._old_probe_ids: collections.deque[str] = collections.deque(maxlen=OLD_PROBE_IDS)
         self._transport = WsdTransport(
             receive=self._on_datagram, multicast=details.multicast, ipv6=details.ipv6
         )
@@ -113,6 +120,7 @@ class Scanner:
             self._check_in_pass(camera)
         checks, self._pass_checks = self._pass_checks, {}
         await asyncio.gather(*checks.values())
+        self._old_probe_ids.append(self._probe_id)
         self._probe_id = ""  # late answers to this probe no longer start checks
 
     def _check_in_pass(self, camera: Camera) -> None:
@@ -124,15 +132,12 @@ class Scanner:
         try:
             message = wsd_messages.read(data)
         except (UnsafeXml, ValueError) as exc:
-            self._warn_bad(sender, str(exc))
+            self._dropped(sender, str(exc))
             return
-        if isinstance(message, wsd_messages.ProbeMatches):
-            if message.relates_to != self._probe_id:
-                return  # an answer to someone else's probe, or to an older one
-            for match in message.matches:
-                camera = self._seen(match, sender)
-                if camera is not None:
-                    self._check_in_pass(camera)
+        if isinstance(message, wsd_messages.Dropped):
+            self._dropped(sender, message.reason, quiet=message.quiet)
+        elif isinstance(message, wsd_messages.ProbeMatches):
+            self._on_probe_matches(message, sender)
         elif isinstance(message, wsd_messages.Hello):
             camera = self._seen(message.match, sender)
             if camera is not None:
@@ -143,12 +148,28 @@ class Scanner:
             self._forget(message.uuid)
             self._changed.set()
 
+    def _on_probe_matches(self, message: wsd_messages.ProbeMatches, sender: str) -> None:
+        if message.relates_to != self._probe_id or not self._probe_id:
+            if message.relates_to in self._old_probe_ids:
+                timeout = self._details.discovery_timeout_s
+                self._dropped(sender, f"answered after discoveryTimeoutSeconds ({timeout:g})")
+            else:
+                self._dropped(sender, "ProbeMatches that relate to no Probe we sent (RelatesTo "
+                              f"{wsd_messages.short(message.relates_to)!r})")
+            return
+        for reason in message.dropped:
+            self._dropped(sender, reason)
+        for match in message.matches:
+            camera = self._seen(match, sender)
+            if camera is not None:
+                self._check_in_pass(camera)
+
     def _seen(self, match: wsd_messages.Match, sender: str) -> Camera | None:
         camera = self._cameras.get(match.uuid)
         now = time.monotonic()
         if camera is None:
             if len(self._cameras) >= MAX_CAMERAS:
-                self._warn_bad(sender, f"more than {MAX_CAMERAS} cameras; ignoring the rest")
+                self._dropped(sender, f"more than {MAX_CAMERAS} cameras; ignoring the rest")
                 return None
             camera = Camera(match=match, source=sender, last_seen=now)
             camera.pin_url()
@@ -178,8 +199,10 @@ class Scanner:
         async with self._checks:
             session = self._session_for(camera)
             try:
+                was_locked = session.locked
                 await session.check_clock()
-                if time.monotonic() - camera.described_at > DESCRIBE_REFRESH_S:
+                due = time.monotonic() - camera.described_at > DESCRIBE_REFRESH_S
+                if due or session.locked != was_locked:
                     camera.description = await session.describe()
                     camera.described_at = time.monotonic()
                     self._note_auth(camera)
@@ -202,23 +225,20 @@ class Scanner:
         return session
 
     def _note_auth(self, camera: Camera) -> None:
-        if camera.description is not None and camera.description.auth_refused:
-            warning = (
-                f"camera {camera.service_url} (uuid {camera.match.uuid}) refused the configured "
-                "credentials; listed with what it shows without them"
-            )
-            if camera.extra.get(WARNING_EXTRA) != warning:
-                log.warning("%s", warning)
-            camera.extra = {WARNING_EXTRA: warning}
-        else:
-            camera.extra = {}
+        warning = auth_warning(camera)
+        if warning and camera.extra.get(WARNING_EXTRA) != warning:
+            log.warning("%s", warning)
+        camera.extra = {WARNING_EXTRA: warning} if warning else {}
 
-    def _warn_bad(self, sender: str, reason: str) -> None:
-        now = time.monotonic()
-        if now - self._warned.get(sender, -BAD_DATAGRAM_LOG_INTERVAL_S) >= (
-            BAD_DATAGRAM_LOG_INTERVAL_S
-        ):
-            self._warned[sender] = now
-            if len(self._warned) > MAX_CAMERAS:
-                self._warned.clear()
-            log.warning("ignored a WS-Discovery datagram from %s: %s", sender, reason)
+    def _dropped(self, sender: str, reason: str, *, quiet: bool = False) -> None:
+        """Say why a message was not used: a warning the first time per sender, then debug."""
+        if quiet or sender in self._warned:
+            log.debug("ignored a WS-Discovery datagram from %s: %s", sender, reason)
+            return
+        if len(self._warned) >= MAX_CAMERAS:
+            self._warned.clear()
+        self._warned.add(sender)
+        log.warning(
+            "ignored a WS-Discovery datagram from %s: %s (more from this sender: debug level)",
+            sender, reason,
+        )

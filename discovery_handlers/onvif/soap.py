@@ -184,6 +184,9 @@ class CameraSession:
         self.xaddr = xaddr
         self.credential = credential
         self._clients = clients
+        #: the camera refused the clock query to us (with the credentials, when configured)
+        self.locked = False
+        self._clock_signed = False  # it wants the clock query signed
 
     def _op(
         self, kind: str, xaddr: str, name: str, authless: bool
@@ -198,9 +201,35 @@ class CameraSession:
         return call
 
     async def check_clock(self) -> None:
-        """GetSystemDateAndTime, unauthenticated (ONVIF requires it to be open)."""
-        op = self._op("devicemgmt", self.xaddr, "GetSystemDateAndTime", True)
-        await _call("GetSystemDateAndTime", op)
+        """GetSystemDateAndTime: unauthenticated, as ONVIF requires it to be open.
+
+        A camera that refuses it unauthenticated is asked again with the configured
+        credentials (and from then on with them first). A refusal is an answer: the camera
+        is alive, so it raises nothing; ``locked`` then says that only the clock query's
+        outcome is known and ``describe`` can learn nothing more.
+        """
+        signed = self._clock_signed and self.credential is not None
+        try:
+            await _call("GetSystemDateAndTime", self._clock_op(authless=not signed))
+            self.locked = False
+            return
+        except CameraError as exc:
+            if not exc.auth_refused:
+                raise
+            if signed or self.credential is None:
+                self.locked = True
+                return
+        try:
+            await _call("GetSystemDateAndTime", self._clock_op(authless=False))
+        except CameraError as exc:
+            if not exc.auth_refused:
+                raise
+            self.locked = True
+            return
+        self._clock_signed, self.locked = True, False
+
+    def _clock_op(self, *, authless: bool) -> Callable[[dict[str, Any] | None], Awaitable[Any]]:
+        return self._op("devicemgmt", self.xaddr, "GetSystemDateAndTime", authless)
 
     async def describe(self) -> Description:
         """Identity, MAC and stream URIs; with credentials when they are accepted."""
@@ -211,6 +240,9 @@ class CameraSession:
             raise CameraError(f"no description within {DESCRIBE_TIMEOUT_S:g}s") from None
 
     async def _describe(self) -> Description:
+        if self.locked:  # every other operation would be refused too
+            return Description(auth_refused=self.credential is not None,
+                               credentials_missing=self.credential is None)
         authless = self.credential is None
         refused = False
         info: Any = None
@@ -220,8 +252,8 @@ class CameraSession:
         except CameraError as exc:
             if not exc.auth_refused:
                 raise
-            if authless:
-                return Description()  # it wants credentials and none are configured
+            if authless:  # it wants credentials and none are configured
+                return Description(credentials_missing=True)
             refused, authless = True, True
             op = self._op("devicemgmt", self.xaddr, "GetDeviceInformation", True)
             info = await _optional("GetDeviceInformation", op)

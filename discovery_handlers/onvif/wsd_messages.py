@@ -1,16 +1,21 @@
-"""WS-Discovery messages (2005/04 draft, the version ONVIF uses): the Probe we send, what we read.
+"""WS-Discovery messages: the Probe we send (2005/04, the version ONVIF uses), what we read.
 
 Why this exists: it is the pure half of discovery, kept apart from sockets so every odd answer
 a camera gives can be tested from a table. The Probe asks for ``dn:NetworkVideoTransmitter``
 with the ``dn`` prefix declared on the element (a Probe without it is invalid XML to a strict
-camera, Akri #486). Answers are read forgivingly: several XAddrs, any whitespace between scopes,
-prefixes chosen by the camera; but a ProbeMatches is kept only when it relates to a Probe we
-sent, and a match only when it names a NetworkVideoTransmitter and has an XAddr.
+camera, Akri #486). Answers are read as deployed cameras write them: SOAP 1.1 or 1.2
+envelopes; WS-Discovery 2005/04 or 1.1 (2009/01); WS-Addressing 2004/08 or 2005/08; a
+ProbeMatch with or without its ProbeMatches wrapper; an EndpointReference (and its Address) in
+the addressing or the discovery namespace; several XAddrs; any whitespace between scopes; any
+prefixes. A ProbeMatches is kept only when it relates to a Probe we sent, and a match only when
+it names a NetworkVideoTransmitter and has an HTTP XAddr. Whatever is left out is returned
+with the reason (``Dropped``, ``ProbeMatches.dropped``) so the scanner can say why.
 """
 
 from __future__ import annotations
 
 import uuid as uuid_module
+from collections.abc import Iterator
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -20,9 +25,17 @@ from discovery_handlers.onvif.details import normalise_uuid
 from discovery_handlers.onvif.xmlsafe import UnsafeXml, parse
 
 NS_SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
+NS_SOAP11 = "http://schemas.xmlsoap.org/soap/envelope/"
 NS_ADDRESSING = "http://schemas.xmlsoap.org/ws/2004/08/addressing"
+NS_ADDRESSING_2005 = "http://www.w3.org/2005/08/addressing"
 NS_DISCOVERY = "http://schemas.xmlsoap.org/ws/2005/04/discovery"
+NS_DISCOVERY_11 = "http://docs.oasis-open.org/ws-dd/ns/discovery/2009/01"
 NS_NETWORK = "http://www.onvif.org/ver10/network/wsdl"
+SOAP_NAMESPACES = frozenset({NS_SOAP12, NS_SOAP11})
+ADDRESSING_NAMESPACES = frozenset({NS_ADDRESSING, NS_ADDRESSING_2005})
+DISCOVERY_NAMESPACES = frozenset({NS_DISCOVERY, NS_DISCOVERY_11})
+#: where an EndpointReference and its Address are found (cameras use either)
+ENDPOINT_NAMESPACES = ADDRESSING_NAMESPACES | DISCOVERY_NAMESPACES
 DISCOVERY_TO = "urn:schemas-xmlsoap-org:ws:2005:04:discovery"
 ACTION_PROBE = f"{NS_DISCOVERY}/Probe"
 ACTION_PROBE_MATCHES = f"{NS_DISCOVERY}/ProbeMatches"
@@ -50,6 +63,8 @@ class Match:
 class ProbeMatches:
     relates_to: str
     matches: tuple[Match, ...]
+    #: why each ProbeMatch left out of ``matches`` was left out
+    dropped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,26 @@ class Bye:
     uuid: str
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A Hello or Bye read but not acted on, and why.
+
+    ``quiet``: nothing is wrong with the sender (a printer's Hello is not a camera's); such a
+    drop is only ever worth a debug line.
+    """
+
+    reason: str
+    quiet: bool = False
+
+
 Message = ProbeMatches | Hello | Bye
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, *, quiet: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.quiet = quiet
 
 
 def new_message_id() -> str:
@@ -85,48 +119,71 @@ def probe(message_id: str) -> bytes:
     ).encode()
 
 
-def read(data: bytes) -> Message | None:
-    """The discovery message in ``data``; None for one we do not act on (a Probe, a Resolve).
+def read(data: bytes) -> Message | Dropped | None:
+    """The discovery message in ``data``; ``Dropped`` (with the reason) for a Hello or Bye we
+    cannot use; None for a message that is not for us (someone's Probe, a Resolve).
 
-    Raises ``UnsafeXml`` (or ``ValueError``) for a datagram that is not a valid message.
+    Raises ``UnsafeXml`` for a datagram that is not a valid SOAP message.
     """
     root = parse(data)
-    if root.tag != f"{{{NS_SOAP12}}}Envelope":
-        raise UnsafeXml(f"root element is {_local(root.tag)!r}, not a SOAP 1.2 Envelope")
-    body = root.find(f"{{{NS_SOAP12}}}Body")
+    envelope_ns, local = _split(root.tag)
+    if local != "Envelope" or envelope_ns not in SOAP_NAMESPACES:
+        raise UnsafeXml(f"root element is {local!r}, not a SOAP Envelope")
+    body = root.find(f"{{{envelope_ns}}}Body")
     if body is None or len(body) == 0:
         raise UnsafeXml("SOAP envelope without a body")
     payload = body[0]
-    if payload.tag == f"{{{NS_DISCOVERY}}}ProbeMatches":
-        relates = _text(root.find(f"{{{NS_SOAP12}}}Header/{{{NS_ADDRESSING}}}RelatesTo"))
-        found = payload.findall(f"{{{NS_DISCOVERY}}}ProbeMatch")[:MAX_MATCHES]
-        matches = tuple(m for m in map(_match, found) if m is not None)
-        return ProbeMatches(relates_to=relates, matches=matches)
-    if payload.tag == f"{{{NS_DISCOVERY}}}Hello":
-        match = _match(payload)
-        return Hello(match) if match is not None else None
-    if payload.tag == f"{{{NS_DISCOVERY}}}Bye":
-        uuid = _endpoint_uuid(payload)
-        return Bye(uuid) if uuid else None
+    kind = _discovery_local(payload)
+    if kind in ("ProbeMatches", "ProbeMatch"):
+        header = root.find(f"{{{envelope_ns}}}Header")
+        relates = _text(_child(header, "RelatesTo", ADDRESSING_NAMESPACES))
+        # a ProbeMatches wraps its matches; some cameras put ProbeMatch straight in the Body
+        holder = payload if kind == "ProbeMatches" else body
+        found = [e for e in holder if _discovery_local(e) == "ProbeMatch"][:MAX_MATCHES]
+        matches: list[Match] = []
+        dropped: list[str] = []
+        for element in found:
+            try:
+                matches.append(_match(element, typed_by_probe=True))
+            except _Refused as exc:
+                dropped.append(exc.reason)
+        if not found:
+            dropped.append("ProbeMatches without a ProbeMatch")
+        return ProbeMatches(relates_to=relates, matches=tuple(matches), dropped=tuple(dropped))
+    try:
+        if kind == "Hello":
+            return Hello(_match(payload, typed_by_probe=False))
+        if kind == "Bye":
+            return Bye(_endpoint_uuid(payload))
+    except _Refused as exc:
+        return Dropped(f"{kind}: {exc.reason}", quiet=exc.quiet)
     return None
 
 
-def _match(element: etree._Element) -> Match | None:
-    """A Match from a ProbeMatch or Hello element; None when not a usable video transmitter."""
+def _match(element: etree._Element, *, typed_by_probe: bool) -> Match:
+    """A Match from a ProbeMatch or Hello element; raises ``_Refused`` saying why not.
+
+    A ProbeMatch without Types answers our Probe for video transmitters, which is a claim to
+    be one (WS-Discovery makes Types optional); a Hello must say what it announces.
+    """
     uuid = _endpoint_uuid(element)
-    types_element = element.find(f"{{{NS_DISCOVERY}}}Types")
-    if not uuid or types_element is None or not _is_transmitter(types_element):
-        return None
-    xaddrs = tuple(
-        x for x in _words(element.find(f"{{{NS_DISCOVERY}}}XAddrs"))[:MAX_XADDRS]
-        if x.startswith(("http://", "https://"))
-    )
+    types_element = _child(element, "Types", DISCOVERY_NAMESPACES)
+    if types_element is None:
+        if not typed_by_probe:
+            raise _Refused("no Types", quiet=True)
+    elif not _is_transmitter(types_element):
+        raise _Refused(f"not a {VIDEO_TRANSMITTER} (Types {short(_text(types_element))!r})",
+                       quiet=not typed_by_probe)
+    words = _words(_child(element, "XAddrs", DISCOVERY_NAMESPACES))
+    if not words:
+        raise _Refused(f"camera {short(uuid)} gives no XAddrs")
+    xaddrs = tuple(x for x in words if x.lower().startswith(("http://", "https://")))
     if not xaddrs:
-        return None
-    scopes = _words(element.find(f"{{{NS_DISCOVERY}}}Scopes"))[:MAX_SCOPES]
-    version_text = _text(element.find(f"{{{NS_DISCOVERY}}}MetadataVersion"))
+        raise _Refused(f"camera {short(uuid)} gives no HTTP XAddr ({short(' '.join(words))!r})")
+    scopes = _words(_child(element, "Scopes", DISCOVERY_NAMESPACES))[:MAX_SCOPES]
+    version_text = _text(_child(element, "MetadataVersion", DISCOVERY_NAMESPACES))
     version = int(version_text) if version_text.isdigit() and len(version_text) < 10 else 0
-    return Match(uuid=uuid, xaddrs=xaddrs, scopes=scopes, metadata_version=version)
+    return Match(uuid=uuid, xaddrs=xaddrs[:MAX_XADDRS], scopes=scopes, metadata_version=version)
 
 
 def _is_transmitter(types_element: etree._Element) -> bool:
@@ -142,9 +199,48 @@ def _is_transmitter(types_element: etree._Element) -> bool:
 
 
 def _endpoint_uuid(element: etree._Element) -> str:
-    address = element.find(f"{{{NS_ADDRESSING}}}EndpointReference/{{{NS_ADDRESSING}}}Address")
-    text = _text(address)
-    return normalise_uuid(text) if text else ""
+    reference = _child(element, "EndpointReference", ENDPOINT_NAMESPACES)
+    if reference is None:
+        raise _Refused("no EndpointReference")
+    uuid = normalise_uuid(_text(_child(reference, "Address", ENDPOINT_NAMESPACES)))
+    if not uuid:
+        raise _Refused("no EndpointReference Address")
+    if len(uuid) > MAX_FIELD_CHARS:
+        raise _Refused("EndpointReference Address too long")
+    return uuid
+
+
+def _child(
+    parent: etree._Element | None, local: str, namespaces: frozenset[str]
+) -> etree._Element | None:
+    """The first child of ``parent`` named ``local`` in any of ``namespaces``."""
+    for child in _children(parent):
+        namespace, name = _split(child.tag)
+        if name == local and namespace in namespaces:
+            return child
+    return None
+
+
+def _children(parent: etree._Element | None) -> Iterator[etree._Element]:
+    if parent is None:
+        return
+    for child in parent:
+        if isinstance(child.tag, str):
+            yield child
+
+
+def _discovery_local(element: etree._Element) -> str:
+    """The local name of a WS-Discovery element (either version); '' for anything else."""
+    namespace, local = _split(element.tag)
+    return local if namespace in DISCOVERY_NAMESPACES else ""
+
+
+def _split(tag: object) -> tuple[str, str]:
+    text = str(tag)
+    if text.startswith("{"):
+        namespace, _, local = text[1:].partition("}")
+        return namespace, local
+    return "", text
 
 
 def _words(element: etree._Element | None) -> tuple[str, ...]:
@@ -157,5 +253,7 @@ def _text(element: etree._Element | None) -> str:
     return str(element.text).strip()
 
 
-def _local(tag: object) -> str:
-    return str(tag).rpartition("}")[2]
+def short(text: str) -> str:
+    """Camera text quoted in a log line: printable and at most 80 characters."""
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in text)
+    return cleaned[:80]
