@@ -307,9 +307,21 @@ class ConfigurationBackend:
     async def _place(self, vid: str, taken_instances: set[str]) -> SlotRef:
         """The slot ``vid`` holds already, or a newly claimed one (distinct Instances first)."""
         world = self._world
-        held = held_virtual_ids(self._instances(), world.node)
-        if vid in held:
-            return held[vid]
+        usage = SlotUsage.by_configuration(vid, world.node)
+        ref = held_virtual_ids(self._instances(), world.node).get(vid)
+        if ref is not None:
+            # The kubelet re-uses the ids of pods that left: a held id asked for again is a
+            # new hand-out with the very same usage value. It is promised or claimed again
+            # like any other (the hand-out count moves), so an orphan freer holding evidence
+            # from before it cannot free it (agent.slots.rules, "hand-outs").
+            if _promise(world, ref.namespace, ref.instance, {ref.slot: usage}):
+                return ref
+            try:
+                await _claim(world, self._resource, ref.namespace, ref.instance,
+                             {ref.slot: usage})
+                return ref
+            except PluginError:
+                pass  # freed meanwhile, and no longer ours: place the id anew
         usable = [
             i
             for i in self._instances()
@@ -319,7 +331,6 @@ class ConfigurationBackend:
         intended = self._intent.pop(vid, None)
         # Stable sorts: the ranked Instance first, then distinct Instances before shared ones.
         candidates.sort(key=lambda r: (r.instance != intended, r.instance in taken_instances))
-        usage = SlotUsage.by_configuration(vid, world.node)
         last: PluginError | None = None
         for ref in candidates:
             try:

@@ -3,16 +3,18 @@
 Why this exists: the kubelet never tells a device plugin that a pod has gone, so a slot written
 into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-resources ``List``
 says which device ids live pods hold. A slot that ``List`` once showed held by a live pod and no
-longer does was freed by the pod's end, unless it was claimed again since that ``List`` was
-asked (a new pod, which pod-resources may not list yet): it is freed at the next sweep, however
-young the claim. Sweeps come every second while this node holds a slot, and every
-``SWEEP_AWAITED_SECONDS`` while another node's pods wait for an Instance this node holds a slot
-of, so such a pod gets the slot well within a second of the holder's pod going. A slot never
-seen held (the kubelet lists a pod only after admitting it, and an agent restart forgets what
-it saw) is freed only once no live pod has held it, continuously, for ``ORPHAN_GRACE_SECONDS``
-and it was not claimed within that time.
-Freeing goes through the slot's ledger, under the lock ``Allocate`` takes, and only if the slot
-still carries the same usage; a slot the ``Allocate`` fast path has promised is never freed.
+longer does was freed by the pod's end, unless it was handed out again since that ``List`` was
+asked (a new pod, which pod-resources may not list yet; a re-used configuration-level virtual id
+carries the very same usage value, so only the ledger's hand-out count can tell): it is freed at
+the next sweep, however young the claim. Sweeps come every second while this node holds a slot, and
+every ``SWEEP_AWAITED_SECONDS`` while another node's pods wait for an Instance this node holds a
+slot of, so such a pod gets the slot well within a second of the holder's pod going. A slot never
+seen held (the kubelet lists a pod only after admitting it, and an agent restart forgets what it
+saw) is freed only once no live pod has held it, continuously, for ``ORPHAN_GRACE_SECONDS`` and it
+was not claimed within that time. Freeing goes through the slot's ledger, under the lock
+``Allocate`` takes, and only if the slot still carries the same usage and has not been handed out
+since the ``List`` the decision rests on (``SlotLedger.handouts``, compared with no ``await``
+before the write starts); a slot the ``Allocate`` fast path has promised is never freed.
 
 The same ``List`` also records the opposite case: a slot of an Instance plugin that a live pod
 holds while ``deviceUsage`` shows it free (an agent killed between answering ``Allocate`` and
@@ -68,16 +70,20 @@ class OrphanFreer:
         self._ledger = ledger
         self._grace = grace
         self._orphan_since: dict[_Key, float] = {}
-        #: Slot (with its usage) → when a ``List`` that showed it held by a live pod was asked.
-        self._seen_live: dict[_Key, float] = {}
+        #: Slot (with its usage) → the slot's hand-out count when a ``List`` that showed it
+        #: held by a live pod was asked.
+        self._seen_live: dict[_Key, int] = {}
         self._claimed_at: dict[tuple[str, str, str], float] = {}
         #: At the last sweep another node waited for a slot of an Instance this node holds
         #: one of: the next sweep is due after ``SWEEP_AWAITED_SECONDS``.
         self.awaited = False
 
     def claimed(self, refs: Iterable[SlotRef]) -> None:
+        """``refs`` were just handed to a pod (claimed, promised, or a held slot or virtual id
+        handed out again): their hand-out counts move, and their claim time restarts."""
         now = time.monotonic()
         for ref in refs:
+            self._ledger(ref.namespace, ref.instance).handed_out([ref.slot])
             self._claimed_at[(ref.namespace, ref.instance, ref.slot)] = now
 
     async def sweep(
@@ -106,7 +112,12 @@ class OrphanFreer:
             self._orphan_since.clear()
             self._seen_live.clear()
             return False
-        asked = time.monotonic()
+        # Hand-out counts before the List: a hand-out after this point may not show in it.
+        handouts = {
+            (i.namespace, i.name, slot): self._ledger(i.namespace, i.name).handouts_of(slot)
+            for i in instances
+            for slot in i.spec.device_usage
+        }
         try:
             in_use = await self._client.devices_in_use()
         except grpc.RpcError as error:
@@ -137,14 +148,16 @@ class OrphanFreer:
                     continue  # handed to a new pod, being recorded: not an orphan
                 claimed = self._claimed_at.get(key[:3], float("-inf"))
                 live = resource is not None and device_id in in_use.get(resource, frozenset())
-                seen_at = self._seen_live.get(key)
+                before = handouts.get(key[:3], 0)
+                seen_with = self._seen_live.get(key)
                 if live:
-                    self._seen_live[key] = asked
-                elif seen_at is not None and (claimed <= seen_at or now - claimed >= self._grace):
-                    # Its pod ended, and the slot was not claimed for a new pod since the List
-                    # that showed it held (a new pod may not be listed yet): free now.
+                    self._seen_live[key] = before
+                elif seen_with is not None and seen_with == before:
+                    # Its pod ended, and the slot was not handed to a new pod since the List
+                    # that showed it held (a new pod may not be listed yet): free now, unless
+                    # a hand-out comes before the write (the ledger checks ``before``).
                     del self._seen_live[key]
-                    await self._free(instance, slot, usage)
+                    await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
                     continue
                 if live or now - claimed < self._grace:
@@ -152,7 +165,7 @@ class OrphanFreer:
                     continue
                 since = self._orphan_since.setdefault(key, now)
                 if now - since >= self._grace:
-                    await self._free(instance, slot, usage)
+                    await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
@@ -199,9 +212,14 @@ class OrphanFreer:
             log.info("recorded slots live pods hold (unrecorded at a crash)",
                      extra={"instance": instance.name, "slots": sorted(missing)})
 
-    async def _free(self, instance: Instance, slot: str, usage: SlotUsage) -> None:
+    async def _free(self, instance: Instance, slot: str, usage: SlotUsage, handouts: int) -> None:
+        """Free ``slot`` unless it was handed out again since its count was ``handouts``."""
         ledger = self._ledger(instance.namespace, instance.name)
         async with ledger.lock:
+            if ledger.handouts_of(slot) != handouts or slot in ledger.promised:
+                log.info("kept a slot handed out again since the pod-resources List",
+                         extra={"instance": instance.name, "slot": slot})
+                return
             await ledger.free({slot: usage})
         log.info(
             "freed a slot no live pod holds",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -82,6 +82,19 @@ class SlotLedger:
         #: sets free.
         self.releasing: set[str] = set()
         self.freeing: set[str] = set()
+        #: Slot → how many times this agent has handed it to a pod (any ``Allocate`` that
+        #: answered with it, a re-used virtual id or a held slot confirmed again included).
+        #: The orphan freer frees a slot only if this count has not moved since the
+        #: pod-resources ``List`` it judged on (``agent.slots.rules``, "hand-outs").
+        self.handouts: dict[str, int] = {}
+
+    def handed_out(self, slots: Iterable[str]) -> None:
+        """``slots`` were just handed to a pod: any evidence taken before is stale for them."""
+        for slot in slots:
+            self.handouts[slot] = self.handouts.get(slot, 0) + 1
+
+    def handouts_of(self, slot: str) -> int:
+        return self.handouts.get(slot, 0)
 
     def current(self, watched: Instance | None) -> Instance | None:
         """The newest state of this Instance we know: our last write until the watch has it."""
@@ -167,7 +180,9 @@ class SlotLedger:
         """Set each slot free if it still carries the given usage. The caller holds ``lock``.
 
         Returns None when the Instance is gone (before or during the write): nothing to free.
-        The slots are marked ``freeing`` meanwhile, so the fast path leaves them alone.
+        The slots are marked ``freeing`` meanwhile, so the fast path leaves them alone. A
+        caller freeing on evidence (the orphan freer) checks ``handouts_of`` first, with no
+        ``await`` between that check and this call.
         """
         self.freeing.update(slots)
         try:

@@ -68,6 +68,31 @@ Why this stays safe — no slot to two pods, ever:
   recorded for the pod that has it, and never handed to another. Without a pod-resources
   socket the agent cannot do this, and the fast path is off (every claim is a conditioned
   write first).
+
+Hand-outs — freeing never acts on evidence older than the claim it frees:
+
+- The orphan freer (``agent.slots.freeing``) frees a held slot when a pod-resources ``List``
+  no longer shows it held. A ``List`` says nothing of a pod whose ``Allocate`` came after it
+  was asked (the kubelet lists a pod's devices only once its admission has recorded them). A
+  ``deviceUsage`` value cannot tell such a pod from the one before it: the kubelet re-uses a
+  configuration-level virtual id as soon as its pod leaves, and the agent maps it onto the
+  slot the id still holds, so the old and the new claim are both ``C:<virtual id>:<node>``
+  (an Instance plugin's held slot confirmed again is ``<node>`` both times).
+- So every hand-out — a new claim, a promise, a held slot or held virtual id handed out
+  again — moves the slot's hand-out count (``SlotLedger.handouts``, in memory), with no
+  ``await`` between the decision to answer and the count moving. The freer notes each slot's
+  count before it asks ``List``, and frees only if the count is the same when it writes: it
+  compares under the Instance's lock, with no ``await`` before the write marks the slot
+  ``freeing`` (from then on a hand-out of it waits for the lock and is judged afresh). A
+  hand-out after the ``List`` was asked therefore always makes that sweep keep the slot; the
+  next ``List`` shows the new pod (or, if it never shows it, the orphan grace applies).
+- A restarted agent has no counts and no "seen live" memory: it frees only a slot that no
+  ``List`` has shown held for ``ORPHAN_GRACE_SECONDS`` since its first sweep, and a hand-out
+  restarts that grace.
+
+The trace this closes (issue 21): ``Allocate answered devices=[['storm-v2']]`` at .433, and at
+.436 ``freed a slot no live pod holds ... usage=C:storm-v2:storm-node`` on a ``List`` asked
+before the ``Allocate``; the Instance plugin then gave that slot to a second pod.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ an API outage loses nothing but time) and by the kubelets' own records (``Device
 file, read every ``KUBELET_POLL_S``: the kubelet's device manager has no watch to offer), and
 flags at once:
 
+- an Instance serving more live containers than its capacity, judged by what each container
+  got from ``Allocate`` (its Instance device ids, and for the Configuration resource the
+  Instance hash in its environment), never by ``deviceUsage``: a wrong free erases the very
+  record that would show it;
 - a slot held by two live pods (the kubelets' allocations, with the Configuration resource's
   virtual ids mapped onto slots through ``deviceUsage``), or held by a live pod on one node
   while ``deviceUsage`` gives it to another node;
@@ -149,6 +153,51 @@ def slot_holders(
     return holders, unmapped
 
 
+def instance_users(
+    kubelets: Sequence[KubeletView], capacities: Mapping[str, int]
+) -> dict[str, set[str]]:
+    """Instance → the live containers that got one of its slots, judged by what each container
+    got from ``Allocate`` alone (never by ``deviceUsage``, which a wrong free erases).
+
+    An Instance resource's device ids are its slots (each id one use). A Configuration
+    resource's virtual ids name no slot: the Instance that served one is the one whose hash the
+    container's environment carries (``<PROPERTY>_<HASH>``, Akri's names), one use per such
+    Instance beyond those its own resource's ids account for. Users are named
+    ``<namespace>/<pod>@<node>/<container>#<n>`` (``#n`` tells apart two slots of one container).
+    """
+    by_hash = {name.rpartition("-")[2].upper(): name for name in capacities}
+    users: dict[str, set[str]] = defaultdict(set)
+    for kubelet in kubelets:
+        for pod in kubelet.live_pods():
+            for container in pod.get("containers") or []:
+                who = f"{pod['namespace']}/{pod['name']}@{kubelet.node}/{container.get('name')}"
+                counted: dict[str, int] = defaultdict(int)
+                for resource, ids in (container.get("deviceIDs") or {}).items():
+                    name = resource.removeprefix(f"{GROUP}/")
+                    if name in capacities:
+                        counted[name] += len(ids or [])
+                served = {by_hash[key.rpartition("_")[2]]
+                          for key in container.get("envs") or {}
+                          if key.rpartition("_")[2] in by_hash}
+                for name in served:
+                    counted[name] = max(counted[name], 1)
+                for name, n in counted.items():
+                    users[name].update(f"{who}#{k}" for k in range(n))
+    return users
+
+
+def overused(users: Mapping[str, set[str]], capacities: Mapping[str, int]) -> dict[str, str]:
+    """Instance problems now: more live containers got its slots than it has (keys name the
+    containers, so a re-reading can confirm the same ones)."""
+    return {
+        f"overused {name} {sorted(who)}": (
+            f"Instance {name} of capacity {capacities[name]} serves {len(who)} live containers"
+            f" at once: {', '.join(sorted(who))}")
+        for name, who in users.items()
+        if name in capacities and len(who) > capacities[name]
+    }
+
+
 def parse_usage(value: str) -> SlotUsage | None:
     try:
         return SlotUsage.parse(value)
@@ -201,6 +250,8 @@ class InvariantRecorder:
     _may_go: set[str] = field(default_factory=set)
     _flagged: set[str] = field(default_factory=set)
     _suspects: dict[str, str] = field(default_factory=dict)
+    #: Capacity of every Instance seen (kept after deletion: containers may outlive it).
+    _capacities: dict[str, int] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _client: AsyncClient | None = None
 
@@ -323,6 +374,10 @@ class InvariantRecorder:
                                f"{pod.get('reason')} {pod.get('message')}")
         holders, _ = slot_holders(self.kubelets(), self.instances)
         suspects = slot_conflicts(holders, recorded_slots(self.instances))
+        for name, obj in self.instances.items():
+            self._capacities[name] = int((obj.get("spec") or {}).get("capacity") or 1)
+        suspects.update(overused(instance_users(self.kubelets(), self._capacities),
+                                 self._capacities))
         for key in suspects.keys() & self._suspects.keys():
             self._flag(key, suspects[key])
         self._suspects = suspects

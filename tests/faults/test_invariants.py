@@ -16,7 +16,9 @@ from tests.faults.invariants import (
     Holder,
     InvariantRecorder,
     KubeletView,
+    instance_users,
     live_brokers,
+    overused,
     recorded_slots,
     slot_conflicts,
     slot_holders,
@@ -129,3 +131,41 @@ def test_the_recorder_flags_a_pod_failed_at_admission(tmp_path: Path) -> None:
         "2 live brokers for cam-abc on a: ['b1', 'b2']",
         "pod x failed: UnexpectedAdmissionError Allocate failed",
     ]
+
+
+def test_containers_beyond_capacity_are_flagged_by_what_they_got_not_by_device_usage(
+    tmp_path: Path,
+) -> None:
+    """Issue 21's double hand-out: two pods on the Configuration resource and one on the
+    Instance's, for a device of capacity 2, while ``deviceUsage`` (the freed record) shows
+    nothing wrong. Only the containers' environments tell which Instance served them."""
+    def pod(name: str, ids: dict[str, list[str]], envs: dict[str, str]) -> dict[str, Any]:
+        return {"namespace": "ns", "name": name, "uid": name, "live": True, "admitted": True,
+                "phase": "Running", "containers": [
+                    {"name": "main", "deviceIDs": ids, "envs": envs}]}
+    served_by_abc = {"DEBUG_ECHO_DESCRIPTION_ABC123": "cam0", "DEBUG_ECHO_DESCRIPTION": "cam0"}
+    served_by_def = {"DEBUG_ECHO_DESCRIPTION_DEF456": "cam1", "DEBUG_ECHO_DESCRIPTION": "cam1"}
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({"pods": [
+        pod("p1", {"edgeplug.io/cam": ["cam-v0"]}, served_by_abc),
+        pod("p2", {"edgeplug.io/cam": ["cam-v2"]}, served_by_abc),
+        pod("p3", {"edgeplug.io/cam-abc123": ["cam-abc123-0"]}, served_by_abc),
+        pod("p4", {"edgeplug.io/cam": ["cam-v1"]}, served_by_def)]}))
+    views = [KubeletView("a", path)]
+    capacities = {"cam-abc123": 2, "cam-def456": 2}
+    users = instance_users(views, capacities)
+    assert {k: len(v) for k, v in users.items()} == {"cam-abc123": 3, "cam-def456": 1}
+    assert list(overused(users, capacities).values()) == [
+        "Instance cam-abc123 of capacity 2 serves 3 live containers at once: "
+        "ns/p1@a/main#0, ns/p2@a/main#0, ns/p3@a/main#0"]
+
+    recorder = InvariantRecorder(kubeconfig=tmp_path / "none", namespace="ns",
+                                 kubelets=lambda: views)
+    for name in capacities:
+        recorder.instances[name] = {"metadata": {"name": name, "uid": "u"}, "spec": {
+            "configurationName": "cam", "capacity": 2,
+            "deviceUsage": {f"{name}-0": "", f"{name}-1": ""}}}
+    recorder._check_slots()
+    recorder._check_slots()
+    assert any("cam-abc123 of capacity 2 serves 3" in v for v in recorder.violations)
+    assert not any("cam-def456" in v for v in recorder.violations)

@@ -1,0 +1,201 @@
+"""A virtual id handed out again is never freed on evidence from before the hand-out.
+
+The kubelet re-uses a configuration-level device id (``<configuration>-v<k>``) as soon as the
+pod that held it has left. The agent maps it onto the slot the id still holds in
+``deviceUsage`` (``C:<virtual id>:<node>``, the very value the departed pod's claim had), so a
+pod-resources ``List`` taken just before that ``Allocate`` (the new pod not listed yet) looks
+exactly like "its pod ended". Before the hand-out count (agent/slots/rules.py, "hand-outs"),
+the orphan freer freed the slot a few milliseconds after handing it out, and the Instance
+plugin then gave the same slot to a second pod (issue 21's first trace).
+
+Real parts: the API server (the Instance and its conditioned writes), the agent's own
+configuration backend, ledger and orphan freer, and a pod-resources server over a real gRPC Unix
+socket. That server stands for the kubelet's pod-resources ``List`` at the moment it matters: it
+answers from the pods the test says are live, and holds its answer until the test lets it go,
+so the ``Allocate`` lands between the ``List`` being asked and its answer being acted on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from lightkube import AsyncClient
+
+from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
+from agent.kubeletapi import podresources_v1_pb2 as pr
+from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDevice
+from agent.podresources import PodResourcesClient
+from agent.slots.backends import ConfigurationBackend
+from agent.slots.freeing import OrphanFreer
+from agent.slots.ledger import SlotLedger
+from agent.slots.rules import SlotRef
+from crds.instance import Instance, SlotUsage
+from discovery_handlers.contract import HEALTHY, Device
+from tests.harness.agent_nodes import create_instance, read_instance
+from tests.harness.kube_waits import until
+from tests.harness.unix_grpc import SocketServer
+
+pytestmark = pytest.mark.timeout(60)
+
+NODE = "node-a"
+CONFIGURATION = "reuse"
+RESOURCE = f"edgeplug.io/{CONFIGURATION}"
+VID = f"{CONFIGURATION}-v0"
+
+
+class GatedPodResources(pr_grpc.PodResourcesListerServicer):
+    """``List`` answers with the virtual ids the test calls live, once ``gate`` is open."""
+
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.asked = 0
+
+    async def List(
+        self, request: pr.ListPodResourcesRequest,
+        context: grpc.aio.ServicerContext[pr.ListPodResourcesRequest, pr.ListPodResourcesResponse],
+    ) -> pr.ListPodResourcesResponse:
+        live = sorted(self.live)  # what the kubelet knows when the List is asked
+        self.asked += 1
+        await self.gate.wait()
+        devices = [pr.ContainerDevices(resource_name=RESOURCE, device_ids=live)] if live else []
+        return pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(
+            name="broker", namespace="ns",
+            containers=[pr.ContainerResources(name="c", devices=devices)])])
+
+
+    async def Get(
+        self, request: pr.GetPodResourcesRequest,
+        context: grpc.aio.ServicerContext[pr.GetPodResourcesRequest, pr.GetPodResourcesResponse],
+    ) -> pr.GetPodResourcesResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the agent only lists")
+        raise AssertionError("abort returned")
+
+    async def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest,
+        context: grpc.aio.ServicerContext[pr.AllocatableResourcesRequest,
+                                          pr.AllocatableResourcesResponse],
+    ) -> pr.AllocatableResourcesResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the agent only lists")
+        raise AssertionError("abort returned")
+
+
+class OneNodeWorld:
+    """The slot service's view for one Instance on ``NODE`` (what ``SlotService`` keeps), with
+    real ledgers on the API server and the real freer."""
+
+    node = NODE
+
+    def __init__(self, kube: AsyncClient, instance: Instance) -> None:
+        self.metrics = AgentMetrics()
+        self.instances = {instance.name: instance}
+        self.ledgers: dict[str, SlotLedger] = {}
+        self._kube = kube
+        self.freer: OrphanFreer | None = None
+        self.device_record = NodeDevice(
+            instance=instance.name, namespace=instance.namespace, configuration=CONFIGURATION,
+            device=Device(id="cam0"), health=HEALTHY)
+
+    def ledger(self, namespace: str, instance: str) -> SlotLedger:
+        if instance not in self.ledgers:
+            self.ledgers[instance] = SlotLedger(
+                client=self._kube, node=NODE, namespace=namespace, name=instance)
+        return self.ledgers[instance]
+
+    def instance(self, namespace: str, instance: str) -> Instance | None:
+        return self.instances.get(instance)
+
+    def remember(self, instance: Instance) -> None:
+        self.instances[instance.name] = instance
+
+    def device(self, namespace: str, instance: str) -> NodeDevice | None:
+        return self.device_record if instance in self.instances else None
+
+    def configuration_instances(self, namespace: str, configuration: str) -> list[Instance]:
+        return list(self.instances.values())
+
+    def slots_changed(self, refs: Iterable[SlotRef]) -> None:
+        assert self.freer is not None
+        self.freer.claimed(refs)
+
+    @property
+    def answers_before_recording(self) -> bool:
+        return False  # every hand-out is a conditioned claim: the test needs no recorder
+
+    def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
+        raise AssertionError("the fast path is off in this test")
+
+
+@pytest.fixture
+async def pod_resources(tmp_path: Path) -> AsyncIterator[tuple[GatedPodResources, Path]]:
+    servicer = GatedPodResources()
+    socket = tmp_path / "pod-resources.sock"
+    server = SocketServer(
+        socket, add_services=lambda s: pr_grpc.add_PodResourcesListerServicer_to_server(
+            servicer, s), stop_grace_s=0.1)
+    await server.start()
+    yield servicer, socket
+    servicer.gate.set()
+    await server.stop()
+
+
+async def test_a_virtual_id_handed_out_again_is_not_freed_by_a_list_taken_before(
+    kube: AsyncClient, namespace: str,
+    pod_resources: tuple[GatedPodResources, Path],
+) -> None:
+    servicer, socket = pod_resources
+    name = await create_instance(kube, namespace, configuration=CONFIGURATION, digest="a1b2c3",
+                                 nodes=[NODE], capacity=1, shared=True)
+    instance = await read_instance(kube, namespace, name)
+    world = OneNodeWorld(kube, instance)
+    client = PodResourcesClient(socket)
+    world.freer = OrphanFreer(client=client, node=NODE, ledger=world.ledger)
+    backend = ConfigurationBackend(
+        world=world, namespace=namespace, configuration=CONFIGURATION, resource=RESOURCE,
+        feed=DeviceFeed([AdvertisedDevice(VID)]))
+    slot = f"{name}-0"
+    held = SlotUsage.by_configuration(VID, NODE).format()
+    resources = {(namespace, CONFIGURATION): RESOURCE}
+
+    async def current() -> Instance:
+        world.remember(fresh := await read_instance(kube, namespace, name))
+        return fresh
+
+    try:
+        # The first pod gets the id, and a sweep sees it live.
+        await backend.allocate([[VID]])
+        assert (await current()).spec.device_usage[slot] == held
+        servicer.live = {VID}
+        await world.freer.sweep([await current()], resources)
+
+        # That pod leaves; a List is asked (the kubelet lists nothing now) and, before its
+        # answer is acted on, the kubelet hands the same id to a new pod.
+        servicer.live = set()
+        servicer.gate.clear()
+        asked = servicer.asked
+        sweep = asyncio.create_task(world.freer.sweep([await current()], resources))
+        await until(lambda: servicer.asked > asked, what="the freer to ask pod-resources")
+        await backend.allocate([[VID]])
+        servicer.gate.set()
+        await sweep
+
+        # The new pod holds the slot: the evidence from before its hand-out frees nothing.
+        assert (await current()).spec.device_usage[slot] == held, (
+            "the slot handed to the new pod was freed on a List taken before the hand-out")
+
+        # Once the new pod is gone too (listed live, then not), the slot is freed as before.
+        servicer.live = {VID}
+        await world.freer.sweep([await current()], resources)
+        servicer.live = set()
+        await world.freer.sweep([await current()], resources)
+        assert (await current()).spec.device_usage[slot] == ""
+    finally:
+        await client.close()
