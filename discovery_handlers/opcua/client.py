@@ -53,6 +53,11 @@ _SECURITY_MODES = {
     "SignAndEncrypt": ua.MessageSecurityMode.SignAndEncrypt,
 }
 _PEM_MARKER = b"-----BEGIN"
+#: The steps of a check, as an unhealthy reason names the one the server refused.
+STEP_ENDPOINTS = "endpoint query refused (unencrypted GetEndpoints)"
+STEP_CHANNEL = "secure channel refused"
+STEP_SESSION = "session refused"
+STEP_STATE = "ServerStatus.State unreadable"
 
 _vendor_logger = logging.getLogger("asyncua")
 if _vendor_logger.level == logging.NOTSET:
@@ -90,37 +95,41 @@ async def find_servers(url: str, *, limit_s: float) -> FoundServers:
 async def check(url: str, *, limit_s: float, security: Security | None) -> Health:
     """Open a session on ``url`` and read ``ServerStatus.State``.
 
-    Raises ``Unreachable`` when no secure channel could be opened (or the server went silent);
-    returns an unhealthy ``Health`` when the server talks but refuses the session or is not
-    Running.
+    Raises ``Unreachable`` when nothing answers in OPC-UA (or the server went silent); returns an
+    unhealthy ``Health`` when the server talks but says no, naming the step that was refused:
+    the unencrypted endpoint query (with security set), the secure channel, the session, or the
+    state read. A server may refuse the first step and not the others (open62541's
+    ``secureOnly`` answers the unencrypted GetEndpoints with ``BadSecurityPolicyRejected``).
     """
     client = _client(url, limit_s)
-    channel_open = False
+    step = STEP_CHANNEL
     try:
         async with _bounded(limit_s):
             if security is not None:
+                step = STEP_ENDPOINTS
                 refused = await _secure(client, security)
                 if refused is not None:
                     return refused
+                step = STEP_CHANNEL
             await client.connect_socket()
             await client.send_hello()
             await client.open_secure_channel()
-            channel_open = True
+            step = STEP_SESSION
             try:
                 await client.create_session()
                 await client.activate_session()
             except (UaError, UaStatusCodeError) as exc:
                 return Health.unhealthy(_session_refused(exc, security))
+            step = STEP_STATE
             try:
                 state = await client.nodes.server_state.read_value()
             finally:
                 await _close_quietly(client)
     except UaStatusCodeError as exc:  # the peer speaks OPC-UA and said no: present
-        step = "ServerStatus.State unreadable" if channel_open else "secure channel refused"
         return Health.unhealthy(f"{step}: {_reason(exc)}")
     except UaError as exc:
-        if channel_open:
-            return Health.unhealthy(f"ServerStatus.State unreadable: {_reason(exc)}")
+        if step == STEP_STATE:
+            return Health.unhealthy(f"{step}: {_reason(exc)}")
         raise Unreachable(_reason(exc)) from None
     except Exception as exc:
         raise Unreachable(_reason(exc)) from None
@@ -169,7 +178,7 @@ def _session_refused(exc: Exception, security: Security | None) -> str:
         if security is None:
             return "server offers no endpoint with security None (set security in details)"
         return f"server offers no {security.policy}/{security.mode.value} endpoint"
-    return f"session refused: {_reason(exc)}"
+    return f"{STEP_SESSION}: {_reason(exc)}"
 
 
 def _certificate_uri(certificate: bytes) -> str:

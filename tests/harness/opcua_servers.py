@@ -156,6 +156,15 @@ async def register(discovery_url: str, descriptions: Sequence[ua.RegisteredServe
         await client.disconnect_sessionless()
 
 
+async def deregister(discovery_url: str, *, application_uri: str, url: str) -> None:
+    """``RegisterServer`` with ``IsOnline=false``: what a server sends its discovery server as
+    it shuts down (the asyncua discovery server ignores it; open62541's drops the record)."""
+    item = description(0, url=url)
+    item.ServerUri = application_uri
+    item.IsOnline = False
+    await register(discovery_url, [item])
+
+
 async def _serve(args: argparse.Namespace) -> None:
     server = await TestServer(args.name, port=args.port, register_to=args.register_to).start()
     print(f"ready {server.url}", flush=True)
