@@ -18,9 +18,13 @@ from controller.records import (
     NodeHealth,
     ObservedPod,
     OwnedObject,
+    RejectedPod,
 )
+from crds.api import CONFIGURATION_KIND, INSTANCE_KIND
+from crds.naming import configuration_resource_name, instance_resource_name
 
 Key = tuple[str, str]
+Owner = tuple[str, str, str]  # (kind, namespace, name) of an Instance or Configuration
 V = TypeVar("V")
 
 
@@ -46,6 +50,8 @@ class ClusterCache:
         self._jobs_by_instance: dict[Key, dict[str, OwnedObject]] = {}
         self._services_by_configuration: dict[Key, dict[str, OwnedObject]] = {}
         self._nodes: dict[str, NodeHealth] = {}
+        self._rejected: dict[Key, RejectedPod] = {}
+        self._owners_by_resource: dict[str, set[Owner]] = {}
 
     # -- the view ------------------------------------------------------------------------------
 
@@ -88,6 +94,17 @@ class ClusterCache:
     def node(self, name: str) -> NodeHealth | None:
         return self._nodes.get(name)
 
+    def rejected_pod(self, namespace: str, name: str) -> RejectedPod | None:
+        return self._rejected.get((namespace, name))
+
+    def rejected_pod_keys(self) -> list[Key]:
+        return list(self._rejected)
+
+    def resource_owners(self, resource: str) -> list[Owner]:
+        """The Instances (``edgeplug.io/<instance>``) and Configurations (their
+        configuration-level resource) that serve the extended resource ``resource``."""
+        return sorted(self._owners_by_resource.get(resource, ()))
+
     def pod_broker_counts(self, namespace: str, configuration: str) -> tuple[int, int, int]:
         key = (namespace, configuration)
         return (
@@ -98,9 +115,24 @@ class ClusterCache:
 
     # -- changes, from the watches -------------------------------------------------------------
 
+    def _own(self, resource: str, owner: Owner, *, owns: bool) -> None:
+        owners = self._owners_by_resource.setdefault(resource, set())
+        if owns:
+            owners.add(owner)
+            return
+        owners.discard(owner)
+        if not owners:
+            del self._owners_by_resource[resource]
+
     def put_configuration(
-        self, key: Key, _old: ConfigurationRecord | None, new: ConfigurationRecord | None
+        self, key: Key, old: ConfigurationRecord | None, new: ConfigurationRecord | None
     ) -> None:
+        owner = (CONFIGURATION_KIND, *key)
+        for record, owns in ((old, False), (new, True)):
+            if record is not None:
+                cfg = record.configuration
+                self._own(configuration_resource_name(cfg.name, cfg.spec.resource_name), owner,
+                          owns=owns)
         if new is None:
             self._configurations.pop(key, None)
         else:
@@ -110,6 +142,8 @@ class ClusterCache:
         self, key: Key, old: InstanceRecord | None, new: InstanceRecord | None
     ) -> None:
         namespace, name = key
+        if (old is None) != (new is None):
+            self._own(instance_resource_name(name), (INSTANCE_KIND, *key), owns=new is not None)
         if old is not None:
             spec = old.instance.spec
             owner = (namespace, spec.configuration_name)
@@ -167,6 +201,14 @@ class ClusterCache:
             self._services_by_configuration.setdefault(
                 (namespace, new.configuration), {}
             )[name] = new
+
+    def put_rejected_pod(
+        self, key: Key, _old: RejectedPod | None, new: RejectedPod | None
+    ) -> None:
+        if new is None:
+            self._rejected.pop(key, None)
+        else:
+            self._rejected[key] = new
 
     def put_node(self, key: str, _old: NodeHealth | None, new: NodeHealth | None) -> None:
         if new is None:

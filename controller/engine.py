@@ -6,7 +6,9 @@ applied to the indices (``controller.cache``), and only a change that can alter 
 exist queues work: an Instance that appeared, vanished or moved nodes; a broker pod that
 vanished, failed, finished or is being deleted; a Configuration whose spec changed. A live
 broker moving on (scheduled, started, ready) only schedules the Configuration's status, and a
-record that did not change (a status rewrite, a heartbeat) does nothing at all.
+record that did not change (a status rewrite, a heartbeat) does nothing at all. A user's pod
+that the kubelet rejected at admission while asking for extended resources queues its report
+(``controller.admission_report``).
 
 Workers start only once every watch holds its initial listing (so a restarted replica sees every
 existing broker before it creates any), and act only where the peering gate says this replica is
@@ -35,6 +37,7 @@ from controller.records import (
     NodeHealth,
     ObservedPod,
     OwnedObject,
+    RejectedPod,
 )
 from controller.rest import Rest
 from controller.settings import ControllerSettings
@@ -51,6 +54,7 @@ INSTANCE: Final = "instance"
 CONFIGURATION: Final = "configuration"
 CONFIGURATION_DELETED: Final = "configuration-deleted"
 NODE_DELETED: Final = "node-deleted"
+REJECTED_POD: Final = "rejected-pod"
 
 WorkKey = tuple[str, str, str]  # (what, namespace, name)
 Key = tuple[str, str]
@@ -62,6 +66,9 @@ _BROKER_POD_SELECTOR: Final = selector(
 _BROKER_JOB_SELECTOR: Final = selector(
     {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_COMPONENT: naming.COMPONENT_BROKER}
 )
+#: Users' pods rejected at admission are Failed; the API server filters on the phase (the
+#: decoder then keeps only rejections of pods that ask for extended resources).
+_FAILED_POD_FIELDS: Final = "status.phase=Failed"
 _SERVICE_SELECTOR: Final = selector(
     {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_CONFIGURATION: None}
 )
@@ -145,6 +152,11 @@ class Engine:
                 path=namespaced_path("/api/v1", "services", ns), key=_namespaced,
                 label_selector=_SERVICE_SELECTOR,
             ), self._on_service)
+            self._watch(Kind(
+                name=f"rejected pods@{ns or '*'}", decode=wire.rejected_pod,
+                path=namespaced_path("/api/v1", "pods", ns), key=_namespaced,
+                field_selector=_FAILED_POD_FIELDS,
+            ), self._on_rejected_pod)
             if self.settings.peering_name is not None:
                 plural = "kopfpeerings" if ns is not None else "clusterkopfpeerings"
                 self._watch(Kind(
@@ -204,6 +216,16 @@ class Engine:
                 or old.deleting != new.deleting) and self.gate.active(namespace):
             self.reconciler.status_soon(self.cache, namespace, pod.configuration)
 
+    def _on_rejected_pod(
+        self, key: Key, old: RejectedPod | None, new: RejectedPod | None
+    ) -> None:
+        self.cache.put_rejected_pod(key, old, new)
+        if new is None:
+            assert old is not None
+            self.reconciler.admissions.forget(old.uid)
+        elif old is None or old.uid != new.uid:
+            self.queue.add((REJECTED_POD, *key))
+
     def _on_job(self, key: Key, old: OwnedObject | None, new: OwnedObject | None) -> None:
         self.cache.put_job(key, old, new)
         job = new or old
@@ -247,6 +269,9 @@ class Engine:
         for namespace, name in self.cache.instance_keys():
             if everywhere or namespace == where:
                 self.queue.add((INSTANCE, namespace, name))
+        for namespace, name in self.cache.rejected_pod_keys():
+            if everywhere or namespace == where:
+                self.queue.add((REJECTED_POD, namespace, name))
         # Brokers of Instances that are gone: deleted while this replica was standby (it saw
         # the deletion but was not the one to act) or while no controller ran.
         for namespace, name in self.cache.instances_with_brokers():
@@ -274,6 +299,8 @@ class Engine:
             for record in self.cache.instances_of(namespace, name):
                 self.queue.add((INSTANCE, namespace, record.instance.name))
             await self.reconciler.configuration(self.cache, namespace, name)
+        elif what == REJECTED_POD:
+            await self.reconciler.rejected_pod(self.cache, namespace, name)
         elif what == CONFIGURATION_DELETED and self.cache.configuration(namespace, name) is None:
             await self.reconciler.configuration_deleted(self.cache, namespace, name)
 

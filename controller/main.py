@@ -28,6 +28,7 @@ from controller.engine import Engine
 from controller.eventbatch import EventPoster
 from controller.handlers import register
 from controller.kube import MAX_WRITES_IN_FLIGHT, Kube, make_client
+from controller.metrics import ControllerMetrics
 from controller.naming import FINALIZER
 from controller.reconciler import Reconciler
 from controller.rest import Rest
@@ -117,7 +118,10 @@ async def run(
             await _ensure_peering(kube, settings)
         identity = f"{os.environ.get('HOSTNAME', REPORTING_COMPONENT)}/{uuid.uuid4().hex[:12]}"
         events = EventPoster(kube.post_event, component=REPORTING_COMPONENT)
-        reconciler = Reconciler(kube=kube, settings=settings, events=events)
+        metrics = ControllerMetrics()
+        if settings.metrics_port is not None:
+            metrics.serve(settings.metrics_port, settings.metrics_address)
+        reconciler = Reconciler(kube=kube, settings=settings, events=events, metrics=metrics)
         engine = Engine(http=http, reconciler=reconciler, settings=settings, identity=identity)
         registry = kopf.OperatorRegistry()
         register(registry)

@@ -13,6 +13,12 @@ Rules for broker pods (issue 4, item 2):
   the new spec once it is gone (the rollout of a changed Configuration);
 - a pod that failed or finished is deleted after a backoff that doubles with every recreation of
   that broker (bounded); a pod still Pending after a grace period is deleted and recreated;
+- a pod the kubelet rejected at admission (issue 21: ``UnexpectedAdmissionError`` when a slot
+  it was scheduled for was gone) is deleted at once, without backoff: it never ran, and it is
+  Failed for good. Only after ``ADMISSION_IMMEDIATE_MAX`` such rejections of one broker in a
+  row (no Ready in between) is it treated as any failure, with the backoff, since then it is a
+  standing problem (a node out of CPU, an agent advertising what it cannot give) and recreating
+  it at once would only spin the scheduler and the kubelet;
 - a pod already being deleted is left alone until it is gone.
 """
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from controller import naming
+from controller import admission, naming
 from controller.records import ObservedPod
 
 #: How long a broker pod may stay Pending before it is recreated (it may be waiting for a slot
@@ -33,10 +39,13 @@ DEFAULT_PENDING_GRACE_S: Final = 300.0
 DEFAULT_RESTART_BACKOFF_BASE_S: Final = 1.0
 #: The longest delay before a failed broker is recreated.
 DEFAULT_RESTART_BACKOFF_MAX_S: Final = 300.0
+#: Rejections at admission of one broker in a row that are recreated at once (see above).
+ADMISSION_IMMEDIATE_MAX: Final = 5
 
 REASON_NODE_GONE: Final = "NodeRemoved"
 REASON_SPEC_CHANGED: Final = "SpecChanged"
 REASON_FAILED: Final = "BrokerFailed"
+REASON_ADMISSION: Final = "BrokerRejectedAtAdmission"
 REASON_FINISHED: Final = "BrokerFinished"
 REASON_PENDING: Final = "PendingTooLong"
 REASON_NOT_WANTED: Final = "NotWanted"
@@ -59,6 +68,7 @@ class Deletion:
     name: str
     reason: str
     message: str
+    uid: str = ""  # of the pod deleted, where its Events name it
 
 
 @dataclass
@@ -99,8 +109,11 @@ def plan_pods(
     now: datetime,
     policy: BrokerPolicy,
     restarts: Mapping[str, int],
+    admissions: Mapping[str, int] | None = None,
 ) -> Plan:
-    """The plan that turns ``actual`` broker pods (of one Instance) into ``desired`` ones."""
+    """The plan that turns ``actual`` broker pods (of one Instance) into ``desired`` ones.
+    ``restarts`` and ``admissions`` count, per pod name, its recreations after a failure and
+    after a rejection at admission since it was last Ready."""
     plan = Plan()
     existing: dict[str, ObservedPod] = {}
     for pod in actual:
@@ -120,7 +133,14 @@ def plan_pods(
                 Deletion(pod.name, REASON_SPEC_CHANGED, "the Configuration's broker spec changed")
             )
             continue
-        if pod.phase in ("Failed", "Succeeded"):
+        rejected = admission.rejected_at_admission(
+            phase=pod.phase, reason=pod.reason, message=pod.message
+        )
+        if rejected and (admissions or {}).get(pod.name, 0) < ADMISSION_IMMEDIATE_MAX:
+            plan.delete.append(Deletion(
+                pod.name, REASON_ADMISSION, rejection_message(pod), uid=pod.uid
+            ))
+        elif pod.phase in ("Failed", "Succeeded"):
             _plan_restart(plan, pod, now=now, policy=policy, restarts=restarts.get(pod.name, 0))
         elif pod.phase == "Pending" and pod.created_at is not None:
             age = (now - pod.created_at).total_seconds()
@@ -136,6 +156,13 @@ def plan_pods(
         if name not in existing:
             plan.create.append(dict(want))
     return plan
+
+
+def rejection_message(pod: ObservedPod) -> str:
+    """What the kubelet said when it rejected ``pod``, and what the controller does about it."""
+    where = f" on node {pod.node}" if pod.node else ""
+    return (f"rejected at admission by the kubelet{where}: {pod.reason}: {pod.message};"
+            " recreating it at once")
 
 
 def _plan_restart(

@@ -19,9 +19,12 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from controller import brokers, naming, nodes, services, status
+from controller.admission_report import AdmissionReporter
 from controller.eventbatch import EventBatcher
 from controller.kube import Kube, Refused
+from controller.metrics import ControllerMetrics
 from controller.plans import (
+    REASON_ADMISSION,
     REASON_FAILED,
     REASON_FINISHED,
     REASON_PENDING,
@@ -62,13 +65,20 @@ def _now() -> datetime:
 class Reconciler:
     """Process-wide state (backoff counters, last refusals) and the reconcile steps."""
 
-    def __init__(self, *, kube: Kube, settings: ControllerSettings, events: EventSink) -> None:
+    def __init__(
+        self, *, kube: Kube, settings: ControllerSettings, events: EventSink,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
         self.kube = kube
         self.settings = settings
         self.policy = settings.policy
         self.events = events
         self.routine_events = EventBatcher(events)
         self.restarts: dict[tuple[str, str], int] = {}
+        #: Rejections at admission of each broker (namespace, pod) since it was last Ready.
+        self.rejections: dict[tuple[str, str], int] = {}
+        self.metrics = metrics or ControllerMetrics()
+        self.admissions = AdmissionReporter(kube=kube, metrics=self.metrics)
         self.refusals: dict[tuple[str, str], tuple[int, str]] = {}
         self._refused_at: dict[tuple[str, str], float] = {}
         self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
@@ -154,6 +164,7 @@ class Reconciler:
         for pod in pods:
             if pod.ready:
                 self.restarts.pop((inst.namespace, pod.name), None)
+                self.rejections.pop((inst.namespace, pod.name), None)
         # What each broker should be, by name and spec hash (remembered: a resync of an
         # unchanged Instance renders nothing); the full pod only for one to create.
         desired_pods: dict[str, dict[str, Any]] = {}
@@ -169,6 +180,7 @@ class Reconciler:
         pod_plan = plan_pods(
             desired=desired_pods, actual=pods, now=_now(), policy=self.policy,
             restarts={pod.name: self.restarts.get((inst.namespace, pod.name), 0) for pod in pods},
+            admissions={p.name: self.rejections.get((inst.namespace, p.name), 0) for p in pods},
         )
         pod_plan.create = [
             rendered.get(stub["metadata"]["name"]) or brokers.render_broker_pod(
@@ -194,7 +206,7 @@ class Reconciler:
             if s.component == naming.COMPONENT_INSTANCE_SERVICE and s.instance == inst.name
         }
         svc_plan = plan_objects(desired=desired_svcs, actual=actual_svcs, update_in_place=True)
-        await self._apply(config, inst.namespace, plan, kind="Pod")
+        await self._apply(config, inst.namespace, plan, kind="Pod", instance=inst)
         await self._apply(config, inst.namespace, job_plan, kind="Job")
         await self._apply(config, inst.namespace, svc_plan, kind="Service")
         if plan.create and self._recently_refused(cfg):
@@ -220,11 +232,12 @@ class Reconciler:
         return found
 
     async def _apply(
-        self, config: ConfigurationRecord, namespace: str, plan: Plan, *, kind: str
+        self, config: ConfigurationRecord, namespace: str, plan: Plan, *, kind: str,
+        instance: Instance | None = None,
     ) -> None:
         cfg = config.configuration
         for deletion in plan.delete:
-            await self._delete(config, namespace, deletion, kind=kind)
+            await self._delete(config, namespace, deletion, kind=kind, instance=instance)
         if plan.create and self._recently_refused(cfg):
             return
         for obj in plan.create:
@@ -262,15 +275,22 @@ class Reconciler:
         return True
 
     async def _delete(
-        self, config: ConfigurationRecord, namespace: str, deletion: Deletion, *, kind: str
+        self, config: ConfigurationRecord, namespace: str, deletion: Deletion, *, kind: str,
+        instance: Instance | None = None,
     ) -> None:
         self._recent_creates.pop((kind, namespace, deletion.name), None)
         if not await self.kube.delete(kind, namespace, deletion.name):
             return
-        warning = deletion.reason in (REASON_FAILED, REASON_PENDING)
+        warning = deletion.reason in (REASON_FAILED, REASON_PENDING, REASON_ADMISSION)
+        key = (namespace, deletion.name)
         if deletion.reason in _RESTART_REASONS:
-            key = (namespace, deletion.name)
             self.restarts[key] = self.restarts.get(key, 0) + 1
+        if deletion.reason == REASON_ADMISSION and instance is not None:
+            self.rejections[key] = self.rejections.get(key, 0) + 1
+            await self.admissions.broker_rejected(
+                instance=instance, configuration=config.configuration.name, pod=deletion.name,
+                pod_uid=deletion.uid, message=deletion.message,
+            )
         log.info("deleted %s %s/%s: %s", kind, namespace, deletion.name, deletion.message)
         if warning:
             self.events(config.body, warning=True, reason=f"{kind}Deleted",
@@ -408,6 +428,12 @@ class Reconciler:
         task = asyncio.get_running_loop().create_task(later())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def rejected_pod(self, view: ClusterView, namespace: str, name: str) -> None:
+        """A user's pod the kubelet rejected at admission: an Event on what it asked for."""
+        pod = view.rejected_pod(namespace, name)
+        if pod is not None:
+            await self.admissions.user_pod(view, pod)
 
     async def node_deleted(self, view: ClusterView, node: str) -> None:
         await self.nodes.node_deleted(view, node)

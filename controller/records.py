@@ -47,6 +47,11 @@ class ObservedPod:
     instance: str = ""
     configuration: str = ""
     namespace: str = ""
+    uid: str = ""
+    #: The kubelet's ``status.reason`` and ``status.message``, kept for a Failed pod only (a
+    #: rejection at admission is recreated at once and reported with them).
+    reason: str = ""
+    message: str = ""
 
     @classmethod
     def from_object(cls, pod: Mapping[str, Any]) -> ObservedPod:
@@ -65,13 +70,16 @@ class ObservedPod:
             instance=str(labels.get(naming.LABEL_INSTANCE, "")),
             configuration=str(labels.get(naming.LABEL_CONFIGURATION, "")),
             namespace=str(meta.get("namespace") or ""),
+            uid=str(meta.get("uid") or ""),
+            reason=str(status.get("reason") or ""),
+            message=str(status.get("message") or ""),
         )
 
     @classmethod
     def build(
         cls, *, name: str, namespace: str = "", phase: str, conditions: Any,
         container_statuses: Any, spec_hash: str, deleting: bool, created_at: Any, node: str,
-        instance: str, configuration: str,
+        instance: str, configuration: str, uid: str = "", reason: str = "", message: str = "",
     ) -> ObservedPod:
         """From the pod's fields as decoded (dicts or objects with the same attribute names)."""
         ready = any(
@@ -97,7 +105,9 @@ class ObservedPod:
         return cls(
             name=name, phase=phase, ready=ready, spec_hash=spec_hash, deleting=deleting,
             created_at=parse_time(created_at), finished_at=finished_at, node=node,
-            instance=instance, configuration=configuration, namespace=namespace,
+            instance=instance, configuration=configuration, namespace=namespace, uid=uid,
+            reason=reason if phase == "Failed" else "",
+            message=message if phase == "Failed" else "",
         )
 
 
@@ -107,6 +117,20 @@ def _field(obj: Any, key: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(key)
     return getattr(obj, key, None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejectedPod:
+    """A pod that is not a broker, which the kubelet rejected at admission while it asked for
+    extended resources (``resources``: their names, sorted)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    reason: str
+    message: str
+    resources: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ DEFAULT_PEERING_NAME: Final = "edgeplug-controller"
 #: Configuration deleted while the controller was down).
 ORPHAN_INSTANCE_GRACE_S: Final = 30.0
 PRIORITY_MAX: Final = 2**31 - 1
+DEFAULT_METRICS_ADDRESS: Final = "0.0.0.0"
 
 
 def _random_priority() -> int:
@@ -65,6 +66,9 @@ class ControllerSettings:
     priority: int = field(default_factory=_random_priority)
     #: The validating admission webhook for Configurations (off unless ``--webhook``).
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    #: The Prometheus ``/metrics`` server: ``None`` serves none.
+    metrics_port: int | None = None
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
     @property
     def clusterwide(self) -> bool:
@@ -119,6 +123,11 @@ class ControllerSettings:
         add("--priority", type=int, default=None, metavar="N",
             help="peering priority, 1 to 2**31-1: the highest live replica acts"
                  " (default: random, so replicas of one Deployment differ)")
+        add("--metrics-port", type=int, default=None, metavar="PORT",
+            help="serve Prometheus metrics on this port at /metrics (default: no metrics"
+                 " server)")
+        add("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="ADDRESS",
+            help="address the metrics server binds (default: %(default)s)")
         add_webhook_arguments(parser)
         args = parser.parse_args(argv)
         kubeconfig = args.kubeconfig or (
@@ -137,4 +146,6 @@ class ControllerSettings:
             peering_lifetime_s=args.peering_lifetime,
             priority=args.priority if args.priority is not None else _random_priority(),
             webhook=webhook_settings(args),
+            metrics_port=args.metrics_port,
+            metrics_address=args.metrics_address,
         )

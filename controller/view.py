@@ -18,6 +18,7 @@ from controller.records import (
     NodeHealth,
     ObservedPod,
     OwnedObject,
+    RejectedPod,
 )
 
 
@@ -30,6 +31,10 @@ class ClusterView(Protocol):
     def broker_jobs(self, namespace: str, instance: str) -> list[OwnedObject]: ...
     def services(self, namespace: str, configuration: str) -> list[OwnedObject]: ...
     def node(self, name: str) -> NodeHealth | None: ...
+    def rejected_pod(self, namespace: str, name: str) -> RejectedPod | None: ...
+    def resource_owners(self, resource: str) -> list[tuple[str, str, str]]:
+        """(kind, namespace, name) of each Instance or Configuration serving ``resource``."""
+        ...
     def pod_broker_counts(self, namespace: str, configuration: str) -> tuple[int, int, int]:
         """(Instances, broker pods their nodes ask for, ready broker pods) of a Configuration,
         without a walk over its Instances (the status is recomputed often at scale)."""

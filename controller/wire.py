@@ -15,13 +15,14 @@ from typing import Any
 
 import msgspec
 
-from controller import naming
+from controller import admission, naming
 from controller.records import (
     ConfigurationRecord,
     InstanceRecord,
     NodeHealth,
     ObservedPod,
     OwnedObject,
+    RejectedPod,
     parse_time,
 )
 from crds.configuration import Configuration
@@ -59,6 +60,8 @@ class _ContainerStatus(msgspec.Struct):
 
 class _PodStatus(msgspec.Struct):
     phase: str | None = None
+    reason: str | None = None
+    message: str | None = None
     conditions: list[_Condition] = msgspec.field(default_factory=list)
     containerStatuses: list[_ContainerStatus] = msgspec.field(default_factory=list)
 
@@ -70,6 +73,27 @@ class _PodSpec(msgspec.Struct):
 class _Pod(msgspec.Struct):
     metadata: _Meta = msgspec.field(default_factory=_Meta)
     spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
+    status: _PodStatus = msgspec.field(default_factory=_PodStatus)
+
+
+class _Resources(msgspec.Struct):
+    requests: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+    limits: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+
+
+class _Container(msgspec.Struct):
+    resources: _Resources = msgspec.field(default_factory=_Resources)
+
+
+class _PodSpecResources(msgspec.Struct):
+    nodeName: str | None = None
+    containers: list[_Container] = msgspec.field(default_factory=list)
+    initContainers: list[_Container] = msgspec.field(default_factory=list)
+
+
+class _PodWithResources(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _PodSpecResources = msgspec.field(default_factory=_PodSpecResources)
     status: _PodStatus = msgspec.field(default_factory=_PodStatus)
 
 
@@ -108,6 +132,7 @@ class _Peering(msgspec.Struct):
 
 
 _pod = msgspec.json.Decoder(_Pod).decode
+_pod_with_resources = msgspec.json.Decoder(_PodWithResources).decode
 _node = msgspec.json.Decoder(_Node).decode
 _job = msgspec.json.Decoder(_Job).decode
 _owned = msgspec.json.Decoder(_Owned).decode
@@ -131,6 +156,39 @@ def pod(raw: bytes) -> tuple[ObservedPod, str]:
         node=obj.spec.nodeName or "",
         instance=meta.labels.get(naming.LABEL_INSTANCE, ""),
         configuration=meta.labels.get(naming.LABEL_CONFIGURATION, ""),
+        uid=meta.uid,
+        reason=status.reason or "",
+        message=status.message or "",
+    ), meta.resourceVersion
+
+
+def _is_broker_pod(meta: _Meta) -> bool:
+    """A broker pod (the broker pod watch follows it): the labels its selector matches."""
+    labels = meta.labels
+    return (labels.get(naming.LABEL_MANAGED_BY) == naming.MANAGED_BY
+            and naming.LABEL_TARGET_NODE in labels)
+
+
+def rejected_pod(raw: bytes) -> tuple[RejectedPod | None, str]:
+    """A user's pod that the kubelet rejected at admission while asking for extended
+    resources; None for any other pod (brokers included: they have their own watch)."""
+    obj = _pod_with_resources(raw)
+    meta, status = obj.metadata, obj.status
+    reason, message = status.reason or "", status.message or ""
+    if _is_broker_pod(meta) or not admission.rejected_at_admission(
+        phase=status.phase or "", reason=reason, message=message
+    ):
+        return None, meta.resourceVersion
+    containers = [*obj.spec.containers, *obj.spec.initContainers]
+    resources = admission.extended_resources(
+        name for c in containers for section in (c.resources.requests, c.resources.limits)
+        for name in section
+    )
+    if not resources:
+        return None, meta.resourceVersion
+    return RejectedPod(
+        namespace=meta.namespace, name=meta.name, uid=meta.uid, node=obj.spec.nodeName or "",
+        reason=reason, message=message, resources=resources,
     ), meta.resourceVersion
 
 
