@@ -27,6 +27,7 @@ from agent.events import (
     REASON_PROPERTY_UNAVAILABLE,
     REASON_UNKNOWN_HANDLER,
     ConfigurationReporter,
+    emit_event,
 )
 from agent.instance_publisher import InstancePublisher
 from agent.metrics import AgentMetrics
@@ -36,6 +37,7 @@ from agent.properties import (
     references_of,
     resolve_properties,
 )
+from crds.api import CONFIGURATION_KIND
 from crds.configuration import Configuration
 from discovery_handlers.contract import (
     Device,
@@ -44,6 +46,7 @@ from discovery_handlers.contract import (
     PropertyValue,
     Secret,
     is_shared,
+    warnings_of,
 )
 from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_handler
 
@@ -59,6 +62,8 @@ RESYNC_INTERVAL = 600.0
 #: Secret values shorter than this are not searched for in device properties (a one-letter
 #: password would match everywhere and drop honest properties).
 MIN_GUARDED_SECRET_LENGTH = 4
+#: The reason of the Warning Event that carries a handler's discovery warning (``DeviceList``).
+REASON_DISCOVERY_WARNING = "DiscoveryWarning"
 
 RunKey = tuple[str, str]  # (namespace, configuration name)
 
@@ -90,6 +95,7 @@ class DiscoveryRun:
             client=client, node_name=node_name, configuration=configuration
         )
         self._task: asyncio.Task[None] | None = None
+        self._warnings: frozenset[str] = frozenset()
         self._got_result = False
         self._publish_failed = asyncio.Event()
         self._extra = {"configuration": f"{configuration.namespace}/{configuration.name}",
@@ -207,6 +213,7 @@ class DiscoveryRun:
                 now = loop.time()
                 self._metrics.discovery_duration.labels(handler.name).observe(now - started)
                 started = now
+                await self._post_warnings(warnings_of(devices))
                 try:
                     await self.publisher.publish(
                         handler, details, self._without_secrets(devices), shared=shared
@@ -226,6 +233,24 @@ class DiscoveryRun:
             resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await resync
+
+    async def _post_warnings(self, warnings: Sequence[str]) -> None:
+        """Each warning the handler newly carries (``DeviceList``) is logged and posted once as a
+        Warning Event on the Configuration; one it no longer carries is logged as ended."""
+        current = frozenset(warnings)
+        cfg = self.configuration
+        for message in sorted(current - self._warnings):
+            log.warning("discovery warning: %s", message, extra=self._extra)
+            try:
+                await emit_event(self._client, node=self._node, kind=CONFIGURATION_KIND,
+                                 name=cfg.name, namespace=cfg.namespace, uid=cfg.uid,
+                                 reason=REASON_DISCOVERY_WARNING, message=message, warning=True)
+            except Exception as exc:  # the API server away: the log line stands
+                log.warning("could not post the discovery warning (%s)",
+                            watching.describe(exc), extra=self._extra)
+        for message in sorted(self._warnings - current):
+            log.info("discovery warning ended: %s", message, extra=self._extra)
+        self._warnings = current
 
     def _without_secrets(self, devices: Sequence[Device]) -> list[Device]:
         """Devices with every property that carries a Secret's value dropped (and said so,

@@ -27,9 +27,9 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 #: Threads shared by every handler's blocking calls (see ``run_blocking``).
 BLOCKING_WORKERS = 8
@@ -91,6 +91,32 @@ class Device:
     health: Health = HEALTHY
     warning: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class DeviceList(tuple[Device, ...]):
+    """A device list that also says what went wrong with discovery itself, short of failing.
+
+    ``warnings`` are problems users should see on the Configuration that belong to no device
+    (a discovery server that stopped answering, so the servers it listed are gone from the
+    list). A handler may yield a ``DeviceList`` wherever a plain sequence is allowed; each time
+    a warning appears in a yielded list the agent logs it and posts it once as a Warning Event
+    on the Configuration, and logs when it is gone. The warnings are the current state, not a
+    stream of news: a handler repeats a warning in every list while it holds, and a change of
+    warnings alone is a reason to yield a new list. They never hold a secret. Equality is the
+    tuple's (devices only).
+    """
+
+    warnings: tuple[str, ...]
+
+    def __new__(cls, devices: Iterable[Device] = (), warnings: Iterable[str] = ()) -> Self:
+        listed = super().__new__(cls, devices)
+        listed.warnings = tuple(warnings)
+        return listed
+
+
+def warnings_of(devices: Sequence[Device]) -> tuple[str, ...]:
+    """The discovery warnings a yielded list carries (none for a plain sequence)."""
+    return devices.warnings if isinstance(devices, DeviceList) else ()
 
 
 @dataclass(frozen=True, eq=True)
@@ -155,6 +181,7 @@ class DiscoveryHandler(Protocol):
     - ``discover`` yields the complete current device list at once and again every time it
       changes (a device's health changing is a change); it runs until cancelled. Errors it
       cannot recover from propagate; the agent reports them and restarts the run with backoff.
+      Problems it carries on through are reported as a ``DeviceList``'s ``warnings``.
     """
 
     name: str

@@ -8,6 +8,10 @@ how many network exchanges run at once. The first list is yielded once every URL
 half-built list at start; after that a new list is yielded whenever a server appears, vanishes
 or changes health. Problems are logged once when they start or change, and once when they end,
 not on every interval.
+
+A discovery URL that stops answering takes the servers it listed out of the list (they are
+known only through it); that is never silent: it is logged as a warning and carried in the
+yielded list's ``warnings``, which the agent posts as a Warning Event on the Configuration.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
-from discovery_handlers.contract import Device, Health, run_blocking
+from discovery_handlers.contract import Device, DeviceList, Health, run_blocking
 from discovery_handlers.opcua import client
 from discovery_handlers.opcua.details import OpcuaDetails
 from discovery_handlers.opcua.selection import (
@@ -66,11 +70,11 @@ class Monitor:
         try:
             while not self._settled():
                 await self._next_change()
-            last: list[Device] | None = None
+            last: tuple[DeviceList, tuple[str, ...]] | None = None
             while True:
                 devices = self._snapshot()
-                if devices != last:
-                    last = devices
+                if (devices, devices.warnings) != last:
+                    last = (devices, devices.warnings)
                     yield devices
                 await self._next_change()
                 await asyncio.sleep(COALESCE_S)
@@ -85,10 +89,13 @@ class Monitor:
         return (len(self._answers) == len(self._details.discovery_urls)
                 and all(server.checked for server in self._servers.values()))
 
-    def _snapshot(self) -> list[Device]:
+    def _snapshot(self) -> DeviceList:
         present = [s for s in self._servers.values() if s.health is not None]
         present.sort(key=lambda s: s.candidate.url)
-        return [s.candidate.device(s.health) for s in present if s.health is not None]
+        warnings = sorted(f"{_ASKED} {url}: {problem}"
+                          for (role, url), problem in self._problems.items() if role == _ASKED)
+        return DeviceList((s.candidate.device(s.health) for s in present if s.health is not None),
+                          warnings)
 
     async def _find_loop(self, url: str) -> None:
         loop = asyncio.get_running_loop()
@@ -109,7 +116,8 @@ class Monitor:
             try:
                 found = await client.find_servers(url, limit_s=self._details.timeout_s)
             except client.Unreachable as exc:
-                self._problem(_ASKED, url, f"FindServers failed: {exc}")
+                self._problem(_ASKED, url, f"FindServers failed ({exc}); servers known only "
+                                           "through it are not listed until it answers")
                 answer = Answer(url, ())
             else:
                 dropped = found.total - len(found.records)
@@ -201,11 +209,14 @@ class Monitor:
         """Log a problem when it starts or changes, and its end (never each interval).
 
         ``role`` keeps a URL asked for servers apart from the same URL checked as a server.
+        A discovery URL's problems are also the list's warnings: a change is a new list.
         """
         key = (role, url)
         before = self._problems.get(key)
         if problem == before:
             return
+        if role == _ASKED:
+            self._changed.set()
         if problem is None:
             del self._problems[key]
             log.info("opcua: %s %s: recovered (%s)", role, url, before)

@@ -1,10 +1,15 @@
-"""opcua discovery against real asyncua servers and a real asyncua discovery server on loopback:
-found through the discovery server and directly, filtered by application name, gone when
-stopped and back under the same id when restarted, unhealthy when not Running, and a server that
-accepts only Basic256Sha256 SignAndEncrypt checked with the client certificate from a Secret."""
+"""opcua discovery against real servers and a real discovery server (LDS) on loopback, of two
+implementations: asyncua (in this process) and open62541 (the C stack many devices embed, as the
+``o6`` build, each server its own process). Found through the LDS and directly, filtered by
+application name, gone when stopped and back under the same id when restarted, gone when
+deregistered from the LDS, a warning (not silence) when the LDS stops answering; against asyncua
+only: unhealthy when not Running (open62541 computes its state, it cannot be set) and a server
+that accepts only Basic256Sha256 SignAndEncrypt (open62541's secured servers:
+``test_opcua_open62541_secure.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,10 +20,18 @@ import pytest_asyncio
 from asyncua import ua
 
 from crds.naming import instance_name
-from discovery_handlers.contract import Device, Secret
+from discovery_handlers.contract import Device, Secret, warnings_of
 from discovery_handlers.opcua import handler
 from discovery_handlers.opcua.details import OpcuaDetails
-from tests.harness.opcua_servers import TestServer, description, make_certificates, register
+from tests.harness import opcua_open62541
+from tests.harness.opcua_open62541 import Open62541Server
+from tests.harness.opcua_servers import (
+    TestServer,
+    deregister,
+    description,
+    make_certificates,
+    register,
+)
 from tests.harness.opcua_watch import DeviceWatch
 
 # One fleet of real servers serves the module (each costs ~2 s to start on a loaded machine); a
@@ -35,23 +48,41 @@ def details(*urls: str, extra: str = "", properties: dict[str, Secret] | None = 
     return handler.parse_details(text, properties or {})
 
 
+ASYNCUA, OPEN62541 = "asyncua", "open62541"
+PRODUCT_URIS = {ASYNCUA: "urn:freeopcua.github.io:python:server",
+                OPEN62541: opcua_open62541.PRODUCT_URI}
+
+
 @dataclass
 class Fleet:
-    lds: TestServer
-    alpha: TestServer  # registered to the discovery server
-    beta: TestServer  # not registered: only found when asked directly
+    kind: str
+    lds: TestServer | Open62541Server
+    alpha: TestServer | Open62541Server  # registered to the discovery server
+    beta: TestServer | Open62541Server  # not registered: only found when asked directly
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def fleet() -> AsyncIterator[Fleet]:
-    lds = await TestServer("lds", discovery=True).start()
-    alpha = await TestServer("alpha", register_to=lds.url).start()
-    beta = await TestServer("beta").start()
+async def start_fleet(kind: str) -> Fleet:
+    if kind == ASYNCUA:
+        lds: TestServer | Open62541Server = await TestServer("lds", discovery=True).start()
+        alpha: TestServer | Open62541Server = await TestServer(
+            "alpha", register_to=lds.url).start()
+        return Fleet(kind, lds, alpha, await TestServer("beta").start())
+    lds = await Open62541Server("lds", discovery=True).start()
+    alpha, beta = await asyncio.gather(Open62541Server("alpha", register_to=lds.url).start(),
+                                       Open62541Server("beta").start())
+    return Fleet(kind, lds, alpha, beta)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=[ASYNCUA, OPEN62541])
+async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
+    started = await start_fleet(request.param)
     try:
-        yield Fleet(lds, alpha, beta)
+        yield started
     finally:
-        for server in (alpha, beta, lds):
+        for server in (started.alpha, started.beta, started.lds):
             await server.stop()
+            if isinstance(server, Open62541Server):
+                await server.close()
 
 
 async def test_found_through_discovery_server_and_directly(fleet: Fleet) -> None:
@@ -70,7 +101,7 @@ async def test_found_through_discovery_server_and_directly(fleet: Fleet) -> None
     assert dict(alpha.properties) == {
         "OPCUA_DISCOVERY_URL": fleet.alpha.url,
         "OPCUA_APPLICATION_URI": "urn:edgeplug:test:alpha",
-        "OPCUA_PRODUCT_URI": "urn:freeopcua.github.io:python:server",
+        "OPCUA_PRODUCT_URI": PRODUCT_URIS[fleet.kind],
         "OPCUA_APPLICATION_NAME": "alpha",
     }
     assert all(d.health.healthy for d in devices.values())
@@ -101,7 +132,9 @@ async def test_stopped_server_gone_restarted_back_under_the_same_name(fleet: Fle
         instance_name("opcua", device_id, shared=True, node="any") for device_id in after}
 
 
+@pytest.mark.parametrize("fleet", [ASYNCUA], indirect=True)
 async def test_server_not_running_is_unhealthy_then_recovers(fleet: Fleet) -> None:
+    assert isinstance(fleet.alpha, TestServer)
     async with DeviceWatch(details(fleet.lds.url)) as watch:
         await watch.until(lambda d: fleet.alpha.url in d, what="alpha")
         await fleet.alpha.set_state(ua.ServerState.Suspended)
@@ -110,6 +143,63 @@ async def test_server_not_running_is_unhealthy_then_recovers(fleet: Fleet) -> No
         assert devices[fleet.alpha.url].health.reason == "server state is Suspended"
         await fleet.alpha.set_state(ua.ServerState.Running)
         await watch.until(lambda d: d[fleet.alpha.url].health.healthy, what="alpha healthy")
+
+
+@pytest.mark.parametrize("fleet", [OPEN62541], indirect=True)
+async def test_deregistered_server_leaves_the_list(fleet: Fleet) -> None:
+    """open62541's LDS drops a server that deregisters (asyncua's keeps every registration, so
+    the test is open62541's); the server itself still runs, and is listed again once it
+    registers anew (here by its own open62541 registration client, as it restarts)."""
+    alpha = fleet.alpha
+    assert isinstance(alpha, Open62541Server)
+    async with DeviceWatch(details(fleet.lds.url)) as watch:
+        await watch.until(lambda d: names_of(d) == {"alpha"}, what="alpha, registered")
+        await deregister(fleet.lds.url, application_uri=alpha.application_uri, url=alpha.url)
+        await watch.until(lambda d: not d, what="alpha gone once deregistered")
+        await alpha.stop()
+        await alpha.start()
+        await watch.until(lambda d: names_of(d) == {"alpha"}, what="alpha registered again")
+
+
+async def silence(fleet: Fleet) -> None:
+    """The LDS stops answering: an open62541 LDS hangs (SIGSTOP), the asyncua one stops."""
+    if isinstance(fleet.lds, Open62541Server):
+        fleet.lds.freeze()
+    else:
+        await fleet.lds.stop()
+
+
+async def revive(fleet: Fleet) -> None:
+    if isinstance(fleet.lds, Open62541Server):
+        fleet.lds.thaw()
+        return
+    await fleet.lds.start()  # a restarted asyncua LDS forgot alpha; alpha registers again
+    again = description(0, url=fleet.alpha.url, name="alpha")
+    again.ServerUri = fleet.alpha.application_uri
+    again.ProductUri = PRODUCT_URIS[fleet.kind]
+    await register(fleet.lds.url, [again])
+
+
+async def test_silent_discovery_server_is_a_warning_not_silence(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="discovery_handlers.opcua")
+    async with DeviceWatch(details(fleet.lds.url)) as watch:
+        await watch.until(lambda d: names_of(d) == {"alpha"}, what="alpha")
+        assert warnings_of(watch.lists[-1]) == ()
+        await silence(fleet)
+        try:
+            await watch.until(lambda d: not d, what="alpha gone with the silent LDS")
+            [warning] = warnings_of(watch.lists[-1])
+            assert warning.startswith(f"discovery URL {fleet.lds.url}: FindServers failed ("), \
+                warning
+            assert "not listed until it answers" in warning
+            assert any(r.levelno == logging.WARNING and fleet.lds.url in r.getMessage()
+                       for r in caplog.records), "the silent LDS is logged as a warning"
+        finally:
+            await revive(fleet)
+        await watch.until(lambda d: names_of(d) == {"alpha"}, what="alpha back with the LDS")
+        assert warnings_of(watch.lists[-1]) == (), "the warning ends when the LDS answers"
 
 
 async def test_secure_only_server_checked_with_certificate_from_secret(
