@@ -5,11 +5,8 @@ different amounts of a chip. They all produce ``Chip`` records, and the rules th
 into a model name, a resource family and a health live here once, with no I/O, so they are
 unit-tested over tables.
 
-Health follows Huawei's DCMI: ``dcmi_get_device_health`` gives 0 (normal), 1 (minor alarm),
-2 (major alarm), 3 (critical alarm); anything else is unknown. Like Huawei's device plugin we
-hand out chips at 0 or 1 and hold back the rest; the reason names the code and the chip's error
-codes (``dcmi_get_device_errorcode_v2``, shown in hex as Huawei's tools print them). ``npu-smi``
-shows the same levels as words: OK, Warning, Alarm, Critical.
+Health is judged elsewhere (``faults``: DCMI error codes classified as Huawei's plugin does);
+``npu-smi info`` shows only a word per chip (OK, Warning, Alarm, Critical), read here.
 """
 
 from __future__ import annotations
@@ -18,16 +15,6 @@ from dataclasses import dataclass, field
 
 from discovery_handlers.contract import HEALTHY, Health
 
-HEALTH_NORMAL = 0
-HEALTH_MINOR = 1
-HEALTH_MAJOR = 2
-HEALTH_CRITICAL = 3
-HEALTH_LEVELS = {
-    HEALTH_NORMAL: "normal", HEALTH_MINOR: "minor alarm",
-    HEALTH_MAJOR: "major alarm", HEALTH_CRITICAL: "critical alarm",
-}
-#: Health levels at which a chip is handed out (Huawei's plugin does the same).
-USABLE_HEALTH = frozenset({HEALTH_NORMAL, HEALTH_MINOR})
 #: ``npu-smi info`` health words at which a chip is handed out.
 USABLE_NPU_SMI_HEALTH = frozenset({"OK", "Warning"})
 
@@ -51,7 +38,9 @@ class Chip:
     aicore_count: int | None = None
     memory_mb: int | None = None
     bus_id: str = ""
-    health: Health = HEALTHY
+    health: Health = HEALTHY  # unhealthy when the source could not read the health
+    health_level: int | None = None  # DCMI's 0..3, informational (Huawei's plugin ignores it)
+    error_codes: tuple[int, ...] | None = None  # DCMI's current error codes; None: not read
     problems: tuple[str, ...] = field(default=())  # what could not be read about this chip
 
     @property
@@ -89,15 +78,6 @@ def wanted(chip: Chip, chip_names: tuple[str, ...]) -> bool:
     if not chip_names or not chip.model:
         return True
     return chip.family in chip_names or chip.model in chip_names
-
-
-def dcmi_health(level: int, error_codes: tuple[int, ...]) -> Health:
-    """The health of a chip whose DCMI health is ``level`` with ``error_codes`` raised."""
-    if level in USABLE_HEALTH:
-        return HEALTHY
-    words = HEALTH_LEVELS.get(level, "unknown level")
-    codes = ", ".join(f"0x{code:08X}" for code in error_codes) or "none"
-    return Health.unhealthy(f"DCMI health {level} ({words}); error codes: {codes}")
 
 
 def npu_smi_health(word: str) -> Health:

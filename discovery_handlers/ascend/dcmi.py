@@ -2,8 +2,10 @@
 
 Why this exists: DCMI is how Huawei's own device plugin and ``npu-smi`` see the chips. This is
 the one place that touches the C ABI; it translates return codes into Python errors at the edge
-and hands back ``Chip`` records. Every call here blocks: callers run it through
-``contract.run_blocking``. The functions used (``dcmi_interface_api.h``)::
+and hands back ``Chip`` records with the raw health (level and error codes; ``faults`` judges
+them). Every call here blocks and may never return (DCMI can hang after a card drops):
+``dcmi_lanes`` runs them on threads of their own, with a timeout. The functions used
+(``dcmi_interface_api.h``)::
 
     int dcmi_init(void);
     int dcmi_get_card_list(int *card_num, int *card_list, int list_len);
@@ -29,8 +31,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from discovery_handlers.ascend.chips import Chip, dcmi_health
-from discovery_handlers.contract import Health
+from discovery_handlers.ascend.chips import Chip
+from discovery_handlers.contract import HEALTHY, Health
 
 LIBRARY_NAME = "libdcmi.so"
 MAX_CARD_NUM = 64  # MAX_CARD_NUM in dcmi_interface_api.h
@@ -154,14 +156,18 @@ class Dcmi:
             raise DcmiError(error_text("dcmi_init", code))
 
     def _call(self, name: str, *args: Any) -> int:
-        return int(self._functions[name](*args))
+        ident = threading.get_ident()
+        _in_flight[ident] = name  # read by a caller that gave up waiting (``calling``)
+        try:
+            return int(self._functions[name](*args))
+        finally:
+            _in_flight.pop(ident, None)
 
     def has(self, name: str) -> bool:
         return name in self._functions
 
-    def scan(self) -> DcmiScan:
-        """Every chip of every card, with model, memory and health; raises ``DcmiError`` only
-        when the card list cannot be read (a chip that cannot be read is skipped and named)."""
+    def card_list(self) -> tuple[int, ...]:
+        """The cards DCMI lists; raises ``DcmiError`` when it cannot tell."""
         count = ctypes.c_int(0)
         cards = (ctypes.c_int * MAX_CARD_NUM)()
         code = self._call("dcmi_get_card_list", ctypes.byref(count), cards, MAX_CARD_NUM)
@@ -169,19 +175,23 @@ class Dcmi:
             raise DcmiError(error_text("dcmi_get_card_list", code))
         if not 0 <= count.value <= MAX_CARD_NUM:
             raise DcmiError(f"dcmi_get_card_list reported {count.value} cards")
+        return tuple(cards[:count.value])
+
+    def read_card(self, card: int) -> DcmiScan:
+        """Every chip of ``card`` with model, memory and the raw health (health level, error
+        codes); a chip that cannot be read is skipped and named in the problems."""
         chips: list[Chip] = []
         problems: list[str] = []
-        for card in cards[:count.value]:
-            num = ctypes.c_int(0)
-            code = self._call("dcmi_get_device_num_in_card", card, ctypes.byref(num))
-            if code != DCMI_OK or not 0 <= num.value <= MAX_CARD_NUM:
-                problems.append(f"card {card}: " + (error_text("dcmi_get_device_num_in_card",
-                                code) if code else f"{num.value} chips reported"))
-                continue
-            for dev in range(num.value):
-                chip = self._chip(card, dev, problems)
-                if chip is not None:
-                    chips.append(chip)
+        num = ctypes.c_int(0)
+        code = self._call("dcmi_get_device_num_in_card", card, ctypes.byref(num))
+        if code != DCMI_OK or not 0 <= num.value <= MAX_CARD_NUM:
+            problems.append(f"card {card}: " + (error_text("dcmi_get_device_num_in_card",
+                            code) if code else f"{num.value} chips reported"))
+            return DcmiScan(chips=(), problems=tuple(problems))
+        for dev in range(num.value):
+            chip = self._chip(card, dev, problems)
+            if chip is not None:
+                chips.append(chip)
         return DcmiScan(chips=tuple(chips), problems=tuple(problems))
 
     def _chip(self, card: int, dev: int, problems: list[str]) -> Chip | None:
@@ -198,6 +208,7 @@ class Dcmi:
             return None
         own: list[str] = []
         info = self._chip_info(card, dev, own)
+        health, level, codes = self._health(card, dev, own)
         return Chip(
             phy_id=phy.value, card_id=card, device_index=dev, logic_id=logic.value,
             chip_type=_text(info.chip_type) if info else "",
@@ -206,7 +217,7 @@ class Dcmi:
             aicore_count=info.aicore_cnt if info else None,
             memory_mb=self._memory(card, dev, own),
             bus_id=self._bus_id(card, dev),
-            health=self._health(card, dev, own),
+            health=health, health_level=level, error_codes=codes,
             problems=tuple(f"{where}: {p}" for p in own),
         )
 
@@ -246,26 +257,27 @@ class Dcmi:
         return (f"{pcie.domain & 0xFFFF:04X}:{pcie.bdf_busid & 0xFF:02X}:"
                 f"{pcie.bdf_deviceid & 0x1F:02X}.{pcie.bdf_funcid & 0x7}")
 
-    def _health(self, card: int, dev: int, problems: list[str]) -> Health:
+    def _health(self, card: int, dev: int, problems: list[str]
+                ) -> tuple[Health, int | None, tuple[int, ...] | None]:
+        """(health, DCMI health level, error codes): unhealthy here only when DCMI cannot say;
+        the error codes are judged by the caller against the fault table."""
         health = ctypes.c_uint(0)
         code = self._call("dcmi_get_device_health", card, dev, ctypes.byref(health))
         if code != DCMI_OK:
-            problems.append(error_text("dcmi_get_device_health", code))
-            return Health.unhealthy(f"health unreadable: "
-                                    f"{error_text('dcmi_get_device_health', code)}")
-        return dcmi_health(health.value, self._error_codes(card, dev, problems))
-
-    def _error_codes(self, card: int, dev: int, problems: list[str]) -> tuple[int, ...]:
+            text = error_text("dcmi_get_device_health", code)
+            problems.append(text)
+            return Health.unhealthy(f"health unreadable: {text}"), None, None
         if not self.has("dcmi_get_device_errorcode_v2"):
-            return ()
+            return HEALTHY, health.value, None
         count = ctypes.c_int(0)
         codes = (ctypes.c_uint * MAX_ERROR_CODES)()
         code = self._call("dcmi_get_device_errorcode_v2", card, dev, ctypes.byref(count),
                           codes, MAX_ERROR_CODES)
         if code != DCMI_OK:
-            problems.append(error_text("dcmi_get_device_errorcode_v2", code))
-            return ()
-        return tuple(codes[:max(0, min(count.value, MAX_ERROR_CODES))])
+            text = error_text("dcmi_get_device_errorcode_v2", code)
+            problems.append(text)
+            return Health.unhealthy(f"error codes unreadable: {text}"), health.value, None
+        return HEALTHY, health.value, tuple(codes[:max(0, min(count.value, MAX_ERROR_CODES))])
 
 
 def _text(raw: Any) -> str:
@@ -273,6 +285,15 @@ def _text(raw: Any) -> str:
     fills the field with garbage gives a shorter name, never a control character)."""
     data = bytes(raw).split(b"\0", 1)[0]
     return "".join(chr(b) for b in data if 0x20 < b < 0x7F)
+
+
+#: The DCMI function each thread is inside now, by thread id.
+_in_flight: dict[int, str] = {}
+
+
+def calling(thread_id: int) -> str:
+    """The DCMI function thread ``thread_id`` is inside now ("" when none)."""
+    return _in_flight.get(thread_id, "")
 
 
 _loaded: dict[str | None, Dcmi] = {}

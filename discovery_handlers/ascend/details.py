@@ -13,7 +13,13 @@ no Ascend driver, so this module imports nothing of DCMI. Every bad value is ref
     sources: [dcmi, npu-smi, devices]         # which sources to try, in this order (default)
     chipNames: [Ascend910]           # keep only chips of these families or models (default all)
     healthPollSeconds: 5             # 1..1800, Huawei's plugin polls every 5 s
+    dcmiTimeoutSeconds: 3            # 0.1..60: a DCMI call that has not answered by then marks
+                                     # its card's chips unhealthy
     runtimeOptions: [NODRV]          # ASCEND_RUNTIME_OPTIONS for Ascend's container runtime
+
+One discovery property is read: ``FAULT_CODE_JSON``, a ``faultCode.json`` in Huawei's format
+that replaces the default fault table (typically ``valueFrom.configMapKeyRef`` naming the
+``faultCode.json`` key of a ConfigMap such as Huawei's ``mindx-dl-fault-config``).
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from discovery_handlers.contract import InvalidDetails, PropertyValue
+from discovery_handlers.ascend.faults import (
+    FaultTable,
+    FaultTableError,
+    default_table,
+    parse_fault_table,
+)
+from discovery_handlers.contract import InvalidDetails, PropertyValue, property_text
 from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
 DEFAULT_HOST_ROOT = "/"
@@ -33,6 +45,11 @@ DEFAULT_DRIVER_PATH = "/usr/local/Ascend/driver"
 DEFAULT_HEALTH_POLL_S = 5.0  # Huawei's device plugin checks health every 5 s
 MIN_HEALTH_POLL_S = 1.0
 MAX_HEALTH_POLL_S = 1800.0
+DEFAULT_DCMI_TIMEOUT_S = 3.0  # a healthy card answers a whole chip read in milliseconds
+MIN_DCMI_TIMEOUT_S = 0.1
+MAX_DCMI_TIMEOUT_S = 60.0
+#: The discovery property that carries a user's fault table.
+FAULT_TABLE_PROPERTY = "FAULT_CODE_JSON"
 
 SOURCE_DCMI = "dcmi"
 SOURCE_NPU_SMI = "npu-smi"
@@ -46,7 +63,7 @@ RUNTIME_OPTIONS = ("NODRV", "VERBOSE")
 _CHIP_NAME = re.compile(r"^Ascend[0-9][0-9A-Za-z_]*$")
 _KNOWN_FIELDS = frozenset({
     "hostRoot", "libraryPath", "npuSmiPath", "driverPath", "mountDriver", "sources",
-    "chipNames", "healthPollSeconds", "runtimeOptions",
+    "chipNames", "healthPollSeconds", "dcmiTimeoutSeconds", "runtimeOptions",
 })
 
 
@@ -62,7 +79,13 @@ class AscendDetails:
     sources: tuple[str, ...] = ALL_SOURCES
     chip_names: tuple[str, ...] = ()
     health_poll_seconds: float = DEFAULT_HEALTH_POLL_S
+    dcmi_timeout_seconds: float = DEFAULT_DCMI_TIMEOUT_S
     runtime_options: tuple[str, ...] = ()
+    fault_table: FaultTable | None = None  # None: Huawei's default table
+
+    @property
+    def faults(self) -> FaultTable:
+        return self.fault_table or _default_table()
 
     def on_host(self, path: str) -> str:
         """Where this process finds host path ``path`` (``hostRoot`` prepended)."""
@@ -70,8 +93,7 @@ class AscendDetails:
 
 
 def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> AscendDetails:
-    """Parse ``discoveryDetails`` YAML; ``properties`` are not used by this handler."""
-    del properties
+    """Parse ``discoveryDetails`` YAML and the ``FAULT_CODE_JSON`` property."""
     raw = load_mapping(details, expected="must be a mapping of fields", empty_is_empty=True)
     refuse_unknown(raw, _KNOWN_FIELDS)
     library = raw.get("libraryPath")
@@ -83,7 +105,11 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Asce
         mount_driver=_bool(raw, "mountDriver", True),
         sources=_choices(raw, "sources", ALL_SOURCES, default=ALL_SOURCES, empty_ok=False),
         chip_names=_chip_names(raw.get("chipNames")),
-        health_poll_seconds=_poll(raw.get("healthPollSeconds", DEFAULT_HEALTH_POLL_S)),
+        health_poll_seconds=_seconds(raw, "healthPollSeconds", DEFAULT_HEALTH_POLL_S,
+                                     MIN_HEALTH_POLL_S, MAX_HEALTH_POLL_S),
+        dcmi_timeout_seconds=_seconds(raw, "dcmiTimeoutSeconds", DEFAULT_DCMI_TIMEOUT_S,
+                                      MIN_DCMI_TIMEOUT_S, MAX_DCMI_TIMEOUT_S),
+        fault_table=_fault_table(properties),
         runtime_options=_choices(raw, "runtimeOptions", RUNTIME_OPTIONS, default=(),
                                  empty_ok=True),
     )
@@ -137,10 +163,30 @@ def _chip_names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _poll(value: Any) -> float:
+def _seconds(raw: Mapping[str, Any], name: str, default: float, low: float,
+             high: float) -> float:
+    value = raw.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidDetails("healthPollSeconds", "must be a number of seconds")
-    if not MIN_HEALTH_POLL_S <= value <= MAX_HEALTH_POLL_S:
-        raise InvalidDetails("healthPollSeconds",
-                             f"{value} is outside {MIN_HEALTH_POLL_S:g}..{MAX_HEALTH_POLL_S:g}")
+        raise InvalidDetails(name, "must be a number of seconds")
+    if not low <= value <= high:
+        raise InvalidDetails(name, f"{value} is outside {low:g}..{high:g}")
     return float(value)
+
+
+def _fault_table(properties: Mapping[str, PropertyValue]) -> FaultTable | None:
+    text = property_text(properties, FAULT_TABLE_PROPERTY)
+    if text is None:
+        return None
+    try:
+        return parse_fault_table(text, f"the fault table of property {FAULT_TABLE_PROPERTY}")
+    except FaultTableError as exc:
+        raise InvalidDetails(FAULT_TABLE_PROPERTY, str(exc)) from None
+
+
+_default: list[FaultTable] = []
+
+
+def _default_table() -> FaultTable:
+    if not _default:
+        _default.append(default_table())
+    return _default[0]

@@ -8,11 +8,15 @@ plugin run unchanged, and it has no I/O, so it is unit-tested over tables.
   after and what Huawei's plugin puts in ``ASCEND_VISIBLE_DEVICES``; every source sees it, so
   the id (and the Instance name) stays the same when discovery falls back from DCMI to
   ``npu-smi`` or to the device nodes. The Instance name adds the node name (local devices).
-- Device nodes: ``/dev/davinci<N>`` plus the shared ``/dev/davinci_manager``, ``/dev/devmm_svm``,
-  ``/dev/hisi_hdc`` and, where present, ``/dev/dvpp_cmdlist``; the driver directory read-only.
+- Device nodes: ``/dev/davinci<N>`` plus the shared ``/dev/davinci_manager`` (the one Huawei's
+  plugin requires) and, where the host has them, ``/dev/devmm_svm``, ``/dev/hisi_hdc`` and
+  ``/dev/dvpp_cmdlist`` (Huawei's plugin adds these the same way); the driver directory
+  read-only.
 - ``compose``: ``ASCEND_VISIBLE_DEVICES`` lists the physical ids in allocation order, comma
-  separated, as Huawei's plugin sets it; ``ASCEND_RUNTIME_OPTIONS`` when the details ask; and
-  every property the chips agree on (one chip: all of its properties).
+  separated, as Huawei's plugin sets it; ``ASCEND_RUNTIME_OPTIONS`` always, empty unless the
+  details ask for options (Huawei's plugin sets it so); and every property the chips agree on
+  (one chip: all of its properties). ``ASCEND_DEVICE_ID`` is never set: CANN reads it as the
+  logical device index inside the container, counted from 0, which no per-chip value is.
 - ``rank``: chips of one card first (they share the card's links), best-fitting card first.
 """
 
@@ -25,8 +29,10 @@ from discovery_handlers.ascend.chips import Chip
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.contract import Device, DeviceSpec, Health, Mount
 
-SHARED_NODES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-OPTIONAL_SHARED_NODES = ("/dev/dvpp_cmdlist",)
+#: Without this node no chip can be used (Huawei's plugin refuses to start without it).
+SHARED_NODES = ("/dev/davinci_manager",)
+#: Given to the container when the host has them, as Huawei's plugin does.
+OPTIONAL_SHARED_NODES = ("/dev/devmm_svm", "/dev/hisi_hdc", "/dev/dvpp_cmdlist")
 
 VISIBLE_DEVICES = "ASCEND_VISIBLE_DEVICES"
 RUNTIME_OPTIONS_ENV = "ASCEND_RUNTIME_OPTIONS"
@@ -35,7 +41,9 @@ PROP_FAMILY = "ASCEND_CHIP_FAMILY"
 PROP_MEMORY = "ASCEND_MEMORY_MB"
 PROP_AICORE = "ASCEND_AICORE_COUNT"
 PROP_CARD = "ASCEND_CARD_ID"
-PROP_DEVICE_INDEX = "ASCEND_DEVICE_ID"
+#: The chip's index within its card. Not ``ASCEND_DEVICE_ID``: CANN reads that name as the
+#: logical device index inside the container.
+PROP_DEVICE_INDEX = "ASCEND_CHIP_INDEX"
 PROP_LOGIC = "ASCEND_LOGIC_ID"
 PROP_BUS = "ASCEND_BUS_ID"
 
@@ -99,8 +107,7 @@ def compose(details: AscendDetails, devices: Sequence[Device]) -> dict[str, str]
     env = {name: value for name, value in (devices[0].properties.items() if devices else ())
            if all(d.properties.get(name) == value for d in devices[1:])}
     env[VISIBLE_DEVICES] = ",".join(_phy(d) for d in devices)
-    if details.runtime_options:
-        env[RUNTIME_OPTIONS_ENV] = ",".join(details.runtime_options)
+    env[RUNTIME_OPTIONS_ENV] = ",".join(details.runtime_options)
     return env
 
 

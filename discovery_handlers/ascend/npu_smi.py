@@ -16,14 +16,27 @@ the right-hand cell cut short)::
 
 followed by a process table (``| NPU  Chip | Process id | ...``), which is not read. Some
 products add a column to the second header row: ``Chip  Device`` (the logic id, Atlas 300I
-Duo) or ``Chip  Phy-ID``. Without one the chip's physical id is taken to be its NPU id when
-every NPU holds one chip (as on 910B servers), else its position in the table.
+Duo) or ``Chip  Phy-ID``.
+
+NPU ids are not chip ids: they are card numbers, need not start at 0 and may skip (an Atlas
+300I Duo node shows NPU 1, 2 and 7). Which ``/dev/davinci<N>`` a row is comes from the tool's
+own mapping tables, joined on (NPU id, chip id):
+
+- ``npu-smi info -m``: one row per chip, ``NPU ID  Chip ID  Chip Logic ID  Chip Name``, on
+  some products with ``Chip Phy-ID`` before the name; a card's MCU is listed with logic id
+  ``-`` and is not a chip. ``parse_npu_smi_map`` reads it.
+- ``npu-smi info -t phyid-remap -p <phy id>``: which NPU id and chip id a physical id is
+  (``Chip Phy-ID : 0``, ``NPU ID : 0``, ``Chip ID : 0``); ``parse_phyid_remap`` reads it.
+
+``assign_ids`` applies them: the ``Phy-ID`` column, else the remap answers, else the logic id
+(said in the pass's problems, since then the physical id is assumed), else, with no mapping
+at all, the table's own id column or the NPU id (said too).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from discovery_handlers.ascend.chips import Chip, npu_smi_health
 
@@ -34,8 +47,100 @@ _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 MAX_ROWS = 4096  # more rows than any node has chips: the output is not npu-smi's
 
 
+_MAP_HEADER = re.compile(r"NPU ID\s+Chip ID\s+Chip Logic ID\s+(Chip Phy-ID\s+)?Chip Name")
+_MAP_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(\d+|-)\s+(.*)$")
+_MAP_ROW_PHY = re.compile(r"^(\d+)\s+(\d+)\s+(\d+|-)\s+(\d+|-)\s+(.*)$")
+_REMAP_LINE = re.compile(r"^\s*(Chip Phy-ID|Chip Physical ID|NPU ID|Chip ID)\s*:\s*(\d+)\s*$")
+
+
 class NpuSmiError(ValueError):
     """The output is not an ``npu-smi info`` table."""
+
+
+@dataclass(frozen=True)
+class MapRow:
+    """One compute chip of ``npu-smi info -m``."""
+
+    npu: int
+    chip: int
+    logic_id: int
+    phy_id: int | None  # only where the table has a Chip Phy-ID column
+    name: str
+
+
+def parse_npu_smi_map(text: str) -> dict[tuple[int, int], MapRow]:
+    """``npu-smi info -m`` as (NPU id, chip id) → row; MCU rows (logic id ``-``) are left out.
+    Raise ``NpuSmiError`` when the output has no mapping table."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > MAX_ROWS:
+        raise NpuSmiError(f"{len(lines)} lines: not npu-smi info -m output")
+    header = next(((i, m) for i, line in enumerate(lines)
+                   if (m := _MAP_HEADER.search(line))), None)
+    if header is None:
+        raise NpuSmiError("no 'NPU ID  Chip ID  Chip Logic ID  Chip Name' header in "
+                          "npu-smi info -m output")
+    start, found = header
+    with_phy = found.group(1) is not None
+    rows: dict[tuple[int, int], MapRow] = {}
+    for line in lines[start + 1:]:
+        match = (_MAP_ROW_PHY if with_phy else _MAP_ROW).match(line)
+        if match is None or match.group(3) == "-":
+            continue  # an MCU, or a line that is not a row
+        npu, chip, logic = int(match.group(1)), int(match.group(2)), int(match.group(3))
+        phy = match.group(4) if with_phy else None
+        rows[(npu, chip)] = MapRow(
+            npu=npu, chip=chip, logic_id=logic,
+            phy_id=int(phy) if phy is not None and phy != "-" else None,
+            name=match.group(5 if with_phy else 4).strip(),
+        )
+    if not rows:
+        raise NpuSmiError("npu-smi info -m lists no chip")
+    return rows
+
+
+def parse_phyid_remap(text: str) -> tuple[int, int, int] | None:
+    """``npu-smi info -t phyid-remap -p <phy>`` as (phy id, NPU id, chip id); None when the
+    output does not say all three."""
+    fields: dict[str, int] = {}
+    for line in text.splitlines()[:64]:
+        match = _REMAP_LINE.match(line)
+        if match is not None:
+            key = "Chip Phy-ID" if match.group(1) == "Chip Physical ID" else match.group(1)
+            fields.setdefault(key, int(match.group(2)))
+    if set(fields) != {"Chip Phy-ID", "NPU ID", "Chip ID"}:
+        return None
+    return fields["Chip Phy-ID"], fields["NPU ID"], fields["Chip ID"]
+
+
+def assign_ids(
+    chips: tuple[Chip, ...], mapping: dict[tuple[int, int], MapRow] | None,
+    remap: dict[tuple[int, int], int], problems: list[str],
+) -> tuple[Chip, ...]:
+    """The chips of ``npu-smi info`` with their physical and logic ids from the mapping tables
+    (see the module docstring); ``problems`` gets a line for every id that was assumed."""
+    out = []
+    assumed: list[str] = []
+    for chip in chips:
+        key = (chip.card_id if chip.card_id is not None else -1, chip.device_index or 0)
+        row = mapping.get(key) if mapping is not None else None
+        if mapping is not None and row is None:
+            problems.append(f"NPU {key[0]} chip {key[1]}: not in npu-smi info -m, left out")
+            continue
+        if row is None:
+            out.append(chip)
+            assumed.append(f"NPU {key[0]} chip {key[1]} -> {chip.phy_id}")
+            continue
+        if row.phy_id is not None:
+            phy = row.phy_id
+        elif key in remap:
+            phy = remap[key]
+        else:
+            phy = row.logic_id
+            assumed.append(f"NPU {key[0]} chip {key[1]} -> {phy} (its logic id)")
+        out.append(replace(chip, phy_id=phy, logic_id=row.logic_id))
+    if assumed:
+        problems.append("physical ids assumed (no mapping from npu-smi): " + ", ".join(assumed))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from discovery_handlers.ascend import dcmi
+from discovery_handlers.ascend import dcmi, dcmi_lanes
 from discovery_handlers.ascend.chips import Chip, wanted
 from discovery_handlers.ascend.details import (
     SOURCE_DCMI,
@@ -29,13 +29,27 @@ from discovery_handlers.ascend.devices import (
     chip_node,
     to_device,
 )
-from discovery_handlers.ascend.npu_smi import NpuSmiError, parse_npu_smi_info
+from discovery_handlers.ascend.faults import chip_health
+from discovery_handlers.ascend.npu_smi import (
+    MapRow,
+    NpuSmiError,
+    assign_ids,
+    parse_npu_smi_info,
+    parse_npu_smi_map,
+    parse_phyid_remap,
+)
 from discovery_handlers.contract import Device, Health
 
 NPU_SMI_TIMEOUT_S = 10.0  # npu-smi info answers in well under a second on a healthy node
 NPU_SMI_MAX_OUTPUT = 1 << 20  # bytes of npu-smi output read at most
 _DAVINCI = re.compile(r"^davinci(\d+)$")
 NO_SOURCE = "none"
+#: What a chip found by its device node alone says to users (a Warning Event on its Instance).
+NO_HEALTH = "no DCMI or npu-smi: health unknown"
+MAX_REMAP_QUERIES = 64  # phyid-remap questions per node at most (more chips than any node has)
+MAX_REMAPS_KEPT = 16
+#: Answers of ``npu-smi info -t phyid-remap``, per tool and set of device nodes.
+_remaps: dict[tuple[str, frozenset[int]], dict[tuple[int, int], int]] = {}
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,12 @@ def scan(details: AscendDetails) -> Scan:
             health = Health.unhealthy(f"device node {node} missing")
         elif missing_shared:
             health = Health.unhealthy(f"shared device nodes missing: {', '.join(missing_shared)}")
-        devices.append(to_device(chip, details, shared_present=shared, driver_present=driver,
-                                 health=health))
+        device = to_device(chip, details, shared_present=shared, driver_present=driver,
+                           health=health)
+        if source == SOURCE_DEVICES:
+            device = replace(device, warning=f"{NO_HEALTH} (advertised healthy while "
+                                             f"{chip_node(chip.phy_id)} exists)")
+        devices.append(device)
     return Scan(devices=tuple(devices), status=ScanStatus(source, tuple(problems)))
 
 
@@ -113,12 +131,14 @@ def _read(source: str, details: AscendDetails, problems: list[str]) -> tuple[Chi
 def _from_dcmi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ...]:
     path = details.on_host(details.library_path) if details.library_path else None
     try:
-        result = dcmi.load(path).scan()
+        result = dcmi_lanes.library(path).scan(details.dcmi_timeout_seconds)
     except dcmi.DcmiError as exc:
         problems.append(f"dcmi: {exc}")
         return ()
     problems.extend(f"dcmi: {p}" for p in result.problems)
-    return result.chips
+    table = details.faults
+    return tuple(replace(chip, health=chip_health(chip.error_codes, table))
+                 if chip.health.healthy else chip for chip in result.chips)
 
 
 def _from_npu_smi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ...]:
@@ -126,25 +146,75 @@ def _from_npu_smi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ..
     if not os.access(tool, os.X_OK):
         problems.append(f"npu-smi: {details.npu_smi_path} not found or not executable")
         return ()
-    try:
-        done = subprocess.run(  # a fixed argument list, no shell
-            [tool, "info"], capture_output=True, timeout=NPU_SMI_TIMEOUT_S, check=False,
-            env={**os.environ, "LC_ALL": "C"},
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        problems.append(f"npu-smi: cannot run {details.npu_smi_path} info: {exc}")
+    text = _run_tool(tool, ["info"], details, problems)
+    if text is None:
         return ()
-    if done.returncode != 0:
-        problems.append(f"npu-smi: {details.npu_smi_path} info exited {done.returncode}")
-        return ()
-    text = done.stdout[:NPU_SMI_MAX_OUTPUT].decode("utf-8", "replace")
     try:
         table = parse_npu_smi_info(text)
     except NpuSmiError as exc:
         problems.append(f"npu-smi: {exc}")
         return ()
     problems.extend(f"npu-smi: {p}" for p in table.problems)
-    return table.chips
+    mapping: dict[tuple[int, int], MapRow] | None = None
+    map_text = _run_tool(tool, ["info", "-m"], details, problems)
+    if map_text is not None:
+        try:
+            mapping = parse_npu_smi_map(map_text)
+        except NpuSmiError as exc:
+            problems.append(f"npu-smi: {exc}")
+    remap: dict[tuple[int, int], int] = {}
+    if mapping is not None and any(row.phy_id is None for row in mapping.values()):
+        remap = _remap(tool, details)
+    own: list[str] = []
+    chips = assign_ids(table.chips, mapping, remap, own)
+    problems.extend(f"npu-smi: {p}" for p in own)
+    return chips
+
+
+def _run_tool(tool: str, args: list[str], details: AscendDetails,
+              problems: list[str]) -> str | None:
+    """The output of ``npu-smi <args>``, or None with the reason in ``problems``."""
+    shown = " ".join([details.npu_smi_path, *args])
+    try:
+        done = subprocess.run(  # a fixed argument list, no shell
+            [tool, *args], capture_output=True, timeout=NPU_SMI_TIMEOUT_S, check=False,
+            env={**os.environ, "LC_ALL": "C"},
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        problems.append(f"npu-smi: cannot run {shown}: {exc}")
+        return None
+    if done.returncode != 0:
+        problems.append(f"npu-smi: {shown} exited {done.returncode}")
+        return None
+    return done.stdout[:NPU_SMI_MAX_OUTPUT].decode("utf-8", "replace")
+
+
+def _remap(tool: str, details: AscendDetails) -> dict[tuple[int, int], int]:
+    """(NPU id, chip id) → physical id, asked of ``npu-smi info -t phyid-remap`` for every
+    ``/dev/davinci<N>`` once: the mapping is fixed while the set of device nodes is."""
+    phys = frozenset(_davinci_ids(details.on_host("/dev")))
+    key = (tool, phys)
+    known = _remaps.get(key)
+    if known is not None:
+        return known
+    found: dict[tuple[int, int], int] = {}
+    for phy in sorted(phys)[:MAX_REMAP_QUERIES]:
+        text = _run_tool(tool, ["info", "-t", "phyid-remap", "-p", str(phy)], details, [])
+        answer = parse_phyid_remap(text) if text is not None else None
+        if answer is not None and answer[0] == phy:
+            found[(answer[1], answer[2])] = phy
+    if len(_remaps) >= MAX_REMAPS_KEPT:
+        _remaps.clear()
+    _remaps[key] = found
+    return found
+
+
+def _davinci_ids(directory: str) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [int(m.group(1)) for m in map(_DAVINCI.match, names) if m]
 
 
 def _from_device_nodes(details: AscendDetails, problems: list[str]) -> tuple[Chip, ...]:
@@ -156,5 +226,5 @@ def _from_device_nodes(details: AscendDetails, problems: list[str]) -> tuple[Chi
         return ()
     chips = tuple(Chip(phy_id=int(m.group(1))) for m in map(_DAVINCI.match, names) if m)
     if chips:
-        problems.append("devices: only the device nodes were read (no model, memory or health)")
+        problems.append(f"devices: {NO_HEALTH}; only the device nodes were read")
     return chips

@@ -83,9 +83,14 @@ class AscendNode:
         self.root = root
         self.chips = list(chips)
         self.fails: dict[str, int] = {}
+        self.hangs: set[tuple[str, int]] = set()
         self.npu_smi_override: str | None = None
+        self.npu_smi_map_override: str | None = None
         self.state = root / "var" / "run" / "fake-dcmi.state"
         self.npu_smi_out = root / "var" / "run" / "npu-smi-info.out"
+        self.npu_smi_map = root / "var" / "run" / "npu-smi-info-m.out"
+        self.remap_dir = root / "var" / "run" / "phyid-remap"
+        self.remap_dir.mkdir(parents=True, exist_ok=True)
         self.state.parent.mkdir(parents=True, exist_ok=True)
         (root / "dev").mkdir(parents=True, exist_ok=True)
         for chip in self.chips:
@@ -99,9 +104,13 @@ class AscendNode:
             shutil.copyfile(library, target)
         tool = root / NPU_SMI_IN_TREE.lstrip("/")
         tool.parent.mkdir(parents=True, exist_ok=True)
-        tool.write_text(  # answers only "npu-smi info", as the handler asks
-            f'#!/bin/sh\n[ "$1" = info ] || {{ echo "unsupported: $*" >&2; exit 2; }}\n'
-            f'exec cat "{self.npu_smi_out}"\n')
+        tool.write_text(  # answers what the handler asks, as npu-smi prints it
+            '#!/bin/sh\n'
+            f'[ "$*" = info ] && exec cat "{self.npu_smi_out}"\n'
+            f'[ "$*" = "info -m" ] && exec cat "{self.npu_smi_map}"\n'
+            '[ "$1 $2 $3 $4" = "info -t phyid-remap -p" ] && '
+            f'[ -f "{self.remap_dir}/$5" ] && exec cat "{self.remap_dir}/$5"\n'
+            'echo "unsupported: $*" >&2; exit 2\n')
         tool.chmod(0o755)
         self.write()
 
@@ -126,6 +135,16 @@ class AscendNode:
         self.fails[function] = code
         self.write()
 
+    def hang(self, function: str, card: int) -> None:
+        """Make DCMI's ``function`` block for ``card`` (-1: calls without a card) until
+        ``unhang``, as DCMI can after a card drops off the bus."""
+        self.hangs.add((function, card))
+        self.write()
+
+    def unhang(self) -> None:
+        self.hangs.clear()
+        self.write()
+
     def remove_shared_nodes(self) -> None:
         for name in SHARED_NODES:
             (self.root / "dev" / name).unlink()
@@ -139,9 +158,14 @@ class AscendNode:
         """Write the state both tools read (atomically: the handler may be reading)."""
         state = "".join(c.state_line() for c in self.chips)
         state += "".join(f"fail {f} {code}\n" for f, code in self.fails.items())
+        state += "".join(f"hang {f} {card}\n" for f, card in sorted(self.hangs))
         _atomic(self.state, state)
         _atomic(self.npu_smi_out, self.npu_smi_override if self.npu_smi_override is not None
                 else render_npu_smi_info(self.chips))
+        _atomic(self.npu_smi_map, self.npu_smi_map_override
+                if self.npu_smi_map_override is not None else render_npu_smi_map(self.chips))
+        for chip in self.chips:
+            _atomic(self.remap_dir / str(chip.phy), render_phyid_remap(chip))
 
 
 def render_npu_smi_info(chips: Sequence[SimChip], *, version: str = "24.1.rc2") -> str:
@@ -168,6 +192,28 @@ def render_npu_smi_info(chips: Sequence[SimChip], *, version: str = "24.1.rc2") 
         out.append(f"| No running processes found in NPU {chip.card:<61}|")
         out.append(double)
     return "\n".join(out) + "\n"
+
+
+def render_npu_smi_map(chips: Sequence[SimChip]) -> str:
+    """``npu-smi info -m`` as npu-smi 24.1 prints it on a 910B node: a row per chip, then a row
+    for the card's MCU (logic id ``-``), tab-indented, in columns 31 characters wide."""
+    def row(*cells: object) -> str:
+        return "\t" + "".join(f"{c!s:<31}" for c in cells) + "\n"
+
+    out = [row("NPU ID", "Chip ID", "Chip Logic ID", "Chip Name")]
+    cards = sorted({c.card for c in chips})
+    for card in cards:
+        mine = sorted((c for c in chips if c.card == card), key=lambda c: c.dev)
+        out += [row(c.card, c.dev, c.logic, f"Ascend {c.name}") for c in mine]
+        out.append(row(card, len(mine), "-", "Mcu"))
+    return "".join(out)
+
+
+def render_phyid_remap(chip: SimChip) -> str:
+    """``npu-smi info -t phyid-remap -p <phy>`` for ``chip``."""
+    return "".join(f"\t{key:<30}:{value}\n" for key, value in (
+        ("Chip Phy-ID", chip.phy), ("NPU ID", chip.card), ("Slot ID", chip.card),
+        ("Chip ID", chip.dev)))
 
 
 def _yaml(value: object) -> str:

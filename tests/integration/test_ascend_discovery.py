@@ -79,7 +79,8 @@ async def test_a_faulted_chip_turns_unhealthy_within_a_poll_and_comes_back(
         faulted = {d.id: d for d in await next_list(stream)}
         assert not faulted["davinci3"].health.healthy
         assert faulted["davinci3"].health.reason == (
-            f"DCMI health 3 (critical alarm); error codes: 0x{FAULT_CODE:08X}")
+            f"fault level RestartBusiness: error codes 0x{FAULT_CODE:08X} RestartBusiness "
+            "(Huawei's default faultCode.json)")
         assert [d for d in faulted if not faulted[d].health.healthy] == ["davinci3"]
         node.clear(3)
         assert all(d.health.healthy for d in await next_list(stream))
@@ -144,8 +145,12 @@ async def test_garbage_npu_smi_falls_back_to_the_device_nodes(node: AscendNode) 
     devices = await first_list(parsed)
     assert [d.id for d in devices] == [f"davinci{i}" for i in range(8)]
     assert "ASCEND_CHIP_MODEL" not in devices[0].properties
+    # Each chip carries the warning the agent posts as a Warning Event on its Instance.
+    assert devices[0].warning == ("no DCMI or npu-smi: health unknown (advertised healthy "
+                                  "while /dev/davinci0 exists)")
     status = str(handler.status(parsed))
     assert "source devices" in status
+    assert "no DCMI or npu-smi: health unknown" in status
     assert "no 'NPU Name | Health' table header" in status
 
 
@@ -155,9 +160,19 @@ async def test_a_tree_without_shared_nodes_holds_every_chip_back(node: AscendNod
     devices = await first_list(parsed)
     assert len(devices) == 8
     assert {d.health.reason for d in devices} == {
-        "shared device nodes missing: /dev/davinci_manager, /dev/devmm_svm, /dev/hisi_hdc"}
+        "shared device nodes missing: /dev/davinci_manager"}
     assert [s.host_path for s in devices[0].device_specs] == ["/dev/davinci0"]
     assert "shared device nodes missing" in str(handler.status(parsed))
+
+
+async def test_only_davinci_manager_is_required(node: AscendNode) -> None:
+    # Huawei's plugin needs /dev/davinci_manager and adds hisi_hdc and devmm_svm where present.
+    for name in ("devmm_svm", "hisi_hdc"):
+        (node.root / "dev" / name).unlink()
+    devices = await first_list(details(node))
+    assert all(d.health.healthy for d in devices)
+    assert [s.host_path for s in devices[2].device_specs] == [
+        "/dev/davinci2", "/dev/davinci_manager"]
 
 
 async def test_an_empty_host_lists_nothing_and_says_why(tmp_path: Path) -> None:
@@ -179,7 +194,7 @@ async def test_prepare_refuses_a_chip_that_went_unhealthy(node: AscendNode) -> N
     devices = await first_list(parsed)
     await handler.prepare(parsed, devices[:2])  # healthy: no error
     node.fault(1)
-    with pytest.raises(ChipsUnhealthy, match=r"davinci1 is unhealthy: DCMI health 3"):
+    with pytest.raises(ChipsUnhealthy, match=r"davinci1 is unhealthy: fault level RestartBusiness"):
         await handler.prepare(parsed, devices[:2])
     (node.root / "dev" / "davinci0").unlink()
     with pytest.raises(ChipsUnhealthy, match=r"davinci0 is unhealthy: device node /dev/davinci0"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from discovery_handlers.ascend import handler
-from discovery_handlers.ascend.chips import Chip, chip_family, dcmi_health, wanted
+from discovery_handlers.ascend.chips import Chip, chip_family, wanted
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.devices import compose, node_labels, rank, to_device
 from discovery_handlers.contract import HEALTHY, Device, DeviceSpec, Mount
@@ -45,9 +45,23 @@ def test_compose_lists_physical_ids_in_allocation_order() -> None:
     # What the chips agree on reaches the container; what differs (their cards) does not.
     assert env["ASCEND_CHIP_MODEL"] == "Ascend910B3"
     assert "ASCEND_CARD_ID" not in env
-    assert "ASCEND_RUNTIME_OPTIONS" not in env
+    # Present and empty, as Huawei's plugin sets it without virtual devices.
+    assert env["ASCEND_RUNTIME_OPTIONS"] == ""
     one = handler.compose(AscendDetails(runtime_options=("NODRV",)), devices[:1])
     assert one == {**devices[0].properties, "ASCEND_RUNTIME_OPTIONS": "NODRV"}
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_ascend_device_id_is_never_set(count: int) -> None:
+    # CANN reads ASCEND_DEVICE_ID as the logical index inside the container (from 0); the
+    # second chip of a card (index 1 within it) must not tell a one-chip container "1".
+    devices = [to_device(Chip(phy_id=p, card_id=p // 2, device_index=p % 2, logic_id=p),
+                         AscendDetails(), shared_present=SHARED, driver_present=True,
+                         health=HEALTHY) for p in range(1, count + 1)]
+    env = compose(AscendDetails(), devices)
+    assert "ASCEND_DEVICE_ID" not in env
+    assert env["ASCEND_VISIBLE_DEVICES"] == ",".join(str(p) for p in range(1, count + 1))
+    assert devices[0].properties["ASCEND_CHIP_INDEX"] == "1"
 
 
 # Cards: 0 → chips 0,1; 1 → 2,3; 2 → 4,5,6,7 (chip 0 faulted and not available).
@@ -91,19 +105,6 @@ def test_chip_names_keep_families_or_models_and_never_drop_unknown_chips() -> No
     assert [wanted(c, ("Ascend910",)) for c in (b3, p3, unknown)] == [True, False, True]
     assert [wanted(c, ("Ascend310P3",)) for c in (b3, p3)] == [False, True]
     assert wanted(p3, ())
-
-
-@pytest.mark.parametrize(("level", "errors", "healthy", "reason"), [
-    (0, (), True, ""),
-    (1, (0x80E18402,), True, ""),  # a minor alarm: still handed out, as Huawei's plugin does
-    (2, (0x80E01801,), False, "DCMI health 2 (major alarm); error codes: 0x80E01801"),
-    (3, (0x80E01801, 0x80CB8009), False,
-     "DCMI health 3 (critical alarm); error codes: 0x80E01801, 0x80CB8009"),
-    (0xFFFFFFFF, (), False, "DCMI health 4294967295 (unknown level); error codes: none"),
-])
-def test_dcmi_health(level: int, errors: tuple[int, ...], healthy: bool, reason: str) -> None:
-    health = dcmi_health(level, errors)
-    assert (health.healthy, health.reason) == (healthy, reason)
 
 
 def test_node_labels_say_which_chips_and_how_many() -> None:

@@ -12,16 +12,23 @@
  *   chip <card> <dev> <logic> <phy> <type> <name> <ver> <aicore> <hbm_mb> <mem_mb> <health>
  *        <error codes, comma-separated hex, or -> <pcie domain> <bus> <device> <function>
  *   fail <function name> <return code>
+ *   hang <function name> <card>     the call blocks while this line is there (card -1: calls
+ *                                   without a card, or every card), as DCMI can after a card
+ *                                   drops; it re-reads the state every 20 ms, at most 10 min
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_CARD_NUM 64
 #define MAX_CHIP_NAME_LEN 32
 #define MAX_CHIPS 256
 #define MAX_ERRORS 16
 #define MAX_FAILS 32
+#define MAX_HANGS 32
+#define HANG_POLL_NS 20000000L
+#define HANG_MAX_POLLS 30000
 
 #define DCMI_OK 0
 #define DCMI_ERR_CODE_INVALID_PARAMETER (-8001)
@@ -84,11 +91,18 @@ struct fail {
     int code;
 };
 
+struct hang {
+    char function[64];
+    int card;
+};
+
 struct state {
     struct chip chips[MAX_CHIPS];
     int chip_count;
     struct fail fails[MAX_FAILS];
     int fail_count;
+    struct hang hangs[MAX_HANGS];
+    int hang_count;
 };
 
 static int initialised;
@@ -126,6 +140,9 @@ static void load(struct state *st) {
         } else if (strncmp(line, "fail ", 5) == 0 && st->fail_count < MAX_FAILS) {
             struct fail *fl = &st->fails[st->fail_count];
             if (sscanf(line + 5, "%63s %d", fl->function, &fl->code) == 2) st->fail_count++;
+        } else if (strncmp(line, "hang ", 5) == 0 && st->hang_count < MAX_HANGS) {
+            struct hang *h = &st->hangs[st->hang_count];
+            if (sscanf(line + 5, "%63s %d", h->function, &h->card) == 2) st->hang_count++;
         }
     }
     fclose(f);
@@ -139,6 +156,23 @@ static int failing(const struct state *st, const char *function) {
     return DCMI_OK;
 }
 
+static int hanging(const struct state *st, const char *function, int card) {
+    for (int i = 0; i < st->hang_count; i++) {
+        if (strcmp(st->hangs[i].function, function) == 0 &&
+            (st->hangs[i].card == -1 || st->hangs[i].card == card)) return 1;
+    }
+    return 0;
+}
+
+/* Block while the state says this call hangs (re-reading it), then carry on with it. */
+static void hang_while_asked(struct state *st, const char *function, int card) {
+    struct timespec pause = {0, HANG_POLL_NS};
+    for (int polls = 0; polls < HANG_MAX_POLLS && hanging(st, function, card); polls++) {
+        nanosleep(&pause, NULL);
+        load(st);
+    }
+}
+
 static const struct chip *find(const struct state *st, int card, int dev) {
     for (int i = 0; i < st->chip_count; i++) {
         if (st->chips[i].card == card && st->chips[i].dev == dev) return &st->chips[i];
@@ -146,23 +180,27 @@ static const struct chip *find(const struct state *st, int card, int dev) {
     return NULL;
 }
 
-/* Common preamble: load the state, check initialisation and any failure asked for. */
-#define BEGIN(st, name)                              \
-    struct state st;                                 \
+/* Common preamble: load the state, hang if asked, check initialisation and any failure
+ * asked for. The state is static: a hung call's stack stays small. */
+#define BEGIN_CARD(st, name, card)                   \
+    static __thread struct state st;                 \
     load(&st);                                       \
+    hang_while_asked(&st, name, card);               \
     if (!initialised) return DCMI_ERR_CODE_NOT_REDAY; \
     do {                                             \
         int forced_ = failing(&st, name);            \
         if (forced_ != DCMI_OK) return forced_;      \
     } while (0)
+#define BEGIN(st, name) BEGIN_CARD(st, name, -1)
 
 #define CHIP_OR_FAIL(st, c, card, dev)                   \
     const struct chip *c = find(&st, card, dev);         \
     if (c == NULL) return DCMI_ERR_CODE_INVALID_DEVICE_ID
 
 int dcmi_init(void) {
-    struct state st;
+    static __thread struct state st;
     load(&st);
+    hang_while_asked(&st, "dcmi_init", -1);
     int forced = failing(&st, "dcmi_init");
     if (forced != DCMI_OK) return forced;
     initialised = 1;
@@ -185,7 +223,7 @@ int dcmi_get_card_list(int *card_num, int *card_list, int list_len) {
 }
 
 int dcmi_get_device_num_in_card(int card_id, int *device_num) {
-    BEGIN(st, "dcmi_get_device_num_in_card");
+    BEGIN_CARD(st, "dcmi_get_device_num_in_card", card_id);
     if (device_num == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     int n = 0;
     for (int i = 0; i < st.chip_count; i++) n += st.chips[i].card == card_id;
@@ -195,7 +233,7 @@ int dcmi_get_device_num_in_card(int card_id, int *device_num) {
 }
 
 int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id) {
-    BEGIN(st, "dcmi_get_device_logic_id");
+    BEGIN_CARD(st, "dcmi_get_device_logic_id", card_id);
     if (device_logic_id == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     *device_logic_id = c->logic;
@@ -215,7 +253,7 @@ int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid
 }
 
 int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info) {
-    BEGIN(st, "dcmi_get_device_chip_info");
+    BEGIN_CARD(st, "dcmi_get_device_chip_info", card_id);
     if (chip_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     memset(chip_info, 0, sizeof(*chip_info));
@@ -227,7 +265,7 @@ int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info 
 }
 
 int dcmi_get_device_health(int card_id, int device_id, unsigned int *health) {
-    BEGIN(st, "dcmi_get_device_health");
+    BEGIN_CARD(st, "dcmi_get_device_health", card_id);
     if (health == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     *health = c->health;
@@ -236,7 +274,7 @@ int dcmi_get_device_health(int card_id, int device_id, unsigned int *health) {
 
 int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
                                  unsigned int *error_code_list, unsigned int list_len) {
-    BEGIN(st, "dcmi_get_device_errorcode_v2");
+    BEGIN_CARD(st, "dcmi_get_device_errorcode_v2", card_id);
     if (error_count == NULL || error_code_list == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     int n = c->error_count < (int)list_len ? c->error_count : (int)list_len;
@@ -246,7 +284,7 @@ int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
 }
 
 int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info) {
-    BEGIN(st, "dcmi_get_device_hbm_info");
+    BEGIN_CARD(st, "dcmi_get_device_hbm_info", card_id);
     if (hbm_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     memset(hbm_info, 0, sizeof(*hbm_info));
@@ -256,7 +294,7 @@ int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *h
 
 int dcmi_get_device_memory_info_v3(int card_id, int device_id,
                                    struct dcmi_get_memory_info_stru *memory_info) {
-    BEGIN(st, "dcmi_get_device_memory_info_v3");
+    BEGIN_CARD(st, "dcmi_get_device_memory_info_v3", card_id);
     if (memory_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     memset(memory_info, 0, sizeof(*memory_info));
@@ -266,7 +304,7 @@ int dcmi_get_device_memory_info_v3(int card_id, int device_id,
 }
 
 int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *pcie_info) {
-    BEGIN(st, "dcmi_get_device_pcie_info_v2");
+    BEGIN_CARD(st, "dcmi_get_device_pcie_info_v2", card_id);
     if (pcie_info == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
     CHIP_OR_FAIL(st, c, card_id, device_id);
     memset(pcie_info, 0, sizeof(*pcie_info));

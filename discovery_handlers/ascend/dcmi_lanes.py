@@ -1,0 +1,202 @@
+"""Every DCMI call bounded: the library runs on threads of its own, one per card, with a timeout.
+
+Why this exists: DCMI can block for good after a card drops off the bus (Huawei's plugin wraps
+its calls in timeouts for this reason). A call that never returns must not stall the next
+health poll, the other cards, or ``PreStartContainer``. So:
+
+- the library-wide calls (``dcmi_init``, ``dcmi_get_card_list``) run on one lane, and each
+  card's chips are read on that card's own lane; a lane is one daemon thread doing one call at
+  a time, so a hung call holds one thread, never the handlers' shared pool;
+- a pass gives every lane ``timeout`` seconds (the cards in parallel); a card that has not
+  answered by then, or whose lane is still inside an earlier call, gives its chips as last
+  seen, marked unhealthy with the function it is stuck in and for how long;
+- the next pass does not call a stuck card again (its lane is busy): it answers at once, and
+  reads the card again as soon as the stuck call returns;
+- a stuck card-list call falls back to the cards last listed; a stuck ``dcmi_init`` makes the
+  pass fail over to the next source (``npu-smi``).
+
+Passes over one library are serialised (a poll and a ``prepare`` may overlap), so a lane is
+busy only when a call really is stuck. A pass takes at most about twice ``timeout``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from discovery_handlers.ascend import dcmi
+from discovery_handlers.ascend.chips import Chip
+from discovery_handlers.contract import Health
+
+_T = TypeVar("_T")
+MAX_LIBRARIES = 8  # libraries kept loaded (one per libraryPath in use on the node)
+
+
+class LaneStuck(Exception):
+    """The lane's call did not answer in time, or an earlier call still has not."""
+
+    def __init__(self, what: str, since: float, *, waited: float | None) -> None:
+        self.what = what
+        self.since = since
+        self.waited = waited
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        if self.waited is not None:
+            return f"{self.what} did not answer within {self.waited:g} s"
+        return f"{self.what} has not answered for {time.monotonic() - self.since:.1f} s"
+
+
+class Lane:
+    """One daemon thread running one call at a time (a hung call holds only this thread)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
+            queue.SimpleQueue())
+        self._lock = threading.Lock()
+        self._busy_since: float | None = None
+        self._thread_id = 0
+        self._thread = threading.Thread(target=self._serve, name=f"dcmi-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, function: Callable[[], _T]) -> Future[_T]:
+        """Start ``function()`` on this lane; ``LaneStuck`` when the lane is still inside an
+        earlier call."""
+        with self._lock:
+            if self._busy_since is not None:
+                raise LaneStuck(self._what(), self._busy_since, waited=None)
+            self._busy_since = time.monotonic()
+        future: Future[_T] = Future()
+        self._jobs.put((function, future))
+        return future
+
+    def call(self, function: Callable[[], _T], timeout: float) -> _T:
+        """``function()`` on this lane; ``LaneStuck`` when it takes longer than ``timeout`` or
+        the lane is still inside an earlier call."""
+        return self.wait(self.submit(function), timeout, waited=timeout)
+
+    def wait(self, future: Future[_T], timeout: float, *, waited: float) -> _T:
+        """The result of a call ``submit`` started, waiting at most ``timeout`` more."""
+        try:
+            return future.result(timeout=max(0.0, timeout))
+        except FutureTimeout:
+            raise LaneStuck(self._what(), self._busy_since or time.monotonic(),
+                            waited=waited) from None
+
+    def _what(self) -> str:
+        inside = dcmi.calling(self._thread_id)
+        return f"DCMI {inside or 'call'} ({self.name})"
+
+    def _serve(self) -> None:
+        self._thread_id = threading.get_ident()
+        while True:
+            function, future = self._jobs.get()
+            try:
+                future.set_result(function())
+            except BaseException as exc:  # handed to the caller, who may have left
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._busy_since = None
+
+
+class BoundedDcmi:
+    """One DCMI library, every call of it bounded (see the module docstring)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+        self._library: dcmi.Dcmi | None = None
+        self._control = Lane("library")
+        self._cards: dict[int, Lane] = {}
+        self._last_cards: tuple[int, ...] | None = None
+        self._last_chips: dict[int, tuple[Chip, ...]] = {}
+        self._pass = threading.Lock()
+
+    def scan(self, timeout: float) -> dcmi.DcmiScan:
+        """Every chip of every card; raises ``DcmiError`` when the library cannot be loaded
+        or cannot list the cards (and never listed them before)."""
+        if not self._pass.acquire(timeout=3 * timeout):
+            raise dcmi.DcmiError("an earlier DCMI pass is still running")
+        try:
+            return self._scan(timeout)
+        finally:
+            self._pass.release()
+
+    def _scan(self, timeout: float) -> dcmi.DcmiScan:
+        problems: list[str] = []
+        library = self._load(timeout)
+        try:
+            cards = self._control.call(library.card_list, timeout)
+            self._last_cards = cards
+        except LaneStuck as stuck:
+            if self._last_cards is None:
+                raise dcmi.DcmiError(stuck.describe()) from None
+            cards = self._last_cards
+            problems.append(f"{stuck.describe()}; using the cards listed before")
+        deadline = time.monotonic() + timeout
+        chips: list[Chip] = []
+        started: dict[int, Future[dcmi.DcmiScan]] = {}
+        for card in cards:
+            lane = self._cards.get(card)
+            if lane is None:
+                lane = self._cards[card] = Lane(f"card {card}")
+            try:
+                started[card] = lane.submit(_reader(library, card))
+            except LaneStuck as stuck:
+                chips.extend(self._stuck(card, stuck, problems))
+        for card, future in started.items():
+            try:
+                scan = self._cards[card].wait(future, deadline - time.monotonic(),
+                                              waited=timeout)
+            except LaneStuck as stuck:
+                chips.extend(self._stuck(card, stuck, problems))
+                continue
+            except Exception as exc:  # a library bug is this card's problem, not the pass's
+                problems.append(f"card {card}: reading it failed: {exc}")
+                continue
+            self._last_chips[card] = scan.chips
+            chips.extend(scan.chips)
+            problems.extend(scan.problems)
+        return dcmi.DcmiScan(chips=tuple(chips), problems=tuple(problems))
+
+    def _load(self, timeout: float) -> dcmi.Dcmi:
+        if self._library is None:
+            path = self._path
+            try:
+                self._library = self._control.call(lambda: dcmi.load(path), timeout)
+            except LaneStuck as stuck:
+                raise dcmi.DcmiError(stuck.describe()) from None
+        return self._library
+
+    def _stuck(self, card: int, stuck: LaneStuck, problems: list[str]) -> list[Chip]:
+        reason = f"card {card}: {stuck.describe()}"
+        problems.append(reason)
+        return [replace(chip, health=Health.unhealthy(reason), error_codes=None, problems=())
+                for chip in self._last_chips.get(card, ())]
+
+
+def _reader(library: dcmi.Dcmi, card: int) -> Callable[[], dcmi.DcmiScan]:
+    return lambda: library.read_card(card)
+
+
+_libraries: dict[str | None, BoundedDcmi] = {}
+_libraries_lock = threading.Lock()
+
+
+def library(path: str | None) -> BoundedDcmi:
+    """The bounded library at ``path`` (None: ``libdcmi.so`` on the loader's search path),
+    one per process and path: its lanes know which calls are still stuck."""
+    with _libraries_lock:
+        found = _libraries.get(path)
+        if found is None:
+            if len(_libraries) >= MAX_LIBRARIES:
+                _libraries.pop(next(iter(_libraries)))
+            found = _libraries[path] = BoundedDcmi(path)
+        return found

@@ -1,0 +1,151 @@
+"""Huawei's fault semantics for Ascend chips: DCMI error codes → handling level → health.
+
+Why this exists: a chip is handed out or held back the way Huawei's own device plugin decides,
+so a pod moved from Huawei's plugin to edgeplug sees the same chips pulled. Huawei's plugin does
+not judge a chip by DCMI's health level (0..3); it reads the chip's current error codes
+(``dcmi_get_device_errorcode_v2``) and looks each up in its fault table (``faultCode.json``),
+which gives every code one handling level. From least to most serious:
+
+- ``NotHandleFault``: no effect on the job; nothing to do.
+- ``SubHealthFault``: degraded; the job's own policy decides.
+- ``RestartRequest``: the current request failed; re-run it.
+- ``RestartBusiness``: the job failed; re-run the job.
+- ``FreeRestartNPU``: the chip must be reset once it is idle.
+- ``RestartNPU``: the chip must be reset now.
+- ``PreSeparateNPU``: keep the running job, schedule nothing new on the chip.
+- ``SeparateNPU``: the chip is broken; isolate it.
+
+The chip's level is the first of ``SeparateNPU``, ``PreSeparateNPU``, ``RestartNPU``,
+``FreeRestartNPU``, ``RestartBusiness``, ``RestartRequest``, ``SubHealthFault``,
+``NotHandleFault`` that holds any of its codes (Huawei's order); when none holds any, the codes
+are unknown and the level is ``SeparateNPU``, as Huawei's plugin does for a polled code it has
+no severity for. A chip is usable at ``NotHandleFault`` and ``SubHealthFault`` (and with no
+code at all); at every other level it is advertised Unhealthy. Huawei's plugin keeps a chip at
+``FreeRestartNPU`` or ``PreSeparateNPU`` Healthy while a job runs on it; here the kubelet never
+takes a chip from a running pod for being Unhealthy, so holding it back only stops new
+allocations, which is what those levels ask for.
+
+Not restated: Huawei's escalation by frequency and duration (``faultCustomization.json``), its
+fault-event subscription, network (RoCE) faults, hot reset. The default table is Huawei's
+(``fault_table``); a user replaces it with their own ``faultCode.json`` (same format, same
+keys), as Huawei's plugin lets them through the ``mindx-dl-fault-config`` ConfigMap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from discovery_handlers.contract import HEALTHY, Health
+
+SEPARATE_NPU = "SeparateNPU"
+PRE_SEPARATE_NPU = "PreSeparateNPU"
+RESTART_NPU = "RestartNPU"
+FREE_RESTART_NPU = "FreeRestartNPU"
+RESTART_BUSINESS = "RestartBusiness"
+RESTART_REQUEST = "RestartRequest"
+SUB_HEALTH_FAULT = "SubHealthFault"
+NOT_HANDLE_FAULT = "NotHandleFault"
+#: Most serious first: the order in which Huawei's plugin looks a chip's codes up.
+LEVELS = (SEPARATE_NPU, PRE_SEPARATE_NPU, RESTART_NPU, FREE_RESTART_NPU, RESTART_BUSINESS,
+          RESTART_REQUEST, SUB_HEALTH_FAULT, NOT_HANDLE_FAULT)
+#: Levels at which a chip is still handed out.
+USABLE_LEVELS = frozenset({NOT_HANDLE_FAULT, SUB_HEALTH_FAULT})
+#: The level of codes the table does not hold.
+UNKNOWN_LEVEL = SEPARATE_NPU
+#: ``faultCode.json`` keys, by level.
+JSON_KEYS = {
+    NOT_HANDLE_FAULT: "NotHandleFaultCodes", RESTART_REQUEST: "RestartRequestCodes",
+    RESTART_BUSINESS: "RestartBusinessCodes", FREE_RESTART_NPU: "FreeRestartNPUCodes",
+    RESTART_NPU: "RestartNPUCodes", SEPARATE_NPU: "SeparateNPUCodes",
+    PRE_SEPARATE_NPU: "PreSeparateNPUCodes", SUB_HEALTH_FAULT: "SubHealthFaultCodes",
+}
+MAX_TABLE_BYTES = 1 << 20
+_HEX_CODE = re.compile(r"^[0-9A-Fa-f]{1,16}$")
+MAX_CODES_SHOWN = 8  # error codes named in one reason at most
+
+
+class FaultTableError(ValueError):
+    """A ``faultCode.json`` this handler cannot use; the message names the key."""
+
+
+@dataclass(frozen=True)
+class FaultTable:
+    """Error codes by handling level; ``origin`` says where the table came from."""
+
+    levels: tuple[tuple[str, frozenset[int]], ...]
+    origin: str
+
+    def level_of(self, codes: Iterable[int]) -> str | None:
+        """The handling level of a chip with ``codes`` (None: no code, nothing wrong)."""
+        present = frozenset(codes)
+        if not present:
+            return None
+        table = dict(self.levels)
+        for level in LEVELS:
+            if present & table.get(level, frozenset()):
+                return level
+        return UNKNOWN_LEVEL
+
+    def code_level(self, code: int) -> str:
+        """The level the table gives one code (``unknown`` when it holds none)."""
+        table = dict(self.levels)
+        return next((level for level in LEVELS if code in table.get(level, frozenset())),
+                    "unknown")
+
+
+def table_from_levels(levels: Mapping[str, frozenset[int]], origin: str) -> FaultTable:
+    return FaultTable(levels=tuple((level, frozenset(levels.get(level, frozenset())))
+                                   for level in LEVELS), origin=origin)
+
+
+def default_table() -> FaultTable:
+    """Huawei's table as their plugin ships it."""
+    from discovery_handlers.ascend.fault_table import DEFAULT_LEVELS
+
+    return table_from_levels(DEFAULT_LEVELS, "Huawei's default faultCode.json")
+
+
+def parse_fault_table(text: str, origin: str) -> FaultTable:
+    """A ``faultCode.json`` (Huawei's format: an object of ``<Level>Codes`` lists of hex
+    strings). Keys it does not know are ignored, as Huawei's plugin ignores them; the table
+    replaces the default one whole, as Huawei's does."""
+    if len(text) > MAX_TABLE_BYTES:
+        raise FaultTableError(f"more than {MAX_TABLE_BYTES} bytes")
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise FaultTableError(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise FaultTableError("must be a JSON object of <Level>Codes lists")
+    if not any(key in raw for key in JSON_KEYS.values()):
+        raise FaultTableError(f"holds none of {sorted(JSON_KEYS.values())}")
+    levels: dict[str, frozenset[int]] = {}
+    for level, key in JSON_KEYS.items():
+        value = raw.get(key, [])
+        if not isinstance(value, list):
+            raise FaultTableError(f"{key} must be a list of hex strings")
+        codes = set()
+        for index, item in enumerate(value):
+            if not isinstance(item, str) or not _HEX_CODE.match(item):
+                raise FaultTableError(f"{key}[{index}]: {str(item)[:40]!r} is not a hex "
+                                      "fault code such as \"80E01801\"")
+            codes.add(int(item, 16))
+        levels[level] = frozenset(codes)
+    return table_from_levels(levels, origin)
+
+
+def chip_health(codes: tuple[int, ...] | None, table: FaultTable) -> Health:
+    """The health of a chip whose current error codes are ``codes`` (None: not read, so
+    nothing to judge: the caller's own health stands)."""
+    level = table.level_of(codes or ())
+    if level is None or level in USABLE_LEVELS:
+        return HEALTHY
+    assert codes is not None
+    shown = ", ".join(f"0x{code:08X} {table.code_level(code)}"
+                      for code in codes[:MAX_CODES_SHOWN])
+    more = f" and {len(codes) - MAX_CODES_SHOWN} more" if len(codes) > MAX_CODES_SHOWN else ""
+    return Health.unhealthy(f"fault level {level}: error codes {shown}{more} "
+                            f"({table.origin})")
