@@ -77,9 +77,12 @@ def test_get_configurations_prints_columns(control_plane: ControlPlane, namespac
             "reason": "InvalidDiscoveryDetails", "message": "descriptions: required",
             "lastTransitionTime": "2026-11-30T00:00:00Z"}]}}),
     )
-    rows = table(control_plane, namespace, "configurations")
-    assert rows[0] == ["NAME", "HANDLER", "CAPACITY", "INSTANCES", "BROKERS", "READY",
-                       "DETAILS", "AGE"]
+    out = control_plane.kubectl("get", "configurations", "-n", namespace).stdout
+    rows = [line.split() for line in out.strip().splitlines()]
+    assert rows[0] == ["NAME", "HANDLER", "CAPACITY", "INSTANCES", "BROKERS", "READY", "AGE"]
+    # The default view fits an 80-column terminal with every example listed.
+    widest = max(out.splitlines(), key=len)
+    assert len(widest) <= 80, f"{len(widest)} columns: {widest!r}"
     by_name = {row[0]: row for row in rows[1:]}
     examples = {
         doc["metadata"]["name"]
@@ -89,9 +92,11 @@ def test_get_configurations_prints_columns(control_plane: ControlPlane, namespac
         if doc and doc.get("kind") == "Configuration"
     }
     assert set(by_name) == examples
-    # A Configuration that cannot run says so in the default columns.
-    assert by_name["debug-echo"][1:7] == [
-        "debugEcho", "2", "2", "2", "1", "InvalidDiscoveryDetails"]
+    assert by_name["debug-echo"][1:6] == ["debugEcho", "2", "2", "2", "1"]
+    # A Configuration that cannot run says why in the wide view.
+    wide = table(control_plane, namespace, "configurations", "-o", "wide")
+    assert wide[0][6] == "DETAILS"
+    assert {row[0]: row for row in wide[1:]}["debug-echo"][6] == "InvalidDiscoveryDetails"
     # The short name and the "all" category reach the same objects.
     assert len(table(control_plane, namespace, "epc")) == len(rows)
     all_out = control_plane.kubectl("get", "all", "-n", namespace).stdout
