@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -30,8 +30,9 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 
 from tests.harness import kubebin
+from tests.harness.aio_process import terminate
 from tests.harness.cdi import CdiDeviceNode, CdiEdits
-from tests.harness.kube_waits import until
+from tests.harness.kube_waits import NodeWaits
 from tests.harness.kubelet_records import ContainerAllocation, Registration
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 #: How long a command on the node's stdin may take to be answered.
 COMMAND_TIMEOUT_S = 30.0
-#: How often ``wait_for`` and start-up re-check their condition.
+#: How often start-up re-checks its condition.
 WAIT_POLL_S = 0.05
 LEASE_NAMESPACE = "kube-node-lease"
 
@@ -64,7 +65,7 @@ def _cdi_edits(report: Mapping[str, Any] | None) -> CdiEdits | None:
     )
 
 
-class DeviceNode:
+class DeviceNode(NodeWaits):
     """One node run by the kubelet's device manager: NodeEmulator's interface, the real code."""
 
     def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
@@ -137,14 +138,7 @@ class DeviceNode:
 
     async def _terminate(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.returncode is None:
-            process.terminate()
-            try:
-                async with asyncio.timeout(STOP_TIMEOUT_S):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await terminate(process, grace_s=STOP_TIMEOUT_S)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -282,11 +276,3 @@ class DeviceNode:
         record = self._pod(namespace, pod)
         return record is not None and bool(record["live"])
 
-    async def wait_for(
-        self, predicate: Callable[[], bool], *,
-        timeout: float,  # noqa: ASYNC109 - the harness API every test shares
-        what: str,
-    ) -> None:
-        """Wait until ``predicate()`` is true; TimeoutError naming ``what`` after ``timeout``."""
-        await until(predicate, what=f"node {self.node_name}: {what}", within=timeout,
-                    poll=WAIT_POLL_S)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tests.harness import kubebin
+from tests.harness.aio_process import terminate
 
 #: How long the plugin may take to register (the kubelet dials it back inside Register).
 REGISTER_TIMEOUT_S = 60.0
@@ -61,12 +62,4 @@ class GoPlugin:
 
     async def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.returncode is not None:
-            return
-        process.terminate()
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT_S):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await terminate(process, grace_s=STOP_TIMEOUT_S)

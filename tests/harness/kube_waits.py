@@ -18,6 +18,8 @@ from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 WAIT_S = 60.0
 #: Pause between two looks at the condition.
 POLL_S = 0.1
+#: Pause between two looks in a node stand-in's ``wait_for`` (it reads local state only).
+NODE_POLL_S = 0.05
 
 T = TypeVar("T")
 
@@ -27,16 +29,27 @@ class WaitTimedOut(AssertionError, TimeoutError):
     on a node (``DeviceNode.wait_for``) may also catch as the TimeoutError it promises."""
 
 
+async def _poll(
+    look: Callable[[], Awaitable[T | None]], *, what: str, within: float, poll: float
+) -> T:
+    """The one poll every wait here runs: ``look`` until it returns something truthy, and
+    return that; WaitTimedOut naming ``what`` after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = await look()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise WaitTimedOut(f"timed out after {within:.0f}s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
 async def wait_until(
     check: Callable[[], Awaitable[bool]], *, what: str, within: float = WAIT_S
 ) -> None:
     """Return once ``check`` is true; fail naming ``what`` after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {within:.0f}s for {what}")
-        await asyncio.sleep(POLL_S)
+    await _poll(check, what=what, within=within, poll=POLL_S)
 
 
 async def wait_service_account(kube: AsyncClient, namespace: str) -> None:
@@ -122,12 +135,24 @@ async def until(
 ) -> T:
     """Poll a synchronous ``check`` until it returns something truthy, and return that; fail
     naming ``what`` after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        result = check()
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise WaitTimedOut(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(poll)
+
+    async def look() -> T | None:
+        return check()
+
+    return await _poll(look, what=what, within=within, poll=poll)
+
+
+class NodeWaits:
+    """``wait_for`` of both kubelet stand-ins (``NodeEmulator`` and ``DeviceNode``), so a test
+    waits on either the same way and the failure names the node."""
+
+    node_name: str
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], *,
+        timeout: float,  # noqa: ASYNC109 - the harness API every test shares
+        what: str,
+    ) -> None:
+        """Wait until ``predicate()`` is true; TimeoutError naming ``what`` after ``timeout``."""
+        await until(predicate, what=f"node {self.node_name}: {what}", within=timeout,
+                    poll=NODE_POLL_S)

@@ -26,7 +26,7 @@ from typing import Any, cast
 from lightkube import AsyncClient, KubeConfig
 
 from tests.harness.devicenode import DeviceNode
-from tests.harness.kube_waits import until
+from tests.harness.kube_waits import NodeWaits
 from tests.harness.kubelet_devices import KUBELET_SOCKET, PLUGIN_RPC_TIMEOUT_S, DeviceManager
 from tests.harness.kubelet_node import HEARTBEAT_INTERVAL_S, NodeReporter
 from tests.harness.kubelet_podresources import PodResourcesServer
@@ -45,9 +45,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: How often ``wait_for`` re-checks its predicate.
-WAIT_POLL_S = 0.05
-
 
 #: ``EDGEPLUG_KUBELET=devicenode`` makes ``NodeEmulator(...)`` a ``DeviceNode``: the kubelet's
 #: own device manager behind the same interface (tests/harness/devicenode.py), so any test can
@@ -55,7 +52,7 @@ WAIT_POLL_S = 0.05
 KUBELET_ENV = "EDGEPLUG_KUBELET"
 
 
-class NodeEmulator:
+class NodeEmulator(NodeWaits):
     """An emulated kubelet: a Node, kubelet.sock, device plugins' devices and pod admission."""
 
     def __new__(cls, **kwargs: Any) -> NodeEmulator:
@@ -176,15 +173,6 @@ class NodeEmulator:
         """Whether the newest pod of that name was admitted and still holds its devices."""
         record = self._pods.record(namespace, pod)
         return record is not None and record.live
-
-    async def wait_for(
-        self, predicate: Callable[[], bool], *,
-        timeout: float,  # noqa: ASYNC109 - the harness API every test shares
-        what: str,
-    ) -> None:
-        """Wait until ``predicate()`` is true; TimeoutError naming ``what`` after ``timeout``."""
-        await until(predicate, what=f"node {self.node_name}: {what}", within=timeout,
-                    poll=WAIT_POLL_S)
 
     # -- wiring ----------------------------------------------------------------------------
 
