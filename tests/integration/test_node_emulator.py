@@ -122,6 +122,18 @@ async def run_pod(kube: AsyncClient, namespace: str, name: str,
     return await wait_phase(kube, namespace, name, "Running")
 
 
+async def fail_pod(kube: AsyncClient, namespace: str, name: str, resources: Mapping[str, str],
+                   *, reason: str, says: str) -> Pod:
+    """Create a pod with these device limits; return it once Failed with ``reason`` and a
+    message that contains ``says``."""
+    await create_pod(kube, namespace, pod_manifest(name, resources=resources))
+    pod = await wait_phase(kube, namespace, name, "Failed")
+    assert pod.status is not None
+    assert pod.status.reason == reason, pod.status
+    assert says in (pod.status.message or ""), pod.status
+    return pod
+
+
 # -- registration and capacity -------------------------------------------------------------
 
 
@@ -243,15 +255,8 @@ async def test_failed_allocate_fails_the_pod_with_unexpected_admission_error(
     await broken.start()
     try:
         await wait_allocatable(kube, emulator.node_name, broken.resource_name, "1")
-        await create_pod(kube, pod_namespace,
-                         pod_manifest("doomed", resources={broken.resource_name: "1"}))
-
-        pod = await wait_phase(kube, pod_namespace, "doomed", "Failed")
-
-        assert pod.status is not None
-        assert pod.status.reason == ADMISSION_ERROR
-        assert pod.status.message is not None
-        assert "test plugin told to fail Allocate" in pod.status.message
+        await fail_pod(kube, pod_namespace, "doomed", {broken.resource_name: "1"},
+                       reason=ADMISSION_ERROR, says="test plugin told to fail Allocate")
         assert broken.calls.allocate == [("x",)]
         assert emulator.allocated_device_ids(broken.resource_name) == set()
     finally:
