@@ -26,12 +26,9 @@ import sys
 import time
 from typing import Any
 
-from lightkube import AsyncClient, KubeConfig
-
 from crds.naming import instance_name
-from crds.resources import InstanceResource
+from tests.bench.instance_times import InstanceTimes, apply_configuration
 from tests.bench.stats import machine_speed_line, summary
-from tests.harness.controller_process import apply
 from tests.harness.controlplane import ControlPlane
 from tests.harness.onvif_agent_netns import NetnsAgent
 from tests.harness.onvif_netns import (
@@ -47,7 +44,6 @@ CAMERAS = 200
 RUNS = 3
 HELLOS = 20
 INSTANCE_CAMERAS = 20  # cameras already known to the agent when the Hellos start
-WATCH_REOPEN_S = 0.2
 DISCOVERY_TIMEOUT_S = 1.0
 DEADLINE_S = 120.0
 
@@ -155,54 +151,26 @@ async def _bench_instances(bed: NetnsBed, plane: ControlPlane) -> list[float]:
         bed, bed.add_camera_ns(60), {"cameras": [camera(i, host) for i in range(1, 21)]}
     )
     node = "bench-node"
-    apply(plane, {
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-        "metadata": {"name": "cams", "namespace": namespace},
-        "spec": {"discoveryHandler": {"name": "onvif", "discoveryDetails": (
-            "discoveryTimeoutSeconds: 1\ndiscoveryIntervalSeconds: 60\nipv6: false\n")}},
-    })
+    apply_configuration(plane, namespace, "cams", "onvif",
+                        "discoveryTimeoutSeconds: 1\ndiscoveryIntervalSeconds: 60\nipv6: false\n")
     agent = NetnsAgent(plane, ns=bed.handler_ns, node_name=node, namespace=namespace,
                        workdir=bed.workdir)
-    seen: dict[str, float] = {}
-    client = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
-    watcher = asyncio.create_task(_watch(client, namespace, seen))
     samples: list[float] = []
     try:
-        await agent.start()
-        await _until(lambda: len(seen) >= INSTANCE_CAMERAS, "the first Instances")
-        for k in range(HELLOS):
-            new = camera(2000 + k, host)
-            url = f"http://{host}:8080/onvif/{new['index']}/device_service"
-            name = instance_name("cams", f"{url}-{new['uuid']}", shared=True, node=node)
-            sent = time.monotonic()
-            await cameras.command(cmd="add", camera=new)
-            await _until(functools.partial(seen.__contains__, name), f"Instance {name}")
-            samples.append(seen[name] - sent)
+        async with InstanceTimes(plane.kubeconfig, namespace) as times:
+            await agent.start()
+            await times.wait(lambda: len(times.seen) >= INSTANCE_CAMERAS, "the first Instances")
+            for k in range(HELLOS):
+                new = camera(2000 + k, host)
+                url = f"http://{host}:8080/onvif/{new['index']}/device_service"
+                name = instance_name("cams", f"{url}-{new['uuid']}", shared=True, node=node)
+                sent = time.monotonic()
+                await cameras.command(cmd="add", camera=new)
+                samples.append(await times.appeared(name) - sent)
     finally:
-        watcher.cancel()
         await agent.stop()
         await cameras.stop()
-        await client.close()
     return samples
-
-
-async def _watch(client: AsyncClient, namespace: str, seen: dict[str, float]) -> None:
-    while True:
-        try:
-            async for _kind, obj in client.watch(InstanceResource, namespace=namespace):
-                name = obj.metadata.name if obj.metadata else None
-                if name:
-                    seen.setdefault(name, time.monotonic())
-        except Exception:  # 429 while the API server warms up: reopen
-            await asyncio.sleep(WATCH_REOPEN_S)
-
-
-async def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {DEADLINE_S:.0f}s for {what}")
-        await asyncio.sleep(0.005)  # polls a dict the watch fills; no I/O
 
 
 def main(argv: list[str]) -> None:

@@ -29,19 +29,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from lightkube import AsyncClient, KubeConfig
-
 from agent.main import run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
-from crds.resources import InstanceResource
+from tests.bench.instance_times import InstanceTimes, apply_configuration
 from tests.bench.stats import machine_speed_line, summary
-from tests.harness.controller_process import apply
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
 
@@ -53,7 +49,6 @@ SAMPLES = 10
 TIMEOUT_S = 2.0
 INTERVAL_S = 2.0
 DEADLINE_S = 120.0
-WATCH_REOPEN_S = 0.2
 
 
 def _run_handler(url: str, timeout_s: float, steady_s: float = 0.0) -> dict[str, Any]:
@@ -141,58 +136,29 @@ async def _bench_instances(farm: Farm, plane: ControlPlane) -> list[float]:
     emulator = NodeEmulator(node_name=node, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir)
     settings = AgentSettings(node_name=node, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir,
                              pod_resources_socket=None, namespace=namespace)
-    apply(plane, {
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-        "metadata": {"name": "plcs", "namespace": namespace},
-        "spec": {"discoveryHandler": {"name": "opcua", "discoveryDetails": (
-            f"opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: [{farm.urls['small_lds']}]\n"
-            f"discoveryIntervalSeconds: {INTERVAL_S}\ntimeoutSeconds: {TIMEOUT_S}\n")},
-            "offlineGracePeriodSeconds": 0},
-    })
+    apply_configuration(
+        plane, namespace, "plcs", "opcua",
+        f"opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: [{farm.urls['small_lds']}]\n"
+        f"discoveryIntervalSeconds: {INTERVAL_S}\ntimeoutSeconds: {TIMEOUT_S}\n",
+        offlineGracePeriodSeconds=0)
     name = instance_name("plcs", farm.urls["mover"], shared=True, node=node)
-    seen: dict[str, float] = {}
-    client = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
-    watcher = asyncio.create_task(_watch(client, namespace, seen))
-    await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
     samples: list[float] = []
-    try:
-        for _ in range(SAMPLES):
-            started = await farm.command("start")
-            await _until(lambda: name in seen, f"Instance {name}")
-            samples.append(seen[name] - started["at"])
-            await farm.command("stop")
-            await _until(lambda: name not in seen, f"Instance {name} deleted")
-    finally:
-        watcher.cancel()
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
-        await emulator.stop(delete_node=True)
-        await client.close()
-        shutil.rmtree(plugin_dir, ignore_errors=True)
-    return samples
-
-
-async def _watch(client: AsyncClient, namespace: str, seen: dict[str, float]) -> None:
-    while True:
+    async with InstanceTimes(plane.kubeconfig, namespace) as times:
+        await emulator.start()
+        agent = asyncio.create_task(run_agent(settings))
         try:
-            async for kind, obj in client.watch(InstanceResource, namespace=namespace):
-                name = obj.metadata.name if obj.metadata else None
-                if name and kind == "DELETED":
-                    seen.pop(name, None)
-                elif name:
-                    seen.setdefault(name, time.monotonic())
-        except Exception:  # 429 while the API server warms up: reopen
-            await asyncio.sleep(WATCH_REOPEN_S)
-
-
-async def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {DEADLINE_S:.0f}s for {what}")
-        await asyncio.sleep(0.005)  # polls a dict the watch fills; no I/O
+            for _ in range(SAMPLES):
+                started = await farm.command("start")
+                samples.append(await times.appeared(name) - started["at"])
+                await farm.command("stop")
+                await times.gone(name)
+        finally:
+            agent.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await agent
+            await emulator.stop(delete_node=True)
+            shutil.rmtree(plugin_dir, ignore_errors=True)
+    return samples
 
 
 async def _bench(plane: ControlPlane) -> None:
