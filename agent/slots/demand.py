@@ -21,106 +21,53 @@ would receive every Pending pod's spec, and a stolen node token would read them 
   labelled or not): their kubelet may be admitting them right now, so the service gives back no
   reservation of what they request.
 
-A pod in both streams counts once (by uid), as bound if either stream says so. An unlabelled pod
-pinned here is not demand: it gets the fair share of the shared devices and whatever slot is
-free; labelling it gives it demand like a broker's. Only pod uid → extended-resource counts are
-kept, never the pods: the agent's memory target is 64 MiB with 200 Instances.
+- *this node's Node*: the controller, which may read every Pending pod, counts what the
+  unscheduled pods pinned to each node request, labelled or not, and writes it on the Node
+  (``crds.pinning.PINNED_DEMAND_ANNOTATION``). A user's pod pinned here by its own nodeSelector
+  or affinity is demand through it without any label; the labelled stream stays because it is
+  one hop shorter for broker pods (no controller in between).
+
+A pod in both pod streams counts once (by uid), as bound if either stream says so; what pinned
+pods want is the larger of the labelled stream's count and the Node's. Only pod uid →
+extended-resource counts are kept, never the pods: the agent's memory target is 64 MiB with 200
+Instances.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from lightkube import AsyncClient
-from lightkube.models.core_v1 import (
-    Container,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
-    PodSpec,
-)
-from lightkube.resources.core_v1 import Pod
+from lightkube.models.core_v1 import PodSpec
+from lightkube.resources.core_v1 import Node, Pod
 
 from agent import watching
 from agent.slots.rules import split_wanted
+from crds import pinning
 from crds.instance import Instance
 from crds.naming import LABEL_TARGET_NODE, instance_resource_name, target_node_label
 
 log = logging.getLogger(__name__)
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-NAME_FIELD = "metadata.name"
 PENDING = "Pending"
 #: The two pod streams (see the module docstring).
 TARGETED = "labelled for this node"
 BOUND = "bound to this node"
 
-Requests = dict[str, int]
+Requests = pinning.Requests
 _Key = tuple[str, str]  # (namespace, Instance name)
-
-
-def _pins(requirement: NodeSelectorRequirement, key: str) -> str | None:
-    values = requirement.values or []
-    if requirement.key == key and requirement.operator == "In" and len(set(values)) == 1:
-        return values[0]
-    return None
-
-
-def _term_node(term: NodeSelectorTerm) -> str | None:
-    """The one node a node-selector term admits, if it pins one."""
-    pinned = {_pins(r, NAME_FIELD) for r in term.matchFields or []}
-    pinned |= {_pins(r, HOSTNAME_LABEL) for r in term.matchExpressions or []}
-    pinned.discard(None)
-    return pinned.pop() if len(pinned) == 1 else None
 
 
 def pinned_node(spec: PodSpec) -> str | None:
     """The node a pod can only run on, as the controller pins broker pods; None if unpinned."""
-    by_selector = (spec.nodeSelector or {}).get(HOSTNAME_LABEL)
-    if by_selector:
-        return str(by_selector)
-    affinity = spec.affinity.nodeAffinity if spec.affinity else None
-    required = affinity.requiredDuringSchedulingIgnoredDuringExecution if affinity else None
-    if required is None or not required.nodeSelectorTerms:
-        return None
-    # Terms are ORed: the pod is pinned only if every term admits the same single node.
-    nodes = {_term_node(term) for term in required.nodeSelectorTerms}
-    return nodes.pop() if len(nodes) == 1 and None not in nodes else None
-
-
-def _container_requests(container: Container) -> Requests:
-    resources = container.resources
-    if resources is None:
-        return {}
-    # Extended resources must have requests == limits; either one may be given alone.
-    merged = {**(resources.limits or {}), **(resources.requests or {})}
-    counts: Requests = {}
-    for name, quantity in merged.items():
-        if "/" in name and str(quantity).isdecimal() and int(str(quantity)) > 0:
-            counts[name] = int(str(quantity))
-    return counts
+    return pinning.pinned_node(spec.to_dict())
 
 
 def extended_requests(spec: PodSpec) -> Requests:
-    """Extended resources (``<domain>/<name>``) the pod needs: the sum over its containers, or
-    more if one init container alone asks for more (init containers run one at a time)."""
-    total: Requests = {}
-    for container in spec.containers or []:
-        for name, count in _container_requests(container).items():
-            total[name] = total.get(name, 0) + count
-    for init in spec.initContainers or []:
-        for name, count in _container_requests(init).items():
-            total[name] = max(total.get(name, 0), count)
-    return total
-
-
-def _sum(pods: Iterable[Requests]) -> Requests:
-    total: Requests = {}
-    for requests in pods:
-        for name, count in requests.items():
-            total[name] = total.get(name, 0) + count
-    return total
+    """Extended resources (``<domain>/<name>``) the pod needs (``crds.pinning``)."""
+    return pinning.extended_requests(spec.to_dict())
 
 
 def instance_needs(
@@ -175,16 +122,25 @@ class PendingPods:
         self._streams: dict[str, dict[str, tuple[bool, Requests]]] = {
             TARGETED: {}, BOUND: {}
         }
+        #: The controller's count for this node (``crds.pinning.PINNED_DEMAND_ANNOTATION``).
+        self._annotated: Requests = {}
 
     def wanted(self) -> Requests:
+        """Per resource, the larger of what the labelled pods pinned here want and what the
+        controller counted for this node (every pinned pod, labelled or not: its Node
+        annotation); the two count the same pods, each with its own lag."""
         bound = self._bound_uids()
-        return _sum(r for uid, (_, r) in self._streams[TARGETED].items() if uid not in bound)
+        labelled = pinning.sum_requests(
+            r for uid, (_, r) in self._streams[TARGETED].items() if uid not in bound
+        )
+        return {name: max(labelled.get(name, 0), self._annotated.get(name, 0))
+                for name in labelled.keys() | self._annotated.keys()}
 
     def starting(self) -> Requests:
         counts: dict[str, Requests] = {}
         for table in self._streams.values():
             counts.update({uid: r for uid, (is_bound, r) in table.items() if is_bound})
-        return _sum(counts.values())
+        return pinning.sum_requests(counts.values())
 
     def _bound_uids(self) -> set[str]:
         return {
@@ -197,6 +153,30 @@ class PendingPods:
                 self._follow(TARGETED, labels={LABEL_TARGET_NODE: target_node_label(self.node)})
             )
             streams.create_task(self._follow(BOUND, fields={"spec.nodeName": self.node}))
+            streams.create_task(self._follow_node())
+
+    async def _follow_node(self) -> None:
+        """This node's Node object: the controller's count of pods pinned here."""
+        events = watching.watch(
+            self._client, Node, what="node (pinned demand)",
+            fields={"metadata.name": self.node},
+        )
+        async for op, node in events:
+            annotations = (node.metadata.annotations if node.metadata else None) or {}
+            self.annotated(None if op == "DELETED"
+                           else annotations.get(pinning.PINNED_DEMAND_ANNOTATION))
+
+    def annotated(self, value: str | None) -> None:
+        """Take the Node's pinned-demand annotation into account (public so tests can feed
+        it); a malformed one counts as none, with a warning."""
+        before = self.wanted()
+        try:
+            self._annotated = pinning.parse_pinned_demand(value)
+        except ValueError as error:
+            log.warning("ignoring the Node's pinned demand: %s", error)
+            self._annotated = {}
+        if self.wanted() != before:
+            self._on_change()
 
     async def _follow(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
+import pytest
 from lightkube import AsyncClient
 from lightkube.models.core_v1 import PodSpec
 from lightkube.resources.core_v1 import Pod
@@ -24,6 +25,7 @@ from agent.slots.demand import (
 )
 from agent.slots.rules import instance_devices, reservation_plan, split_wanted
 from crds.instance import Instance
+from crds.pinning import format_pinned_demand, parse_pinned_demand
 from tests.harness.slot_instances import NAME, slot_instance
 
 S0, S1, S2, S3 = (f"{NAME}-{i}" for i in range(4))
@@ -260,3 +262,28 @@ def test_pods_bound_here_hold_labelled_or_not_and_a_pod_in_both_streams_counts_o
     # An unscheduled pod is demand only through the labelled stream.
     pods.update(_pod("stray"), stream=BOUND)
     assert pods.wanted() == {}
+
+
+def test_the_controllers_count_on_the_node_is_demand_for_unlabelled_pinned_pods() -> None:
+    changes: list[int] = []
+    pods = PendingPods(client=cast(AsyncClient, None), node="n1",
+                       on_change=lambda: changes.append(1))
+    pods.annotated('{"edgeplug.io/cam":2,"edgeplug.io/cam-abc":1}')
+    assert pods.wanted() == {"edgeplug.io/cam": 2, "edgeplug.io/cam-abc": 1}
+    pods.update(_pod("u1"))  # a labelled pod the controller counted too: the larger count wins
+    assert pods.wanted() == {"edgeplug.io/cam": 2, "edgeplug.io/cam-abc": 1}
+    pods.annotated("{}")
+    assert pods.wanted() == {"edgeplug.io/cam": 1}
+    pods.annotated("not json")  # malformed: no demand from it, the watch goes on
+    assert pods.wanted() == {"edgeplug.io/cam": 1}
+    assert len(changes) == 2
+
+
+def test_the_pinned_demand_annotation_round_trips_and_refuses_garbage() -> None:
+    text = format_pinned_demand({"b/x": 1, "a/y": 2, "c/z": 0})
+    assert text == '{"a/y":2,"b/x":1}'
+    assert parse_pinned_demand(text) == {"a/y": 2, "b/x": 1}
+    assert parse_pinned_demand(None) == {}
+    for bad in ('["a"]', '{"a/y": -1}', '{"a/y": true}', '{"a/y": "2"}'):
+        with pytest.raises(ValueError, match="pinned-demand"):
+            parse_pinned_demand(bad)
