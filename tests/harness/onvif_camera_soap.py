@@ -58,6 +58,9 @@ class CameraSpec:
     profiles: list[Profile] = field(default_factory=list)
     username: str | None = None  # None: no authentication required
     password: str = ""
+    #: demands credentials even for GetSystemDateAndTime (ONVIF says it must be open; some
+    #: deployed cameras and third-party implementations lock it too)
+    clock_auth: bool = False
     fault: str | None = None  # one of FAULTS
     silent: bool = False  # answers neither probes nor SOAP (unplugged)
     metadata_version: int = 1
@@ -127,7 +130,8 @@ class SoapResponder:
         operation = etree.QName(request[0]).localname
         if camera.fault == "soap_fault":
             return 500, fault("ter:ActionNotSupported", "simulated fault")
-        if camera.username is not None and operation not in UNAUTHENTICATED_OPERATIONS:
+        open_to_all = operation in UNAUTHENTICATED_OPERATIONS and not camera.clock_auth
+        if camera.username is not None and not open_to_all:
             header = root.find(f"{{{NS_SOAP}}}Header")
             security = header.find(f"{{{NS_WSSE}}}Security") if header is not None else None
             if not digest_ok(security, camera.username, camera.password):

@@ -240,3 +240,21 @@ def camera(index: int, host: str, **fields: Any) -> dict[str, Any]:
         "mac": f"02:00:00:00:{index // 256:02x}:{index % 256:02x}",
         **fields,
     }
+
+
+async def edgeplug_discover(
+    bed: NetnsBed, configuration: str, *arguments: str
+) -> tuple[int, str, str]:
+    """``edgeplug discover -o json`` of a Configuration's YAML, run in the handler's namespace:
+    exit status, standard output, standard error."""
+    path = bed.workdir / f"configuration-{uuid_module.uuid4().hex[:6]}.yaml"
+    path.write_text(configuration, encoding="utf-8")
+    proc = await asyncio.create_subprocess_exec(
+        "ip", "netns", "exec", bed.handler_ns, sys.executable, "-m", "crds.cli", "discover",
+        "-f", str(path), "-o", "json", "--timeout", "20", *arguments,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+    )
+    async with asyncio.timeout(WAIT_S):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -8,27 +8,24 @@ behind a router is reachable only by unicast, as on a routed site network.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from crds.naming import instance_name
-from tests.harness.kube_waits import WAIT_S
 from tests.harness.onvif_netns import (
     FAR_V4,
     LAN_V4,
     LAN_V6,
-    REPO,
     LineProcess,
     NetnsBed,
     camera,
     start_cameras,
     start_runner,
 )
+from tests.harness.onvif_netns import edgeplug_discover as discover_in_ns
 
 PASSWORD = "correct-horse-battery"
 WRONG = "wrong-password-xyzzy"
@@ -198,18 +195,8 @@ spec:
 
 
 async def edgeplug_discover(bed: NetnsBed, extra: str) -> tuple[int, str, str]:
-    path = bed.workdir / f"configuration-{len(extra)}.yaml"
-    path.write_text(CONFIGURATION.format(extra=extra), encoding="utf-8")
-    proc = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", bed.handler_ns, sys.executable, "-m", "crds.cli", "discover",
-        "-f", str(path), "-o", "json", "--timeout", "20", "--property",
-        f"password_default={PASSWORD}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
-    )
-    async with asyncio.timeout(WAIT_S):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    configuration = CONFIGURATION.format(extra=extra)
+    return await discover_in_ns(bed, configuration, "--property", f"password_default={PASSWORD}")
 
 
 async def test_edgeplug_discover_lists_the_simulated_cameras(

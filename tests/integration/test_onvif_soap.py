@@ -81,6 +81,38 @@ async def test_refused_credentials_leave_what_the_camera_shows_without(
     assert description.streams == ()
 
 
+async def test_a_locked_clock_is_asked_again_with_the_credentials(
+    server: SoapServer, clients: SoapClients
+) -> None:
+    server.responder.cameras[1].clock_auth = True
+    camera = session(server, clients, 1, Credential("admin", PASSWORD))
+    await camera.check_clock()
+    assert not camera.locked
+    assert (await camera.describe()).model == "FLEXIDOME"
+    await camera.check_clock()  # signed at once from now on
+    assert not camera.locked
+
+
+@pytest.mark.parametrize(
+    ("credential", "refused", "missing"),
+    [(None, False, True), (Credential("admin", "wrong"), True, False)],
+)
+async def test_a_locked_clock_without_the_right_credentials_is_an_answer(
+    server: SoapServer,
+    clients: SoapClients,
+    credential: Credential | None,
+    refused: bool,
+    missing: bool,
+) -> None:
+    server.responder.cameras[1].clock_auth = True
+    camera = session(server, clients, 1, credential)
+    await camera.check_clock()  # a refusal proves the camera is there: no CameraError
+    assert camera.locked
+    description = await camera.describe()
+    assert (description.auth_refused, description.credentials_missing) == (refused, missing)
+    assert description.manufacturer == description.mac == ""
+
+
 async def test_an_open_camera_needs_no_credentials(
     server: SoapServer, clients: SoapClients
 ) -> None:
