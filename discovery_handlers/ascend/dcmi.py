@@ -151,7 +151,7 @@ class Dcmi:
             function.argtypes = argtypes
             function.restype = ctypes.c_int
             self._functions[name] = function
-        code = self._functions["dcmi_init"]()
+        code = self._call("dcmi_init")
         if code != DCMI_OK:
             raise DcmiError(error_text("dcmi_init", code))
 

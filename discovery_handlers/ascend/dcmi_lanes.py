@@ -39,18 +39,20 @@ MAX_LIBRARIES = 8  # libraries kept loaded (one per libraryPath in use on the no
 
 
 class LaneStuck(Exception):
-    """The lane's call did not answer in time, or an earlier call still has not."""
+    """The lane's call did not answer in time, or an earlier call still has not. The text is
+    the same at every pass while the call stays stuck (so the chips' health does not change
+    from one poll to the next)."""
 
-    def __init__(self, what: str, since: float, *, waited: float | None) -> None:
+    def __init__(self, what: str, since: float, timeout: float) -> None:
         self.what = what
-        self.since = since
-        self.waited = waited
+        self.since = since  # wall-clock time the stuck call started
+        self.timeout = timeout
         super().__init__(self.describe())
 
     def describe(self) -> str:
-        if self.waited is not None:
-            return f"{self.what} did not answer within {self.waited:g} s"
-        return f"{self.what} has not answered for {time.monotonic() - self.since:.1f} s"
+        started = time.strftime("%H:%M:%S", time.gmtime(self.since))
+        return (f"{self.what} did not answer within {self.timeout:g} s "
+                f"(stuck since {started} UTC)")
 
 
 class Lane:
@@ -62,17 +64,19 @@ class Lane:
             queue.SimpleQueue())
         self._lock = threading.Lock()
         self._busy_since: float | None = None
+        self._timeout = 0.0
         self._thread_id = 0
         self._thread = threading.Thread(target=self._serve, name=f"dcmi-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, function: Callable[[], _T]) -> Future[_T]:
-        """Start ``function()`` on this lane; ``LaneStuck`` when the lane is still inside an
-        earlier call."""
+    def submit(self, function: Callable[[], _T], timeout: float) -> Future[_T]:
+        """Start ``function()`` on this lane, to be waited for ``timeout`` at most;
+        ``LaneStuck`` when the lane is still inside an earlier call."""
         with self._lock:
             if self._busy_since is not None:
-                raise LaneStuck(self._what(), self._busy_since, waited=None)
-            self._busy_since = time.monotonic()
+                raise LaneStuck(self._what(), self._busy_since, self._timeout)
+            self._busy_since = time.time()
+            self._timeout = timeout
         future: Future[_T] = Future()
         self._jobs.put((function, future))
         return future
@@ -80,15 +84,15 @@ class Lane:
     def call(self, function: Callable[[], _T], timeout: float) -> _T:
         """``function()`` on this lane; ``LaneStuck`` when it takes longer than ``timeout`` or
         the lane is still inside an earlier call."""
-        return self.wait(self.submit(function), timeout, waited=timeout)
+        return self.wait(self.submit(function, timeout), timeout)
 
-    def wait(self, future: Future[_T], timeout: float, *, waited: float) -> _T:
-        """The result of a call ``submit`` started, waiting at most ``timeout`` more."""
+    def wait(self, future: Future[_T], left: float) -> _T:
+        """The result of a call ``submit`` started, waiting at most ``left`` more seconds."""
         try:
-            return future.result(timeout=max(0.0, timeout))
+            return future.result(timeout=max(0.0, left))
         except FutureTimeout:
-            raise LaneStuck(self._what(), self._busy_since or time.monotonic(),
-                            waited=waited) from None
+            raise LaneStuck(self._what(), self._busy_since or time.time(),
+                            self._timeout) from None
 
     def _what(self) -> str:
         inside = dcmi.calling(self._thread_id)
@@ -148,13 +152,12 @@ class BoundedDcmi:
             if lane is None:
                 lane = self._cards[card] = Lane(f"card {card}")
             try:
-                started[card] = lane.submit(_reader(library, card))
+                started[card] = lane.submit(_reader(library, card), timeout)
             except LaneStuck as stuck:
                 chips.extend(self._stuck(card, stuck, problems))
         for card, future in started.items():
             try:
-                scan = self._cards[card].wait(future, deadline - time.monotonic(),
-                                              waited=timeout)
+                scan = self._cards[card].wait(future, deadline - time.monotonic())
             except LaneStuck as stuck:
                 chips.extend(self._stuck(card, stuck, problems))
                 continue
