@@ -113,7 +113,8 @@ async def test_a_hung_init_fails_over_to_npu_smi(node: AscendNode) -> None:
     stream = handler.discover(parsed)
     try:
         devices = await next_list(stream)
-        assert len(devices) == 8 and unhealthy(devices) == []
+        assert len(devices) == 8
+        assert unhealthy(devices) == []
         status = handler.status(parsed)
         assert status.source == "npu-smi"
         assert "DCMI dcmi_init (library) did not answer within 0.5 s" in str(status)

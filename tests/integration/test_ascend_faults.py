@@ -71,7 +71,8 @@ async def test_a_users_fault_table_from_a_configmap_key(node: AscendNode) -> Non
     devices = await first_list(node.details(), {"FAULT_CODE_JSON": table})
     healthy = [d.health.healthy for d in devices]
     assert healthy[2] is False  # NotHandleFault by default, RestartBusiness in the user's
-    assert healthy[7] is True and healthy[10] is True
+    assert healthy[7] is True
+    assert healthy[10] is True
     assert healthy[4] is False  # not in the user's table at all: unknown, SeparateNPU
 
 

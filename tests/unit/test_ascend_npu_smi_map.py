@@ -66,7 +66,8 @@ def remap(phy: int, npu: int, chip: int) -> str:
 def test_the_map_skips_mcus_and_keeps_names_with_spaces() -> None:
     rows = parse_npu_smi_map(MAP_DUO)
     assert sorted(rows) == [(1, 0), (1, 1), (2, 0), (2, 1), (7, 0), (7, 1)]
-    assert rows[(7, 1)].logic_id == 5 and rows[(7, 1)].phy_id is None
+    assert rows[(7, 1)].logic_id == 5
+    assert rows[(7, 1)].phy_id is None
     assert rows[(7, 1)].name == "Ascend 310P3"
 
 
