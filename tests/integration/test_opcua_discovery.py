@@ -2,10 +2,11 @@
 implementations: asyncua (in this process) and open62541 (the C stack many devices embed, as the
 ``o6`` build, each server its own process). Found through the LDS and directly, filtered by
 application name, gone when stopped and back under the same id when restarted, gone when
-deregistered from the LDS, a warning (not silence) when the LDS stops answering; against asyncua
-only: unhealthy when not Running (open62541 computes its state, it cannot be set) and a server
-that accepts only Basic256Sha256 SignAndEncrypt (open62541's secured servers:
-``test_opcua_open62541_secure.py``)."""
+frozen (open62541) and back when it answers, gone when deregistered from the LDS (open62541), a
+warning (not silence) when the LDS stops answering; against asyncua only: unhealthy when not
+Running (open62541 computes its state, it cannot be set) and a server that accepts only
+Basic256Sha256 SignAndEncrypt (open62541's secured servers: ``test_opcua_open62541_secure.py``).
+"""
 
 from __future__ import annotations
 
@@ -130,6 +131,22 @@ async def test_stopped_server_gone_restarted_back_under_the_same_name(fleet: Fle
     assert after.keys() == before.keys(), "the same device id, so the same Instance name"
     assert instance_name("opcua", fleet.alpha.url, shared=True, node="any") in {
         instance_name("opcua", device_id, shared=True, node="any") for device_id in after}
+
+
+@pytest.mark.parametrize("fleet", [OPEN62541], indirect=True)
+async def test_frozen_server_gone_thawed_back(fleet: Fleet) -> None:
+    """A hung server (SIGSTOP: its port open, nothing answering) costs its check the timeout and
+    leaves the list; it is back once it answers (open62541 only: asyncua runs in this process)."""
+    alpha = fleet.alpha
+    assert isinstance(alpha, Open62541Server)
+    async with DeviceWatch(details(fleet.lds.url, fleet.beta.url)) as watch:
+        await watch.until(lambda d: names_of(d) == {"alpha", "beta"}, what="both")
+        alpha.freeze()
+        try:
+            await watch.until(lambda d: names_of(d) == {"beta"}, what="alpha gone once frozen")
+        finally:
+            alpha.thaw()
+        await watch.until(lambda d: names_of(d) == {"alpha", "beta"}, what="alpha back")
 
 
 @pytest.mark.parametrize("fleet", [ASYNCUA], indirect=True)
