@@ -66,6 +66,14 @@ async def run_agent(
         cdi=CdiSpecs(settings.cdi_spec_dir),
     )
     parts: list[Coroutine[Any, Any, None]] = [watch.run()]
+    if settings.discovery_handlers_dir is not None:
+        from agent.akri_registration import HandlerRegistration
+
+        registration = HandlerRegistration(
+            directory=settings.discovery_handlers_dir, grace=settings.external_handler_grace,
+            metrics=metrics,
+        )
+        parts.insert(0, registration.run())  # first: it routes handler look-ups before runs
     if settings.serve_device_plugins:
         # Imported here so the discovery side runs (and is tested) on its own.
         from agent.slots.service import serve_device_plugins

@@ -18,6 +18,10 @@ DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # Prometheus scrapes the pod IP; tests bind 127.0.0.1
 DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
+#: Akri's discovery-handlers directory: its handler DaemonSets register there.
+DEFAULT_DISCOVERY_HANDLERS_DIR = Path("/var/lib/akri")
+#: Seconds an out-of-process handler may stay unreachable before its name is free again.
+DEFAULT_EXTERNAL_HANDLER_GRACE = 300.0
 HELP_WIDTH = 96
 
 
@@ -50,6 +54,12 @@ ENVIRONMENT = (
                         "the one namespace whose Configurations this agent serves"),
     EnvironmentVariable("DEVICE_PLUGINS", "on",
                         "off: discovery and Instances only, no kubelet device plugins"),
+    EnvironmentVariable("DISCOVERY_HANDLERS_DIRECTORY", str(DEFAULT_DISCOVERY_HANDLERS_DIR),
+                        "where Akri's out-of-process discovery handlers register "
+                        "(agent-registration.sock); empty: no registration service"),
+    EnvironmentVariable("EXTERNAL_HANDLER_GRACE_SECONDS", f"{DEFAULT_EXTERNAL_HANDLER_GRACE:g}",
+                        "how long a registered handler may stay unreachable before its "
+                        "registration is dropped (a built-in of its name serves again)"),
 )
 
 
@@ -60,7 +70,9 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class AgentSettings:
     """Everything the agent needs to start. ``namespace`` None watches every namespace;
-    ``cdi_spec_dir`` None writes no CDI specs (the environment's default is ``/var/run/cdi``)."""
+    ``cdi_spec_dir`` None writes no CDI specs (the environment's default is ``/var/run/cdi``);
+    ``discovery_handlers_dir`` None hosts no handler registration (the environment's default is
+    Akri's ``/var/lib/akri``)."""
 
     node_name: str
     kubeconfig: Path | None = None
@@ -71,6 +83,8 @@ class AgentSettings:
     namespace: str | None = None
     serve_device_plugins: bool = True
     cdi_spec_dir: Path | None = None
+    discovery_handlers_dir: Path | None = None
+    external_handler_grace: float = DEFAULT_EXTERNAL_HANDLER_GRACE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -90,6 +104,12 @@ class AgentSettings:
                 raise SettingsError(f"METRICS_PORT must be an integer: {exc}") from exc
         pod_resources = env.get("POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET))
         cdi_dir = env.get("CDI_SPEC_DIR", str(DEFAULT_CDI_SPEC_DIR))
+        handlers_dir = env.get("DISCOVERY_HANDLERS_DIRECTORY", str(DEFAULT_DISCOVERY_HANDLERS_DIR))
+        try:
+            grace = float(env.get("EXTERNAL_HANDLER_GRACE_SECONDS")
+                          or DEFAULT_EXTERNAL_HANDLER_GRACE)
+        except ValueError as exc:
+            raise SettingsError(f"EXTERNAL_HANDLER_GRACE_SECONDS must be a number: {exc}") from exc
         return cls(
             node_name=node_name,
             kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
@@ -100,6 +120,8 @@ class AgentSettings:
             namespace=env.get("WATCH_NAMESPACE") or None,
             serve_device_plugins=env.get("DEVICE_PLUGINS", "on").lower() != "off",
             cdi_spec_dir=Path(cdi_dir) if cdi_dir else None,
+            discovery_handlers_dir=Path(handlers_dir) if handlers_dir else None,
+            external_handler_grace=grace,
         )
 
 

@@ -8,6 +8,7 @@ Configuration actually names a handler: the agent on a small gateway pays only f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
 from discovery_handlers.contract import DiscoveryHandler
@@ -15,6 +16,12 @@ from discovery_handlers.contract import DiscoveryHandler
 ENTRY_POINT_GROUP = "edgeplug.discovery_handlers"
 
 _loaded: dict[str, DiscoveryHandler] = {}
+
+#: Given a name and the installed handler of that name (None when none is), the handler to run
+#: instead, or None for the installed one. The agent sets it while it hosts Akri's handler
+#: registration, so a registered out-of-process handler can serve a name.
+Resolver = Callable[[str, DiscoveryHandler | None], DiscoveryHandler | None]
+_resolver: Resolver | None = None
 
 
 class UnknownHandler(LookupError):
@@ -54,12 +61,33 @@ def register_handler(handler: DiscoveryHandler) -> None:
     _loaded[handler.name] = handler
 
 
+def set_resolver(resolver: Resolver | None) -> None:
+    """Route ``load_handler`` through ``resolver`` (None: installed handlers only)."""
+    global _resolver
+    _resolver = resolver
+
+
 def load_handler(name: str) -> DiscoveryHandler:
     """Import (once) and return the handler a Configuration names.
 
     Raises ``UnknownHandler`` listing the known names, or ``BrokenHandler`` when the entry point
     fails to import or does not satisfy the ``DiscoveryHandler`` protocol.
     """
+    if _resolver is None:
+        return _load_installed(name)
+    try:
+        installed: DiscoveryHandler | None = _load_installed(name)
+    except UnknownHandler:
+        installed = None
+    resolved = _resolver(name, installed)
+    if resolved is not None:
+        return resolved
+    if installed is None:
+        raise UnknownHandler(name, known_handler_names())
+    return installed
+
+
+def _load_installed(name: str) -> DiscoveryHandler:
     cached = _loaded.get(name)
     if cached is not None:
         return cached

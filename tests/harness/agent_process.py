@@ -170,7 +170,8 @@ class AgentSubprocess:
         env = dict(os.environ)
         # No CDI specs unless a test asks (extra_env): never into this machine's /var/run/cdi.
         env.update({"NODE_NAME": node_name, "KUBECONFIG": str(cp.kubeconfig),
-                    "POD_RESOURCES_SOCKET": "", "CDI_SPEC_DIR": ""})
+                    "POD_RESOURCES_SOCKET": "", "CDI_SPEC_DIR": "",
+                    "DISCOVERY_HANDLERS_DIRECTORY": ""})
         if namespace:
             env["WATCH_NAMESPACE"] = namespace
         if plugin_dir is not None:

@@ -20,6 +20,7 @@ import yaml
 
 from agent.settings import (
     DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_DISCOVERY_HANDLERS_DIR,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentSettings,
@@ -125,6 +126,7 @@ def test_daemonset_environment_gives_the_agent_the_node_defaults() -> None:
         namespace=None,  # every namespace: the RBAC is cluster-wide
         serve_device_plugins=True,
         cdi_spec_dir=DEFAULT_CDI_SPEC_DIR,
+        discovery_handlers_dir=DEFAULT_DISCOVERY_HANDLERS_DIR,
     )
 
 
@@ -140,7 +142,7 @@ def test_every_daemonset_variable_is_one_the_agent_reads() -> None:
         except SettingsError:
             required.append(name)
             continue
-        if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET"):
+        if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET", "DISCOVERY_HANDLERS_DIRECTORY"):
             # These restate the defaults (explicit for operators); the value is what is read.
             changed = AgentSettings.from_env({**rest, name: "/elsewhere/x.sock"})
             assert changed != full, f"{name} is not read by AgentSettings.from_env"
@@ -171,7 +173,10 @@ def test_daemonset_mounts_the_kubelet_paths_the_settings_name() -> None:
     assert host_paths[mounts[cdi_dir]["name"]] == cdi_dir
     writable_host = [m["mountPath"] for m in mounts.values()
                      if m["name"] in host_paths and not m.get("readOnly")]
-    assert sorted(writable_host) == sorted([str(settings.plugin_dir), cdi_dir])
+    assert settings.discovery_handlers_dir is not None
+    handlers_dir = str(settings.discovery_handlers_dir)
+    assert host_paths[mounts[handlers_dir]["name"]] == handlers_dir
+    assert sorted(writable_host) == sorted([str(settings.plugin_dir), cdi_dir, handlers_dir])
 
 
 def test_agent_memory_limit_leaves_a_margin_above_its_target() -> None:

@@ -1,0 +1,124 @@
+"""Akri's handler registration, hosted by the agent: out-of-process handlers join by gRPC.
+
+Why this exists: Akri runs its discovery handlers (its own and every custom one users wrote) as
+separate processes, usually a DaemonSet beside the agent, that register with the agent over a
+Unix socket in ``$DISCOVERY_HANDLERS_DIRECTORY`` (``agent-registration.sock``; Akri's default
+directory is ``/var/lib/akri``). The agent serves Akri's ``v0.Registration`` there, keeps the
+node's registrations in a ``Registrations`` table and routes the handler registry through
+``ExternalHandlers``, so a Configuration naming a registered handler runs it (see
+``discovery_handlers.external.handler``). The metric ``edgeplug_discovery_handlers_registered``
+shows which names are registered on the node.
+
+The registry's resolver is process-wide: one agent per process hosts registrations (the
+DaemonSet runs one; in-process test agents leave it off unless a test asks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import grpc
+from prometheus_client import Gauge
+
+from agent.metrics import AgentMetrics
+from discovery_handlers.external.akriapi import discovery_pb2 as pb
+from discovery_handlers.external.akriapi import discovery_pb2_grpc as pb_grpc
+from discovery_handlers.external.handler import ExternalHandlers
+from discovery_handlers.external.registrations import (
+    BadRegistration,
+    EndpointType,
+    Registrations,
+)
+from discovery_handlers.registry import set_resolver
+
+log = logging.getLogger(__name__)
+
+#: Akri's name for the agent's registration socket, inside the discovery-handlers directory.
+REGISTRATION_SOCKET_NAME = "agent-registration.sock"
+
+
+class _RegistrationService(pb_grpc.RegistrationServicer):
+    def __init__(self, registrations: Registrations) -> None:
+        self._registrations = registrations
+
+    async def RegisterDiscoveryHandler(
+        self,
+        request: pb.RegisterDiscoveryHandlerRequest,
+        context: grpc.aio.ServicerContext[pb.RegisterDiscoveryHandlerRequest, pb.Empty],
+    ) -> pb.Empty:
+        try:
+            endpoint_type = EndpointType(request.endpoint_type)
+            registration = self._registrations.register(
+                name=request.name, endpoint=request.endpoint, endpoint_type=endpoint_type,
+                shared=request.shared,
+            )
+        except (BadRegistration, ValueError) as exc:
+            log.warning("refused the registration of discovery handler %r: %s",
+                        request.name, exc, extra={"handler": request.name})
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # abort raises; this line is for readers and type checkers
+        log.info(
+            "discovery handler %r registered at %s (%s, %s devices)", registration.name,
+            registration.endpoint, registration.endpoint_type.name,
+            "shared" if registration.shared else "local", extra={"handler": registration.name},
+        )
+        return pb.Empty()
+
+
+class HandlerRegistration:
+    """The registration service of one agent: ``run`` serves it until cancelled."""
+
+    def __init__(self, *, directory: Path, grace: float, metrics: AgentMetrics) -> None:
+        self.directory = directory
+        self.socket = directory / REGISTRATION_SOCKET_NAME
+        self.registrations = Registrations()
+        self._grace = grace
+        self._registered = Gauge(
+            "edgeplug_discovery_handlers_registered",
+            "Out-of-process discovery handlers registered on this node (Akri's protocol), "
+            "1 per registered name", ["handler"], registry=metrics.registry,
+        )
+        self._shown: set[str] = set()
+        self.registrations.on_change(self._count)
+
+    def _count(self) -> None:
+        names = set(self.registrations.names())
+        for gone in self._shown - names:
+            self._registered.remove(gone)
+        for name in names - self._shown:
+            self._registered.labels(name).set(1)
+        self._shown = names
+
+    async def run(self) -> None:
+        """Install the resolver at once (before any discovery run loads a handler: ``main``
+        starts this first), then serve the socket until cancelled."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.socket.unlink(missing_ok=True)
+        except OSError as exc:
+            log.error("cannot host discovery-handler registration in %s (%s); external "
+                      "discovery handlers are off", self.directory, exc)
+            return
+        set_resolver(ExternalHandlers(
+            self.registrations, grace=self._grace, waiting_on=str(self.socket)
+        ))
+        server = grpc.aio.server()
+        pb_grpc.add_RegistrationServicer_to_server(
+            _RegistrationService(self.registrations), server
+        )
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        ours = os.stat(self.socket).st_ino
+        log.info("serving discovery-handler registration on %s", self.socket)
+        try:
+            await server.wait_for_termination()
+        finally:
+            set_resolver(None)
+            await server.stop(grace=None)
+            try:
+                if os.stat(self.socket).st_ino == ours:  # not a newer agent's socket
+                    self.socket.unlink()
+            except FileNotFoundError:
+                pass

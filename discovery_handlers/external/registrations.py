@@ -1,0 +1,119 @@
+"""The node's table of registered out-of-process discovery handlers (Akri's protocol).
+
+Why this exists: the agent's registration service writes into it and every discovery run of a
+registered name reads it, so a handler that registers again (it restarted, it moved to another
+endpoint) is picked up at once by every run serving its name. One entry per name, as in Akri: a
+new registration replaces the old one. Plain asyncio, no gRPC, no Kubernetes: the service that
+fills it lives in the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: Schemes a NETWORK endpoint may carry (Akri's handlers in pods register ``http://ip:port``).
+_INSECURE_SCHEMES = ("http://", "grpc://")
+
+
+class EndpointType(enum.Enum):
+    """How a handler is reached; the values are Akri's wire values."""
+
+    UDS = 0
+    NETWORK = 1
+
+
+class BadRegistration(ValueError):
+    """A registration the agent refuses (the message says which field and why)."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One handler's registration. ``generation`` grows with every registration on this node,
+    so a run can tell "the same handler registered again" from "nothing changed"."""
+
+    name: str
+    endpoint: str
+    endpoint_type: EndpointType
+    shared: bool
+    generation: int
+
+    def target(self) -> str:
+        """The gRPC target the agent dials."""
+        if self.endpoint_type is EndpointType.UDS:
+            return f"unix://{self.endpoint}"
+        for scheme in _INSECURE_SCHEMES:
+            if self.endpoint.startswith(scheme):
+                return self.endpoint[len(scheme):]
+        return self.endpoint
+
+
+def check(name: str, endpoint: str, endpoint_type: EndpointType) -> None:
+    """Refuse a registration no run could use; raises ``BadRegistration``."""
+    if not name:
+        raise BadRegistration("name is empty")
+    if not endpoint:
+        raise BadRegistration("endpoint is empty")
+    if endpoint_type is EndpointType.UDS and not endpoint.startswith("/"):
+        raise BadRegistration(f"UDS endpoint {endpoint!r} is not an absolute socket path")
+    if endpoint_type is EndpointType.NETWORK and endpoint.startswith("https://"):
+        raise BadRegistration(f"NETWORK endpoint {endpoint!r}: TLS is not supported")
+
+
+class Registrations:
+    """Current registration per name, and a wake-up for whoever waits on a name's changes."""
+
+    def __init__(self) -> None:
+        self._current: dict[str, Registration] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._generations = itertools.count(1)
+        self._listeners: list[Callable[[], None]] = []
+
+    def register(
+        self, *, name: str, endpoint: str, endpoint_type: EndpointType, shared: bool
+    ) -> Registration:
+        """Record (or replace) ``name``'s registration; raises ``BadRegistration``."""
+        check(name, endpoint, endpoint_type)
+        registration = Registration(
+            name=name, endpoint=endpoint, endpoint_type=endpoint_type, shared=shared,
+            generation=next(self._generations),
+        )
+        self._current[name] = registration
+        self._wake(name)
+        return registration
+
+    def drop(self, registration: Registration) -> bool:
+        """Forget ``registration`` unless a newer one replaced it; True when it was dropped."""
+        if self._current.get(registration.name) != registration:
+            return False
+        del self._current[registration.name]
+        self._wake(registration.name)
+        return True
+
+    def get(self, name: str) -> Registration | None:
+        return self._current.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._current)
+
+    def changed(self, name: str) -> asyncio.Event:
+        """An event set at the next change of ``name``'s registration (fetch it before reading
+        the registration, so a change in between is not missed)."""
+        event = self._changed.get(name)
+        if event is None:
+            event = self._changed[name] = asyncio.Event()
+        return event
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every registration and drop (the agent's metric)."""
+        self._listeners.append(listener)
+
+    def _wake(self, name: str) -> None:
+        event = self._changed.pop(name, None)
+        if event is not None:
+            event.set()
+        for listener in self._listeners:
+            listener()

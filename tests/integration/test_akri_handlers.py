@@ -1,0 +1,307 @@
+"""Akri's discovery handlers plug in unchanged: a Go handler speaking Akri's ``v0`` protocol.
+
+The handler (tests/harness/akri_handler, compiled from its own copy of Akri's ``.proto``) stands
+for an Akri user's custom handler or Akri's own debugEcho DaemonSet: it registers over the
+agent's real ``agent-registration.sock`` and serves ``Discover`` on its own Unix socket (or a TCP
+port, as a handler in a pod does). The agent runs as ``agent.main.run_agent`` wires it, in
+process, against the real control plane; the handler is a real process the tests kill and
+start again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.main import run_agent
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDeviceTable
+from agent.settings import AgentSettings
+from crds.naming import instance_name
+from discovery_handlers.contract import DeviceSpec, Mount
+from tests.harness import agent_process as harness
+from tests.harness.akri_go_handler import GoHandler
+from tests.harness.controlplane import ControlPlane
+
+#: offlineGracePeriodSeconds of the Configurations: long enough to see Instances kept.
+INSTANCE_GRACE = 6
+#: The agent's grace for a lost handler before its registration is dropped.
+LONG_HANDLER_GRACE = 120.0
+SHORT_HANDLER_GRACE = 2.0
+SECRET_VALUE = b"s3cr3t-\x00\xffbytes"  # binary on purpose: Secrets travel as bytes
+
+
+@dataclass
+class Agent:
+    devices: NodeDeviceTable
+    metrics: AgentMetrics
+    directory: Path
+
+    def registered(self, handler: str) -> float | None:
+        return self.metrics.registry.get_sample_value(
+            "edgeplug_discovery_handlers_registered", {"handler": handler})
+
+    def properties(self, namespace: str, instance: str) -> dict[str, str] | None:
+        served = self.devices.snapshot().get((namespace, instance))
+        return dict(served.device.properties) if served is not None else None
+
+
+@pytest.fixture
+def handlers_dir() -> Iterator[Path]:
+    """A discovery-handlers directory of the test's own (short: socket paths fit 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="akri-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def akri_agent(
+    cp: ControlPlane, *, node: str, namespace: str, directory: Path, grace: float
+) -> AsyncIterator[Agent]:
+    settings = AgentSettings(
+        node_name=node, kubeconfig=cp.kubeconfig, namespace=namespace,
+        serve_device_plugins=False, discovery_handlers_dir=directory,
+        external_handler_grace=grace,
+    )
+    agent = Agent(NodeDeviceTable(), AgentMetrics(), directory)
+    task = asyncio.create_task(run_agent(settings, devices=agent.devices, metrics=agent.metrics))
+    try:
+        await harness.eventually(
+            lambda: _exists(directory / "agent-registration.sock"),
+            what="the agent's registration socket",
+        )
+        yield agent
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _exists(path: Path) -> bool:
+    return os.path.exists(path)  # noqa: ASYNC240 (one stat, polled)
+
+
+@contextlib.contextmanager
+def go_handler(directory: Path, tmp_path: Path, **kwargs: Any) -> Iterator[GoHandler]:
+    handler = GoHandler(directory, log_path=tmp_path / "handler.log", **kwargs)
+    handler.start()
+    try:
+        yield handler
+    finally:
+        handler.stop()
+        print(f"--- handler log ---\n{handler.log_tail()}")
+
+
+def akri_configuration(name: str, *, handler: str, details: dict[str, Any],
+                       properties: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "discoveryHandler": {"name": handler, "discoveryDetails": yaml.safe_dump(details)},
+        "offlineGracePeriodSeconds": INSTANCE_GRACE,
+    }
+    if properties:
+        spec["discoveryHandler"]["discoveryProperties"] = properties
+    return {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def _sha(value: bytes) -> str:
+    return hashlib.sha256(value).hexdigest()[:16]
+
+
+async def test_go_handler_registers_goes_away_and_comes_back(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="discovery_handlers.external")
+    node = harness.new_node(control_plane)
+    control_plane.kubectl("create", "secret", "generic", "cam-secret", "-n", namespace,
+                          f"--from-file=password={_secret_file(tmp_path)}")
+    cfg = akri_configuration(
+        "akri-cams", handler="akriEcho",
+        details={"descriptions": ["cam0", "cam1"], "deviceNodes": True, "malformed": True},
+        properties=[{"name": "site", "value": "lab"},
+                    {"name": "password",
+                     "valueFrom": {"secretKeyRef": {"name": "cam-secret", "key": "password"}}}],
+    )
+    expected = {instance_name("akri-cams", d, shared=True, node=node) for d in ("cam0", "cam1")}
+    cam0 = instance_name("akri-cams", "cam0", shared=True, node=node)
+    client = harness.api_client(control_plane)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=LONG_HANDLER_GRACE) as agent:
+        harness.apply(control_plane, namespace, cfg)
+        with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
+            found = await _instances_become(client, namespace, expected)
+            assert agent.registered("akriEcho") == 1
+            spec = found[cam0]["spec"]
+            assert spec["shared"] is True
+            props = spec["brokerProperties"]
+            assert props["DEBUG_ECHO_DESCRIPTION"] == "cam0"
+            # The resolved properties reached the handler, the Secret as its bytes.
+            assert props["PROPERTY_NAMES"] == "password,site"
+            assert props["PROPERTY_SHA256_SITE"] == _sha(b"lab")
+            assert props["PROPERTY_SHA256_PASSWORD"] == _sha(SECRET_VALUE)
+            served = await _served(agent, namespace, cam0)
+            assert served.device_specs == (
+                DeviceSpec(container_path="/dev/akri/cam0", host_path="/dev/null",
+                           permissions="rw"),)
+            assert served.mounts == (
+                Mount(container_path="/etc/akri/cam0", host_path="/etc/hostname",
+                      read_only=True),)
+            # The two malformed devices were refused, each with a line naming why.
+            refusals = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
+            assert any("id ''" in m and "empty id" in m for m in refusals), refusals
+            assert any("'no-host-path'" in m and "no host_path" in m for m in refusals), refusals
+
+            handler.kill()
+            # Gone: the devices are offline but their Instances stay for the grace...
+            await harness.eventually(
+                lambda: _offline(agent, namespace, expected), what="devices marked offline")
+            assert set(await harness.instances(client, namespace)) == expected
+            # ... and are removed after it.
+            await _instances_become(client, namespace, set(), deadline=INSTANCE_GRACE + 20)
+
+            handler.start()  # the same handler again: it registers again, same device ids
+            await _instances_become(client, namespace, expected)
+            assert agent.registered("akriEcho") == 1
+    await client.close()
+
+
+async def test_handler_away_within_the_grace_keeps_its_instances(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+) -> None:
+    """A handler restarted within the offline grace: the Instances never went (same uids)."""
+    node = harness.new_node(control_plane)
+    cfg = akri_configuration("akri-restart", handler="akriEcho",
+                             details={"descriptions": ["usb0"]})
+    expected = {instance_name("akri-restart", "usb0", shared=True, node=node)}
+    client = harness.api_client(control_plane)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=LONG_HANDLER_GRACE) as agent:
+        harness.apply(control_plane, namespace, cfg)
+        with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
+            before = await _instances_become(client, namespace, expected)
+            handler.kill()
+            await harness.eventually(
+                lambda: _offline(agent, namespace, expected), what="device marked offline")
+            handler.start()
+            await harness.eventually(lambda: _online(agent, namespace, expected),
+                                     what="device online again")
+            after = await harness.instances(client, namespace)
+            assert {n: i["metadata"]["uid"] for n, i in after.items()} == {
+                n: i["metadata"]["uid"] for n, i in before.items()}
+    await client.close()
+
+
+async def test_handler_registered_under_debug_echo_takes_over_then_hands_back(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Akri's debugEcho DaemonSet on a node: its handler serves the name while registered; once
+    it is gone for longer than the agent's grace, the built-in serves again."""
+    caplog.set_level(logging.WARNING, logger="discovery_handlers.external")
+    node = harness.new_node(control_plane)
+    cfg = harness.debug_echo_configuration("echo", descriptions=["foo0"], grace=INSTANCE_GRACE)
+    foo0 = instance_name("echo", "foo0", shared=True, node=node)
+    client = harness.api_client(control_plane)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=SHORT_HANDLER_GRACE) as agent:
+        harness.apply(control_plane, namespace, cfg)
+        await _instances_become(client, namespace, {foo0})
+        builtin = await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" not in p)
+        assert builtin == {"DEBUG_ECHO_DESCRIPTION": "foo0"}
+        with go_handler(handlers_dir, tmp_path, name="debugEcho") as handler:
+            # The Go handler's devices carry PROPERTY_NAMES: it serves the name now.
+            await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" in p)
+            assert agent.registered("debugEcho") == 1
+            handler.kill()
+            await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" not in p)
+            assert agent.registered("debugEcho") is None
+        assert set(await harness.instances(client, namespace)) == {foo0}
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("takes over the built-in 'debugEcho'" in m for m in messages) == 1, messages
+        assert sum("built-in discovery handler 'debugEcho' serves again" in m
+                   for m in messages) == 1, messages
+    await client.close()
+
+
+async def test_network_endpoint(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+) -> None:
+    """A handler in a pod registers ``http://<pod IP>:<port>`` (NETWORK); here on loopback."""
+    node = harness.new_node(control_plane)
+    cfg = akri_configuration("akri-net", handler="akriNet", details={"descriptions": ["n0"]})
+    expected = {instance_name("akri-net", "n0", shared=False, node=node)}
+    client = harness.api_client(control_plane)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=LONG_HANDLER_GRACE):
+        harness.apply(control_plane, namespace, cfg)
+        with go_handler(handlers_dir, tmp_path, name="akriNet", network=True, shared=False):
+            found = await _instances_become(client, namespace, expected)
+            assert found[next(iter(expected))]["spec"]["shared"] is False
+    await client.close()
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "password"
+    path.write_bytes(SECRET_VALUE)
+    return path
+
+
+async def _instances_become(
+    client: Any, namespace: str, expected: set[str], *, deadline: float = 30.0
+) -> dict[str, dict[str, Any]]:
+    async def there() -> dict[str, dict[str, Any]] | None:
+        found = await harness.instances(client, namespace)
+        return found if set(found) == expected else None
+
+    if not expected:
+        async def gone() -> bool:
+            return not await harness.instances(client, namespace)
+
+        await harness.eventually(gone, what="no Instances", deadline=deadline)
+        return {}
+    return await harness.eventually(there, what=f"Instances {sorted(expected)}",
+                                    deadline=deadline)
+
+
+async def _served(agent: Agent, namespace: str, instance: str) -> Any:
+    async def device() -> Any:
+        served = agent.devices.snapshot().get((namespace, instance))
+        return served.device if served is not None else None
+
+    return await harness.eventually(device, what=f"{instance} in the node's device table")
+
+
+async def _properties(agent: Agent, namespace: str, instance: str,
+                      wanted: Any) -> dict[str, str]:
+    async def matching() -> dict[str, str] | None:
+        props = agent.properties(namespace, instance)
+        return props if props is not None and wanted(props) else None
+
+    return await harness.eventually(matching, what=f"{instance}'s properties")
+
+
+async def _offline(agent: Agent, namespace: str, names: set[str]) -> bool:
+    table = agent.devices.snapshot()
+    return all((namespace, n) in table and not table[(namespace, n)].health.healthy
+               for n in names)
+
+
+async def _online(agent: Agent, namespace: str, names: set[str]) -> bool:
+    table = agent.devices.snapshot()
+    return all((namespace, n) in table and table[(namespace, n)].health.healthy for n in names)
