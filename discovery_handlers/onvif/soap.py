@@ -74,6 +74,11 @@ class _ReplyTooLarge(Exception):
     pass
 
 
+class _Unauthorized(Exception):
+    """HTTP 401, whatever the body: a SOAP fault, or an HTML page with a DOCTYPE that the
+    hardened parser would refuse as unreadable."""
+
+
 class _CappedTransport(AsyncTransportProtocolErrorHandler):  # type: ignore[misc]
     """The library's aiohttp transport, reading at most ``MAX_REPLY_BYTES`` of a reply."""
 
@@ -95,6 +100,8 @@ class _CappedTransport(AsyncTransportProtocolErrorHandler):  # type: ignore[misc
                     raise _ReplyTooLarge
         finally:
             response.release()
+        if response.status == 401:
+            raise _Unauthorized
         return response, bytes(body)
 
 
@@ -308,6 +315,8 @@ async def _call(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = No
         raise CameraError(f"{name}: no answer within {CALL_TIMEOUT_S:g}s") from None
     except _ReplyTooLarge:
         raise CameraError(f"{name}: reply over {MAX_REPLY_BYTES} bytes") from None
+    except _Unauthorized:
+        raise CameraError(f"{name}: HTTP 401", auth_refused=True) from None
     except zeep.exceptions.Fault as exc:
         reason = f"{name}: SOAP fault {_safe(exc.message)}"
         raise CameraError(reason, auth_refused=_is_auth_fault(exc)) from None

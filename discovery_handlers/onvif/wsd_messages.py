@@ -79,7 +79,7 @@ class Bye:
 
 @dataclass(frozen=True)
 class Dropped:
-    """A Hello or Bye read but not acted on, and why.
+    """A message read but not acted on (a Hello, a Bye, a SOAP fault), and why.
 
     ``quiet``: nothing is wrong with the sender (a printer's Hello is not a camera's); such a
     drop is only ever worth a debug line.
@@ -121,7 +121,8 @@ def probe(message_id: str) -> bytes:
 
 def read(data: bytes) -> Message | Dropped | None:
     """The discovery message in ``data``; ``Dropped`` (with the reason) for a Hello or Bye we
-    cannot use; None for a message that is not for us (someone's Probe, a Resolve).
+    cannot use or a SOAP fault (a camera refusing our Probe); None for a message that is not
+    for us (someone's Probe, a Resolve).
 
     Raises ``UnsafeXml`` for a datagram that is not a valid SOAP message.
     """
@@ -133,6 +134,8 @@ def read(data: bytes) -> Message | Dropped | None:
     if body is None or len(body) == 0:
         raise UnsafeXml("SOAP envelope without a body")
     payload = body[0]
+    if _split(payload.tag) == (envelope_ns, "Fault"):
+        return Dropped(f"SOAP fault {short(_fault_text(payload))!r}")
     kind = _discovery_local(payload)
     if kind in ("ProbeMatches", "ProbeMatch"):
         header = root.find(f"{{{envelope_ns}}}Header")
@@ -184,6 +187,16 @@ def _match(element: etree._Element, *, typed_by_probe: bool) -> Match:
     version_text = _text(_child(element, "MetadataVersion", DISCOVERY_NAMESPACES))
     version = int(version_text) if version_text.isdigit() and len(version_text) < 10 else 0
     return Match(uuid=uuid, xaddrs=xaddrs[:MAX_XADDRS], scopes=scopes, metadata_version=version)
+
+
+def _fault_text(fault: etree._Element) -> str:
+    """A fault's codes and reason (SOAP 1.2 Code/Subcode/Reason or SOAP 1.1 faultstring)."""
+    words = [
+        _text(element)
+        for element in fault.iter()
+        if _split(element.tag)[1] in ("Value", "Text", "faultcode", "faultstring")
+    ]
+    return " ".join(word for word in words if word)
 
 
 def _is_transmitter(types_element: etree._Element) -> bool:

@@ -77,6 +77,17 @@ def test_unhealthy_camera_keeps_its_properties_and_says_why() -> None:
         (("http://10.9.9.9/a", URL), "10.0.0.5", URL, "10.0.0.5"),  # the one it answered from
         (("http://cam.local/onvif/device_service",), "10.0.0.7", None, "10.0.0.7"),
         (("http://[fd00::5]:80/onvif/device_service",), "fd00::5", None, "fd00::5"),
+        # several XAddrs, none on the sender's address: same family first, then a host name,
+        # then the other family; loopback and zoneless link-local last
+        (("http://[fe80::1]/d", "http://127.0.0.1/d", "http://10.0.0.6/d"), "10.0.0.5",
+         "http://10.0.0.6/d", "10.0.0.6"),
+        (("http://[fd00::6]/d", "http://cam.local/d", "http://10.0.0.6/d"), "10.0.0.5",
+         "http://10.0.0.6/d", "10.0.0.6"),
+        (("http://[fd00::6]/d", "http://cam.local/d"), "10.0.0.5", "http://cam.local/d",
+         "10.0.0.5"),
+        (("http://[fe80::6]/d", "http://[fd00::6]/d"), "10.0.0.5", "http://[fd00::6]/d",
+         "fd00::6"),
+        (("http://10.0.0.6/d", "http://[fd00::6]/d"), "fd00::9", "http://[fd00::6]/d", "fd00::6"),
     ],
 )
 def test_service_url_and_ip(
@@ -162,3 +173,22 @@ def test_a_dual_stack_camera_keeps_the_url_it_was_first_seen_on() -> None:
     cam.match = Match(uuid=UUID, xaddrs=(v6,), scopes=())  # it stopped listing the IPv4 one
     cam.pin_url()
     assert cam.service_url == v6
+
+
+@pytest.mark.parametrize(
+    ("description", "words"),
+    [
+        (c.Description(model="X1"), None),
+        (c.Description(auth_refused=True), "refused the configured credentials"),
+        (c.Description(credentials_missing=True), "wants credentials and none are configured"),
+    ],
+)
+def test_auth_warning_names_the_camera(description: c.Description, words: str | None) -> None:
+    cam = camera()
+    cam.description = description
+    warning = c.auth_warning(cam)
+    if words is None:
+        assert warning == ""
+    else:
+        assert words in warning
+        assert f"{cam.service_url} (uuid {cam.match.uuid})" in warning

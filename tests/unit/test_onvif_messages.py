@@ -144,3 +144,89 @@ def test_caps_on_what_one_message_carries() -> None:
     message = m.read(matches("urn:uuid:p", inner))
     assert isinstance(message, m.ProbeMatches)
     assert len(message.matches) == m.MAX_MATCHES
+
+
+SOAP_VERSIONS = {"1.2": m.NS_SOAP12, "1.1": m.NS_SOAP11}
+ADDRESSING = {"2004/08": m.NS_ADDRESSING, "2005/08": m.NS_ADDRESSING_2005}
+DISCOVERY = {"2005/04": m.NS_DISCOVERY, "1.1": m.NS_DISCOVERY_11}
+
+
+def variant(soap: str, addressing: str, discovery: str, *, wrapped: bool, epr_in: str) -> bytes:
+    """A ProbeMatches in the given namespaces; ``epr_in``: 'a' (addressing) or 'd' (discovery)."""
+    match_xml = (
+        f"<d:ProbeMatch><{epr_in}:EndpointReference><{epr_in}:Address>urn:uuid:{UUID}"
+        f"</{epr_in}:Address></{epr_in}:EndpointReference>"
+        "<d:Types>dn:NetworkVideoTransmitter</d:Types><d:Scopes>onvif://www.onvif.org/name/v"
+        "</d:Scopes><d:XAddrs>http://10.0.0.5/onvif/device_service</d:XAddrs></d:ProbeMatch>"
+    )
+    body = f"<d:ProbeMatches>{match_xml}</d:ProbeMatches>" if wrapped else match_xml
+    return (
+        f'<e:Envelope xmlns:e="{soap}" xmlns:a="{addressing}" xmlns:d="{discovery}" '
+        f'xmlns:dn="{m.NS_NETWORK}"><e:Header><a:RelatesTo>urn:uuid:p</a:RelatesTo></e:Header>'
+        f"<e:Body>{body}</e:Body></e:Envelope>"
+    ).encode()
+
+
+@pytest.mark.parametrize("soap", sorted(SOAP_VERSIONS))
+@pytest.mark.parametrize("addressing", sorted(ADDRESSING))
+@pytest.mark.parametrize("discovery", sorted(DISCOVERY))
+@pytest.mark.parametrize("wrapped", [True, False])
+@pytest.mark.parametrize("epr_in", ["a", "d"])
+def test_probe_matches_in_every_namespace_cameras_use(
+    soap: str, addressing: str, discovery: str, wrapped: bool, epr_in: str
+) -> None:
+    data = variant(
+        SOAP_VERSIONS[soap], ADDRESSING[addressing], DISCOVERY[discovery],
+        wrapped=wrapped, epr_in=epr_in,
+    )
+    message = m.read(data)
+    assert isinstance(message, m.ProbeMatches)
+    assert message.relates_to == "urn:uuid:p"
+    (found,) = message.matches
+    assert found.uuid == UUID
+    assert found.xaddrs == ("http://10.0.0.5/onvif/device_service",)
+
+
+def test_a_foreign_namespace_is_not_taken_for_discovery() -> None:
+    data = variant(m.NS_SOAP12, m.NS_ADDRESSING, "urn:not-discovery", wrapped=True, epr_in="a")
+    assert m.read(data) is None
+
+
+@pytest.mark.parametrize(
+    ("inner", "reason"),
+    [
+        (match(xaddrs=""), "gives no XAddrs"),
+        (match(xaddrs="ftp://10.0.0.5/ soap.udp://10.0.0.5:3702"), "gives no HTTP XAddr"),
+        (match(types="tds:Device"), "not a NetworkVideoTransmitter"),
+        (match(uuid=""), "no EndpointReference Address"),
+        (match().replace("a:EndpointReference", "a:Other"), "no EndpointReference"),
+    ],
+)
+def test_each_dropped_probe_match_says_why(inner: str, reason: str) -> None:
+    good = match(uuid="00000000-0000-0000-0000-00000000000b")
+    message = m.read(matches("urn:uuid:p", inner + good))
+    assert isinstance(message, m.ProbeMatches)
+    assert len(message.matches) == 1  # the good one beside it is kept
+    (why,) = message.dropped
+    assert reason in why
+
+
+def test_a_probe_match_without_types_answers_our_probe_but_a_hello_must_say() -> None:
+    untyped = match().replace("<d:Types>dn:NetworkVideoTransmitter tds:Device</d:Types>", "")
+    message = m.read(matches("urn:uuid:p", untyped))
+    assert isinstance(message, m.ProbeMatches)
+    assert len(message.matches) == 1
+    hello = m.read(f"{HEAD}<s:Body>{untyped.replace('ProbeMatch', 'Hello')}</s:Body>"
+                   "</s:Envelope>".encode())
+    assert isinstance(hello, m.Dropped)
+    assert hello.quiet
+
+
+def test_a_soap_fault_is_dropped_with_its_codes_and_reason() -> None:
+    fault = (
+        f"{HEAD}<s:Body><s:Fault><s:Code><s:Value>s:Sender</s:Value></s:Code>"
+        '<s:Reason><s:Text xml:lang="en">bad probe</s:Text></s:Reason></s:Fault>'
+        "</s:Body></s:Envelope>"
+    )
+    dropped = m.read(fault.encode())
+    assert dropped == m.Dropped("SOAP fault 's:Sender bad probe'")

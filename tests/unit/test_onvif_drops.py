@@ -1,0 +1,64 @@
+"""Every WS-Discovery message the scanner does not use is logged with the reason: a warning
+the first time per sender, debug level after that (a chatty broken camera must not flood the
+log, and a user must still learn why their camera is missing)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from discovery_handlers.onvif.details import parse_details
+from discovery_handlers.onvif.scanner import Scanner
+
+WSD = Path(__file__).resolve().parents[1] / "data" / "onvif" / "wsd"
+LOGGER = "discovery_handlers.onvif.scanner"
+
+
+def datagram(name: str, relates_to: str = "urn:uuid:p") -> bytes:
+    return (WSD / name).read_text(encoding="utf-8").replace("{relates_to}", relates_to).encode()
+
+
+def records(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+
+
+def scanner() -> Scanner:
+    found = Scanner(parse_details("", {}))
+    found._probe_id = "urn:uuid:p"  # as if a pass had just sent this Probe
+    return found
+
+
+def test_first_drop_per_sender_is_a_warning_then_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    scan = scanner()
+    for sender in ("192.0.2.7", "192.0.2.7", "192.0.2.8"):
+        scan._on_datagram(b"<not xml", sender)
+    levels = [(level, "192.0.2.8" in text) for level, text in records(caplog)]
+    assert levels == [(logging.WARNING, False), (logging.DEBUG, False), (logging.WARNING, True)]
+    assert all("not well-formed" in text for _, text in records(caplog))
+
+
+def test_a_probe_fault_and_a_late_answer_say_why(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    scan = scanner()
+    scan._on_datagram(datagram("fault-probe-hikvision.xml"), "192.0.2.9")
+    scan._old_probe_ids.append("urn:uuid:old")
+    scan._on_datagram(datagram("probematches-gsoap-soap12.xml", "urn:uuid:old"), "192.0.2.10")
+    scan._on_datagram(datagram("probematches-gsoap-soap12.xml", "urn:uuid:nobody"), "192.0.2.11")
+    (fault, late, stray) = records(caplog)
+    assert fault[0] == logging.WARNING
+    assert "MatchingRuleNotSupported" in fault[1]
+    assert "answered after discoveryTimeoutSeconds (1)" in late[1]
+    assert "relate to no Probe we sent" in stray[1]
+    assert scan._cameras == {}
+
+
+def test_other_devices_hellos_are_only_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    scanner()._on_datagram(datagram("hello-windows-pc.xml"), "192.0.2.20")
+    ((level, text),) = records(caplog)
+    assert level == logging.DEBUG
+    assert "not a NetworkVideoTransmitter" in text
+
