@@ -48,6 +48,7 @@ from discovery_handlers.contract import (
     is_shared,
     warnings_of,
 )
+from discovery_handlers.external.status import HandlerStatus
 from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_handler
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ RESYNC_INTERVAL = 600.0
 MIN_GUARDED_SECRET_LENGTH = 4
 #: The reason of the Warning Event that carries a handler's discovery warning (``DeviceList``).
 REASON_DISCOVERY_WARNING = "DiscoveryWarning"
+#: The reason of this node's condition while an out-of-process handler the run needs is not
+#: registered or not reachable (``HandlerStatus``).
+REASON_HANDLER_UNAVAILABLE = "DiscoveryHandlerUnavailable"
 
 RunKey = tuple[str, str]  # (namespace, configuration name)
 
@@ -214,6 +218,9 @@ class DiscoveryRun:
                 self._metrics.discovery_duration.labels(handler.name).observe(now - started)
                 started = now
                 await self._post_warnings(warnings_of(devices))
+                if isinstance(devices, HandlerStatus):
+                    first = False  # the handler's own verdict speaks for the run from now on
+                    await self._report_handler(devices)
                 try:
                     await self.publisher.publish(
                         handler, details, self._without_secrets(devices), shared=shared
@@ -233,6 +240,14 @@ class DiscoveryRun:
             resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await resync
+
+    async def _report_handler(self, status: HandlerStatus) -> None:
+        """An out-of-process handler registered, was lost or is awaited: this node's verdict."""
+        if status.ready:
+            self._got_result = True
+            await self._reporter.ok(status.message)
+        else:
+            await self._reporter.problem(REASON_HANDLER_UNAVAILABLE, status.message)
 
     async def _post_warnings(self, warnings: Sequence[str]) -> None:
         """Each warning the handler newly carries (``DeviceList``) is logged and posted once as a

@@ -25,6 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.discovery_run import REASON_HANDLER_UNAVAILABLE
+from agent.events import condition_type
+from agent.kube import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
@@ -236,6 +239,33 @@ async def test_handler_registered_under_debug_echo_takes_over_then_hands_back(
     await client.close()
 
 
+async def test_configuration_waiting_for_its_handler_says_so_on_its_node_condition(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+) -> None:
+    """A Configuration naming a handler nobody registered: this node's ``DiscoveryReady``
+    condition names the handler and the socket it waits on; once the handler registers the
+    condition goes and the Instances come; when the handler is lost, the condition says so."""
+    node = harness.new_node(control_plane)
+    cfg = akri_configuration("akri-later", handler="akriLater", details={"descriptions": ["x"]})
+    expected = {instance_name("akri-later", "x", shared=True, node=node)}
+    client = harness.api_client(control_plane)
+    kind = condition_type(node)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=LONG_HANDLER_GRACE):
+        harness.apply(control_plane, namespace, cfg)
+        waiting = await _condition(client, namespace, "akri-later", kind, "not registered")
+        assert waiting["reason"] == REASON_HANDLER_UNAVAILABLE
+        assert "'akriLater'" in waiting["message"]
+        assert str(handlers_dir / "agent-registration.sock") in waiting["message"]
+        with go_handler(handlers_dir, tmp_path, name="akriLater") as handler:
+            await _instances_become(client, namespace, expected)
+            await _condition(client, namespace, "akri-later", kind, None)
+            handler.kill()
+            lost = await _condition(client, namespace, "akri-later", kind, "unreachable")
+            assert lost["reason"] == REASON_HANDLER_UNAVAILABLE
+    await client.close()
+
+
 async def test_network_endpoint(
     control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
 ) -> None:
@@ -277,6 +307,20 @@ async def _instances_become(
         return {}
     return await harness.eventually(there, what=f"Instances {sorted(expected)}",
                                     deadline=deadline)
+
+
+async def _condition(client: Any, namespace: str, name: str, kind: str,
+                     containing: str | None) -> dict[str, Any]:
+    """Wait for condition ``kind`` to hold ``containing`` in its message (None: to be gone)."""
+    async def found() -> dict[str, Any] | None:
+        cfg = as_dict(await client.get(ConfigurationResource, name, namespace=namespace))
+        conditions = {c["type"]: c for c in (cfg.get("status") or {}).get("conditions") or []}
+        condition = conditions.get(kind)
+        if containing is None:
+            return {} if condition is None else None
+        return condition if condition and containing in condition["message"] else None
+
+    return await harness.eventually(found, what=f"{kind} with {containing!r}")
 
 
 async def _served(agent: Agent, namespace: str, instance: str) -> Any:
