@@ -75,7 +75,6 @@ class AdmissionReporter:
         """Counts a broker pod deleted after a rejection at admission and posts the Event on
         its Instance (best effort: a lost Event is logged, the broker is recreated anyway)."""
         self.metrics.broker_admission_failures.labels(instance.namespace, configuration).inc()
-        log.warning("broker pod %s/%s %s", instance.namespace, pod, message)
         try:
             await self._post(instance_body(instance), reason=REASON_BROKER_REJECTED,
                              message=f"broker pod {pod} {message}", pod_uid=pod_uid or pod)
