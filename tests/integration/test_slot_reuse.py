@@ -169,7 +169,11 @@ async def test_a_virtual_id_handed_out_again_is_not_freed_by_a_list_taken_before
         world.remember(fresh := await read_instance(kube, namespace, name))
         return fresh
 
+    ledger = world.ledger(namespace, name)
+    async with ledger.lock:
+        await ledger.reserve([slot])  # what the node's first reconcile pass does
     try:
+        await current()
         # The first pod gets the id, and a sweep sees it live.
         await backend.allocate([[VID]])
         assert (await current()).spec.device_usage[slot] == held
