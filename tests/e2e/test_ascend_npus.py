@@ -141,6 +141,10 @@ async def test_pod_for_huaweis_plugin_gets_two_healthy_chips_of_one_card(
         assert len(ids) == 2
         assert "0" not in ids, "the faulted chip is never handed out"
         assert card_of(ids[0]) == card_of(ids[1]), f"chips {ids} are on two cards"
+        # The env CANN and Ascend's container runtime read, as Huawei's plugin sets it: no
+        # ASCEND_DEVICE_ID (CANN's in-container logical index), ASCEND_RUNTIME_OPTIONS empty.
+        assert "ASCEND_DEVICE_ID" not in allocation.envs
+        assert allocation.envs["ASCEND_RUNTIME_OPTIONS"] == ""
         assert set(allocation.devices) == SHARED_SPECS | {
             (f"/dev/davinci{i}", f"/dev/davinci{i}", "rwm") for i in ids}
         assert DRIVER_MOUNT in allocation.mounts
