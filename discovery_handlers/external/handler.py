@@ -97,7 +97,7 @@ class ExternalHandler:
             parsed.shared = registration.shared
         return parsed
 
-    async def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]:
+    async def discover(self, details: Any) -> AsyncGenerator[Sequence[Device], None]:
         assert isinstance(details, ExternalDetails)
         served_external = False
         while True:
