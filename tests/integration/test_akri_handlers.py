@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +33,13 @@ from agent.main import run_agent
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.settings import AgentSettings
-from crds.naming import instance_name
+from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.contract import DeviceSpec, Mount
 from tests.harness import agent_process as harness
 from tests.harness.akri_go_handler import GoHandler
 from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import wait_allocatable
+from tests.harness.node_emulator import NodeEmulator
 
 #: offlineGracePeriodSeconds of the Configurations: long enough to see Instances kept.
 INSTANCE_GRACE = 6
@@ -71,12 +74,15 @@ def handlers_dir() -> Iterator[Path]:
 
 @contextlib.asynccontextmanager
 async def akri_agent(
-    cp: ControlPlane, *, node: str, namespace: str, directory: Path, grace: float
+    cp: ControlPlane, *, node: str, namespace: str, directory: Path, grace: float,
+    plugin_dir: Path | None = None,
 ) -> AsyncIterator[Agent]:
+    """The whole agent as ``run_agent`` wires it; device plugins only with a ``plugin_dir``."""
     settings = AgentSettings(
         node_name=node, kubeconfig=cp.kubeconfig, namespace=namespace,
-        serve_device_plugins=False, discovery_handlers_dir=directory,
-        external_handler_grace=grace,
+        serve_device_plugins=plugin_dir is not None, discovery_handlers_dir=directory,
+        external_handler_grace=grace, pod_resources_socket=None,
+        **({"plugin_dir": plugin_dir} if plugin_dir is not None else {}),
     )
     agent = Agent(NodeDeviceTable(), AgentMetrics(), directory)
     task = asyncio.create_task(run_agent(settings, devices=agent.devices, metrics=agent.metrics))
@@ -264,6 +270,50 @@ async def test_configuration_waiting_for_its_handler_says_so_on_its_node_conditi
             lost = await _condition(client, namespace, "akri-later", kind, "unreachable")
             assert lost["reason"] == REASON_HANDLER_UNAVAILABLE
     await client.close()
+
+
+async def test_a_pod_gets_the_external_devices_env_device_nodes_and_mounts(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+    plugin_dir: Path,
+) -> None:
+    """The path a broker takes: the Go handler's device → allocatable on the Node (the kubelet's
+    own device manager) → a pod requesting it gets the device's properties as env, its device
+    node and its mount."""
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    kubelet = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                           plugin_dir=plugin_dir)
+    cfg = akri_configuration("akri-pod", handler="akriEcho",
+                             details={"descriptions": ["cam0"], "deviceNodes": True})
+    cfg["spec"]["brokerProperties"] = {"MODE": "test"}
+    resource = instance_resource_name(instance_name("akri-pod", "cam0", shared=True, node=node))
+    client = harness.api_client(control_plane)
+    await kubelet.start()
+    try:
+        async with akri_agent(control_plane, node=node, namespace=namespace,
+                              directory=handlers_dir, grace=LONG_HANDLER_GRACE,
+                              plugin_dir=plugin_dir):
+            harness.apply(control_plane, namespace, cfg)
+            with go_handler(handlers_dir, tmp_path, name="akriEcho"):
+                await wait_allocatable(client, node, resource, "1")
+                harness.apply(control_plane, namespace, {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "broker"},
+                    "spec": {"containers": [{
+                        "name": "c", "image": "busybox:1.36",
+                        "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
+                    }]},
+                })
+
+                async def allocated() -> list[Any] | None:
+                    return kubelet.allocations(namespace, "broker") or None
+
+                [got] = await harness.eventually(allocated, what="the broker pod allocated")
+                assert got.envs["DEBUG_ECHO_DESCRIPTION"] == "cam0"
+                assert got.envs["MODE"] == "test"
+                assert ("/dev/akri/cam0", "/dev/null", "rw") in got.devices
+                assert ("/etc/akri/cam0", "/etc/hostname", True) in got.mounts
+    finally:
+        await kubelet.stop(delete_node=True)
+        await client.close()
 
 
 async def test_network_endpoint(
