@@ -1,10 +1,12 @@
-"""End to end with a secured server: a real asyncua server that accepts only Basic256Sha256
-SignAndEncrypt (and trusts one client certificate) is checked by the agent with the client
-certificate and key of a Kubernetes Secret (binary data: DER certificate, PEM key); its Instance
-is published healthy, and the key appears in no Instance, no Event and no log line.
+"""End to end with a secured server: a real server that offers Basic256Sha256 SignAndEncrypt and
+trusts one client certificate is checked by the agent with the client certificate and key of a
+Kubernetes Secret (binary data: DER certificate, PEM key); its Instance is published healthy,
+and the key appears in no Instance, no Event and no log line.
 
 The agent is the product (in this process, so its log lines are captured); the kubelet is the
-node emulator; the server is real, on loopback.
+node emulator; the server is real, on loopback, of two implementations: asyncua (accepting only
+the secured endpoint) and open62541 (the ``o6`` build in its own process, offering security
+None beside it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tests.harness.controller_process import apply, items
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
+from tests.harness.opcua_open62541 import Open62541Server
 from tests.harness.opcua_servers import TestServer, make_certificates
 
 POLL_S = 0.1
@@ -60,14 +63,16 @@ def secure_configuration(namespace: str, url: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("implementation", [TestServer, Open62541Server],
+                         ids=["asyncua", "open62541"])
 async def test_secure_server_checked_with_a_secrets_certificate_and_nothing_leaks(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, implementation: type[TestServer | Open62541Server],
 ) -> None:
     caplog.set_level(logging.DEBUG)
     certs = await make_certificates(tmp_path, server_uri=SECURE_URI)
-    server = await TestServer("secure-press", application_uri=SECURE_URI,
-                              secure_with=certs).start()
+    server = await implementation("secure-press", application_uri=SECURE_URI,
+                                  secure_with=certs).start()
     key = certs.client_key.read_bytes()
     key_line = key.split(b"\n")[1].decode()  # a line of the key's own material
     node = f"node-{uuid.uuid4().hex[:8]}"
@@ -106,3 +111,5 @@ async def test_secure_server_checked_with_a_secrets_certificate_and_nothing_leak
             await agent
         await emulator.stop(delete_node=True)
         await server.stop()
+        if isinstance(server, Open62541Server):
+            await server.close()
