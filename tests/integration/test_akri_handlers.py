@@ -32,7 +32,7 @@ from agent.kube import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
-from agent.settings import AgentSettings
+from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.contract import DeviceSpec, Mount
 from tests.harness import agent_process as harness
@@ -82,7 +82,7 @@ async def akri_agent(
         node_name=node, kubeconfig=cp.kubeconfig, namespace=namespace,
         serve_device_plugins=plugin_dir is not None, discovery_handlers_dir=directory,
         external_handler_grace=grace, pod_resources_socket=None,
-        **({"plugin_dir": plugin_dir} if plugin_dir is not None else {}),
+        plugin_dir=plugin_dir if plugin_dir is not None else DEFAULT_PLUGIN_DIR,
     )
     agent = Agent(NodeDeviceTable(), AgentMetrics(), directory)
     task = asyncio.create_task(run_agent(settings, devices=agent.devices, metrics=agent.metrics))
