@@ -2,7 +2,9 @@
 
 Why this exists: issue 11 asks for the discovery pass and the CPU of one health poll on a
 16-chip node, and for how long a faulted chip takes to show Unhealthy (target: within the poll
-interval + 0.2 s). Timings are never pass/fail, so they are measured here. The node is
+interval + 0.2 s), and (issue 23) how long a DCMI call that never returns takes to show its
+card's chips Unhealthy (target: within the poll and the DCMI timeout) and what ``prepare``
+costs meanwhile. Timings are never pass/fail, so they are measured here. The node is
 tests/harness/ascend_node.py's (the DCMI stand-in compiled and loaded through ctypes, and the
 fake ``npu-smi``); part 3 runs the whole path to the node: a real control plane, the agent in
 this process (it loads the DCMI stand-in) and the node emulator as the kubelet, and times a
@@ -34,6 +36,8 @@ CHIPS = 16
 PER_CARD = 2
 PASSES = 50
 FAULT_RUNS = 10
+HANG_RUNS = 8
+DCMI_TIMEOUT_S = 1.0  # dcmiTimeoutSeconds for the hang runs (default 3 s)
 POLL_S = 1.0  # the fastest poll details allow; Huawei's default is 5 s
 FAULT_DEADLINE_S = 10.0
 NODE_POLLS = ((1.0, 10), (5.0, 5))  # (healthPollSeconds, runs): the fastest and Huawei's default
@@ -61,37 +65,79 @@ def bench_passes(details: AscendDetails, label: str) -> None:
 
 
 async def bench_fault(node: AscendNode, details: AscendDetails) -> list[float]:
-    """Fault → the handler yields the chip Unhealthy, FAULT_RUNS times. The stream is drained
-    by its own task, as the agent does, so the poll timer runs while the bench waits."""
-    lists: asyncio.Queue[tuple[float, dict[str, bool]]] = asyncio.Queue()
+    """Fault → the handler yields the chip Unhealthy, FAULT_RUNS times."""
+    def cause(run: int) -> list[int]:
+        node.fault(run % CHIPS)
+        return [run % CHIPS]
+
+    def undo(run: int) -> None:
+        node.clear(run % CHIPS)
+
+    samples, _ = await _time_unhealthy(details, FAULT_RUNS, cause, undo)
+    return samples
+
+
+async def bench_hang(node: AscendNode, details: AscendDetails
+                     ) -> tuple[list[float], list[float]]:
+    """A DCMI call that never returns (dcmi_get_device_health, for one card) → the handler
+    yields that card's chips Unhealthy, HANG_RUNS times; and how long ``prepare`` (the
+    kubelet's PreStartContainer) takes for a chip of another card while the call hangs."""
+    cards = CHIPS // PER_CARD
+
+    def cause(run: int) -> list[int]:
+        card = run % cards
+        node.hang("dcmi_get_device_health", card)
+        return [card * PER_CARD + i for i in range(PER_CARD)]
+
+    def undo(run: int) -> None:
+        node.unhang()
+
+    return await _time_unhealthy(details, HANG_RUNS, cause, undo,
+                                 prepare_phy=lambda run: ((run % cards + 1) % cards) * PER_CARD)
+
+
+async def _time_unhealthy(
+    details: AscendDetails, runs: int, cause: Any, undo: Any, prepare_phy: Any = None,
+) -> tuple[list[float], list[float]]:
+    """``cause(run)`` → the chips it names are yielded Unhealthy, ``runs`` times (a different
+    point of the poll cycle each run, as real faults come). The stream is drained by its own
+    task, as the agent does, so the poll timer runs while the bench waits. With
+    ``prepare_phy``, ``prepare`` of that chip is timed while the cause holds."""
+    lists: asyncio.Queue[tuple[float, dict[str, bool], list[Any]]] = asyncio.Queue()
 
     async def drain() -> None:
         async for devices in handler.discover(details):
-            lists.put_nowait((time.perf_counter(), {d.id: d.health.healthy for d in devices}))
+            lists.put_nowait((time.perf_counter(), {d.id: d.health.healthy for d in devices},
+                              list(devices)))
 
-    async def until(phy: int, healthy: bool) -> float:
+    async def until(phys: list[int], healthy: bool) -> tuple[float, list[Any]]:
         while True:
-            at, health = await asyncio.wait_for(lists.get(), FAULT_DEADLINE_S)
-            if health[f"davinci{phy}"] is healthy:
-                return at
+            at, health, devices = await asyncio.wait_for(lists.get(), FAULT_DEADLINE_S)
+            if all(health[f"davinci{phy}"] is healthy for phy in phys):
+                return at, devices
 
     samples: list[float] = []
+    prepares: list[float] = []
     consumer = asyncio.create_task(drain())
     try:
         await asyncio.wait_for(lists.get(), FAULT_DEADLINE_S)
-        for run in range(FAULT_RUNS):
-            phy = run % CHIPS
-            # Fault at a different point of the poll cycle each run, as a real fault comes.
+        for run in range(runs):
             await asyncio.sleep(POLL_S * ((run * 0.37) % 1.0))
             started = time.perf_counter()
-            node.fault(phy)
-            samples.append(await until(phy, False) - started)
-            node.clear(phy)
-            await until(phy, True)
+            phys = cause(run)
+            at, devices = await until(phys, False)
+            samples.append(at - started)
+            if prepare_phy is not None:
+                chip = next(d for d in devices if d.id == f"davinci{prepare_phy(run)}")
+                asked = time.perf_counter()
+                await asyncio.wait_for(handler.prepare(details, [chip]), FAULT_DEADLINE_S)
+                prepares.append(time.perf_counter() - asked)
+            undo(run)
+            await until(phys, True)
     finally:
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
-    return samples
+    return samples, prepares
 
 
 async def bench_node(plane: ControlPlane, node: AscendNode, poll: float, runs: int
@@ -180,6 +226,14 @@ def main(argv: Sequence[str]) -> None:
         print(f"2. fault → Unhealthy from the handler, poll {POLL_S:g} s (n={FAULT_RUNS}; "
               f"target ≤ poll + 0.2 s)", flush=True)
         print("  " + summary("fault → Unhealthy", asyncio.run(bench_fault(node, dcmi))))
+        hung = handler.parse_details(node.details(healthPollSeconds=POLL_S,
+                                                  dcmiTimeoutSeconds=DCMI_TIMEOUT_S), {})
+        print(f"2b. a hung DCMI call (one card) → its chips Unhealthy, poll {POLL_S:g} s, "
+              f"timeout {DCMI_TIMEOUT_S:g} s (n={HANG_RUNS}; target ≤ poll + timeout)",
+              flush=True)
+        to_unhealthy, prepares = asyncio.run(bench_hang(node, hung))
+        print("  " + summary("hung call → Unhealthy", to_unhealthy))
+        print("  " + summary("prepare of another card's chip while it hangs", prepares))
         if "--no-node" in argv:
             return
         with ControlPlane() as plane:
