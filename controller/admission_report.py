@@ -82,7 +82,7 @@ class AdmissionReporter:
             log.warning("Event %s on Instance %s/%s not posted: %s", REASON_BROKER_REJECTED,
                         instance.namespace, instance.name, error)
 
-    def _targets(
+    def targets(
         self, view: ClusterView, pod: RejectedPod
     ) -> list[tuple[str, Mapping[str, Any], str]]:
         """(resource, involved object's body, its Configuration) for each resource blamed."""
@@ -111,7 +111,7 @@ class AdmissionReporter:
         if pod.uid in self.reported:
             return
         created = False
-        targets = self._targets(view, pod)
+        targets = self.targets(view, pod)
         for resource, body, _ in targets:
             created |= await self._post(body, reason=REASON_POD_REJECTED,
                                         message=pod_message(pod, resource), pod_uid=pod.uid)

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from controller import admission, naming, plans, wire
+from controller.admission_report import AdmissionReporter
 from controller.cache import ClusterCache
+from controller.kube import Kube
+from controller.metrics import ControllerMetrics
 from controller.plans import BrokerPolicy
-from controller.records import ConfigurationRecord, InstanceRecord, ObservedPod
+from controller.records import ConfigurationRecord, InstanceRecord, ObservedPod, RejectedPod
 from crds.configuration import Configuration
 from crds.instance import Instance
 
@@ -229,3 +232,38 @@ def test_the_cache_knows_which_object_serves_a_resource() -> None:
         ("Instance", "ns", "storm-fa77fa")]
     cache.put_instance(("ns", "storm-fa77fa"), inst, None)
     assert cache.resource_owners("edgeplug.io/storm-fa77fa") == []
+
+
+def instance_record(namespace: str, name: str, configuration: str) -> InstanceRecord:
+    return InstanceRecord(instance=Instance.from_object({
+        "metadata": {"name": name, "namespace": namespace, "uid": f"{namespace}-{name}"},
+        "spec": {"configurationName": configuration, "nodes": ["n-1"], "capacity": 1,
+                 "deviceUsage": {}}}), created_at=None)
+
+
+def test_a_users_pod_is_reported_on_what_serves_the_blamed_resource() -> None:
+    cache = ClusterCache()
+    for namespace in ("a", "b"):  # one Instance name in two namespaces: the pod's own wins
+        cache.put_instance((namespace, "cam-a1b2c3"), None,
+                           instance_record(namespace, "cam-a1b2c3", "cam"))
+    cache.put_instance(("a", "plc-d4e5f6"), None, instance_record("a", "plc-d4e5f6", "plc"))
+    reporter = AdmissionReporter(kube=cast(Kube, None), metrics=ControllerMetrics())
+
+    def targets(namespace: str, message: str) -> list[tuple[str, str, str]]:
+        pod = RejectedPod(
+            namespace=namespace, name="app", uid="u1", node="n-1",
+            reason="UnexpectedAdmissionError", message=message,
+            resources=("edgeplug.io/cam-a1b2c3", "edgeplug.io/plc-d4e5f6", "nvidia.com/gpu"))
+        return [(resource, body["metadata"]["namespace"], configuration)
+                for resource, body, configuration in reporter.targets(cache, pod)]
+
+    assert targets("b", OUT_OF) == [("edgeplug.io/cam-a1b2c3", "b", "cam")]
+    # Served only in another namespace (a Configuration's namespace, the pod elsewhere).
+    assert targets("c", OUT_OF) == [("edgeplug.io/cam-a1b2c3", "a", "cam"),
+                                    ("edgeplug.io/cam-a1b2c3", "b", "cam")]
+    # Allocate failed without naming a resource: each edgeplug resource the pod asked for.
+    assert targets("a", RPC_ERROR) == [("edgeplug.io/cam-a1b2c3", "a", "cam"),
+                                       ("edgeplug.io/plc-d4e5f6", "a", "plc")]
+    # Another vendor's device failed: nothing of edgeplug's to report.
+    assert targets("a", "Pod was rejected: Allocate failed due to requested number of devices"
+                        " unavailable for nvidia.com/gpu. Requested: 1, Available: 0") == []
