@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from discovery_handlers.contract import (
     Device,
+    DeviceList,
     DiscoveryHandler,
     InvalidDetails,
     PropertyValue,
@@ -112,7 +113,7 @@ class ExternalHandler:
                     self._serve_registered(registration, details)
                 ) as served:
                     async for devices in served:
-                        yield devices
+                        yield self._noting_takeover(devices, registration)
                 continue
             if self._builtin is None:
                 yield HandlerStatus([], ready=False, message=(
@@ -194,6 +195,20 @@ class ExternalHandler:
             delay = min(RETRY_MAX, RETRY_BASE * 2 ** (failures - 1), self._grace - away)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), delay)
+
+    def _noting_takeover(
+        self, devices: Sequence[Device], registration: Registration
+    ) -> Sequence[Device]:
+        """While a registered handler stands in for the built-in, every list says so (a
+        discovery warning: posted once as an Event on the Configuration, logged when over)."""
+        if self._builtin is None:
+            return devices
+        note = (f"discovery handler {self.name!r} registered at {registration.endpoint} serves "
+                f"in place of the built-in {self.name!r} on this node")
+        if isinstance(devices, HandlerStatus):
+            return HandlerStatus(devices, (*devices.warnings, note), ready=devices.ready,
+                                 message=devices.message)
+        return DeviceList(devices, (note,))
 
     def _note_takeover(self, registration: Registration) -> None:
         if self._builtin is not None and not self._taken_over:

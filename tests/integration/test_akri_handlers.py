@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 import yaml
+from lightkube.resources.core_v1 import Event
 
-from agent.discovery_run import REASON_HANDLER_UNAVAILABLE
+from agent.discovery_run import REASON_DISCOVERY_WARNING, REASON_HANDLER_UNAVAILABLE
 from agent.events import condition_type
 from agent.kube import ConfigurationResource, as_dict
 from agent.main import run_agent
@@ -234,6 +235,18 @@ async def test_handler_registered_under_debug_echo_takes_over_then_hands_back(
             # The Go handler's devices carry PROPERTY_NAMES: it serves the name now.
             await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" in p)
             assert agent.registered("debugEcho") == 1
+
+            # ... and the Configuration says so (a Warning Event from this node).
+            async def noted() -> list[Event] | None:
+                events = [e async for e in client.list(
+                    Event, namespace=namespace,
+                    fields={"involvedObject.name": "echo", "reason": REASON_DISCOVERY_WARNING})]
+                return [e for e in events
+                        if "in place of the built-in 'debugEcho'" in (e.message or "")] or None
+
+            [event] = await harness.eventually(noted, what="the takeover's Warning Event")
+            assert event.source is not None
+            assert event.source.host == node
             handler.kill()
             await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" not in p)
             assert agent.registered("debugEcho") is None
