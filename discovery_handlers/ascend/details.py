@@ -7,7 +7,9 @@ no Ascend driver, so this module imports nothing of DCMI. Every bad value is ref
     hostRoot: /host                  # where this agent sees the host's filesystem (default /)
     libraryPath: /usr/local/dcmi/libdcmi.so   # DCMI library, under hostRoot; default: the
                                      # dynamic loader's search path for libdcmi.so
-    npuSmiPath: /usr/local/sbin/npu-smi       # under hostRoot (this is the default)
+    npuSmiPath: /usr/local/bin/npu-smi        # under hostRoot; default: the first of
+                                     # /usr/local/bin/npu-smi (servers) and
+                                     # /usr/local/sbin/npu-smi (Atlas 200/500) there
     driverPath: /usr/local/Ascend/driver      # host directory mounted read-only (the default)
     mountDriver: true                # false: no driver mount (the container brings its own)
     sources: [dcmi, npu-smi, devices]         # which sources to try, in this order (default)
@@ -40,7 +42,8 @@ from discovery_handlers.contract import InvalidDetails, PropertyValue, property_
 from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
 DEFAULT_HOST_ROOT = "/"
-DEFAULT_NPU_SMI_PATH = "/usr/local/sbin/npu-smi"
+#: Where Huawei's driver package installs npu-smi: servers, then the Atlas 200/500 products.
+DEFAULT_NPU_SMI_PATHS = ("/usr/local/bin/npu-smi", "/usr/local/sbin/npu-smi")
 DEFAULT_DRIVER_PATH = "/usr/local/Ascend/driver"
 DEFAULT_HEALTH_POLL_S = 5.0  # Huawei's device plugin checks health every 5 s
 MIN_HEALTH_POLL_S = 1.0
@@ -73,7 +76,7 @@ class AscendDetails:
 
     host_root: str = DEFAULT_HOST_ROOT
     library_path: str | None = None
-    npu_smi_path: str = DEFAULT_NPU_SMI_PATH
+    npu_smi_path: str | None = None  # None: the first of DEFAULT_NPU_SMI_PATHS that is there
     driver_path: str = DEFAULT_DRIVER_PATH
     mount_driver: bool = True
     sources: tuple[str, ...] = ALL_SOURCES
@@ -86,6 +89,10 @@ class AscendDetails:
     @property
     def faults(self) -> FaultTable:
         return self.fault_table or _default_table()
+
+    @property
+    def npu_smi_paths(self) -> tuple[str, ...]:
+        return (self.npu_smi_path,) if self.npu_smi_path else DEFAULT_NPU_SMI_PATHS
 
     def on_host(self, path: str) -> str:
         """Where this process finds host path ``path`` (``hostRoot`` prepended)."""
@@ -100,7 +107,7 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Asce
     return AscendDetails(
         host_root=_path(raw, "hostRoot", DEFAULT_HOST_ROOT),
         library_path=None if library is None else _path(raw, "libraryPath", ""),
-        npu_smi_path=_path(raw, "npuSmiPath", DEFAULT_NPU_SMI_PATH),
+        npu_smi_path=None if "npuSmiPath" not in raw else _path(raw, "npuSmiPath", ""),
         driver_path=_path(raw, "driverPath", DEFAULT_DRIVER_PATH),
         mount_driver=_bool(raw, "mountDriver", True),
         sources=_choices(raw, "sources", ALL_SOURCES, default=ALL_SOURCES, empty_ok=False),

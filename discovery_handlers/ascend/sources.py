@@ -142,10 +142,13 @@ def _from_dcmi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ...]:
 
 
 def _from_npu_smi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ...]:
-    tool = details.on_host(details.npu_smi_path)
-    if not os.access(tool, os.X_OK):
-        problems.append(f"npu-smi: {details.npu_smi_path} not found or not executable")
+    found = next((path for path in details.npu_smi_paths
+                  if os.access(details.on_host(path), os.X_OK)), None)
+    if found is None:
+        problems.append(f"npu-smi: {' or '.join(details.npu_smi_paths)} not found or not "
+                        "executable")
         return ()
+    tool = details.on_host(found)
     text = _run_tool(tool, ["info"], details, problems)
     if text is None:
         return ()
@@ -174,7 +177,7 @@ def _from_npu_smi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ..
 def _run_tool(tool: str, args: list[str], details: AscendDetails,
               problems: list[str]) -> str | None:
     """The output of ``npu-smi <args>``, or None with the reason in ``problems``."""
-    shown = " ".join([details.npu_smi_path, *args])
+    shown = " ".join(["npu-smi", *args])
     try:
         done = subprocess.run(  # a fixed argument list, no shell
             [tool, *args], capture_output=True, timeout=NPU_SMI_TIMEOUT_S, check=False,

@@ -91,8 +91,8 @@ def test_the_npu_agent_gets_the_driver_read_only_and_privilege() -> None:
     env, mounts = _profile(npu)
     assert sorted(mounts) == [
         ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver", True),
-        ("/usr/local/dcmi", "/usr/local/dcmi", True),
-        ("/usr/local/sbin/npu-smi", "/usr/local/sbin/npu-smi", True)]
+        ("/usr/local/bin/npu-smi", "/usr/local/bin/npu-smi", True),
+        ("/usr/local/dcmi", "/usr/local/dcmi", True)]
     assert env["LD_LIBRARY_PATH"].split(":") == [
         "/usr/local/Ascend/driver/lib64", "/usr/local/Ascend/driver/lib64/driver",
         "/usr/local/Ascend/driver/lib64/common", "/usr/local/dcmi"]

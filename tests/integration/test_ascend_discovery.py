@@ -180,7 +180,8 @@ async def test_an_empty_host_lists_nothing_and_says_why(tmp_path: Path) -> None:
     assert await first_list(parsed) == []
     status = handler.status(parsed)
     assert status.source == "none"
-    assert "npu-smi: /usr/local/sbin/npu-smi not found or not executable" in status.problems
+    assert ("npu-smi: /usr/local/bin/npu-smi or /usr/local/sbin/npu-smi not found or not "
+            "executable") in status.problems
     assert any(p.startswith("devices: cannot list /dev") for p in status.problems)
 
 

@@ -30,13 +30,17 @@ def test_every_field_is_read() -> None:
         "hostRoot: /host\nlibraryPath: /usr/local/dcmi/libdcmi.so\nnpuSmiPath: /usr/bin/npu-smi\n"
         "driverPath: /opt/driver\nmountDriver: false\nsources: [npu-smi, devices]\n"
         "chipNames: [Ascend910, Ascend310P3]\nhealthPollSeconds: 1800\n"
-        "runtimeOptions: [NODRV, VERBOSE]\n")
+        "dcmiTimeoutSeconds: 0.5\nruntimeOptions: [NODRV, VERBOSE]\n")
     assert details == AscendDetails(
         host_root="/host", library_path="/usr/local/dcmi/libdcmi.so",
         npu_smi_path="/usr/bin/npu-smi", driver_path="/opt/driver", mount_driver=False,
         sources=("npu-smi", "devices"), chip_names=("Ascend910", "Ascend310P3"),
-        health_poll_seconds=1800.0, runtime_options=("NODRV", "VERBOSE"))
+        health_poll_seconds=1800.0, dcmi_timeout_seconds=0.5,
+        runtime_options=("NODRV", "VERBOSE"))
     assert details.on_host("/dev/davinci0") == "/host/dev/davinci0"
+    assert details.npu_smi_paths == ("/usr/bin/npu-smi",)
+    # Unset: where the driver installs it on servers, then on Atlas 200/500.
+    assert parse("").npu_smi_paths == ("/usr/local/bin/npu-smi", "/usr/local/sbin/npu-smi")
 
 
 @pytest.mark.parametrize(("text", "field", "words"), [
@@ -46,6 +50,8 @@ def test_every_field_is_read() -> None:
     ("hostRoot: host", "hostRoot", "absolute path"),
     ("libraryPath: /a/../b", "libraryPath", "no '..'"),
     ("npuSmiPath: 3", "npuSmiPath", "absolute path"),
+    ("dcmiTimeoutSeconds: 0", "dcmiTimeoutSeconds", "outside 0.1..60"),
+    ("dcmiTimeoutSeconds: fast", "dcmiTimeoutSeconds", "number of seconds"),
     ("mountDriver: yes please", "mountDriver", "true or false"),
     ("sources: []", "sources", "non-empty list"),
     ("sources: [dcmi, nvml]", "sources[1]", "'nvml' is not one of"),
