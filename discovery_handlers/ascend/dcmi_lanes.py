@@ -60,7 +60,7 @@ class Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
             queue.SimpleQueue())
         self._lock = threading.Lock()
         self._busy_since: float | None = None
@@ -98,10 +98,14 @@ class Lane:
         inside = dcmi.calling(self._thread_id)
         return f"DCMI {inside or 'call'} ({self.name})"
 
+    def close(self) -> None:
+        """End the thread once its current call (if any) returns."""
+        self._jobs.put(None)
+
     def _serve(self) -> None:
         self._thread_id = threading.get_ident()
-        while True:
-            function, future = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            function, future = job
             try:
                 future.set_result(function())
             except BaseException as exc:  # handed to the caller, who may have left
@@ -178,6 +182,10 @@ class BoundedDcmi:
                 raise dcmi.DcmiError(stuck.describe()) from None
         return self._library
 
+    def close(self) -> None:
+        for lane in (self._control, *self._cards.values()):
+            lane.close()
+
     def _stuck(self, card: int, stuck: LaneStuck, problems: list[str]) -> list[Chip]:
         reason = f"card {card}: {stuck.describe()}"
         problems.append(reason)
@@ -200,6 +208,6 @@ def library(path: str | None) -> BoundedDcmi:
         found = _libraries.get(path)
         if found is None:
             if len(_libraries) >= MAX_LIBRARIES:
-                _libraries.pop(next(iter(_libraries)))
+                _libraries.pop(next(iter(_libraries))).close()
             found = _libraries[path] = BoundedDcmi(path)
         return found
