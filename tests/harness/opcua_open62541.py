@@ -36,12 +36,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.harness.opcua_servers import Certificates, free_port
+from tests.harness.opcua_servers import VALUE, VALUE_IDENTIFIER, VALUE_NAME, Certificates, free_port
 
 PRODUCT_URI = "http://open62541.org"  # what open62541 servers say unless configured otherwise
 START_WITHIN_S = 90.0  # importing o6 takes ~5 s on a loaded 2-core machine; never a timing
 POLL_S = 0.05
 _DISCOVERY_SERVER = 3  # OPC-UA ApplicationType.DiscoveryServer
+_OBJECTS = "i=85"  # the Objects folder
+#: The value a broker reads, in the server's own namespace (index 1, the application URI's), where
+#: open62541 devices put their nodes (asyncua's test servers register one more: index 2).
+VALUE_NAMESPACE = 1
+VALUE_NODE = f"ns={VALUE_NAMESPACE};s={VALUE_IDENTIFIER}"
 _ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -147,6 +152,7 @@ async def _serve(args: argparse.Namespace) -> None:
         server.config.applicationType = _DISCOVERY_SERVER
     server.start()
     await server.waitReady()
+    await server.addVariable(VALUE_NAME, _OBJECTS, VALUE, nodeId=VALUE_NODE, ns=VALUE_NAMESPACE)
     if args.register_to is not None:
         await server.registerDiscovery(args.register_to)
     _say_ready(args.ready, url)
