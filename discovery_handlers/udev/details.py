@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from discovery_handlers.contract import InvalidDetails
-from discovery_handlers.udev.patterns import compile_pattern, escape_glob
+from discovery_handlers.udev.patterns import compile_pattern, literal_pattern
 from discovery_handlers.udev.rules import Key, Match, Rule, RuleError, parse_rule
 from discovery_handlers.yaml_details import load_mapping
 
@@ -152,4 +152,4 @@ def _usb_id(value: Any, field: str) -> str:
 
 
 def _literal(key: Key, name: str | None, value: str) -> Match:
-    return Match(key=key, name=name, negate=False, pattern=compile_pattern(escape_glob(value)))
+    return Match(key=key, name=name, negate=False, pattern=literal_pattern(value))

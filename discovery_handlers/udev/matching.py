@@ -2,11 +2,15 @@
 is a ``DeviceView`` (the libudev wrapper gives real ones; unit tests give plain records).
 
 Why this exists: rule semantics are the part users reason about, so they live apart from
-libudev and are tested over tables. udev's reading, which this follows:
+libudev and are tested over tables, and checked against udev's own engine
+(``tests/integration/test_udev_oracle.py``). udev's reading, which this follows:
 
-- a missing attribute, property or driver reads as the empty string (``ENV{X}==""`` matches a
-  device without ``X``, and ``ATTR{x}!="1"`` matches one without ``x``);
-- sysfs attribute values lose trailing whitespace unless the pattern itself ends in whitespace;
+- an attribute that cannot be read (missing, or unreadable like ``carrier`` of a link that is
+  down) makes its clause false for ``==`` and ``!=`` alike (``ATTR{carrier}!="0"`` does not
+  match a down link); a missing property or driver reads as the empty string
+  (``ENV{X}==""`` matches a device without ``X``, ``ENV{X}!="1"`` too);
+- sysfs attribute values lose trailing whitespace (space, tab, newline, carriage return)
+  unless the pattern itself ends in whitespace;
 - singular keys test the device itself; the plural keys (``ATTRS``, ``DRIVERS``, ``KERNELS``,
   ``SUBSYSTEMS``, ``TAGS``) search the device and then its parents for ONE device on which every
   plural clause of the rule holds (``!=`` clauses included, tested on that same device);
@@ -20,6 +24,9 @@ from typing import Protocol
 
 from discovery_handlers.udev.rules import Key, Match, Rule
 
+#: What udev strips from an attribute's end (systemd's WHITESPACE), and C's isspace().
+_TRAILING = " \t\n\r"
+_C_SPACE = " \t\n\v\f\r"
 #: Parent chains are short (a USB tty is ~10 deep); a bound stops a corrupt or looping view.
 MAX_PARENT_DEPTH = 64
 
@@ -77,42 +84,43 @@ def chain(device: DeviceView) -> Iterator[DeviceView]:
 
 
 def _holds(match: Match, device: DeviceView) -> bool:
-    found = _test(match, device)
-    return not found if match.negate else found
+    if match.key in (Key.TAG, Key.TAGS):
+        found = any(match.pattern.matches(tag) for tag in device.tags)
+    else:
+        value = _value(match, device)
+        if value is None:
+            return False  # an attribute that cannot be read: false for == and != (udev)
+        found = match.pattern.matches(value)
+    return found != match.negate
 
 
-def _test(match: Match, device: DeviceView) -> bool:
+def _value(match: Match, device: DeviceView) -> str | None:
+    """The value a clause compares; None only for an attribute that cannot be read."""
     key = match.key
-    pattern = match.pattern
-    if key in (Key.TAG, Key.TAGS):
-        return any(pattern.matches(tag) for tag in device.tags)
     if key in (Key.ATTR, Key.ATTRS):
         assert match.name is not None
         raw = device.attribute(match.name)
-        return pattern.matches(attribute_text(raw, keep_trailing=_ends_in_space(pattern.source)))
+        if raw is None:
+            return None
+        return attribute_text(raw, keep_trailing=_ends_in_space(match.pattern.source))
     if key is Key.ENV:
         assert match.name is not None
-        return pattern.matches(device.property(match.name) or "")
-    value: str | None
+        return device.property(match.name) or ""
     if key is Key.DEVPATH:
-        value = device.devpath
-    elif key in (Key.KERNEL, Key.KERNELS):
-        value = device.kernel
-    elif key in (Key.SUBSYSTEM, Key.SUBSYSTEMS):
-        value = device.subsystem
-    else:  # DRIVER, DRIVERS
-        value = device.driver
-    return pattern.matches(value or "")
+        return device.devpath
+    if key in (Key.KERNEL, Key.KERNELS):
+        return device.kernel
+    if key in (Key.SUBSYSTEM, Key.SUBSYSTEMS):
+        return device.subsystem or ""
+    return device.driver or ""  # DRIVER, DRIVERS
 
 
-def attribute_text(raw: bytes | None, *, keep_trailing: bool = False) -> str:
+def attribute_text(raw: bytes, *, keep_trailing: bool = False) -> str:
     """A sysfs attribute's bytes as matching sees them: undecodable bytes stay distinct (they
-    match only ``*``/``?``), trailing whitespace dropped unless asked to keep it."""
-    if raw is None:
-        return ""
+    match only wildcards), trailing whitespace dropped unless asked to keep it."""
     text = raw.decode("utf-8", errors="surrogateescape")
-    return text if keep_trailing else text.rstrip()
+    return text if keep_trailing else text.rstrip(_TRAILING)
 
 
 def _ends_in_space(source: str) -> bool:
-    return bool(source) and source[-1].isspace()
+    return bool(source) and source[-1] in _C_SPACE

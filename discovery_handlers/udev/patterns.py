@@ -1,9 +1,18 @@
-"""udev's value patterns (udev(7)): shell globs with ``|`` alternatives, compiled to regexes.
+"""udev's value patterns (udev(7)), matched as systemd-udevd matches them. Pure: no I/O.
 
-Why this exists: udev matches rule values with fnmatch(3) (no flags: ``*`` also matches ``/``,
-a backslash escapes the next character) after splitting them on ``|``; Python's ``fnmatch``
-differs (no backslash escapes, no ``[[:class:]]``), so the translation is ours. Pure: no I/O.
-An unterminated ``[`` is a literal ``[``, as in fnmatch(3).
+Why this exists: what a rule value matches is what users reason about, and udev's reading has
+corners Python's ``fnmatch`` does not share, so the translation is ours and is checked against
+udev's own engine (``tests/integration/test_udev_oracle.py``). udev's reading, which this follows:
+
+- the value is split into alternatives on every ``|`` (a backslash does not protect it); an
+  empty alternative (``|x``, ``x|``, ``a||b``) also matches the empty string; ``""`` matches
+  only the empty string;
+- a value holding none of ``*``, ``?``, ``[`` compares as a plain string, every alternative
+  character for character (a backslash is an ordinary character there);
+- otherwise every alternative is an fnmatch(3) glob without flags: ``*`` also matches ``/``,
+  ``\\`` escapes the next character (a trailing ``\\`` never matches), ``[...]`` with ``!`` or
+  ``^`` for negation, ranges and ``[:class:]``; an unterminated ``[`` is a literal ``[``;
+- globs run in the C locale, byte by byte: ``?`` matches one byte of a UTF-8 character.
 """
 
 from __future__ import annotations
@@ -11,7 +20,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-#: POSIX bracket classes fnmatch(3) knows, as regex character-set fragments.
+#: Characters that make a value a glob (systemd's GLOB_CHARS); ``|`` and ``\\`` do not.
+GLOB_CHARS = "*?["
+#: POSIX bracket classes in the C locale, as regex character-set fragments.
 _CLASSES = {
     "alnum": "a-zA-Z0-9", "alpha": "a-zA-Z", "blank": " \\t", "cntrl": "\\x00-\\x1f\\x7f",
     "digit": "0-9", "graph": "!-~", "lower": "a-z", "print": " -~",
@@ -19,60 +30,60 @@ _CLASSES = {
     "xdigit": "0-9A-Fa-f",
 }
 _MAX_PATTERN = 4096
+_NEVER = "(?!)"
 
 
 class PatternError(ValueError):
-    """A value udev could not use either (too long, unknown ``[[:class:]]``)."""
+    """A value refused on purpose (too long, unknown ``[[:class:]]``)."""
 
 
 @dataclass(frozen=True)
 class Pattern:
-    """A compiled value; ``source`` is the text as written in the rule."""
+    """A compiled value; ``source`` is the value as udev sees it (quotes and escapes resolved).
+    ``alternatives`` are the non-empty ones; ``with_empty`` when the empty string matches too;
+    ``regex`` (globs only) runs over the UTF-8 bytes of the value, one character per byte."""
 
     source: str
-    regex: re.Pattern[str] = field(compare=False, repr=False)
+    alternatives: tuple[str, ...]
+    with_empty: bool
+    regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     def matches(self, value: str) -> bool:
-        return self.regex.fullmatch(value) is not None
+        if not value and self.with_empty:
+            return True
+        if self.regex is None:
+            return value in self.alternatives
+        return self.regex.fullmatch(as_bytes_text(value)) is not None
+
+
+def as_bytes_text(text: str) -> str:
+    """``text``'s UTF-8 bytes, one character each (undecodable bytes kept as they came)."""
+    return text.encode("utf-8", errors="surrogateescape").decode("latin-1")
 
 
 def compile_pattern(source: str) -> Pattern:
-    """Compile a rule value; ``|`` separates alternatives, each an fnmatch(3) glob."""
+    """Compile a rule value as udev does (see the module docstring)."""
     if len(source) > _MAX_PATTERN:
         raise PatternError(f"longer than {_MAX_PATTERN} characters")
-    alternatives = [_glob_to_regex(alt) for alt in _split_alternatives(source)]
-    return Pattern(source=source, regex=re.compile("|".join(f"(?:{a})" for a in alternatives),
-                                                   re.DOTALL))
+    parts = source.split("|")
+    alternatives = tuple(p for p in parts if p)
+    with_empty = len(alternatives) < len(parts)
+    if not any(c in source for c in GLOB_CHARS):
+        return Pattern(source, alternatives, with_empty)
+    regexes = [_glob_to_regex(as_bytes_text(alt)) for alt in alternatives]
+    body = "|".join(f"(?:{r})" for r in regexes) or _NEVER
+    return Pattern(source, alternatives, with_empty, re.compile(body, re.DOTALL))
 
 
-def escape_glob(text: str) -> str:
-    """``text`` as a pattern that matches exactly it (for values taken literally)."""
-    return re.sub(r"([*?\[\]|\\])", r"\\\1", text)
+def literal_pattern(text: str) -> Pattern:
+    """A pattern that matches exactly ``text`` (values the handler builds, never split)."""
+    return Pattern(text, (text,) if text else (), not text)
 
 
-def has_glob(source: str) -> bool:
-    """True when the value uses any pattern syntax (so libudev's own filters cannot take it)."""
-    return any(c in source for c in "*?[|\\")
-
-
-def _split_alternatives(source: str) -> list[str]:
-    parts: list[str] = []
-    current: list[str] = []
-    i = 0
-    while i < len(source):
-        char = source[i]
-        if char == "\\" and i + 1 < len(source):
-            current.append(source[i:i + 2])
-            i += 2
-            continue
-        if char == "|":
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-        i += 1
-    parts.append("".join(current))
-    return parts
+def enumerator_safe(source: str) -> bool:
+    """True when libudev's enumeration filters (one fnmatch(3) glob, no alternatives) select
+    exactly what udev's rules match for this value: not empty, no ``|``, no backslash."""
+    return bool(source) and not any(c in source for c in "|\\")
 
 
 def _glob_to_regex(glob: str) -> str:
@@ -81,12 +92,10 @@ def _glob_to_regex(glob: str) -> str:
     while i < len(glob):
         char = glob[i]
         if char == "\\":
-            if i + 1 < len(glob):
-                out.append(re.escape(glob[i + 1]))
-                i += 2
-            else:
-                out.append(re.escape("\\"))
-                i += 1
+            if i + 1 >= len(glob):
+                return _NEVER  # fnmatch(3): a trailing backslash never matches
+            out.append(re.escape(glob[i + 1]))
+            i += 2
         elif char == "*":
             out.append(".*")
             i += 1
@@ -119,6 +128,8 @@ def _bracket(glob: str, start: int) -> tuple[str, int] | None:
     while i < len(glob):
         char = glob[i]
         if char == "]" and not first:
+            if not items:  # only reversed ranges: nothing (negated: anything)
+                return ("." if negate else _NEVER), i + 1
             body = "".join(items)
             return (f"[^{body}]" if negate else f"[{body}]"), i + 1
         first = False
@@ -135,7 +146,7 @@ def _bracket(glob: str, start: int) -> tuple[str, int] | None:
         if char == "\\" and i + 1 < len(glob):
             char = glob[i + 1]
             i += 1
-        if (i + 2 < len(glob) and glob[i + 1] == "-" and glob[i + 2] != "]"):
+        if i + 2 < len(glob) and glob[i + 1] == "-" and glob[i + 2] != "]":
             low, high = char, glob[i + 2]
             if high == "\\" and i + 3 < len(glob):
                 high = glob[i + 3]

@@ -6,15 +6,18 @@ This module turns one rule string into a ``Rule`` (a conjunction of ``Match`` cl
 refuses it with a ``RuleError`` that names the position (1-based character column) and the
 offending token, so the agent can put a precise message on the Configuration's status.
 
-Grammar (what udev accepts, less everything that assigns or runs something)::
+Grammar (udev's own line syntax, less everything that assigns or runs something)::
 
-    rule   := ws clause (ws "," ws clause)* ws ","? ws
-    clause := KEY ("{" name "}")? op '"' value '"'
+    rule   := (sep* clause)* sep*          sep := " " | "\\t" | "\\n" | "\\r" | ","
+    clause := KEY ("{" name "}")? ws* op ws* "e"? '"' value '"'
     op     := "==" | "!="
 
-Keys ``ATTR``, ``ATTRS`` and ``ENV`` need a ``{name}``; the others must not have one. Inside
-the quotes ``\\"`` stands for a double quote; every other backslash is kept, so it escapes the
-next character in the pattern (as fnmatch(3), which udev uses, reads it).
+so, as udev reads a rules line, commas between clauses are optional and may repeat, and spaces
+may stand around the operator. Keys ``ATTR``, ``ATTRS`` and ``ENV`` need a ``{name}`` (anything
+up to the first ``}``); the others must not have one. Inside plain quotes ``\\"`` stands for a
+double quote and every other backslash is kept (in a glob it escapes the next character; in a
+plain value it is a backslash). ``e"..."`` strings are C-unescaped first (``\\n``, ``\\t``,
+``\\xHH``, ``\\ooo``, ``\\uXXXX``, ...); an unknown escape refuses the rule, as udev drops the line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from discovery_handlers.udev.escapes import EscapeError, c_unescape
 from discovery_handlers.udev.patterns import Pattern, PatternError, compile_pattern
 
 
@@ -58,12 +62,16 @@ ACTION_KEYS = frozenset({
     "PROGRAM", "RESULT", "RUN", "SECLABEL", "SYMLINK", "SYSCTL", "TEST", "WAIT_FOR",
 })
 
+#: ``SUBSYSTEM=="subsystem"`` (or ``bus``, ``class``) matches any of the three, as in udev.
+SUBSYSTEM_ALIASES = ("subsystem", "bus", "class")
+
 #: Operators udev knows; only the first two match.
 MATCH_OPERATORS = ("==", "!=")
 ASSIGN_OPERATORS = (":=", "+=", "-=", "=")
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_NAME = re.compile(r"[^{}\s\"]+")
+#: udev's WHITESPACE: what may stand between clauses and around the operator.
+WHITESPACE = " \t\n\r"
 
 
 class RuleError(ValueError):
@@ -114,15 +122,12 @@ class _Scanner:
         self.text = text
         self.pos = 0
 
-    def skip_ws(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos].isspace():
+    def skip(self, chars: str = WHITESPACE) -> None:
+        while self.pos < len(self.text) and self.text[self.pos] in chars:
             self.pos += 1
 
     def at_end(self) -> bool:
         return self.pos >= len(self.text)
-
-    def column(self, pos: int | None = None) -> int:
-        return (self.pos if pos is None else pos) + 1
 
     def token_at(self, pos: int) -> str:
         """A short excerpt starting at ``pos``, for messages."""
@@ -140,24 +145,17 @@ def parse_rule(text: str) -> Rule:
     if "\x00" in text:
         raise RuleError(text.index("\x00") + 1, "\\x00", "NUL character in rule")
     scanner = _Scanner(text)
-    scanner.skip_ws()
-    if scanner.at_end():
-        raise RuleError(1, "<empty>", "empty rule: it would match every device; give at least "
-                        'one match such as SUBSYSTEM=="tty"')
     own: list[Match] = []
     parents: list[Match] = []
     while True:
-        match = _parse_clause(scanner)
-        (parents if match.key.on_parents else own).append(match)
-        scanner.skip_ws()
+        scanner.skip(WHITESPACE + ",")  # udev: any commas and spaces between clauses
         if scanner.at_end():
             break
-        if scanner.text[scanner.pos] != ",":
-            raise scanner.fail("expected ',' between matches")
-        scanner.pos += 1
-        scanner.skip_ws()
-        if scanner.at_end():
-            break  # a trailing comma, as udev tolerates
+        match = _parse_clause(scanner)
+        (parents if match.key.on_parents else own).append(match)
+    if not own and not parents:
+        raise RuleError(1, "<empty>", "empty rule: it would match every device; give at least "
+                        'one match such as SUBSYSTEM=="tty"')
     return Rule(own=tuple(own), parent_groups=(tuple(parents),) if parents else ())
 
 
@@ -177,13 +175,17 @@ def _parse_clause(scanner: _Scanner) -> Match:
                            start) from None
     scanner.pos = key_match.end()
     name = _parse_name(scanner, key)
+    scanner.skip()
     negate = _parse_operator(scanner, key)
+    scanner.skip()
     value_pos = scanner.pos
     value = _parse_value(scanner)
     try:
         pattern = compile_pattern(value)
     except PatternError as exc:
         raise scanner.fail(f"bad pattern: {exc}", value_pos) from None
+    if key is Key.SUBSYSTEM and value in SUBSYSTEM_ALIASES:
+        pattern = Pattern(value, SUBSYSTEM_ALIASES, False)
     return Match(key=key, name=name, negate=negate, pattern=pattern)
 
 
@@ -201,8 +203,11 @@ def _parse_name(scanner: _Scanner, key: Key) -> str | None:
     if close < 0:
         raise scanner.fail("unbalanced '{': no closing '}'", open_pos)
     name = text[open_pos + 1:close]
-    if not name or _NAME.fullmatch(name) is None:
-        raise scanner.fail(f"bad {key.value} name {name!r} (no spaces, quotes or braces)",
+    if not name:
+        raise scanner.fail(f"bad {key.value} name {name!r} (empty)", open_pos)
+    if key is not Key.ENV and (name.startswith("[") or "%" in name or "$" in name):
+        raise scanner.fail(f"{key.value}{{{name}}}: udev's substitutions in attribute names "
+                           "(%, $, [subsystem/kernel]) are not supported in discovery rules",
                            open_pos)
     scanner.pos = close + 1
     return name
@@ -225,20 +230,27 @@ def _parse_operator(scanner: _Scanner, key: Key) -> bool:
 
 def _parse_value(scanner: _Scanner) -> str:
     text = scanner.text
-    if scanner.pos >= len(text) or text[scanner.pos] != '"':
+    start = scanner.pos
+    escaped = text.startswith('e"', start)
+    quote_pos = scanner.pos + escaped
+    if quote_pos >= len(text) or text[quote_pos] != '"':
         raise scanner.fail('values must be double-quoted, e.g. KERNEL=="ttyUSB*"')
-    quote_pos = scanner.pos
     out: list[str] = []
     pos = quote_pos + 1
     while pos < len(text):
         char = text[pos]
-        if char == "\\" and pos + 1 < len(text) and text[pos + 1] == '"':
-            out.append('"')
+        if char == "\\" and pos + 1 < len(text) and (escaped or text[pos + 1] == '"'):
+            out.append(text[pos:pos + 2] if escaped else '"')
             pos += 2
             continue
         if char == '"':
             scanner.pos = pos + 1
-            return "".join(out)
+            if not escaped:
+                return "".join(out)
+            try:
+                return c_unescape("".join(out))
+            except EscapeError as exc:
+                raise scanner.fail(f"bad escape in e\"...\": {exc}", start) from None
         out.append(char)
         pos += 1
     raise scanner.fail("unterminated value: no closing '\"'", quote_pos)

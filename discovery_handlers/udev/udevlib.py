@@ -22,7 +22,8 @@ import pyudev
 
 from discovery_handlers.udev.devices import NodeRecord
 from discovery_handlers.udev.matching import MAX_PARENT_DEPTH, first_match
-from discovery_handlers.udev.rules import Key, Rule
+from discovery_handlers.udev.patterns import enumerator_safe
+from discovery_handlers.udev.rules import SUBSYSTEM_ALIASES, Key, Rule
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +188,8 @@ def _prefilter(rule: Rule) -> dict[str, str] | None:
     result (our matcher still checks every clause); None when the rule gives none."""
     for match in rule.own:
         source = match.pattern.source
-        if match.negate or "|" in source or "\\" in source:
-            continue  # libudev's fnmatch knows neither alternatives nor our escapes
+        if match.negate or not enumerator_safe(source) or source in SUBSYSTEM_ALIASES:
+            continue  # libudev's filters would read this value differently from udev's rules
         if match.key is Key.SUBSYSTEM:
             return {"subsystem": match.pattern.source}
         if match.key is Key.KERNEL:

@@ -1,6 +1,8 @@
-"""udev matching semantics over a table: globs, alternatives, absent values, trailing
-whitespace, plural keys on one parent, odd bytes. Devices are plain records (``Rec``) with the
-fields libudev gives; the pure matcher is what is under test."""
+"""udev matching semantics over tables: globs, alternatives, absent values, trailing
+whitespace, plural keys on one parent, odd bytes, and each divergence udev's own engine showed
+(issue 22) as a named case. Devices are plain records (``Rec``) with the fields libudev gives
+(an attribute that cannot be read is absent, as libudev reports it); the pure matcher is what
+is under test. tests/integration/test_udev_oracle.py checks the same against udevadm."""
 
 from __future__ import annotations
 
@@ -62,8 +64,8 @@ TABLE = [
     ('ATTR{pad}=="x"', TTY, True),
     ('ATTR{pad}=="x  "', TTY, True),  # pattern ending in space keeps trailing space
     ('ATTR{pad}=="x "', TTY, False),
-    ('ATTR{missing}==""', TTY, True),
-    ('ATTR{missing}!="1"', TTY, True),
+    ('ATTR{missing}==""', TTY, False),  # cannot be read: false for == and != alike
+    ('ATTR{missing}!="1"', TTY, False),
     ('ATTR{idVendor}=="0403"', TTY, False),  # ATTR: the device only
     ('ATTRS{idVendor}=="0403"', TTY, True),
     ('ATTRS{idVendor}=="0403", ATTRS{idProduct}=="6001"', TTY, True),
@@ -86,7 +88,7 @@ TABLE = [
     ('SUBSYSTEM=="mem", KERNEL=="null|zero"', NULL, True),
     ('SUBSYSTEM=="mem", KERNEL=="zero"', NULL, False),
     ('SUBSYSTEMS=="usb"', NULL, False),
-    ('KERNEL=="null", ATTRS{x}!="y"', NULL, True),
+    ('KERNEL=="null", ATTRS{x}!="y"', NULL, False),  # no device in the chain can read x
 ]
 
 
@@ -100,3 +102,54 @@ def test_a_parent_chain_that_loops_is_bounded() -> None:
     looped = Rec("/devices/a", "a", "x")
     looped.parent = looped
     assert matches(parse_rule('SUBSYSTEMS=="nope"'), looped) is False
+
+
+# A network link as sysfs shows it: ``carrier`` reads 1 (up), 0 (up, no carrier) or cannot be
+# read at all (EINVAL while the link is down; libudev reports it absent).
+LINK_UP = Rec("/devices/virtual/net/v2", "v2", "net", attrs={"carrier": b"1\n"})
+NO_CARRIER = Rec("/devices/virtual/net/v0", "v0", "net", attrs={"carrier": b"0\n"})
+LINK_DOWN = Rec("/devices/virtual/net/v1", "v1", "net")
+ZERO = Rec("/devices/virtual/mem/zero", "zero", "mem")
+ODD = Rec("/devices/virtual/odd/t\\x", "t\\x", "odd", attrs={"name": "café\n".encode()})
+CAFE = Rec(ODD.devpath + "/c", "c", "odd", parent=ODD)
+
+# Issue 22's divergences from udev, each a named case: (id, rule, device, udev's answer).
+DIVERGENCES = [
+    ("unreadable-attr-ne-is-false", 'SUBSYSTEM=="net", ATTR{carrier}!="0"', LINK_DOWN, False),
+    ("unreadable-attr-ne-up-link", 'SUBSYSTEM=="net", ATTR{carrier}!="0"', LINK_UP, True),
+    ("unreadable-attr-ne-no-carrier", 'SUBSYSTEM=="net", ATTR{carrier}!="0"', NO_CARRIER, False),
+    ("unreadable-attr-eq-empty-is-false", 'ATTR{carrier}==""', LINK_DOWN, False),
+    ("missing-attr-eq-empty-is-false", 'ATTR{nope}==""', NULL, False),
+    ("missing-attrs-ne-on-parents-is-false", 'ATTRS{nope}!="x"', TTY, False),
+    ("attrs-ne-holds-where-readable", 'ATTRS{idVendor}!="1d6b"', TTY, True),
+    ("missing-env-eq-empty-stays-true", 'ENV{NOPE}==""', TTY, True),
+    ("missing-env-ne-stays-true", 'ENV{NOPE}!="x"', TTY, True),
+    ("missing-driver-eq-empty-stays-true", 'DRIVER==""', NULL, True),
+    ("plain-value-keeps-backslash", 'KERNEL=="ze\\ro"', ZERO, False),
+    ("plain-value-backslash-literal", 'KERNEL=="t\\x"', ODD, True),
+    ("glob-backslash-escapes", 'KERNEL=="ze\\r*"', ZERO, True),
+    ("glob-trailing-backslash-never-matches", 'KERNEL==e"t*\\\\"', ODD, False),
+    ("bar-splits-even-escaped", 'KERNEL=="null\\|zero"', ZERO, True),
+    ("bar-splits-even-escaped-left", 'KERNEL=="null\\|zero"', NULL, False),
+    ("glob-alternative-ending-in-backslash", 'KERNEL=="nu*\\|zero"', NULL, False),
+    ("empty-alternative-matches-empty", 'ENV{NOPE}=="x|"', TTY, True),
+    ("empty-alternative-leading", 'DRIVER=="|ftdi_sio"', TTY, True),
+    ("double-bar-empty-alternative", 'KERNEL=="zero||null"', NULL, True),
+    ("subsystem-bus-alias", 'SUBSYSTEM=="bus"', Rec("/bus/usb", "usb", "subsystem"), True),
+    ("subsystem-class-alias-ne", 'SUBSYSTEM!="class"', NULL, True),
+    ("glob-question-mark-is-one-byte", 'ATTR{name}=="caf?"', ODD, False),
+    ("glob-two-bytes-of-utf8", 'ATTR{name}=="caf??"', ODD, True),
+    ("plain-utf8-compares-whole", 'ATTR{name}=="café"', ODD, True),
+    ("e-string-escape", 'KERNEL==e"\\x7aero"', ZERO, True),
+    ("e-string-backslash-pair", 'KERNEL==e"t\\\\x"', ODD, True),
+    ("spaces-around-operator", 'KERNEL == "zero"', ZERO, True),
+    ("clauses-without-comma", 'SUBSYSTEM=="mem" KERNEL=="zero"', ZERO, True),
+    ("plural-keys-on-one-parent", 'KERNELS=="c", ATTRS{name}=="café"', CAFE, False),
+    ("plural-keys-on-one-parent-hold", 'KERNELS=="t*", ATTRS{name}=="café"', CAFE, True),
+]
+
+
+@pytest.mark.parametrize(("rule", "device", "expected"), [d[1:] for d in DIVERGENCES],
+                         ids=[d[0] for d in DIVERGENCES])
+def test_issue22_divergence_now_matches_as_udev(rule: str, device: Rec, expected: bool) -> None:
+    assert matches(parse_rule(rule), device) is expected

@@ -53,6 +53,20 @@ ACCEPTED = [
     ('ATTR{serial}=="A\\*B"', [("ATTR", "serial", "==", "A\\*B")]),
     ('KERNEL=="vidéo"', [("KERNEL", None, "==", "vidéo")]),
     ('ATTRS{power/control}=="auto"', [("ATTRS", "power/control", "==", "auto")]),
+    # udev's line syntax (issue 22): spaces around the operator, commas optional or repeated
+    ('KERNEL == "random"', [("KERNEL", None, "==", "random")]),
+    ('ATTR{x} != "y"', [("ATTR", "x", "!=", "y")]),
+    ('KERNEL=="a" KERNEL=="b"', [("KERNEL", None, "==", "a"), ("KERNEL", None, "==", "b")]),
+    ('KERNEL=="a"KERNEL=="b"', [("KERNEL", None, "==", "a"), ("KERNEL", None, "==", "b")]),
+    ('KERNEL=="a",,KERNEL=="b"', [("KERNEL", None, "==", "a"), ("KERNEL", None, "==", "b")]),
+    ('KERNEL=="a"\t,\nKERNEL=="b"', [("KERNEL", None, "==", "a"), ("KERNEL", None, "==", "b")]),
+    (', KERNEL=="a"', [("KERNEL", None, "==", "a")]),
+    ('ENV{a b}=="x"', [("ENV", "a b", "==", "x")]),
+    # udev's e"..." strings: C escapes undone first
+    ('KERNEL==e"tty\\x41"', [("KERNEL", None, "==", "ttyA")]),
+    ('KERNEL==e"a\\tb\\\\c\\"d"', [("KERNEL", None, "==", 'a\tb\\c"d')]),
+    ('KERNEL==e"\\101\\u00e9\\U0001F600\\s"', [("KERNEL", None, "==", "Aé\U0001F600 ")]),
+    ('KERNEL==e"\\xff"', [("KERNEL", None, "==", "\udcff")]),
 ]
 
 
@@ -100,12 +114,16 @@ REFUSED = [
     ('KERNEL=="null', 9, '"null', "unterminated value"),
     ("", 1, "<empty>", "empty rule"),
     ("   ", 1, "<empty>", "empty rule"),
-    ('KERNEL=="a" KERNEL=="b"', 13, 'KERNEL=="b"', "expected ','"),
-    ('KERNEL=="a",,KERNEL=="b"', 13, ',KERNEL=="b"', "expected a match key"),
-    (', KERNEL=="a"', 1, ',', "expected a match key"),
     ('KERNEL', 7, "<end of rule>", "expected '==' or '!='"),
     ('KERNEL=="[[:bogus:]]"', 9, '"[[:bogus:]]"', "unknown character class"),
     ('KERNEL=="a\x00b"', 11, "\\x00", "NUL"),
+    ('KERNEL==e"\\q"', 9, 'e"\\q"', "bad escape in e\"...\": unknown escape"),
+    ('KERNEL==e"\\x00"', 9, 'e"\\x00"', "is a NUL"),
+    ('KERNEL==e"\\x4"', 9, 'e"\\x4"', "needs 2 digits"),
+    ('ATTR{$kernel}=="x"', 5, '{$kernel}=="x"', "substitutions"),
+    ('ATTRS{[usb/1-1]serial}=="x"', 6, '{[usb/1-1]serial}=="', "substitutions"),
+    ('ATTR {x}=="y"', 5, " ", "needs a name in braces"),
+    (" , ,", 1, "<empty>", "empty rule"),
 ]
 
 
