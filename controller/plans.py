@@ -15,10 +15,11 @@ Rules for broker pods (issue 4, item 2):
   that broker (bounded); a pod still Pending after a grace period is deleted and recreated;
 - a pod the kubelet rejected at admission (issue 21: ``UnexpectedAdmissionError`` when a slot
   it was scheduled for was gone) is deleted at once, without backoff: it never ran, and it is
-  Failed for good. Only after ``ADMISSION_IMMEDIATE_MAX`` such rejections of one broker in a
-  row (no Ready in between) is it treated as any failure, with the backoff, since then it is a
-  standing problem (a node out of CPU, an agent advertising what it cannot give) and recreating
-  it at once would only spin the scheduler and the kubelet;
+  Failed for good. After ``ADMISSION_IMMEDIATE_MAX`` such rejections of one broker in a row
+  (no Ready in between) it waits the restart backoff like any failure (still counted and
+  reported as a rejection), since then it is a standing problem (a node out of CPU, an agent
+  advertising what it cannot give) and recreating it at once would only spin the scheduler and
+  the kubelet;
 - a pod already being deleted is left alone until it is gone.
 """
 
@@ -138,10 +139,11 @@ def plan_pods(
         )
         if rejected and (admissions or {}).get(pod.name, 0) < ADMISSION_IMMEDIATE_MAX:
             plan.delete.append(Deletion(
-                pod.name, REASON_ADMISSION, rejection_message(pod), uid=pod.uid
+                pod.name, REASON_ADMISSION, rejection_message(pod, "at once"), uid=pod.uid
             ))
         elif pod.phase in ("Failed", "Succeeded"):
-            _plan_restart(plan, pod, now=now, policy=policy, restarts=restarts.get(pod.name, 0))
+            _plan_restart(plan, pod, now=now, policy=policy, restarts=restarts.get(pod.name, 0),
+                          rejected=rejected)
         elif pod.phase == "Pending" and pod.created_at is not None:
             age = (now - pod.created_at).total_seconds()
             if age >= policy.pending_grace_s:
@@ -158,21 +160,27 @@ def plan_pods(
     return plan
 
 
-def rejection_message(pod: ObservedPod) -> str:
-    """What the kubelet said when it rejected ``pod``, and what the controller does about it."""
+def rejection_message(pod: ObservedPod, when: str) -> str:
+    """What the kubelet said when it rejected ``pod``, and when the controller recreates it."""
     where = f" on node {pod.node}" if pod.node else ""
     return (f"rejected at admission by the kubelet{where}: {pod.reason}: {pod.message};"
-            " recreating it at once")
+            f" recreating it {when}")
 
 
 def _plan_restart(
-    plan: Plan, pod: ObservedPod, *, now: datetime, policy: BrokerPolicy, restarts: int
+    plan: Plan, pod: ObservedPod, *, now: datetime, policy: BrokerPolicy, restarts: int,
+    rejected: bool = False,
 ) -> None:
     delay = policy.backoff_s(restarts)
     since = pod.finished_at or pod.created_at or now
     waited = (now - since).total_seconds()
     if waited < delay:
         plan.wait(delay - waited)
+        return
+    if rejected:  # rejected too often in a row for "at once": still counted and reported
+        when = f"after a backoff (restart {restarts + 1})"
+        plan.delete.append(Deletion(pod.name, REASON_ADMISSION, rejection_message(pod, when),
+                                    uid=pod.uid))
         return
     reason = REASON_FAILED if pod.phase == "Failed" else REASON_FINISHED
     message = f"broker {pod.phase.lower()}; recreating (restart {restarts + 1})"

@@ -24,6 +24,7 @@ from controller.eventbatch import EventBatcher
 from controller.kube import Kube, Refused
 from controller.metrics import ControllerMetrics
 from controller.plans import (
+    ADMISSION_IMMEDIATE_MAX,
     REASON_ADMISSION,
     REASON_FAILED,
     REASON_FINISHED,
@@ -286,7 +287,10 @@ class Reconciler:
         if deletion.reason in _RESTART_REASONS:
             self.restarts[key] = self.restarts.get(key, 0) + 1
         if deletion.reason == REASON_ADMISSION and instance is not None:
-            self.rejections[key] = self.rejections.get(key, 0) + 1
+            rejections = self.rejections.get(key, 0)
+            self.rejections[key] = rejections + 1
+            if rejections >= ADMISSION_IMMEDIATE_MAX:  # recreated after a backoff: it grows
+                self.restarts[key] = self.restarts.get(key, 0) + 1
             await self.admissions.broker_rejected(
                 instance=instance, configuration=config.configuration.name, pod=deletion.name,
                 pod_uid=deletion.uid, message=deletion.message,

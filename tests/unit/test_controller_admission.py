@@ -4,7 +4,7 @@ controller plans for a rejected broker, and what it keeps of a user's rejected p
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -124,6 +124,7 @@ def test_rejected_broker_is_deleted_at_once_whatever_its_restarts() -> None:
     assert deletion.uid == "uid-b"
     assert "on node n-1" in deletion.message
     assert NO_DEVICES in deletion.message
+    assert deletion.message.endswith("recreating it at once")
     assert plan.retry_after_s is None
 
 
@@ -138,6 +139,13 @@ def test_rejections_in_a_row_past_the_limit_get_the_ordinary_backoff() -> None:
                          restarts={}, admissions={"b": limit})
     assert at.delete == []
     assert at.retry_after_s == POLICY.backoff_s(0)
+    # Once the backoff has passed it is deleted, still as a rejection (counted, reported).
+    later = plans.plan_pods(desired={"b": want("b")}, actual=[pod], policy=POLICY,
+                            now=NOW + timedelta(seconds=POLICY.backoff_s(0)),
+                            restarts={}, admissions={"b": limit})
+    (deletion,) = later.delete
+    assert deletion.reason == plans.REASON_ADMISSION
+    assert deletion.message.endswith("recreating it after a backoff (restart 1)")
 
 
 def test_a_crashed_broker_keeps_its_backoff() -> None:
