@@ -1,5 +1,6 @@
 """End to end: Ascend NPUs on an emulated node, through the agent, the kubelet's device-plugin API,
-the real scheduler and (for brokers) the controller.
+the real scheduler and (for brokers) the controller; the two-chip pod also on the kubelet's own
+device manager (``DeviceNode``) in place of the Python emulator.
 
 A pod written for Huawei's Ascend device plugin (``huawei.com/Ascend910: 2``) gets two healthy
 chips of one card, their device nodes, the driver mount and ``ASCEND_VISIBLE_DEVICES``; a chip
@@ -38,6 +39,7 @@ from tests.harness.controller_process import (
     install_peering_crds,
 )
 from tests.harness.controlplane import ControlPlane
+from tests.harness.devicenode import DeviceNode
 from tests.harness.kube_waits import (
     running,
     unschedulable,
@@ -50,7 +52,7 @@ from tests.harness.node_emulator import NodeEmulator
 
 __all__ = ["dcmi_library"]  # the fixture, imported for pytest
 RESOURCE = "huawei.com/Ascend910"
-SHARED_SPECS = {("/dev/davinci_manager", "/dev/davinci_manager", "rwm"),
+SHARED_SPECS = {("/dev/davinci_manager", "/dev/davinci_manager", "rwm"),  # as the host has them
                 ("/dev/devmm_svm", "/dev/devmm_svm", "rwm"),
                 ("/dev/hisi_hdc", "/dev/hisi_hdc", "rwm")}
 DRIVER_MOUNT = ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver", True)
@@ -59,11 +61,13 @@ DRIVER_MOUNT = ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver", True)
 
 @contextlib.asynccontextmanager
 async def ascend_node(control_plane: ControlPlane, namespace: str, plugin_dir: Path,
-                      host: AscendNode) -> AsyncIterator[tuple[str, NodeEmulator, AsyncClient]]:
-    """An emulated node and the agent (in this process: it loads the DCMI library here)."""
+                      host: AscendNode, kubelet: type[NodeEmulator | DeviceNode] = NodeEmulator,
+                      ) -> AsyncIterator[tuple[str, NodeEmulator | DeviceNode, AsyncClient]]:
+    """An emulated node and the agent (in this process: it loads the DCMI library here);
+    ``kubelet`` is the Python emulator or the kubelet's own device manager (``DeviceNode``)."""
     node = f"npu-{uuid.uuid4().hex[:8]}"
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
+    emulator = kubelet(node_name=node, kubeconfig=control_plane.kubeconfig,
+                       plugin_dir=plugin_dir)
     settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
                              plugin_dir=plugin_dir, pod_resources_socket=None,
                              namespace=namespace)
@@ -104,15 +108,19 @@ def card_of(phy: str) -> int:
     return int(phy) // 2  # the emulated node's cards hold two chips each
 
 
+@pytest.mark.parametrize("kubelet", [NodeEmulator, DeviceNode],
+                         ids=["node-emulator", "devicenode"])
 async def test_pod_for_huaweis_plugin_gets_two_healthy_chips_of_one_card(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path,
     dcmi_library: Path, monkeypatch: pytest.MonkeyPatch,
+    kubelet: type[NodeEmulator | DeviceNode],
 ) -> None:
     # Eight 910B3 chips, two per card, so that keeping a request on one card is a choice.
     host = AscendNode(tmp_path / "host", chips_910b(8, per_card=2), library=dcmi_library)
     for key, value in host.env.items():
         monkeypatch.setenv(key, value)
-    async with ascend_node(control_plane, namespace, plugin_dir, host) as (node, emulator, kube):
+    async with ascend_node(control_plane, namespace, plugin_dir, host, kubelet) as (
+            node, emulator, kube):
         apply(control_plane, configuration(namespace, "ascend-910", host, resourceName=RESOURCE))
         await wait_allocatable(kube, node, RESOURCE, "8")
 
