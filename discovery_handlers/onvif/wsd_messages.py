@@ -15,7 +15,6 @@ with the reason (``Dropped``, ``ProbeMatches.dropped``) so the scanner can say w
 from __future__ import annotations
 
 import uuid as uuid_module
-from collections.abc import Iterator
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -31,11 +30,12 @@ NS_ADDRESSING_2005 = "http://www.w3.org/2005/08/addressing"
 NS_DISCOVERY = "http://schemas.xmlsoap.org/ws/2005/04/discovery"
 NS_DISCOVERY_11 = "http://docs.oasis-open.org/ws-dd/ns/discovery/2009/01"
 NS_NETWORK = "http://www.onvif.org/ver10/network/wsdl"
-SOAP_NAMESPACES = frozenset({NS_SOAP12, NS_SOAP11})
-ADDRESSING_NAMESPACES = frozenset({NS_ADDRESSING, NS_ADDRESSING_2005})
-DISCOVERY_NAMESPACES = frozenset({NS_DISCOVERY, NS_DISCOVERY_11})
+#: the namespaces each part is read in, the usual one first
+SOAP_NAMESPACES = (NS_SOAP12, NS_SOAP11)
+ADDRESSING_NAMESPACES = (NS_ADDRESSING, NS_ADDRESSING_2005)
+DISCOVERY_NAMESPACES = (NS_DISCOVERY, NS_DISCOVERY_11)
 #: where an EndpointReference and its Address are found (cameras use either)
-ENDPOINT_NAMESPACES = ADDRESSING_NAMESPACES | DISCOVERY_NAMESPACES
+ENDPOINT_NAMESPACES = ADDRESSING_NAMESPACES + DISCOVERY_NAMESPACES
 DISCOVERY_TO = "urn:schemas-xmlsoap-org:ws:2005:04:discovery"
 ACTION_PROBE = f"{NS_DISCOVERY}/Probe"
 ACTION_PROBE_MATCHES = f"{NS_DISCOVERY}/ProbeMatches"
@@ -224,22 +224,16 @@ def _endpoint_uuid(element: etree._Element) -> str:
 
 
 def _child(
-    parent: etree._Element | None, local: str, namespaces: frozenset[str]
+    parent: etree._Element | None, local: str, namespaces: tuple[str, ...]
 ) -> etree._Element | None:
-    """The first child of ``parent`` named ``local`` in any of ``namespaces``."""
-    for child in _children(parent):
-        namespace, name = _split(child.tag)
-        if name == local and namespace in namespaces:
-            return child
-    return None
-
-
-def _children(parent: etree._Element | None) -> Iterator[etree._Element]:
+    """The first child of ``parent`` named ``local`` in the first of ``namespaces`` that has one."""
     if parent is None:
-        return
-    for child in parent:
-        if isinstance(child.tag, str):
-            yield child
+        return None
+    for namespace in namespaces:
+        found = parent.find(f"{{{namespace}}}{local}")
+        if found is not None:
+            return found
+    return None
 
 
 def _discovery_local(element: etree._Element) -> str:
