@@ -135,6 +135,14 @@ class AscendNode:
         self.fails[function] = code
         self.write()
 
+    def library_copy(self, name: str) -> str:
+        """The DCMI stand-in copied to ``/opt/<name>`` in the tree (a file of its own, so the
+        loader gives it its own handle and state); its path in the tree."""
+        target = self.root / "opt" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.root / LIBRARY_IN_TREE.lstrip("/"), target)
+        return f"/opt/{name}"
+
     def hang(self, function: str, card: int) -> None:
         """Make DCMI's ``function`` block for ``card`` (-1: calls without a card) until
         ``unhang``, as DCMI can after a card drops off the bus."""

@@ -10,7 +10,6 @@ are, keep polling, and keep answering ``prepare`` (the kubelet's ``PreStartConta
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from discovery_handlers.ascend import handler
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.handler import ChipsUnhealthy
 from discovery_handlers.contract import Device
-from tests.harness.ascend_node import LIBRARY_IN_TREE, AscendNode, chips_910b, dcmi_library
+from tests.harness.ascend_node import AscendNode, chips_910b, dcmi_library
 
 __all__ = ["dcmi_library"]  # the fixture, imported for pytest
 #: Far more than a poll (1 s) and the timeout (0.5 s): reaching it is a failure.
@@ -105,11 +104,9 @@ async def test_a_hung_card_list_keeps_the_cards_listed_before(node: AscendNode) 
 
 
 async def test_a_hung_init_fails_over_to_npu_smi(node: AscendNode) -> None:
-    other = node.root / "opt" / "libdcmi-hung.so"
-    other.parent.mkdir(parents=True)
-    shutil.copyfile(node.root / LIBRARY_IN_TREE.lstrip("/"), other)  # its own dlopen handle
+    library = node.library_copy("libdcmi-hung.so")  # its own dlopen handle and state
     node.hang("dcmi_init", -1)
-    parsed = details(node, libraryPath="/opt/libdcmi-hung.so")
+    parsed = details(node, libraryPath=library)
     stream = handler.discover(parsed)
     try:
         devices = await next_list(stream)

@@ -9,7 +9,6 @@ nodes are files in a tree of the test's own (see tests/harness/ascend_node.py).
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from discovery_handlers.ascend.handler import ChipsUnhealthy
 from discovery_handlers.contract import Device
 from tests.harness.ascend_node import (
     FAULT_CODE,
-    LIBRARY_IN_TREE,
     AscendNode,
     chips_910b,
     dcmi_library,
@@ -129,11 +127,9 @@ async def test_unreadable_health_holds_chips_back(node: AscendNode) -> None:
 
 
 async def test_a_library_that_fails_to_initialise(node: AscendNode) -> None:
-    other = node.root / "opt" / "libdcmi-broken.so"
-    other.parent.mkdir(parents=True)
-    shutil.copyfile(node.root / LIBRARY_IN_TREE.lstrip("/"), other)  # its own dlopen handle
+    library = node.library_copy("libdcmi-broken.so")  # its own dlopen handle and state
     node.fail("dcmi_init", -8012)
-    parsed = details(node, libraryPath="/opt/libdcmi-broken.so")
+    parsed = details(node, libraryPath=library)
     assert len(await first_list(parsed)) == 8
     assert "dcmi_init returned -8012" in str(handler.status(parsed))
 
