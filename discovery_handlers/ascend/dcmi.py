@@ -297,13 +297,17 @@ def calling(thread_id: int) -> str:
 
 
 _loaded: dict[str | None, Dcmi] = {}
-_load_lock = threading.Lock()
+_load_locks: dict[str | None, threading.Lock] = {}
+_locks_lock = threading.Lock()
 
 
 def load(path: str | None) -> Dcmi:
     """The library at ``path`` (None: ``libdcmi.so`` on the loader's search path), loaded and
-    initialised once per process (``dcmi_init`` is meant to be called once)."""
-    with _load_lock:
+    initialised once per process (``dcmi_init`` is meant to be called once). One lock per
+    path: a ``dcmi_init`` that hangs holds back only its own library."""
+    with _locks_lock:
+        lock = _load_locks.setdefault(path, threading.Lock())
+    with lock:
         lib = _loaded.get(path)
         if lib is None:
             lib = _loaded[path] = Dcmi(path)
