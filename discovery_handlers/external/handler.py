@@ -152,6 +152,8 @@ class ExternalHandler:
         announce = True
         while self._registrations.get(self.name) == registration:
             changed = self._registrations.changed(self.name)
+            again = self._registrations.registered_again(self.name)
+            unreachable = True
             try:
                 lists = _until(
                     stream.discover(registration, details.raw, details.properties), changed
@@ -171,11 +173,13 @@ class ExternalHandler:
                 problem = "it ended its stream"
             except stream.HandlerUnreachable as exc:
                 problem = str(exc)
+            except stream.HandlerFailed as exc:  # it is there, and said why it cannot serve
+                problem, unreachable = str(exc), False
             if changed.is_set():
-                return  # registered again or dropped: the caller looks again
+                return  # another endpoint registered, or dropped: the caller looks again
             now = loop.time()
-            lost_at = now if lost_at is None else lost_at
-            away = now - lost_at
+            lost_at = None if not unreachable else now if lost_at is None else lost_at
+            away = 0.0 if lost_at is None else now - lost_at
             if away >= self._grace:
                 if self._registrations.drop(registration):
                     log.warning(
@@ -186,15 +190,15 @@ class ExternalHandler:
                 return
             failures += 1
             if failures == 1:
-                log.warning("discovery handler %s lost (%s); its devices are offline, "
-                            "dialling again", where, problem, extra={"handler": self.name})
+                state = "is unreachable" if unreachable else "failed"
+                log.warning("discovery handler %s %s (%s); its devices are offline, "
+                            "retrying", where, state, problem, extra={"handler": self.name})
                 announce = True
                 yield HandlerStatus([], ready=False, message=(
-                    f"discovery handler {where} is unreachable ({problem}); retrying"
+                    f"discovery handler {where} {state} ({problem}); retrying"
                 ))
             delay = min(RETRY_MAX, RETRY_BASE * 2 ** (failures - 1), self._grace - away)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), delay)
+            await _any_of(changed, again, within=delay)
 
     def _noting_takeover(
         self, devices: Sequence[Device], registration: Registration
@@ -223,6 +227,17 @@ class ExternalHandler:
             log.warning("built-in discovery handler %r serves again on this node", self.name,
                         extra={"handler": self.name})
         self._taken_over = False
+
+
+async def _any_of(*events: asyncio.Event, within: float) -> None:
+    """Return once one of ``events`` is set, or after ``within`` seconds."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 def _check_sharing(details: ExternalDetails, shared: bool, side: str) -> None:

@@ -64,19 +64,32 @@ def check(name: str, endpoint: str, endpoint_type: EndpointType) -> None:
 
 
 class Registrations:
-    """Current registration per name, and a wake-up for whoever waits on a name's changes."""
+    """Current registration per name, and wake-ups for whoever waits on a name: ``changed``
+    (another endpoint, or dropped) and ``registered_again`` (any registration, the same too)."""
 
     def __init__(self) -> None:
         self._current: dict[str, Registration] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self._again: dict[str, asyncio.Event] = {}
         self._generations = itertools.count(1)
         self._listeners: list[Callable[[], None]] = []
 
     def register(
         self, *, name: str, endpoint: str, endpoint_type: EndpointType, shared: bool
     ) -> Registration:
-        """Record (or replace) ``name``'s registration; raises ``BadRegistration``."""
+        """Record (or replace) ``name``'s registration; raises ``BadRegistration``.
+
+        The same endpoint registered again (Akri's handlers register again whenever the agent
+        closes one of their streams, and after a restart) keeps the current registration, so
+        the streams that work go on; it only wakes runs waiting to dial the handler again.
+        """
         check(name, endpoint, endpoint_type)
+        _set(self._again, name)
+        current = self._current.get(name)
+        if current is not None and (current.endpoint, current.endpoint_type, current.shared) == (
+            endpoint, endpoint_type, shared
+        ):
+            return current
         registration = Registration(
             name=name, endpoint=endpoint, endpoint_type=endpoint_type, shared=shared,
             generation=next(self._generations),
@@ -102,18 +115,30 @@ class Registrations:
     def changed(self, name: str) -> asyncio.Event:
         """An event set at the next change of ``name``'s registration (fetch it before reading
         the registration, so a change in between is not missed)."""
-        event = self._changed.get(name)
-        if event is None:
-            event = self._changed[name] = asyncio.Event()
-        return event
+        return _event(self._changed, name)
+
+    def registered_again(self, name: str) -> asyncio.Event:
+        """An event set at the next registration of ``name``, a change or not."""
+        return _event(self._again, name)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every registration and drop (the agent's metric)."""
         self._listeners.append(listener)
 
     def _wake(self, name: str) -> None:
-        event = self._changed.pop(name, None)
-        if event is not None:
-            event.set()
+        _set(self._changed, name)
         for listener in self._listeners:
             listener()
+
+
+def _event(events: dict[str, asyncio.Event], name: str) -> asyncio.Event:
+    event = events.get(name)
+    if event is None:
+        event = events[name] = asyncio.Event()
+    return event
+
+
+def _set(events: dict[str, asyncio.Event], name: str) -> None:
+    event = events.pop(name, None)
+    if event is not None:
+        event.set()

@@ -39,6 +39,15 @@ class HandlerUnreachable(ConnectionError):
     """The handler's endpoint did not accept a connection, or its stream broke."""
 
 
+class HandlerFailed(RuntimeError):
+    """The handler answered ``Discover`` with an error (bad details, say): it is there."""
+
+
+#: Status codes that mean the handler could not be reached, not that it answered.
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                          grpc.StatusCode.CANCELLED})
+
+
 def request(details: str, properties: Mapping[str, PropertyValue]) -> pb.DiscoverRequest:
     """Akri's ``DiscoverRequest``: the details as written, every property's value as bytes."""
     return pb.DiscoverRequest(
@@ -57,7 +66,8 @@ async def discover(
 ) -> AsyncGenerator[list[Device], None]:
     """Yield each list the handler sends; return when it ends its stream.
 
-    Raises ``HandlerUnreachable`` when the endpoint cannot be reached or the stream breaks.
+    Raises ``HandlerUnreachable`` when the endpoint cannot be reached or the stream breaks, and
+    ``HandlerFailed`` when the handler answers with an error.
     """
     options = [
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
@@ -91,8 +101,7 @@ async def discover(
                         )
                 yield kept
         except grpc.aio.AioRpcError as exc:
-            raise HandlerUnreachable(
-                f"discovery handler {where}: {exc.code().name}: {exc.details()}"
-            ) from exc
+            error = HandlerUnreachable if exc.code() in _UNREACHABLE else HandlerFailed
+            raise error(f"discovery handler {where}: {exc.code().name}: {exc.details()}") from exc
         finally:
             call.cancel()

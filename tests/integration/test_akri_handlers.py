@@ -329,6 +329,59 @@ async def test_a_pod_gets_the_external_devices_env_device_nodes_and_mounts(
         await client.close()
 
 
+async def test_other_streams_go_on_when_the_handler_registers_again(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+) -> None:
+    """Akri's handlers register again whenever the agent closes one of their streams (here:
+    a Configuration deleted). The registration is the same, so the other Configurations'
+    streams go on: restarting them would close streams, bring registrations, and so on."""
+    node = harness.new_node(control_plane)
+    names = {d: instance_name(f"akri-{d}", d, shared=True, node=node) for d in "abc"}
+    client = harness.api_client(control_plane)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=LONG_HANDLER_GRACE):
+        with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
+            harness.apply(control_plane, namespace, *(
+                akri_configuration(f"akri-{d}", handler="akriEcho",
+                                   details={"descriptions": [d]}) for d in "ab"))
+            await _instances_become(client, namespace, {names["a"], names["b"]})
+            control_plane.kubectl("delete", "configuration", "akri-b", "-n", namespace)
+            await _instances_become(client, namespace, {names["a"]})
+            await harness.eventually(lambda: _logged(handler, "registered", 2),
+                                     what="the handler registering again")
+            harness.apply(control_plane, namespace, akri_configuration(
+                "akri-c", handler="akriEcho", details={"descriptions": ["c"]}))
+            await _instances_become(client, namespace, {names["a"], names["c"]})
+            calls = [line for line in handler.log_tail(100).splitlines()
+                     if "discover called" in line]
+            assert len(calls) == 3, calls  # a, b, c: a's stream was never restarted
+    await client.close()
+
+
+async def test_a_handler_refusing_the_details_is_reported_and_kept(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+) -> None:
+    """The handler answers Discover with an error: the node's condition carries its message;
+    the handler is there, so its registration stays."""
+    node = harness.new_node(control_plane)
+    client = harness.api_client(control_plane)
+    async with akri_agent(control_plane, node=node, namespace=namespace,
+                          directory=handlers_dir, grace=SHORT_HANDLER_GRACE) as agent:
+        with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
+            harness.apply(control_plane, namespace, akri_configuration(
+                "akri-bad", handler="akriEcho", details={"descriptions": ["x"], "fail": True}))
+            failed = await _condition(client, namespace, "akri-bad", condition_type(node),
+                                      "asks this handler to fail")
+            assert failed["reason"] == REASON_HANDLER_UNAVAILABLE
+            assert "INVALID_ARGUMENT" in failed["message"]
+            # Retried past the agent's grace for lost handlers, yet still registered.
+            await harness.eventually(
+                lambda: _logged(handler, "discover called", 4), what="four Discover calls",
+                deadline=SHORT_HANDLER_GRACE + 20)
+            assert agent.registered("akriEcho") == 1
+    await client.close()
+
+
 async def test_network_endpoint(
     control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
 ) -> None:
@@ -384,6 +437,10 @@ async def _condition(client: Any, namespace: str, name: str, kind: str,
         return condition if condition and containing in condition["message"] else None
 
     return await harness.eventually(found, what=f"{kind} with {containing!r}")
+
+
+async def _logged(handler: GoHandler, text: str, times: int) -> bool:
+    return sum(text in line for line in handler.log_tail(200).splitlines()) >= times
 
 
 async def _served(agent: Agent, namespace: str, instance: str) -> Any:

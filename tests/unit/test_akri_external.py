@@ -90,6 +90,25 @@ def test_a_registration_replaces_the_last_and_wakes_its_waiters() -> None:
     assert seen == [["h"], ["h"], []]
 
 
+def test_the_same_endpoint_registered_again_keeps_the_registration() -> None:
+    """Akri's handlers register again whenever the agent closes one of their streams: the
+    other streams must go on, so only runs waiting to dial are woken."""
+    table = Registrations()
+    seen: list[list[str]] = []
+    table.on_change(lambda: seen.append(table.names()))
+    first = table.register(name="h", endpoint="/run/h.sock", endpoint_type=EndpointType.UDS,
+                           shared=True)
+    changed, again = table.changed("h"), table.registered_again("h")
+    assert table.register(name="h", endpoint="/run/h.sock", endpoint_type=EndpointType.UDS,
+                          shared=True) is first
+    assert again.is_set()
+    assert not changed.is_set()
+    assert seen == [["h"]]
+    table.register(name="h", endpoint="/run/h.sock", endpoint_type=EndpointType.UDS,
+                   shared=False)
+    assert changed.is_set(), "another sharing is another registration"
+
+
 @pytest.mark.parametrize(("endpoint", "kind", "target"), [
     ("/var/lib/akri/onvif.sock", EndpointType.UDS, "unix:///var/lib/akri/onvif.sock"),
     ("http://10.1.2.3:10000", EndpointType.NETWORK, "10.1.2.3:10000"),

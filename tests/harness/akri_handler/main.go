@@ -11,6 +11,7 @@
 //	descriptions: [foo0, foo1]  # one device per description; id = description
 //	deviceNodes: true           # each device gets a device spec /dev/akri/<desc> <- /dev/null
 //	malformed: true             # also send a device with no id and one whose spec has no host path
+//	fail: true                  # answer Discover with INVALID_ARGUMENT instead
 //
 // Each device carries DEBUG_ECHO_DESCRIPTION and, for every discovery property, its name and
 // the SHA-256 of its bytes (never the value), so a test can see the properties arrived.
@@ -21,7 +22,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
-	"fmt"
 	"log"
 	"net"
 	"os"
@@ -32,7 +32,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	v0 "edgeplug.io/tests/akrihandler/v0"
 )
@@ -47,6 +49,7 @@ type details struct {
 	Descriptions []string `yaml:"descriptions"`
 	DeviceNodes  bool     `yaml:"deviceNodes"`
 	Malformed    bool     `yaml:"malformed"`
+	Fail         bool     `yaml:"fail"`
 }
 
 type handler struct {
@@ -57,7 +60,11 @@ type handler struct {
 func (h *handler) Discover(req *v0.DiscoverRequest, stream v0.DiscoveryHandler_DiscoverServer) error {
 	var d details
 	if err := yaml.Unmarshal([]byte(req.DiscoveryDetails), &d); err != nil {
-		return fmt.Errorf("discoveryDetails: %w", err)
+		return status.Errorf(codes.InvalidArgument, "discoveryDetails: %v", err)
+	}
+	log.Printf("discover called: %v", d.Descriptions)
+	if d.Fail {
+		return status.Error(codes.InvalidArgument, "discoveryDetails asks this handler to fail")
 	}
 	devices := []*v0.Device{}
 	for _, desc := range d.Descriptions {
@@ -158,6 +165,8 @@ func main() {
 	for range h.dropped {
 		if err := register(dir, req); err != nil {
 			log.Printf("registering again: %v", err)
+		} else {
+			log.Printf("registered %q at %s again", req.Name, req.Endpoint)
 		}
 	}
 }
