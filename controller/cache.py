@@ -94,6 +94,9 @@ class ClusterCache:
     def node(self, name: str) -> NodeHealth | None:
         return self._nodes.get(name)
 
+    def nodes(self) -> list[NodeHealth]:
+        return list(self._nodes.values())
+
     def rejected_pod(self, namespace: str, name: str) -> RejectedPod | None:
         return self._rejected.get((namespace, name))
 

@@ -29,6 +29,7 @@ from controller import naming, wire
 from controller.cache import ClusterCache
 from controller.nodes import remove_node_from_instance
 from controller.peering import CLUSTER, ActiveGate
+from controller.pinned_demand import PinnedDemand, PinnedPod, pinned_pod
 from controller.reconciler import Reconciler
 from controller.records import (
     FINISHED_PHASES,
@@ -44,6 +45,7 @@ from controller.settings import ControllerSettings
 from controller.watching import Kind, Watcher, namespaced_path, selector
 from controller.workqueue import WorkQueue
 from crds.api import CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL, VERSION
+from crds.pinning import PINNED_DEMAND_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ CONFIGURATION: Final = "configuration"
 CONFIGURATION_DELETED: Final = "configuration-deleted"
 NODE_DELETED: Final = "node-deleted"
 REJECTED_POD: Final = "rejected-pod"
+#: Work on a node: its pinned-demand annotation (controller.pinned_demand).
+PINNED_DEMAND: Final = "pinned-demand"
 
 WorkKey = tuple[str, str, str]  # (what, namespace, name)
 Key = tuple[str, str]
@@ -69,6 +73,8 @@ _BROKER_JOB_SELECTOR: Final = selector(
 #: Users' pods rejected at admission are Failed; the API server filters on the phase (the
 #: decoder then keeps only rejections of pods that ask for extended resources).
 _FAILED_POD_FIELDS: Final = "status.phase=Failed"
+#: Pending pods the scheduler has not bound yet.
+_UNSCHEDULED_POD_FIELDS: Final = "status.phase=Pending,spec.nodeName="
 _SERVICE_SELECTOR: Final = selector(
     {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_CONFIGURATION: None}
 )
@@ -84,6 +90,10 @@ def _peering_key(where: str, _record: object) -> str:
 
 def _node_key(record: NodeHealth) -> str:
     return record.name
+
+
+def _pinned_key(record: PinnedPod) -> Key:
+    return record.namespace, record.name
 
 
 def _instance_key(record: InstanceRecord) -> Key:
@@ -120,6 +130,13 @@ class Engine:
         )
         self.watchers: list[Watcher[Any, Any]] = []
         self._deleted_in: dict[Key, str] = {}  # Instance gone → its Configuration
+        self._pinned_watchers: list[Watcher[Key, PinnedPod]] = []
+        self.pinned = PinnedDemand(
+            pods=lambda: [p for w in self._pinned_watchers for p in w.store.values()],
+            annotations=lambda: {n.name: n.pinned_demand for n in self.cache.nodes()},
+            write=lambda node, text: reconciler.kube.annotate_node(
+                node, PINNED_DEMAND_ANNOTATION, text),
+        )
         self._started = False
         self._build_watchers()
 
@@ -152,6 +169,13 @@ class Engine:
                 path=namespaced_path("/api/v1", "services", ns), key=_namespaced,
                 label_selector=_SERVICE_SELECTOR,
             ), self._on_service)
+            pinned: Watcher[Key, PinnedPod] = Watcher(http=self.http, kind=Kind(
+                name=f"pinned pods@{ns or '*'}", decode=pinned_pod,
+                path=namespaced_path("/api/v1", "pods", ns), key=_pinned_key,
+                field_selector=_UNSCHEDULED_POD_FIELDS,
+            ), on_change=self._on_pinned_pod)
+            self.watchers.append(pinned)
+            self._pinned_watchers.append(pinned)
             self._watch(Kind(
                 name=f"rejected pods@{ns or '*'}", decode=wire.rejected_pod,
                 path=namespaced_path("/api/v1", "pods", ns), key=_namespaced,
@@ -241,8 +265,16 @@ class Engine:
         else:
             self.queue.add((CONFIGURATION, key[0], old.configuration))
 
+    def _on_pinned_pod(
+        self, key: Key, old: PinnedPod | None, new: PinnedPod | None
+    ) -> None:
+        for node in PinnedDemand.changed_nodes(old, new):
+            self.queue.add((PINNED_DEMAND, "", node))
+
     def _on_node(self, key: str, old: NodeHealth | None, new: NodeHealth | None) -> None:
         self.cache.put_node(key, old, new)
+        if new is not None and (old is None or old.pinned_demand != new.pinned_demand):
+            self.queue.add((PINNED_DEMAND, "", key))  # written by hand, or by a past run
         if new is None:
             self.queue.add((NODE_DELETED, "", key))
         elif not new.ready and (old is None or old.ready):
@@ -272,6 +304,8 @@ class Engine:
         for namespace, name in self.cache.rejected_pod_keys():
             if everywhere or namespace == where:
                 self.queue.add((REJECTED_POD, namespace, name))
+        for node in self.pinned.stale_nodes():
+            self.queue.add((PINNED_DEMAND, "", node))
         # Brokers of Instances that are gone: deleted while this replica was standby (it saw
         # the deletion but was not the one to act) or while no controller ran.
         for namespace, name in self.cache.instances_with_brokers():
@@ -281,6 +315,10 @@ class Engine:
     async def _handle(self, key: WorkKey) -> None:
         what, namespace, name = key
         configuration = self._deleted_in.pop((namespace, name), "") if what == INSTANCE else ""
+        if what == PINNED_DEMAND:
+            if self._active_anywhere():
+                await self.pinned.sync(name)
+            return
         if what == NODE_DELETED:
             for inst_ns, inst in self.cache.instances_on(name):
                 if self.gate.active(inst_ns):
@@ -303,6 +341,13 @@ class Engine:
             await self.reconciler.rejected_pod(self.cache, namespace, name)
         elif what == CONFIGURATION_DELETED and self.cache.configuration(namespace, name) is None:
             await self.reconciler.configuration_deleted(self.cache, namespace, name)
+
+    def _active_anywhere(self) -> bool:
+        """Active for some namespace this replica serves (Node annotations are cluster-wide;
+        the active replica writes them)."""
+        if self.settings.clusterwide:
+            return self.gate.active(CLUSTER)
+        return any(self.gate.active(ns) for ns in self.settings.namespaces)
 
     async def _resync(self) -> None:
         while True:

@@ -19,7 +19,7 @@ from lightkube.codecs import from_dict
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Pod, Service
+from lightkube.resources.core_v1 import Node, Pod, Service
 from lightkube.types import PatchType
 
 from controller.rest import ApiFailure, Rest, status_message
@@ -129,6 +129,17 @@ class Kube:
         if code == HTTP_NOT_FOUND:
             return False
         raise ApiFailure(code, status_message(code, body))
+
+    async def annotate_node(self, node: str, key: str, value: str | None) -> None:
+        """Sets (or, with None, removes) one annotation of a Node; a Node gone is no error."""
+        body = {"metadata": {"annotations": {key: value}}}
+        try:
+            async with self._writes:
+                await self.client.patch(Node, node, body, patch_type=PatchType.MERGE,
+                                        field_manager=FIELD_MANAGER)
+        except ApiError as error:
+            if _code(error) != HTTP_NOT_FOUND:
+                raise
 
     async def merge_patch(self, obj: Mapping[str, Any]) -> None:
         """Replaces the labels, annotations and spec of an existing object (services)."""

@@ -138,6 +138,8 @@ class NodeHealth:
     name: str
     ready: bool
     since: datetime | None
+    #: The Node's pinned-demand annotation as it is now ("" when absent; controller.pinned_demand).
+    pinned_demand: str = ""
 
     @classmethod
     def from_object(cls, node: Mapping[str, Any]) -> NodeHealth:

@@ -27,6 +27,7 @@ from controller.records import (
 )
 from crds.configuration import Configuration
 from crds.instance import Instance
+from crds.pinning import PINNED_DEMAND_ANNOTATION
 
 
 class _Meta(msgspec.Struct):
@@ -195,11 +196,14 @@ def rejected_pod(raw: bytes) -> tuple[RejectedPod | None, str]:
 def node(raw: bytes) -> tuple[NodeHealth, str]:
     obj = _node(raw)
     version = obj.metadata.resourceVersion
+    demand = obj.metadata.annotations.get(PINNED_DEMAND_ANNOTATION, "")
     for condition in obj.status.conditions:
         if condition.type == "Ready":
             return NodeHealth(name=obj.metadata.name, ready=condition.status == "True",
-                              since=parse_time(condition.lastTransitionTime)), version
-    return NodeHealth(name=obj.metadata.name, ready=False, since=None), version
+                              since=parse_time(condition.lastTransitionTime),
+                              pinned_demand=demand), version
+    return NodeHealth(name=obj.metadata.name, ready=False, since=None,
+                      pinned_demand=demand), version
 
 
 def _owned_object(meta: _Meta, *, ready: bool = False) -> OwnedObject:

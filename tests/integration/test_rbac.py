@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import shutil
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccount
+from lightkube.types import PatchType
 
 from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
 from agent.kube import ConfigurationResource, as_dict
@@ -53,7 +55,7 @@ MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
 #: The agent's Instance policy too: the real agent below must do its whole job under it.
 RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
-              "agent-instance-policy.yaml", "controller-rbac.yaml")
+              "agent-instance-policy.yaml", "controller-rbac.yaml", "controller-node-policy.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
@@ -157,6 +159,7 @@ CONTROLLER_NEEDS = [
     ("create", "jobs.batch", None),
     ("patch", "services", None),
     ("watch", "nodes", None),
+    ("patch", "nodes", None),
     ("create", "events", None),
     ("patch", "clusterkopfpeerings.kopf.dev", None),
     ("create", "roles.rbac.authorization.k8s.io", None),
@@ -169,7 +172,6 @@ CONTROLLER_MUST_NOT = [
     ("list", "configmaps", None),
     ("escalate", "roles.rbac.authorization.k8s.io", None),
     ("bind", "roles.rbac.authorization.k8s.io", None),
-    ("patch", "nodes", None),
     ("delete", "nodes", None),
     ("create", "instances.edgeplug.io", None),
     ("create", "configurations.edgeplug.io", None),
@@ -684,3 +686,37 @@ def wait_for(check: Callable[[], str | None], *, what: str) -> str:
         assert time.monotonic() < deadline, f"waited {WAIT_S:.0f}s for {what}"
         time.sleep(POLL_S)
     return result
+
+
+def test_controller_may_change_only_the_pinned_demand_annotation_on_nodes(
+    control_plane: ControlPlane, identities: dict[str, Identity]
+) -> None:
+    """RBAC grants the controller nodes/patch on every Node; its node policy narrows it to the
+    one annotation controller/pinned_demand.py writes (a merge patch, as the controller sends:
+    kubectl's label and patch commands would read the Node first, which it may not)."""
+    cp = control_plane
+    node = f"rbac-{uuid.uuid4().hex[:8]}"
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    controller = Client(KubeConfig.from_file(str(identities[CONTROLLER_ACCOUNT].kubeconfig)))
+
+    def patch(body: dict[str, Any]) -> str | None:
+        """None when allowed, else the API server's refusal."""
+        try:
+            controller.patch(Node, node, body, patch_type=PatchType.MERGE)
+        except ApiError as error:
+            return str(error.status.message)
+        return None
+
+    try:
+        for body in ({"metadata": {"labels": {"team": "edge"}}},
+                     {"metadata": {"annotations": {"edgeplug.io/labels": "x"}}},
+                     {"spec": {"unschedulable": True}}):
+            message = wait_for(functools.partial(patch, body), what=f"{body} refused")
+            assert "only the edgeplug.io/pinned-demand annotation" in message, message
+        assert patch({"metadata": {"annotations": {
+            "edgeplug.io/pinned-demand": '{"edgeplug.io/cam":1}'}}}) is None
+        assert patch({"metadata": {"annotations": {"edgeplug.io/pinned-demand": None}}}) is None
+    finally:
+        controller.close()
+        cp.kubectl("delete", "node", node, "--wait=false", check=False)

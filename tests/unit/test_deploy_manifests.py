@@ -262,7 +262,7 @@ def test_chart_links_to_the_repositorys_own_crds_and_rbac() -> None:
     expected = {p.name for p in (REPO_ROOT / "crds" / "manifests").glob("*.yaml")}
     assert expected | {PEERING_CRDS.name} == set(linked)
     for name in ("agent-rbac.yaml", "agent-node-policy.yaml", "agent-instance-policy.yaml",
-                 "controller-rbac.yaml"):
+                 "controller-rbac.yaml", "controller-node-policy.yaml"):
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link (copies drift)"
         assert link.resolve() == (MANIFESTS / name).resolve()

@@ -1,0 +1,132 @@
+"""What unscheduled pods pinned to each node ask for, written on that Node for its agent.
+
+Why this exists: a shared device's slots are reserved per node (``agent.slots.rules``), and a
+node whose pods wait must say so, or another node's idle reservation never moves to it. An
+agent may watch only its own node's pods (the trust model), so it cannot see a user's Pending
+pod that is pinned to it by nodeSelector or affinity but carries no label; the scheduler has
+not bound it, so no field names the node yet. The controller may read every Pending pod: it
+counts, per node, what unscheduled pods pinned there request (``crds.pinning``, the agent's own
+rules) and writes the totals on the Node (``PINNED_DEMAND_ANNOTATION``), which the node's agent
+watches. An agent with such demand publishes it on the Instance, and the node holding the idle
+reservation gives it up (issue 21, third case).
+
+A node's annotation is rewritten only when its total changes (equal totals, equal text), and
+removed when nothing is pinned there any more, also after a controller restart (the Node
+watch reports what the annotation says, and ``stale_nodes`` compares).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from crds import pinning
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PinnedPod:
+    """An unscheduled Pending pod pinned to ``node`` that requests extended resources."""
+
+    namespace: str
+    name: str
+    node: str
+    requests: tuple[tuple[str, int], ...]
+
+
+class _Meta(msgspec.Struct):
+    resourceVersion: str = ""
+    name: str = ""
+    namespace: str = ""
+    deletionTimestamp: str | None = None
+
+
+class _Status(msgspec.Struct):
+    phase: str = ""
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+_decode_pod = msgspec.json.Decoder(_Pod).decode
+
+
+def pinned_pod(raw: bytes) -> tuple[PinnedPod | None, str]:
+    """The watch decoder: a record for an unscheduled, Pending, pinned pod with extended
+    requests; None (not kept) for any other pod."""
+    obj = _decode_pod(raw)
+    meta, spec = obj.metadata, obj.spec
+    if (spec.get("nodeName") or meta.deletionTimestamp
+            or obj.status.phase not in ("", "Pending")):
+        return None, meta.resourceVersion
+    node = pinning.pinned_node(spec)
+    requests = pinning.extended_requests(spec)
+    if node is None or not requests:
+        return None, meta.resourceVersion
+    return PinnedPod(namespace=meta.namespace, name=meta.name, node=node,
+                     requests=tuple(sorted(requests.items()))), meta.resourceVersion
+
+
+def node_totals(pods: Iterable[PinnedPod]) -> dict[str, pinning.Requests]:
+    """Node → resource → what its pinned pods request, summed."""
+    per_node: dict[str, list[dict[str, int]]] = {}
+    for pod in pods:
+        per_node.setdefault(pod.node, []).append(dict(pod.requests))
+    return {node: pinning.sum_requests(requests) for node, requests in per_node.items()}
+
+
+class PinnedDemand:
+    """Keeps every node's annotation equal to its pinned pods' total.
+
+    ``pods`` and ``annotations`` are read from the caller's watch stores (pod key → record;
+    node → the annotation's current text, "" when absent); ``write(node, text or None)``
+    patches the Node. The caller queues ``sync(node)`` for every node ``changed_nodes`` or
+    ``stale_nodes`` names.
+    """
+
+    def __init__(
+        self,
+        *,
+        pods: Callable[[], Iterable[PinnedPod]],
+        annotations: Callable[[], dict[str, str]],
+        write: Callable[[str, str | None], Awaitable[None]],
+    ) -> None:
+        self._pods = pods
+        self._annotations = annotations
+        self._write = write
+
+    @staticmethod
+    def changed_nodes(old: PinnedPod | None, new: PinnedPod | None) -> set[str]:
+        return {p.node for p in (old, new) if p is not None and (old is None or new is None
+                                                                  or old != new)}
+
+    def wanted_text(self, node: str) -> str:
+        total = node_totals(p for p in self._pods() if p.node == node).get(node, {})
+        return pinning.format_pinned_demand(total) if total else ""
+
+    def stale_nodes(self) -> list[str]:
+        """Nodes whose annotation differs from their pinned pods' total now."""
+        annotations = self._annotations()
+        totals = node_totals(self._pods())
+        nodes = set(annotations) | set(totals)
+        return sorted(
+            node for node in nodes
+            if annotations.get(node, "") != (
+                pinning.format_pinned_demand(totals[node]) if totals.get(node) else "")
+        )
+
+    async def sync(self, node: str) -> None:
+        """Write ``node``'s annotation if it differs from its pinned pods' total."""
+        want = self.wanted_text(node)
+        if self._annotations().get(node, "") == want:
+            return
+        await self._write(node, want or None)
+        log.info("pinned demand written on node %s: %s", node, want or "(none)")
