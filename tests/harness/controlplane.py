@@ -31,6 +31,9 @@ from tests.harness import kubebin, pki
 
 log = logging.getLogger(__name__)
 
+#: How often ``get_json`` asks again after a 429 from a starting API server.
+GET_429_ATTEMPTS = 10
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO_ROOT / "crds" / "manifests"
 READY_TIMEOUT_S = 120.0
@@ -278,17 +281,26 @@ class ControlPlane:
             time.sleep(READY_POLL_S)
 
     def get_json(self, path: str) -> dict[str, object] | None:
-        """GET an API path as admin; None on 404."""
+        """GET an API path as admin; None on 404. A 429 (a freshly started API server's
+        priority-and-fairness answers it until its configuration is loaded) is asked again
+        after the server's Retry-After, a bounded number of times."""
         request = urllib.request.Request(self.server + path)
         request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=10, context=self._ssl_context()) as resp:
-                body: dict[str, object] = json.load(resp)
-                return body
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise
+        for attempt in range(GET_429_ATTEMPTS):
+            try:
+                with urllib.request.urlopen(
+                    request, timeout=10, context=self._ssl_context()
+                ) as resp:
+                    body: dict[str, object] = json.load(resp)
+                    return body
+            except urllib.error.HTTPError as error:
+                if error.code == 404:
+                    return None
+                if error.code != 429 or attempt == GET_429_ATTEMPTS - 1:
+                    raise
+                wait = error.headers.get("Retry-After", "1")
+                time.sleep(min(float(wait) if wait.isdecimal() else 1.0, 5.0))
+        raise AssertionError("unreachable")
 
     def _write_kubeconfig(self) -> Path:
         assert self.workdir is not None
