@@ -90,6 +90,24 @@ Hand-outs — freeing never acts on evidence older than the claim it frees:
   ``List`` has shown held for ``ORPHAN_GRACE_SECONDS`` since its first sweep, and a hand-out
   restarts that grace.
 
+Two resources, one slot — what the scheduler cannot see (a known limit, issue 21):
+
+- A free slot is advertised twice on its node: by the Instance's own plugin and, as a virtual
+  device, by the Configuration's. The scheduler counts ``edgeplug.io/<instance>`` and
+  ``edgeplug.io/<configuration>`` apart (Node ``allocatable`` minus the requests of pods bound
+  there), so when a pod on one takes the slot, the other's allocatable drops only when the
+  kubelet next reports node status (up to its ``nodeStatusUpdateFrequency``, 10 s by
+  default). A pod bound in that window on the other resource is refused by its kubelet
+  (``UnexpectedAdmissionError``, "requested number of devices unavailable"). The refusal is
+  safe — no slot is ever held twice, the conditioned claims above see to that — but the pod
+  is Failed. The same holds for a reservation given to another node: the giver stops
+  advertising it first, and a pod the scheduler binds to the giver before its allocatable
+  drops is refused. Recovery is the controller's (controller/admission.py): a rejected broker
+  is replaced at once, and a user's rejected pod gets an ``AdmissionFailed`` Event naming the
+  pod and the cause. Until the device-plugin API can tell the scheduler, the way to avoid it is
+  one kind of request per Configuration (its Instances' resources, or its own), or DRA, where
+  the scheduler allocates the device itself.
+
 The trace this closes (issue 21): ``Allocate answered devices=[['storm-v2']]`` at .433, and at
 .436 ``freed a slot no live pod holds ... usage=C:storm-v2:storm-node`` on a ``List`` asked
 before the ``Allocate``; the Instance plugin then gave that slot to a second pod.

@@ -7,13 +7,14 @@ server or etcd build theirs on a control plane of their own (test_api_outage.py)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
 from tests.faults.cluster import FaultCluster
+from tests.faults.contention import CpuHog
 from tests.harness.controller_process import install_peering_crds
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_service_account
@@ -41,3 +42,15 @@ async def cluster(
     finally:
         print(faults.logs())
         await faults.close()
+
+
+@pytest.fixture(params=["quiet", "loaded"])
+def load(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the scenario twice: on a quiet machine, and with every core busy (``CpuHog``)."""
+    if request.param == "quiet":
+        yield "quiet"
+        return
+    with CpuHog() as hog:
+        assert hog.running == hog.cores
+        yield "loaded"
+        assert hog.running == hog.cores, "the CPU hog ended before the scenario did"

@@ -71,8 +71,9 @@ async def serving_again(node: FaultNode, since: int, resources: tuple[str, ...])
 
 
 async def test_agent_sigkilled_ten_times_as_pods_are_admitted(
-    cluster: FaultCluster, client: AsyncClient
+    load: str, cluster: FaultCluster, client: AsyncClient
 ) -> None:
+    """Run quiet and with every core busy (``load``: tests/faults/contention.py)."""
     node = await cluster.add_node()
     cluster.start_controller()
     expected = await cluster.one_shared_device(client, "kill", capacity=CAPACITY, brokers=True)

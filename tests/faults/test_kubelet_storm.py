@@ -31,8 +31,9 @@ CAPACITY = 3
 
 
 async def test_kubelet_restart_storm_while_pods_churn(
-    cluster: FaultCluster, client: AsyncClient
+    load: str, cluster: FaultCluster, client: AsyncClient
 ) -> None:
+    """Run quiet and with every core busy (``load``: tests/faults/contention.py)."""
     node = await cluster.add_node()
     cluster.start_controller()
     expected = await cluster.one_shared_device(client, "storm", capacity=CAPACITY, brokers=True)

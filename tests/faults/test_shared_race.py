@@ -34,8 +34,9 @@ async def running_pods(client: AsyncClient, namespace: str) -> set[str]:
 
 
 async def test_two_nodes_race_for_one_shared_device(
-    cluster: FaultCluster, client: AsyncClient
+    load: str, cluster: FaultCluster, client: AsyncClient
 ) -> None:
+    """Run quiet and with every core busy (``load``: tests/faults/contention.py)."""
     first, second = await cluster.add_node(), await cluster.add_node()
     expected = await cluster.one_shared_device(client, "race", capacity=CAPACITY, brokers=False)
     [instance] = expected

@@ -1,0 +1,87 @@
+"""Users' pods pinned to nodes, with no edgeplug label, get the slots other nodes free.
+
+Issue 21's third case: two nodes see one shared device of capacity 2 (one slot reserved for
+each); six pods pinned by a ``kubernetes.io/hostname`` nodeSelector, three per node, and none
+labelled ``edgeplug.io/target-node``. As running pods are deleted the waiting ones must take the
+freed slots, whichever node freed them. Before the controller counted pinned pods on the Node
+(controller/pinned_demand.py → the ``edgeplug.io/pinned-demand`` annotation →
+agent/slots/demand.py), a slot freed on one node stayed reserved there while the other node's
+pod waited: nothing was admitted for 45 s.
+
+Real parts: two kubelets' device managers (``DeviceNode``), an agent process beside each, the
+controller process (it writes the annotation; no brokers), the real scheduler. Every invariant
+holds throughout (tests/faults/invariants.py). The hand-off times (pod deleted → the waiting
+pod Running) are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+from lightkube import AsyncClient
+
+from crds.naming import instance_resource_name
+from tests.faults.cluster import FaultCluster, delete_pod
+from tests.faults.test_shared_race import running_pods
+from tests.harness.agent_nodes import pinned_pod
+from tests.harness.kube_waits import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CAPACITY = 2
+PODS_PER_NODE = 3
+
+
+async def test_unlabelled_pinned_pods_get_slots_freed_on_either_node(
+    cluster: FaultCluster, client: AsyncClient
+) -> None:
+    a, b = await cluster.add_node(), await cluster.add_node()
+    cluster.start_controller()
+    expected = await cluster.one_shared_device(client, "pinned", capacity=CAPACITY,
+                                               brokers=False)
+    [instance] = expected
+    resource = instance_resource_name(instance)
+    ns = cluster.namespace
+    names = {f"{node.name}-{i}": node.name for node in (a, b) for i in range(PODS_PER_NODE)}
+    loop = asyncio.get_running_loop()
+    handoffs: list[float] = []
+
+    async with cluster.recorder() as recorder:
+        for name, node in names.items():
+            pod = pinned_pod(ns, name, resource=resource, node=node, stop_at_once=True)
+            assert pod.metadata is not None
+            pod.metadata.labels = {}  # a user's own pod: pinned, not labelled
+            await client.create(pod)
+        ran: set[str] = set()
+        deleted: list[str] = []
+        since = loop.time()
+        while True:
+            want = min(CAPACITY, len(names) - len(deleted))
+            now: set[str] = set()
+
+            async def all_slots_used(want: int = want, now: set[str] = now) -> bool:
+                now.clear()
+                now.update(await running_pods(client, ns))
+                assert len(now) <= CAPACITY, f"more pods run than the device has slots: {now}"
+                return len(now) == want
+
+            await wait_until(all_slots_used, what=f"{want} pods running after "
+                                                  f"{len(deleted)} deleted ({deleted})")
+            if deleted:
+                handoffs.append(loop.time() - since)
+            ran |= now
+            if ran == set(names):
+                break
+            # Empty node a first, so its freed slots must cross to node b's waiting pods.
+            victim = sorted(now, key=lambda n: (names[n] != a.name, n))[0]
+            since = loop.time()
+            await delete_pod(client, ns, victim)
+            deleted.append(victim)
+        for name in set(names) - set(deleted):
+            await delete_pod(client, ns, name)
+        await cluster.converged(client, expected, brokers=False)
+    recorder.assert_clean()
+    print(f"hand-offs (pod deleted -> a waiting pod Running), {len(handoffs)}: "
+          f"median {statistics.median(handoffs):.2f} s, max {max(handoffs):.2f} s")
