@@ -106,13 +106,19 @@ class Lane:
         self._thread_id = threading.get_ident()
         while (job := self._jobs.get()) is not None:
             function, future = job
+            error: BaseException | None = None
+            result: Any = None
             try:
-                future.set_result(function())
+                result = function()
             except BaseException as exc:  # handed to the caller, who may have left
-                future.set_exception(exc)
-            finally:
-                with self._lock:
-                    self._busy_since = None
+                error = exc
+            # Free before answering: a caller that got its answer may submit again at once.
+            with self._lock:
+                self._busy_since = None
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
 
 
 class BoundedDcmi:

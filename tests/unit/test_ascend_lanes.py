@@ -5,6 +5,7 @@ the driver; tests/integration/test_ascend_bounded.py blocks the real ctypes path
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -50,13 +51,16 @@ def test_a_blocked_call_times_out_and_holds_the_lane_until_it_returns() -> None:
         release.set()
         assert finished.wait(RELEASE_S)
         deadline = time.monotonic() + RELEASE_S
-        while True:  # the lane frees itself right after the call returns
+        while True:  # the lane frees itself once the call returns
             try:
                 assert lane.call(lambda: "free", 1.0) == "free"
                 break
             except LaneStuck:
                 assert time.monotonic() < deadline, "the lane never freed"
                 finished.wait(0.01)
+        # A caller that got its answer may submit again at once: the lane is free by then.
+        for turn in range(200):
+            assert lane.call(functools.partial(int, turn), 1.0) == turn
     finally:
         release.set()
         lane.close()
