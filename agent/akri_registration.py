@@ -15,6 +15,7 @@ DaemonSet runs one; in-process test agents leave it off unless a test asks).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 
 #: Akri's name for the agent's registration socket, inside the discovery-handlers directory.
 REGISTRATION_SOCKET_NAME = "agent-registration.sock"
+#: The node's registrations, kept beside the socket so that a restarted agent knows the handlers
+#: that registered with its predecessor: Akri's handlers register again only when a stream of
+#: theirs closes, which a handler serving no Configuration never sees. A handler recorded there
+#: that is gone is dropped like any other, once unreachable for longer than the grace.
+RECORD_NAME = "edgeplug-registrations.json"
 
 
 class _RegistrationService(pb_grpc.RegistrationServicer):
@@ -81,6 +87,7 @@ class HandlerRegistration:
             "1 per registered name", ["handler"], registry=metrics.registry,
         )
         self._shown: set[str] = set()
+        self.record = directory / RECORD_NAME
         self.registrations.on_change(self._count)
 
     def _count(self) -> None:
@@ -90,6 +97,44 @@ class HandlerRegistration:
         for name in names - self._shown:
             self._registered.labels(name).set(1)
         self._shown = names
+
+    def _save(self) -> None:
+        entries = []
+        for name in self.registrations.names():
+            registration = self.registrations.get(name)
+            if registration is not None:
+                entries.append({
+                    "name": name, "endpoint": registration.endpoint,
+                    "endpointType": registration.endpoint_type.name,
+                    "shared": registration.shared,
+                })
+        partial = self.record.with_suffix(".partial")
+        try:
+            partial.write_text(json.dumps(entries, indent=1))
+            os.replace(partial, self.record)
+        except OSError as exc:
+            log.warning("could not record the registrations in %s (%s); a restarted agent "
+                        "waits for the handlers to register again", self.record, exc)
+
+    def _restore(self) -> None:
+        try:
+            entries = json.loads(self.record.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignored the registration record %s (%s)", self.record, exc)
+            return
+        for entry in entries if isinstance(entries, list) else []:
+            try:
+                self.registrations.register(
+                    name=str(entry["name"]), endpoint=str(entry["endpoint"]),
+                    endpoint_type=EndpointType[str(entry["endpointType"])],
+                    shared=bool(entry["shared"]),
+                )
+            except (KeyError, TypeError, BadRegistration) as exc:
+                log.warning("ignored a recorded registration %r (%s)", entry, exc)
+        log.info("restored %d discovery-handler registrations from %s",
+                 len(self.registrations.names()), self.record)
 
     async def run(self) -> None:
         """Install the resolver at once (before any discovery run loads a handler: ``main``
@@ -101,6 +146,8 @@ class HandlerRegistration:
             log.error("cannot host discovery-handler registration in %s (%s); external "
                       "discovery handlers are off", self.directory, exc)
             return
+        self._restore()
+        self.registrations.on_change(self._save)
         set_resolver(ExternalHandlers(
             self.registrations, grace=self._grace, waiting_on=str(self.socket)
         ))

@@ -382,6 +382,30 @@ async def test_a_handler_refusing_the_details_is_reported_and_kept(
     await client.close()
 
 
+async def test_a_restarted_agent_knows_the_handlers_registered_with_its_predecessor(
+    control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
+) -> None:
+    """A handler serving no Configuration never sees the agent restart (no stream of its closes),
+    so it does not register again; the new agent serves it from the registration record."""
+    node = harness.new_node(control_plane)
+    expected = {instance_name("akri-after", "z", shared=True, node=node)}
+    client = harness.api_client(control_plane)
+    with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
+        async with akri_agent(control_plane, node=node, namespace=namespace,
+                              directory=handlers_dir, grace=LONG_HANDLER_GRACE) as before:
+            await harness.eventually(lambda: _registered(before, "akriEcho"),
+                                     what="the handler registered")
+        async with akri_agent(control_plane, node=node, namespace=namespace,
+                              directory=handlers_dir, grace=LONG_HANDLER_GRACE) as after:
+            assert after.registered("akriEcho") == 1
+            harness.apply(control_plane, namespace, akri_configuration(
+                "akri-after", handler="akriEcho", details={"descriptions": ["z"]}))
+            await _instances_become(client, namespace, expected)
+        assert await _logged(handler, "registered", 1)
+        assert not await _logged(handler, "again", 1), "it registered only once"
+    await client.close()
+
+
 async def test_network_endpoint(
     control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
 ) -> None:
@@ -437,6 +461,10 @@ async def _condition(client: Any, namespace: str, name: str, kind: str,
         return condition if condition and containing in condition["message"] else None
 
     return await harness.eventually(found, what=f"{kind} with {containing!r}")
+
+
+async def _registered(agent: Agent, name: str) -> bool:
+    return agent.registered(name) == 1
 
 
 async def _logged(handler: GoHandler, text: str, times: int) -> bool:
