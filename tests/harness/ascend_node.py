@@ -29,6 +29,13 @@ NPU_SMI_IN_TREE = "/usr/local/bin/npu-smi"  # where the driver installs it on se
 DRIVER_IN_TREE = "/usr/local/Ascend/driver"
 NPU_SMI_WORDS = {0: "OK", 1: "Warning", 2: "Alarm", 3: "Critical"}
 FAULT_CODE = 0x80E01801  # an error code as DCMI reports them (hex, as Huawei's tools print)
+#: One error code of each of Huawei's handling levels, from their default fault table.
+LEVEL_CODES = {
+    "NotHandleFault": 0x80E21007, "SubHealthFault": 0x81A3880C,
+    "RestartRequest": 0x80C98008, "RestartBusiness": 0x80E01801,
+    "FreeRestartNPU": 0x8C0E4E00, "RestartNPU": 0x8C03A000,
+    "PreSeparateNPU": 0x8118043C, "SeparateNPU": 0x80E3A201,
+}
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import pytest
 
 from discovery_handlers.ascend import handler
 from discovery_handlers.contract import Device
+from tests.harness.ascend_node import LEVEL_CODES as CODES
 from tests.harness.ascend_node import AscendNode, SimChip, dcmi_library
-from tests.unit.test_ascend_faults import CODES
 
 __all__ = ["dcmi_library"]  # the fixture, imported for pytest
 DEADLINE_S = 10.0

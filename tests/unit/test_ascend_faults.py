@@ -19,14 +19,9 @@ from discovery_handlers.ascend.faults import (
     parse_fault_table,
 )
 from discovery_handlers.contract import InvalidDetails
+from tests.harness.ascend_node import LEVEL_CODES
 
-#: One code of each level, from Huawei's default table.
-CODES = {
-    "NotHandleFault": 0x80E21007, "SubHealthFault": 0x81A3880C,
-    "RestartRequest": 0x80C98008, "RestartBusiness": 0x80E01801,
-    "FreeRestartNPU": 0x8C0E4E00, "RestartNPU": 0x8C03A000,
-    "PreSeparateNPU": 0x8118043C, "SeparateNPU": 0x80E3A201,
-}
+CODES = LEVEL_CODES
 
 
 @pytest.mark.parametrize(("level", "healthy"), [
