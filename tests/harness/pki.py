@@ -23,6 +23,7 @@ VALIDITY = datetime.timedelta(days=2)
 @dataclass(frozen=True)
 class Pki:
     ca_cert: Path
+    ca_key: Path  # kept so a test can sign client certificates (the real node's kubelet)
     serving_cert: Path
     serving_key: Path
     service_account_key: Path  # private key; the apiserver derives the public half
@@ -88,11 +89,13 @@ def create(directory: Path) -> Pki:
     )
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         service_account_key=directory / "sa.key",
     )
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.ca_key, ca_key)
     pki.serving_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(pki.serving_key, server_key)
     _write_key(pki.service_account_key, rsa.generate_private_key(65537, 2048))
