@@ -55,6 +55,7 @@ class Scanner:
         self._probe_id = ""
         self._pass_started = 0.0
         self._first_pass_done = False
+        self._gathering = False  # a pass is gathering answers to its Probe
         self._checks = asyncio.Semaphore(MAX_CONCURRENT_CHECKS)
         self._hello_tasks: set[asyncio.Task[None]] = set()
         self._warned: set[str] = set()  # senders whose dropped messages were logged
@@ -107,26 +108,37 @@ class Scanner:
         self._probe_id = wsd_messages.new_message_id()
         self._pass_started = time.monotonic()
         self._pass_checks = {}
+        self._gathering = True
         message = wsd_messages.probe(self._probe_id)
         self._transport.send_probe(message, self._details.unicast_targets)
         await asyncio.sleep(PROBE_REPEAT_DELAY_S)
         self._transport.send_probe(message, self._details.unicast_targets)
         await asyncio.sleep(max(0.0, self._details.discovery_timeout_s - PROBE_REPEAT_DELAY_S))
+        self._gathering = False  # from now on an answer is checked and published at once
         missed = MISSED_PASSES_BEFORE_GONE * self._details.discovery_interval_s
         horizon = self._pass_started - missed
         for uuid in [u for u, c in self._cameras.items() if c.last_seen < horizon]:
             self._forget(uuid)
         for camera in list(self._cameras.values()):
             self._check_in_pass(camera)
-        checks, self._pass_checks = self._pass_checks, {}
-        await asyncio.gather(*checks.values())
+        await asyncio.gather(*list(self._pass_checks.values()))
+        self._pass_checks = {}
         self._old_probe_ids.append(self._probe_id)
-        self._probe_id = ""  # late answers to this probe no longer start checks
+        self._probe_id = ""
 
     def _check_in_pass(self, camera: Camera) -> None:
         if camera.match.uuid not in self._pass_checks:
             task = asyncio.create_task(self._check(camera))
             self._pass_checks[camera.match.uuid] = task
+
+    def _check_now(self, camera: Camera) -> None:
+        """Check a camera and publish at once (a Hello, a late answer), unless a pass is
+        checking it already."""
+        if camera.match.uuid in self._pass_checks:
+            return
+        task = asyncio.create_task(self._check_and_publish(camera))
+        self._hello_tasks.add(task)
+        task.add_done_callback(self._hello_tasks.discard)
 
     def _on_datagram(self, data: bytes, sender: str) -> None:
         try:
@@ -141,28 +153,32 @@ class Scanner:
         elif isinstance(message, wsd_messages.Hello):
             camera = self._seen(message.match, sender)
             if camera is not None:
-                task = asyncio.create_task(self._check_and_publish(camera))
-                self._hello_tasks.add(task)
-                task.add_done_callback(self._hello_tasks.discard)
+                self._check_now(camera)
         elif isinstance(message, wsd_messages.Bye) and message.uuid in self._cameras:
             self._forget(message.uuid)
             self._changed.set()
 
     def _on_probe_matches(self, message: wsd_messages.ProbeMatches, sender: str) -> None:
-        if message.relates_to != self._probe_id or not self._probe_id:
-            if message.relates_to in self._old_probe_ids:
-                timeout = self._details.discovery_timeout_s
-                self._dropped(sender, f"answered after discoveryTimeoutSeconds ({timeout:g})")
-            else:
-                self._dropped(sender, "ProbeMatches that relate to no Probe we sent (RelatesTo "
-                              f"{wsd_messages.short(message.relates_to)!r})")
+        current = bool(self._probe_id) and message.relates_to == self._probe_id
+        if not current and message.relates_to not in self._old_probe_ids:
+            self._dropped(sender, "ProbeMatches that relate to no Probe we sent (RelatesTo "
+                          f"{wsd_messages.short(message.relates_to)!r})")
             return
+        in_time = current and self._gathering
+        if not in_time:
+            timeout = self._details.discovery_timeout_s
+            log.debug("%s answered after discoveryTimeoutSeconds (%g); checked at once",
+                      sender, timeout)
         for reason in message.dropped:
             self._dropped(sender, reason)
         for match in message.matches:
             camera = self._seen(match, sender)
-            if camera is not None:
+            if camera is None:
+                continue
+            if in_time:
                 self._check_in_pass(camera)
+            else:
+                self._check_now(camera)
 
     def _seen(self, match: wsd_messages.Match, sender: str) -> Camera | None:
         camera = self._cameras.get(match.uuid)

@@ -4,6 +4,8 @@ log, and a user must still learn why their camera is missing)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -40,19 +42,33 @@ def test_first_drop_per_sender_is_a_warning_then_debug(caplog: pytest.LogCapture
     assert all("not well-formed" in text for _, text in records(caplog))
 
 
-def test_a_probe_fault_and_a_late_answer_say_why(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_probe_fault_and_a_stray_answer_say_why(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     scan = scanner()
     scan._on_datagram(datagram("fault-probe-hikvision.xml"), "192.0.2.9")
-    scan._old_probe_ids.append("urn:uuid:old")
-    scan._on_datagram(datagram("probematches-gsoap-soap12.xml", "urn:uuid:old"), "192.0.2.10")
     scan._on_datagram(datagram("probematches-gsoap-soap12.xml", "urn:uuid:nobody"), "192.0.2.11")
-    (fault, late, stray) = records(caplog)
-    assert fault[0] == logging.WARNING
+    (fault, stray) = records(caplog)
+    assert fault[0] == stray[0] == logging.WARNING
     assert "MatchingRuleNotSupported" in fault[1]
-    assert "answered after discoveryTimeoutSeconds (1)" in late[1]
     assert "relate to no Probe we sent" in stray[1]
     assert scan._cameras == {}
+
+
+async def test_a_late_answer_to_our_probe_is_checked_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    scan = scanner()
+    scan._old_probe_ids.append("urn:uuid:old")
+    scan._on_datagram(datagram("probematches-gsoap-soap12.xml", "urn:uuid:old"), "192.0.2.10")
+    ((level, text),) = records(caplog)
+    assert level == logging.DEBUG
+    assert "answered after discoveryTimeoutSeconds (1); checked at once" in text
+    assert list(scan._cameras) == ["2419d68a-2dd2-21b2-a205-ec3a7c5b1a01"]
+    (check,) = scan._hello_tasks  # its check runs now, not at the next pass
+    check.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await check
 
 
 def test_other_devices_hellos_are_only_debug(caplog: pytest.LogCaptureFixture) -> None:
