@@ -29,7 +29,7 @@ HOST_PATH := $(PATH)
 export PATH := $(CURDIR)/$(VENV)/bin:$(HOST_PATH)
 export VIRTUAL_ENV := $(CURDIR)/$(VENV)
 
-.PHONY: aptdeps install venv controlplane helm demo test lint unit bench images clean clean-cache
+.PHONY: aptdeps install venv controlplane helm realnode demo test lint unit bench images clean clean-cache
 
 # Debian packages (.ci/apt/*.txt): only asks dpkg when all are there; first, since the venv
 # itself needs python3-venv.
@@ -53,6 +53,11 @@ controlplane: $(VENV_STAMP)
 helm: $(VENV_STAMP)
 	$(VENV_PY) -m tests.harness.helmbin
 
+# The real node's kubelet, containerd 2 (runc shim, ctr) and CNI plugins, for the tests only
+# (tests/harness/realnodebin.py): not part of install, so `make demo` does not wait for it.
+realnode: aptdeps $(VENV_STAMP)
+	$(VENV_PY) -m tests.harness.realnodebin
+
 demo: install
 	$(VENV_PY) -m tests.harness.demo
 
@@ -62,7 +67,7 @@ lint: $(VENV_STAMP)
 	$(VENV)/bin/lint-imports
 
 # images: tests/integration/test_images.py runs what they hold (rebuilt only when an input changed).
-test: install lint images
+test: install lint images realnode
 	$(VENV_PY) -m pytest -q
 
 bench: install
