@@ -26,6 +26,8 @@ UNEXPECTED_ADMISSION_ERROR: Final = "UnexpectedAdmissionError"
 ADMISSION_REASON_SUFFIX: Final = "AdmissionError"
 REJECTED_PREFIX: Final = "Pod was rejected"
 FAILED: Final = "Failed"
+#: The longest object name the API server accepts (a DNS subdomain).
+EVENT_NAME_MAX: Final = 253
 #: What may come before and after a resource name in a message, so the name is whole and not part
 #: of a longer one (``edgeplug.io/cam`` inside ``edgeplug.io/cam-a1b2c3``). A name never ends in
 #: a dot, so a dot followed by no name character ends a sentence, not the name.
@@ -67,5 +69,8 @@ def extended_resources(names: Iterable[str]) -> tuple[str, ...]:
 
 def event_name(involved: str, pod_uid: str) -> str:
     """The name of the one Event about pod ``pod_uid`` on the object ``involved``: the same
-    name from every replica and after a restart, so a second report is a 409, not a copy."""
-    return f"{involved}.{pod_uid}"
+    name from every replica and after a restart, so a second report is a 409, not a copy.
+    A long ``involved`` is cut so the name stays a valid DNS subdomain (the uid keeps it
+    unique)."""
+    head = involved[: EVENT_NAME_MAX - len(pod_uid) - 1].rstrip(".-")
+    return f"{head}.{pod_uid}"

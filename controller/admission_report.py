@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from controller import admission
 from controller.eventbatch import event_object
-from controller.kube import Kube
+from controller.kube import Kube, Refused
 from controller.metrics import ControllerMetrics
 from controller.naming import MANAGED_BY
 from controller.records import RejectedPod
@@ -113,8 +113,13 @@ class AdmissionReporter:
         created = False
         targets = self.targets(view, pod)
         for resource, body, _ in targets:
-            created |= await self._post(body, reason=REASON_POD_REJECTED,
-                                        message=pod_message(pod, resource), pod_uid=pod.uid)
+            try:
+                created |= await self._post(body, reason=REASON_POD_REJECTED,
+                                            message=pod_message(pod, resource),
+                                            pod_uid=pod.uid)
+            except Refused as refused:  # would be refused again: no retry (an outage retries)
+                log.warning("Event %s about pod %s/%s refused: %s", REASON_POD_REJECTED,
+                            pod.namespace, pod.name, refused.message)
         if created:
             namespace = str(targets[0][1]["metadata"]["namespace"])
             self.metrics.pod_admission_failures.labels(namespace, targets[0][2]).inc()

@@ -93,6 +93,10 @@ def test_extended_resources_and_event_names() -> None:
         ["cpu", "edgeplug.io/b", "memory", "edgeplug.io/a", "edgeplug.io/b", "hugepages-2Mi"]
     ) == ("edgeplug.io/a", "edgeplug.io/b")
     assert admission.event_name("cam-a1b2c3", "0f1e") == "cam-a1b2c3.0f1e"
+    uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    long_name = admission.event_name("a" * 214 + "-b" * 19, uid)  # a 252-character name
+    assert len(long_name) <= admission.EVENT_NAME_MAX
+    assert long_name.endswith(f"a.{uid}") or long_name.endswith(f"b.{uid}")
 
 
 def broker(name: str, *, phase: str, reason: str = "", message: str = "",
