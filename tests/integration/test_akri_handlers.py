@@ -10,59 +10,45 @@ start again.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
-import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from lightkube.resources.core_v1 import Event
 
 from agent.discovery_run import REASON_DISCOVERY_WARNING, REASON_HANDLER_UNAVAILABLE
 from agent.events import condition_type
-from agent.kube import ConfigurationResource, as_dict
-from agent.main import run_agent
-from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.contract import DeviceSpec, Mount
 from tests.harness import agent_process as harness
-from tests.harness.akri_go_handler import GoHandler
+from tests.harness.akri_agents import (
+    INSTANCE_GRACE,
+    akri_agent,
+    akri_configuration,
+    all_offline,
+    all_online,
+    condition_with,
+    go_handler,
+    instances_become,
+    is_registered,
+    logged,
+    properties_matching,
+    served_device,
+)
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import NodeEmulator
 
-#: offlineGracePeriodSeconds of the Configurations: long enough to see Instances kept.
-INSTANCE_GRACE = 6
 #: The agent's grace for a lost handler before its registration is dropped.
 LONG_HANDLER_GRACE = 120.0
 SHORT_HANDLER_GRACE = 2.0
 SECRET_VALUE = b"s3cr3t-\x00\xffbytes"  # binary on purpose: Secrets travel as bytes
-
-
-@dataclass
-class Agent:
-    devices: NodeDeviceTable
-    metrics: AgentMetrics
-    directory: Path
-
-    def registered(self, handler: str) -> float | None:
-        return self.metrics.registry.get_sample_value(
-            "edgeplug_discovery_handlers_registered", {"handler": handler})
-
-    def properties(self, namespace: str, instance: str) -> dict[str, str] | None:
-        served = self.devices.snapshot().get((namespace, instance))
-        return dict(served.device.properties) if served is not None else None
 
 
 @pytest.fixture
@@ -73,61 +59,14 @@ def handlers_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@contextlib.asynccontextmanager
-async def akri_agent(
-    cp: ControlPlane, *, node: str, namespace: str, directory: Path, grace: float,
-    plugin_dir: Path | None = None,
-) -> AsyncIterator[Agent]:
-    """The whole agent as ``run_agent`` wires it; device plugins only with a ``plugin_dir``."""
-    settings = AgentSettings(
-        node_name=node, kubeconfig=cp.kubeconfig, namespace=namespace,
-        serve_device_plugins=plugin_dir is not None, discovery_handlers_dir=directory,
-        external_handler_grace=grace, pod_resources_socket=None,
-        plugin_dir=plugin_dir if plugin_dir is not None else DEFAULT_PLUGIN_DIR,
-    )
-    agent = Agent(NodeDeviceTable(), AgentMetrics(), directory)
-    task = asyncio.create_task(run_agent(settings, devices=agent.devices, metrics=agent.metrics))
-    try:
-        await harness.eventually(
-            lambda: _exists(directory / "agent-registration.sock"),
-            what="the agent's registration socket",
-        )
-        yield agent
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def _exists(path: Path) -> bool:
-    return os.path.exists(path)  # noqa: ASYNC240 (one stat, polled)
-
-
-@contextlib.contextmanager
-def go_handler(directory: Path, tmp_path: Path, **kwargs: Any) -> Iterator[GoHandler]:
-    handler = GoHandler(directory, log_path=tmp_path / "handler.log", **kwargs)
-    handler.start()
-    try:
-        yield handler
-    finally:
-        handler.stop()
-        print(f"--- handler log ---\n{handler.log_tail()}")
-
-
-def akri_configuration(name: str, *, handler: str, details: dict[str, Any],
-                       properties: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "discoveryHandler": {"name": handler, "discoveryDetails": yaml.safe_dump(details)},
-        "offlineGracePeriodSeconds": INSTANCE_GRACE,
-    }
-    if properties:
-        spec["discoveryHandler"]["discoveryProperties"] = properties
-    return {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-            "metadata": {"name": name}, "spec": spec}
-
-
 def _sha(value: bytes) -> str:
     return hashlib.sha256(value).hexdigest()[:16]
+
+
+def _secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "password"
+    path.write_bytes(SECRET_VALUE)
+    return path
 
 
 async def test_go_handler_registers_goes_away_and_comes_back(
@@ -152,7 +91,7 @@ async def test_go_handler_registers_goes_away_and_comes_back(
                           directory=handlers_dir, grace=LONG_HANDLER_GRACE) as agent:
         harness.apply(control_plane, namespace, cfg)
         with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
-            found = await _instances_become(client, namespace, expected)
+            found = await instances_become(client, namespace, expected)
             assert agent.registered("akriEcho") == 1
             spec = found[cam0]["spec"]
             assert spec["shared"] is True
@@ -162,7 +101,7 @@ async def test_go_handler_registers_goes_away_and_comes_back(
             assert props["PROPERTY_NAMES"] == "password,site"
             assert props["PROPERTY_SHA256_SITE"] == _sha(b"lab")
             assert props["PROPERTY_SHA256_PASSWORD"] == _sha(SECRET_VALUE)
-            served = await _served(agent, namespace, cam0)
+            served = await served_device(agent, namespace, cam0)
             assert served.device_specs == (
                 DeviceSpec(container_path="/dev/akri/cam0", host_path="/dev/null",
                            permissions="rw"),)
@@ -177,13 +116,13 @@ async def test_go_handler_registers_goes_away_and_comes_back(
             handler.kill()
             # Gone: the devices are offline but their Instances stay for the grace...
             await harness.eventually(
-                lambda: _offline(agent, namespace, expected), what="devices marked offline")
+                lambda: all_offline(agent, namespace, expected), what="devices marked offline")
             assert set(await harness.instances(client, namespace)) == expected
             # ... and are removed after it.
-            await _instances_become(client, namespace, set(), deadline=INSTANCE_GRACE + 20)
+            await instances_become(client, namespace, set(), deadline=INSTANCE_GRACE + 20)
 
             handler.start()  # the same handler again: it registers again, same device ids
-            await _instances_become(client, namespace, expected)
+            await instances_become(client, namespace, expected)
             assert agent.registered("akriEcho") == 1
     await client.close()
 
@@ -201,12 +140,12 @@ async def test_handler_away_within_the_grace_keeps_its_instances(
                           directory=handlers_dir, grace=LONG_HANDLER_GRACE) as agent:
         harness.apply(control_plane, namespace, cfg)
         with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
-            before = await _instances_become(client, namespace, expected)
+            before = await instances_become(client, namespace, expected)
             handler.kill()
             await harness.eventually(
-                lambda: _offline(agent, namespace, expected), what="device marked offline")
+                lambda: all_offline(agent, namespace, expected), what="device marked offline")
             handler.start()
-            await harness.eventually(lambda: _online(agent, namespace, expected),
+            await harness.eventually(lambda: all_online(agent, namespace, expected),
                                      what="device online again")
             after = await harness.instances(client, namespace)
             assert {n: i["metadata"]["uid"] for n, i in after.items()} == {
@@ -228,12 +167,13 @@ async def test_handler_registered_under_debug_echo_takes_over_then_hands_back(
     async with akri_agent(control_plane, node=node, namespace=namespace,
                           directory=handlers_dir, grace=SHORT_HANDLER_GRACE) as agent:
         harness.apply(control_plane, namespace, cfg)
-        await _instances_become(client, namespace, {foo0})
-        builtin = await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" not in p)
+        await instances_become(client, namespace, {foo0})
+        builtin = await properties_matching(agent, namespace, foo0,
+                                            lambda p: "PROPERTY_NAMES" not in p)
         assert builtin == {"DEBUG_ECHO_DESCRIPTION": "foo0"}
         with go_handler(handlers_dir, tmp_path, name="debugEcho") as handler:
             # The Go handler's devices carry PROPERTY_NAMES: it serves the name now.
-            await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" in p)
+            await properties_matching(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" in p)
             assert agent.registered("debugEcho") == 1
 
             # ... and the Configuration says so (a Warning Event from this node).
@@ -248,7 +188,7 @@ async def test_handler_registered_under_debug_echo_takes_over_then_hands_back(
             assert event.source is not None
             assert event.source.host == node
             handler.kill()
-            await _properties(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" not in p)
+            await properties_matching(agent, namespace, foo0, lambda p: "PROPERTY_NAMES" not in p)
             assert agent.registered("debugEcho") is None
         assert set(await harness.instances(client, namespace)) == {foo0}
         messages = [r.getMessage() for r in caplog.records]
@@ -272,15 +212,15 @@ async def test_configuration_waiting_for_its_handler_says_so_on_its_node_conditi
     async with akri_agent(control_plane, node=node, namespace=namespace,
                           directory=handlers_dir, grace=LONG_HANDLER_GRACE):
         harness.apply(control_plane, namespace, cfg)
-        waiting = await _condition(client, namespace, "akri-later", kind, "not registered")
+        waiting = await condition_with(client, namespace, "akri-later", kind, "not registered")
         assert waiting["reason"] == REASON_HANDLER_UNAVAILABLE
         assert "'akriLater'" in waiting["message"]
         assert str(handlers_dir / "agent-registration.sock") in waiting["message"]
         with go_handler(handlers_dir, tmp_path, name="akriLater") as handler:
-            await _instances_become(client, namespace, expected)
-            await _condition(client, namespace, "akri-later", kind, None)
+            await instances_become(client, namespace, expected)
+            await condition_with(client, namespace, "akri-later", kind, None)
             handler.kill()
-            lost = await _condition(client, namespace, "akri-later", kind, "unreachable")
+            lost = await condition_with(client, namespace, "akri-later", kind, "unreachable")
             assert lost["reason"] == REASON_HANDLER_UNAVAILABLE
     await client.close()
 
@@ -344,14 +284,14 @@ async def test_other_streams_go_on_when_the_handler_registers_again(
             harness.apply(control_plane, namespace, *(
                 akri_configuration(f"akri-{d}", handler="akriEcho",
                                    details={"descriptions": [d]}) for d in "ab"))
-            await _instances_become(client, namespace, {names["a"], names["b"]})
+            await instances_become(client, namespace, {names["a"], names["b"]})
             control_plane.kubectl("delete", "configuration", "akri-b", "-n", namespace)
-            await _instances_become(client, namespace, {names["a"]})
-            await harness.eventually(lambda: _logged(handler, "registered", 2),
+            await instances_become(client, namespace, {names["a"]})
+            await harness.eventually(lambda: logged(handler, "registered", 2),
                                      what="the handler registering again")
             harness.apply(control_plane, namespace, akri_configuration(
                 "akri-c", handler="akriEcho", details={"descriptions": ["c"]}))
-            await _instances_become(client, namespace, {names["a"], names["c"]})
+            await instances_become(client, namespace, {names["a"], names["c"]})
             calls = [line for line in handler.log_tail(100).splitlines()
                      if "discover called" in line]
             assert len(calls) == 3, calls  # a, b, c: a's stream was never restarted
@@ -370,13 +310,13 @@ async def test_a_handler_refusing_the_details_is_reported_and_kept(
         with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
             harness.apply(control_plane, namespace, akri_configuration(
                 "akri-bad", handler="akriEcho", details={"descriptions": ["x"], "fail": True}))
-            failed = await _condition(client, namespace, "akri-bad", condition_type(node),
+            failed = await condition_with(client, namespace, "akri-bad", condition_type(node),
                                       "asks this handler to fail")
             assert failed["reason"] == REASON_HANDLER_UNAVAILABLE
             assert "INVALID_ARGUMENT" in failed["message"]
             # Retried past the agent's grace for lost handlers, yet still registered.
             await harness.eventually(
-                lambda: _logged(handler, "discover called", 4), what="four Discover calls",
+                lambda: logged(handler, "discover called", 4), what="four Discover calls",
                 deadline=SHORT_HANDLER_GRACE + 20)
             assert agent.registered("akriEcho") == 1
     await client.close()
@@ -393,16 +333,16 @@ async def test_a_restarted_agent_knows_the_handlers_registered_with_its_predeces
     with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
         async with akri_agent(control_plane, node=node, namespace=namespace,
                               directory=handlers_dir, grace=LONG_HANDLER_GRACE) as before:
-            await harness.eventually(lambda: _registered(before, "akriEcho"),
+            await harness.eventually(lambda: is_registered(before, "akriEcho"),
                                      what="the handler registered")
         async with akri_agent(control_plane, node=node, namespace=namespace,
                               directory=handlers_dir, grace=LONG_HANDLER_GRACE) as after:
             assert after.registered("akriEcho") == 1
             harness.apply(control_plane, namespace, akri_configuration(
                 "akri-after", handler="akriEcho", details={"descriptions": ["z"]}))
-            await _instances_become(client, namespace, expected)
-        assert await _logged(handler, "registered", 1)
-        assert not await _logged(handler, "again", 1), "it registered only once"
+            await instances_become(client, namespace, expected)
+        assert await logged(handler, "registered", 1)
+        assert not await logged(handler, "again", 1), "it registered only once"
     await client.close()
 
 
@@ -418,82 +358,6 @@ async def test_network_endpoint(
                           directory=handlers_dir, grace=LONG_HANDLER_GRACE):
         harness.apply(control_plane, namespace, cfg)
         with go_handler(handlers_dir, tmp_path, name="akriNet", network=True, shared=False):
-            found = await _instances_become(client, namespace, expected)
+            found = await instances_become(client, namespace, expected)
             assert found[next(iter(expected))]["spec"]["shared"] is False
     await client.close()
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-def _secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "password"
-    path.write_bytes(SECRET_VALUE)
-    return path
-
-
-async def _instances_become(
-    client: Any, namespace: str, expected: set[str], *, deadline: float = 30.0
-) -> dict[str, dict[str, Any]]:
-    async def there() -> dict[str, dict[str, Any]] | None:
-        found = await harness.instances(client, namespace)
-        return found if set(found) == expected else None
-
-    if not expected:
-        async def gone() -> bool:
-            return not await harness.instances(client, namespace)
-
-        await harness.eventually(gone, what="no Instances", deadline=deadline)
-        return {}
-    return await harness.eventually(there, what=f"Instances {sorted(expected)}",
-                                    deadline=deadline)
-
-
-async def _condition(client: Any, namespace: str, name: str, kind: str,
-                     containing: str | None) -> dict[str, Any]:
-    """Wait for condition ``kind`` to hold ``containing`` in its message (None: to be gone)."""
-    async def found() -> dict[str, Any] | None:
-        cfg = as_dict(await client.get(ConfigurationResource, name, namespace=namespace))
-        conditions = {c["type"]: c for c in (cfg.get("status") or {}).get("conditions") or []}
-        condition = conditions.get(kind)
-        if containing is None:
-            return {} if condition is None else None
-        return condition if condition and containing in condition["message"] else None
-
-    return await harness.eventually(found, what=f"{kind} with {containing!r}")
-
-
-async def _registered(agent: Agent, name: str) -> bool:
-    return agent.registered(name) == 1
-
-
-async def _logged(handler: GoHandler, text: str, times: int) -> bool:
-    return sum(text in line for line in handler.log_tail(200).splitlines()) >= times
-
-
-async def _served(agent: Agent, namespace: str, instance: str) -> Any:
-    async def device() -> Any:
-        served = agent.devices.snapshot().get((namespace, instance))
-        return served.device if served is not None else None
-
-    return await harness.eventually(device, what=f"{instance} in the node's device table")
-
-
-async def _properties(agent: Agent, namespace: str, instance: str,
-                      wanted: Any) -> dict[str, str]:
-    async def matching() -> dict[str, str] | None:
-        props = agent.properties(namespace, instance)
-        return props if props is not None and wanted(props) else None
-
-    return await harness.eventually(matching, what=f"{instance}'s properties")
-
-
-async def _offline(agent: Agent, namespace: str, names: set[str]) -> bool:
-    table = agent.devices.snapshot()
-    return all((namespace, n) in table and not table[(namespace, n)].health.healthy
-               for n in names)
-
-
-async def _online(agent: Agent, namespace: str, names: set[str]) -> bool:
-    table = agent.devices.snapshot()
-    return all((namespace, n) in table and table[(namespace, n)].health.healthy for n in names)
