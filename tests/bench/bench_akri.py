@@ -6,7 +6,7 @@ runs both: a Configuration naming ``akriEcho`` (the Go handler of tests/harness/
 registered over the agent's socket, one gRPC ``Discover`` stream per Configuration) and one
 naming the built-in ``debugEcho``, alternately, each with one new device. A sample is from the
 Configuration's creation to the Node's allocatable showing its Instance's resource (both
-watched). Prints medians and tails; asserts nothing.
+watched), and to the Instance's creation. Prints medians and tails; asserts nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.bench.stats import machine_speed_line, summary
 from tests.harness.akri_go_handler import GoHandler
 from tests.harness.controlplane import ControlPlane
 
-RUNS = 15  # per side, after one warm-up each
+RUNS = 20  # per side, after one warm-up each
 EXTERNAL, BUILTIN = "akriEcho", "debugEcho"
 
 
@@ -46,6 +46,7 @@ async def bench_external_vs_builtin(plane: ControlPlane) -> None:
     handlers_dir = Path(tempfile.mkdtemp(prefix="akb-", dir="/tmp"))
     env = {"DISCOVERY_HANDLERS_DIRECTORY": str(handlers_dir)}
     samples: dict[str, list[float]] = {EXTERNAL: [], BUILTIN: []}
+    to_instance: dict[str, list[float]] = {EXTERNAL: [], BUILTIN: []}
     try:
         async with bench_node(plane, label="akri", env=env) as node:
             handler = GoHandler(handlers_dir, name=EXTERNAL, shared=False,
@@ -56,23 +57,32 @@ async def bench_external_vs_builtin(plane: ControlPlane) -> None:
                     sides = (EXTERNAL, BUILTIN) if run % 2 == 0 else (BUILTIN, EXTERNAL)
                     for side in sides:
                         name, description = f"{side.lower()}-{run}", f"d{run}"
-                        resource = instance_resource_name(
-                            instance_name(name, description, shared=False, node=node.name))
+                        instance = instance_name(name, description, shared=False, node=node.name)
+                        resource = instance_resource_name(instance)
                         body = ConfigurationResource.from_dict(
                             _configuration(name, node.namespace, side, description))
 
                         def allocatable(wanted: str = resource) -> bool:
                             return node.state.allocatable.get(wanted) == "1"
 
+                        def published(wanted: str = instance) -> bool:
+                            return wanted in node.state.instances
+
                         started = time.monotonic()
                         await node.client.create(body)
+                        listed = await node.state.until(published, what=f"Instance {instance}")
                         seen = await node.state.until(allocatable, what=f"{resource} allocatable")
                         if run > 0:  # the first of each side warms the paths up
                             samples[side].append(seen - started)
+                            to_instance[side].append(listed - started)
             finally:
                 handler.stop()
     finally:
         shutil.rmtree(handlers_dir, ignore_errors=True)
+    print(summary("Akri handler (Go, gRPC over UDS) Configuration -> Instance   ",
+                  to_instance[EXTERNAL]))
+    print(summary("built-in debugEcho              Configuration -> Instance   ",
+                  to_instance[BUILTIN]))
     print(summary("Akri handler (Go, gRPC over UDS) Configuration -> allocatable",
                   samples[EXTERNAL]))
     print(summary("built-in debugEcho              Configuration -> allocatable",
