@@ -9,7 +9,9 @@ namespace's own links: ``lo`` up, a veth pair ``v0`` up without carrier and ``v1
 
 1. runs ``edgeplug discover`` (``crds.cli``, in-process, one Configuration per rule) and lists
    every device libudev enumerates, in a child process (under umockdev's preload library when
-   given a bed's environment: then /sys is the bed's tree);
+   given a bed's environment: then /sys is the bed's tree). Those are the devices the kernel
+   sends uevents for; directories without a subsystem (``/sys/devices/platform``, a PCI root)
+   get none, so udev never runs rules on them: they count as parents only;
 2. writes all rules into one rules file, one line each, with the marker assignment
    ``ENV{EDGEPLUG_MATCH_<n>}="1"`` appended, and runs ``udevadm test --action=add`` once per
    device (two at a time), reading which markers each device got; a line udev refuses is named
