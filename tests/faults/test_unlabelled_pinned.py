@@ -84,4 +84,5 @@ async def test_unlabelled_pinned_pods_get_slots_freed_on_either_node(
         await cluster.converged(client, expected, brokers=False)
     recorder.assert_clean()
     print(f"hand-offs (pod deleted -> a waiting pod Running), {len(handoffs)}: "
-          f"median {statistics.median(handoffs):.2f} s, max {max(handoffs):.2f} s")
+          f"median {statistics.median(handoffs):.2f} s, max {max(handoffs):.2f} s; in order: "
+          + ", ".join(f"{v} {t:.2f} s" for v, t in zip(deleted, handoffs, strict=False)))
