@@ -180,6 +180,8 @@ def _parse_clause(scanner: _Scanner) -> Match:
     scanner.skip()
     value_pos = scanner.pos
     value = _parse_value(scanner)
+    if value == "?*":  # udev reads KEY=="?*" as KEY!="" (for TAG: "no tag is empty")
+        value, negate = "", not negate
     try:
         pattern = compile_pattern(value)
     except PatternError as exc:

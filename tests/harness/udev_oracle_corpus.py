@@ -149,6 +149,10 @@ CORNERS = [
     'SUBSYSTEM!="class", KERNEL=="null"',
     'TAG!="seat", KERNEL=="zero"',
     'TAGS=="seat"',
+    'TAG=="?*", KERNEL=="null"',
+    'TAGS=="?*", KERNEL=="null"',
+    'TAG!="?*", KERNEL=="null"',
+    'KERNEL=="null", ATTR{nope}!="?*"',
 ]
 
 

@@ -144,6 +144,8 @@ DIVERGENCES = [
     ("e-string-backslash-pair", 'KERNEL==e"t\\\\x"', ODD, True),
     ("spaces-around-operator", 'KERNEL == "zero"', ZERO, True),
     ("clauses-without-comma", 'SUBSYSTEM=="mem" KERNEL=="zero"', ZERO, True),
+    ("tag-eq-any-is-tag-ne-empty", 'TAG=="?*"', NULL, True),  # no tag is empty: true
+    ("tag-ne-any-is-tag-eq-empty", 'TAG!="?*"', TTY, False),
     ("plural-keys-on-one-parent", 'KERNELS=="c", ATTRS{name}=="café"', CAFE, False),
     ("plural-keys-on-one-parent-hold", 'KERNELS=="t*", ATTRS{name}=="café"', CAFE, True),
 ]
