@@ -5,7 +5,8 @@ Why this exists: the handler claims to match "as udev matches"; this asks udev. 
 starts this module in a private mount and network namespace (``unshare --mount --net``), where
 it mounts tmpfs over /run, /dev and udev's rules directories and a fresh sysfs (showing the
 namespace's own links: ``lo`` up, a veth pair ``v0`` up without carrier and ``v1`` down, whose
-``carrier`` cannot be read), so nothing on the host changes. There it
+``carrier`` cannot be read), so nothing on the host changes. There it writes the tags it is given
+into udev's database (/run/udev/data, where udevd keeps them; both engines read them there) and
 
 1. runs ``edgeplug discover`` (``crds.cli``, in-process, one Configuration per rule) and lists
    every device libudev enumerates, in a child process (under umockdev's preload library when
@@ -73,15 +74,18 @@ class OracleRun:
 
 
 def oracle(rules: Sequence[str], *, env: Mapping[str, str] | None = None,
+           tags: Mapping[str, Sequence[str]] | None = None,
            timeout_s: float = 900.0) -> OracleRun:
     """Run ``rules`` through both engines over every device; ``env``: extra environment for
-    both (a umockdev bed's ``env()`` points them at the bed's tree)."""
+    both (a umockdev bed's ``env()`` points them at the bed's tree); ``tags``: DEVPATH → tags
+    to write into udev's database first (this machine's tree only)."""
     for rule in rules:
         if "\n" in rule or "\r" in rule:
             raise ValueError(f"a udev rules line cannot hold a line break: {rule!r}")
     with tempfile.TemporaryDirectory(prefix="udev-oracle-") as work:
         job = Path(work, "job.json")
-        job.write_text(json.dumps({"rules": list(rules), "env": dict(env or {}), "work": work}))
+        job.write_text(json.dumps({"rules": list(rules), "env": dict(env or {}), "work": work,
+                                   "tags": {k: list(v) for k, v in (tags or {}).items()}}))
         done = subprocess.run(
             ["unshare", "--mount", "--net", sys.executable, "-m", "tests.harness.udev_oracle",
              "inside", str(job)],
@@ -122,10 +126,32 @@ def _private_system() -> None:
     _sh("ip", "link", "set", "v0", "up")
 
 
+def _write_tags(tags: Mapping[str, Sequence[str]]) -> None:
+    """Tags in udev's database (/run/udev/data, the namespace's tmpfs), as udevd would have
+    written them: both engines read them there (TAG, TAGS)."""
+    import pyudev
+
+    context = pyudev.Context()
+    Path("/run/udev/data").mkdir(parents=True, exist_ok=True)
+    for devpath, names in tags.items():
+        device = pyudev.Devices.from_sys_path(context, f"/sys{devpath}")
+        number = device.device_number
+        if number:
+            kind = "b" if device.subsystem == "block" else "c"
+            db_id = f"{kind}{os.major(number)}:{os.minor(number)}"
+        elif device.subsystem == "net":
+            db_id = f"n{device.attributes.asint('ifindex')}"
+        else:
+            db_id = f"+{device.subsystem}:{device.sys_name}"
+        lines = [f"G:{t}" for t in names] + [f"Q:{t}" for t in names]
+        Path("/run/udev/data", db_id).write_text("\n".join(lines) + "\n")
+
+
 def _inside(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     work, rules = Path(job["work"]), job["rules"]
     _private_system()
+    _write_tags(job["tags"])
     env = {**os.environ, **job["env"]}
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "tests.harness.udev_oracle", "discover", job_path],
