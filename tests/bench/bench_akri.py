@@ -20,14 +20,20 @@ from typing import Any
 
 import yaml
 
+from agent.akri_registration import HandlerRegistration
 from agent.kube import ConfigurationResource
+from agent.metrics import AgentMetrics
 from crds.naming import instance_name, instance_resource_name
+from discovery_handlers.debug_echo import handler as debug_echo
+from discovery_handlers.external import stream
 from tests.bench.bench_agent_setup import bench_node, quiet_logs
 from tests.bench.stats import machine_speed_line, summary
 from tests.harness.akri_go_handler import GoHandler
 from tests.harness.controlplane import ControlPlane
 
 RUNS = 20  # per side, after one warm-up each
+HOP_RUNS = 200
+REGISTER_DEADLINE_S = 30.0
 EXTERNAL, BUILTIN = "akriEcho", "debugEcho"
 
 
@@ -89,6 +95,42 @@ async def bench_external_vs_builtin(plane: ControlPlane) -> None:
                   samples[BUILTIN]))
 
 
+async def bench_discover_hop() -> None:
+    """The hop alone, no API server: dial the registered Go handler and read its first list
+    (what a discovery run does when it starts), beside the built-in's first list."""
+    handlers_dir = Path(tempfile.mkdtemp(prefix="akh-", dir="/tmp"))
+    service = HandlerRegistration(directory=handlers_dir, grace=60.0, metrics=AgentMetrics())
+    serving = asyncio.create_task(service.run())
+    registered = service.registrations.changed(EXTERNAL)
+    handler = GoHandler(handlers_dir, name=EXTERNAL)
+    handler.start()
+    details = yaml.safe_dump({"descriptions": ["d0"]})
+    hop: list[float] = []
+    builtin: list[float] = []
+    try:
+        await asyncio.wait_for(registered.wait(), REGISTER_DEADLINE_S)
+        registration = service.registrations.get(EXTERNAL)
+        assert registration is not None
+        for _ in range(HOP_RUNS):
+            started = time.monotonic()
+            lists = stream.discover(registration, details, {})
+            await anext(lists)
+            hop.append(time.monotonic() - started)
+            await lists.aclose()
+            started = time.monotonic()
+            echo = debug_echo.discover(debug_echo.parse_details(details, {}))
+            await anext(echo)
+            builtin.append(time.monotonic() - started)
+            await echo.aclose()  # type: ignore[attr-defined]
+    finally:
+        handler.stop()
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        shutil.rmtree(handlers_dir, ignore_errors=True)
+    print(summary("dial + Discover -> first list (Go handler, UDS)", hop))
+    print(summary("built-in debugEcho parse + first list         ", builtin))
+
+
 async def _bench_with_plane() -> None:
     with ControlPlane() as plane:
         await bench_external_vs_builtin(plane)
@@ -98,6 +140,7 @@ def main(argv: list[str]) -> None:
     del argv
     quiet_logs()
     print(machine_speed_line())
+    asyncio.run(bench_discover_hop())
     asyncio.run(_bench_with_plane())
 
 
