@@ -116,7 +116,8 @@ class HandlerRegistration:
             log.warning("could not record the registrations in %s (%s); a restarted agent "
                         "waits for the handlers to register again", self.record, exc)
 
-    def _restore(self) -> None:
+    def restore(self) -> None:
+        """Register again what the record holds (``run`` calls it first)."""
         try:
             entries = json.loads(self.record.read_text())
         except FileNotFoundError:
@@ -126,9 +127,16 @@ class HandlerRegistration:
             return
         for entry in entries if isinstance(entries, list) else []:
             try:
+                endpoint_type = EndpointType[str(entry["endpointType"])]
+                endpoint = str(entry["endpoint"])
+                if endpoint_type is EndpointType.UDS and not os.path.exists(endpoint):
+                    # The handler is gone (its socket with it): not worth a grace during which
+                    # a built-in of its name would not serve.
+                    log.info("recorded discovery handler %r is gone (%s missing)",
+                             entry["name"], endpoint)
+                    continue
                 self.registrations.register(
-                    name=str(entry["name"]), endpoint=str(entry["endpoint"]),
-                    endpoint_type=EndpointType[str(entry["endpointType"])],
+                    name=str(entry["name"]), endpoint=endpoint, endpoint_type=endpoint_type,
                     shared=bool(entry["shared"]),
                 )
             except (KeyError, TypeError, BadRegistration) as exc:
@@ -146,7 +154,7 @@ class HandlerRegistration:
             log.error("cannot host discovery-handler registration in %s (%s); external "
                       "discovery handlers are off", self.directory, exc)
             return
-        self._restore()
+        self.restore()
         self.registrations.on_change(self._save)
         set_resolver(ExternalHandlers(
             self.registrations, grace=self._grace, waiting_on=str(self.socket)
