@@ -29,6 +29,7 @@ from discovery_handlers.contract import (
     InvalidDetails,
     PropertyValue,
     is_shared,
+    warnings_of,
 )
 from discovery_handlers.external import stream
 from discovery_handlers.external.registrations import Registration, Registrations
@@ -133,7 +134,7 @@ class ExternalHandler:
                 async for devices in builtin:
                     if announce:
                         announce = False
-                        yield HandlerStatus(devices, ready=True, message=(
+                        yield HandlerStatus(devices, warnings_of(devices), ready=True, message=(
                             f"built-in handler {self.name!r} serves again (no handler "
                             "registered under its name)"
                         ))

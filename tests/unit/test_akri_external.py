@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from discovery_handlers.contract import Device, DeviceSpec, Mount, PropertyValue, Secret
+from discovery_handlers.contract import (
+    Device,
+    DeviceList,
+    DeviceSpec,
+    Mount,
+    PropertyValue,
+    Secret,
+    warnings_of,
+)
 from discovery_handlers.debug_echo import handler as debug_echo
 from discovery_handlers.external.akriapi import discovery_pb2 as pb
 from discovery_handlers.external.devices import convert
@@ -180,4 +188,26 @@ async def test_the_built_in_serves_while_nothing_is_registered() -> None:
     details = handler.parse_details("descriptions: [foo0]", {})
     stream = handler.discover(details)
     assert [d.id for d in await anext(stream)] == ["foo0"]
+    await stream.aclose()
+
+
+class _Warning:
+    """A built-in that carries a discovery warning with its list (as opcua's does)."""
+
+    name = "opcua"
+    shared = True
+
+    def parse_details(self, details: str, properties: Mapping[str, PropertyValue]) -> Any:
+        return details
+
+    async def discover(self, details: Any) -> AsyncIterator[Sequence[Device]]:
+        yield DeviceList([Device(id="s1")], ["discovery server lds-1 stopped answering"])
+
+
+async def test_a_built_ins_warnings_pass_through() -> None:
+    handler = ExternalHandler(name="opcua", registrations=Registrations(), builtin=_Warning(),
+                              grace=1.0, waiting_on="/x")
+    stream = handler.discover(handler.parse_details("", {}))
+    first = await anext(stream)
+    assert warnings_of(first) == ("discovery server lds-1 stopped answering",)
     await stream.aclose()
