@@ -85,6 +85,13 @@ async def run_agent(
                 metrics=metrics,
             )
         )
+    if settings.serve_dra:
+        # Imported only when on: an agent without DRA carries none of it (DESIGN "Memory").
+        from agent.dra.publisher import DraPublisher
+
+        dra = DraPublisher(client=client, node_name=settings.node_name,
+                           namespace=settings.namespace)
+        parts.append(dra.run())
     log.info("agent starting", extra={"node": settings.node_name})
     try:
         async with asyncio.TaskGroup() as group:
@@ -126,6 +133,8 @@ def settle_heap(settings: AgentSettings) -> None:
     """
     if settings.serve_device_plugins:
         import agent.slots.service  # noqa: F401  (run_agent imports it; here before freezing)
+    if settings.serve_dra:
+        from agent.dra.publisher import DraPublisher  # noqa: F401  (likewise)
     gc.collect()
     gc.freeze()
 

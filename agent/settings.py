@@ -60,6 +60,9 @@ ENVIRONMENT = (
     EnvironmentVariable("EXTERNAL_HANDLER_GRACE_SECONDS", f"{DEFAULT_EXTERNAL_HANDLER_GRACE:g}",
                         "how long a registered handler may stay unreachable before its "
                         "registration is dropped (a built-in of its name serves again)"),
+    EnvironmentVariable("DRA", "off",
+                        "on: also publish this node's devices as DRA ResourceSlices "
+                        "(resource.k8s.io/v1, driver edgeplug.io; docs/dra.md)"),
 )
 
 
@@ -85,6 +88,7 @@ class AgentSettings:
     cdi_spec_dir: Path | None = None
     discovery_handlers_dir: Path | None = None
     external_handler_grace: float = DEFAULT_EXTERNAL_HANDLER_GRACE
+    serve_dra: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -122,6 +126,7 @@ class AgentSettings:
             cdi_spec_dir=Path(cdi_dir) if cdi_dir else None,
             discovery_handlers_dir=Path(handlers_dir) if handlers_dir else None,
             external_handler_grace=grace,
+            serve_dra=env.get("DRA", "off").lower() == "on",
         )
 
 

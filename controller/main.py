@@ -159,6 +159,11 @@ async def run(
         agent_account = (own_namespace(), AGENT_ACCOUNT)  # installed beside the controller
         ours.append(asyncio.create_task(
             AgentAccess(client, account=agent_account).run(), name="agent-access"))
+        if settings.dra:
+            from controller.device_classes import DeviceClasses
+
+            ours.append(asyncio.create_task(
+                DeviceClasses(client, namespaces=settings.namespaces).run(), name="dra"))
         tasks += [*ours, kopf_task]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         # kopf ends on a stop signal, and when stopping cancels the tasks started after it

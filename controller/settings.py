@@ -69,6 +69,8 @@ class ControllerSettings:
     #: The Prometheus ``/metrics`` server: ``None`` serves none.
     metrics_port: int | None = None
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    #: DRA: one DeviceClass per Configuration (``controller.device_classes``); off by default.
+    dra: bool = False
 
     @property
     def clusterwide(self) -> bool:
@@ -128,6 +130,9 @@ class ControllerSettings:
                  " server)")
         add("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="ADDRESS",
             help="address the metrics server binds (default: %(default)s)")
+        add("--dra", action="store_true",
+            help="keep one DRA DeviceClass (resource.k8s.io/v1) per Configuration, for claims"
+                 " on the devices agents with DRA=on publish (default: off)")
         add_webhook_arguments(parser)
         args = parser.parse_args(argv)
         kubeconfig = args.kubeconfig or (
@@ -148,4 +153,5 @@ class ControllerSettings:
             webhook=webhook_settings(args),
             metrics_port=args.metrics_port,
             metrics_address=args.metrics_address,
+            dra=args.dra,
         )

@@ -1,0 +1,214 @@
+"""Keep this node's ResourceSlices in step with the Instances it serves.
+
+Why this exists: DRA's scheduler allocates only what ResourceSlices list. The agent already
+writes every fact a slice needs into Instances (properties, capacity, shared, the nodes that
+see the device, ``status.unhealthy``), so this part watches Instances, asks
+``agent.dra.slices`` what this node should publish, and writes the difference.
+
+How a pool is rewritten: when a pool's devices change, every slice of it is applied (server-side
+apply, field manager ``edgeplug-agent-<node>``) with the pool's generation one higher, then the
+slices it no longer needs are deleted. The scheduler reads only the slices of a pool's highest
+generation and only when all ``resourceSliceCount`` of them are there, so it sees the old pool
+or the new one, never a mixture. A pool this process has not written yet (at start, or a shared
+device handed over from another node) first has its slices listed by label, so the generation
+only grows. An unchanged pool is never written: a restart that finds its slices as it left them
+writes nothing.
+
+Slice names carry the publisher (``slices.slice_name`` over pool and node), so during a
+hand-over the old publisher's delete can never remove the new publisher's slice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from lightkube import ApiError, AsyncClient
+from lightkube.generic_resource import create_global_resource
+from lightkube.types import PatchType
+
+from agent import watching
+from agent.dra import slices
+from agent.kube import InstanceResource, as_dict, field_manager, is_not_found
+from crds.instance import Instance
+
+log = logging.getLogger(__name__)
+
+ResourceSliceResource = create_global_resource(
+    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
+)
+
+#: After a pass that failed in part (an API error), the next one comes this soon.
+RETRY_SECONDS: Final = 1.0
+#: Instances are listed afresh this often, as a net under missed watch deletions.
+RESYNC_SECONDS: Final = 300.0
+
+
+@dataclass(frozen=True)
+class Written:
+    """What this process knows it wrote for one pool."""
+
+    generation: int
+    names: tuple[str, ...]
+    key: str  # canonical form of the pool's content, to skip unchanged rewrites
+
+
+def content_key(plan: slices.PoolPlan) -> str:
+    return json.dumps([plan.node_name, list(plan.nodes), list(plan.devices)], sort_keys=True)
+
+
+def _key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
+    """(pool name, content key, generation) of one pool's listed slices (one generation).
+    Slice names end in their index, which restores the device order."""
+    ordered = sorted(found, key=lambda s: int(str(s["metadata"]["name"]).rsplit("-", 1)[1]))
+    spec0 = ordered[0]["spec"]
+    nodes = tuple(
+        term["matchFields"][0]["values"][0]
+        for term in (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms", [])
+    )
+    devices = tuple(d for s in ordered for d in s["spec"].get("devices", []))
+    plan = slices.PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
+                           nodes=nodes, devices=devices)
+    return plan.name, content_key(plan), int(spec0["pool"]["generation"])
+
+
+class DraPublisher:
+    """Publishes this node's pools; ``run`` until cancelled. ``namespace`` None: all."""
+
+    def __init__(self, *, client: AsyncClient, node_name: str, namespace: str | None) -> None:
+        self._client = client
+        self._node = node_name
+        self._namespace = namespace
+        self._manager = field_manager(node_name)
+        self._instances: dict[tuple[str, str], Instance] = {}
+        self._written: dict[str, Written] = {}
+        self._dirty = asyncio.Event()
+        self._relist = asyncio.Event()
+        self.writes = 0  # API writes (applies and deletes), for the benchmarks
+        self.passes = 0  # reconcile passes completed without error
+
+    async def run(self) -> None:
+        await self._adopt()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._watch())
+            group.create_task(self._reconcile_loop())
+
+    # -- input ------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        namespace = self._namespace if self._namespace is not None else "*"
+        async for kind, obj in watching.watch(
+            self._client, InstanceResource, what="Instances (DRA)", namespace=namespace,
+            on_restart=self._relist.set,
+        ):
+            instance = Instance.from_object(as_dict(obj))
+            key = (instance.namespace, instance.name)
+            if kind == "DELETED":
+                self._instances.pop(key, None)
+            else:
+                self._instances[key] = instance
+            self._dirty.set()
+
+    async def _list_instances(self) -> None:
+        namespace = self._namespace if self._namespace is not None else "*"
+        fresh: dict[tuple[str, str], Instance] = {}
+        async for obj in self._client.list(InstanceResource, namespace=namespace):
+            instance = Instance.from_object(as_dict(obj))
+            fresh[(instance.namespace, instance.name)] = instance
+        self._instances = fresh
+
+    async def _adopt(self) -> None:
+        """Learn the pools this node published before a restart, so none is rewritten
+        needlessly and generations keep growing."""
+        by_pool: dict[str, list[dict[str, Any]]] = {}
+        async for obj in self._client.list(
+            ResourceSliceResource, labels={slices.LABEL_NODE: slices.node_label(self._node)}
+        ):
+            body = as_dict(obj)
+            by_pool.setdefault(body["spec"]["pool"]["name"], []).append(body)
+        for pool, found in by_pool.items():
+            newest = max(int(s["spec"]["pool"]["generation"]) for s in found)
+            current = [s for s in found if int(s["spec"]["pool"]["generation"]) == newest]
+            _, key, _ = _key_of_slices(current)
+            await self._delete(str(s["metadata"]["name"]) for s in found if s not in current)
+            names = tuple(sorted(str(s["metadata"]["name"]) for s in current))
+            self._written[pool] = Written(generation=newest, names=names, key=key)
+
+    # -- output -----------------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        self._dirty.set()
+        self._relist.set()
+        while True:
+            try:
+                async with asyncio.timeout(RESYNC_SECONDS):
+                    await self._dirty.wait()
+            except TimeoutError:
+                self._relist.set()
+            self._dirty.clear()
+            try:
+                if self._relist.is_set():
+                    self._relist.clear()
+                    await self._list_instances()
+                await self.reconcile()
+                self.passes += 1
+            except ApiError as error:
+                log.warning("ResourceSlice pass failed (%s); retrying", watching.describe(error))
+                await asyncio.sleep(RETRY_SECONDS)
+                self._dirty.set()
+
+    async def reconcile(self) -> None:
+        plan = slices.plan_node(self._node, self._instances.values())
+        for pool in plan.pools.values():
+            await self._publish(pool)
+        for name in [p for p in self._written if p not in plan.pools]:
+            await self._delete(self._written[name].names)
+            del self._written[name]
+            log.info("ResourceSlice pool withdrawn", extra={"pool": name})
+
+    async def _publish(self, plan: slices.PoolPlan) -> None:
+        key = content_key(plan)
+        before = self._written.get(plan.name)
+        if before is not None and before.key == key:
+            return
+        generation = (before.generation if before is not None
+                      else await self._listed_generation(plan.name)) + 1
+        bodies = slices.slice_bodies(plan, generation=generation, publisher=self._node)
+        for body in bodies:
+            await self._client.patch(
+                ResourceSliceResource, body["metadata"]["name"], body,
+                patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
+            )
+            self.writes += 1
+        names = tuple(b["metadata"]["name"] for b in bodies)
+        if before is not None:
+            await self._delete([n for n in before.names if n not in names])
+        self._written[plan.name] = Written(generation=generation, names=names, key=key)
+        left = sum(len(v) for v in plan.left_out.values())
+        log.info("ResourceSlice pool published", extra={
+            "pool": plan.name, "generation": generation, "devices": len(plan.devices),
+            "slices": len(bodies), "properties_left_out": left,
+        })
+
+    async def _listed_generation(self, pool: str) -> int:
+        newest = 0
+        async for obj in self._client.list(
+            ResourceSliceResource, labels={slices.LABEL_POOL: slices.pool_label(pool)}
+        ):
+            body = as_dict(obj)
+            if body["spec"]["pool"]["name"] == pool:
+                newest = max(newest, int(body["spec"]["pool"]["generation"]))
+        return newest
+
+    async def _delete(self, names: Iterable[str]) -> None:
+        for name in names:
+            try:
+                await self._client.delete(ResourceSliceResource, name)
+                self.writes += 1
+            except ApiError as error:
+                if not is_not_found(error):
+                    raise

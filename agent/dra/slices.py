@@ -1,0 +1,247 @@
+"""Instances in, ResourceSlice bodies out: what this node publishes for DRA. Pure, no I/O.
+
+Why this exists: the publisher (``agent.dra.publisher``) only diffs and writes; every decision
+about what the scheduler sees is made here, over plain data, and unit-tested over tables.
+
+Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``):
+
+- A local device (a USB port, an NPU) belongs to the pool ``<namespace>/<configuration>/node/
+  <node>``: one pool per Configuration per node, its slices bound to the node (``nodeName``).
+- A shared device (a network camera seen by several nodes) gets a pool of its own,
+  ``<namespace>/<configuration>/shared/<instance>``, whose one slice's ``nodeSelector`` lists
+  every node of the Instance that finds it healthy. It is published once, by the lexically
+  first node of the Instance's ``spec.nodes``. The pool name does not name the publisher, so
+  when the publishing node leaves and the next one takes over, the device keeps its identity
+  (driver, pool, device name): claims already allocated it keep counting against its
+  capacity, and the scheduler never sees it twice. During a hand-over two slices of one pool
+  may exist for an instant; the scheduler ignores the older generation, and two of one
+  generation make the pool incomplete, so it allocates nothing from it rather than twice.
+- Unhealthy devices (``status.unhealthy.<node>`` on the Instance) are withdrawn: a local one
+  leaves its pool, a shared one drops the node from its selector and is withdrawn when no
+  node finds it healthy. Device taints would keep it visible, but they are not on by default.
+
+Attributes: ``namespace``, ``configuration`` and ``instance``, then one string attribute per
+property (the Instance's ``brokerProperties``), named by ``attribute_name``: lower-cased, every
+character outside ``[a-z0-9_]`` replaced by ``_``, a leading digit prefixed with ``_``; a few
+well-known properties also get a short alias (``ALIASES``: ``ip`` for
+``ONVIF_DEVICE_IP_ADDRESS``). A property is left out (and counted) when its name is longer
+than 32 characters, its value longer than 64, two properties map to one name, or the device
+already has 32 attributes and capacities (the API's limits).
+
+Shared devices: ``allowMultipleAllocations: true`` and a consumable capacity ``slots`` of the
+Instance's ``capacity`` whose ``requestPolicy`` makes each claim take one unit by default
+(KEP-5075; served by v1.36's API with default feature gates).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from crds import dra
+from crds.instance import Instance
+
+#: The API's limits (k8s.io/api/resource/v1 validation).
+MAX_DEVICES_PER_SLICE: Final = 128
+MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
+MAX_ATTRIBUTE_NAME: Final = 32
+MAX_STRING_VALUE: Final = 64
+MAX_DEVICE_NAME: Final = 63
+MAX_POOL_NAME: Final = 253
+#: Short names users select by, for properties whose generic name is long.
+ALIASES: Final[Mapping[str, str]] = {
+    "ONVIF_DEVICE_IP_ADDRESS": "ip",
+    "ONVIF_DEVICE_MAC_ADDRESS": "mac",
+    "ONVIF_DEVICE_UUID": "uuid",
+    "DEBUG_ECHO_DESCRIPTION": "description",
+    "UDEV_DEVNODE": "devnode",
+}
+_NOT_IDENT: Final = re.compile(r"[^a-z0-9_]")
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def attribute_name(prop: str) -> str:
+    """``ONVIF_DEVICE_IP_ADDRESS`` → ``onvif_device_ip_address`` (may still be too long)."""
+    name = _NOT_IDENT.sub("_", prop.lower())
+    return f"_{name}" if not name or name[0].isdigit() else name
+
+
+def device_name(instance: str) -> str:
+    """The Instance name when it is a DNS label (Instance names are ``<config>-<hex>``),
+    otherwise a digest form."""
+    if len(instance) <= MAX_DEVICE_NAME and _DNS_LABEL.match(instance):
+        return instance
+    return f"d-{dra.digest(instance)}"
+
+
+def _pool_name(*parts: str) -> str:
+    name = "/".join(parts)
+    return name if len(name) <= MAX_POOL_NAME else f"edgeplug/{dra.digest(name)}"
+
+
+def local_pool(namespace: str, configuration: str, node: str) -> str:
+    return _pool_name(namespace, configuration, "node", node)
+
+
+def shared_pool(namespace: str, configuration: str, instance: str) -> str:
+    return _pool_name(namespace, configuration, "shared", instance)
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """A device's DRA attributes and the properties that did not fit."""
+
+    values: Mapping[str, str]
+    left_out: tuple[str, ...] = ()
+
+
+def attributes(instance: Instance, *, reserved: int = 0) -> Attributes:
+    """The attributes of one Instance's device; ``reserved`` slots are kept for capacities."""
+    values: dict[str, str] = {
+        dra.ATTR_NAMESPACE: instance.namespace,
+        dra.ATTR_CONFIGURATION: instance.spec.configuration_name,
+        dra.ATTR_INSTANCE: instance.name,
+    }
+    room = MAX_ATTRIBUTES_AND_CAPACITIES - reserved
+    props = instance.spec.broker_properties
+    candidates = [(ALIASES[p], p) for p in sorted(props) if p in ALIASES]
+    candidates += [(attribute_name(p), p) for p in sorted(props)]
+    placed: set[str] = set()
+    for name, prop in candidates:
+        value = props[prop]
+        if (len(name) <= MAX_ATTRIBUTE_NAME and len(value) <= MAX_STRING_VALUE
+                and name not in values and len(values) < room):
+            values[name] = value
+            placed.add(prop)
+    left_out = [p for p in sorted(props) if p not in placed]
+    return Attributes(values=values, left_out=tuple(left_out))
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool this node publishes: its devices (as API dicts) and where they can be used."""
+
+    name: str
+    node_name: str = ""  # local pools
+    nodes: tuple[str, ...] = ()  # shared pools: the nodeSelector's nodes
+    devices: tuple[Mapping[str, Any], ...] = ()
+    left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Every pool this node should publish, and what it withdrew (instance → reason)."""
+
+    pools: Mapping[str, PoolPlan]
+    withdrawn: Mapping[str, str] = field(default_factory=dict)
+
+
+def _device(instance: Instance, *, shared: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
+    attrs = attributes(instance, reserved=1 if shared else 0)
+    body: dict[str, Any] = {
+        "name": device_name(instance.name),
+        "attributes": {k: {"string": v} for k, v in sorted(attrs.values.items())},
+    }
+    if shared:
+        body["allowMultipleAllocations"] = True
+        body["capacity"] = {dra.CAPACITY_SLOTS: {
+            "value": str(instance.spec.capacity),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
+        }}
+    return body, attrs.left_out
+
+
+def plan_node(node: str, instances: Iterable[Instance]) -> NodePlan:
+    """The pools ``node`` publishes for ``instances`` (every Instance it knows of)."""
+    local: dict[str, list[Instance]] = {}
+    pools: dict[str, PoolPlan] = {}
+    withdrawn: dict[str, str] = {}
+    for inst in instances:
+        nodes = sorted(set(inst.spec.nodes))
+        if node not in nodes:
+            continue
+        if not inst.spec.shared:
+            if node in inst.unhealthy:
+                withdrawn[inst.name] = inst.unhealthy[node]
+                continue
+            pool = local_pool(inst.namespace, inst.spec.configuration_name, node)
+            local.setdefault(pool, []).append(inst)
+            continue
+        if nodes[0] != node:
+            continue  # another node publishes it
+        healthy = tuple(n for n in nodes if n not in inst.unhealthy)
+        if not healthy:
+            withdrawn[inst.name] = inst.unhealthy.get(node, "unhealthy on every node")
+            continue
+        body, left = _device(inst, shared=True)
+        name = shared_pool(inst.namespace, inst.spec.configuration_name, inst.name)
+        pools[name] = PoolPlan(name=name, nodes=healthy, devices=(body,),
+                               left_out={inst.name: left} if left else {})
+    for name, members in local.items():
+        bodies: list[dict[str, Any]] = []
+        left_out: dict[str, tuple[str, ...]] = {}
+        for inst in sorted(members, key=lambda i: i.name):
+            body, left = _device(inst, shared=False)
+            bodies.append(body)
+            if left:
+                left_out[inst.name] = left
+        pools[name] = PoolPlan(name=name, node_name=node, devices=tuple(bodies),
+                               left_out=left_out)
+    return NodePlan(pools=pools, withdrawn=withdrawn)
+
+
+def slice_name(pool: str, index: int, publisher: str) -> str:
+    """``edgeplug.io-<digest of pool and publisher>-<index>``: stable, so a rewrite is an
+    apply; naming the publisher keeps two nodes' slices of one pool apart in a hand-over."""
+    return f"{dra.DRIVER}-{dra.digest(f'{pool}@{publisher}')}-{index}"
+
+
+def pool_label(pool: str) -> str:
+    """The value of ``LABEL_POOL`` (pool names hold slashes, label values may not)."""
+    return dra.digest(pool)
+
+
+def node_label(node: str) -> str:
+    """The value of ``LABEL_NODE``: the node name, or a digest when it is no label value."""
+    return node if len(node) <= MAX_DEVICE_NAME else dra.digest(node)
+
+
+LABEL_POOL: Final = f"{dra.DRIVER}/pool"
+LABEL_NODE: Final = f"{dra.DRIVER}/node"
+MANAGED_BY: Final = "edgeplug-agent"
+
+
+def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str) -> list[dict[str, Any]]:
+    """The pool's ResourceSlices, ``MAX_DEVICES_PER_SLICE`` devices each (an empty pool is
+    no slice at all: the caller deletes what was there)."""
+    chunks = [plan.devices[i:i + MAX_DEVICES_PER_SLICE]
+              for i in range(0, len(plan.devices), MAX_DEVICES_PER_SLICE)]
+    result = []
+    for index, chunk in enumerate(chunks):
+        spec: dict[str, Any] = {
+            "driver": dra.DRIVER,
+            "pool": {"name": plan.name, "generation": generation,
+                     "resourceSliceCount": len(chunks)},
+            "devices": [dict(d) for d in chunk],
+        }
+        if plan.node_name:
+            spec["nodeName"] = plan.node_name
+        else:
+            spec["nodeSelector"] = {"nodeSelectorTerms": [
+                # matchFields allows one value per requirement; terms are ORed.
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                for n in plan.nodes
+            ]}
+        result.append({
+            "apiVersion": dra.API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(plan.name, index, publisher),
+                "labels": {LABEL_POOL: pool_label(plan.name), LABEL_NODE: node_label(publisher),
+                           dra.LABEL_MANAGED_BY: MANAGED_BY},
+            },
+            "spec": spec,
+        })
+    return result

@@ -1,0 +1,117 @@
+"""What a node publishes for DRA, over tables: pools, attributes, limits, health, shared devices."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from agent.dra import slices
+from agent.settings import AgentSettings
+from crds import dra
+from crds.instance import Instance, InstanceSpec
+
+
+def instance(name: str, *, nodes: tuple[str, ...] = ("n1",), shared: bool = False,
+             capacity: int = 1, props: Mapping[str, str] | None = None,
+             unhealthy: Mapping[str, str] | None = None, namespace: str = "ns") -> Instance:
+    return Instance(
+        name=name, namespace=namespace,
+        spec=InstanceSpec(configuration_name="cam", capacity=capacity, shared=shared,
+                          nodes=nodes, broker_properties=dict(props or {})),
+        unhealthy=dict(unhealthy or {}),
+    )
+
+
+@pytest.mark.parametrize(("prop", "attr"), [
+    ("ONVIF_DEVICE_IP_ADDRESS", "onvif_device_ip_address"),
+    ("opcua-url.x", "opcua_url_x"),
+    ("1WIRE", "_1wire"),
+])
+def test_attribute_names(prop: str, attr: str) -> None:
+    assert slices.attribute_name(prop) == attr
+
+
+def test_attributes_alias_identity_and_left_out() -> None:
+    attrs = slices.attributes(instance("cam-1a2b3c", props={
+        "ONVIF_DEVICE_IP_ADDRESS": "10.0.0.7",
+        "A_PROPERTY_NAME_THAT_IS_FAR_TOO_LONG_FOR_DRA": "x",
+        "LONG_VALUE": "v" * 65,
+        "OK": "fine",
+    }))
+    assert attrs.values == {
+        "namespace": "ns", "configuration": "cam", "instance": "cam-1a2b3c",
+        "ip": "10.0.0.7", "onvif_device_ip_address": "10.0.0.7", "ok": "fine",
+    }
+    assert attrs.left_out == ("A_PROPERTY_NAME_THAT_IS_FAR_TOO_LONG_FOR_DRA", "LONG_VALUE")
+
+
+def test_attributes_stop_at_the_api_limit_with_room_for_capacity() -> None:
+    props = {f"P{i:02d}": str(i) for i in range(40)}
+    attrs = slices.attributes(instance("x-000000", props=props), reserved=1)
+    assert len(attrs.values) == slices.MAX_ATTRIBUTES_AND_CAPACITIES - 1
+    assert len(attrs.left_out) == 40 - (slices.MAX_ATTRIBUTES_AND_CAPACITIES - 1 - 3)
+
+
+def test_local_devices_one_pool_per_configuration_bound_to_the_node() -> None:
+    plan = slices.plan_node("n1", [
+        instance("cam-000001"), instance("cam-000002"),
+        instance("cam-000003", nodes=("n2",)),  # another node's
+        instance("cam-000004", unhealthy={"n1": "fault 0x80"}),
+    ])
+    assert list(plan.pools) == ["ns/cam/node/n1"]
+    pool = plan.pools["ns/cam/node/n1"]
+    assert pool.node_name == "n1"
+    assert [d["name"] for d in pool.devices] == ["cam-000001", "cam-000002"]
+    assert "allowMultipleAllocations" not in pool.devices[0]
+    assert plan.withdrawn == {"cam-000004": "fault 0x80"}
+
+
+def test_shared_device_published_once_by_the_first_node_with_consumable_capacity() -> None:
+    shared = instance("cam-abcdef", nodes=("n2", "n1", "n3"), shared=True, capacity=2,
+                      unhealthy={"n3": "not seen"})
+    assert slices.plan_node("n2", [shared]).pools == {}
+    assert slices.plan_node("n3", [shared]).pools == {}
+    pool = slices.plan_node("n1", [shared]).pools["ns/cam/shared/cam-abcdef"]
+    assert pool.nodes == ("n1", "n2")
+    (device,) = pool.devices
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"][dra.CAPACITY_SLOTS]["value"] == "2"
+    assert device["capacity"][dra.CAPACITY_SLOTS]["requestPolicy"]["default"] == "1"
+    (body,) = slices.slice_bodies(pool, generation=3, publisher="n1")
+    terms = body["spec"]["nodeSelector"]["nodeSelectorTerms"]
+    assert [t["matchFields"][0]["values"] for t in terms] == [["n1"], ["n2"]]
+    assert body["spec"]["pool"] == {"name": "ns/cam/shared/cam-abcdef", "generation": 3,
+                                    "resourceSliceCount": 1}
+
+
+def test_shared_device_unhealthy_everywhere_is_withdrawn() -> None:
+    shared = instance("cam-abcdef", nodes=("n1",), shared=True, unhealthy={"n1": "gone"})
+    plan = slices.plan_node("n1", [shared])
+    assert plan.pools == {}
+    assert plan.withdrawn == {"cam-abcdef": "gone"}
+
+
+def test_pool_split_at_the_slice_limit_and_names_stable_per_publisher() -> None:
+    plan = slices.plan_node("n1", [instance(f"cam-{i:06x}") for i in range(300)])
+    bodies = slices.slice_bodies(plan.pools["ns/cam/node/n1"], generation=1, publisher="n1")
+    assert [len(b["spec"]["devices"]) for b in bodies] == [128, 128, 44]
+    assert {b["spec"]["pool"]["resourceSliceCount"] for b in bodies} == {3}
+    names = [b["metadata"]["name"] for b in bodies]
+    assert len(set(names)) == 3
+    assert names[0] == slices.slice_name("ns/cam/node/n1", 0, "n1")
+    assert slices.slice_name("p", 0, "n1") != slices.slice_name("p", 0, "n2")
+
+
+def test_names_that_do_not_fit_become_digests() -> None:
+    assert slices.device_name("cam-1a2b3c") == "cam-1a2b3c"
+    assert slices.device_name("a.b-1a2b3c").startswith("d-")
+    long_conf = "c" * 250
+    assert len(slices.local_pool("ns", long_conf, "n1")) <= slices.MAX_POOL_NAME
+    assert dra.device_class_name("ns", "cam") == "cam.ns.edgeplug.io"
+    assert len(dra.device_class_name("ns", long_conf)) <= dra.DNS_SUBDOMAIN_MAX
+
+
+def test_dra_is_off_unless_asked() -> None:
+    assert AgentSettings.from_env({"NODE_NAME": "n1"}).serve_dra is False
+    assert AgentSettings.from_env({"NODE_NAME": "n1", "DRA": "on"}).serve_dra is True
