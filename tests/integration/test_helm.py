@@ -175,7 +175,7 @@ def test_default_values_render_what_the_api_server_accepts(
     assert controller["metadata"]["namespace"] == namespace
     assert controller["spec"]["replicas"] == 2
     # Two replicas elect a leader (no --standalone); both serve the admission webhook.
-    assert _container(controller)["args"] == ["--webhook"]
+    assert _container(controller)["args"] == ["--webhook", "--metrics-port=9465"]
     assert _find(stored, "ValidatingWebhookConfiguration", "edgeplug-configurations")
     assert _find(stored, "Service", "edgeplug-controller-webhook")["metadata"]["namespace"] == (
         namespace)
@@ -201,7 +201,8 @@ def test_non_default_values_render_what_the_api_server_accepts(
                     "-f", str(values)).stdout
     stored = _dry_run(control_plane, manifest)
     controller = _container(_find(stored, "Deployment", "edgeplug-controller"))
-    assert controller["args"] == [f"--namespace={namespace}", "--standalone"]
+    assert controller["args"] == [f"--namespace={namespace}", "--standalone",
+                                  "--metrics-port=9465"]
     assert controller["image"] == "registry.example.test/edge/controller:9.8.7"
     assert controller["imagePullPolicy"] == "Always"
     daemonset = _find(stored, "DaemonSet", "edgeplug-agent")
@@ -399,7 +400,8 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     deployment = _get(cp, "deployment", "edgeplug-controller", "-n", SYSTEM_NAMESPACE)
     assert deployment is not None
     assert deployment["spec"]["replicas"] == 1
-    assert _container(deployment)["args"] == [f"--namespace={workload}", "--standalone"]
+    assert _container(deployment)["args"] == [f"--namespace={workload}", "--standalone",
+                                              "--metrics-port=9465"]
     daemonset = _get(cp, "daemonset", "edgeplug-agent", "-n", SYSTEM_NAMESPACE)
     assert daemonset is not None
     assert _env(_container(daemonset))["WATCH_NAMESPACE"] == workload
