@@ -34,6 +34,7 @@ from discovery_handlers.contract import (
 from discovery_handlers.external import stream
 from discovery_handlers.external.registrations import Registration, Registrations
 from discovery_handlers.external.status import HandlerStatus
+from discovery_handlers.registry import known_handler_names
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ class ExternalHandler:
             if self._builtin is None:
                 yield HandlerStatus([], ready=False, message=(
                     f"discovery handler {self.name!r} is not registered on this node: "
-                    f"waiting for it to register on {self._waiting_on}"
+                    f"waiting for it to register on {self._waiting_on} (installed handlers: "
+                    f"{', '.join(known_handler_names()) or 'none'})"
                 ))
                 await changed.wait()
                 continue

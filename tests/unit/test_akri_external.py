@@ -171,6 +171,8 @@ async def test_an_unregistered_name_without_built_in_waits_and_says_so() -> None
     assert list(first) == []
     assert not first.ready
     assert "/var/lib/akri/agent-registration.sock" in first.message
+    assert "installed handlers: " in first.message
+    assert "debugEcho" in first.message  # a misspelt name is easy to see
     # A registration wakes it: the handler is dialled (here its socket is missing, so the
     # next verdict says it is unreachable, naming why).
     table.register(name="x", endpoint="/nonexistent/x.sock", endpoint_type=EndpointType.UDS,
