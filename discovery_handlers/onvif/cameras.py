@@ -75,6 +75,8 @@ class Camera:
     #: the XAddr chosen when first seen; kept while the camera still lists it, so a dual-stack
     #: camera heard over IPv4 and IPv6 does not flip its id (and Instance) between them
     pinned_url: str = ""
+    #: when a check last found it healthy (monotonic seconds)
+    checked_at: float = 0.0
 
     @property
     def service_url(self) -> str:

@@ -131,10 +131,14 @@ class Scanner:
             task = asyncio.create_task(self._check(camera))
             self._pass_checks[camera.match.uuid] = task
 
-    def _check_now(self, camera: Camera) -> None:
+    def _check_now(self, camera: Camera, *, late: bool = False) -> None:
         """Check a camera and publish at once (a Hello, a late answer), unless a pass is
-        checking it already."""
+        checking it already or, for a late answer (to the Probe's repeat, often), has found it
+        healthy since the pass began."""
         if camera.match.uuid in self._pass_checks:
+            return
+        fresh = camera.description is not None and camera.checked_at >= self._pass_started
+        if late and fresh and camera.healthy:
             return
         task = asyncio.create_task(self._check_and_publish(camera))
         self._hello_tasks.add(task)
@@ -178,7 +182,7 @@ class Scanner:
             if in_time:
                 self._check_in_pass(camera)
             else:
-                self._check_now(camera)
+                self._check_now(camera, late=True)
 
     def _seen(self, match: wsd_messages.Match, sender: str) -> Camera | None:
         camera = self._cameras.get(match.uuid)
@@ -230,6 +234,7 @@ class Scanner:
             if not camera.healthy:
                 log.info("camera %s answers again", camera.service_url)
             camera.healthy, camera.reason = True, ""
+            camera.checked_at = time.monotonic()
 
     def _session_for(self, camera: Camera) -> CameraSession:
         uuid = camera.match.uuid

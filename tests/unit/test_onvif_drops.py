@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
+from discovery_handlers.onvif.cameras import Description
 from discovery_handlers.onvif.details import parse_details
 from discovery_handlers.onvif.scanner import Scanner
 
@@ -69,6 +71,11 @@ async def test_a_late_answer_to_our_probe_is_checked_at_once(
     check.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await check
+    # found healthy since the pass began: the answer to the Probe's repeat starts no check
+    (camera,) = scan._cameras.values()
+    camera.description, camera.checked_at = Description(), time.monotonic()
+    scan._on_datagram(datagram("probematches-gsoap-soap12.xml", "urn:uuid:old"), "192.0.2.10")
+    assert not scan._hello_tasks
 
 
 def test_other_devices_hellos_are_only_debug(caplog: pytest.LogCaptureFixture) -> None:
