@@ -104,16 +104,32 @@ class RealNode:
             raise RuntimeError(f"the real node needs {missing} (util-linux, iproute2)")
         self.bin_dir = realnodebin.build()
         runc = realnodebin.runc()
+        self._write_files(runc)
+        self._boot(import_images=True)
+
+    def _boot(self, *, import_images: bool) -> None:
         try:
-            self._write_files(runc)
             self._make_cgroup_root()
             self._start_holder()
             self.start_containerd()
-            self._import_images()
+            if import_images:
+                self._import_images()
             self.start_kubelet()
         except BaseException:
             self.stop()
             raise
+
+    def reboot(self) -> None:
+        """A node reboot: every process of the node ends (its containers, and the processes
+        ``spawn`` started: the test starts its agent again), ``/run`` is emptied as a tmpfs is
+        (containerd's state, the CDI specs in ``/var/run/cdi``), the disk keeps what it holds
+        (the kubelet's device checkpoint, containerd's images and metadata); then containerd
+        and the kubelet start again and the Node is Ready."""
+        self.stop()
+        for tmpfs in ("/run/containerd", "/var/run/cdi"):
+            shutil.rmtree(self.host_path(tmpfs))
+            self.host_path(tmpfs).mkdir()
+        self._boot(import_images=False)
 
     def _write_files(self, runc: Path) -> None:
         for mount in config.NODE_PATHS:
@@ -261,18 +277,31 @@ class RealNode:
     def stop_kubelet(self) -> None:
         self._terminate("kubelet")
 
+    def kill_process(self, name: str) -> None:
+        """SIGKILL a process ``spawn`` started, and reap it."""
+        process = self._processes.pop(name)
+        process.kill()
+        process.wait()
+
     def stop_process(self, name: str) -> None:
         """Stop a process ``spawn`` started (SIGTERM, then SIGKILL after a grace)."""
         self._terminate(name)
 
+    def registrations(self, resource: str) -> int:
+        """How often a device plugin registered ``resource`` with this node's kubelets."""
+        return self._registrations(resource, 0)
+
+    def _registrations(self, resource: str, offset: int) -> int:
+        with self.log_path("kubelet").open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+        return sum(1 for line in text.splitlines()
+                   if REGISTRATION_LINE in line and f'"{resource}"' in line)
+
     def resource_registered(self, resource: str) -> bool:
         """Whether a device plugin registered ``resource`` with the kubelet since it started
         (the device manager's log line: the kubelet has no API that says so)."""
-        with self.log_path("kubelet").open("rb") as handle:
-            handle.seek(self._kubelet_log_offset)
-            text = handle.read().decode(errors="replace")
-        return any(REGISTRATION_LINE in line and f'"{resource}"' in line
-                   for line in text.splitlines())
+        return self._registrations(resource, self._kubelet_log_offset) > 0
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet and start it again; containerd and the containers keep running."""

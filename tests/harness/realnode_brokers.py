@@ -82,8 +82,8 @@ def broker_spec(proof: str) -> dict[str, Any]:
     }
 
 
-def _agent(node: RealNode, plane: ControlPlane, broker: Broker, *,
-           cdi_spec_dir: str | None) -> None:
+def start_agent(node: RealNode, plane: ControlPlane, broker: Broker, *,
+                cdi_spec_dir: str | None = None) -> None:
     """The agent as a process beside the kubelet (the node's mount namespace, default paths)."""
     env = {k: v for k, v in os.environ.items() if k not in AGENT_PATH_SETTINGS}
     env.update({"NODE_NAME": node.node_name, "KUBECONFIG": str(plane.kubeconfig),
@@ -103,7 +103,7 @@ def deployed(plane: ControlPlane, node: RealNode, tmp_path: Path, configuration:
     broker = Broker(namespace, instance, f"{instance}-{node.node_name}-pod",
                     f"agent-{namespace}")
     ctl = ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "ctl.log")
-    _agent(node, plane, broker, cdi_spec_dir=cdi_spec_dir)
+    start_agent(node, plane, broker, cdi_spec_dir=cdi_spec_dir)
     ctl.start()
     try:
         configuration["metadata"]["namespace"] = namespace
@@ -128,8 +128,9 @@ def container_id(found: dict[str, Any] | None) -> str | None:
     """The broker's container id once it runs and is ready."""
     if found is None or found.get("status", {}).get("phase") != "Running":
         return None
-    [status] = found["status"]["containerStatuses"]
-    return str(status["containerID"]) if status.get("ready") else None
+    statuses = found["status"].get("containerStatuses") or []  # none for a moment: a reboot
+    ready = [s for s in statuses if s.get("ready") and s.get("containerID")]
+    return str(ready[0]["containerID"]) if len(ready) == 1 else None
 
 
 async def running_container(plane: ControlPlane, broker: Broker) -> str:
