@@ -81,9 +81,10 @@ def literal_pattern(text: str) -> Pattern:
 
 
 def enumerator_safe(source: str) -> bool:
-    """True when libudev's enumeration filters (one fnmatch(3) glob, no alternatives) select
-    exactly what udev's rules match for this value: not empty, no ``|``, no backslash."""
-    return bool(source) and not any(c in source for c in "|\\")
+    """True when libudev's enumeration filters (one fnmatch(3) glob, no alternatives, in the
+    process's locale) select exactly what udev's rules match for this value: not empty, ASCII,
+    no ``|``, no backslash."""
+    return bool(source) and source.isascii() and not any(c in source for c in "|\\")
 
 
 def _glob_to_regex(glob: str) -> str:

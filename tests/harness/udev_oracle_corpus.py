@@ -144,6 +144,10 @@ CORNERS = [
     'ATTRS{blob}=="A*"',
     'ATTRS{blob}=="A[[:print:]]B"',
     'ENV{ID_SERIAL_SHORT}=="A5*", SUBSYSTEM=="tty"',
+    'SUBSYSTEM=="tty", KERNEL=="tty??0"',
+    'KERNEL=="tty??0"',
+    'KERNEL=="tty?0", SUBSYSTEM=="tty"',
+    'KERNEL=="ttyé0"',
     # subsystem aliases, tags (none in a namespace without udev's database)
     'SUBSYSTEM=="bus"',
     'SUBSYSTEM!="class", KERNEL=="null"',

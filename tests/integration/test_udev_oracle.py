@@ -87,6 +87,7 @@ def test_edgeplug_lists_what_udev_matches_in_a_umockdev_bed(
         bed.odd_attribute("1-1", "product", "café".encode())
         bed.odd_attribute("1-2", "blob", b"A\xffB")
         bed.bulk(3)
+        bed.plug("1-4", "ttyé0", "C1")  # a kernel name that is not ASCII
         run = oracle(rules, env=bed.env())
     assert _report(run, "a umockdev bed", request) == []
     by_rule = {v.rule: v for v in run.verdicts}
