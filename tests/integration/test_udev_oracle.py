@@ -86,6 +86,8 @@ def test_edgeplug_lists_what_udev_matches_in_a_umockdev_bed(
         bed.hub("1-3", 2, 5)
         bed.odd_attribute("1-1", "product", "café".encode())
         bed.odd_attribute("1-2", "blob", b"A\xffB")
+        bed.odd_attribute("1-2", "pad", b"x \t\n")  # trailing whitespace
+        bed.odd_attribute("1-2", "vtab", b"y\v")  # not whitespace to udev's stripping
         bed.bulk(3)
         bed.plug("1-4", "ttyé0", "C1")  # a kernel name that is not ASCII
         run = oracle(rules, env=bed.env())
