@@ -181,7 +181,10 @@ class ExternalHandler:
             if changed.is_set():
                 return  # another endpoint registered, or dropped: the caller looks again
             now = loop.time()
-            lost_at = None if not unreachable else now if lost_at is None else lost_at
+            if not unreachable:
+                lost_at = None  # it answered, so it is not lost
+            elif lost_at is None:
+                lost_at = now
             away = 0.0 if lost_at is None else now - lost_at
             if away >= self._grace:
                 if self._registrations.drop(registration):
