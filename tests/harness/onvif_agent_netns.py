@@ -113,6 +113,8 @@ class NetnsAgent:
             "POD_RESOURCES_SOCKET": "",
             "CDI_SPEC_DIR": "",
             "DEVICE_PLUGINS": "off",
+            # No Akri handler registration: its default directory is the machine's one.
+            "DISCOVERY_HANDLERS_DIRECTORY": "",
             "PYTHONPATH": str(REPO),
         }
         with self.log_path.open("ab") as log:
