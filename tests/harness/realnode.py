@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -53,6 +54,7 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 SOCKET_TIMEOUT_S = 30.0
+KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 REGISTRATION_LINE = "Got registration request from device plugin with resource"
 TOOLS = ("unshare", "nsenter", "mount", "ip", "sleep")
 
@@ -258,6 +260,17 @@ class RealNode:
         self._wait("kubelet", self._registered, "Node registered", START_TIMEOUT_S)
         self._publish_address()
         self._wait("kubelet", self.ready, "Node Ready", START_TIMEOUT_S)
+        self._wait("kubelet", self._serving_plugins, "kubelet.sock served", START_TIMEOUT_S)
+
+    def _serving_plugins(self) -> bool:
+        """Whether this kubelet's device plugin registration socket accepts a connection (a
+        restarted kubelet's Node is Ready in the API before it serves again)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.host_path(KUBELET_SOCKET)))
+            except OSError:
+                return False
+        return True
 
     def _registered(self) -> bool:
         return self.cp.get_json(f"/api/v1/nodes/{self.node_name}") is not None

@@ -1,0 +1,122 @@
+"""What a real node costs beside ``devicenode``: start, kubelet restart, a pod to Running.
+
+Why this exists: issue 24 puts broker tests on a real node (the kubelet itself, containerd 2,
+runc, CNI: tests/harness/realnode.py) and keeps ``devicenode`` for scale; this says what each
+costs, measured the same way in one run (bench_devicenode's three figures): a node's start
+(real node: until the Node is Ready, images imported), a kubelet restart until a test plugin's
+devices are allocatable again, and a pod bound to the node from creation to Running (real node:
+a sandbox and a busybox container really started). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from functools import partial
+from typing import cast
+
+import grpc
+import grpc.aio
+from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod
+
+from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from tests.bench.bench_devicenode import HEALTHY, POD_RUNS, RESTART_RUNS, measure, timed
+from tests.bench.stats import machine_speed_line, summary
+from tests.harness.controlplane import ControlPlane
+from tests.harness.devicenode import DeviceNode
+from tests.harness.kube_waits import in_phase, wait_allocatable, wait_pod, wait_service_account
+from tests.harness.realnode import API_SERVER_ARGS, RealNode
+from tests.harness.realnode_images import BUSYBOX_IMAGE
+from tests.harness.testplugin import TestPlugin
+
+START_RUNS = 4
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+class EnvPlugin(TestPlugin):
+    """The test plugin answering env only: its mounts' host paths (/srv/test/...) do not exist
+    here, and a real runtime, unlike devicenode, would fail the container on them."""
+
+    __test__ = False
+
+    async def Allocate(
+        self, request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        del context
+        return pb.AllocateResponse(container_responses=[
+            pb.ContainerAllocateResponse(envs={"TEST_DEVICES": ",".join(c.devices_ids)})
+            for c in request.container_requests])
+
+
+def _pod(name: str, namespace: str, node: str, resource: str) -> Pod:
+    return cast(Pod, Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sleep", "3600"], "resources": {"limits": {resource: "1"}}}]}}))
+
+
+async def measure_real(plane: ControlPlane, kube: AsyncClient,
+                       namespace: str) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {"start": [], "restart": [], "pod": []}
+    for _ in range(START_RUNS):
+        fresh = RealNode(plane, node_name=f"br-{uuid.uuid4().hex[:8]}")
+        figures["start"].append(await timed(partial(asyncio.to_thread, fresh.start)))
+        fresh.cleanup()
+    node = RealNode(plane, node_name=f"br-{uuid.uuid4().hex[:8]}")
+    node.start()
+    plugin = EnvPlugin(plugin_dir=node.host_path(PLUGIN_DIR),
+                        resource_name=f"bench.edgeplug.io/d-{node.node_name}",
+                        devices={f"d{i}": HEALTHY for i in range(POD_RUNS)})
+    try:
+        await plugin.start()
+        await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
+        for _ in range(RESTART_RUNS):
+            async def restart() -> None:
+                await asyncio.to_thread(node.restart_kubelet)
+                await plugin.stop()
+                await plugin.start()
+                await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
+            figures["restart"].append(await timed(restart))
+        for index in range(POD_RUNS):
+            name = f"p{index}-{node.node_name}"
+
+            async def run_pod(name: str = name) -> None:
+                await kube.create(_pod(name, namespace, node.node_name, plugin.resource_name))
+                await wait_pod(kube, namespace, name, lambda p: in_phase(p, "Running"),
+                               "Running")
+            figures["pod"].append(await timed(run_pod))
+    finally:
+        await plugin.stop()
+        node.cleanup()
+    return figures
+
+
+async def measure_both(plane: ControlPlane) -> None:
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    plane.kubectl("create", "namespace", namespace)
+    try:
+        await wait_service_account(kube, namespace)
+        for label, figures in (("devicenode", await measure(DeviceNode, plane, kube, namespace)),
+                               ("real node", await measure_real(plane, kube, namespace))):
+            print(summary(f"{label}: node start", figures["start"]), flush=True)
+            print(summary(f"{label}: kubelet restart until a plugin's devices are allocatable",
+                          figures["restart"]), flush=True)
+            print(summary(f"{label}: pod bound to the node, created to Running",
+                          figures["pod"]), flush=True)
+    finally:
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        await kube.close()
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.basicConfig(level=logging.WARNING)
+    print(machine_speed_line())
+    with ControlPlane(apiserver_args=API_SERVER_ARGS) as plane:
+        asyncio.run(measure_both(plane))
