@@ -66,10 +66,8 @@ def _key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
     Slice names end in their index, which restores the device order."""
     ordered = sorted(found, key=lambda s: int(str(s["metadata"]["name"]).rsplit("-", 1)[1]))
     spec0 = ordered[0]["spec"]
-    nodes = tuple(
-        term["matchFields"][0]["values"][0]
-        for term in (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms", [])
-    )
+    terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
+    nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
     devices = tuple(d for s in ordered for d in s["spec"].get("devices", []))
     plan = slices.PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
                            nodes=nodes, devices=devices)
@@ -162,13 +160,22 @@ class DraPublisher:
                 self._dirty.set()
 
     async def reconcile(self) -> None:
+        """One pass: publish every pool that changed, withdraw those no longer wanted. A pool
+        the API server refuses does not hold back the others; the first error is raised at
+        the end, so the pass is retried."""
         plan = slices.plan_node(self._node, self._instances.values())
+        failed: list[ApiError] = []
         for pool in plan.pools.values():
-            await self._publish(pool)
+            try:
+                await self._publish(pool)
+            except ApiError as error:
+                failed.append(error)
         for name in [p for p in self._written if p not in plan.pools]:
             await self._delete(self._written[name].names)
             del self._written[name]
             log.info("ResourceSlice pool withdrawn", extra={"pool": name})
+        if failed:
+            raise failed[0]
 
     async def _publish(self, plan: slices.PoolPlan) -> None:
         key = content_key(plan)

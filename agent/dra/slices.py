@@ -9,13 +9,14 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
   <node>``: one pool per Configuration per node, its slices bound to the node (``nodeName``).
 - A shared device (a network camera seen by several nodes) gets a pool of its own,
   ``<namespace>/<configuration>/shared/<instance>``, whose one slice's ``nodeSelector`` lists
-  every node of the Instance that finds it healthy. It is published once, by the lexically
-  first node of the Instance's ``spec.nodes``. The pool name does not name the publisher, so
-  when the publishing node leaves and the next one takes over, the device keeps its identity
-  (driver, pool, device name): claims already allocated it keep counting against its
-  capacity, and the scheduler never sees it twice. During a hand-over two slices of one pool
-  may exist for an instant; the scheduler ignores the older generation, and two of one
-  generation make the pool incomplete, so it allocates nothing from it rather than twice.
+  (by ``kubernetes.io/hostname``) every node of the Instance that finds it healthy. It is
+  published once, by the lexically first node of the Instance's ``spec.nodes``. The pool name
+  does not name the publisher, so when the publishing node leaves and the next one takes
+  over, the device keeps its identity (driver, pool, device name): claims already allocated
+  it keep counting against its capacity, and the scheduler never sees it twice. During a
+  hand-over two slices of one pool may exist for an instant; the scheduler ignores the older
+  generation, and two of one generation make the pool incomplete, so it allocates nothing
+  from it rather than twice.
 - Unhealthy devices (``status.unhealthy.<node>`` on the Instance) are withdrawn: a local one
   leaves its pool, a shared one drops the node from its selector and is withdrawn when no
   node finds it healthy. Device taints would keep it visible, but they are not on by default.
@@ -50,6 +51,8 @@ MAX_ATTRIBUTE_NAME: Final = 32
 MAX_STRING_VALUE: Final = 64
 MAX_DEVICE_NAME: Final = 63
 MAX_POOL_NAME: Final = 253
+#: The Node label a shared pool's selector matches (well-known, set by the kubelet).
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 #: Short names users select by, for properties whose generic name is long.
 ALIASES: Final[Mapping[str, str]] = {
     "ONVIF_DEVICE_IP_ADDRESS": "ip",
@@ -229,11 +232,12 @@ def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str) -> list[dic
         if plan.node_name:
             spec["nodeName"] = plan.node_name
         else:
-            spec["nodeSelector"] = {"nodeSelectorTerms": [
-                # matchFields allows one value per requirement; terms are ORed.
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
-                for n in plan.nodes
-            ]}
+            # One term only: the API refuses more at slice level and the scheduler refuses
+            # more per device; a node-name (matchFields) requirement holds one value. So the
+            # nodes are named by their hostname label, which the kubelet sets to the node name
+            # (docs/dra.md says where that does not hold).
+            spec["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": HOSTNAME_LABEL, "operator": "In", "values": list(plan.nodes)}]}]}
         result.append({
             "apiVersion": dra.API_VERSION,
             "kind": "ResourceSlice",

@@ -79,8 +79,8 @@ def test_shared_device_published_once_by_the_first_node_with_consumable_capacity
     assert device["capacity"][dra.CAPACITY_SLOTS]["value"] == "2"
     assert device["capacity"][dra.CAPACITY_SLOTS]["requestPolicy"]["default"] == "1"
     (body,) = slices.slice_bodies(pool, generation=3, publisher="n1")
-    terms = body["spec"]["nodeSelector"]["nodeSelectorTerms"]
-    assert [t["matchFields"][0]["values"] for t in terms] == [["n1"], ["n2"]]
+    assert body["spec"]["nodeSelector"] == {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n2"]}]}]}
     assert body["spec"]["pool"] == {"name": "ns/cam/shared/cam-abcdef", "generation": 3,
                                     "resourceSliceCount": 1}
 

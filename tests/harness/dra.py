@@ -1,0 +1,212 @@
+"""DRA on the harness: Ready nodes, agents that publish ResourceSlices, DeviceClasses, claims.
+
+Why this exists: the DRA tests drive the real kube-scheduler (its DynamicResources plugin, on by
+default in v1.36) and the real kube-controller-manager (its resourceclaim controller makes a
+pod's claim from a ResourceClaimTemplate). The scheduler places a pod only on a Ready Node,
+so the nodes here are ``NodeReporter`` Nodes with a heartbeat and no kubelet: a pod is bound
+(``spec.nodeName``) once its claim is allocated, and nothing runs it. The agents run in-process:
+discovery (``ConfigurationWatch``) plus ``DraPublisher``; the controller's ``DeviceClasses``
+runs in-process too, unless a test runs the controller process with ``--dra``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Pod
+
+from agent.dra.publisher import DraPublisher, ResourceSliceResource
+from agent.kube import as_dict
+from controller.device_classes import DeviceClasses, DeviceClassResource
+from crds import dra
+from tests.harness import agent_process
+from tests.harness.controlplane import ControlPlane
+from tests.harness.kubelet_node import NodeReporter
+
+ResourceClaimResource = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
+
+
+async def _cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def ready_nodes(client: AsyncClient, names: Sequence[str]) -> AsyncIterator[None]:
+    """Ready, untainted Nodes (heartbeat, no kubelet), deleted afterwards with their slices."""
+    reporters = [NodeReporter(client=client, node_name=n, labels={}, device_counts=dict)
+                 for n in names]
+    try:
+        for reporter in reporters:
+            await reporter.start()
+        yield
+    finally:
+        for reporter in reporters:
+            await reporter.stop(delete_node=True)
+        for name in names:
+            await delete_slices(client, name)
+
+
+async def delete_slices(client: AsyncClient, node: str) -> None:
+    async for obj in client.list(ResourceSliceResource,
+                                 labels={"edgeplug.io/node": node}):
+        with contextlib.suppress(ApiError):
+            await client.delete(ResourceSliceResource, as_dict(obj)["metadata"]["name"])
+
+
+@dataclass
+class DraAgent:
+    agent: agent_process.InProcessAgent
+    publisher: DraPublisher
+    task: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def dra_agents(cp: ControlPlane, nodes: Sequence[str], namespace: str
+                     ) -> AsyncIterator[dict[str, DraAgent]]:
+    """One in-process agent per node: discovery and the DRA publisher (no device plugins)."""
+    async with contextlib.AsyncExitStack() as stack:
+        agents: dict[str, DraAgent] = {}
+        for node in nodes:
+            agent = await stack.enter_async_context(
+                agent_process.agent_in_process(cp, node_name=node, namespace=namespace))
+            publisher = DraPublisher(client=agent.client, node_name=node, namespace=namespace)
+            task = asyncio.create_task(publisher.run(), name=f"dra-{node}")
+            agents[node] = DraAgent(agent, publisher, task)
+        try:
+            yield agents
+        finally:
+            await _cancel(a.task for a in agents.values())
+
+
+@contextlib.asynccontextmanager
+async def device_classes(client: AsyncClient, namespace: str) -> AsyncIterator[None]:
+    """The controller's DeviceClass keeper for ``namespace``, in-process."""
+    task = asyncio.create_task(DeviceClasses(client, namespaces=[namespace]).run())
+    try:
+        yield
+    finally:
+        await _cancel([task])
+
+
+async def device_class(client: AsyncClient, namespace: str, configuration: str
+                       ) -> dict[str, Any] | None:
+    try:
+        obj = await client.get(DeviceClassResource,
+                               dra.device_class_name(namespace, configuration))
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+    return as_dict(obj)
+
+
+async def pool_slices(client: AsyncClient, pool: str) -> list[dict[str, Any]]:
+    """The ResourceSlices of one pool, every generation."""
+    found = []
+    async for obj in client.list(ResourceSliceResource):
+        body = as_dict(obj)
+        if body["spec"]["pool"]["name"] == pool:
+            found.append(body)
+    return found
+
+
+def pool_devices(slices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Device name → device, over a pool's newest generation."""
+    slices = list(slices)
+    if not slices:
+        return {}
+    newest = max(s["spec"]["pool"]["generation"] for s in slices)
+    return {d["name"]: d for s in slices if s["spec"]["pool"]["generation"] == newest
+            for d in s["spec"].get("devices", [])}
+
+
+def claim_template(name: str, device_class_name: str, cel: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class_name}
+    if cel is not None:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    return {
+        "apiVersion": dra.API_VERSION, "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}},
+    }
+
+
+def claim_pod(name: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "c", "image": "busybox:1.36",
+                            "command": ["sleep", "infinity"],
+                            "resources": {"claims": [{"name": "dev"}]}}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def apply(cp: ControlPlane, namespace: str, *objects: Mapping[str, Any]) -> None:
+    cp.kubectl("apply", "-n", namespace, "-f", "-",
+               stdin="\n---\n".join(json.dumps(o) for o in objects))
+
+
+@dataclass(frozen=True)
+class PodClaim:
+    """Where the scheduler put a pod and what its claim was allocated (None: not yet)."""
+
+    node: str
+    results: tuple[Mapping[str, Any], ...]
+
+
+async def pod_claim(client: AsyncClient, namespace: str, pod: str) -> PodClaim | None:
+    """The pod's node and its claim's allocation, once the pod is bound; None before."""
+    body = as_dict(await client.get(Pod, pod, namespace=namespace))
+    node = body["spec"].get("nodeName")
+    statuses = (body.get("status") or {}).get("resourceClaimStatuses") or []
+    if not node or not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim = as_dict(await client.get(ResourceClaimResource, statuses[0]["resourceClaimName"],
+                                     namespace=namespace))
+    allocation = (claim.get("status") or {}).get("allocation")
+    if allocation is None:
+        return None
+    return PodClaim(node=node, results=tuple(allocation["devices"]["results"]))
+
+
+async def unschedulable(client: AsyncClient, namespace: str, pod: str) -> str | None:
+    """The scheduler's message when it tried and found no place for the pod; None otherwise."""
+    body = as_dict(await client.get(Pod, pod, namespace=namespace))
+    for cond in (body.get("status") or {}).get("conditions") or []:
+        if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"):
+            return str(cond.get("message") or "unschedulable")
+    return None
+
+
+async def describe(client: AsyncClient, namespace: str) -> str:
+    """Pods (node, scheduling condition) and claims (allocation) of ``namespace``, for a
+    failure message."""
+    lines = []
+    async for obj in client.list(Pod, namespace=namespace):
+        body = as_dict(obj)
+        conds = [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+                 for c in (body.get("status") or {}).get("conditions") or []]
+        lines.append(f"pod {body['metadata']['name']} node={body['spec'].get('nodeName')} "
+                     f"conditions={conds}")
+    async for claim in client.list(ResourceClaimResource, namespace=namespace):
+        data = as_dict(claim)
+        lines.append(f"claim {data['metadata']['name']} "
+                     f"allocation={(data.get('status') or {}).get('allocation')}")
+    return "\n".join(lines)
