@@ -150,12 +150,14 @@ spec:
     discoveryDetails: |
       discoveryTimeoutSeconds: 0.5
       ipAddresses: {{items: [{addresses}]}}
+{properties}"""
+CREDENTIALS = """\
     discoveryProperties:
       - name: username_default
         value: admin
       - name: password_default
         valueFrom:
-          secretKeyRef: {{name: cameras, key: password}}
+          secretKeyRef: {name: cameras, key: password}
 """
 
 
@@ -164,7 +166,8 @@ async def test_edgeplug_discover_lists_unmodified_ipycams(
 ) -> None:
     open_cam = await ipycam(bed, stoppers, 33)
     locked = await ipycam(bed, stoppers, 34, username="admin", password=PASSWORD)
-    configuration = CONFIGURATION.format(addresses=f"{open_cam.address}, {locked.address}")
+    addresses = f"{open_cam.address}, {locked.address}"
+    configuration = CONFIGURATION.format(addresses=addresses, properties=CREDENTIALS)
     status, out, err = await edgeplug_discover(
         bed, configuration, "--property", f"password_default={PASSWORD}"
     )
@@ -177,6 +180,17 @@ async def test_edgeplug_discover_lists_unmodified_ipycams(
         assert device["id"].startswith(f"{cam.service_url}-")
         assert device["properties"]["ONVIF_DEVICE_PROFILES"] == "Profile_Main,Profile_Sub"
     assert PASSWORD not in out + err
+
+    # without credentials: the locked one is still listed, bare, and the warning says why
+    bare = CONFIGURATION.format(addresses=addresses, properties="")
+    status, out, err = await edgeplug_discover(bed, bare)
+    assert status == 0, err
+    listing = json.loads(out.splitlines()[0])
+    devices = {d["properties"]["ONVIF_DEVICE_IP_ADDRESS"]: d for d in listing["devices"]}
+    assert set(devices) == {open_cam.address, locked.address}
+    assert set(devices[locked.address]["properties"]) == AKRI_PROPERTIES
+    assert f"camera {locked.service_url} (uuid " in err
+    assert "wants credentials and none are configured" in err
 
 
 async def test_ipycam_hello_and_bye_are_followed_between_passes(
