@@ -89,6 +89,10 @@ class DraPublisher:
         self.writes = 0  # API writes (applies and deletes), for the benchmarks
         self.passes = 0  # reconcile passes completed without error
 
+    def known_instances(self) -> list[Instance]:
+        """The Instances this publisher knows of now (for tests and the benchmark)."""
+        return list(self._instances.values())
+
     async def run(self) -> None:
         await self._adopt()
         async with asyncio.TaskGroup() as group:

@@ -1,0 +1,126 @@
+"""DRA objects over time: the controller's DeviceClasses follow Configurations (the controller
+process, ``--dra``); an agent restart rewrites no unchanged pool; a shared device handed from
+one publishing node to the next keeps its identity, so a claim allocated before still counts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lightkube import AsyncClient
+
+from agent.dra import slices
+from controller.device_classes import DeviceClassResource
+from crds import dra
+from crds.naming import instance_name
+from tests.harness import agent_process as harness
+from tests.harness import dra as h
+from tests.harness.controller_process import FAST_ARGS, ControllerProcess
+from tests.harness.controlplane import ControlPlane
+
+SCHEDULE_DEADLINE = 60.0
+
+
+@pytest.fixture
+def controller_args() -> tuple[str, ...]:
+    return (*FAST_ARGS, "--dra")
+
+
+async def test_the_controller_keeps_a_device_class_per_configuration(
+    controller: ControllerProcess, control_plane: ControlPlane, namespace: str,
+    kube: AsyncClient,
+) -> None:
+    cfg = harness.debug_echo_configuration("cls", descriptions=["a"])
+    harness.apply(control_plane, namespace, cfg)
+    body = await harness.eventually(lambda: h.device_class(kube, namespace, "cls"),
+                                    what="the DeviceClass of cls", deadline=30.0)
+    (selector,) = body["spec"]["selectors"]
+    assert selector["cel"]["expression"] == dra.device_selector(namespace, "cls")
+    # A class left by a Configuration deleted while no controller ran is swept at start; one
+    # whose Configuration lives is re-made if deleted by hand.
+    await kube.delete(DeviceClassResource, dra.device_class_name(namespace, "cls"))
+    controller.stop()
+    stale = dra.device_class(namespace, "gone-while-down")
+    control_plane.kubectl("apply", "-f", "-", stdin=json.dumps(stale))
+    controller.start()
+    await harness.eventually(lambda: h.device_class(kube, namespace, "cls"),
+                             what="the DeviceClass of cls again", deadline=30.0)
+
+    async def swept() -> bool:
+        return await h.device_class(kube, namespace, "gone-while-down") is None
+
+    await harness.eventually(swept, what="the stale DeviceClass deleted", deadline=30.0)
+    control_plane.kubectl("delete", "configuration", "cls", "-n", namespace)
+
+    async def deleted() -> bool:
+        return await h.device_class(kube, namespace, "cls") is None
+
+    await harness.eventually(deleted, what="the DeviceClass deleted with cls", deadline=30.0)
+
+
+async def test_an_agent_restart_rewrites_no_unchanged_pool(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient
+) -> None:
+    node = harness.new_node(control_plane)
+    harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+        "keep", descriptions=["a", "b"], shared=False))
+    pool = slices.local_pool(namespace, "keep", node)
+    try:
+        async with h.dra_agents(control_plane, [node], namespace) as agents:
+            async def published() -> bool:
+                return len(h.pool_devices(await h.pool_slices(kube, pool))) == 2
+
+            await harness.eventually(published, what=f"two devices in {pool}")
+            (before,) = await h.pool_slices(kube, pool)
+        async with h.dra_agents(control_plane, [node], namespace) as agents:
+            again = agents[node].publisher
+
+            async def settled() -> bool:
+                return again.passes >= 1 and len(again.known_instances()) == 2
+
+            await harness.eventually(settled, what="the restarted publisher's first pass")
+            assert again.writes == 0
+            (after,) = await h.pool_slices(kube, pool)
+            assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    finally:
+        await h.delete_slices(kube, node)
+
+
+async def test_a_shared_device_handed_to_the_next_node_keeps_its_claims(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient
+) -> None:
+    ns = pod_namespace
+    node_a, node_b = sorted([harness.new_node(control_plane), harness.new_node(control_plane)])
+    harness.apply(control_plane, ns, harness.debug_echo_configuration(
+        "hand", descriptions=["cam"], capacity=1))
+    name = instance_name("hand", "cam", shared=True, node=node_a)
+    pool = slices.shared_pool(ns, "hand", name)
+    async with (h.ready_nodes(kube, [node_a, node_b]), h.device_classes(kube, ns),
+                h.dra_agents(control_plane, [node_a, node_b], ns) as agents):
+        async def published_by(node: str) -> int | None:
+            found = await h.pool_slices(kube, pool)
+            mine = [s for s in found if s["metadata"]["labels"][slices.LABEL_NODE] == node]
+            return int(mine[0]["spec"]["pool"]["generation"]) if len(found) == 1 and mine \
+                else None
+
+        first = await harness.eventually(lambda: published_by(node_a), deadline=30.0,
+                                         what=f"{pool} published by {node_a}")
+        await harness.eventually(lambda: h.device_class(kube, ns, "hand"), what="class")
+        h.apply(control_plane, ns, h.claim_template("cam", dra.device_class_name(ns, "hand")),
+                h.claim_pod("holder", "cam"))
+        held = await harness.eventually(lambda: h.pod_claim(kube, ns, "holder"),
+                                        what="holder bound", deadline=SCHEDULE_DEADLINE)
+        assert [r["device"] for r in held.results] == [name]
+
+        # Node A's agent stops discovering it: B, the next node, publishes the same pool.
+        await agents[node_a].agent.watch.runs[(ns, "hand")].stop(withdraw=True)
+        second = await harness.eventually(lambda: published_by(node_b), deadline=30.0,
+                                          what=f"{pool} published by {node_b}")
+        assert second > first
+        # Capacity 1, held by the claim made before the hand-over: a new claim waits.
+        h.apply(control_plane, ns, h.claim_pod("second", "cam"))
+        why = await harness.eventually(lambda: h.unschedulable(kube, ns, "second"),
+                                       what="pod second unschedulable",
+                                       deadline=SCHEDULE_DEADLINE)
+        assert await h.pod_claim(kube, ns, "second") is None, why
