@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -67,10 +68,18 @@ class RealNode:
     """One node: holder namespaces, containerd, kubelet; extra processes via ``spawn``."""
 
     def __init__(self, cp: ControlPlane, *, node_name: str,
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None,
+                 dev_nodes: Mapping[str, tuple[int, int]] | None = None,
+                 host_dirs: Mapping[str, Path] | None = None) -> None:
+        """``dev_nodes``: character devices (name -> major, minor) the node's ``/dev`` has
+        besides the host's (hardware this machine lacks); the node's ``/dev`` is then an overlay
+        of the host's, which stays unchanged. ``host_dirs``: node path -> host directory
+        bind-mounted there (the mount point is made on the host if missing)."""
         self.cp = cp
         self.node_name = node_name
         self.labels = dict(labels or {})
+        self.dev_nodes = dict(dev_nodes or {})
+        self.host_dirs = dict(host_dirs or {})
         self.root = Path(tempfile.mkdtemp(prefix=f"ep-rn-{node_name}-"))
         self.cgroup_root = f"/edgeplug-{node_name}"
         self.bin_dir = Path()
@@ -173,6 +182,11 @@ class RealNode:
         for name in config.KUBELET_SYSCTLS:
             lines.append(f"mount --bind {self.root / 'sysctl' / _mount_name(name)} "
                          f"/proc/sys/{name}")
+        for target, source in sorted(self.host_dirs.items()):
+            lines += [f"mkdir -p {shlex.quote(target)}",
+                      f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}"]
+        if self.dev_nodes:
+            lines += self._dev_overlay()
         lines += ["echo ready", "exec sleep infinity"]
         self._holder = subprocess.Popen(
             ["unshare", "--mount", "--net", "--propagation", "private", "--",
@@ -184,6 +198,20 @@ class RealNode:
             self._holder.wait(STOP_TIMEOUT_S)
             raise RuntimeError(f"the node's namespaces could not be set up "
                                f"(exit {self._holder.returncode}):\n{self.log_tail('holder')}")
+
+    def _dev_overlay(self) -> list[str]:
+        """Shell lines: ``/dev`` becomes an overlay (the host's below, the node's nodes above),
+        its submounts (pts, shm, ...) bound again, then the node's own nodes made."""
+        base = self.root / "dev"
+        lines = [f"mkdir -p {base}/host {base}/upper {base}/work",
+                 f"mount --rbind /dev {base}/host",
+                 f"mount -t overlay overlay -o lowerdir={base}/host,upperdir={base}/upper,"
+                 f"workdir={base}/work /dev",
+                 f"for sub in pts shm mqueue hugepages; do if mountpoint -q {base}/host/$sub; "
+                 f"then mount --rbind {base}/host/$sub /dev/$sub; fi; done"]
+        for name, (major, minor) in sorted(self.dev_nodes.items()):
+            lines.append(f"mknod -m 666 /dev/{shlex.quote(name)} c {major} {minor}")
+        return lines
 
     def _log(self, name: str) -> IO[bytes]:
         handle = self.log_path(name).open("ab")

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,11 +83,12 @@ def broker_spec(proof: str) -> dict[str, Any]:
 
 
 def start_agent(node: RealNode, plane: ControlPlane, broker: Broker, *,
-                cdi_spec_dir: str | None = None) -> None:
+                cdi_spec_dir: str | None = None, extra_env: Mapping[str, str] | None = None,
+                ) -> None:
     """The agent as a process beside the kubelet (the node's mount namespace, default paths)."""
     env = {k: v for k, v in os.environ.items() if k not in AGENT_PATH_SETTINGS}
     env.update({"NODE_NAME": node.node_name, "KUBECONFIG": str(plane.kubeconfig),
-                "WATCH_NAMESPACE": broker.namespace})
+                "WATCH_NAMESPACE": broker.namespace, **(extra_env or {})})
     if cdi_spec_dir is not None:
         env["CDI_SPEC_DIR"] = cdi_spec_dir
     node.spawn(broker.agent_log, [sys.executable, "-m", "agent.main"], env=env, cwd=REPO_ROOT)
@@ -95,7 +96,8 @@ def start_agent(node: RealNode, plane: ControlPlane, broker: Broker, *,
 
 @contextlib.contextmanager
 def deployed(plane: ControlPlane, node: RealNode, tmp_path: Path, configuration: dict[str, Any],
-             instance: str, *, cdi_spec_dir: str | None = None) -> Iterator[Broker]:
+             instance: str, *, cdi_spec_dir: str | None = None,
+             agent_env: Mapping[str, str] | None = None) -> Iterator[Broker]:
     """Agent beside the kubelet, controller, and ``configuration`` (its namespace is set here)
     whose broker for ``instance`` is awaited; all stopped and the namespace deleted after."""
     namespace = f"rn-{uuid.uuid4().hex[:6]}"
@@ -103,7 +105,7 @@ def deployed(plane: ControlPlane, node: RealNode, tmp_path: Path, configuration:
     broker = Broker(namespace, instance, f"{instance}-{node.node_name}-pod",
                     f"agent-{namespace}")
     ctl = ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "ctl.log")
-    start_agent(node, plane, broker, cdi_spec_dir=cdi_spec_dir)
+    start_agent(node, plane, broker, cdi_spec_dir=cdi_spec_dir, extra_env=agent_env)
     ctl.start()
     try:
         configuration["metadata"]["namespace"] = namespace
