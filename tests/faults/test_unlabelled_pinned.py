@@ -16,17 +16,15 @@ pod Running) are printed, never asserted.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 
 import pytest
 from lightkube import AsyncClient
 
 from crds.naming import instance_resource_name
-from tests.faults.cluster import FaultCluster, delete_pod
-from tests.faults.test_shared_race import running_pods
+from tests.faults.cluster import FaultCluster
+from tests.faults.slot_turns import take_turns
 from tests.harness.agent_nodes import pinned_pod
-from tests.harness.kube_waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,8 +43,6 @@ async def test_unlabelled_pinned_pods_get_slots_freed_on_either_node(
     resource = instance_resource_name(instance)
     ns = cluster.namespace
     names = {f"{node.name}-{i}": node.name for node in (a, b) for i in range(PODS_PER_NODE)}
-    loop = asyncio.get_running_loop()
-    handoffs: list[float] = []
 
     async with cluster.recorder() as recorder:
         for name, node in names.items():
@@ -54,33 +50,10 @@ async def test_unlabelled_pinned_pods_get_slots_freed_on_either_node(
             assert pod.metadata is not None
             pod.metadata.labels = {}  # a user's own pod: pinned, not labelled
             await client.create(pod)
-        ran: set[str] = set()
-        deleted: list[str] = []
-        since = loop.time()
-        while True:
-            want = min(CAPACITY, len(names) - len(deleted))
-            now: set[str] = set()
-
-            async def all_slots_used(want: int = want, now: set[str] = now) -> bool:
-                now.clear()
-                now.update(await running_pods(client, ns))
-                assert len(now) <= CAPACITY, f"more pods run than the device has slots: {now}"
-                return len(now) == want
-
-            await wait_until(all_slots_used, what=f"{want} pods running after "
-                                                  f"{len(deleted)} deleted ({deleted})")
-            if deleted:
-                handoffs.append(loop.time() - since)
-            ran |= now
-            if ran == set(names):
-                break
-            # Empty node a first, so its freed slots must cross to node b's waiting pods.
-            victim = sorted(now, key=lambda n: (names[n] != a.name, n))[0]
-            since = loop.time()
-            await delete_pod(client, ns, victim)
-            deleted.append(victim)
-        for name in set(names) - set(deleted):
-            await delete_pod(client, ns, name)
+        # Empty node a first, so its freed slots must cross to node b's waiting pods.
+        deleted, handoffs = await take_turns(
+            client, ns, names, capacity=CAPACITY,
+            victim=lambda now, _: sorted(now, key=lambda n: (names[n] != a.name, n))[0])
         await cluster.converged(client, expected, brokers=False)
     recorder.assert_clean()
     print(f"hand-offs (pod deleted -> a waiting pod Running), {len(handoffs)}: "
