@@ -87,11 +87,13 @@ async def run_agent(
         )
     if settings.serve_dra:
         # Imported only when on: an agent without DRA carries none of it (DESIGN "Memory").
-        from agent.dra.publisher import DraPublisher
+        from agent.dra.service import serve_dra
 
-        dra = DraPublisher(client=client, node_name=settings.node_name,
-                           namespace=settings.namespace)
-        parts.append(dra.run())
+        parts.append(serve_dra(
+            client=client, node_name=settings.node_name, namespace=settings.namespace,
+            devices=devices, cdi_dir=settings.cdi_spec_dir, plugins_dir=settings.dra_plugins_dir,
+            registry_dir=settings.dra_registry_dir,
+        ))
     log.info("agent starting", extra={"node": settings.node_name})
     try:
         async with asyncio.TaskGroup() as group:
@@ -134,7 +136,7 @@ def settle_heap(settings: AgentSettings) -> None:
     if settings.serve_device_plugins:
         import agent.slots.service  # noqa: F401  (run_agent imports it; here before freezing)
     if settings.serve_dra:
-        from agent.dra.publisher import DraPublisher  # noqa: F401  (likewise)
+        from agent.dra.service import serve_dra  # noqa: F401  (likewise)
     gc.collect()
     gc.freeze()
 

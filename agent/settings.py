@@ -22,6 +22,9 @@ DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
 DEFAULT_DISCOVERY_HANDLERS_DIR = Path("/var/lib/akri")
 #: Seconds an out-of-process handler may stay unreachable before its name is free again.
 DEFAULT_EXTERNAL_HANDLER_GRACE = 300.0
+#: The kubelet's DRA plugin directories (used only with DRA=on).
+DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 HELP_WIDTH = 96
 
 
@@ -63,6 +66,12 @@ ENVIRONMENT = (
     EnvironmentVariable("DRA", "off",
                         "on: also publish this node's devices as DRA ResourceSlices "
                         "(resource.k8s.io/v1, driver edgeplug.io; docs/dra.md)"),
+    EnvironmentVariable("DRA_PLUGINS_DIR", str(DEFAULT_DRA_PLUGINS_DIR),
+                        "with DRA=on: the kubelet's plugins directory (the DRA service socket "
+                        "and the prepared-claims record go under edgeplug.io/)"),
+    EnvironmentVariable("DRA_REGISTRY_DIR", str(DEFAULT_DRA_REGISTRY_DIR),
+                        "with DRA=on: the kubelet's plugins_registry directory; empty: no "
+                        "kubelet DRA plugin (slices only)"),
 )
 
 
@@ -89,6 +98,8 @@ class AgentSettings:
     discovery_handlers_dir: Path | None = None
     external_handler_grace: float = DEFAULT_EXTERNAL_HANDLER_GRACE
     serve_dra: bool = False
+    dra_plugins_dir: Path = DEFAULT_DRA_PLUGINS_DIR
+    dra_registry_dir: Path | None = DEFAULT_DRA_REGISTRY_DIR
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -109,6 +120,7 @@ class AgentSettings:
         pod_resources = env.get("POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET))
         cdi_dir = env.get("CDI_SPEC_DIR", str(DEFAULT_CDI_SPEC_DIR))
         handlers_dir = env.get("DISCOVERY_HANDLERS_DIRECTORY", str(DEFAULT_DISCOVERY_HANDLERS_DIR))
+        registry = env.get("DRA_REGISTRY_DIR", str(DEFAULT_DRA_REGISTRY_DIR))
         try:
             grace = float(env.get("EXTERNAL_HANDLER_GRACE_SECONDS")
                           or DEFAULT_EXTERNAL_HANDLER_GRACE)
@@ -127,6 +139,8 @@ class AgentSettings:
             discovery_handlers_dir=Path(handlers_dir) if handlers_dir else None,
             external_handler_grace=grace,
             serve_dra=env.get("DRA", "off").lower() == "on",
+            dra_plugins_dir=Path(env.get("DRA_PLUGINS_DIR") or DEFAULT_DRA_PLUGINS_DIR),
+            dra_registry_dir=Path(registry) if registry else None,
         )
 
 

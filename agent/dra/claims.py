@@ -1,0 +1,187 @@
+"""Prepared claims: which of this node's devices a claim was allocated, the CDI spec that gives
+them to its containers, and the on-disk record that makes prepare and unprepare idempotent
+across agent restarts.
+
+Why this exists: the kubelet's DRA manager calls ``NodePrepareResources`` with only a claim's
+namespace, name and uid; the allocation (driver, pool, device per request) is in the claim's
+status, written by the scheduler. This module maps an allocation result back to the
+``NodeDevice`` it names (device name and pool as ``agent.dra.slices`` published them) and
+writes one CDI spec per claim (``edgeplug.io-claim_<uid>.json``, kind ``edgeplug.io/claim``):
+one CDI device per allocated device, named ``<uid>-<index>``, with what ``Allocate`` would give
+a container for it (device nodes, mounts, environment). For a handler that composes the
+environment of several devices (``ComposingHandler``) the composed environment of all the
+claim's devices goes in the spec-wide edits and none in the devices', so one device's value
+never overrides the composed one.
+
+The record (``Checkpoint``) is one JSON file rewritten atomically after every change: a claim
+prepared before a restart answers with the same CDI ids even if its device has since gone, and
+unprepare after a restart still removes the spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from agent.cdi_specs import CDI_VERSION, FILE_PREFIX
+from agent.dra import slices
+from agent.node_devices import NodeDevice
+from agent.slots.backends import container_allocation
+from crds import dra
+from discovery_handlers.contract import ComposingHandler
+
+CDI_KIND: Final = f"{dra.DRIVER}/claim"
+
+
+class PrepareError(Exception):
+    """A claim this node cannot prepare; the message goes back to the kubelet."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocation result of a claim, for this driver."""
+
+    request: str
+    pool: str
+    device: str
+
+
+def results_for_driver(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
+    """The claim's allocation results that name this driver (others are another driver's)."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise PrepareError("the claim is not allocated")
+    return [
+        AllocatedDevice(request=str(r.get("request", "")), pool=str(r["pool"]),
+                        device=str(r["device"]))
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if r.get("driver") == dra.DRIVER
+    ]
+
+
+def find_device(devices: Iterable[NodeDevice], node: str, wanted: AllocatedDevice
+                ) -> NodeDevice | None:
+    """The device this node serves under ``wanted``'s pool and device name, if any."""
+    for candidate in devices:
+        if slices.device_name(candidate.instance) != wanted.device:
+            continue
+        pools = (slices.local_pool(candidate.namespace, candidate.configuration, node),
+                 slices.shared_pool(candidate.namespace, candidate.configuration,
+                                    candidate.instance))
+        if wanted.pool in pools:
+            return candidate
+    return None
+
+
+def cdi_device_name(uid: str, index: int) -> str:
+    return f"{uid}-{index}"
+
+
+def cdi_id(uid: str, index: int) -> str:
+    return f"{CDI_KIND}={cdi_device_name(uid, index)}"
+
+
+def claim_spec(uid: str, devices: Sequence[NodeDevice]) -> dict[str, Any]:
+    """The CDI spec for one claim's devices (in allocation order)."""
+    composing = bool(devices) and isinstance(devices[0].handler, ComposingHandler)
+    entries = []
+    for index, device in enumerate(devices):
+        got = container_allocation([device])
+        edits: dict[str, Any] = {}
+        if not composing and got.envs:
+            edits["env"] = [f"{k}={v}" for k, v in sorted(got.envs.items())]
+        if got.device_specs:
+            edits["deviceNodes"] = [
+                {"path": s.container_path, "hostPath": s.host_path, "permissions": s.permissions}
+                for s in got.device_specs]
+        if got.mounts:
+            edits["mounts"] = [
+                {"hostPath": m.host_path, "containerPath": m.container_path,
+                 "options": ["bind", "ro"] if m.read_only else ["bind"]}
+                for m in got.mounts]
+        entries.append({"name": cdi_device_name(uid, index), "containerEdits": edits})
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": entries}
+    if composing:
+        envs = container_allocation(list(devices)).envs
+        spec["containerEdits"] = {"env": [f"{k}={v}" for k, v in sorted(envs.items())]}
+    return spec
+
+
+def claim_spec_path(directory: Path, uid: str) -> Path:
+    return directory / f"{FILE_PREFIX}claim_{uid}.json"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` at ``path`` through a temporary file and a rename: a reader (the runtime, the
+    next agent) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+
+
+class Checkpoint:
+    """Claims prepared on this node, by uid, kept in one JSON file."""
+
+    VERSION: Final = 1
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.claims: dict[str, PreparedClaim] = self._load()
+
+    def _load(self) -> dict[str, PreparedClaim]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        if data.get("version") != self.VERSION:
+            raise ValueError(f"{self.path}: checkpoint version {data.get('version')!r} unknown")
+        return {
+            uid: PreparedClaim(
+                namespace=c["namespace"], name=c["name"],
+                devices=tuple(PreparedDevice(request=d["request"], pool=d["pool"],
+                                             device=d["device"], cdi_ids=tuple(d["cdi_ids"]))
+                              for d in c["devices"]))
+            for uid, c in data["claims"].items()
+        }
+
+    def put(self, uid: str, claim: PreparedClaim) -> None:
+        self.claims[uid] = claim
+        self._save()
+
+    def drop(self, uid: str) -> None:
+        if self.claims.pop(uid, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        body = {"version": self.VERSION,
+                "claims": {uid: asdict(c) for uid, c in sorted(self.claims.items())}}
+        write_atomically(self.path, json.dumps(body, indent=1, sort_keys=True))

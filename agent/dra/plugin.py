@@ -1,0 +1,241 @@
+"""The agent as a DRA kubelet plugin: registration in ``plugins_registry`` and the ``dra/v1``
+``DRAPlugin`` service, both over Unix sockets.
+
+Why this exists: once the scheduler allocated a claim one of this node's devices, the kubelet's
+DRA manager asks the driver named in the allocation (``edgeplug.io``) to prepare it before the
+pod's containers start, and to unprepare it when the pod is gone. The kubelet finds the driver
+through its plugin watcher: a socket in ``/var/lib/kubelet/plugins_registry`` serving
+``pluginregistration.Registration``, whose ``GetInfo`` names the driver, the service socket
+(``/var/lib/kubelet/plugins/edgeplug.io/dra.sock``) and the version ``v1.DRAPlugin``.
+
+Prepare, per claim: read the claim (its allocation is in its status), find each allocated
+device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
+hook, write the claim's CDI spec, record the claim, and answer the CDI ids. A claim already
+recorded answers from the record (the kubelet calls again after its own restart, and after
+ours). Unprepare removes the spec and the record; an unknown claim is already unprepared.
+A failure of one claim is reported in that claim's ``error`` and leaves the others alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from grpc import aio
+from lightkube import ApiError, AsyncClient
+from lightkube.generic_resource import create_namespaced_resource
+
+from agent.dra import claims as cl
+from agent.kube import as_dict
+from agent.kubeletapi import dra_v1_pb2 as pb
+from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
+from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
+from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
+from agent.node_devices import NodeDevice, NodeDeviceTable
+from crds import dra
+from discovery_handlers.contract import PreparingHandler
+
+log = logging.getLogger(__name__)
+
+ResourceClaimResource = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
+
+PLUGIN_TYPE: Final = "DRAPlugin"
+SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin",)
+SERVICE_SOCKET: Final = "dra.sock"
+CHECKPOINT_FILE: Final = "claims.json"
+#: In-flight calls get this long to finish when the plugin stops.
+STOP_GRACE_SECONDS: Final = 0.5
+
+
+def registration_socket(registry_dir: Path) -> Path:
+    return registry_dir / f"{dra.DRIVER}-reg.sock"
+
+
+class ClaimPreparer:
+    """Prepares and unprepares claims on this node; the gRPC layer only translates."""
+
+    def __init__(self, *, client: AsyncClient, node_name: str, devices: NodeDeviceTable,
+                 cdi_dir: Path | None, state_dir: Path) -> None:
+        self._client = client
+        self._node = node_name
+        self._devices = devices
+        self._cdi_dir = cdi_dir
+        self.checkpoint = cl.Checkpoint(state_dir / CHECKPOINT_FILE)
+        self._lock = asyncio.Lock()
+
+    async def prepare(self, namespace: str, name: str, uid: str) -> cl.PreparedClaim:
+        async with self._lock:
+            known = self.checkpoint.claims.get(uid)
+            if known is not None:
+                return known
+            if self._cdi_dir is None:
+                raise cl.PrepareError("this agent writes no CDI specs (CDI_SPEC_DIR is empty)")
+            claim = await self._read_claim(namespace, name, uid)
+            wanted = cl.results_for_driver(claim)
+            table = self._devices.snapshot().values()
+            found: list[NodeDevice] = []
+            for result in wanted:
+                device = cl.find_device(table, self._node, result)
+                if device is None:
+                    raise cl.PrepareError(f"device {result.device} of pool {result.pool} is "
+                                          f"not served on node {self._node}")
+                if not device.healthy:
+                    raise cl.PrepareError(f"device {result.device} is unhealthy: "
+                                          f"{device.health.reason}")
+                found.append(device)
+            await _run_prepare_hook(found)
+            cl.write_atomically(cl.claim_spec_path(self._cdi_dir, uid),
+                                json.dumps(cl.claim_spec(uid, found), indent=1))
+            prepared = cl.PreparedClaim(namespace=namespace, name=name, devices=tuple(
+                cl.PreparedDevice(request=r.request, pool=r.pool, device=r.device,
+                                  cdi_ids=(cl.cdi_id(uid, i),))
+                for i, r in enumerate(wanted)))
+            self.checkpoint.put(uid, prepared)
+            log.info("claim prepared", extra={"claim": f"{namespace}/{name}", "uid": uid,
+                                              "devices": [r.device for r in wanted]})
+            return prepared
+
+    async def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        async with self._lock:
+            if self._cdi_dir is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    cl.claim_spec_path(self._cdi_dir, uid).unlink()
+            if uid in self.checkpoint.claims:
+                self.checkpoint.drop(uid)
+                log.info("claim unprepared", extra={"claim": f"{namespace}/{name}", "uid": uid})
+
+    async def _read_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        try:
+            claim = as_dict(await self._client.get(ResourceClaimResource, name,
+                                                   namespace=namespace))
+        except ApiError as error:
+            raise cl.PrepareError(f"cannot read claim {namespace}/{name}: "
+                                  f"{error.status.message}") from error
+        if claim["metadata"].get("uid") != uid:
+            raise cl.PrepareError(f"claim {namespace}/{name} has another uid now (re-created)")
+        return claim
+
+
+async def _run_prepare_hook(devices: Sequence[NodeDevice]) -> None:
+    """The handlers' ``prepare`` hooks, once per Configuration with its devices of the claim."""
+    groups: dict[tuple[str, str], list[NodeDevice]] = {}
+    for device in devices:
+        groups.setdefault((device.namespace, device.configuration), []).append(device)
+    for group in groups.values():
+        first = group[0]
+        if isinstance(first.handler, PreparingHandler):
+            try:
+                await first.handler.prepare(first.details, [d.device for d in group])
+            except Exception as error:
+                names = ", ".join(d.instance for d in group)
+                raise cl.PrepareError(f"preparing {names} failed: {error}") from error
+
+
+class _DraService(pb_grpc.DRAPluginServicer):
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        self._preparer = preparer
+
+    async def NodePrepareResources(
+        self, request: pb.NodePrepareResourcesRequest, context: Any,
+    ) -> pb.NodePrepareResourcesResponse:
+        answers: dict[str, pb.NodePrepareResourceResponse] = {}
+        for claim in request.claims:
+            try:
+                prepared = await self._preparer.prepare(claim.namespace, claim.name, claim.uid)
+            except cl.PrepareError as error:
+                log.warning("claim not prepared", extra={
+                    "claim": f"{claim.namespace}/{claim.name}", "error": str(error)})
+                answers[claim.uid] = pb.NodePrepareResourceResponse(error=str(error))
+                continue
+            answers[claim.uid] = pb.NodePrepareResourceResponse(devices=[
+                pb.Device(request_names=[d.request] if d.request else [], pool_name=d.pool,
+                          device_name=d.device, cdi_device_ids=list(d.cdi_ids))
+                for d in prepared.devices])
+        return pb.NodePrepareResourcesResponse(claims=answers)
+
+    async def NodeUnprepareResources(
+        self, request: pb.NodeUnprepareResourcesRequest, context: Any,
+    ) -> pb.NodeUnprepareResourcesResponse:
+        answers: dict[str, pb.NodeUnprepareResourceResponse] = {}
+        for claim in request.claims:
+            try:
+                await self._preparer.unprepare(claim.namespace, claim.name, claim.uid)
+                answers[claim.uid] = pb.NodeUnprepareResourceResponse()
+            except OSError as error:
+                answers[claim.uid] = pb.NodeUnprepareResourceResponse(error=str(error))
+        return pb.NodeUnprepareResourcesResponse(claims=answers)
+
+
+class _Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, endpoint: Path) -> None:
+        self._endpoint = endpoint
+        self.registered = asyncio.Event()
+        self.last_error = ""
+
+    async def GetInfo(
+        self, request: reg_pb.InfoRequest, context: Any,
+    ) -> reg_pb.PluginInfo:
+        return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=dra.DRIVER, endpoint=str(self._endpoint),
+                                 supported_versions=list(SUPPORTED_VERSIONS))
+
+    async def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: Any,
+    ) -> reg_pb.RegistrationStatusResponse:
+        if request.plugin_registered:
+            self.registered.set()
+            log.info("DRA plugin registered with the kubelet")
+        else:
+            self.last_error = request.error
+            log.warning("the kubelet refused the DRA plugin: %s", request.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+class DraKubeletPlugin:
+    """Both sockets, served until cancelled; the sockets are removed on the way out."""
+
+    def __init__(self, *, preparer: ClaimPreparer, plugins_dir: Path, registry_dir: Path
+                 ) -> None:
+        self.preparer = preparer
+        self.service_socket = plugins_dir / dra.DRIVER / SERVICE_SOCKET
+        self.registration_socket = registration_socket(registry_dir)
+        self.registration = _Registration(self.service_socket)
+
+    async def run(self) -> None:
+        servers: list[tuple[aio.Server, Path]] = []
+        try:
+            service = aio.server()
+            pb_grpc.add_DRAPluginServicer_to_server(_DraService(self.preparer), service)
+            servers.append((await _serve(service, self.service_socket), self.service_socket))
+            registration = aio.server()
+            reg_grpc.add_RegistrationServicer_to_server(self.registration, registration)
+            servers.append((await _serve(registration, self.registration_socket),
+                            self.registration_socket))
+            log.info("DRA kubelet plugin serving", extra={
+                "socket": str(self.service_socket),
+                "registration": str(self.registration_socket)})
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            for server, path in reversed(servers):
+                await server.stop(STOP_GRACE_SECONDS)
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
+
+def _fresh_socket(socket: Path) -> None:
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        socket.unlink()  # a stale socket of an earlier run
+
+
+async def _serve(server: aio.Server, socket: Path) -> aio.Server:
+    _fresh_socket(socket)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server

@@ -1,0 +1,142 @@
+"""The agent's DRA kubelet plugin, called over its Unix sockets as the kubelet calls it.
+
+The gRPC client here stands for the kubelet's plugin watcher (GetInfo and
+NotifyRegistrationStatus on the socket in ``plugins_registry``) and the kubelet's DRA manager
+(NodePrepareResources / NodeUnprepareResources on the registered endpoint), speaking the
+kubelet's own ``dra/v1`` and ``pluginregistration/v1`` wire API; the kubelet itself is not in
+this harness yet. The claims are real: made by the kube-controller-manager from a template and
+allocated by the kube-scheduler from the agent's ResourceSlices. The CDI specs are checked and
+resolved by the CDI project's Go module (``tests.harness.cdi``), as containerd would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc.aio
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
+
+from agent.dra import claims as cl
+from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
+from agent.kube import as_dict
+from agent.kubeletapi import dra_v1_pb2 as pb
+from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
+from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
+from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
+from agent.node_devices import NodeDeviceTable
+from crds import dra
+from crds.naming import instance_name
+from tests.harness import agent_process as harness
+from tests.harness import cdi
+from tests.harness import dra as h
+from tests.harness.controlplane import ControlPlane
+
+SCHEDULE_DEADLINE = 60.0
+
+
+@contextlib.asynccontextmanager
+async def plugin_running(preparer: ClaimPreparer, tmp: Path) -> AsyncIterator[DraKubeletPlugin]:
+    plugin = DraKubeletPlugin(preparer=preparer, plugins_dir=tmp / "plugins",
+                              registry_dir=tmp / "plugins_registry")
+    task = asyncio.create_task(plugin.run())
+    try:
+        await harness.eventually(lambda: _exists(plugin.registration_socket),
+                                 what="the registration socket")
+        yield plugin
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)
+
+
+async def _allocated_claim(kube: AsyncClient, ns: str, pod: str) -> pb.Claim:
+    await harness.eventually(lambda: h.pod_claim(kube, ns, pod), what=f"pod {pod} bound",
+                             deadline=SCHEDULE_DEADLINE)
+    body = as_dict(await kube.get(Pod, pod, namespace=ns))
+    name = body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = as_dict(await kube.get(h.ResourceClaimResource, name, namespace=ns))
+    return pb.Claim(namespace=ns, name=name, uid=claim["metadata"]["uid"])
+
+
+async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    ns = pod_namespace
+    node = harness.new_node(control_plane)
+    cdi_dir = tmp_path / "cdi"
+    harness.apply(control_plane, ns, harness.debug_echo_configuration(
+        "echo", descriptions=["lamp", "fan"], shared=False, broker_properties={"ROOM": "7"}))
+    lamp = instance_name("echo", "lamp", shared=False, node=node)
+    async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
+                h.dra_agents(control_plane, [node], ns) as agents):
+        devices = agents[node].agent.devices
+        preparer = ClaimPreparer(client=kube, node_name=node, devices=devices, cdi_dir=cdi_dir,
+                                 state_dir=tmp_path / "plugins" / dra.DRIVER)
+        cel = f'device.attributes["{dra.DRIVER}"].description == "lamp"'
+        await harness.eventually(lambda: h.device_class(kube, ns, "echo"), what="class")
+        h.apply(control_plane, ns,
+                h.claim_template("lamp", dra.device_class_name(ns, "echo"), cel),
+                h.claim_pod("user", "lamp"))
+        claim = await _allocated_claim(kube, ns, "user")
+
+        async with plugin_running(preparer, tmp_path) as plugin:
+            # The plugin watcher's side: what the driver says about itself.
+            async with grpc.aio.insecure_channel(f"unix:{plugin.registration_socket}") as ch:
+                registration = reg_grpc.RegistrationStub(ch)
+                info = await registration.GetInfo(reg_pb.InfoRequest())
+                assert (info.type, info.name, list(info.supported_versions)) == (
+                    "DRAPlugin", "edgeplug.io", ["v1.DRAPlugin"])
+                assert info.endpoint == str(plugin.service_socket)
+                await registration.NotifyRegistrationStatus(
+                    reg_pb.RegistrationStatus(plugin_registered=True))
+                assert plugin.registration.registered.is_set()
+
+            # The DRA manager's side: prepare the claim, plus one that does not exist.
+            ghost = pb.Claim(namespace=ns, name="ghost", uid="00000000-0000-0000-0000-0")
+            async with grpc.aio.insecure_channel(f"unix:{info.endpoint}") as channel:
+                stub = pb_grpc.DRAPluginStub(channel)
+                answer = await stub.NodePrepareResources(
+                    pb.NodePrepareResourcesRequest(claims=[claim, ghost]))
+                assert "cannot read claim" in answer.claims[ghost.uid].error
+                mine = answer.claims[claim.uid]
+                assert mine.error == ""
+                (device,) = mine.devices
+                assert (device.device_name, list(device.request_names)) == (lamp, ["dev"])
+                ids = list(device.cdi_device_ids)
+                assert ids == [cl.cdi_id(claim.uid, 0)]
+                again = await stub.NodePrepareResources(
+                    pb.NodePrepareResourcesRequest(claims=[claim]))
+                assert again.claims[claim.uid] == mine
+
+        names, errors = cdi.validate([cdi_dir])
+        assert errors == {}
+        assert names == ids
+        edits = cdi.resolve([cdi_dir], ids)
+        suffix = lamp.rpartition("-")[2].upper()
+        assert edits.env == {"DEBUG_ECHO_DESCRIPTION": "lamp", f"DEBUG_ECHO_DESCRIPTION_{suffix}":
+                             "lamp", "ROOM": "7", f"ROOM_{suffix}": "7"}
+
+        # An agent restart with an empty device table: the record answers, unprepare cleans.
+        restarted = ClaimPreparer(client=kube, node_name=node, devices=NodeDeviceTable(),
+                                  cdi_dir=cdi_dir, state_dir=tmp_path / "plugins" / dra.DRIVER)
+        async with (plugin_running(restarted, tmp_path) as plugin,
+                    grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):
+            stub = pb_grpc.DRAPluginStub(channel)
+            after = await stub.NodePrepareResources(
+                pb.NodePrepareResourcesRequest(claims=[claim]))
+            assert after.claims[claim.uid] == mine
+            for _ in range(2):  # the second time: already unprepared, still no error
+                gone = await stub.NodeUnprepareResources(
+                    pb.NodeUnprepareResourcesRequest(claims=[claim]))
+                assert gone.claims[claim.uid].error == ""
+            assert not cl.claim_spec_path(cdi_dir, claim.uid).exists()
+            assert restarted.checkpoint.claims == {}
+        assert cl.Checkpoint(tmp_path / "plugins" / dra.DRIVER / "claims.json").claims == {}
