@@ -14,10 +14,16 @@ are a marker. The agent finds it with real libudev (a udev rule on ``SUBSYSTEM==
 KERNEL=="loopN"``); its CDI spec names ``/dev/loopN`` as a device node; containerd creates that
 node in the broker's container and allows it in the device cgroup, and the broker (busybox)
 reads the marker from it: ``UDEV_DEVNODE``, ``ls -l`` showing a block device, the marker.
+
+ONVIF and OPC-UA: the camera simulator and asyncua servers on loopback, as in the emulated
+tests; the agent beside the kubelet (the host's network) finds them; the broker proves the env
+it got (``ONVIF_DEVICE_SERVICE_URL``, ``OPCUA_DISCOVERY_URL``, ...). It cannot reach them: the
+node's pods live in the node's own network namespace.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import shutil
 import subprocess
@@ -31,9 +37,13 @@ import pytest
 import yaml
 
 from crds.naming import instance_name
+from tests.e2e.test_onvif_brokers import onvif_configuration
+from tests.e2e.test_opcua_brokers import opcua_configuration
 from tests.harness.agent_process import debug_echo_configuration
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import until
+from tests.harness.onvif_netns import camera, start_cameras
+from tests.harness.opcua_servers import VALUE_IDENTIFIER, TestServer
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
     allocates,
@@ -151,3 +161,58 @@ async def test_udev_broker_reads_the_loop_device_it_was_given(
             assert listing.startswith("b"), f"a block device node in the container: {listing}"
             assert f"edgeplug-read:{marker.decode()}" in out, "the broker read the device"
             assert allocates(node, broker) == 1
+
+
+async def test_onvif_broker_gets_the_camera_url_and_stream(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    """The ONVIF camera simulator on loopback (probed by unicast), as in the emulated test; the
+    agent beside the kubelet reaches it; the broker proves its env (it cannot reach the camera:
+    the node's pods live in the node's network namespace)."""
+    wsd_port, http_port = free_port(), free_port()
+    password = "realnode-camera-password"
+    cam = camera(1, "127.0.0.1", port=http_port, username="admin", password=password,
+                 profiles=[{"token": "main", "name": "Main",
+                            "uri": f"rtsp://admin:{password}@127.0.0.1:8554/main"}])
+    cameras = await start_cameras(None, None, {
+        "multicast": False, "wsd_bind": "127.0.0.1", "wsd_port": wsd_port,
+        "http_port": http_port, "cameras": [cam]}, workdir=tmp_path)
+    url = f"http://127.0.0.1:{http_port}/onvif/1/device_service"
+    cfg = onvif_configuration("unused", wsd_port)
+    cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cams"},
+              "data": {"password": base64.b64encode(password.encode()).decode()}}
+    inst = instance_name("cams", f"{url}-{cam['uuid']}", shared=True, node=node.node_name)
+    try:
+        with deployed(plane, node, tmp_path, cfg, inst, before=[secret]) as broker:
+            await running_container(plane, broker)
+            out = await broker_log(plane, broker)
+            env = logged_env(out)
+            assert env["ONVIF_DEVICE_SERVICE_URL"] == url
+            assert env["ONVIF_DEVICE_UUID"] == cam["uuid"]
+            assert env["ONVIF_STREAM_URI"] == "rtsp://127.0.0.1:8554/main"
+            assert password not in out, "the camera's password is not in the broker's env"
+    finally:
+        await cameras.stop()
+
+
+async def test_opcua_broker_gets_the_server_url(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    """asyncua servers and a discovery server on loopback, as in the emulated test; the broker
+    proves its env (it cannot reach the server from the node's network namespace)."""
+    lds = await TestServer("lds", discovery=True).start()
+    line1 = await TestServer("line-1", register_to=lds.url).start()
+    try:
+        cfg = opcua_configuration("unused", lds.url)
+        cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
+        inst = instance_name("plcs", line1.url, shared=True, node=node.node_name)
+        with deployed(plane, node, tmp_path, cfg, inst) as broker:
+            await running_container(plane, broker)
+            env = logged_env(await broker_log(plane, broker))
+            assert env["OPCUA_DISCOVERY_URL"] == line1.url
+            assert env["OPCUA_APPLICATION_NAME"] == "line-1"
+            assert env["IDENTIFIER"] == VALUE_IDENTIFIER, "the Configuration's broker property"
+    finally:
+        await line1.stop()
+        await lds.stop()

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,9 +97,11 @@ def start_agent(node: RealNode, plane: ControlPlane, broker: Broker, *,
 @contextlib.contextmanager
 def deployed(plane: ControlPlane, node: RealNode, tmp_path: Path, configuration: dict[str, Any],
              instance: str, *, cdi_spec_dir: str | None = None,
-             agent_env: Mapping[str, str] | None = None) -> Iterator[Broker]:
-    """Agent beside the kubelet, controller, and ``configuration`` (its namespace is set here)
-    whose broker for ``instance`` is awaited; all stopped and the namespace deleted after."""
+             agent_env: Mapping[str, str] | None = None,
+             before: Sequence[dict[str, Any]] = ()) -> Iterator[Broker]:
+    """Agent beside the kubelet, controller, the ``before`` objects and ``configuration`` (their
+    namespace is set here), whose broker for ``instance`` the test awaits; all stopped and the
+    namespace deleted after."""
     namespace = f"rn-{uuid.uuid4().hex[:6]}"
     plane.kubectl("create", "namespace", namespace)
     broker = Broker(namespace, instance, f"{instance}-{node.node_name}-pod",
@@ -108,8 +110,9 @@ def deployed(plane: ControlPlane, node: RealNode, tmp_path: Path, configuration:
     start_agent(node, plane, broker, cdi_spec_dir=cdi_spec_dir, extra_env=agent_env)
     ctl.start()
     try:
-        configuration["metadata"]["namespace"] = namespace
-        apply(plane, configuration)
+        for obj in (*before, configuration):  # ``before``: e.g. the Configuration's Secret
+            obj["metadata"]["namespace"] = namespace
+            apply(plane, obj)
         yield broker
     finally:
         ctl.stop()
