@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.bench import bench_agent_memory
 from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
 from tests.bench.stats import percentile, summary
-from tests.harness.agent_process import apply, debug_echo_configuration
+from tests.harness.agent_process import api_client, apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
 
 APPEAR_RUNS = 20
@@ -47,6 +48,8 @@ EXTRA_DEVICES = 10
 RPC_TIMEOUT_S = 10.0
 #: How long the emulator's own ``wait_for`` may take for plugins to stream again.
 STREAM_DEADLINE_S = 30.0
+#: Field manager of the publish floor's bare client.
+FLOOR_MANAGER = "edgeplug-bench-floor"
 
 
 def _write(path: Path, text: str) -> None:
@@ -87,8 +90,48 @@ async def _appear_once(node: BenchNode, availability: Path, *, run: int,
     return exists - started, allocatable - started
 
 
+def _absent(node: BenchNode, name: str) -> bool:
+    return name not in node.state.instances
+
+
+async def publish_floor(node: BenchNode, name: str, runs: int) -> list[float]:
+    """The floor of "device online → Instance exists": one server-side apply of the body the
+    agent applies for ``name`` (same spec, owner and size; another name, and a node that does
+    not exist so the agent leaves it alone) by a bare lightkube client, until the same watch
+    sees it. Each run deletes it afterwards (untimed)."""
+    agent_made = node.state.instances[name]
+    spec = {k: v for k, v in agent_made["spec"].items() if k != "deviceUsage"}
+    client = api_client(node.plane)
+    samples: list[float] = []
+    try:
+        for run in range(runs + 1):  # the first one (untimed) connects the client
+            floor_name = f"{name}-floor{run}"
+            body = {
+                "apiVersion": agent_made["apiVersion"], "kind": agent_made["kind"],
+                "metadata": {"name": floor_name, "namespace": node.namespace,
+                             "ownerReferences": agent_made["metadata"]["ownerReferences"]},
+                "spec": {**spec, "nodes": [f"{node.name}-floor"]},
+            }
+            started = time.monotonic()
+            await client.patch(InstanceResource, floor_name, body, namespace=node.namespace,
+                               patch_type=PatchType.APPLY, field_manager=FLOOR_MANAGER,
+                               force=True)
+            seen = await node.state.until(partial(operator.contains, node.state.instances,
+                                                  floor_name),
+                                          what=f"floor run {run}: Instance {floor_name}")
+            if run:
+                samples.append(seen - started)
+            await client.delete(InstanceResource, floor_name, namespace=node.namespace)
+            await node.state.until(partial(_absent, node, floor_name),
+                                   what=f"floor run {run}: Instance {floor_name} deleted")
+    finally:
+        await client.close()
+    return samples
+
+
 async def bench_appear(node: BenchNode, availability: Path) -> None:
-    """1. availability file rewritten → Instance ADDED (watch) → allocatable on the Node.
+    """1. availability file rewritten → Instance ADDED (watch) → allocatable on the Node, and
+    beside it the floor (``publish_floor``) and the ratio of the medians.
 
     Settled runs bring the device back once its plugins finished stopping; flapping runs as
     soon as the Instance is gone and the Node shows 0 (teardown may still be in progress)."""
@@ -96,6 +139,9 @@ async def bench_appear(node: BenchNode, availability: Path) -> None:
     resource = instance_resource_name(name)
     await node.state.until(lambda: node.state.allocatable.get(resource) == "1",
                            what=f"{resource}=1 allocatable before the first run")
+    floor = await publish_floor(node, name, APPEAR_RUNS)
+    print(summary("  floor: bare client's server-side apply of the same body → Instance "
+                  "exists (watch)", floor))
     for settle, runs in ((True, APPEAR_RUNS), (False, FLAP_RUNS)):
         to_instance, to_allocatable = [], []
         for run in range(runs):
@@ -107,6 +153,8 @@ async def bench_appear(node: BenchNode, availability: Path) -> None:
         kind = "settled" if settle else "flapping"
         print(f"  {kind}:")
         print(summary("    device online → Instance exists (watch)", to_instance))
+        print(f"    ratio Instance exists / floor: median "
+              f"{percentile(to_instance, 0.5) / percentile(floor, 0.5):.1f}x")
         print(summary("    Instance exists → allocatable on Node (watch)", between))
         print(summary("    device online → allocatable on Node [target median ≤ 500 ms]",
                       to_allocatable))
