@@ -12,7 +12,8 @@ generation and only when all ``resourceSliceCount`` of them are there, so it see
 or the new one, never a mixture. A pool this process has not written yet (at start, or a shared
 device handed over from another node) first has its slices listed by label, so the generation
 only grows. An unchanged pool is never written: a restart that finds its slices as it left them
-writes nothing.
+writes nothing. A slice of ours that somebody else deletes (the kubelet, at its start, wipes
+slices of drivers not registered in time) is written again.
 
 Slice names carry the publisher (``slices.slice_name`` over pool and node), so during a
 hand-over the old publisher's delete can never remove the new publisher's slice.
@@ -97,6 +98,7 @@ class DraPublisher:
         await self._adopt()
         async with asyncio.TaskGroup() as group:
             group.create_task(self._watch())
+            group.create_task(self._watch_own_slices())
             group.create_task(self._reconcile_loop())
 
     # -- input ------------------------------------------------------------------------------
@@ -114,6 +116,27 @@ class DraPublisher:
             else:
                 self._instances[key] = instance
             self._dirty.set()
+
+    async def _watch_own_slices(self) -> None:
+        """A slice of ours deleted by someone else (the kubelet wipes a node's slices when it
+        starts and a driver has not registered in time; a user) is written again by the next
+        pass, with a higher generation."""
+        async for kind, obj in watching.watch(
+            self._client, ResourceSliceResource, what="own ResourceSlices",
+            labels={slices.LABEL_NODE: slices.node_label(self._node)},
+        ):
+            if kind != "DELETED":
+                continue
+            body = as_dict(obj)
+            pool = body["spec"]["pool"]["name"]
+            written = self._written.get(pool)
+            if written is not None and body["metadata"]["name"] in written.names:
+                # Kept with no content: rewritten at the next pass, one generation higher.
+                self._written[pool] = Written(generation=written.generation,
+                                              names=written.names, key="")
+                log.info("own ResourceSlice deleted by someone else; publishing again",
+                         extra={"pool": pool, "slice": body["metadata"]["name"]})
+                self._dirty.set()
 
     async def _list_instances(self) -> None:
         namespace = self._namespace if self._namespace is not None else "*"
@@ -176,7 +199,7 @@ class DraPublisher:
                 failed.append(error)
         for name in [p for p in self._written if p not in plan.pools]:
             await self._delete(self._written[name].names)
-            del self._written[name]
+            self._written.pop(name, None)  # the watch may have dropped it meanwhile
             log.info("ResourceSlice pool withdrawn", extra={"pool": name})
         if failed:
             raise failed[0]

@@ -104,7 +104,7 @@ async def test_a_shared_device_handed_to_the_next_node_keeps_its_claims(
             return int(mine[0]["spec"]["pool"]["generation"]) if len(found) == 1 and mine \
                 else None
 
-        first = await harness.eventually(lambda: published_by(node_a), deadline=30.0,
+        await harness.eventually(lambda: published_by(node_a), deadline=30.0,
                                          what=f"{pool} published by {node_a}")
         await harness.eventually(lambda: h.device_class(kube, ns, "hand"), what="class")
         h.apply(control_plane, ns, h.claim_template("cam", dra.device_class_name(ns, "hand")),
@@ -115,12 +115,37 @@ async def test_a_shared_device_handed_to_the_next_node_keeps_its_claims(
 
         # Node A's agent stops discovering it: B, the next node, publishes the same pool.
         await agents[node_a].agent.watch.runs[(ns, "hand")].stop(withdraw=True)
-        second = await harness.eventually(lambda: published_by(node_b), deadline=30.0,
-                                          what=f"{pool} published by {node_b}")
-        assert second > first
+        await harness.eventually(lambda: published_by(node_b), deadline=30.0,
+                                 what=f"{pool} published by {node_b} alone")
         # Capacity 1, held by the claim made before the hand-over: a new claim waits.
         h.apply(control_plane, ns, h.claim_pod("second", "cam"))
         why = await harness.eventually(lambda: h.unschedulable(kube, ns, "second"),
                                        what="pod second unschedulable",
                                        deadline=SCHEDULE_DEADLINE)
         assert await h.pod_claim(kube, ns, "second") is None, why
+
+
+async def test_a_slice_deleted_by_someone_else_is_published_again(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient
+) -> None:
+    """As the kubelet does at its start for drivers that have not registered in time."""
+    node = harness.new_node(control_plane)
+    harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+        "wiped", descriptions=["a"], shared=False))
+    pool = slices.local_pool(namespace, "wiped", node)
+    try:
+        async with h.dra_agents(control_plane, [node], namespace):
+            async def generation() -> int | None:
+                found = await h.pool_slices(kube, pool)
+                return int(found[0]["spec"]["pool"]["generation"]) if len(found) == 1 else None
+
+            first = await harness.eventually(generation, what=f"{pool} published")
+            await h.delete_slices(kube, node)
+
+            async def again() -> int | None:
+                now = await generation()
+                return now if now is not None and now > first else None
+
+            await harness.eventually(again, what=f"{pool} published again, newer")
+    finally:
+        await h.delete_slices(kube, node)
