@@ -1,0 +1,126 @@
+"""On a real node: a pod gets its device through DRA, end to end.
+
+The agent runs beside the kubelet with ``DRA=on`` and default paths: it publishes the node's
+ResourceSlice and registers its DRA plugin in the node's ``/var/lib/kubelet/plugins_registry``.
+A pod asks for a device through a ResourceClaimTemplate selecting it by attribute: the real
+kube-controller-manager makes the claim, the real kube-scheduler allocates it, the real
+kubelet's DRA manager calls the agent's ``NodePrepareResources`` over the registered socket and
+hands the returned CDI id to containerd, which resolves it from the agent's claim spec in the
+node's ``/var/run/cdi``. What the container got is read from inside it (``kubectl logs`` of a
+busybox printing its env). The kubelet restarts (the plugin registers again, the container
+runs on); the pod is deleted (the kubelet unprepares the claim and the spec goes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from crds import dra
+from crds.naming import instance_name
+from tests.harness import dra as h
+from tests.harness.agent_process import debug_echo_configuration
+from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import until, wait_service_account
+from tests.harness.realnode import RealNode
+from tests.harness.realnode_brokers import (
+    END_MARK,
+    ENV_MARK,
+    Broker,
+    logged_env,
+    node,
+    plane,
+    start_agent,
+)
+from tests.harness.realnode_images import BUSYBOX_IMAGE
+
+__all__ = ["node", "plane"]  # the module fixtures
+
+#: A first start builds the node's binaries once (minutes, cached after).
+pytestmark = pytest.mark.timeout(1500)
+REGISTERED = "DRA plugin registered with the kubelet"
+
+
+def _pod(name: str, template: str) -> dict[str, Any]:
+    script = f"echo {ENV_MARK}; env | sort; echo {END_MARK}; exec sleep 3600"
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", script],
+                            "resources": {"claims": [{"name": "dev"}]}}],
+        },
+    }
+
+
+def _phase(plane: ControlPlane, ns: str, pod: str) -> dict[str, Any] | None:
+    out = plane.kubectl("get", "pod", pod, "-n", ns, "-o", "json", check=False).stdout
+    return json.loads(out) if out else None
+
+
+def _running(plane: ControlPlane, ns: str, pod: str) -> str | None:
+    found = _phase(plane, ns, pod) or {}
+    statuses = found.get("status", {}).get("containerStatuses") or []
+    ready = [s for s in statuses if s.get("ready") and s.get("containerID")]
+    return str(ready[0]["containerID"]) if len(ready) == 1 else None
+
+
+async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    ns = f"dra-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", ns)
+    agent_log = f"agent-{ns}"
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    lamp = instance_name("echo", "lamp", shared=False, node=node.node_name)
+    try:
+        await wait_service_account(kube, ns)
+        start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={"DRA": "on"})
+        async with h.device_classes(kube, ns):
+            cfg = debug_echo_configuration("echo", descriptions=["lamp", "fan"], shared=False)
+            h.apply(plane, ns, cfg)
+            await until(lambda: REGISTERED in node.log_tail(agent_log, 1000),
+                        what="the agent's DRA plugin registered with the kubelet", within=60)
+            cel = f'device.attributes["{dra.DRIVER}"].description == "lamp"'
+            started = time.monotonic()
+            h.apply(plane, ns, h.claim_template("lamp", dra.device_class_name(ns, "echo"), cel),
+                    _pod("user", "lamp"))
+            container = await until(lambda: _running(plane, ns, "user"),
+                                    what="pod user Running with its claim", within=120)
+            print(f"figure: claim template + pod applied -> Running through DRA on the real "
+                  f"node {time.monotonic() - started:.1f} s")
+            out = await until(lambda: _logs(plane, ns, "user"), what="user's env in its log")
+            env = logged_env(out)
+            assert env["DEBUG_ECHO_DESCRIPTION"] == "lamp", "from the claim's CDI spec"
+            specs = list(node.host_path("/var/run/cdi").glob("edgeplug.io-claim_*.json"))
+            assert len(specs) == 1, "one CDI spec for the one claim, in the node's /var/run/cdi"
+            assert "claim prepared" in node.log_tail(agent_log, 1000)
+
+            node.restart_kubelet()
+            await until(lambda: node.log_tail(agent_log, 1000).count(REGISTERED) >= 2,
+                        what="the plugin registered with the restarted kubelet", within=90)
+            assert _running(plane, ns, "user") == container, "the container ran on"
+
+            plane.kubectl("delete", "pod", "user", "-n", ns, "--wait=false")
+            await until(lambda: not any(node.host_path("/var/run/cdi").glob(
+                "edgeplug.io-claim_*.json")), what="the claim's CDI spec removed", within=90)
+            assert "claim unprepared" in node.log_tail(agent_log, 1000)
+    finally:
+        node.stop_process(agent_log)
+        print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
+        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        await h.delete_slices(kube, node.node_name)
+        await kube.close()
+
+
+def _logs(plane: ControlPlane, ns: str, pod: str) -> str | None:
+    out = plane.kubectl("logs", "-n", ns, pod, check=False).stdout
+    return out if END_MARK in out else None
