@@ -78,10 +78,11 @@ bench: install
 # A file target: a second `make images` (or `make test`) with no input changed runs nothing.
 images: $(IMAGES_STAMP)
 
+# The record takes the time the build started, so an input edited during the build is newer.
 $(IMAGES_STAMP): $(IMAGE_INPUTS) | aptdeps $(VENV_STAMP)
-	rm -f $(IMAGES_DIR)/.built-*
+	mkdir -p $(IMAGES_DIR) && rm -f $(IMAGES_DIR)/.built-* && touch $(IMAGES_DIR)/.building
 	PYTHON=$(CURDIR)/$(VENV_PY) deploy/images/build-oci.sh $(IMAGES_DIR)
-	touch $@
+	mv $(IMAGES_DIR)/.building $@
 
 # What the two commands made in the working tree. The control-plane and Helm binaries in
 # ~/.cache/edgeplug stay (a rebuild is minutes); `make clean-cache` removes them too.
