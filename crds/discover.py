@@ -4,7 +4,8 @@ Why this exists: before applying a Configuration a user wants to know what it fi
 udev rule match the radio, does the camera filter keep the right cameras? This runs the named
 handler here, with no cluster, and prints each device as the agent would publish it: device id,
 Instance name, CDI name, properties (the Configuration's ``brokerProperties`` merged; any value
-carrying a Secret's value masked), device nodes, mounts and health. ``--watch`` prints every
+carrying a Secret's value masked), device nodes, mounts, health and the DRA attributes the
+device would carry with DRA on (``crds.dra.attributes``). ``--watch`` prints every
 change. Bad ``discoveryDetails`` exit with status 2 and the handler's message naming the field.
 
 Discovery properties read from Secrets or ConfigMaps (``valueFrom``) cannot be read without a
@@ -26,6 +27,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from crds import dra
 from crds.api import CONFIGURATION_KIND
 from crds.configuration import Configuration, ValueSourceKind
 from crds.naming import cdi_name, instance_digest, instance_name
@@ -107,6 +109,11 @@ def describe(
     for device in devices:
         digest = instance_digest(device.id, shared=shared, node=node)
         properties = {**device.properties, **configuration.spec.broker_properties}
+        name = instance_name(configuration.name, device.id, shared=shared, node=node)
+        shown = {k: _masked(v, secrets) for k, v in properties.items()}
+        attrs = dra.attributes(namespace=configuration.namespace or "default",
+                               configuration=configuration.name, instance=name,
+                               properties=shown, reserved=1 if shared else 0)
         rows.append({
             "id": device.id,
             "instance": instance_name(configuration.name, device.id, shared=shared, node=node),
@@ -124,6 +131,9 @@ def describe(
                  "readOnly": m.read_only}
                 for m in device.mounts
             ],
+            # With DRA on (docs/dra.md): what claims can select by, and what did not fit.
+            "draAttributes": dict(sorted(attrs.values.items())),
+            "draLeftOut": list(attrs.left_out),
         })
     return rows
 
@@ -148,6 +158,10 @@ def print_text(out: TextIO, header: str, rows: Sequence[Mapping[str, Any]]) -> N
         for mount in row["mounts"]:
             mode = "ro" if mount["readOnly"] else "rw"
             print(f"    mount {mount['hostPath']} -> {mount['containerPath']} ({mode})", file=out)
+        for key, value in row["draAttributes"].items():
+            print(f"    DRA attribute {key}={value}", file=out)
+        for key in row["draLeftOut"]:
+            print(f"    DRA: property {key} left out (over the API's limits)", file=out)
     out.flush()
 
 

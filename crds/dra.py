@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from crds.api import GROUP
@@ -35,6 +38,20 @@ ANNOTATION_CONFIGURATION: Final = f"{GROUP}/configuration"
 #: Object names are DNS subdomains: at most 253 characters.
 DNS_SUBDOMAIN_MAX: Final = 253
 _DIGEST_CHARS: Final = 16
+#: The API's limits on a device's attributes (k8s.io/api/resource/v1 validation).
+MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
+MAX_ATTRIBUTE_NAME: Final = 32
+MAX_STRING_VALUE: Final = 64
+#: Short names users select by, for properties whose generic name is long (the long name is
+#: published too).
+ALIASES: Final[Mapping[str, str]] = {
+    "ONVIF_DEVICE_IP_ADDRESS": "ip",
+    "ONVIF_DEVICE_MAC_ADDRESS": "mac",
+    "ONVIF_DEVICE_UUID": "uuid",
+    "DEBUG_ECHO_DESCRIPTION": "description",
+    "UDEV_DEVNODE": "devnode",
+}
+_NOT_IDENT: Final = re.compile(r"[^a-z0-9_]")
 
 
 def digest(text: str, chars: int = _DIGEST_CHARS) -> str:
@@ -78,3 +95,41 @@ def device_class(namespace: str, configuration: str) -> dict[str, Any]:
         "metadata": meta,
         "spec": {"selectors": [{"cel": {"expression": device_selector(namespace, configuration)}}]},
     }
+
+
+def attribute_name(prop: str) -> str:
+    """``ONVIF_DEVICE_IP_ADDRESS`` → ``onvif_device_ip_address`` (may still be too long):
+    lower case, characters outside ``[a-z0-9_]`` as ``_``, a leading digit prefixed by ``_``."""
+    name = _NOT_IDENT.sub("_", prop.lower())
+    return f"_{name}" if not name or name[0].isdigit() else name
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """A device's DRA attributes (all strings) and the properties that did not fit."""
+
+    values: Mapping[str, str]
+    left_out: tuple[str, ...] = ()
+
+
+def attributes(*, namespace: str, configuration: str, instance: str,
+               properties: Mapping[str, str], reserved: int = 0) -> Attributes:
+    """What a device is published with: ``namespace``, ``configuration``, ``instance``, then
+    each property under its alias and its ``attribute_name``, as long as the name, the value
+    and the count stay within the API's limits (``reserved`` places kept for capacities); a
+    property that got no attribute at all is left out."""
+    values: dict[str, str] = {
+        ATTR_NAMESPACE: namespace, ATTR_CONFIGURATION: configuration, ATTR_INSTANCE: instance,
+    }
+    room = MAX_ATTRIBUTES_AND_CAPACITIES - reserved
+    candidates = [(ALIASES[p], p) for p in sorted(properties) if p in ALIASES]
+    candidates += [(attribute_name(p), p) for p in sorted(properties)]
+    placed: set[str] = set()
+    for name, prop in candidates:
+        value = properties[prop]
+        if (len(name) <= MAX_ATTRIBUTE_NAME and len(value) <= MAX_STRING_VALUE
+                and name not in values and len(values) < room):
+            values[name] = value
+            placed.add(prop)
+    return Attributes(values=values, left_out=tuple(p for p in sorted(properties)
+                                                    if p not in placed))

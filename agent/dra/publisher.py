@@ -45,6 +45,10 @@ ResourceSliceResource = create_global_resource(
 
 #: After a pass that failed in part (an API error), the next one comes this soon.
 RETRY_SECONDS: Final = 1.0
+#: A pass starts at least this long after the last pass that wrote: a burst of Instance changes
+#: (a Configuration with 200 devices appearing) is written as a few pool rewrites, not one per
+#: Instance, while a change after a quiet spell is written at once.
+MIN_PASS_INTERVAL: Final = 0.5
 #: Instances are listed afresh this often, as a net under missed watch deletions.
 RESYNC_SECONDS: Final = 300.0
 
@@ -89,6 +93,7 @@ class DraPublisher:
         self._relist = asyncio.Event()
         self.writes = 0  # API writes (applies and deletes), for the benchmarks
         self.passes = 0  # reconcile passes completed without error
+        self._last_write = float("-inf")  # start of the last pass that wrote
 
     def known_instances(self) -> list[Instance]:
         """The Instances this publisher knows of now (for tests and the benchmark)."""
@@ -174,13 +179,18 @@ class DraPublisher:
                     await self._dirty.wait()
             except TimeoutError:
                 self._relist.set()
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(max(0.0, self._last_write + MIN_PASS_INTERVAL - loop.time()))
             self._dirty.clear()
+            started, writes = loop.time(), self.writes
             try:
                 if self._relist.is_set():
                     self._relist.clear()
                     await self._list_instances()
                 await self.reconcile()
                 self.passes += 1
+                if self.writes != writes:
+                    self._last_write = started
             except ApiError as error:
                 log.warning("ResourceSlice pass failed (%s); retrying", watching.describe(error))
                 await asyncio.sleep(RETRY_SECONDS)

@@ -19,15 +19,12 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
   from it rather than twice.
 - Unhealthy devices (``status.unhealthy.<node>`` on the Instance) are withdrawn: a local one
   leaves its pool, a shared one drops the node from its selector and is withdrawn when no
-  node finds it healthy. Device taints would keep it visible, but they are not on by default.
+  node finds it healthy. Device taints are not used.
 
-Attributes: ``namespace``, ``configuration`` and ``instance``, then one string attribute per
-property (the Instance's ``brokerProperties``), named by ``attribute_name``: lower-cased, every
-character outside ``[a-z0-9_]`` replaced by ``_``, a leading digit prefixed with ``_``; a few
-well-known properties also get a short alias (``ALIASES``: ``ip`` for
-``ONVIF_DEVICE_IP_ADDRESS``). A property is left out (and counted) when its name is longer
-than 32 characters, its value longer than 64, two properties map to one name, or the device
-already has 32 attributes and capacities (the API's limits).
+Attributes: ``crds.dra.attributes`` (the mapping users select by lives with the API):
+``namespace``, ``configuration``, ``instance``, then each property of the Instance (its
+``brokerProperties``) under a short alias where one exists and its lower-cased name; what does
+not fit the API's limits is left out and counted.
 
 Shared devices: ``allowMultipleAllocations: true`` and a consumable capacity ``slots`` of the
 Instance's ``capacity`` whose ``requestPolicy`` makes each claim take one unit by default
@@ -46,29 +43,11 @@ from crds.instance import Instance
 
 #: The API's limits (k8s.io/api/resource/v1 validation).
 MAX_DEVICES_PER_SLICE: Final = 128
-MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
-MAX_ATTRIBUTE_NAME: Final = 32
-MAX_STRING_VALUE: Final = 64
 MAX_DEVICE_NAME: Final = 63
 MAX_POOL_NAME: Final = 253
 #: The Node label a shared pool's selector matches (well-known, set by the kubelet).
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-#: Short names users select by, for properties whose generic name is long.
-ALIASES: Final[Mapping[str, str]] = {
-    "ONVIF_DEVICE_IP_ADDRESS": "ip",
-    "ONVIF_DEVICE_MAC_ADDRESS": "mac",
-    "ONVIF_DEVICE_UUID": "uuid",
-    "DEBUG_ECHO_DESCRIPTION": "description",
-    "UDEV_DEVNODE": "devnode",
-}
-_NOT_IDENT: Final = re.compile(r"[^a-z0-9_]")
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def attribute_name(prop: str) -> str:
-    """``ONVIF_DEVICE_IP_ADDRESS`` → ``onvif_device_ip_address`` (may still be too long)."""
-    name = _NOT_IDENT.sub("_", prop.lower())
-    return f"_{name}" if not name or name[0].isdigit() else name
 
 
 def device_name(instance: str) -> str:
@@ -92,34 +71,12 @@ def shared_pool(namespace: str, configuration: str, instance: str) -> str:
     return _pool_name(namespace, configuration, "shared", instance)
 
 
-@dataclass(frozen=True)
-class Attributes:
-    """A device's DRA attributes and the properties that did not fit."""
-
-    values: Mapping[str, str]
-    left_out: tuple[str, ...] = ()
-
-
-def attributes(instance: Instance, *, reserved: int = 0) -> Attributes:
-    """The attributes of one Instance's device; ``reserved`` slots are kept for capacities."""
-    values: dict[str, str] = {
-        dra.ATTR_NAMESPACE: instance.namespace,
-        dra.ATTR_CONFIGURATION: instance.spec.configuration_name,
-        dra.ATTR_INSTANCE: instance.name,
-    }
-    room = MAX_ATTRIBUTES_AND_CAPACITIES - reserved
-    props = instance.spec.broker_properties
-    candidates = [(ALIASES[p], p) for p in sorted(props) if p in ALIASES]
-    candidates += [(attribute_name(p), p) for p in sorted(props)]
-    placed: set[str] = set()
-    for name, prop in candidates:
-        value = props[prop]
-        if (len(name) <= MAX_ATTRIBUTE_NAME and len(value) <= MAX_STRING_VALUE
-                and name not in values and len(values) < room):
-            values[name] = value
-            placed.add(prop)
-    left_out = [p for p in sorted(props) if p not in placed]
-    return Attributes(values=values, left_out=tuple(left_out))
+def attributes(instance: Instance, *, reserved: int = 0) -> dra.Attributes:
+    """The attributes of one Instance's device (``crds.dra.attributes``)."""
+    return dra.attributes(namespace=instance.namespace,
+                          configuration=instance.spec.configuration_name,
+                          instance=instance.name, properties=instance.spec.broker_properties,
+                          reserved=reserved)
 
 
 @dataclass(frozen=True)

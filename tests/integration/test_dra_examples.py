@@ -10,7 +10,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from agent.dra import slices
+from crds import dra
 from tests.harness.controlplane import ControlPlane
 
 EXAMPLES = resources.files("crds").joinpath("examples", "dra")
@@ -42,7 +42,7 @@ def test_example_is_accepted_and_selects_a_published_attribute(
     if prop is None:
         assert used == set()
     else:
-        published = {slices.attribute_name(prop), slices.ALIASES.get(prop, "")}
+        published = {dra.attribute_name(prop), dra.ALIASES.get(prop, "")}
         assert used, "the example selects by an attribute"
         assert used <= published, (used, published)
     assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]

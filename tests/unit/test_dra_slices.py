@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
 from agent.dra import slices
 from agent.settings import AgentSettings
-from crds import dra
+from crds import discover, dra
 from crds.instance import Instance, InstanceSpec
+from discovery_handlers.contract import Device
 
 
 def instance(name: str, *, nodes: tuple[str, ...] = ("n1",), shared: bool = False,
@@ -29,7 +32,7 @@ def instance(name: str, *, nodes: tuple[str, ...] = ("n1",), shared: bool = Fals
     ("1WIRE", "_1wire"),
 ])
 def test_attribute_names(prop: str, attr: str) -> None:
-    assert slices.attribute_name(prop) == attr
+    assert dra.attribute_name(prop) == attr
 
 
 def test_attributes_alias_identity_and_left_out() -> None:
@@ -49,8 +52,8 @@ def test_attributes_alias_identity_and_left_out() -> None:
 def test_attributes_stop_at_the_api_limit_with_room_for_capacity() -> None:
     props = {f"P{i:02d}": str(i) for i in range(40)}
     attrs = slices.attributes(instance("x-000000", props=props), reserved=1)
-    assert len(attrs.values) == slices.MAX_ATTRIBUTES_AND_CAPACITIES - 1
-    assert len(attrs.left_out) == 40 - (slices.MAX_ATTRIBUTES_AND_CAPACITIES - 1 - 3)
+    assert len(attrs.values) == dra.MAX_ATTRIBUTES_AND_CAPACITIES - 1
+    assert len(attrs.left_out) == 40 - (dra.MAX_ATTRIBUTES_AND_CAPACITIES - 1 - 3)
 
 
 def test_local_devices_one_pool_per_configuration_bound_to_the_node() -> None:
@@ -115,3 +118,21 @@ def test_names_that_do_not_fit_become_digests() -> None:
 def test_dra_is_off_unless_asked() -> None:
     assert AgentSettings.from_env({"NODE_NAME": "n1"}).serve_dra is False
     assert AgentSettings.from_env({"NODE_NAME": "n1", "DRA": "on"}).serve_dra is True
+
+
+def test_discover_prints_the_attributes_a_device_would_carry() -> None:
+    example = Path(discover.__file__).parent / "examples" / "onvif.yaml"
+    configuration = discover.load_configuration(example)
+    device = Device(id="cam", properties={"ONVIF_DEVICE_IP_ADDRESS": "10.0.0.7",
+                                          "ONVIF_DEVICE_SERVICE_URL": "http://" + "x" * 80,
+                                          "TOKEN": "s3cret-token"})
+    (row,) = discover.describe(configuration, [device], shared=True, node="n1",
+                               secrets=[b"s3cret"])
+    assert row["draAttributes"]["ip"] == "10.0.0.7"
+    assert row["draAttributes"]["onvif_device_ip_address"] == "10.0.0.7"
+    assert row["draAttributes"]["token"] == discover.MASK, "a Secret's value stays masked"
+    assert row["draLeftOut"] == ["ONVIF_DEVICE_SERVICE_URL"]
+    out = io.StringIO()
+    discover.print_text(out, "#", [row])
+    assert "DRA attribute ip=10.0.0.7" in out.getvalue()
+    assert "DRA: property ONVIF_DEVICE_SERVICE_URL left out" in out.getvalue()
