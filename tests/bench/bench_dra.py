@@ -161,6 +161,15 @@ async def _memory(plane: ControlPlane, *, dra_on: bool) -> None:
         harness.apply(plane, node.namespace, harness.debug_echo_configuration(
             "mem", descriptions=names))
         await _ready(node, INSTANCES)
+        if dra_on:  # the proof that DRA runs in this agent: its slices hold every device
+            async def published() -> bool:
+                found = [s async for s in _own_slices(node.client, node.name)]
+                return sum(len(s["spec"]["devices"]) for s in found) == INSTANCES
+
+            await harness.eventually(published, what=f"{INSTANCES} devices in the agent's "
+                                     "slices", deadline=DEADLINE_S)
+            registry = directory / "registry" / "edgeplug.io-reg.sock"
+            assert registry.exists(), "the DRA kubelet plugin's registration socket"
         await _read_memory(node.pid, f"{INSTANCES} Instances, DRA {'on' if dra_on else 'off'}",
                            target=TARGET_MIB)
 
