@@ -6,7 +6,7 @@ Why this exists: the kubelet's DRA manager calls ``NodePrepareResources`` with o
 namespace, name and uid; the allocation (driver, pool, device per request) is in the claim's
 status, written by the scheduler. This module maps an allocation result back to the
 ``NodeDevice`` it names (device name and pool as ``agent.dra.slices`` published them) and
-writes one CDI spec per claim (``edgeplug.io-claim_<uid>.json``, kind ``edgeplug.io/claim``):
+writes one CDI spec per claim (``edgeplug.io_claim-<uid>.json``, kind ``edgeplug.io/claim``):
 one CDI device per allocated device, named ``<uid>-<index>``, with what ``Allocate`` would give
 a container for it (device nodes, mounts, environment). For a handler that composes the
 environment of several devices (``ComposingHandler``) the composed environment of all the
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from agent.cdi_specs import CDI_VERSION, FILE_PREFIX
+from agent.cdi_specs import CDI_VERSION
 from agent.dra import slices
 from agent.node_devices import NodeDevice
 from agent.slots.backends import container_allocation
@@ -113,8 +113,14 @@ def claim_spec(uid: str, devices: Sequence[NodeDevice]) -> dict[str, Any]:
     return spec
 
 
+#: Claim specs' file prefix: not ``cdi_specs.FILE_PREFIX``, whose files an agent sweeps at
+#: start; a prepared claim's spec must outlive the agent (a container of the claim's pod that
+#: restarts later is resolved from it again).
+CLAIM_FILE_PREFIX: Final = f"{dra.DRIVER}_claim-"
+
+
 def claim_spec_path(directory: Path, uid: str) -> Path:
-    return directory / f"{FILE_PREFIX}claim_{uid}.json"
+    return directory / f"{CLAIM_FILE_PREFIX}{uid}.json"
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -8,7 +8,9 @@ kubelet's DRA manager calls the agent's ``NodePrepareResources`` over the regist
 hands the returned CDI id to containerd, which resolves it from the agent's claim spec in the
 node's ``/var/run/cdi``. What the container got is read from inside it (``kubectl logs`` of a
 busybox printing its env). The kubelet restarts (the plugin registers again, the container
-runs on); the pod is deleted (the kubelet unprepares the claim and the spec goes).
+runs on); the agent restarts (the claim's spec stays); the pod is deleted (the kubelet
+unprepares the claim through the new agent process and the spec goes). A pod asking the same
+agent's device plugin for the other device gives the figure to compare with.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ def _pod(name: str, template: str) -> dict[str, Any]:
     }
 
 
+def _plugin_pod(name: str, resource: str) -> dict[str, Any]:
+    pod = _pod(name, "")
+    del pod["spec"]["resourceClaims"]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}}
+    return pod
+
+
 def _phase(plane: ControlPlane, ns: str, pod: str) -> dict[str, Any] | None:
     out = plane.kubectl("get", "pod", pod, "-n", ns, "-o", "json", check=False).stdout
     return json.loads(out) if out else None
@@ -100,18 +109,40 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
             out = await until(lambda: _logs(plane, ns, "user"), what="user's env in its log")
             env = logged_env(out)
             assert env["DEBUG_ECHO_DESCRIPTION"] == "lamp", "from the claim's CDI spec"
-            specs = list(node.host_path("/var/run/cdi").glob("edgeplug.io-claim_*.json"))
+            specs = list(node.host_path("/var/run/cdi").glob("edgeplug.io_claim-*.json"))
             assert len(specs) == 1, "one CDI spec for the one claim, in the node's /var/run/cdi"
             assert "claim prepared" in node.log_tail(agent_log, 1000)
+
+            # The same agent's device plugin, for the other device, same node: the figure to
+            # compare with (the plugin is registered, as the DRA plugin was above).
+            fan = instance_name("echo", "fan", shared=False, node=node.node_name)
+            await until(lambda: node.resource_registered(f"edgeplug.io/{fan}"),
+                        what=f"edgeplug.io/{fan} registered", within=60)
+            started = time.monotonic()
+            h.apply(plane, ns, _plugin_pod("classic", f"edgeplug.io/{fan}"))
+            await until(lambda: _running(plane, ns, "classic"),
+                        what="pod classic Running with its device plugin", within=120)
+            print(f"figure: pod applied -> Running through the device plugin on the real node "
+                  f"{time.monotonic() - started:.1f} s")
 
             node.restart_kubelet()
             await until(lambda: node.log_tail(agent_log, 1000).count(REGISTERED) >= 2,
                         what="the plugin registered with the restarted kubelet", within=90)
             assert _running(plane, ns, "user") == container, "the container ran on"
 
+            # The agent restarts with the claim prepared: the new process registers, and the
+            # kubelet's unprepare through it removes the claim's spec.
+            node.stop_process(agent_log)
+            agent_log = f"{agent_log}-again"
+            start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={"DRA": "on"})
+            await until(lambda: REGISTERED in node.log_tail(agent_log, 1000),
+                        what="the restarted agent's DRA plugin registered", within=60)
+            assert _running(plane, ns, "user") == container, "the container ran on"
+            assert specs[0].exists(), "the claim's spec outlives the agent"
+
             plane.kubectl("delete", "pod", "user", "-n", ns, "--wait=false")
             await until(lambda: not any(node.host_path("/var/run/cdi").glob(
-                "edgeplug.io-claim_*.json")), what="the claim's CDI spec removed", within=90)
+                "edgeplug.io_claim-*.json")), what="the claim's CDI spec removed", within=90)
             assert "claim unprepared" in node.log_tail(agent_log, 1000)
     finally:
         node.stop_process(agent_log)
