@@ -73,10 +73,19 @@ def _key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
     spec0 = ordered[0]["spec"]
     terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
     nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
-    devices = tuple(d for s in ordered for d in s["spec"].get("devices", []))
+    devices = tuple(_as_written(d) for s in ordered for d in s["spec"].get("devices", []))
     plan = slices.PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
                            nodes=nodes, devices=devices)
     return plan.name, content_key(plan), int(spec0["pool"]["generation"])
+
+
+def _as_written(device: Mapping[str, Any]) -> dict[str, Any]:
+    """A listed device as this agent writes it: the API server stamps ``timeAdded`` on taints."""
+    body = dict(device)
+    if "taints" in body:
+        body["taints"] = [{k: v for k, v in t.items() if k != "timeAdded"}
+                          for t in body["taints"]]
+    return body
 
 
 class DraPublisher:

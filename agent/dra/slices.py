@@ -17,9 +17,12 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
   hand-over two slices of one pool may exist for an instant; the scheduler ignores the older
   generation, and two of one generation make the pool incomplete, so it allocates nothing
   from it rather than twice.
-- Unhealthy devices (``status.unhealthy.<node>`` on the Instance) are withdrawn: a local one
-  leaves its pool, a shared one drops the node from its selector and is withdrawn when no
-  node finds it healthy. Device taints are not used.
+- Unhealthy devices (``status.unhealthy.<node>`` on the Instance: present but unusable, or a
+  shared device not seen during its grace period) stay published with a ``NoSchedule`` taint
+  ``edgeplug.io/unhealthy`` whose value is the reason (made a label value): the scheduler
+  allocates them to no new claim, claims that hold one keep it, and users see why. A shared
+  device drops an unhealthy node from its selector and is tainted when no node finds it
+  healthy. A device that is gone (its Instance deleted, or this node left it) is withdrawn.
 
 Attributes: ``crds.dra.attributes`` (the mapping users select by lives with the API):
 ``namespace``, ``configuration``, ``instance``, then each property of the Instance (its
@@ -47,6 +50,10 @@ MAX_DEVICE_NAME: Final = 63
 MAX_POOL_NAME: Final = 253
 #: The Node label a shared pool's selector matches (well-known, set by the kubelet).
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+#: The taint an unhealthy device carries (DRADeviceTaints: beta, on by default in v1.36).
+TAINT_UNHEALTHY: Final = f"{dra.DRIVER}/unhealthy"
+MAX_LABEL_VALUE: Final = 63
+_NOT_LABEL_VALUE: Final = re.compile(r"[^A-Za-z0-9._-]")
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -92,13 +99,21 @@ class PoolPlan:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """Every pool this node should publish, and what it withdrew (instance → reason)."""
+    """Every pool this node should publish, and the devices it taints (instance → reason)."""
 
     pools: Mapping[str, PoolPlan]
-    withdrawn: Mapping[str, str] = field(default_factory=dict)
+    tainted: Mapping[str, str] = field(default_factory=dict)
 
 
-def _device(instance: Instance, *, shared: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
+def taint_value(reason: str) -> str:
+    """A device taint's value is a label value: at most 63 of ``[A-Za-z0-9._-]``, starting and
+    ending alphanumeric. The full reason stays on the Instance (``status.unhealthy``)."""
+    value = _NOT_LABEL_VALUE.sub("-", reason)[:MAX_LABEL_VALUE].strip("-_.")
+    return value or "unhealthy"
+
+
+def _device(instance: Instance, *, shared: bool, unhealthy: str | None
+            ) -> tuple[dict[str, Any], tuple[str, ...]]:
     attrs = attributes(instance, reserved=1 if shared else 0)
     body: dict[str, Any] = {
         "name": device_name(instance.name),
@@ -110,6 +125,10 @@ def _device(instance: Instance, *, shared: bool) -> tuple[dict[str, Any], tuple[
             "value": str(instance.spec.capacity),
             "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
         }}
+    if unhealthy is not None:
+        # NoSchedule: no new allocation; claims that hold it keep it (NoExecute would evict).
+        body["taints"] = [{"key": TAINT_UNHEALTHY, "value": taint_value(unhealthy),
+                           "effect": "NoSchedule"}]
     return body, attrs.left_out
 
 
@@ -117,39 +136,39 @@ def plan_node(node: str, instances: Iterable[Instance]) -> NodePlan:
     """The pools ``node`` publishes for ``instances`` (every Instance it knows of)."""
     local: dict[str, list[Instance]] = {}
     pools: dict[str, PoolPlan] = {}
-    withdrawn: dict[str, str] = {}
+    tainted: dict[str, str] = {}
     for inst in instances:
         nodes = sorted(set(inst.spec.nodes))
         if node not in nodes:
             continue
         if not inst.spec.shared:
             if node in inst.unhealthy:
-                withdrawn[inst.name] = inst.unhealthy[node]
-                continue
+                tainted[inst.name] = inst.unhealthy[node]
             pool = local_pool(inst.namespace, inst.spec.configuration_name, node)
             local.setdefault(pool, []).append(inst)
             continue
         if nodes[0] != node:
             continue  # another node publishes it
         healthy = tuple(n for n in nodes if n not in inst.unhealthy)
-        if not healthy:
-            withdrawn[inst.name] = inst.unhealthy.get(node, "unhealthy on every node")
-            continue
-        body, left = _device(inst, shared=True)
+        reason = None
+        if not healthy:  # usable nowhere: kept visible on every node, tainted
+            reason = inst.unhealthy.get(node, "unhealthy on every node")
+            tainted[inst.name] = reason
+        body, left = _device(inst, shared=True, unhealthy=reason)
         name = shared_pool(inst.namespace, inst.spec.configuration_name, inst.name)
-        pools[name] = PoolPlan(name=name, nodes=healthy, devices=(body,),
+        pools[name] = PoolPlan(name=name, nodes=healthy or tuple(nodes), devices=(body,),
                                left_out={inst.name: left} if left else {})
     for name, members in local.items():
         bodies: list[dict[str, Any]] = []
         left_out: dict[str, tuple[str, ...]] = {}
         for inst in sorted(members, key=lambda i: i.name):
-            body, left = _device(inst, shared=False)
+            body, left = _device(inst, shared=False, unhealthy=inst.unhealthy.get(node))
             bodies.append(body)
             if left:
                 left_out[inst.name] = left
         pools[name] = PoolPlan(name=name, node_name=node, devices=tuple(bodies),
                                left_out=left_out)
-    return NodePlan(pools=pools, withdrawn=withdrawn)
+    return NodePlan(pools=pools, tainted=tainted)
 
 
 def slice_name(pool: str, index: int, publisher: str) -> str:

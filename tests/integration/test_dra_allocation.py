@@ -8,6 +8,7 @@ kubelet's DRA manager does next (NodePrepareResources) is not covered here.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
+from tests.harness import echo_handlers
 from tests.harness.controlplane import ControlPlane
 
 #: The scheduler retries an unschedulable pod after backoff; allocation can take a while on
@@ -169,3 +171,49 @@ async def test_a_device_that_goes_is_withdrawn_and_not_allocated(
                                        what="pod wants-usb1 bound once usb1 is back",
                                        deadline=SCHEDULE_DEADLINE)
         assert [r["device"] for r in got.results] == [usb1]
+
+
+async def test_an_unhealthy_device_is_tainted_and_allocated_only_once_healthy(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    """debugEchoExtended (tests/harness/echo_handlers.py) stands for any handler that reports
+    a device present but unhealthy (an NPU with a fault code, a camera refusing SOAP)."""
+    ns = pod_namespace
+    (node,) = [harness.new_node(control_plane)]
+    state = tmp_path / "state.json"
+    echo_handlers.write_state(state, {"b": {"healthy": False, "reason": "fault 0x80"}})
+    handler = echo_handlers.install()
+    cfg = harness.debug_echo_configuration("sick", descriptions=["a", "b"], shared=False)
+    cfg["spec"]["discoveryHandler"] = {"name": echo_handlers.NAME, "discoveryDetails":
+                                       json.dumps({"descriptions": ["a", "b"],
+                                                   "stateFile": str(state)})}
+    pool = slices.local_pool(ns, "sick", node)
+    b = instance_name("sick", "b", shared=False, node=node)
+    try:
+        async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
+                    h.dra_agents(control_plane, [node], ns)):
+            harness.apply(control_plane, ns, cfg)
+
+            async def taints() -> list[dict[str, Any]] | None:
+                devices = h.pool_devices(await h.pool_slices(kube, pool))
+                return devices[b].get("taints") if len(devices) == 2 else None
+
+            (taint,) = await harness.eventually(taints, what=f"{b} published, tainted")
+            assert (taint["key"], taint["value"], taint["effect"]) == (
+                "edgeplug.io/unhealthy", "fault-0x80", "NoSchedule")
+            cel = f'device.attributes["{dra.DRIVER}"].description == "b"'
+            h.apply(control_plane, ns, h.claim_template("b", dra.device_class_name(ns, "sick"),
+                                                        cel),
+                    h.claim_pod("wants-b", "b"))
+            await harness.eventually(lambda: h.unschedulable(kube, ns, "wants-b"),
+                                     what="pod wants-b unschedulable while b is tainted",
+                                     deadline=SCHEDULE_DEADLINE)
+            assert await h.pod_claim(kube, ns, "wants-b") is None
+
+            echo_handlers.write_state(state, {})  # b recovers: the taint goes, the claim gets b
+            got = await harness.eventually(lambda: h.pod_claim(kube, ns, "wants-b"),
+                                           what="pod wants-b bound once b is healthy",
+                                           deadline=SCHEDULE_DEADLINE)
+            assert [r["device"] for r in got.results] == [b]
+    finally:
+        handler.release()

@@ -65,9 +65,13 @@ def test_local_devices_one_pool_per_configuration_bound_to_the_node() -> None:
     assert list(plan.pools) == ["ns/cam/node/n1"]
     pool = plan.pools["ns/cam/node/n1"]
     assert pool.node_name == "n1"
-    assert [d["name"] for d in pool.devices] == ["cam-000001", "cam-000002"]
+    assert [d["name"] for d in pool.devices] == ["cam-000001", "cam-000002", "cam-000004"]
     assert "allowMultipleAllocations" not in pool.devices[0]
-    assert plan.withdrawn == {"cam-000004": "fault 0x80"}
+    assert "taints" not in pool.devices[0]
+    # Present but unhealthy: still published, tainted with the reason.
+    assert pool.devices[2]["taints"] == [
+        {"key": "edgeplug.io/unhealthy", "value": "fault-0x80", "effect": "NoSchedule"}]
+    assert plan.tainted == {"cam-000004": "fault 0x80"}
 
 
 def test_shared_device_published_once_by_the_first_node_with_consumable_capacity() -> None:
@@ -88,11 +92,26 @@ def test_shared_device_published_once_by_the_first_node_with_consumable_capacity
                                     "resourceSliceCount": 1}
 
 
-def test_shared_device_unhealthy_everywhere_is_withdrawn() -> None:
-    shared = instance("cam-abcdef", nodes=("n1",), shared=True, unhealthy={"n1": "gone"})
+def test_shared_device_unhealthy_everywhere_is_tainted_for_every_node() -> None:
+    shared = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
+                      unhealthy={"n1": "not seen; kept for offlineGracePeriodSeconds",
+                                 "n2": "gone"})
     plan = slices.plan_node("n1", [shared])
-    assert plan.pools == {}
-    assert plan.withdrawn == {"cam-abcdef": "gone"}
+    pool = plan.pools["ns/cam/shared/cam-abcdef"]
+    assert pool.nodes == ("n1", "n2")
+    (device,) = pool.devices
+    assert device["taints"][0]["value"] == "not-seen--kept-for-offlineGracePeriodSeconds"
+    assert plan.tainted == {"cam-abcdef": "not seen; kept for offlineGracePeriodSeconds"}
+
+
+@pytest.mark.parametrize(("reason", "value"), [
+    ("fault 0x80", "fault-0x80"),
+    ("  ", "unhealthy"),
+    ("x" * 80, "x" * 63),
+    ("(bad) state.", "bad--state"),
+])
+def test_taint_values_are_label_values(reason: str, value: str) -> None:
+    assert slices.taint_value(reason) == value
 
 
 def test_pool_split_at_the_slice_limit_and_names_stable_per_publisher() -> None:
