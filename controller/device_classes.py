@@ -5,6 +5,9 @@ Configurations apart only by attributes (one driver, ``edgeplug.io``; see ``crds
 each Configuration the controller keeps a class ``<configuration>.<namespace>.edgeplug.io``
 whose CEL selector picks that Configuration's devices, and a claim asks for
 ``deviceClassName: cam.default.edgeplug.io`` plus any selector on the device's attributes.
+With ``--dra-extended-resources`` each class also maps the Configuration's configuration-level
+resource (``extendedResourceName``), so an unchanged pod asking for ``edgeplug.io/cam`` is
+served through DRA on nodes where no device plugin advertises it.
 
 A DeviceClass is cluster-scoped and cannot be owned by a namespaced Configuration (the garbage
 collector ignores such a reference), so the controller deletes it itself: when the
@@ -26,6 +29,7 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
 from crds import dra
+from crds.naming import configuration_resource_name
 from crds.resources import ConfigurationResource
 
 log = logging.getLogger(__name__)
@@ -44,10 +48,14 @@ _Key = tuple[str, str]
 class DeviceClasses:
     """Keeps the DeviceClasses equal to the Configurations of ``namespaces`` (empty: all)."""
 
-    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
+    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
+                 extended_resources: bool = False) -> None:
+        """``extended_resources``: each class also maps the Configuration's configuration-level
+        resource (``edgeplug.io/<configuration>`` or its ``resourceName``)."""
         self._client = client
         self._namespaces = frozenset(namespaces)
-        self._written: set[_Key] = set()
+        self._extended = extended_resources
+        self._written: dict[_Key, dict[str, Any]] = {}
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -63,24 +71,31 @@ class DeviceClasses:
                 log.warning("device classes: Configuration watch broke (%s); retrying", error)
             await asyncio.sleep(RETRY_S)
 
+    def _body(self, data: dict[str, Any]) -> dict[str, Any]:
+        namespace, name = _key(data)
+        override = (data.get("spec") or {}).get("resourceName") or None
+        extended = configuration_resource_name(name, override) if self._extended else None
+        return dra.device_class(namespace, name, extended_resource=extended)
+
     async def _follow(self) -> None:
-        wanted: set[_Key] = set()
+        wanted: dict[_Key, dict[str, Any]] = {}
         async for obj in self._client.list(ConfigurationResource, namespace="*"):
-            key = _key(_as_dict(obj))
-            if self._serves(key[0]):
-                wanted.add(key)
-        await self._sweep(wanted)
+            data = _as_dict(obj)
+            if self._serves(_key(data)[0]):
+                wanted[_key(data)] = self._body(data)
+        await self._sweep(set(wanted))
         self._written.clear()
         for key in sorted(wanted):
-            await self._apply(key)
+            await self._apply(key, wanted[key])
         async for op, obj in self._client.watch(ConfigurationResource, namespace="*"):
-            key = _key(_as_dict(obj))
+            data = _as_dict(obj)
+            key = _key(data)
             if not self._serves(key[0]):
                 continue
             if op == "DELETED":
                 await self._delete(key)
-            elif key not in self._written:
-                await self._apply(key)
+            elif self._written.get(key) != (body := self._body(data)):
+                await self._apply(key, body)
 
     async def _sweep(self, wanted: set[_Key]) -> None:
         """Delete labelled classes whose Configuration (in a served namespace) is gone."""
@@ -93,17 +108,16 @@ class DeviceClasses:
             if namespace and self._serves(namespace) and (namespace, name) not in wanted:
                 await self._delete((namespace, name))
 
-    async def _apply(self, key: _Key) -> None:
-        body = dra.device_class(*key)
+    async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
         await self._client.patch(DeviceClassResource, body["metadata"]["name"], body,
                                  patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
                                  force=True)
-        self._written.add(key)
+        self._written[key] = body
         log.info("DeviceClass %s kept for Configuration %s/%s",
                  body["metadata"]["name"], *key)
 
     async def _delete(self, key: _Key) -> None:
-        self._written.discard(key)
+        self._written.pop(key, None)
         name = dra.device_class_name(*key)
         try:
             await self._client.delete(DeviceClassResource, name)

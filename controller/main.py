@@ -163,7 +163,9 @@ async def run(
             from controller.device_classes import DeviceClasses
 
             ours.append(asyncio.create_task(
-                DeviceClasses(client, namespaces=settings.namespaces).run(), name="dra"))
+                DeviceClasses(client, namespaces=settings.namespaces,
+                              extended_resources=settings.dra_extended_resources).run(),
+                name="dra"))
         tasks += [*ours, kopf_task]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         # kopf ends on a stop signal, and when stopping cancels the tasks started after it

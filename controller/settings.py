@@ -71,6 +71,7 @@ class ControllerSettings:
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     #: DRA: one DeviceClass per Configuration (``controller.device_classes``); off by default.
     dra: bool = False
+    dra_extended_resources: bool = False
 
     @property
     def clusterwide(self) -> bool:
@@ -133,6 +134,10 @@ class ControllerSettings:
         add("--dra", action="store_true",
             help="keep one DRA DeviceClass (resource.k8s.io/v1) per Configuration, for claims"
                  " on the devices agents with DRA=on publish (default: off)")
+        add("--dra-extended-resources", action="store_true",
+            help="with --dra: each DeviceClass also maps the Configuration's configuration-level"
+                 " resource, so pods asking for it are served through DRA on nodes without the"
+                 " device plugin (default: off)")
         add_webhook_arguments(parser)
         args = parser.parse_args(argv)
         kubeconfig = args.kubeconfig or (
@@ -154,4 +159,5 @@ class ControllerSettings:
             metrics_port=args.metrics_port,
             metrics_address=args.metrics_address,
             dra=args.dra,
+            dra_extended_resources=args.dra_extended_resources,
         )

@@ -32,6 +32,8 @@ ATTR_INSTANCE: Final = "instance"
 CAPACITY_SLOTS: Final = "slots"
 #: Label on every ResourceSlice and DeviceClass edgeplug writes.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+#: The extended resource every DeviceClass offers implicitly (k8s.io/api/resource/v1).
+IMPLICIT_EXTENDED_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 #: Who manages DeviceClasses, and the annotation naming a class's Configuration.
 CLASS_MANAGER: Final = "edgeplug-controller"
 ANNOTATION_CONFIGURATION: Final = f"{GROUP}/configuration"
@@ -77,8 +79,12 @@ def device_selector(namespace: str, configuration: str) -> str:
     )
 
 
-def device_class(namespace: str, configuration: str) -> dict[str, Any]:
-    """The DeviceClass body for one Configuration.
+def device_class(namespace: str, configuration: str, *, extended_resource: str | None = None
+                 ) -> dict[str, Any]:
+    """The DeviceClass body for one Configuration; with ``extended_resource`` (DRAExtendedResource,
+    beta and on by default in v1.36) a pod asking for that extended resource is served from the
+    class's devices on nodes where no device plugin advertises it. Without it a pod can still
+    ask for ``deviceclass.resource.kubernetes.io/<class name>``.
 
     A cluster-scoped object cannot be owned by a namespaced one (the garbage collector ignores
     such an ownerReference), so the controller deletes the class itself; the label and the
@@ -89,12 +95,12 @@ def device_class(namespace: str, configuration: str) -> dict[str, Any]:
         "labels": {LABEL_MANAGED_BY: CLASS_MANAGER},
         "annotations": {ANNOTATION_CONFIGURATION: f"{namespace}/{configuration}"},
     }
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "DeviceClass",
-        "metadata": meta,
-        "spec": {"selectors": [{"cel": {"expression": device_selector(namespace, configuration)}}]},
+    spec: dict[str, Any] = {
+        "selectors": [{"cel": {"expression": device_selector(namespace, configuration)}}],
     }
+    if extended_resource is not None:
+        spec["extendedResourceName"] = extended_resource
+    return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": meta, "spec": spec}
 
 
 def attribute_name(prop: str) -> str:

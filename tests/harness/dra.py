@@ -92,9 +92,11 @@ async def dra_agents(cp: ControlPlane, nodes: Sequence[str], namespace: str
 
 
 @contextlib.asynccontextmanager
-async def device_classes(client: AsyncClient, namespace: str) -> AsyncIterator[None]:
+async def device_classes(client: AsyncClient, namespace: str, *,
+                         extended_resources: bool = False) -> AsyncIterator[None]:
     """The controller's DeviceClass keeper for ``namespace``, in-process."""
-    task = asyncio.create_task(DeviceClasses(client, namespaces=[namespace]).run())
+    task = asyncio.create_task(DeviceClasses(client, namespaces=[namespace],
+                                             extended_resources=extended_resources).run())
     try:
         yield
     finally:
@@ -157,6 +159,14 @@ def claim_pod(name: str, template: str) -> dict[str, Any]:
     }
 
 
+def extended_resource_pod(name: str, resource: str) -> dict[str, Any]:
+    """A pod asking for an extended resource (no claim of its own)."""
+    pod = claim_pod(name, "")
+    del pod["spec"]["resourceClaims"]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}}
+    return pod
+
+
 def apply(cp: ControlPlane, namespace: str, *objects: Mapping[str, Any]) -> None:
     cp.kubectl("apply", "-n", namespace, "-f", "-",
                stdin="\n---\n".join(json.dumps(o) for o in objects))
@@ -174,11 +184,15 @@ async def pod_claim(client: AsyncClient, namespace: str, pod: str) -> PodClaim |
     """The pod's node and its claim's allocation, once the pod is bound; None before."""
     body = as_dict(await client.get(Pod, pod, namespace=namespace))
     node = body["spec"].get("nodeName")
-    statuses = (body.get("status") or {}).get("resourceClaimStatuses") or []
-    if not node or not statuses or not statuses[0].get("resourceClaimName"):
+    status = body.get("status") or {}
+    statuses = status.get("resourceClaimStatuses") or []
+    # A pod asking for an extended resource that a DeviceClass maps gets a claim the scheduler
+    # makes, named in extendedResourceClaimStatus.
+    name = (statuses[0].get("resourceClaimName") if statuses else
+            (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+    if not node or not name:
         return None
-    claim = as_dict(await client.get(ResourceClaimResource, statuses[0]["resourceClaimName"],
-                                     namespace=namespace))
+    claim = as_dict(await client.get(ResourceClaimResource, name, namespace=namespace))
     allocation = (claim.get("status") or {}).get("allocation")
     if allocation is None:
         return None
