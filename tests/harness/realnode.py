@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -223,10 +224,12 @@ class RealNode:
         """Run a process in the node's mount namespace (and network namespace if ``net``)."""
         assert self._holder is not None
         ns = ["--mount", "--net"] if net else ["--mount"]
+        if cwd is not None:  # entering a mount namespace moves to its root otherwise
+            ns.append(f"--wd={cwd}")
         process = subprocess.Popen(
             ["nsenter", f"--target={self._holder.pid}", *ns, "--", *argv],
             stdout=self._log(name), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(env if env is not None else self._env()), start_new_session=True, cwd=cwd)
+            env=dict(env if env is not None else self._env()), start_new_session=True)
         self._processes[name] = process
         return process
 
@@ -254,6 +257,19 @@ class RealNode:
                                   str(self.root / "containerd.toml")], net=True)
         socket = self.host_path(config.CONTAINERD_SOCKET)
         self._wait("containerd", socket.exists, "containerd's socket", SOCKET_TIMEOUT_S)
+
+    def forward_api(self) -> int:
+        """Make the API server reachable at 127.0.0.1:<its port> in the node's network
+        namespace (tests/harness/realnode_forward.py); returns the port."""
+        assert self._holder is not None
+        port = int(self.cp.server.rsplit(":", 1)[1])
+        self.spawn("api-forward", [sys.executable, "-m", "tests.harness.realnode_forward",
+                                   f"/proc/{self._holder.pid}/ns/net", str(port)],
+                   cwd=Path(__file__).resolve().parents[2])
+        log = self.log_path("api-forward")
+        self._wait("api-forward", lambda: "ready" in log.read_text(errors="replace"),
+                   "the API server forwarded into the node", SOCKET_TIMEOUT_S)
+        return port
 
     def ctr(self, *args: str, timeout: float = 60) -> str:
         """Run ``ctr`` (namespace k8s.io) against the node's containerd; its stdout."""
