@@ -66,10 +66,16 @@ def content_key(plan: slices.PoolPlan) -> str:
     return json.dumps([plan.node_name, list(plan.nodes), list(plan.devices)], sort_keys=True)
 
 
+def _index(name: str) -> int:
+    """The index a slice name ends in (``slices.slice_name``); 0 for a name not ours."""
+    tail = name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
 def _key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
     """(pool name, content key, generation) of one pool's listed slices (one generation).
     Slice names end in their index, which restores the device order."""
-    ordered = sorted(found, key=lambda s: int(str(s["metadata"]["name"]).rsplit("-", 1)[1]))
+    ordered = sorted(found, key=lambda s: _index(str(s["metadata"]["name"])))
     spec0 = ordered[0]["spec"]
     terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
     nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])

@@ -1,0 +1,185 @@
+"""DRA's rights (deploy/dra/) on the real API server: the agent's token, bound to its node,
+writes only its own node's ResourceSlices, and the real publisher works with that token alone;
+the controller's token may keep DeviceClasses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from agent.dra import slices
+from agent.dra.publisher import DraPublisher
+from tests.harness import agent_process as harness
+from tests.harness import dra as h
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.service_accounts import Identity, mint, pod_bound
+
+MANIFESTS = REPO_ROOT / "deploy" / "manifests"
+DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
+SYSTEM_NAMESPACE = "edgeplug-system"
+AGENT, CONTROLLER = "edgeplug-agent", "edgeplug-controller"
+#: A newly applied policy is loaded asynchronously by the API server.
+POLICY_ACTIVE_S = 60.0
+DENIED = "denied request"
+KUBECTL_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class World:
+    node_a: str
+    node_b: str
+    agent_a: Identity
+    controller: Identity
+
+
+@pytest.fixture(scope="module")
+def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[World]:
+    cp = control_plane
+    for name in ("namespace.yaml", "agent-rbac.yaml", "controller-rbac.yaml"):
+        cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    cp.kubectl("apply", "-k", str(DRA_MANIFESTS))
+    suffix = uuid.uuid4().hex[:6]
+    node_a, node_b = f"dra-a-{suffix}", f"dra-b-{suffix}"
+    for node in (node_a, node_b):
+        cp.kubectl("apply", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    folder = tmp_path_factory.mktemp("dra-rights")
+    agent_a = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT, node=node_a,
+                        folder=folder)
+    controller = mint(cp, namespace=SYSTEM_NAMESPACE, account=CONTROLLER,
+                      path=folder / "controller")
+    try:
+        yield World(node_a, node_b, agent_a, controller)
+    finally:
+        cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+                   f"{AGENT}-{node_a}", check=False)
+        cp.kubectl("delete", "resourceslices", "-l", f"edgeplug.io/node in ({node_a},{node_b})",
+                   check=False)
+        cp.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
+
+
+def _slice(name: str, *, label_node: str, node_name: str | None = None,
+           selector_nodes: list[str] | None = None, driver: str = "edgeplug.io"
+           ) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": driver, "pool": {"name": f"ns/c/{name}", "generation": 1,
+                                                      "resourceSliceCount": 1},
+                            "devices": [{"name": "d"}]}
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    else:
+        spec["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": selector_nodes}]}]}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": {"edgeplug.io/node": label_node}},
+            "spec": spec}
+
+
+def _as(cp: ControlPlane, who: Identity, *args: str, body: dict[str, Any] | None = None
+        ) -> tuple[bool, str]:
+    """``kubectl`` as ``who``; with ``body``, it goes in on stdin (``-f -``)."""
+    extra = ["-f", "-"] if body is not None else []
+    result = subprocess.run(
+        cp.binaries.command("kubectl", f"--kubeconfig={who.kubeconfig}", *args, *extra),
+        input=json.dumps(body) if body is not None else None, capture_output=True, text=True,
+        check=False, timeout=KUBECTL_TIMEOUT_S)
+    return result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def enforced(control_plane: ControlPlane, world: World) -> World:
+    """Wait until the API server enforces the policy (it loads a new one asynchronously)."""
+    probe = _slice(f"probe-{uuid.uuid4().hex[:6]}", label_node=world.node_b,
+                   node_name=world.node_b)
+    deadline = time.monotonic() + POLICY_ACTIVE_S
+    while True:
+        ok, err = _as(control_plane, world.agent_a, "create", "--dry-run=server", body=probe)
+        if not ok and DENIED in err:
+            return world
+        assert time.monotonic() < deadline, f"policy not enforced in time: {ok} {err}"
+        time.sleep(0.2)  # polling a condition with a deadline, not a synchronisation sleep
+
+
+def test_the_tokens_hold_the_rights_the_code_uses(control_plane: ControlPlane,
+                                                  world: World) -> None:
+    cp = control_plane
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert world.agent_a.can(cp, verb, "resourceslices.resource.k8s.io"), verb
+    assert world.agent_a.can(cp, "get", "resourceclaims.resource.k8s.io", namespace="default")
+    assert not world.agent_a.can(cp, "update", "resourceclaims.resource.k8s.io",
+                                 namespace="default")
+    assert not world.agent_a.can(cp, "create", "deviceclasses.resource.k8s.io")
+    for verb in ("list", "watch", "create", "patch", "delete"):
+        assert world.controller.can(cp, verb, "deviceclasses.resource.k8s.io"), verb
+    assert not world.controller.can(cp, "create", "resourceslices.resource.k8s.io")
+
+
+def test_the_agent_writes_only_its_own_nodes_slices(control_plane: ControlPlane,
+                                                    enforced: World) -> None:
+    cp, w = control_plane, enforced
+    suffix = uuid.uuid4().hex[:6]
+    own = _slice(f"own-{suffix}", label_node=w.node_a, node_name=w.node_a)
+    assert _as(cp, w.agent_a, "create", body=own) == (True, "")
+    shared = _slice(f"shared-{suffix}", label_node=w.node_a, selector_nodes=[w.node_a, w.node_b])
+    assert _as(cp, w.agent_a, "create", body=shared) == (True, "")
+    refused = {
+        "another node's label": _slice(f"r1-{suffix}", label_node=w.node_b, node_name=w.node_b),
+        "bound to another node": _slice(f"r2-{suffix}", label_node=w.node_a,
+                                        node_name=w.node_b),
+        "a set without its node": _slice(f"r3-{suffix}", label_node=w.node_a,
+                                          selector_nodes=[w.node_b]),
+        "another driver": _slice(f"r4-{suffix}", label_node=w.node_a, node_name=w.node_a,
+                                 driver="gpu.example.com"),
+    }
+    for what, body in refused.items():
+        ok, err = _as(cp, w.agent_a, "create", body=body)
+        assert not ok, f"{what}: allowed"
+        assert DENIED in err, f"{what}: {err}"
+    # Node B's slice, written by someone else: the agent of A may neither take nor delete it.
+    theirs = _slice(f"theirs-{suffix}", label_node=w.node_b, node_name=w.node_b)
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps(theirs))
+    taken = json.loads(json.dumps(theirs))
+    taken["metadata"]["labels"]["edgeplug.io/node"] = w.node_a  # relabelled as its own
+    ok, err = _as(cp, w.agent_a, "apply", "--server-side", "--force-conflicts", body=taken)
+    assert not ok, "took another node's slice"
+    assert DENIED in err, err
+    ok, err = _as(cp, w.agent_a, "delete", "resourceslice", theirs["metadata"]["name"])
+    assert not ok, "deleted another node's slice"
+    assert DENIED in err, err
+    assert _as(cp, w.agent_a, "delete", "resourceslice", own["metadata"]["name"]) == (True, "")
+
+
+async def test_the_publisher_works_with_the_agents_token_alone(
+    control_plane: ControlPlane, enforced: World, namespace: str
+) -> None:
+    w = enforced
+    harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+        "rights", descriptions=["a"], shared=False))
+    # The Instance as node A's agent makes it (discovery runs as admin here: only the
+    # publisher's rights are under test).
+    async with harness.agent_in_process(control_plane, node_name=w.node_a, namespace=namespace):
+        client = AsyncClient(KubeConfig.from_file(str(w.agent_a.kubeconfig)))
+        publisher = DraPublisher(client=client, node_name=w.node_a, namespace=None)
+        task = asyncio.create_task(publisher.run())
+        try:
+            admin = harness.api_client(control_plane)
+            pool = slices.local_pool(namespace, "rights", w.node_a)
+
+            async def published() -> bool:
+                return len(h.pool_devices(await h.pool_slices(admin, pool))) == 1
+
+            await harness.eventually(published, what=f"{pool} published with the agent's token")
+            await admin.close()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
