@@ -29,9 +29,12 @@ Attributes: ``crds.dra.attributes`` (the mapping users select by lives with the 
 ``brokerProperties``) under a short alias where one exists and its lower-cased name; what does
 not fit the API's limits is left out and counted.
 
-Shared devices: ``allowMultipleAllocations: true`` and a consumable capacity ``slots`` of the
-Instance's ``capacity`` whose ``requestPolicy`` makes each claim take one unit by default
-(KEP-5075; served by v1.36's API with default feature gates).
+Shared devices, and local ones of capacity above 1: ``allowMultipleAllocations: true`` and a
+consumable capacity ``slots`` whose ``requestPolicy`` makes each claim take one unit by default
+(KEP-5075; beta and on by default in v1.36). Its value is the Instance's ``capacity`` less the
+slots device plugins hold (``deviceUsage``); a device whose every slot they hold is tainted
+``edgeplug.io/held=device-plugins:NoSchedule``. The device plugins do not yet see claims (see
+docs/dra.md).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ MAX_POOL_NAME: Final = 253
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 #: The taint an unhealthy device carries (DRADeviceTaints: beta, on by default in v1.36).
 TAINT_UNHEALTHY: Final = f"{dra.DRIVER}/unhealthy"
+#: The taint of a device whose every slot a device-plugin allocation holds.
+TAINT_HELD: Final = f"{dra.DRIVER}/held"
 MAX_LABEL_VALUE: Final = 63
 _NOT_LABEL_VALUE: Final = re.compile(r"[^A-Za-z0-9._-]")
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -114,21 +119,30 @@ def taint_value(reason: str) -> str:
 
 def _device(instance: Instance, *, shared: bool, unhealthy: str | None
             ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    attrs = attributes(instance, reserved=1 if shared else 0)
+    capacity = instance.spec.capacity
+    multi = shared or capacity > 1
+    attrs = attributes(instance, reserved=1 if multi else 0)
     body: dict[str, Any] = {
         "name": device_name(instance.name),
         "attributes": {k: {"string": v} for k, v in sorted(attrs.values.items())},
     }
-    if shared:
+    # Slots the device plugins hold (deviceUsage) are not offered to claims as well.
+    free = capacity - instance.spec.used
+    if multi:
         body["allowMultipleAllocations"] = True
         body["capacity"] = {dra.CAPACITY_SLOTS: {
-            "value": str(instance.spec.capacity),
+            "value": str(max(free, 1)),
             "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
         }}
+    taints = []
     if unhealthy is not None:
         # NoSchedule: no new allocation; claims that hold it keep it (NoExecute would evict).
-        body["taints"] = [{"key": TAINT_UNHEALTHY, "value": taint_value(unhealthy),
-                           "effect": "NoSchedule"}]
+        taints.append({"key": TAINT_UNHEALTHY, "value": taint_value(unhealthy),
+                       "effect": "NoSchedule"})
+    if free <= 0:
+        taints.append({"key": TAINT_HELD, "value": "device-plugins", "effect": "NoSchedule"})
+    if taints:
+        body["taints"] = taints
     return body, attrs.left_out
 
 

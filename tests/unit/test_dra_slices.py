@@ -17,11 +17,14 @@ from discovery_handlers.contract import Device
 
 def instance(name: str, *, nodes: tuple[str, ...] = ("n1",), shared: bool = False,
              capacity: int = 1, props: Mapping[str, str] | None = None,
-             unhealthy: Mapping[str, str] | None = None, namespace: str = "ns") -> Instance:
+             unhealthy: Mapping[str, str] | None = None, namespace: str = "ns",
+             held: int = 0) -> Instance:
+    usage = {f"{name}-{i}": ("n9" if i < held else "") for i in range(capacity)}
     return Instance(
         name=name, namespace=namespace,
         spec=InstanceSpec(configuration_name="cam", capacity=capacity, shared=shared,
-                          nodes=nodes, broker_properties=dict(props or {})),
+                          nodes=nodes, broker_properties=dict(props or {}),
+                          device_usage=usage),
         unhealthy=dict(unhealthy or {}),
     )
 
@@ -155,3 +158,31 @@ def test_discover_prints_the_attributes_a_device_would_carry() -> None:
     discover.print_text(out, "#", [row])
     assert "DRA attribute ip=10.0.0.7" in out.getvalue()
     assert "DRA: property ONVIF_DEVICE_SERVICE_URL left out" in out.getvalue()
+
+
+def _only_device(inst: Instance) -> dict[str, object]:
+    (pool,) = slices.plan_node("n1", [inst]).pools.values()
+    (device,) = pool.devices
+    return dict(device)
+
+
+def test_capacity_above_one_is_consumable_less_what_device_plugins_hold() -> None:
+    local = _only_device(instance("usb-000001", capacity=2))
+    assert local["allowMultipleAllocations"] is True
+    assert local["capacity"] == {"slots": {
+        "value": "2", "requestPolicy": {"default": "1", "validRange": {"min": "1"}}}}
+    shared = _only_device(instance("cam-000001", shared=True, capacity=3, held=1))
+    assert shared["capacity"]["slots"]["value"] == "2"  # type: ignore[index]
+    assert "taints" not in shared
+
+
+@pytest.mark.parametrize(("capacity", "shared"), [(1, False), (2, True)])
+def test_a_device_whose_slots_device_plugins_all_hold_is_tainted(capacity: int,
+                                                                 shared: bool) -> None:
+    device = _only_device(instance("cam-000001", capacity=capacity, shared=shared,
+                                   held=capacity))
+    assert device["taints"] == [
+        {"key": "edgeplug.io/held", "value": "device-plugins", "effect": "NoSchedule"}]
+    single = _only_device(instance("cam-000002", capacity=1))
+    assert "taints" not in single
+    assert "allowMultipleAllocations" not in single
