@@ -49,6 +49,9 @@ from crds.instance import Instance
 
 #: The API's limits (k8s.io/api/resource/v1 validation).
 MAX_DEVICES_PER_SLICE: Final = 128
+#: A slice with a tainted device holds at most this many (ResourceSliceMaxDevicesWith
+#: AdvancedFeatures: taints, counters, list attributes).
+MAX_DEVICES_WITH_TAINTS: Final = 64
 MAX_DEVICE_NAME: Final = 63
 MAX_POOL_NAME: Final = 253
 #: The Node label a shared pool's selector matches (well-known, set by the kubelet).
@@ -207,10 +210,12 @@ MANAGED_BY: Final = "edgeplug-agent"
 
 
 def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str) -> list[dict[str, Any]]:
-    """The pool's ResourceSlices, ``MAX_DEVICES_PER_SLICE`` devices each (an empty pool is
-    no slice at all: the caller deletes what was there)."""
-    chunks = [plan.devices[i:i + MAX_DEVICES_PER_SLICE]
-              for i in range(0, len(plan.devices), MAX_DEVICES_PER_SLICE)]
+    """The pool's ResourceSlices, ``MAX_DEVICES_PER_SLICE`` devices each, or
+    ``MAX_DEVICES_WITH_TAINTS`` when one of the pool's devices is tainted (an empty pool is no
+    slice at all: the caller deletes what was there)."""
+    limit = (MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in plan.devices)
+             else MAX_DEVICES_PER_SLICE)
+    chunks = [plan.devices[i:i + limit] for i in range(0, len(plan.devices), limit)]
     result = []
     for index, chunk in enumerate(chunks):
         spec: dict[str, Any] = {

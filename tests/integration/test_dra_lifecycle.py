@@ -6,6 +6,7 @@ one publishing node to the next keeps its identity, so a claim allocated before 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient
@@ -16,6 +17,7 @@ from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
+from tests.harness import echo_handlers
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess
 from tests.harness.controlplane import ControlPlane
 
@@ -148,4 +150,34 @@ async def test_a_slice_deleted_by_someone_else_is_published_again(
 
             await harness.eventually(again, what=f"{pool} published again, newer")
     finally:
+        await h.delete_slices(kube, node)
+
+
+async def test_a_pool_with_a_tainted_device_is_split_as_the_api_requires(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    """A slice holding a tainted device may hold only 64 devices (128 otherwise)."""
+    node = harness.new_node(control_plane)
+    state = tmp_path / "state.json"
+    echo_handlers.write_state(state, {"d00": {"healthy": False, "reason": "fault"}})
+    handler = echo_handlers.install()
+    names = [f"d{i:02d}" for i in range(70)]
+    cfg = harness.debug_echo_configuration("big", descriptions=names, shared=False)
+    cfg["spec"]["discoveryHandler"] = {"name": echo_handlers.NAME, "discoveryDetails":
+                                       json.dumps({"descriptions": names,
+                                                   "stateFile": str(state)})}
+    pool = slices.local_pool(namespace, "big", node)
+    try:
+        async with h.dra_agents(control_plane, [node], namespace):
+            harness.apply(control_plane, namespace, cfg)
+
+            async def split() -> list[int] | None:
+                found = await h.pool_slices(kube, pool)
+                sizes = sorted((len(s["spec"]["devices"]) for s in found), reverse=True)
+                return sizes if sum(sizes) == len(names) else None
+
+            assert await harness.eventually(split, what=f"{pool}: 70 devices",
+                                            deadline=60.0) == [64, 6]
+    finally:
+        handler.release()
         await h.delete_slices(kube, node)

@@ -128,6 +128,13 @@ def test_pool_split_at_the_slice_limit_and_names_stable_per_publisher() -> None:
     assert slices.slice_name("p", 0, "n1") != slices.slice_name("p", 0, "n2")
 
 
+def test_a_pool_with_a_tainted_device_is_split_at_64() -> None:
+    sick = instance("cam-sick00", unhealthy={"n1": "fault"})
+    plan = slices.plan_node("n1", [*(instance(f"cam-{i:06x}") for i in range(99)), sick])
+    bodies = slices.slice_bodies(plan.pools["ns/cam/node/n1"], generation=1, publisher="n1")
+    assert [len(b["spec"]["devices"]) for b in bodies] == [64, 36]
+
+
 def test_names_that_do_not_fit_become_digests() -> None:
     assert slices.device_name("cam-1a2b3c") == "cam-1a2b3c"
     assert slices.device_name("a.b-1a2b3c").startswith("d-")
