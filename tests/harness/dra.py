@@ -16,6 +16,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -26,7 +27,7 @@ from agent.dra.publisher import DraPublisher, ResourceSliceResource
 from agent.kube import as_dict
 from controller.device_classes import DeviceClasses, DeviceClassResource
 from crds import dra
-from tests.harness import agent_process
+from tests.harness import agent_process, echo_handlers
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kubelet_node import NodeReporter
 
@@ -157,6 +158,16 @@ def claim_pod(name: str, template: str) -> dict[str, Any]:
             "terminationGracePeriodSeconds": 0,
         },
     }
+
+
+def extended_echo_configuration(name: str, descriptions: list[str], state: Path
+                                ) -> dict[str, Any]:
+    """A local-device Configuration of ``debugEchoExtended`` (``tests.harness.echo_handlers``,
+    installed by the test), whose devices' health the test sets in ``state``."""
+    cfg = agent_process.debug_echo_configuration(name, descriptions=descriptions, shared=False)
+    cfg["spec"]["discoveryHandler"] = {"name": echo_handlers.NAME, "discoveryDetails": json.dumps(
+        {"descriptions": descriptions, "stateFile": str(state)})}
+    return cfg
 
 
 def extended_resource_pod(name: str, resource: str) -> dict[str, Any]:

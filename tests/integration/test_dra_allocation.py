@@ -8,7 +8,6 @@ kubelet's DRA manager does next (NodePrepareResources) is not covered here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -183,10 +182,7 @@ async def test_an_unhealthy_device_is_tainted_and_allocated_only_once_healthy(
     state = tmp_path / "state.json"
     echo_handlers.write_state(state, {"b": {"healthy": False, "reason": "fault 0x80"}})
     handler = echo_handlers.install()
-    cfg = harness.debug_echo_configuration("sick", descriptions=["a", "b"], shared=False)
-    cfg["spec"]["discoveryHandler"] = {"name": echo_handlers.NAME, "discoveryDetails":
-                                       json.dumps({"descriptions": ["a", "b"],
-                                                   "stateFile": str(state)})}
+    cfg = h.extended_echo_configuration("sick", ["a", "b"], state)
     pool = slices.local_pool(ns, "sick", node)
     b = instance_name("sick", "b", shared=False, node=node)
     try:

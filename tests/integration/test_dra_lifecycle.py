@@ -162,10 +162,7 @@ async def test_a_pool_with_a_tainted_device_is_split_as_the_api_requires(
     echo_handlers.write_state(state, {"d00": {"healthy": False, "reason": "fault"}})
     handler = echo_handlers.install()
     names = [f"d{i:02d}" for i in range(70)]
-    cfg = harness.debug_echo_configuration("big", descriptions=names, shared=False)
-    cfg["spec"]["discoveryHandler"] = {"name": echo_handlers.NAME, "discoveryDetails":
-                                       json.dumps({"descriptions": names,
-                                                   "stateFile": str(state)})}
+    cfg = h.extended_echo_configuration("big", names, state)
     pool = slices.local_pool(namespace, "big", node)
     try:
         async with h.dra_agents(control_plane, [node], namespace):
