@@ -7,7 +7,8 @@ kube-controller-manager makes the claim, the real kube-scheduler allocates it, t
 kubelet's DRA manager calls the agent's ``NodePrepareResources`` over the registered socket and
 hands the returned CDI id to containerd, which resolves it from the agent's claim spec in the
 node's ``/var/run/cdi``. What the container got is read from inside it (``kubectl logs`` of a
-busybox printing its env). The kubelet restarts (the plugin registers again, the container
+busybox printing its env). The device goes: its slice loses it, the pod runs on and a new
+claim for it waits. The kubelet restarts (the plugin registers again, the container
 runs on); the agent restarts (the claim's spec stays); the pod is deleted (the kubelet
 unprepares the claim through the new agent process and the spec goes). A pod asking the same
 agent's device plugin for the other device gives the figure to compare with.
@@ -24,10 +25,12 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
+from agent.dra import slices
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import dra as h
 from tests.harness.agent_process import debug_echo_configuration
+from tests.harness.agent_process import eventually as harness_eventually
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until, wait_service_account
 from tests.harness.realnode import RealNode
@@ -94,7 +97,9 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
         await wait_service_account(kube, ns)
         start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={"DRA": "on"})
         async with h.device_classes(kube, ns):
-            cfg = debug_echo_configuration("echo", descriptions=["lamp", "fan"], shared=False)
+            offline = tmp_path / "offline"  # debugEcho's availability file: what is gone
+            cfg = debug_echo_configuration("echo", descriptions=["lamp", "fan"], shared=False,
+                                           availability_file=offline)
             h.apply(plane, ns, cfg)
             await until(lambda: REGISTERED in node.log_tail(agent_log, 1000),
                         what="the agent's DRA plugin registered with the kubelet", within=60)
@@ -112,6 +117,21 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
             specs = list(node.host_path("/var/run/cdi").glob("edgeplug.io_claim-*.json"))
             assert len(specs) == 1, "one CDI spec for the one claim, in the node's /var/run/cdi"
             assert "claim prepared" in node.log_tail(agent_log, 1000)
+
+            # The lamp goes: its pool's slice loses it, the pod holding it runs on, and a new
+            # claim for it waits (Unschedulable, no admission failure).
+            offline.write_text("lamp\n")
+            pool = slices.local_pool(ns, "echo", node.node_name)
+
+            async def lamp_withdrawn() -> bool:
+                devices = h.pool_devices(await h.pool_slices(kube, pool))
+                return bool(devices) and lamp not in devices
+
+            await harness_eventually(lamp_withdrawn, what="the lamp withdrawn from its pool")
+            h.apply(plane, ns, _pod("second", "lamp"))
+            await harness_eventually(lambda: h.unschedulable(kube, ns, "second"),
+                                     what="pod second unschedulable", deadline=60.0)
+            assert _running(plane, ns, "user") == container, "the lamp's pod ran on"
 
             # The same agent's device plugin, for the other device, same node: the figure to
             # compare with (the plugin is registered, as the DRA plugin was above).
