@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -193,3 +195,15 @@ def test_a_device_whose_slots_device_plugins_all_hold_is_tainted(capacity: int,
     single = _only_device(instance("cam-000002", capacity=1))
     assert "taints" not in single
     assert "allowMultipleAllocations" not in single
+
+
+def test_an_agent_without_dra_imports_none_of_it() -> None:
+    """DESIGN "Memory": the agent imports what it runs; DRA is off by default."""
+    probe = ("import sys, agent.main\n"
+             "from agent.settings import AgentSettings\n"
+             "agent.main.settle_heap(AgentSettings(node_name='n'))\n"
+             "print(sorted(m for m in sys.modules if m.startswith('agent.dra')"
+             " or 'dra_v1' in m or 'pluginregistration' in m))\n")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    assert out == "[]"
