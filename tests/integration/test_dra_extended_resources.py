@@ -52,3 +52,21 @@ async def test_extended_resource_pods_get_devices_through_dra(
         await harness.eventually(lambda: h.unschedulable(kube, ns, "one-too-many"),
                                  what="the third pod unschedulable: two devices, both taken",
                                  deadline=SCHEDULE_DEADLINE)
+
+
+async def test_the_class_follows_the_configurations_resource_name(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient
+) -> None:
+    cfg = harness.debug_echo_configuration("npu", descriptions=["c0"], shared=False)
+    async with h.device_classes(kube, namespace, extended_resources=True):
+        harness.apply(control_plane, namespace, cfg)
+
+        async def extended(name: str) -> bool:
+            body = await h.device_class(kube, namespace, "npu")
+            return body is not None and body["spec"].get("extendedResourceName") == name
+
+        await harness.eventually(lambda: extended("edgeplug.io/npu"), what="edgeplug.io/npu")
+        cfg["spec"]["resourceName"] = "huawei.com/Ascend910"
+        harness.apply(control_plane, namespace, cfg)
+        await harness.eventually(lambda: extended("huawei.com/Ascend910"),
+                                 what="the class mapping huawei.com/Ascend910")
