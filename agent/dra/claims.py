@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +36,8 @@ from agent.node_devices import NodeDevice
 from agent.slots.backends import container_allocation
 from crds import dra
 from discovery_handlers.contract import ComposingHandler
+
+log = logging.getLogger(__name__)
 
 CDI_KIND: Final = f"{dra.DRIVER}/claim"
 
@@ -164,12 +167,23 @@ class Checkpoint:
         self.claims: dict[str, PreparedClaim] = self._load()
 
     def _load(self) -> dict[str, PreparedClaim]:
+        """The record on disk; one that cannot be read is set aside (``.unreadable``) and the
+        agent starts with none: a claim the kubelet asks for again is prepared afresh from the
+        API, and unprepare finds a claim's spec by its uid without the record."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return self._parse(json.loads(self.path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             return {}
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            aside = self.path.with_name(self.path.name + ".unreadable")
+            log.error("prepared-claims record %s unreadable (%s); set aside as %s",
+                      self.path, error, aside)
+            os.replace(self.path, aside)
+            return {}
+
+    def _parse(self, data: Any) -> dict[str, PreparedClaim]:
         if data.get("version") != self.VERSION:
-            raise ValueError(f"{self.path}: checkpoint version {data.get('version')!r} unknown")
+            raise ValueError(f"version {data.get('version')!r} unknown")
         return {
             uid: PreparedClaim(
                 namespace=c["namespace"], name=c["name"],

@@ -149,7 +149,7 @@ class _DraService(pb_grpc.DRAPluginServicer):
         for claim in request.claims:
             try:
                 prepared = await self._preparer.prepare(claim.namespace, claim.name, claim.uid)
-            except cl.PrepareError as error:
+            except (cl.PrepareError, OSError) as error:  # OSError: the spec or record write
                 log.warning("claim not prepared", extra={
                     "claim": f"{claim.namespace}/{claim.name}", "error": str(error)})
                 answers[claim.uid] = pb.NodePrepareResourceResponse(error=str(error))

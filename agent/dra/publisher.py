@@ -115,7 +115,18 @@ class DraPublisher:
         return list(self._instances.values())
 
     async def run(self) -> None:
-        await self._adopt()
+        """Adopt what an earlier run published, then follow Instances until cancelled. The API
+        server being away (at start or later) is waited out, never fatal to the agent."""
+        failures = 0
+        while True:
+            try:
+                await self._adopt()
+                break
+            except Exception as error:  # API away or refusing (429 at its start): wait it out
+                failures += 1
+                log.warning("ResourceSlices of this node not listed yet (%s); retrying",
+                            watching.describe(error))
+                await asyncio.sleep(watching.retry_delay(failures))
         async with asyncio.TaskGroup() as group:
             group.create_task(self._watch())
             group.create_task(self._watch_own_slices())
@@ -206,7 +217,7 @@ class DraPublisher:
                 self.passes += 1
                 if self.writes != writes:
                     self._last_write = started
-            except ApiError as error:
+            except Exception as error:  # API error or API away: the pass is retried
                 log.warning("ResourceSlice pass failed (%s); retrying", watching.describe(error))
                 await asyncio.sleep(RETRY_SECONDS)
                 self._dirty.set()
