@@ -60,12 +60,9 @@ def agent_archive() -> Path:
 
 @pytest.fixture(scope="module")
 def node(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
-    # The DaemonSet's DirectoryOrCreate host paths the machine lacks: the node's own.
-    own = tmp_path_factory.mktemp("node-host")
-    real = RealNode(plane, node_name=f"ds-{uuid.uuid4().hex[:6]}",
-                    host_dirs={"/run/udev": own / "udev", "/var/lib/akri": own / "akri"})
-    for directory in ("udev", "akri"):
-        (own / directory).mkdir()
+    # The DaemonSet's DirectoryOrCreate host path the machine lacks: the node's own.
+    udev = tmp_path_factory.mktemp("node-udev")
+    real = RealNode(plane, node_name=f"ds-{uuid.uuid4().hex[:6]}", host_dirs={"/run/udev": udev})
     real.start()
     try:
         yield real

@@ -7,8 +7,9 @@ on this machine, as root, without touching the host's node paths:
 
 * a holder process owns a mount namespace and a network namespace of the node's own, where
   ``/var/lib/kubelet``, ``/run/containerd``, ``/var/run/cdi``, ``/etc/cdi``, ``/var/log/pods``,
-  ``/var/log/containers`` and ``/var/lib/cni`` are bind mounts of directories under the node's
-  temporary root, and the kernel settings the kubelet writes are plain files;
+  ``/var/log/containers``, ``/var/lib/cni`` and ``/var/lib/akri`` are bind mounts of
+  directories under the node's temporary root (the host gets empty mount points at most), and
+  the kernel settings the kubelet writes are plain files;
 * containerd runs in both namespaces (pods' bridge ``cni0`` lives in the node's network
   namespace), the kubelet and the agent in the mount namespace only (the kubelet reaches the
   harness API server on loopback);
@@ -81,6 +82,9 @@ class RealNode:
         self.labels = dict(labels or {})
         self.dev_nodes = dict(dev_nodes or {})
         self.host_dirs = dict(host_dirs or {})
+        # The host directories made as mount points for host_dirs, removed by cleanup.
+        self._made: list[Path] = sorted({_first_missing(Path(t)) for t in self.host_dirs
+                                         if not Path(t).exists()})
         self.root = Path(tempfile.mkdtemp(prefix=f"ep-rn-{node_name}-"))
         self.cgroup_root = f"/edgeplug-{node_name}"
         self.bin_dir = Path()
@@ -443,6 +447,20 @@ class RealNode:
         """``stop`` and remove the node's temporary root."""
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+        for top in self._made:  # empty mount points only: never what someone put there
+            for directory in sorted((d for d in top.rglob("*") if d.is_dir()),
+                                    key=lambda d: len(d.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+
+
+def _first_missing(path: Path) -> Path:
+    """The topmost directory of ``path`` that does not exist yet."""
+    while not path.parent.exists():
+        path = path.parent
+    return path
 
 
 def _kill(pid: int) -> None:

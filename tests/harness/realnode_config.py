@@ -37,7 +37,8 @@ CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 PAUSE_IMAGE = "edgeplug.local/pause:test"
 #: Mount points the node gets its own copy of (bind mounts of directories under its root).
 NODE_PATHS = ("/var/lib/kubelet", "/run/containerd", "/var/run/cdi", "/etc/cdi",
-              "/var/log/pods", "/var/log/containers", "/var/lib/cni")
+              "/var/log/pods", "/var/log/containers", "/var/lib/cni",
+              "/var/lib/akri")  # the agent's discovery-handler sockets (Akri's directory)
 #: Kernel settings the kubelet insists on (it writes them unless protectKernelDefaults). On a
 #: shared test machine they must not change, so in the node's mount namespace each of these
 #: files is a bind mount of a plain file the kubelet may write.
