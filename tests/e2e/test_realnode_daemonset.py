@@ -80,11 +80,10 @@ def _manifests(port: int) -> list[dict[str, Any]]:
     [agent] = daemonset["spec"]["template"]["spec"]["containers"]
     agent["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                      {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}]
-    # Found by this test (reported, to be fixed in deploy/): the manifest mounts the host's /dev
-    # read-only over /dev, and the kubelet's default terminationMessagePath (/dev/termination-log)
-    # is then a bind mount runc cannot create ("read-only file system"): on any runc node the
-    # agent never starts. Until the manifest says otherwise, its message file goes to /tmp.
-    agent.setdefault("terminationMessagePath", TERMINATION_MESSAGE)
+    # Found by this test: the manifest mounts the host's /dev read-only over /dev, so the
+    # kubelet's default terminationMessagePath (/dev/termination-log) is a bind mount runc
+    # cannot create and the agent never started on a runc node. The manifest now says /tmp.
+    assert agent["terminationMessagePath"] == TERMINATION_MESSAGE
     return objects
 
 
