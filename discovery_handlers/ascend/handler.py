@@ -17,12 +17,25 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from discovery_handlers.ascend import devices as shaping
-from discovery_handlers.ascend.details import AscendDetails, parse_details
-from discovery_handlers.contract import Device, PropertyValue, run_blocking
+from discovery_handlers.ascend.details import SOURCE_DEVICES, AscendDetails, parse_details
+from discovery_handlers.contract import Device, DeviceList, PropertyValue, run_blocking
 
 NAME = "ascend"
 STATUS_KEPT = 64  # details whose last status is kept (one per Configuration on a node)
 log = logging.getLogger(__name__)
+
+
+#: The Configuration's warning while chips are only listed from their device nodes.
+NO_DRIVER_WARNING = (
+    "no DCMI or npu-smi: health unknown; chips are listed from /dev/davinci* only and "
+    "advertised healthy (mount the driver, /usr/local/dcmi and npu-smi into the agent: "
+    "docs/handlers/ascend.md, 'On a real node')"
+)
+
+
+def fallback_warnings(source: str) -> tuple[str, ...]:
+    """The Configuration-level warning a pass gives (once as an Event: agent.discovery_run)."""
+    return (NO_DRIVER_WARNING,) if source == SOURCE_DEVICES else ()
 
 
 class ChipsUnhealthy(RuntimeError):
@@ -46,13 +59,14 @@ class AscendHandler:
         assert isinstance(details, AscendDetails)
         from discovery_handlers.ascend.sources import scan  # imports the ctypes wrapper
 
-        last: tuple[Device, ...] | None = None
+        last: tuple[tuple[Device, ...], tuple[str, ...]] | None = None
         while True:
             result = await run_blocking(scan, details)
             self._note(details, result.status)
-            if result.devices != last:
-                last = result.devices
-                yield list(result.devices)
+            warnings = fallback_warnings(result.status.source)
+            if (result.devices, warnings) != last:
+                last = (result.devices, warnings)
+                yield DeviceList(result.devices, warnings)
             await asyncio.sleep(details.health_poll_seconds)
 
     def status(self, details: AscendDetails) -> Any:

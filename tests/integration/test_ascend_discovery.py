@@ -16,8 +16,8 @@ import pytest
 
 from discovery_handlers.ascend import handler
 from discovery_handlers.ascend.details import AscendDetails
-from discovery_handlers.ascend.handler import ChipsUnhealthy
-from discovery_handlers.contract import Device
+from discovery_handlers.ascend.handler import NO_DRIVER_WARNING, ChipsUnhealthy
+from discovery_handlers.contract import Device, warnings_of
 from tests.harness.ascend_node import (
     FAULT_CODE,
     AscendNode,
@@ -41,11 +41,12 @@ def details(node: AscendNode, **fields: object) -> AscendDetails:
     return handler.parse_details(node.details(**fields), {})
 
 
-async def next_list(stream: AsyncIterator[Sequence[Device]]) -> list[Device]:
-    return list(await asyncio.wait_for(anext(stream), NEXT_LIST_DEADLINE_S))
+async def next_list(stream: AsyncIterator[Sequence[Device]]) -> Sequence[Device]:
+    """The next list as the handler yielded it (a DeviceList keeps its warnings)."""
+    return await asyncio.wait_for(anext(stream), NEXT_LIST_DEADLINE_S)
 
 
-async def first_list(parsed: AscendDetails) -> list[Device]:
+async def first_list(parsed: AscendDetails) -> Sequence[Device]:
     stream = handler.discover(parsed)
     try:
         return await next_list(stream)
@@ -144,6 +145,9 @@ async def test_garbage_npu_smi_falls_back_to_the_device_nodes(node: AscendNode) 
     # Each chip carries the warning the agent posts as a Warning Event on its Instance.
     assert devices[0].warning == ("no DCMI or npu-smi: health unknown (advertised healthy "
                                   "while /dev/davinci0 exists)")
+    # And the list carries the Configuration's warning (a DiscoveryWarning Event on it).
+    assert warnings_of(devices) == (NO_DRIVER_WARNING,)
+    assert NO_DRIVER_WARNING.startswith("no DCMI or npu-smi: health unknown")
     status = str(handler.status(parsed))
     assert "source devices" in status
     assert "no DCMI or npu-smi: health unknown" in status
@@ -173,7 +177,7 @@ async def test_only_davinci_manager_is_required(node: AscendNode) -> None:
 
 async def test_an_empty_host_lists_nothing_and_says_why(tmp_path: Path) -> None:
     parsed = handler.parse_details(f"hostRoot: {tmp_path}\nlibraryPath: /x/libdcmi.so\n", {})
-    assert await first_list(parsed) == []
+    assert list(await first_list(parsed)) == []
     status = handler.status(parsed)
     assert status.source == "none"
     assert ("npu-smi: /usr/local/bin/npu-smi or /usr/local/sbin/npu-smi not found or not "
@@ -183,7 +187,7 @@ async def test_an_empty_host_lists_nothing_and_says_why(tmp_path: Path) -> None:
 
 async def test_chip_names_filter_by_family(node: AscendNode) -> None:
     assert len(await first_list(details(node, chipNames=["Ascend910"]))) == 8
-    assert await first_list(details(node, chipNames=["Ascend310P"])) == []
+    assert list(await first_list(details(node, chipNames=["Ascend310P"]))) == []
 
 
 async def test_prepare_refuses_a_chip_that_went_unhealthy(node: AscendNode) -> None:
