@@ -14,15 +14,24 @@ One debugEcho broker (a busybox container) lives through what a node does to it:
   controller replaces it and the new pod's devices are checkpointed, the old pod's freed;
 * the device goes offline: the agent deletes the Instance, the controller the broker, and the
   kubelet stops and removes its container in containerd.
+
+A second broker, for a shared device with a short ``offlineGracePeriodSeconds``, is unplugged
+while it runs: through the grace the Instance and the same container stay; after it the agent
+deletes the Instance, the controller the broker pod, and the kubelet stops the container (its
+process ends) and removes it from containerd. The device comes back: a new Instance, a new
+broker pod under the same name, and ``kubectl logs`` shows the same device env as the first.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent.device_health import REASON_UNHEALTHY
+from agent.instance_publisher import OFFLINE_REASON
 from crds.naming import instance_name
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
@@ -58,6 +67,32 @@ def _instance_uid(plane: ControlPlane, broker: Broker) -> str:
 
 def _containers(node: RealNode) -> set[str]:
     return set(node.ctr("containers", "list", "--quiet").split())
+
+
+def _task_pid(node: RealNode, container: str) -> int:
+    """The host pid of a running container's process (``ctr tasks list``: TASK PID STATUS)."""
+    for line in node.ctr("tasks", "list").splitlines():
+        fields = line.split()
+        if fields and fields[0] == container.removeprefix("containerd://"):
+            assert fields[2] == "RUNNING", line
+            return int(fields[1])
+    raise AssertionError(f"no task for container {container}")
+
+
+def _unhealthy_marks(plane: ControlPlane, namespace: str, uid: str) -> list[str]:
+    """The messages of the agent's DeviceUnhealthy Events on the Instance ``uid``."""
+    events: Any = plane.get_json(f"/api/v1/namespaces/{namespace}/events") or {}
+    return [str(e["message"]) for e in events.get("items", [])
+            if e["involvedObject"].get("uid") == uid and e["reason"] == REASON_UNHEALTHY]
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time (``/proc/<pid>/stat`` field 22); None once it has ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
 
 
 async def test_a_broker_through_agent_kill_reboot_and_unplug(
@@ -117,3 +152,56 @@ async def test_a_broker_through_agent_kill_reboot_and_unplug(
         await until(lambda: pod(plane, broker) is None, what="the broker deleted", within=60)
         await until(lambda: second.removeprefix("containerd://") not in _containers(node),
                     what="the broker's container removed from containerd", within=60)
+
+
+async def test_a_shared_device_unplugged_while_its_broker_runs_and_back(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    grace = 2
+    offline = tmp_path / "offline"
+    inst = instance_name("unplug", "dev0", shared=True, node=node.node_name)
+    cfg = debug_echo_configuration("unplug", descriptions=["dev0"], shared=True,
+                                   availability_file=offline, grace=grace)
+    cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
+    with deployed(plane, node, tmp_path, cfg, inst) as broker:
+        first = await running_container(plane, broker)
+        first_env = logged_env(await broker_log(plane, broker))
+        device_env = {k: v for k, v in first_env.items() if k.startswith("DEBUG_ECHO_")}
+        assert device_env.get("DEBUG_ECHO_DESCRIPTION") == "dev0", first_env
+        uid = _instance_uid(plane, broker)
+        pod_uid = str((pod(plane, broker) or {})["metadata"]["uid"])
+        pid = _task_pid(node, first)
+        started = _started(pid)
+        assert started is not None
+
+        # Unplugged while it runs: the agent marks the device unhealthy for the grace (an
+        # Event on the Instance says so; it outlives the Instance, so this reads no clock).
+        unplugged = time.monotonic()
+        offline.write_text("dev0\n")
+        # After the grace: the Instance goes, the controller deletes the broker, the kubelet
+        # stops its container (the process ends) and removes it from containerd.
+        path = (f"/apis/edgeplug.io/v1alpha1/namespaces/{broker.namespace}/instances/"
+                f"{broker.instance}")
+        await until(lambda: plane.get_json(path) is None, what="the Instance deleted", within=60)
+        await until(lambda: pod(plane, broker) is None, what="the broker pod deleted",
+                    within=60)
+        await until(lambda: _started(pid) != started, what="the old container's process ended",
+                    within=60)
+        await until(lambda: first.removeprefix("containerd://") not in _containers(node),
+                    what="the old container removed from containerd", within=60)
+        marks = _unhealthy_marks(plane, broker.namespace, uid)
+        assert marks, "the device was kept (unhealthy) for the grace first"
+        assert OFFLINE_REASON in marks[0], marks
+        print(f"figure: unplug -> old broker's container gone "
+              f"{time.monotonic() - unplugged:.1f} s (grace {grace} s)")
+
+        # The device comes back: a new Instance, a new broker pod with the same device env.
+        back = time.monotonic()
+        offline.write_text("")
+        second = await running_container(plane, broker)
+        assert second != first
+        assert _instance_uid(plane, broker) != uid, "a new Instance"
+        assert str((pod(plane, broker) or {})["metadata"]["uid"]) != pod_uid, "a new broker pod"
+        env = logged_env(await broker_log(plane, broker))
+        assert {k: v for k, v in env.items() if k.startswith("DEBUG_ECHO_")} == device_env
+        print(f"figure: device back -> new broker running {time.monotonic() - back:.1f} s")
