@@ -33,12 +33,8 @@ WRONG = "netns-wrong-password"
 
 @pytest.fixture
 def bed() -> Iterator[NetnsBed]:
-    network = NetnsBed()
-    try:
-        network.build()
+    with NetnsBed() as network:
         yield network
-    finally:
-        network.close()
 
 
 def configuration(namespace: str) -> dict[str, Any]:

@@ -112,6 +112,18 @@ class NetnsBed:
         )
         return name
 
+    def __enter__(self) -> NetnsBed:
+        """Built on entry (what a half-built bed made is removed), closed on exit."""
+        try:
+            self.build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         for name in reversed(self.namespaces):
             with contextlib.suppress(subprocess.CalledProcessError):

@@ -3,7 +3,8 @@ the controller as a process, and the choice of kubelet stand-in.
 
 Why this exists: the device-plugin, slot-demand, slot-ledger and node-emulator tests all need a
 client on the real control plane, and the pod-running ones a namespace whose default
-ServiceAccount exists (pods are refused before it does). Defined once here rather than per file.
+ServiceAccount exists (pods are refused before it does); the ONVIF tests a namespaced camera
+network and processes stopped after the test. Defined once here rather than per file.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
@@ -20,6 +22,7 @@ from tests.harness.controller_process import FAST_ARGS, ControllerProcess, insta
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_service_account
 from tests.harness.node_emulator import KUBELET_ENV
+from tests.harness.onvif_netns import NetnsBed
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +86,23 @@ def controller(
     yield process
     process.stop()
     print(f"--- controller log ---\n{process.log_tail(60)}")
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[NetnsBed]:
+    """The namespaced ONVIF camera network (``tests.harness.onvif_netns``), one per module."""
+    with NetnsBed() as network:
+        yield network
+
+
+class Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[Stoppable]]:
+    """What a test started in the camera network (runners, cameras), stopped after it in order."""
+    started: list[Stoppable] = []
+    yield started
+    for process in started:
+        await process.stop()

@@ -11,10 +11,8 @@ beside our own simulated camera; the handler runs in its own namespace (real mul
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from tests.harness.onvif_ipycam import IpyCam
 from tests.harness.onvif_netns import (
@@ -33,34 +31,16 @@ FAST = "discoveryIntervalSeconds: 1\ndiscoveryTimeoutSeconds: 0.5\nipv6: false\n
 AKRI_PROPERTIES = {"ONVIF_DEVICE_SERVICE_URL", "ONVIF_DEVICE_UUID", "ONVIF_DEVICE_IP_ADDRESS"}
 
 
-@pytest.fixture(scope="module")
-def bed() -> Iterator[NetnsBed]:
-    network = NetnsBed()
-    try:
-        network.build()
-        yield network
-    finally:
-        network.close()
-
-
-@pytest.fixture
-async def stoppers() -> AsyncIterator[list[IpyCam | LineProcess]]:
-    started: list[IpyCam | LineProcess] = []
-    yield started
-    for item in started:
-        await item.stop()
-
-
 async def ipycam(
     bed: NetnsBed,
-    stoppers: list[IpyCam | LineProcess],
+    processes: list[IpyCam | LineProcess],
     host: int,
     *,
     username: str = "",
     password: str = "",
 ) -> IpyCam:
     cam = IpyCam(bed, host, name=f"ipycam-{host}", username=username, password=password)
-    stoppers.append(cam)
+    processes.append(cam)
     await cam.start()
     return cam
 
@@ -74,12 +54,12 @@ def listed(config: str, addresses: set[str]) -> Callable[[dict[str, Any]], bool]
 
 
 async def test_ipycam_is_discovered_described_filtered_and_authenticated(
-    bed: NetnsBed, stoppers: list[IpyCam | LineProcess]
+    bed: NetnsBed, processes: list[IpyCam | LineProcess]
 ) -> None:
-    open_cam = await ipycam(bed, stoppers, 30)
-    locked = await ipycam(bed, stoppers, 31, username="admin", password=PASSWORD)
+    open_cam = await ipycam(bed, processes, 30)
+    locked = await ipycam(bed, processes, 31, username="admin", password=PASSWORD)
     ours_ns = bed.add_camera_ns(32)
-    stoppers.append(await start_cameras(bed, ours_ns, {"cameras": [camera(1, f"{LAN_V4}.32")]}))
+    processes.append(await start_cameras(bed, ours_ns, {"cameras": [camera(1, f"{LAN_V4}.32")]}))
     everyone = {open_cam.address, locked.address, f"{LAN_V4}.32"}
     right = {"username_default": "admin", "password_default": {"secret": PASSWORD}}
     wrong = {"username_default": "admin", "password_default": {"secret": WRONG}}
@@ -93,7 +73,7 @@ async def test_ipycam_is_discovered_described_filtered_and_authenticated(
             "properties": right,
         },
     })
-    stoppers.append(runner)
+    processes.append(runner)
 
     # the right credentials: every camera fully described, the locked one too
     line = await runner.wait_for(listed("right", everyone), what="3 cameras, right credentials")
@@ -162,10 +142,10 @@ CREDENTIALS = """\
 
 
 async def test_edgeplug_discover_lists_unmodified_ipycams(
-    bed: NetnsBed, stoppers: list[IpyCam | LineProcess]
+    bed: NetnsBed, processes: list[IpyCam | LineProcess]
 ) -> None:
-    open_cam = await ipycam(bed, stoppers, 33)
-    locked = await ipycam(bed, stoppers, 34, username="admin", password=PASSWORD)
+    open_cam = await ipycam(bed, processes, 33)
+    locked = await ipycam(bed, processes, 34, username="admin", password=PASSWORD)
     addresses = f"{open_cam.address}, {locked.address}"
     configuration = CONFIGURATION.format(addresses=addresses, properties=CREDENTIALS)
     status, out, err = await edgeplug_discover(
@@ -194,16 +174,16 @@ async def test_edgeplug_discover_lists_unmodified_ipycams(
 
 
 async def test_ipycam_hello_and_bye_are_followed_between_passes(
-    bed: NetnsBed, stoppers: list[IpyCam | LineProcess]
+    bed: NetnsBed, processes: list[IpyCam | LineProcess]
 ) -> None:
     # one pass an hour: only IPyCam's Hello and Bye can change the list within the test
     details = "discoveryIntervalSeconds: 3600\ndiscoveryTimeoutSeconds: 0.5\nipv6: false\n"
     runner = await start_runner(bed, {"hourly": {"details": details}})
-    stoppers.append(runner)
+    processes.append(runner)
     empty = await runner.wait_for(lambda line: "devices" in line, what="the first list")
     assert all(d["properties"]["ONVIF_DEVICE_IP_ADDRESS"] != f"{LAN_V4}.35"
                for d in empty["devices"])
-    cam = await ipycam(bed, stoppers, 35)
+    cam = await ipycam(bed, processes, 35)
     seen = len(runner.lines)
     await runner.wait_for(
         lambda line: cam.address in by_ip(line), what="IPyCam listed on its Hello", after=seen

@@ -8,7 +8,7 @@ an attacker on the camera network. The handler runs in its own namespace (see
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,24 +28,6 @@ from tests.harness.onvif_netns import (
 FAST = "discoveryIntervalSeconds: 1\ndiscoveryTimeoutSeconds: 0.5\nipv6: false\n"
 #: What the runner may hold with hostile peers around (a bound, not a timing).
 RSS_BOUND_KIB = 300 * 1024
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[NetnsBed]:
-    network = NetnsBed()
-    try:
-        network.build()
-        yield network
-    finally:
-        network.close()
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[LineProcess]]:
-    started: list[LineProcess] = []
-    yield started
-    for process in started:
-        await process.stop()
 
 
 def state(line: dict[str, Any]) -> dict[str, bool]:

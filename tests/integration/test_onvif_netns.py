@@ -9,10 +9,8 @@ behind a router is reachable only by unicast, as on a routed site network.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from crds.naming import instance_name
 from tests.harness.onvif_netns import (
@@ -30,24 +28,6 @@ from tests.harness.onvif_netns import edgeplug_discover as discover_in_ns
 PASSWORD = "correct-horse-battery"
 WRONG = "wrong-password-xyzzy"
 FAST = "discoveryIntervalSeconds: 1\ndiscoveryTimeoutSeconds: 0.5\n"
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[NetnsBed]:
-    network = NetnsBed()
-    try:
-        network.build()
-        yield network
-    finally:
-        network.close()
-
-
-@pytest.fixture
-async def processes() -> AsyncIterator[list[LineProcess]]:
-    started: list[LineProcess] = []
-    yield started
-    for process in started:
-        await process.stop()
 
 
 def uuids(line: dict[str, Any]) -> set[str]:
