@@ -6,47 +6,25 @@ Instance, broker and service are gone.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.main import run_agent
-from agent.settings import AgentSettings
 from crds.naming import instance_name
 from tests.harness.agent_process import debug_echo_configuration
-from tests.harness.controller_process import (
-    ControllerProcess,
-    apply,
-    broker_pod_spec,
-    broker_pods,
-    install_peering_crds,
-    items,
-)
+from tests.harness.broker_stack import agent_in_process, broker_stack, new_node_name
+from tests.harness.controller_process import apply, broker_pod_spec, broker_pods, items
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until
-from tests.harness.node_emulator import NodeEmulator
 
 
 async def test_broker_runs_with_device_env_and_goes_with_the_device(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path
 ) -> None:
-    install_peering_crds(control_plane)
-    node = f"node-{uuid.uuid4().hex[:8]}"
+    node = new_node_name()
     offline = tmp_path / "offline"  # debugEcho: the file lists the devices that are offline
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
-    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
-                             plugin_dir=plugin_dir, pod_resources_socket=None,
-                             namespace=namespace)
-    ctl = ControllerProcess(control_plane, namespaces=[namespace],
-                            log_path=tmp_path / "ctl.log")
     inst = instance_name("echo", "foo0", shared=False, node=node)
-    await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
-    ctl.start()
-    try:
+    async with (broker_stack(control_plane, namespace, plugin_dir, tmp_path, node=node) as stack,
+                agent_in_process(stack, plugin_dir)):
         cfg = debug_echo_configuration("echo", descriptions=["foo0"], shared=False,
                                        availability_file=offline)
         cfg["metadata"]["namespace"] = namespace
@@ -55,17 +33,9 @@ async def test_broker_runs_with_device_env_and_goes_with_the_device(
         apply(control_plane, cfg)
 
         pod_name = f"{inst}-{node}-pod"
-
-        def running() -> dict[str, Any] | None:
-            for pod in broker_pods(control_plane, namespace):
-                if (pod["metadata"]["name"] == pod_name
-                        and pod.get("status", {}).get("phase") == "Running"):
-                    return pod
-            return None
-
-        pod = await until(running, what=f"broker {pod_name} Running")
+        pod = await stack.running_broker(pod_name)
         assert pod["spec"]["nodeName"] == node, "scheduled onto the node that sees the device"
-        [allocation] = emulator.allocations(namespace, pod_name)
+        [allocation] = stack.emulator.allocations(namespace, pod_name)
         assert allocation.resource_name == f"edgeplug.io/{inst}"
         assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
         cfg_path = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/configurations/echo"
@@ -89,10 +59,3 @@ async def test_broker_runs_with_device_env_and_goes_with_the_device(
             what="the Instance deleted by the agent")
         await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
         await until(lambda: not items(control_plane, svc_path), what="the service gone")
-    finally:
-        ctl.stop()
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
-        await emulator.stop(delete_node=True)
-        print(f"--- controller log ---\n{ctl.log_tail(40)}")

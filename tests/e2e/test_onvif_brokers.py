@@ -8,27 +8,20 @@ agent and controller are the product, the kubelet the node emulator, as in the d
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
-import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.main import run_agent
-from agent.settings import AgentSettings
 from crds.naming import instance_name
+from tests.harness.broker_stack import agent_in_process, broker_stack, new_node_name
 from tests.harness.controller_process import (
-    ControllerProcess,
     apply,
     broker_pod_spec,
     broker_pods,
-    install_peering_crds,
     items,
 )
 from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import until
-from tests.harness.node_emulator import NodeEmulator
 from tests.harness.onvif_netns import camera, start_cameras
 
 POLL_S = 0.1
@@ -70,8 +63,7 @@ def onvif_configuration(namespace: str, wsd_port: int) -> dict[str, Any]:
 async def test_broker_gets_the_camera_url_and_stream_and_goes_with_the_camera(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path
 ) -> None:
-    install_peering_crds(control_plane)
-    node = f"node-{uuid.uuid4().hex[:8]}"
+    node = new_node_name()
     wsd_port, http_port = free_port(), free_port()
     cam = camera(
         1,
@@ -91,47 +83,30 @@ async def test_broker_gets_the_camera_url_and_stream_and_goes_with_the_camera(
     )
     url = f"http://127.0.0.1:{http_port}/onvif/1/device_service"
     inst = instance_name("cams", f"{url}-{cam['uuid']}", shared=True, node=node)
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
-    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
-                             plugin_dir=plugin_dir, pod_resources_socket=None,
-                             namespace=namespace)
-    ctl = ControllerProcess(control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log")
-    await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
-    ctl.start()
     try:
-        apply(control_plane, {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "cams", "namespace": namespace},
-            "data": {"password": base64.b64encode(PASSWORD.encode()).decode()},
-        })
-        apply(control_plane, onvif_configuration(namespace, wsd_port))
-        pod_name = f"{inst}-{node}-pod"
+        async with (
+            broker_stack(control_plane, namespace, plugin_dir, tmp_path, node=node) as stack,
+            agent_in_process(stack, plugin_dir),
+        ):
+            apply(control_plane, {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "cams", "namespace": namespace},
+                "data": {"password": base64.b64encode(PASSWORD.encode()).decode()},
+            })
+            apply(control_plane, onvif_configuration(namespace, wsd_port))
+            pod_name = f"{inst}-{node}-pod"
 
-        def running() -> bool:
-            return any(
-                pod["metadata"]["name"] == pod_name
-                and pod.get("status", {}).get("phase") == "Running"
-                for pod in broker_pods(control_plane, namespace)
-            )
+            await stack.running_broker(pod_name)
+            [allocation] = stack.emulator.allocations(namespace, pod_name)
+            assert allocation.envs["ONVIF_DEVICE_SERVICE_URL"] == url
+            assert allocation.envs["ONVIF_DEVICE_UUID"] == cam["uuid"]
+            assert allocation.envs["ONVIF_STREAM_URI"] == "rtsp://127.0.0.1:8554/main"
+            instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
+            [instance] = items(control_plane, instances)
+            assert PASSWORD not in str(instance)
 
-        await until(running, what=f"broker {pod_name} Running")
-        [allocation] = emulator.allocations(namespace, pod_name)
-        assert allocation.envs["ONVIF_DEVICE_SERVICE_URL"] == url
-        assert allocation.envs["ONVIF_DEVICE_UUID"] == cam["uuid"]
-        assert allocation.envs["ONVIF_STREAM_URI"] == "rtsp://127.0.0.1:8554/main"
-        instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
-        [instance] = items(control_plane, instances)
-        assert PASSWORD not in str(instance)
-
-        await cameras.command(cmd="silence", uuid=cam["uuid"])  # unplugged: no answer at all
-        await until(lambda: not items(control_plane, instances), what="the Instance deleted")
-        await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
+            await cameras.command(cmd="silence", uuid=cam["uuid"])  # unplugged: no answer at all
+            await until(lambda: not items(control_plane, instances), what="the Instance deleted")
+            await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
     finally:
-        ctl.stop()
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
-        await emulator.stop(delete_node=True)
         await cameras.stop()

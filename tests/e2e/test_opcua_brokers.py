@@ -15,25 +15,20 @@ recorded from the agent's Allocate (what a container would get), reading
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from asyncua import ua
 
-from agent.main import run_agent
-from agent.settings import AgentSettings
 from crds.naming import instance_name
+from tests.harness.broker_stack import agent_in_process, broker_stack, new_node_name
 from tests.harness.controller_process import (
-    ControllerProcess,
     apply,
     broker_pod_spec,
     broker_pods,
-    install_peering_crds,
     items,
 )
 from tests.harness.controlplane import ControlPlane
@@ -102,59 +97,42 @@ async def test_broker_reads_the_server_health_follows_state_and_presence(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path,
     implementation: type[TestServer | Open62541Server],
 ) -> None:
-    install_peering_crds(control_plane)
-    node = f"node-{uuid.uuid4().hex[:8]}"
+    node = new_node_name()
     lds = await implementation("lds", discovery=True).start()
     line1 = await implementation("line-1", register_to=lds.url).start()
     line2 = await implementation("line-2", register_to=lds.url).start()  # filtered out by name
     inst = instance_name("plcs", line1.url, shared=True, node=node)
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
-    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
-                             plugin_dir=plugin_dir, pod_resources_socket=None,
-                             namespace=namespace)
-    ctl = ControllerProcess(control_plane, namespaces=[namespace], log_path=tmp_path / "ctl.log")
-    await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
-    ctl.start()
     instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
     resource = f"edgeplug.io/{inst}"
     try:
-        apply(control_plane, opcua_configuration(namespace, lds.url,
-                                                 index=NAMESPACE_INDEX[implementation]))
-        pod_name = f"{inst}-{node}-pod"
+        async with (
+            broker_stack(control_plane, namespace, plugin_dir, tmp_path, node=node) as stack,
+            agent_in_process(stack, plugin_dir),
+        ):
+            apply(control_plane, opcua_configuration(namespace, lds.url,
+                                                     index=NAMESPACE_INDEX[implementation]))
+            pod_name = f"{inst}-{node}-pod"
+            await stack.running_broker(pod_name)
+            assert [i["metadata"]["name"] for i in items(control_plane, instances)] == [inst]
+            [allocation] = stack.emulator.allocations(namespace, pod_name)
+            assert allocation.envs["OPCUA_DISCOVERY_URL"] == line1.url
+            assert allocation.envs["OPCUA_APPLICATION_NAME"] == "line-1"
+            assert await run_broker(dict(allocation.envs)) == str(VALUE)
 
-        def running() -> bool:
-            return any(pod["metadata"]["name"] == pod_name
-                       and pod.get("status", {}).get("phase") == "Running"
-                       for pod in broker_pods(control_plane, namespace))
+            # present but not Running: the Instance stays, its slot is Unhealthy, users see why
+            # (asyncua's state can be set; open62541 computes its own)
+            if isinstance(line1, TestServer):
+                await health_follows_state(control_plane, instances, line1, node, stack.emulator,
+                                           resource)
 
-        await until(running, what=f"broker {pod_name} Running")
-        assert [i["metadata"]["name"] for i in items(control_plane, instances)] == [inst]
-        [allocation] = emulator.allocations(namespace, pod_name)
-        assert allocation.envs["OPCUA_DISCOVERY_URL"] == line1.url
-        assert allocation.envs["OPCUA_APPLICATION_NAME"] == "line-1"
-        assert await run_broker(dict(allocation.envs)) == str(VALUE)
-
-        # present but not Running: the Instance stays, its slot is Unhealthy, users see why
-        # (asyncua's state can be set; open62541 computes its own)
-        if isinstance(line1, TestServer):
-            await health_follows_state(control_plane, instances, line1, node, emulator, resource)
-
-        await line1.stop()
-        await until(lambda: not items(control_plane, instances), what="the Instance gone")
-        await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
-        await line1.start()
-        [back] = await until(lambda: items(control_plane, instances), what="the Instance back")
-        assert back["metadata"]["name"] == inst
+            await line1.stop()
+            await until(lambda: not items(control_plane, instances), what="the Instance gone")
+            await until(lambda: not broker_pods(control_plane, namespace), what="the broker gone")
+            await line1.start()
+            [back] = await until(lambda: items(control_plane, instances), what="the Instance back")
+            assert back["metadata"]["name"] == inst
     finally:
-        ctl.stop()
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
-        await emulator.stop(delete_node=True)
         for server in (line1, line2, lds):
             await server.stop()
             if isinstance(server, Open62541Server):
                 await server.close()
-        print(f"--- controller log ---\n{ctl.log_tail(40)}")
