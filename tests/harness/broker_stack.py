@@ -9,7 +9,6 @@ here once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from typing import Any
 
 from agent.main import run_agent
 from agent.settings import AgentSettings
+from tests.harness.aio_process import task_running
 from tests.harness.controller_process import ControllerProcess, broker_pods, install_peering_crds
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until
@@ -83,10 +83,5 @@ async def agent_in_process(stack: BrokerStack, plugin_dir: Path) -> AsyncIterato
     settings = AgentSettings(node_name=stack.node, kubeconfig=stack.plane.kubeconfig,
                              plugin_dir=plugin_dir, pod_resources_socket=None,
                              namespace=stack.namespace)
-    agent = asyncio.create_task(run_agent(settings))
-    try:
+    async with task_running(run_agent(settings), name=f"agent-{stack.node}"):
         yield
-    finally:
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent

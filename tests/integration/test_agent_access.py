@@ -11,9 +11,6 @@ Configuration goes, so do the reads.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from lightkube.resources.rbac_authorization_v1 import Role
 
 from controller.agent_access import ROLE_NAME, AgentAccess
 from tests.harness.agent_process import api_client, apply, debug_echo_configuration, eventually
+from tests.harness.aio_process import task_running
 from tests.harness.controlplane import ControlPlane
 from tests.harness.service_accounts import Identity, mint
 
@@ -39,15 +37,6 @@ def _reads(who: Identity, cp: ControlPlane, kind: str, name: str, namespace: str
     return False
 
 
-@contextlib.asynccontextmanager
-async def _running(access: AgentAccess) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(access.run(), name="agent-access")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_agent_reads_only_what_a_configuration_names(
@@ -73,7 +62,8 @@ async def test_agent_reads_only_what_a_configuration_names(
         assert not _reads(reader, cp, "secret", "cam-login", namespace)
         client = api_client(cp)
         try:
-            async with _running(AgentAccess(client, account=(namespace, READER))) as task:
+            async with task_running(AgentAccess(client, account=(namespace, READER)).run(),
+                                    name="agent-access") as task:
                 apply(cp, namespace, cfg)
 
                 async def granted() -> bool:

@@ -45,6 +45,7 @@ from tests.harness.agent_process import (
     eventually,
     instances,
 )
+from tests.harness.aio_process import task_running
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.node_emulator import NodeEmulator
 from tests.harness.service_accounts import Identity, mint, pod_bound
@@ -243,15 +244,6 @@ async def _emulated_node(cp: ControlPlane) -> AsyncIterator[NodeEmulator]:
         shutil.rmtree(resources_dir, ignore_errors=True)
 
 
-@contextlib.asynccontextmanager
-async def _agent(settings: AgentSettings) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(run_agent(settings), name="agent-with-its-token")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _refusals(lines: list[str]) -> list[str]:
@@ -289,12 +281,12 @@ async def test_the_real_agent_works_with_its_token_alone(
             return found.returncode == 0
 
         await eventually(granted, what="the agent's Role for the named Secret")
-        async with _emulated_node(cp) as node, _agent(AgentSettings(
+        async with _emulated_node(cp) as node, task_running(run_agent(AgentSettings(
             node_name=node.node_name,
             kubeconfig=(agent_identity := _agent_on(cp, node.node_name, tmp_path)).kubeconfig,
             plugin_dir=node.plugin_dir,
             pod_resources_socket=node.pod_resources_socket,
-        )) as agent:
+        )), name="agent-with-its-token") as agent:
             try:
                 # Problems are told on the Configuration: Events and status are writable.
                 await _assert_problem_reported(admin, namespace, node.node_name, agent,
