@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.kubebin import cache_dir
+from tests.harness.kubebin import cache_dir, go_build
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cditool"
 SOURCE_FILES = ("go.mod", "go.sum", "main.go")
@@ -54,17 +53,7 @@ def tool() -> Path:
     target = cache_dir() / f"cditool-{digest.hexdigest()[:16]}"
     if target.exists():
         return target
-    go = shutil.which("go")
-    if go is None:
-        raise RuntimeError("building cditool needs the Go toolchain ('go' not on PATH)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
-    subprocess.run(
-        [go, "build", "-trimpath", "-buildvcs=false", "-o", str(partial), "."],
-        cwd=SOURCE_DIR, check=True,
-    )
-    partial.rename(target)
-    return target
+    return go_build(SOURCE_DIR, target, what="cditool")
 
 
 def _run(args: Sequence[str]) -> str:

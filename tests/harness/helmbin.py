@@ -14,12 +14,10 @@ import hashlib
 import logging
 import os
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
-from tests.harness.kubebin import cache_dir
+from tests.harness.kubebin import cache_dir, go_build
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +65,10 @@ def build(*, force: bool = False) -> Path:
     target = cached_binary()
     if target.exists() and not force:
         return target
-    go = shutil.which("go")
-    if go is None:
-        raise RuntimeError("building Helm needs the Go toolchain ('go' not on PATH)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
     log.info("building helm %s into %s", helm_version(), target)
     started = time.monotonic()
-    subprocess.run(
-        [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", _ldflags(),
-         "-o", str(partial), HELM_PACKAGE],
-        cwd=SOURCE_DIR, check=True, env={**os.environ, "CGO_ENABLED": "0"},
-    )
-    partial.rename(target)
+    go_build(SOURCE_DIR, target, what="Helm", package=HELM_PACKAGE, ldflags=_ldflags(),
+             env={**os.environ, "CGO_ENABLED": "0"})
     log.info("helm built in %.0f s", time.monotonic() - started)
     return target
 

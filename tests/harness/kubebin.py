@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,25 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def go_build(source_dir: Path, target: Path, *, what: str, package: str = ".",
+             ldflags: str | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """Build ``package`` of the Go module in ``source_dir`` into ``target`` (through a
+    ``.partial`` file, so an interrupted build never looks done); fails naming ``what`` where Go
+    is missing. Every cached Go binary of the harness is built here."""
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError(f"building {what} needs the Go toolchain ('go' not on PATH)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    flags = ["-ldflags", ldflags] if ldflags is not None else []
+    subprocess.run(
+        [go, "build", "-trimpath", "-buildvcs=false", *flags, "-o", str(partial), package],
+        cwd=source_dir, check=True, env=dict(env) if env is not None else None,
+    )
+    partial.rename(target)
+    return target
+
+
 def source_digest() -> str:
     """A short digest of the Go sources; a change to any pin gives a new binary."""
     digest = hashlib.sha256()
@@ -60,11 +80,6 @@ def build(*, force: bool = False) -> Path:
     target = cached_binary()
     if target.exists() and not force:
         return target
-    go = shutil.which("go")
-    if go is None:
-        raise RuntimeError("building the control plane needs the Go toolchain ('go' not on PATH)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
     major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
     ldflags = " ".join(
         [
@@ -76,12 +91,7 @@ def build(*, force: bool = False) -> Path:
     )
     log.info("building kube-apiserver, scheduler, controller-manager and etcd into %s", target)
     started = time.monotonic()
-    subprocess.run(
-        [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", str(partial), "."],
-        cwd=SOURCE_DIR,
-        check=True,
-    )
-    partial.rename(target)
+    go_build(SOURCE_DIR, target, what="the control plane", ldflags=ldflags)
     log.info("control plane built in %.0f s", time.monotonic() - started)
     return target
 
