@@ -174,6 +174,16 @@ def condition(plane: ControlPlane, namespace: str, cfg: str, kind: str) -> dict[
     return None
 
 
+def spec_invalid(plane: ControlPlane, namespace: str, cfg: str, which: str) -> dict[str, Any]:
+    """The BrokerSpecValid condition of ``cfg`` once it is False (fails naming ``which``)."""
+    found: dict[str, Any] = wait_until(
+        lambda: (c := condition(plane, namespace, cfg, "BrokerSpecValid"))
+        and c["status"] == "False" and c,
+        what=f"BrokerSpecValid=False on {which}",
+    )
+    return found
+
+
 def events_for(plane: ControlPlane, namespace: str, cfg: str) -> list[dict[str, Any]]:
     return [
         e for e in items(plane, f"/api/v1/namespaces/{namespace}/events")
@@ -196,11 +206,7 @@ def test_malformed_broker_spec_is_reported_and_others_unaffected(
         apply(control_plane, instance(namespace, f"{cfg}-dddddd", configuration_name=cfg,
                                       nodes=["n-1"]))
 
-    invalid = wait_until(
-        lambda: (c := condition(control_plane, namespace, bad, "BrokerSpecValid"))
-        and c["status"] == "False" and c,
-        what="BrokerSpecValid=False on the malformed Configuration",
-    )
+    invalid = spec_invalid(control_plane, namespace, bad, "the malformed Configuration")
     assert invalid["reason"] == "InvalidBrokerSpec"
     assert "containers[0].name" in invalid["message"]
     assert "containers[1].image: required" in invalid["message"]
@@ -209,11 +215,8 @@ def test_malformed_broker_spec_is_reported_and_others_unaffected(
                     for e in events_for(control_plane, namespace, bad)),
         what="a Warning Event saying the broker spec is invalid",
     )
-    refusal = wait_until(
-        lambda: (c := condition(control_plane, namespace, refused, "BrokerSpecValid"))
-        and c["status"] == "False" and c,
-        what="BrokerSpecValid=False on the Configuration the API server refused",
-    )
+    refusal = spec_invalid(control_plane, namespace, refused,
+                           "the Configuration the API server refused")
     assert refusal["reason"] == "BrokerCreationRefused"
     assert "restartPolicy" in refusal["message"]
     wait_until(
