@@ -14,7 +14,6 @@ ascend_node.py), the kubelet is the node emulator. Everything else is the produc
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
@@ -30,6 +29,7 @@ from agent.main import run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
 from tests.harness.agent_process import api_client
+from tests.harness.aio_process import task_running
 from tests.harness.ascend_node import AscendNode, SimChip, chips_910b, dcmi_library
 from tests.harness.controller_process import (
     ControllerProcess,
@@ -73,14 +73,11 @@ async def ascend_node(control_plane: ControlPlane, namespace: str, plugin_dir: P
                              namespace=namespace)
     kube = api_client(control_plane)
     await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
     try:
-        await wait_service_account(kube, namespace)
-        yield node, emulator, kube
+        async with task_running(run_agent(settings), name=f"agent-{node}"):
+            await wait_service_account(kube, namespace)
+            yield node, emulator, kube
     finally:
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
         await emulator.stop(delete_node=True)
         await kube.close()
 

@@ -11,9 +11,7 @@ None beside it).
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
 import logging
 import uuid
@@ -25,6 +23,7 @@ import pytest
 from agent.main import run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
+from tests.harness.aio_process import task_running
 from tests.harness.controller_process import apply, items
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until
@@ -83,32 +82,29 @@ async def test_secure_server_checked_with_a_secrets_certificate_and_nothing_leak
                              plugin_dir=plugin_dir, pod_resources_socket=None,
                              namespace=namespace)
     await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
     instances = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
     try:
-        apply(control_plane, {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "opcua-client", "namespace": namespace},
-            "data": {"certificate": base64.b64encode(certs.client_cert.read_bytes()).decode(),
-                     "privateKey": base64.b64encode(key).decode()},
-        })
-        apply(control_plane, secure_configuration(namespace, server.url))
-        [instance] = await until(lambda: items(control_plane, instances), what="the Instance")
-        assert instance["metadata"]["name"] == inst
-        resource = f"edgeplug.io/{inst}"
-        await until(lambda: emulator.healthy_device_ids(resource),
-                    what="the secured server's slot healthy (checked with the Secret's cert)")
-        [instance] = items(control_plane, instances)
-        assert not (instance.get("status") or {}).get("unhealthy")
-        assert instance["spec"]["brokerProperties"]["OPCUA_DISCOVERY_URL"] == server.url
-        events = control_plane.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-        for shown, where in ((json.dumps(instance), "the Instance"), (events, "an Event"),
-                             (caplog.text, "a log line")):
-            assert key_line not in shown, f"the private key appears in {where}"
+        async with task_running(run_agent(settings), name=f"agent-{node}"):
+            apply(control_plane, {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "opcua-client", "namespace": namespace},
+                "data": {"certificate": base64.b64encode(certs.client_cert.read_bytes()).decode(),
+                         "privateKey": base64.b64encode(key).decode()},
+            })
+            apply(control_plane, secure_configuration(namespace, server.url))
+            [instance] = await until(lambda: items(control_plane, instances), what="the Instance")
+            assert instance["metadata"]["name"] == inst
+            resource = f"edgeplug.io/{inst}"
+            await until(lambda: emulator.healthy_device_ids(resource),
+                        what="the secured server's slot healthy (checked with the Secret's cert)")
+            [instance] = items(control_plane, instances)
+            assert not (instance.get("status") or {}).get("unhealthy")
+            assert instance["spec"]["brokerProperties"]["OPCUA_DISCOVERY_URL"] == server.url
+            events = control_plane.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+            for shown, where in ((json.dumps(instance), "the Instance"), (events, "an Event"),
+                                 (caplog.text, "a log line")):
+                assert key_line not in shown, f"the private key appears in {where}"
     finally:
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
         await emulator.stop(delete_node=True)
         await server.stop()
         if isinstance(server, Open62541Server):

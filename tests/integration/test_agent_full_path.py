@@ -6,8 +6,6 @@ Real control plane and scheduler, the node emulator as the kubelet, and the whol
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -24,6 +22,7 @@ from tests.harness.agent_process import (
     eventually,
     instances,
 )
+from tests.harness.aio_process import task_running
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
 
@@ -41,48 +40,45 @@ async def test_pod_requesting_an_instance_gets_its_properties(
     name = instance_name("echo", "foo0", shared=False, node=node)
     resource = instance_resource_name(name)
     await emulator.start()
-    agent = asyncio.create_task(run_agent(settings))
     try:
-        apply(control_plane, namespace, debug_echo_configuration(
-            "echo", descriptions=["foo0"], shared=False, capacity=2,
-            broker_properties={"MODE": "test"},
-        ))
+        async with task_running(run_agent(settings), name=f"agent-{node}"):
+            apply(control_plane, namespace, debug_echo_configuration(
+                "echo", descriptions=["foo0"], shared=False, capacity=2,
+                broker_properties={"MODE": "test"},
+            ))
 
-        async def allocatable() -> str | None:
-            got = await client.get(Node, node)
-            alloc = (got.status.allocatable if got.status else None) or {}
-            return alloc.get(resource) if alloc.get(resource) == "2" else None
+            async def allocatable() -> str | None:
+                got = await client.get(Node, node)
+                alloc = (got.status.allocatable if got.status else None) or {}
+                return alloc.get(resource) if alloc.get(resource) == "2" else None
 
-        await eventually(allocatable, what=f"{resource}=2 allocatable on Node {node}")
-        assert name in await instances(client, namespace)
+            await eventually(allocatable, what=f"{resource}=2 allocatable on Node {node}")
+            assert name in await instances(client, namespace)
 
-        pod = {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "broker"},
-            "spec": {"containers": [{
-                "name": "c", "image": "busybox:1.36",
-                "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
-            }]},
-        }
-        apply(control_plane, namespace, pod)
+            pod = {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "broker"},
+                "spec": {"containers": [{
+                    "name": "c", "image": "busybox:1.36",
+                    "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
+                }]},
+            }
+            apply(control_plane, namespace, pod)
 
-        async def allocated() -> bool:
-            # (pod_admitted turns True when the emulator first sees the pod, before Allocate
-            # has answered, so wait for the recorded allocation itself.)
-            return bool(emulator.allocations(namespace, "broker"))
+            async def allocated() -> bool:
+                # (pod_admitted turns True when the emulator first sees the pod, before Allocate
+                # has answered, so wait for the recorded allocation itself.)
+                return bool(emulator.allocations(namespace, "broker"))
 
-        await eventually(allocated, what="pod broker allocated by the emulated kubelet")
-        [allocation] = emulator.allocations(namespace, "broker")
-        assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
-        assert allocation.envs["MODE"] == "test"
-        async def running() -> bool:
-            pod = json.loads(control_plane.kubectl(
-                "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)
-            return bool(pod["status"].get("phase") == "Running")
+            await eventually(allocated, what="pod broker allocated by the emulated kubelet")
+            [allocation] = emulator.allocations(namespace, "broker")
+            assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
+            assert allocation.envs["MODE"] == "test"
+            async def running() -> bool:
+                pod = json.loads(control_plane.kubectl(
+                    "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)
+                return bool(pod["status"].get("phase") == "Running")
 
-        await eventually(running, what="pod broker Running")
+            await eventually(running, what="pod broker Running")
     finally:
-        agent.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent
         await emulator.stop(delete_node=True)
         await client.close()
