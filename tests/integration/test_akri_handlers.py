@@ -337,6 +337,10 @@ async def test_a_restarted_agent_knows_the_handlers_registered_with_its_predeces
                                      what="the handler registered")
         async with akri_agent(control_plane, node=node, namespace=namespace,
                               directory=handlers_dir, grace=LONG_HANDLER_GRACE) as after:
+            # The new agent reads its predecessor's record as it starts (the handler does
+            # not register again: checked below).
+            await harness.eventually(lambda: is_registered(after, "akriEcho"),
+                                     what="the handler known from the record")
             assert after.registered("akriEcho") == 1
             harness.apply(control_plane, namespace, akri_configuration(
                 "akri-after", handler="akriEcho", details={"descriptions": ["z"]}))

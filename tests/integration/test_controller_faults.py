@@ -130,7 +130,10 @@ def test_standby_takes_over_within_seconds_with_default_settings(
         wait_until(lambda: _live_brokers(plane, namespace) == {first, second},
                    what="the standby's broker for an Instance created after the kill",
                    deadline=FAILOVER_DEADLINE_S)
-        assert f"created Pod {namespace}/{second}" in standby.log_path.read_text()
+        # The standby logs the creation once the API server has answered it: the pod can be
+        # seen a moment before the line is written.
+        wait_until(lambda: f"created Pod {namespace}/{second}" in standby.log_path.read_text(),
+                   what="the standby's log of creating the second broker")
     finally:
         active.stop()
         standby.stop()
