@@ -16,7 +16,6 @@ objects", so a kind with no referenced name gets no rule at all (``role_body``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -24,6 +23,7 @@ from typing import Any, cast
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
+from controller.watching import follow_forever
 from crds.configuration import Configuration, ValueSourceKind
 from crds.resources import ConfigurationResource
 
@@ -112,14 +112,7 @@ class AgentAccess:
 
     async def run(self) -> None:
         """Forever: list, grant, then follow the Configuration watch; start over if it breaks."""
-        while True:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # the API server away, a 403: keep serving, retry
-                log.warning("agent access: Configuration watch broke (%s); retrying", error)
-            await asyncio.sleep(RETRY_S)
+        await follow_forever(self._follow, what="agent access", retry_s=RETRY_S)
 
     async def _follow(self) -> None:
         self._by_configuration.clear()

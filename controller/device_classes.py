@@ -19,7 +19,6 @@ two replicas writing at once agree.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any, Final, cast
@@ -28,6 +27,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
+from controller.watching import follow_forever
 from crds import dra
 from crds.naming import configuration_resource_name
 from crds.resources import ConfigurationResource
@@ -62,14 +62,7 @@ class DeviceClasses:
 
     async def run(self) -> None:
         """Forever: list, sync, follow the watch; start over if it breaks."""
-        while True:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # the API server away, a 403: keep serving, retry
-                log.warning("device classes: Configuration watch broke (%s); retrying", error)
-            await asyncio.sleep(RETRY_S)
+        await follow_forever(self._follow, what="device classes", retry_s=RETRY_S)
 
     def _body(self, data: dict[str, Any]) -> dict[str, Any]:
         namespace, name = _key(data)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -84,6 +84,21 @@ _decode_list = msgspec.json.Decoder(_List).decode
 _decode_event = msgspec.json.Decoder(_Event).decode
 _decode_status = msgspec.json.Decoder(_Status).decode
 _decode_version = msgspec.json.Decoder(_Versioned).decode
+
+
+async def follow_forever(
+    follow: Callable[[], Awaitable[None]], *, what: str, retry_s: float
+) -> None:
+    """Run ``follow`` (a list, then a watch) again and again: any error but cancellation is
+    logged and followed by a fresh start after ``retry_s`` (the API server away, a 403)."""
+    while True:
+        try:
+            await follow()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # keep serving, retry
+            log.warning("%s: Configuration watch broke (%s); retrying", what, error)
+        await asyncio.sleep(retry_s)
 
 
 def retry_delay(failures: int) -> float:

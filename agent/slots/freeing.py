@@ -155,7 +155,7 @@ class OrphanFreer:
                 elif seen_with is not None and seen_with == before:
                     # Its pod ended, and the slot was not handed to a new pod since the List
                     # that showed it held (a new pod may not be listed yet): free now, unless
-                    # a hand-out comes before the write (the ledger checks ``before``).
+                    # a hand-out comes before the write (``_free`` checks ``before``).
                     del self._seen_live[key]
                     await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
