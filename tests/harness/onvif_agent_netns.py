@@ -22,28 +22,9 @@ from urllib.parse import urlsplit
 
 from tests.harness.controlplane import ControlPlane
 from tests.harness.onvif_netns import REPO
+from tests.harness.stream_splice import splice
 
-CHUNK_BYTES = 64 * 1024
 STOP_TIMEOUT_S = 10.0
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(CHUNK_BYTES):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-
-
-async def _splice(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    other: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-) -> None:
-    await asyncio.gather(_pipe(reader, other[1]), _pipe(other[0], writer))
 
 
 async def unix_to_tcp(path: Path, host: str, port: int) -> asyncio.Server:
@@ -55,7 +36,7 @@ async def unix_to_tcp(path: Path, host: str, port: int) -> asyncio.Server:
         except OSError:
             writer.close()
             return
-        await _splice(reader, writer, other)
+        await splice(reader, writer, other)
 
     return await asyncio.start_unix_server(serve, path=str(path))
 
@@ -67,7 +48,7 @@ async def _tcp_to_unix(port: int, path: str) -> None:
         except OSError:
             writer.close()
             return
-        await _splice(reader, writer, other)
+        await splice(reader, writer, other)
 
     server = await asyncio.start_server(serve, host="127.0.0.1", port=port)
     print("READY", flush=True)

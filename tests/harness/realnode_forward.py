@@ -18,8 +18,9 @@ import os
 import socket
 import sys
 
+from tests.harness.stream_splice import splice
+
 CLONE_NEWNET = 0x40000000
-CHUNK = 65536
 
 
 def _setns(fd: int) -> None:
@@ -45,17 +46,6 @@ def listen_in(netns: str, port: int) -> socket.socket:
     return listener
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-
-
 async def serve(listener: socket.socket, port: int) -> None:
     async def forward(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
@@ -63,7 +53,7 @@ async def serve(listener: socket.socket, port: int) -> None:
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
+        await splice(client_r, client_w, (server_r, server_w))
 
     server = await asyncio.start_server(forward, sock=listener)
     print("ready", flush=True)
