@@ -177,12 +177,17 @@ class DevicePluginService:
         return self._devices.get(namespace, instance)
 
     def configuration_instances(self, namespace: str, configuration: str) -> list[Instance]:
+        """The Configuration's Instances this node serves, once pod-resources has been asked
+        about them: the configuration plugin maps ids onto their slots, so an Instance whose
+        device appeared after the last check (a crash may have left one of its slots held by a
+        live pod and unrecorded) joins only after the next pass has checked it."""
         return [
             i
             for k, i in self._instances.items()
             if k[0] == namespace
             and i.spec.configuration_name == configuration
             and self._serves(k, i)
+            and (self._freer is None or k in self._checked)
         ]
 
     def slots_changed(self, refs: Iterable[SlotRef]) -> None:
