@@ -64,8 +64,8 @@ async def test_silent_discovery_server_is_a_warning_event_on_the_configuration(
 
             await lds.stop()
 
-            async def warned() -> list[dict[str, Any]]:
-                return warning_events(control_plane, namespace)
+            async def warned() -> list[dict[str, Any]] | None:
+                return warning_events(control_plane, namespace) or None
 
             [event] = await harness.eventually(warned, what="a DiscoveryWarning Event")
             assert event["type"] == "Warning"
