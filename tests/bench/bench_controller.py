@@ -11,6 +11,8 @@ process) against a real control plane and times API watch events seen by this pr
   Pending and the scheduler keeps re-marking it, a stress case). Figures that compare across
   machines: the controller's lag after the last Instance, its CPU per Instance and requests per
   Instance, beside the API server's own create rate in the same run (the machine's speed);
+  the realistic case beside its floor (``controller_floor``: the same pinned pods created by a
+  bare client, no controller or agent), "last pod Running after the last create", as a ratio;
 - steady state: controller CPU and writes over 25 s with nothing changing;
 - outage: the API server stopped for N seconds → a new Instance's broker after it returns;
 - failover: the active replica SIGKILLed → a new Instance's broker from the standby.
@@ -25,7 +27,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +39,9 @@ from lightkube.codecs import from_dict
 
 from controller import naming
 from controller.kube import InstanceResource
-from tests.bench.controller_cluster import node_names, placement
+from tests.bench.controller_cluster import node_names, placement, start_kubelets
 from tests.bench.controller_faults import failover, outage
+from tests.bench.controller_floor import floor_run
 from tests.bench.controller_measure import (
     PodWatch,
     cpu_s,
@@ -58,7 +60,7 @@ from tests.harness.controller_process import (
     install_peering_crds,
     instance,
 )
-from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.controlplane import ControlPlane
 
 DEFAULT_RUNS = 20
 DEFAULT_NODES = 10
@@ -80,7 +82,6 @@ CLUSTER_SETTLE_TIMEOUT_S = 300.0
 HOUR_S = "3600"
 CONVERGE_TIMEOUT_S = 900.0
 POLL_S = 0.05
-KUBELETS_READY_TIMEOUT_S = 120.0
 
 
 async def latency(client: AsyncClient, namespace: str, cfg: str, runs: int) -> None:
@@ -105,23 +106,6 @@ async def latency(client: AsyncClient, namespace: str, cfg: str, runs: int) -> N
     print(summary("Instance deleted → broker pod deleted", deleted), flush=True)
 
 
-def start_kubelets(plane: ControlPlane, namespace: str, cfg: str, nodes: int,
-                   instances: int) -> subprocess.Popen[str]:
-    """The emulated nodes (their own process); returns once every Node is up."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.bench.controller_cluster", "--kubeconfig",
-         str(plane.kubeconfig), "--namespace", namespace, "--configuration", cfg,
-         "--nodes", str(nodes), "--instances", str(instances)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + KUBELETS_READY_TIMEOUT_S
-    while proc.stdout.readline().strip() != "ready":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the emulated nodes did not start")
-    return proc
-
-
 def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds each named process has used so far (0 for one that is gone)."""
     used = {}
@@ -135,11 +119,12 @@ def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
 
 async def scale_run(
     client: AsyncClient, ctl: ControllerProcess, namespace: str, cfg: str, *, nodes: int,
-    instances: int, others: dict[str, int],
+    instances: int, others: dict[str, int], running: bool,
 ) -> dict[str, float]:
     """One scale run; returns its figures. ``others``: the processes beside the controller
     whose CPU until the last broker is reported too (the control plane, the emulated nodes,
-    this benchmark)."""
+    this benchmark). ``running``: the brokers are reported Running (emulated kubelets); wait for
+    that too and return when the last one was (``running_lag_s``)."""
     requests_before = requests(ctl)
     others_before = cpu_by_process(others)
     limit = asyncio.Semaphore(CREATE_CONCURRENCY)
@@ -167,6 +152,11 @@ async def scale_run(
     others_used = {name: used - others_before[name]
                    for name, used in cpu_by_process(others).items()}
     sent = requests(ctl) - requests_before
+    running_lag = {}
+    if running:
+        last_running = await watch.last_of(watch.running, instances, what="Running",
+                                           timeout_s=CONVERGE_TIMEOUT_S)
+        running_lag["running_lag_s"] = max(0.0, last_running - created_at)
     settle_s = await quiesce(ctl)
     # "Nothing changing" includes the cluster: the scheduler marks 10,000 unschedulable pods
     # (one status write each) for a while after the last broker exists.
@@ -193,6 +183,7 @@ async def scale_run(
         "steady_pod_events": steady_events,
         "steady_writes": writes(ctl) - steady_from,
         "steady_cpu_s": cpu_s(ctl.pid) - steady_cpu,
+        **running_lag,
         **{f"cpu_s:{name}": used for name, used in others_used.items()},
     }
 
@@ -201,7 +192,9 @@ def describe(mode: str, nodes: int, instances: int, f: dict[str, float]) -> str:
     return (
         f"scale {mode} {nodes} nodes x {instances} Instances: API server created them in "
         f"{f['created_s']:.1f} s ({f['create_rate']:.0f} Instances/s); last broker "
-        f"{f['lag_s']:.2f} s after the last Instance (all in {f['converge_s']:.1f} s, "
+        f"{f['lag_s']:.2f} s after the last Instance"
+        + (f", Running {f['running_lag_s']:.2f} s after it" if "running_lag_s" in f else "")
+        + f" (all in {f['converge_s']:.1f} s, "
         f"{f['broker_rate']:.0f} brokers/s); "
         f"controller CPU {f['cpu_s']:.1f} s = {f['cpu_ms_per_instance']:.2f} ms per Instance; "
         f"{f['requests_per_instance']:.3f} requests per Instance; RSS {f['rss_mib']:.0f} MiB "
@@ -237,7 +230,8 @@ async def scale_once(mode: str, nodes: int, instances: int) -> dict[str, float]:
             if kubelets is not None:
                 others["emulated nodes"] = kubelets.pid
             figures = await scale_run(client, ctl, namespace, cfg, nodes=nodes,
-                                      instances=instances, others=others)
+                                      instances=instances, others=others,
+                                      running=kubelets is not None)
         finally:
             await client.close()
             ctl.stop()
@@ -246,6 +240,28 @@ async def scale_once(mode: str, nodes: int, instances: int) -> dict[str, float]:
                 kubelets.wait()
     print(describe(mode, nodes, instances, figures), flush=True)
     return figures
+
+
+def floor_once(nodes: int, instances: int) -> dict[str, float]:
+    """The realistic scale run's floor (``controller_floor``), printed."""
+    floor = asyncio.run(floor_run(nodes, instances, concurrency=CREATE_CONCURRENCY,
+                                  timeout_s=CONVERGE_TIMEOUT_S))
+    print(f"floor {nodes} nodes x {instances} pinned pods by a bare client, no controller or "
+          f"agent: created in {floor['created_s']:.1f} s ({floor['create_rate']:.0f} pods/s); "
+          f"last pod Running {floor['running_lag_s']:.2f} s after the last create", flush=True)
+    return floor
+
+
+def floor_ratios(runs: list[dict[str, float]], floors: list[dict[str, float]]) -> None:
+    """Medians of ours beside the floor's, and their ratios."""
+    floor = statistics.median(f["running_lag_s"] for f in floors)
+    created = statistics.median(r["lag_s"] for r in runs)
+    running = statistics.median(r["running_lag_s"] for r in runs)
+    print(f"realistic against its floor (medians of {len(runs)} / {len(floors)} runs): last "
+          f"broker {created:.2f} s (created) / {running:.2f} s (Running) after the last Instance; "
+          f"floor: last pod Running {floor:.2f} s after the last create → ratio "
+          f"{created / max(floor, 1e-3):.1f}x (created) / {running / max(floor, 1e-3):.1f}x "
+          "(Running)", flush=True)
 
 
 def medians(mode: str, runs: list[dict[str, float]]) -> None:
@@ -286,6 +302,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--fault-runs", type=int, default=DEFAULT_FAULT_RUNS,
                         help="outage and failover runs (0: none)")
     parser.add_argument("--only", choices=("latency", "scale", "faults"), default=None)
+    parser.add_argument("--no-floor", action="store_true",
+                        help="no floor run beside each realistic scale run")
     args: Any = parser.parse_args(list(argv))
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)
@@ -293,9 +311,15 @@ def main(argv: Sequence[str]) -> None:
         asyncio.run(bench_latency(args.runs))
     if args.only in (None, "scale") and args.instances > 0:
         for mode in MODES if args.mode == "both" else (args.mode,):
-            results = [asyncio.run(scale_once(mode, args.nodes, args.instances))
-                       for _ in range(args.scale_runs)]
+            with_floor = mode == "realistic" and not args.no_floor
+            results, floors = [], []
+            for _ in range(args.scale_runs):  # alternating, so both see the same load
+                if with_floor:
+                    floors.append(floor_once(args.nodes, args.instances))
+                results.append(asyncio.run(scale_once(mode, args.nodes, args.instances)))
             medians(mode, results)
+            if with_floor:
+                floor_ratios(results, floors)
     if args.only in (None, "faults") and args.fault_runs > 0:
         if args.outage > 0:
             outage(args.outage, args.fault_runs)

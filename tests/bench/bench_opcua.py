@@ -37,7 +37,7 @@ from agent.main import run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
 from tests.bench.instance_times import InstanceTimes, apply_configuration
-from tests.bench.stats import machine_speed_line, summary
+from tests.bench.stats import floor_ratio_line, machine_speed_line, summary
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
 
@@ -51,12 +51,25 @@ INTERVAL_S = 2.0
 DEADLINE_S = 120.0
 
 
-def _run_handler(url: str, timeout_s: float, steady_s: float = 0.0) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "tests.harness.opcua_runner", url,
-                          str(timeout_s), str(INTERVAL_S), str(steady_s)],
-                         capture_output=True, text=True, check=True, timeout=DEADLINE_S)
+def _last_json_line(*command: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True,
+                         check=True, timeout=DEADLINE_S)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def _run_handler(url: str, timeout_s: float, steady_s: float = 0.0) -> dict[str, Any]:
+    return _last_json_line("tests.harness.opcua_runner", url, str(timeout_s), str(INTERVAL_S),
+                           str(steady_s))
+
+
+def _run_floor(url: str) -> dict[str, Any]:
+    """A bare asyncua client's FindServers, then GetEndpoints on every server named
+    (``tests.harness.opcua_floor``): the farm's own answer time."""
+    floor = _last_json_line("tests.harness.opcua_floor", url)
+    if floor["answered"] != floor["servers"]:
+        raise AssertionError(f"floor: {floor['answered']} of {floor['servers']} answered")
+    return floor
 
 
 class Farm:
@@ -105,17 +118,23 @@ def _report_lists(label: str, runs: list[dict[str, Any]]) -> None:
           f" MiB)", flush=True)
 
 
-async def _bench_lists(farm: Farm) -> None:
-    clean = [await asyncio.to_thread(_run_handler, farm.urls["lds"], TIMEOUT_S)
-             for _ in range(RUNS)]
+async def _bench_lists(farm: Farm, runs: int) -> None:
+    clean, floors = [], []
+    for _ in range(runs):  # alternating, so both see the same load
+        clean.append(await asyncio.to_thread(_run_handler, farm.urls["lds"], TIMEOUT_S))
+        floors.append(await asyncio.to_thread(_run_floor, farm.urls["lds"]))
     imports = [r["import_s"] for r in clean]
     print(f"importing asyncua in the handler process: {statistics.median(imports):.2f} s, "
           f"{statistics.median(r['import_kib'] for r in clean) / 1024:.1f} MiB (once per "
           "process, not in the figures below)")
     _report_lists(f"1. {SERVERS} servers via one discovery server → complete list "
                   "(target ≤ 5 s; Akri: 10 s poll + 3 s pre-check per URL)", clean)
+    print(floor_ratio_line(f"a bare asyncua client: FindServers, then GetEndpoints on each of "
+                           f"{floors[0]['servers']} servers; the handler also opens a session "
+                           "and reads the state", [r["seconds"] for r in clean],
+                           [f["seconds"] for f in floors]), flush=True)
     hung = [await asyncio.to_thread(_run_handler, farm.urls["hung_lds"], TIMEOUT_S)
-            for _ in range(RUNS)]
+            for _ in range(runs)]
     _report_lists(f"2. the same plus one hung server (timeoutSeconds {TIMEOUT_S:g}; target: "
                   "adds ≤ the timeout)", hung)
     added = statistics.median(r["seconds"] for r in hung) - statistics.median(
@@ -161,11 +180,13 @@ async def _bench_instances(farm: Farm, plane: ControlPlane) -> list[float]:
     return samples
 
 
-async def _bench(plane: ControlPlane) -> None:
+async def _bench(plane: ControlPlane | None, runs: int) -> None:
     farm = Farm()
     try:
         await farm.start()
-        await _bench_lists(farm)
+        await _bench_lists(farm, runs)
+        if plane is None:
+            return
         instances = await _bench_instances(farm, plane)
         print(summary(f"3. server started → Instance exists on the API server, real agent "
                       f"(target ≤ {INTERVAL_S + 0.5:g} s: one interval + 0.5 s)", instances,
@@ -175,10 +196,16 @@ async def _bench(plane: ControlPlane) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """``--runs N``: runs of parts 1 and 2 (default 5); ``--lists-only``: parts 1 and 2 alone
+    (no control plane)."""
+    runs = int(argv[argv.index("--runs") + 1]) if "--runs" in argv else RUNS
     print(machine_speed_line(), flush=True)
+    if "--lists-only" in argv:
+        asyncio.run(_bench(None, runs))
+        return
     with ControlPlane() as plane:
         plane.apply_crds()
-        asyncio.run(_bench(plane))
+        asyncio.run(_bench(plane, runs))
 
 
 if __name__ == "__main__":

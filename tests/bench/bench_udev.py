@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -24,11 +25,11 @@ import yaml
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.udev.watch import DEBOUNCE_QUIET_S
 from tests.bench.bench_agent_setup import WatchedState, quiet_logs
-from tests.bench.stats import machine_speed_line, summary
+from tests.bench.stats import floor_ratio_line, machine_speed_line, summary
 from tests.harness.agent_process import AgentSubprocess, api_client, apply
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
-from tests.harness.udev_testbed import DiscoveryProcess, UmockdevBed
+from tests.harness.udev_testbed import DiscoveryProcess, UmockdevBed, bare_enumeration
 
 PLUG_RUNS = 20
 HANDLER_PLUG_RUNS = 20
@@ -132,10 +133,11 @@ def bench_handler_hotplug() -> None:
                   "included)", latencies))
 
 
-def bench_scale() -> None:
-    """1,000 devices, 5 rules: first enumeration, discovery's memory, CPU while idle."""
-    scans, rss, rss_empty, idle_cpu = [], [], [], []
-    for _ in range(SCALE_RUNS):
+def bench_scale(runs: int = SCALE_RUNS) -> None:
+    """1,000 devices, 5 rules: first enumeration (beside a bare pyudev enumeration of the same
+    tree, its floor), discovery's memory, CPU while idle."""
+    scans, rss, rss_empty, idle_cpu, floors = [], [], [], [], []
+    for _ in range(runs):
         with UmockdevBed() as bed:
             with DiscoveryProcess(bed, FIVE_RULES) as empty:
                 rss_empty.append(empty.next_list()["hwm_kib"] / 1024)
@@ -151,8 +153,12 @@ def bench_scale() -> None:
                     time.sleep(min(left, 1.0))  # a measuring window, not a synchronisation
                 after = discovery.poll_stats(lambda s: True, what="stats")
                 idle_cpu.append((after["cpu_s"] - before["cpu_s"]) / IDLE_WINDOW_S)
+            floors.append(bare_enumeration(bed))
     print(f"  {SCALE_DEVICES} devices, 5 rules ({found} matched):")
     print(summary("    first enumeration", scans))
+    print(floor_ratio_line(f"a bare pyudev enumeration of the same tree, "
+                           f"{floors[0]['devices']} devices with their properties read",
+                           scans, [f["seconds"] for f in floors], unit="ms", scale=1000.0))
     print(f"    discovery process peak RSS (VmHWM): median {statistics.median(rss):.1f} MiB "
           f"(same process, empty bed: {statistics.median(rss_empty):.1f} MiB)")
     print(f"    CPU while idle: median {statistics.median(idle_cpu) * 100:.3f} % of one core "
@@ -165,9 +171,16 @@ async def _bench_with_plane() -> None:
 
 
 def main(argv: list[str]) -> None:
-    del argv
+    """``--scale-only [--runs N]``: the 1,000-device enumeration alone (no control plane)."""
     quiet_logs()
     print(machine_speed_line())
+    if "--scale-only" in argv:
+        bench_scale(int(argv[argv.index("--runs") + 1]) if "--runs" in argv else SCALE_RUNS)
+        return
     bench_handler_hotplug()
     bench_scale()
     asyncio.run(_bench_with_plane())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +33,7 @@ from lightkube.types import PatchType
 
 from controller import naming
 from crds.naming import instance_resource_name
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.kubelet_node import NodeReporter
 
 #: Pod status writes in flight at once (a kubelet per node writes its own; 100 nodes' worth).
@@ -38,6 +41,7 @@ STATUS_WRITES: Final = 16
 #: Wait between attempts after a failed watch.
 WATCH_RETRY_S: Final = 0.5
 FIELD_MANAGER: Final = "edgeplug-bench-kubelet"
+KUBELETS_READY_TIMEOUT_S: Final = 120.0
 
 
 def node_names(nodes: int) -> list[str]:
@@ -141,6 +145,23 @@ async def serve(kubeconfig: Path, namespace: str, cfg: str, nodes: int, instance
         await asyncio.gather(*(r.stop(delete_node=False) for r in reporters),
                              return_exceptions=True)
         await client.close()
+
+
+def start_kubelets(plane: ControlPlane, namespace: str, cfg: str, nodes: int,
+                   instances: int) -> subprocess.Popen[str]:
+    """The emulated nodes (their own process); returns once every Node is up."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.controller_cluster", "--kubeconfig",
+         str(plane.kubeconfig), "--namespace", namespace, "--configuration", cfg,
+         "--nodes", str(nodes), "--instances", str(instances)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + KUBELETS_READY_TIMEOUT_S
+    while proc.stdout.readline().strip() != "ready":
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the emulated nodes did not start")
+    return proc
 
 
 def main(argv: Sequence[str]) -> None:

@@ -32,14 +32,15 @@ _REQUEST: Final = re.compile(r"HTTP Request: ")
 
 
 class PodWatch:
-    """Records when each broker pod was first seen and when it was seen deleted; counts every
-    pod event, and which pods the scheduler has handled (a ``PodScheduled`` condition)."""
+    """Records when each broker pod was first seen, first seen Running and seen deleted; counts
+    every pod event, and which pods the scheduler has handled (a ``PodScheduled`` condition)."""
 
     def __init__(self, client: AsyncClient, namespace: str) -> None:
         self.client = client
         self.namespace = namespace
         self.added: dict[str, float] = {}
         self.deleted: dict[str, float] = {}
+        self.running: dict[str, float] = {}
         self.scheduled: set[str] = set()
         self.events = 0
         self.last_event = time.monotonic()
@@ -70,6 +71,8 @@ class PodWatch:
                 self.deleted.setdefault(name, now)
             else:
                 self.added.setdefault(name, now)
+                if pod.status is not None and pod.status.phase == "Running":
+                    self.running.setdefault(name, now)
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -95,6 +98,16 @@ class PodWatch:
                 raise TimeoutError(f"no watch event for pod {name}")
             await asyncio.sleep(POLL_S)
         return table[name]
+
+    async def last_of(self, table: dict[str, float], count: int, *, what: str,
+                      timeout_s: float) -> float:
+        """When the last of ``count`` pods entered ``table`` (``added``, ``running``)."""
+        deadline = time.monotonic() + timeout_s
+        while len(table) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(table)}/{count} pods {what}")
+            await asyncio.sleep(POLL_S)
+        return max(table.values())
 
 
 def rss_mib(pid: int) -> float:

@@ -53,3 +53,13 @@ def machine_speed_line() -> str:
     return (f"machine: {os.cpu_count()} CPUs, load {load} (1, 5, 15 min); speed loop "
             f"{CALIBRATION_LOOPS:,} iterations in {seconds * 1000:.0f} ms "
             f"(median of {CALIBRATION_RUNS})")
+
+
+def floor_ratio_line(what: str, ours: Sequence[float], floor: Sequence[float],
+                     unit: str = "s", scale: float = 1.0) -> str:
+    """The floor measured in the same run beside our figure, and their ratio: on a shared
+    machine the ratio says how much of the figure is ours (median over median)."""
+    ours_median = statistics.median(ours) * scale
+    floor_median = statistics.median(floor) * scale
+    return (f"   floor ({what}): median {floor_median:.3f} {unit} (n={len(floor)}); "
+            f"ours {ours_median:.3f} {unit} → ratio ours/floor {ours_median / floor_median:.1f}x")

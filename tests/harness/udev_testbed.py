@@ -221,3 +221,15 @@ class DiscoveryProcess:
             lists += 1
             if check(line["devices"]):
                 return line, lists
+
+
+def bare_enumeration(bed: UmockdevBed) -> dict[str, Any]:
+    """A bare pyudev enumeration of the bed's tree in a process of its own, started as
+    ``DiscoveryProcess`` starts the handler (``tests.harness.udev_floor``): the floor of the
+    handler's first enumeration. ``{"seconds": ..., "devices": ...}``."""
+    out = subprocess.run(
+        [*_PRIORITY, sys.executable, "-m", "tests.harness.udev_floor"],
+        env={**os.environ, **bed.env()}, capture_output=True, text=True, check=True,
+        timeout=REPLY_DEADLINE_S * 4, cwd=Path(__file__).resolve().parents[2])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
