@@ -23,6 +23,7 @@ from tests.harness.controller_process import (
     apply,
     broker_pod_spec,
     broker_pods,
+    configuration,
     items,
 )
 from tests.harness.controlplane import ControlPlane
@@ -81,19 +82,7 @@ async def test_akri_handler_device_gets_a_broker_and_goes_with_the_handler(
 
 
 def _configuration(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "edgeplug.io/v1alpha1",
-        "kind": "Configuration",
-        "metadata": {"name": "cams", "namespace": namespace},
-        "spec": {
-            "discoveryHandler": {
-                "name": "akriCams",
-                "discoveryDetails": yaml.safe_dump(
-                    {"descriptions": ["cam0"], "deviceNodes": True}),
-                "discoveryProperties": [{"name": "site", "value": "lab"}],
-            },
-            "capacity": 1,
-            "offlineGracePeriodSeconds": GRACE_S,
-            "brokerSpec": {"brokerPodSpec": broker_pod_spec()},
-        },
-    }
+    return configuration(
+        namespace, "cams", handler="akriCams", pod_spec=broker_pod_spec(), grace=GRACE_S,
+        details=yaml.safe_dump({"descriptions": ["cam0"], "deviceNodes": True}),
+        properties=[{"name": "site", "value": "lab"}])

@@ -18,7 +18,9 @@ from tests.harness.controller_process import (
     apply,
     broker_pod_spec,
     broker_pods,
+    configuration,
     items,
+    secret_property,
 )
 from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import until
@@ -37,27 +39,10 @@ def onvif_configuration(namespace: str, wsd_port: int) -> dict[str, Any]:
         "discoveryTimeoutSeconds: 0.5\n"
         "discoveryIntervalSeconds: 1\n"
     )
-    return {
-        "apiVersion": "edgeplug.io/v1alpha1",
-        "kind": "Configuration",
-        "metadata": {"name": "cams", "namespace": namespace},
-        "spec": {
-            "discoveryHandler": {
-                "name": "onvif",
-                "discoveryDetails": details,
-                "discoveryProperties": [
-                    {"name": "username_default", "value": "admin"},
-                    {
-                        "name": "password_default",
-                        "valueFrom": {"secretKeyRef": {"name": "cams", "key": "password"}},
-                    },
-                ],
-            },
-            "capacity": 1,
-            "offlineGracePeriodSeconds": 2,
-            "brokerSpec": {"brokerPodSpec": broker_pod_spec()},
-        },
-    }
+    return configuration(
+        namespace, "cams", handler="onvif", details=details, pod_spec=broker_pod_spec(), grace=2,
+        properties=[{"name": "username_default", "value": "admin"},
+                    secret_property("password_default", "cams", "password")])
 
 
 async def test_broker_gets_the_camera_url_and_stream_and_goes_with_the_camera(

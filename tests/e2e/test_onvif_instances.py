@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from crds.naming import instance_name
-from tests.harness.controller_process import apply, items
+from tests.harness.controller_process import apply, configuration, items, secret_property
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until
 from tests.harness.onvif_agent_netns import NetnsAgent
@@ -37,27 +37,12 @@ def bed() -> Iterator[NetnsBed]:
         yield network
 
 
-def configuration(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "edgeplug.io/v1alpha1",
-        "kind": "Configuration",
-        "metadata": {"name": "cams", "namespace": namespace},
-        "spec": {
-            "discoveryHandler": {
-                "name": "onvif",
-                "discoveryDetails": (
-                    "discoveryTimeoutSeconds: 0.5\ndiscoveryIntervalSeconds: 2\nipv6: false\n"
-                ),
-                "discoveryProperties": [
-                    {"name": "username_default", "value": "admin"},
-                    {"name": "password_default",
-                     "valueFrom": {"secretKeyRef": {"name": "cams", "key": "password"}}},
-                ],
-            },
-            "capacity": 1,
-            "offlineGracePeriodSeconds": GRACE_S,
-        },
-    }
+def cams_configuration(namespace: str) -> dict[str, Any]:
+    return configuration(
+        namespace, "cams", handler="onvif", grace=GRACE_S,
+        details="discoveryTimeoutSeconds: 0.5\ndiscoveryIntervalSeconds: 2\nipv6: false\n",
+        properties=[{"name": "username_default", "value": "admin"},
+                    secret_property("password_default", "cams", "password")])
 
 
 
@@ -94,7 +79,7 @@ async def test_instances_follow_hello_bye_and_silence(
             "metadata": {"name": "cams", "namespace": namespace},
             "data": {"password": base64.b64encode(PASSWORD.encode()).decode()},
         })
-        apply(control_plane, configuration(namespace))
+        apply(control_plane, cams_configuration(namespace))
         await agent.start()
         three = {name_of(first), name_of(second), name_of(refusing)}
         await until(lambda: names() == three, what="an Instance per camera")

@@ -24,7 +24,7 @@ from agent.main import run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
 from tests.harness.aio_process import task_running
-from tests.harness.controller_process import apply, items
+from tests.harness.controller_process import apply, configuration, items, secret_property
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until
 from tests.harness.node_emulator import NodeEmulator
@@ -41,25 +41,10 @@ def secure_configuration(namespace: str, url: str) -> dict[str, Any]:
     details = (f"opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: [{url}]\n"
                "discoveryIntervalSeconds: 0.5\n"
                "security:\n  policy: Basic256Sha256\n  mode: SignAndEncrypt\n")
-    ref = {"name": "opcua-client", "key": ""}
-    return {
-        "apiVersion": "edgeplug.io/v1alpha1",
-        "kind": "Configuration",
-        "metadata": {"name": "presses", "namespace": namespace},
-        "spec": {
-            "discoveryHandler": {
-                "name": "opcua",
-                "discoveryDetails": details,
-                "discoveryProperties": [
-                    {"name": "clientCertificate",
-                     "valueFrom": {"secretKeyRef": {**ref, "key": "certificate"}}},
-                    {"name": "clientPrivateKey",
-                     "valueFrom": {"secretKeyRef": {**ref, "key": "privateKey"}}},
-                ],
-            },
-            "capacity": 1,
-        },
-    }
+    return configuration(
+        namespace, "presses", handler="opcua", details=details,
+        properties=[secret_property("clientCertificate", "opcua-client", "certificate"),
+                    secret_property("clientPrivateKey", "opcua-client", "privateKey")])
 
 
 @pytest.mark.parametrize("implementation", [TestServer, Open62541Server],

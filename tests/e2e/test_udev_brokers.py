@@ -21,6 +21,7 @@ from tests.harness.controller_process import (
     apply,
     broker_pod_spec,
     broker_pods,
+    configuration,
     items,
 )
 from tests.harness.controlplane import ControlPlane
@@ -43,20 +44,10 @@ def spec_nodes(path: Path) -> list[tuple[str, str, str]]:
 
 def radio_configuration(name: str, namespace: str) -> dict[str, Any]:
     """crds/examples/udev-serial-radio.yaml's shape, with the test's broker."""
-    return {
-        "apiVersion": "edgeplug.io/v1alpha1",
-        "kind": "Configuration",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "discoveryHandler": {
-                "name": "udev",
-                "discoveryDetails": yaml.safe_dump(
-                    {"usb": {"vendor": "0403", "product": "6001"}, "permissions": "rw"}),
-            },
-            "capacity": 1,
-            "brokerSpec": {"brokerPodSpec": broker_pod_spec()},
-        },
-    }
+    return configuration(
+        namespace, name, handler="udev", pod_spec=broker_pod_spec(),
+        details=yaml.safe_dump({"usb": {"vendor": "0403", "product": "6001"},
+                                "permissions": "rw"}))
 
 
 async def test_radio_plugged_gets_a_broker_with_its_device_node(

@@ -159,11 +159,19 @@ def configuration(
     instance_service: bool = False,
     configuration_service: bool = False,
     capacity: int = 1,
+    handler: str = "debugEcho",
+    details: str = "descriptions: [foo0]",
+    properties: Sequence[Mapping[str, Any]] = (),
+    grace: int | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "discoveryHandler": {"name": "debugEcho", "discoveryDetails": "descriptions: [foo0]"},
-        "capacity": capacity,
-    }
+    """A Configuration (debugEcho unless ``handler`` says otherwise) with the given broker,
+    services, ``discoveryProperties`` and ``offlineGracePeriodSeconds`` (``grace``)."""
+    discovery: dict[str, Any] = {"name": handler, "discoveryDetails": details}
+    if properties:
+        discovery["discoveryProperties"] = [dict(p) for p in properties]
+    spec: dict[str, Any] = {"discoveryHandler": discovery, "capacity": capacity}
+    if grace is not None:
+        spec["offlineGracePeriodSeconds"] = grace
     if pod_spec is not None:
         spec["brokerSpec"] = {"brokerPodSpec": dict(pod_spec)}
     if job_spec is not None:
@@ -179,6 +187,11 @@ def configuration(
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def secret_property(name: str, secret: str, key: str) -> dict[str, Any]:
+    """A ``discoveryProperties`` entry whose value is a Secret's key."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
 def instance(
