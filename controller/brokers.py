@@ -8,7 +8,9 @@ Configuration's ``brokerPodSpec`` with:
 - every ``{{PLACEHOLDER}}`` resource key (requests and limits, containers and initContainers)
   replaced by the Instance's extended resource ``edgeplug.io/<instance>``, so the kubelet asks the
   agent's device plugin for a slot and the broker receives the device's properties as
-  environment variables (Akri's names) from ``Allocate``;
+  environment variables (Akri's names) from ``Allocate``; or, with ``brokerDeviceAccess: dra``,
+  by a claim on the Instance's ResourceClaimTemplate (``controller.broker_claims``), whose CDI
+  spec gives the broker the same environment;
 - a required node affinity on ``metadata.name`` In [node], pinning it to the node that sees it;
 - labels naming the configuration, instance and target node, and an owner reference to the
   Instance, so deleting the Instance deletes its brokers;
@@ -26,7 +28,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from controller import naming
+from controller import broker_claims, naming
 from crds.api import RESOURCE_PLACEHOLDER
 from crds.configuration import Configuration
 from crds.instance import Instance
@@ -74,6 +76,25 @@ def substitute_placeholder(pod_spec: Mapping[str, Any], resource_name: str) -> d
     return spec
 
 
+def _ask_for_device(pod_spec: Mapping[str, Any], *, configuration: Configuration,
+                    instance: Instance) -> dict[str, Any]:
+    """A copy of ``pod_spec`` whose ``{{PLACEHOLDER}}`` asks for the Instance's device, by
+    extended resource or (``brokerDeviceAccess: dra``) by claim."""
+    if not broker_claims.uses_claims(configuration):
+        return substitute_placeholder(pod_spec, instance_resource_name(instance.name))
+    spec = copy.deepcopy(dict(pod_spec))
+    broker_claims.claim_the_device(spec, _containers(spec), instance=instance.name)
+    return spec
+
+
+def render_claim_template(*, configuration: Configuration, instance: Instance
+                          ) -> dict[str, Any]:
+    """The ResourceClaimTemplate of ``instance``'s brokers (``brokerDeviceAccess: dra``)."""
+    labels = broker_labels(configuration=configuration.name, instance=instance.name, node=None)
+    return broker_claims.render_claim_template(configuration=configuration, instance=instance,
+                                               labels=labels)
+
+
 def _pin_to_nodes(pod_spec: dict[str, Any], nodes: list[str]) -> None:
     """Adds a required node affinity ``metadata.name In nodes`` to every existing term (or one
     new term), keeping whatever affinity the user wrote."""
@@ -101,7 +122,7 @@ def render_pod_spec(
     template = configuration.spec.broker_pod_spec
     if template is None:
         raise ValueError(f"Configuration {configuration.name} has no brokerPodSpec")
-    spec = substitute_placeholder(template, instance_resource_name(instance.name))
+    spec = _ask_for_device(template, configuration=configuration, instance=instance)
     _pin_to_nodes(spec, nodes)
     env = {ENV_INSTANCE: instance.name, ENV_CONFIGURATION: configuration.name}
     if len(nodes) == 1:
@@ -146,9 +167,8 @@ def render_broker_job(*, configuration: Configuration, instance: Instance) -> di
         raise ValueError(f"Configuration {configuration.name} has no brokerJobSpec")
     spec = copy.deepcopy(dict(job_spec))
     template = spec.setdefault("template", {})
-    pod_spec = substitute_placeholder(
-        template.get("spec") or {}, instance_resource_name(instance.name)
-    )
+    pod_spec = _ask_for_device(template.get("spec") or {}, configuration=configuration,
+                               instance=instance)
     _pin_to_nodes(pod_spec, sorted(instance.spec.nodes))
     _add_env(pod_spec, {ENV_INSTANCE: instance.name, ENV_CONFIGURATION: configuration.name})
     pod_spec.setdefault("restartPolicy", "OnFailure")
@@ -203,9 +223,15 @@ def validate_pod_spec(pod_spec: Mapping[str, Any] | None, *, where: str) -> list
     return problems
 
 
-def validate_broker_spec(configuration: Configuration) -> list[str]:
-    """Problems with the Configuration's broker spec (empty when it is fine or absent)."""
+def validate_broker_spec(configuration: Configuration, *, device_classes: bool = True
+                         ) -> list[str]:
+    """Problems with the Configuration's broker spec (empty when it is fine or absent);
+    ``device_classes``: whether this controller keeps DeviceClasses (``--dra``), which brokers
+    that claim their device need."""
     spec = configuration.spec
+    if spec.has_broker and broker_claims.uses_claims(configuration) and not device_classes:
+        return ["spec.brokerDeviceAccess: dra needs DeviceClasses: run the controller with --dra"
+                " (docs/dra.md)"]
     if spec.broker_pod_spec is not None:
         return validate_pod_spec(spec.broker_pod_spec, where="spec.brokerSpec.brokerPodSpec")
     if spec.broker_job_spec is not None:

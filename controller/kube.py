@@ -56,6 +56,7 @@ _COLLECTIONS: Final[Mapping[str, tuple[str, str]]] = {
     "Job": ("/apis/batch/v1", "jobs"),
     "Instance": (f"/apis/{GROUP}/{CRD_VERSION}", INSTANCE_PLURAL),
     "Configuration": (f"/apis/{GROUP}/{CRD_VERSION}", CONFIGURATION_PLURAL),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates"),
 }
 _CREATE_PARAMS: Final = {"fieldManager": FIELD_MANAGER}
 _DELETE_BACKGROUND: Final = {"propagationPolicy": "Background"}
@@ -184,6 +185,19 @@ class Kube:
         except ApiError as error:
             if _code(error) == HTTP_CONFLICT:
                 raise Conflict(f"Instance {namespace}/{name} changed meanwhile") from error
+            if _code(error) != HTTP_NOT_FOUND:
+                raise
+
+    async def patch_instance_status(self, namespace: str, name: str,
+                                    status: Mapping[str, Any]) -> None:
+        """A merge patch of some of an Instance's status fields (the controller's display
+        fields; the agents' fields are left as they are); an Instance gone is no error."""
+        try:
+            await self.client.patch(
+                InstanceResource.Status, name, {"status": dict(status)}, namespace=namespace,
+                patch_type=PatchType.MERGE, field_manager=FIELD_MANAGER,
+            )
+        except ApiError as error:
             if _code(error) != HTTP_NOT_FOUND:
                 raise
 

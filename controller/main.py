@@ -161,11 +161,15 @@ async def run(
             AgentAccess(client, account=agent_account).run(), name="agent-access"))
         if settings.dra:
             from controller.device_classes import DeviceClasses
+            from controller.dra_usage import DraUsage
 
             ours.append(asyncio.create_task(
                 DeviceClasses(client, namespaces=settings.namespaces,
                               extended_resources=settings.dra_extended_resources).run(),
                 name="dra"))
+            ours.append(asyncio.create_task(
+                DraUsage(http=http, kube=kube, namespaces=settings.namespaces).run(),
+                name="dra-usage"))
         tasks += [*ours, kopf_task]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         # kopf ends on a stop signal, and when stopping cancels the tasks started after it

@@ -18,7 +18,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller import brokers, naming, nodes, services, status
+from controller import broker_claims, brokers, naming, nodes, services, status
 from controller.admission_report import AdmissionReporter
 from controller.eventbatch import EventBatcher
 from controller.kube import Kube, Refused
@@ -156,7 +156,7 @@ class Reconciler:
     ) -> float | None:
         cfg, inst = config.configuration, record.instance
         node_wait = await self.nodes.release_gone_nodes(view, record)
-        if brokers.validate_broker_spec(cfg):
+        if self._broker_problems(cfg):
             return node_wait  # the status says why; running brokers are left as they are
         plan = Plan()
         if node_wait is not None:
@@ -207,12 +207,20 @@ class Reconciler:
             if s.component == naming.COMPONENT_INSTANCE_SERVICE and s.instance == inst.name
         }
         svc_plan = plan_objects(desired=desired_svcs, actual=actual_svcs, update_in_place=True)
+        if broker_claims.uses_claims(cfg) and (pod_plan.create or job_plan.create):
+            # The template the new brokers' claims are made from, first (a 409 when it exists).
+            template = brokers.render_claim_template(configuration=cfg, instance=inst)
+            await self._apply(config, inst.namespace, Plan(create=[template]),
+                              kind=broker_claims.KIND)
         await self._apply(config, inst.namespace, plan, kind="Pod", instance=inst)
         await self._apply(config, inst.namespace, job_plan, kind="Job")
         await self._apply(config, inst.namespace, svc_plan, kind="Service")
         if plan.create and self._recently_refused(cfg):
             plan.wait(REFUSAL_RETRY_S)
         return plan.retry_after_s
+
+    def _broker_problems(self, cfg: Configuration) -> list[str]:
+        return brokers.validate_broker_spec(cfg, device_classes=self.settings.dra)
 
     def _broker_identity(
         self, cfg: Configuration, inst: Instance, node: str, rendered: dict[str, dict[str, Any]]
@@ -368,7 +376,7 @@ class Reconciler:
         cfg = config.configuration
         counts = self._counts(view, config)
         svc = services.render_configuration_service(configuration=cfg)
-        wanted = svc is not None and counts.desired > 0 and not brokers.validate_broker_spec(cfg)
+        wanted = svc is not None and counts.desired > 0 and not self._broker_problems(cfg)
         desired = {svc["metadata"]["name"]: svc} if svc is not None and wanted else {}
         actual = {
             s.name: s.spec_hash
@@ -381,7 +389,7 @@ class Reconciler:
         )
         refusal = self.refusals.get((namespace, name))
         current = config.body.get("status") or {}
-        problems = brokers.validate_broker_spec(cfg)
+        problems = self._broker_problems(cfg)
         self._report_invalid(config, problems)
         new = status.desired_status(
             generation=cfg.generation,

@@ -133,7 +133,8 @@ class ControllerSettings:
             help="address the metrics server binds (default: %(default)s)")
         add("--dra", action="store_true",
             help="keep one DRA DeviceClass (resource.k8s.io/v1) per Configuration, for claims"
-                 " on the devices agents with DRA=on publish (default: off)")
+                 " on the devices agents with DRA=on publish, and the Instances' servedBy and"
+                 " claims display fields; needed by brokerDeviceAccess: dra (default: off)")
         add("--dra-extended-resources", action="store_true",
             help="with --dra: each DeviceClass also maps the Configuration's configuration-level"
                  " resource, so pods asking for it are served through DRA on nodes without the"

@@ -26,6 +26,7 @@ from crds.selectors import LabelSelector, LabelSelectorRequirement, SelectorOper
 
 __all__ = [
     "SPEC_FIELDS",
+    "BrokerDeviceAccess",
     "Configuration",
     "ConfigurationSpec",
     "DiscoveryHandlerInfo",
@@ -49,7 +50,17 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
     "offlineGracePeriodSeconds": "offline_grace_period_seconds",
     "resourceName": "resource_name",
     "nodeSelector": "node_selector",
+    "brokerDeviceAccess": "broker_device_access",
 }
+
+
+class BrokerDeviceAccess(enum.StrEnum):
+    """How broker pods get their device (``spec.brokerDeviceAccess``, an edgeplug addition):
+    the Instance's extended resource from the device plugins (Akri's way, the default), or a
+    ResourceClaim that selects the Instance's device through DRA (docs/dra.md)."""
+
+    DEVICE_PLUGIN = "devicePlugin"
+    DRA = "dra"
 
 
 class ValueSourceKind(enum.StrEnum):
@@ -153,6 +164,7 @@ class ConfigurationSpec:
     offline_grace_period_seconds: int = DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS
     resource_name: str | None = None
     node_selector: LabelSelector | None = None
+    broker_device_access: BrokerDeviceAccess = BrokerDeviceAccess.DEVICE_PLUGIN
 
     @property
     def has_broker(self) -> bool:
@@ -179,6 +191,8 @@ class ConfigurationSpec:
             ),
             resource_name=spec.get("resourceName") or None,
             node_selector=LabelSelector.from_object(selector) if selector is not None else None,
+            broker_device_access=BrokerDeviceAccess(
+                spec.get("brokerDeviceAccess") or BrokerDeviceAccess.DEVICE_PLUGIN),
         )
 
     def to_object(self) -> dict[str, Any]:
@@ -205,6 +219,8 @@ class ConfigurationSpec:
             out["resourceName"] = self.resource_name
         if self.node_selector is not None:
             out["nodeSelector"] = self.node_selector.to_object()
+        if self.broker_device_access != BrokerDeviceAccess.DEVICE_PLUGIN:
+            out["brokerDeviceAccess"] = self.broker_device_access.value
         return out
 
 

@@ -103,6 +103,30 @@ def device_class(namespace: str, configuration: str, *, extended_resource: str |
     return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": meta, "spec": spec}
 
 
+def instance_selector(instance: str) -> str:
+    """The CEL expression that selects one Instance's device (within its Configuration's
+    class, which already pins the namespace and the Configuration)."""
+    return f'device.attributes["{DRIVER}"].{ATTR_INSTANCE} == {json.dumps(instance)}'
+
+
+#: The claim a broker pod gets its device through (``spec.brokerDeviceAccess: dra``): the name
+#: of the pod's ``resourceClaims`` entry and of the template's one request.
+BROKER_CLAIM: Final = "edgeplug-device"
+#: ``status.servedBy`` of an Instance (``controller.dra_usage``): how its device is offered.
+SERVED_BY_DEVICE_PLUGIN: Final = "device-plugin"
+SERVED_BY_DRA: Final = "dra"
+SERVED_BY_BOTH: Final = "both"
+
+
+def served_by(*, device_plugin: bool, dra: bool) -> str:
+    """``device-plugin``, ``dra``, ``both``, or empty when neither."""
+    if device_plugin and dra:
+        return SERVED_BY_BOTH
+    if device_plugin:
+        return SERVED_BY_DEVICE_PLUGIN
+    return SERVED_BY_DRA if dra else ""
+
+
 def attribute_name(prop: str) -> str:
     """``ONVIF_DEVICE_IP_ADDRESS`` → ``onvif_device_ip_address`` (may still be too long):
     lower case, characters outside ``[a-z0-9_]`` as ``_``, a leading digit prefixed by ``_``."""

@@ -40,6 +40,11 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
 }
 
 CONFIGURATION_USAGE_PREFIX: Final = "C:"
+#: Status fields the controller writes (display only, ``controller.dra_usage``); the rest of
+#: ``status`` is the agents' (``Instance.status_to_object``).
+STATUS_SERVED_BY: Final = "servedBy"
+STATUS_CLAIMS: Final = "claims"
+CONTROLLER_STATUS_FIELDS: Final = (STATUS_SERVED_BY, STATUS_CLAIMS)
 
 
 class SlotUsageKind(enum.Enum):

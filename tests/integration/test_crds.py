@@ -122,14 +122,14 @@ def test_get_instances_prints_columns(control_plane: ControlPlane, namespace: st
         "-p", json.dumps({"status": view.status_to_object()}),
     )
     rows = table(control_plane, namespace, "instances")
-    assert rows[0] == ["NAME", "CONFIG", "SHARED", "CAPACITY", "USED", "AGE"]
+    assert rows[0] == ["NAME", "CONFIG", "SHARED", "CAPACITY", "USED", "CLAIMS", "AGE"]
     (row,) = rows[1:]
     assert row[:5] == [name, "debug-echo", "true", "3", "2"]
     default_view = control_plane.kubectl("get", "instances", "-n", namespace).stdout
     assert max(len(line) for line in default_view.splitlines()) <= 80
     wide = table(control_plane, namespace, "instances", "-o", "wide")
-    assert wide[0] == ["NAME", "CONFIG", "SHARED", "NODES", "CAPACITY", "USED", "UNHEALTHY",
-                       "AGE"]
+    assert wide[0] == ["NAME", "CONFIG", "SHARED", "NODES", "CAPACITY", "USED", "CLAIMS",
+                       "SERVED", "UNHEALTHY", "AGE"]
     # spec.nodes keeps the order nodes joined in; status.nodes (what the column prints, as an
     # agent writes it from status_to_object) is sorted.
     assert wide[1][3] == "node-a,node-b"

@@ -121,6 +121,16 @@ def test_the_tokens_hold_the_rights_the_code_uses(control_plane: ControlPlane,
     for verb in ("list", "watch", "create", "patch", "delete"):
         assert world.controller.can(cp, verb, "deviceclasses.resource.k8s.io"), verb
     assert not world.controller.can(cp, "create", "resourceslices.resource.k8s.io")
+    # Brokers' claim templates; servedBy and claims of Instances (controller/dra_usage.py).
+    assert world.controller.can(cp, "create", "resourceclaimtemplates.resource.k8s.io",
+                                namespace="default")
+    for resource in ("resourceslices", "resourceclaims"):
+        for verb in ("list", "watch"):
+            assert world.controller.can(cp, verb, f"{resource}.resource.k8s.io"), resource
+    assert world.controller.can(cp, "patch", "instances.edgeplug.io", namespace="default",
+                                subresource="status")
+    assert not world.controller.can(cp, "create", "resourceclaims.resource.k8s.io",
+                                    namespace="default")
 
 
 def test_the_agent_writes_only_its_own_nodes_slices(control_plane: ControlPlane,

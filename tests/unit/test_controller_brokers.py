@@ -151,3 +151,58 @@ def test_validation_names_the_broken_field() -> None:
     assert any("containers[1].image: required" in p for p in problems), problems
     assert brokers.validate_broker_spec(configuration(brokerSpec={"brokerPodSpec": POD_SPEC})) == []
     assert brokers.validate_broker_spec(configuration()) == []
+
+
+def test_a_dra_broker_claims_its_instance_device_instead_of_the_extended_resource() -> None:
+    cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC}, brokerDeviceAccess="dra")
+    pod = brokers.render_broker_pod(configuration=cfg, instance=instance(["n1"]), node="n1")
+    init, main = pod["spec"]["initContainers"][0], pod["spec"]["containers"][0]
+    assert init["resources"] == {"claims": [{"name": "edgeplug-device"}]}
+    assert main["resources"] == {"limits": {"cpu": "100m"},
+                                 "claims": [{"name": "edgeplug-device"}]}
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": "edgeplug-device", "resourceClaimTemplateName": "cam-abcdef"}]
+    plugin = brokers.render_broker_pod(
+        configuration=configuration(brokerSpec={"brokerPodSpec": POD_SPEC}),
+        instance=instance(["n1"]), node="n1")
+    assert "resourceClaims" not in plugin["spec"]
+    # Switching the access mode is a spec change: the brokers roll.
+    hashes = {p["metadata"]["annotations"][naming.ANNOTATION_SPEC_HASH] for p in (pod, plugin)}
+    assert len(hashes) == 2
+    assert "{{PLACEHOLDER}}" in POD_SPEC["containers"][0]["resources"]["limits"], "no mutation"
+
+
+def test_a_dra_broker_job_claims_through_the_same_template() -> None:
+    job_spec = {"template": {"spec": {"containers": [POD_SPEC["containers"][0]]}}}
+    cfg = configuration(brokerSpec={"brokerJobSpec": job_spec}, brokerDeviceAccess="dra")
+    job = brokers.render_broker_job(configuration=cfg, instance=instance(["n1"]))
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["resourceClaims"] == [
+        {"name": "edgeplug-device", "resourceClaimTemplateName": "cam-abcdef"}]
+    assert pod_spec["containers"][0]["resources"]["claims"] == [{"name": "edgeplug-device"}]
+
+
+def test_the_claim_template_selects_the_instance_device_and_goes_with_the_instance() -> None:
+    cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC}, brokerDeviceAccess="dra")
+    template = brokers.render_claim_template(configuration=cfg, instance=instance(["n1"]))
+    assert (template["kind"], template["metadata"]["name"]) == ("ResourceClaimTemplate",
+                                                                "cam-abcdef")
+    (owner,) = template["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Instance", "inst-uid")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["name"] == "edgeplug-device"
+    assert request["exactly"]["deviceClassName"] == "cam.ns.edgeplug.io"
+    assert request["exactly"]["selectors"] == [{"cel": {
+        "expression": 'device.attributes["edgeplug.io"].instance == "cam-abcdef"'}}]
+    # The claims made from it carry the brokers' labels.
+    assert template["spec"]["metadata"]["labels"][naming.LABEL_INSTANCE] == "cam-abcdef"
+
+
+def test_dra_brokers_need_the_controllers_device_classes() -> None:
+    cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC}, brokerDeviceAccess="dra")
+    (problem,) = brokers.validate_broker_spec(cfg, device_classes=False)
+    assert problem.startswith("spec.brokerDeviceAccess")
+    assert "--dra" in problem
+    assert brokers.validate_broker_spec(cfg, device_classes=True) == []
+    plugin = configuration(brokerSpec={"brokerPodSpec": POD_SPEC})
+    assert brokers.validate_broker_spec(plugin, device_classes=False) == []

@@ -79,6 +79,7 @@ def full_configuration_spec() -> dict[str, Any]:
         "brokerProperties": {"RESOLUTION_WIDTH": "1280"},
         "offlineGracePeriodSeconds": 10,
         "resourceName": "huawei.com/Ascend910",
+        "brokerDeviceAccess": "dra",
         "nodeSelector": {
             "matchLabels": {"zone": "dock"},
             "matchExpressions": [
@@ -132,7 +133,7 @@ def test_instance_spec_and_status_fields_match_schema() -> None:
     assert INSTANCE_SPEC["properties"]["deviceUsage"]["x-kubernetes-map-type"] == "granular"
     status = INSTANCE_SCHEMA["properties"]["status"]["properties"]
     example = inst.Instance(name="i", namespace="n", spec=inst.InstanceSpec("c"))
-    assert set(example.status_to_object()) == set(status)
+    assert set(example.status_to_object()) | set(inst.CONTROLLER_STATUS_FIELDS) == set(status)
 
 
 def test_defaults_agree() -> None:
@@ -144,6 +145,9 @@ def test_defaults_agree() -> None:
         DEFAULT_OFFLINE_GRACE_PERIOD_SECONDS)
     details = props["discoveryHandler"]["properties"]["discoveryDetails"]
     assert details["default"] == cfg.DiscoveryHandlerInfo("x").discovery_details == ""
+    assert props["brokerDeviceAccess"]["default"] == cfg.ConfigurationSpec(
+        cfg.DiscoveryHandlerInfo("x")).broker_device_access
+    assert props["brokerDeviceAccess"]["enum"] == [a.value for a in cfg.BrokerDeviceAccess]
     assert INSTANCE_SPEC["properties"]["capacity"]["default"] == inst.InstanceSpec("c").capacity
     assert INSTANCE_SPEC["properties"]["shared"]["default"] is inst.InstanceSpec("c").shared
     assert props["capacity"]["maximum"] == INSTANCE_SPEC["properties"]["capacity"]["maximum"]

@@ -1,0 +1,303 @@
+"""``status.servedBy`` and ``status.claims`` of Instances: how a device is offered, who holds it.
+
+Why this exists: ``kubectl get instances`` should say whether a device is served by the device
+plugins, by DRA or both, and how many ResourceClaims hold it. A printer column only reads a
+field, so someone must write these display fields, and only the controller sees all of it at
+once (it runs once per cluster; an agent sees its own node). With ``--dra`` it follows, through
+the cheap record watches of ``controller.watching`` (a few fields decoded per event):
+
+- Nodes: which ``edgeplug.io/`` extended resources each one advertises (capacity above 0) —
+  a device is served by device plugins when a node of its Instance advertises
+  ``edgeplug.io/<instance>``, as the kubelet reports it once the agent's plugin registered;
+- ResourceSlices of the driver ``edgeplug.io`` (a field selector): which devices are published,
+  and for which Instance (the ``namespace`` and ``instance`` attributes) — served by DRA;
+- ResourceClaims, in every namespace (a claim may use a DeviceClass from any namespace): the
+  devices of the driver each allocation names, mapped to Instances through the slices; a claim
+  counts once per Instance however many of its requests that device serves;
+- the served namespaces' Instances: their nodes, and the two fields as last written.
+
+After any change, one pass at most every ``PASS_DELAY_S`` recomputes every Instance (a dict
+lookup each) and merge-patches the status of those whose fields differ. Nothing decides
+anything on these fields, so a lost write is left to the next change. Two replicas write the
+same values; the second write changes nothing, and the API server stores nothing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from controller.kube import Kube
+from controller.rest import Rest
+from controller.watching import Kind, Watcher, namespaced_path
+from crds import dra
+from crds.api import GROUP, INSTANCE_PLURAL, VERSION
+from crds.instance import STATUS_CLAIMS, STATUS_SERVED_BY
+from crds.naming import instance_resource_name
+
+log = logging.getLogger(__name__)
+
+#: A pass waits this long after the change that woke it, so a burst is summed up once.
+PASS_DELAY_S: Final = 0.5
+_RESOURCE_PREFIX: Final = f"{GROUP}/"
+_DRA_PREFIX: Final = "/apis/resource.k8s.io/v1"
+
+_Key = tuple[str, str]  # (namespace, name)
+_DeviceId = tuple[str, str]  # (pool, device)
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstanceUsage:
+    namespace: str
+    name: str
+    nodes: tuple[str, ...]
+    served_by: str | None  # as last written (None: never)
+    claims: int | None
+
+
+@dataclass(frozen=True)
+class PublishedSlice:
+    name: str
+    devices: tuple[tuple[_DeviceId, _Key], ...]  # (pool, device) → (namespace, instance)
+
+
+@dataclass(frozen=True)
+class AllocatedClaim:
+    key: _Key
+    devices: frozenset[_DeviceId]
+
+
+@dataclass(frozen=True)
+class AdvertisingNode:
+    name: str
+    resources: frozenset[str]  # edgeplug.io/* with capacity above 0
+
+
+# -- decoders (only the fields a record keeps) ----------------------------------------------
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    resourceVersion: str = ""
+
+
+class _InstanceSpec(msgspec.Struct):
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class _InstanceStatus(msgspec.Struct):
+    servedBy: str | None = None
+    claims: int | None = None
+
+
+class _Instance(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _InstanceSpec = msgspec.field(default_factory=_InstanceSpec)
+    status: _InstanceStatus = msgspec.field(default_factory=_InstanceStatus)
+
+
+class _Attribute(msgspec.Struct):
+    string: str | None = None
+
+
+class _Device(msgspec.Struct):
+    name: str = ""
+    attributes: dict[str, _Attribute] = msgspec.field(default_factory=dict)
+
+
+class _Pool(msgspec.Struct):
+    name: str = ""
+
+
+class _SliceSpec(msgspec.Struct):
+    driver: str = ""
+    pool: _Pool = msgspec.field(default_factory=_Pool)
+    devices: list[_Device] = msgspec.field(default_factory=list)
+
+
+class _Slice(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _SliceSpec = msgspec.field(default_factory=_SliceSpec)
+
+
+class _Result(msgspec.Struct):
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+
+
+class _Devices(msgspec.Struct):
+    results: list[_Result] = msgspec.field(default_factory=list)
+
+
+class _Allocation(msgspec.Struct):
+    devices: _Devices = msgspec.field(default_factory=_Devices)
+
+
+class _ClaimStatus(msgspec.Struct):
+    allocation: _Allocation | None = None
+
+
+class _Claim(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    status: _ClaimStatus = msgspec.field(default_factory=_ClaimStatus)
+
+
+class _NodeStatus(msgspec.Struct):
+    capacity: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class _Node(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    status: _NodeStatus = msgspec.field(default_factory=_NodeStatus)
+
+
+_decode_instance = msgspec.json.Decoder(_Instance).decode
+_decode_slice = msgspec.json.Decoder(_Slice).decode
+_decode_claim = msgspec.json.Decoder(_Claim).decode
+_decode_node = msgspec.json.Decoder(_Node).decode
+
+
+def decode_instance(raw: bytes) -> tuple[InstanceUsage, str]:
+    obj = _decode_instance(raw)
+    return InstanceUsage(namespace=obj.metadata.namespace, name=obj.metadata.name,
+                         nodes=tuple(sorted(obj.spec.nodes)), served_by=obj.status.servedBy,
+                         claims=obj.status.claims), obj.metadata.resourceVersion
+
+
+def decode_slice(raw: bytes) -> tuple[PublishedSlice | None, str]:
+    obj = _decode_slice(raw)
+    version = obj.metadata.resourceVersion
+    if obj.spec.driver != dra.DRIVER:
+        return None, version
+    devices = []
+    for device in obj.spec.devices:
+        namespace = device.attributes.get(dra.ATTR_NAMESPACE, _Attribute()).string
+        instance = device.attributes.get(dra.ATTR_INSTANCE, _Attribute()).string
+        if namespace and instance:
+            devices.append(((obj.spec.pool.name, device.name), (namespace, instance)))
+    return PublishedSlice(name=obj.metadata.name, devices=tuple(devices)), version
+
+
+def decode_claim(raw: bytes) -> tuple[AllocatedClaim | None, str]:
+    obj = _decode_claim(raw)
+    version = obj.metadata.resourceVersion
+    allocation = obj.status.allocation
+    ours = frozenset((r.pool, r.device) for r in allocation.devices.results
+                     if r.driver == dra.DRIVER) if allocation is not None else frozenset()
+    if not ours:
+        return None, version  # kept as absent: holds no device of ours
+    return AllocatedClaim(key=(obj.metadata.namespace, obj.metadata.name), devices=ours), version
+
+
+def decode_node(raw: bytes) -> tuple[AdvertisingNode, str]:
+    obj = _decode_node(raw)
+    advertised = frozenset(name for name, amount in obj.status.capacity.items()
+                           if name.startswith(_RESOURCE_PREFIX) and amount not in ("", "0"))
+    return AdvertisingNode(name=obj.metadata.name, resources=advertised), \
+        obj.metadata.resourceVersion
+
+
+# -- what the fields should read --------------------------------------------------------------
+
+
+def desired_fields(
+    instances: Iterable[InstanceUsage], *, slices: Iterable[PublishedSlice],
+    claims: Iterable[AllocatedClaim], nodes: dict[str, AdvertisingNode],
+) -> dict[_Key, tuple[str, int]]:
+    """(servedBy, claims) of every Instance."""
+    owner: dict[_DeviceId, _Key] = {}
+    for published in slices:
+        owner.update(published.devices)
+    published_keys = set(owner.values())
+    held: dict[_Key, int] = {}
+    for claim in claims:
+        for key in {owner[d] for d in claim.devices if d in owner}:
+            held[key] = held.get(key, 0) + 1
+    result: dict[_Key, tuple[str, int]] = {}
+    for inst in instances:
+        key = (inst.namespace, inst.name)
+        resource = instance_resource_name(inst.name)
+        plugin = any(resource in nodes[n].resources for n in inst.nodes if n in nodes)
+        result[key] = (dra.served_by(device_plugin=plugin, dra=key in published_keys),
+                       held.get(key, 0))
+    return result
+
+
+class DraUsage:
+    """Keeps ``status.servedBy`` and ``status.claims`` of the served namespaces' Instances."""
+
+    def __init__(self, *, http: Rest, kube: Kube, namespaces: Iterable[str] = ()) -> None:
+        self._kube = kube
+        self._wake = asyncio.Event()
+        self.writes = 0
+        scopes: list[str | None] = list(namespaces) or [None]
+        crd_prefix = f"/apis/{GROUP}/{VERSION}"
+        self._instances: list[Watcher[_Key, InstanceUsage]] = [
+            Watcher(http=http, on_change=self._changed, kind=Kind(
+                name=f"dra usage: instances@{ns or '*'}", decode=decode_instance,
+                path=namespaced_path(crd_prefix, INSTANCE_PLURAL, ns),
+                key=lambda r: (r.namespace, r.name)))
+            for ns in scopes
+        ]
+        self._slices: Watcher[str, PublishedSlice] = Watcher(
+            http=http, on_change=self._changed, kind=Kind(
+                name="dra usage: resourceslices", decode=decode_slice,
+                path=f"{_DRA_PREFIX}/resourceslices", key=lambda r: r.name,
+                field_selector=f"spec.driver={dra.DRIVER}"))
+        self._claims: Watcher[_Key, AllocatedClaim] = Watcher(
+            http=http, on_change=self._changed, kind=Kind(
+                name="dra usage: resourceclaims", decode=decode_claim,
+                path=f"{_DRA_PREFIX}/resourceclaims", key=lambda r: r.key))
+        self._nodes: Watcher[str, AdvertisingNode] = Watcher(
+            http=http, on_change=self._changed, kind=Kind(
+                name="dra usage: nodes", decode=decode_node, path="/api/v1/nodes",
+                key=lambda r: r.name))
+
+    def _watchers(self) -> list[Watcher[Any, Any]]:
+        return [*self._instances, self._slices, self._claims, self._nodes]
+
+    def _changed(self, _key: object, _old: object, _new: object) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Follow the four kinds and write the fields until cancelled."""
+        tasks = [asyncio.create_task(w.run(), name=w.kind.name) for w in self._watchers()]
+        try:
+            for watcher in self._watchers():
+                await watcher.synced.wait()
+            while True:
+                await self._wake.wait()
+                await asyncio.sleep(PASS_DELAY_S)
+                self._wake.clear()
+                await self._pass()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _pass(self) -> None:
+        instances = [r for w in self._instances for r in w.store.values()]
+        wanted = desired_fields(instances, slices=self._slices.store.values(),
+                                claims=self._claims.store.values(), nodes=self._nodes.store)
+        for inst in instances:
+            served_by, claims = wanted[(inst.namespace, inst.name)]
+            if (inst.served_by, inst.claims) == (served_by, claims):
+                continue
+            try:
+                await self._kube.patch_instance_status(
+                    inst.namespace, inst.name, {STATUS_SERVED_BY: served_by,
+                                                STATUS_CLAIMS: claims})
+                self.writes += 1
+            except Exception as error:  # display only: the next change writes it again
+                log.info("status.servedBy/claims of Instance %s/%s not written: %s",
+                         inst.namespace, inst.name, error)
