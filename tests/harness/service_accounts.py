@@ -12,10 +12,15 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
 
 TOKEN_DURATION = "2h"
 KUBECTL_TIMEOUT_S = 60
+#: The plain manifests (RBAC, admission policies) and the accounts they name.
+MANIFESTS = REPO_ROOT / "deploy" / "manifests"
+SYSTEM_NAMESPACE = "edgeplug-system"
+AGENT_ACCOUNT = "edgeplug-agent"
+CONTROLLER_ACCOUNT = "edgeplug-controller"
 
 
 @dataclass(frozen=True)
@@ -84,3 +89,22 @@ def pod_bound(cp: ControlPlane, *, namespace: str, account: str, node: str,
     return mint(cp, namespace=namespace, account=account, path=folder / pod,
                 bound=("--bound-object-kind=Pod", f"--bound-object-name={pod}",
                        f"--bound-object-uid={uid}"))
+
+
+def apply_manifests(cp: ControlPlane, names: tuple[str, ...]) -> None:
+    """Apply these files of deploy/manifests (RBAC, admission policies), in this order."""
+    for name in names:
+        cp.kubectl("apply", "-f", str(MANIFESTS / name))
+
+
+def agent_on(cp: ControlPlane, node: str, folder: Path) -> Identity:
+    """The agent's token as its DaemonSet pod on ``node`` gets it (the node policies read it);
+    ``release_agent_pod`` when done."""
+    return pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node,
+                     folder=folder)
+
+
+def release_agent_pod(cp: ControlPlane, node: str) -> None:
+    """Delete the stand-in for the agent's DaemonSet pod on ``node`` that its token is bound to."""
+    cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+               f"{AGENT_ACCOUNT}-{node}", check=False)

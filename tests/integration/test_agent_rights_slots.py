@@ -37,18 +37,15 @@ from tests.harness.agent_nodes import (
     read_instance,
     share_instance,
 )
-from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import unschedulable, wait_pod, wait_until
-from tests.harness.service_accounts import pod_bound
+from tests.harness.service_accounts import agent_on, apply_manifests, release_agent_pod
 from tests.integration import test_slot_demand as slot_demand
 from tests.integration.test_slot_demand import assert_quiet, demand_of, fill_from, hand_over
 
 pytestmark = pytest.mark.timeout(240)
 
-MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 POLICY_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-instance-policy.yaml")
-SYSTEM_NAMESPACE = "edgeplug-system"
-AGENT_ACCOUNT = "edgeplug-agent"
 #: Log text of a write the API server refused (RBAC or the admission policy).
 REFUSALS = ("denied request", "Forbidden", "forbidden")
 
@@ -63,8 +60,7 @@ async def token_node(
 ) -> AsyncIterator[StartNode]:
     """Starts emulated nodes whose device-plugin side uses its own node-bound agent token."""
     cp = control_plane
-    for name in POLICY_FILES:
-        cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    apply_manifests(cp, POLICY_FILES)
     started: list[tuple[AgentNode, AsyncClient]] = []
     dirs: list[str] = []
 
@@ -77,9 +73,7 @@ async def token_node(
             plugin_dir=plugin_dir, pod_resources_socket=resources_dir / "kubelet.sock",
         )
         await emulator.start()
-        identity = await asyncio.to_thread(
-            pod_bound, cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT,
-            node=emulator.node_name, folder=tmp_path)
+        identity = await asyncio.to_thread(agent_on, cp, emulator.node_name, tmp_path)
         client = AsyncClient(KubeConfig.from_file(str(identity.kubeconfig)))
         table, metrics = NodeDeviceTable(), AgentMetrics()
         def serve() -> Coroutine[Any, Any, None]:
@@ -103,8 +97,7 @@ async def token_node(
                 await asyncio.wait_for(node.task, STOP_WAIT_S)
             await node.emulator.stop(delete_node=True)
             await client.close()
-            cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
-                       f"{AGENT_ACCOUNT}-{node.name}", check=False)
+            release_agent_pod(cp, node.name)
         for folder in dirs:
             shutil.rmtree(folder, ignore_errors=True)
 
