@@ -119,6 +119,7 @@ def test_lint_passes_strict_with_default_and_non_default_values(
         ("agent.pluginDir=relative/dir", "/agent/pluginDir"),
         ("watchNamespace=Not_A_Name", "/watchNamespace"),
         ("agent.pluginDirectory=/x", "pluginDirectory"),
+        ("dra.pluginsDir=relative/dir", "/dra/pluginsDir"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_field(
@@ -219,6 +220,51 @@ def test_non_default_values_render_what_the_api_server_accepts(
     volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
     assert "cdi" not in volumes, "no CDI spec directory: nothing mounted for it"
     assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/device-plugins"
+
+
+def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_rights(
+    helm: Callable[..., subprocess.CompletedProcess[str]], control_plane: ControlPlane,
+    namespace: str,
+) -> None:
+    """dra.enabled: the agent serves DRA with the kubelet's plugin directories mounted, the
+    controller runs with --dra, and deploy/dra's rights and ResourceSlice policy come along
+    (bound to the release's namespace); by default none of it is rendered."""
+    for name in ("dra-rbac.yaml", "agent-resourceslice-policy.yaml"):  # links: no drift
+        link = CHART / "files" / name
+        assert link.is_symlink(), f"{link} is a copy, not a link"
+        assert link.resolve() == (REPO_ROOT / "deploy" / "dra" / name).resolve()
+    manifest = helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                    "--set", "dra.enabled=true", "--set", "dra.extendedResources=true").stdout
+    stored = _dry_run(control_plane, manifest)
+    daemonset = _find(stored, "DaemonSet", "edgeplug-agent")
+    agent = _container(daemonset)
+    env = _env(agent)
+    assert (env["DRA"], env["DRA_PLUGINS_DIR"], env["DRA_REGISTRY_DIR"]) == (
+        "on", "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry")
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"]
+               for v in daemonset["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+    # Only the driver's own folder of the plugins directory; the registry the kubelet watches;
+    # CDI specs for claims where containerd reads them.
+    for name, path in (("dra-plugin", "/var/lib/kubelet/plugins/edgeplug.io"),
+                       ("dra-registry", "/var/lib/kubelet/plugins_registry"),
+                       ("cdi", "/var/run/cdi")):
+        assert (mounts[name], volumes[name]) == (path, path), name
+    controller = _container(_find(stored, "Deployment", "edgeplug-controller"))
+    assert controller["args"][-2:] == ["--dra", "--dra-extended-resources"]
+    for kind, name in (("ClusterRole", "edgeplug-agent-dra"),
+                       ("ClusterRole", "edgeplug-controller-dra"),
+                       ("ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices")):
+        assert _find(stored, kind, name)
+    for binding in (o for o in stored if o["kind"] == "ClusterRoleBinding"):
+        assert {s["namespace"] for s in binding["subjects"]} == {namespace}, binding
+    policy = _find(stored, "ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{namespace}:edgeplug-agent" in condition["expression"]
+
+    default = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace).stdout)
+    assert not [o for o in default if "dra" in o["metadata"]["name"]]
+    assert "DRA" not in _env(_container(_find(default, "DaemonSet", "edgeplug-agent")))
 
 
 # -- install, upgrade, uninstall -------------------------------------------------------------
