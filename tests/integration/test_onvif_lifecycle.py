@@ -44,19 +44,29 @@ def newer_than(line: dict[str, Any], check: Callable[[dict[str, bool]], bool]) -
     return matches
 
 
+async def cameras_and_runner(
+    bed: NetnsBed, processes: list[LineProcess], host: int, config: dict[str, Any],
+    details: str = FAST,
+) -> tuple[LineProcess, LineProcess]:
+    """Cameras (``config``) in a namespace of their own at ``LAN_V4.host``, and the handler's
+    runner with ``details``; both stopped after the test."""
+    cameras = await start_cameras(bed, bed.add_camera_ns(host), config)
+    processes.append(cameras)
+    runner = await start_runner(bed, {"c": {"details": details}})
+    processes.append(runner)
+    return cameras, runner
+
+
 @pytest.mark.slow
 async def test_hello_and_bye_act_between_passes(
     bed: NetnsBed, processes: list[LineProcess]
 ) -> None:
-    ns = bed.add_camera_ns(20)
     first = camera(1, f"{LAN_V4}.20")
     second = camera(2, f"{LAN_V4}.20")
-    cameras = await start_cameras(bed, ns, {"cameras": [first]})
-    processes.append(cameras)
     # a slow interval: anything that happens between passes is Hello and Bye at work
-    runner = await start_runner(bed, {"c": {"details": FAST.replace(
-        "discoveryIntervalSeconds: 1", "discoveryIntervalSeconds: 30")}})
-    processes.append(runner)
+    cameras, runner = await cameras_and_runner(
+        bed, processes, 20, {"cameras": [first]},
+        FAST.replace("discoveryIntervalSeconds: 1", "discoveryIntervalSeconds: 30"))
     start = await runner.wait_for(
         lambda line: state(line) == {first["uuid"]: True}, what="first camera"
     )
@@ -76,13 +86,9 @@ async def test_hello_and_bye_act_between_passes(
 async def test_silent_camera_goes_and_soap_failure_is_unhealthy(
     bed: NetnsBed, processes: list[LineProcess]
 ) -> None:
-    ns = bed.add_camera_ns(21)
     first = camera(1, f"{LAN_V4}.21")
     second = camera(2, f"{LAN_V4}.21")
-    cameras = await start_cameras(bed, ns, {"cameras": [first, second]})
-    processes.append(cameras)
-    runner = await start_runner(bed, {"c": {"details": FAST}})
-    processes.append(runner)
+    cameras, runner = await cameras_and_runner(bed, processes, 21, {"cameras": [first, second]})
     healthy = {first["uuid"]: True, second["uuid"]: True}
     both = await runner.wait_for(lambda line: state(line) == healthy, what="both cameras")
     await cameras.command(cmd="fault", uuid=second["uuid"], fault="soap_fault")
@@ -108,14 +114,10 @@ async def test_silent_camera_goes_and_soap_failure_is_unhealthy(
 async def test_hostile_peers_publish_nothing_and_cost_bounded_memory(
     bed: NetnsBed, processes: list[LineProcess]
 ) -> None:
-    ns = bed.add_camera_ns(22)
     good = camera(1, f"{LAN_V4}.22")
     broken = [camera(10 + i, f"{LAN_V4}.22", fault=fault) for i, fault in enumerate(FAULTS)]
     config = {"cameras": [good, *broken], "hostile": list(HOSTILE_KINDS)}
-    cameras = await start_cameras(bed, ns, config)
-    processes.append(cameras)
-    runner = await start_runner(bed, {"c": {"details": FAST}})
-    processes.append(runner)
+    cameras, runner = await cameras_and_runner(bed, processes, 22, config)
     first = await runner.wait_for(lambda line: "devices" in line, what="a device list")
     assert state(first) == {good["uuid"]: True}
     # more passes, every hostile answer again: the list never gains anything, nothing crashes
