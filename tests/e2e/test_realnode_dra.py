@@ -11,7 +11,9 @@ busybox printing its env). The device goes: its slice loses it, the pod runs on 
 claim for it waits. The kubelet restarts (the plugin registers again, the container
 runs on); the agent restarts (the claim's spec stays); the pod is deleted (the kubelet
 unprepares the claim through the new agent process and the spec goes). A pod asking the same
-agent's device plugin for the other device gives the figure to compare with.
+agent's device plugin for the other device gives the figure to compare with. A Configuration
+with ``brokerDeviceAccess: dra`` gets its broker the same way, through the controller's claim
+template (no ``Allocate``), and its Instance shows the claim.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from crds.naming import instance_name
 from tests.harness import dra as h
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.agent_process import eventually as harness_eventually
+from tests.harness.controller_process import FAST_ARGS, ControllerProcess
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until, wait_service_account
 from tests.harness.realnode import RealNode
@@ -38,9 +41,15 @@ from tests.harness.realnode_brokers import (
     END_MARK,
     ENV_MARK,
     Broker,
+    allocates,
+    broker_log,
+    broker_spec,
+    container_id,
     logged_env,
     node,
     plane,
+    pod,
+    running_container,
     start_agent,
 )
 from tests.harness.realnode_images import BUSYBOX_IMAGE
@@ -175,3 +184,61 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
 def _logs(plane: ControlPlane, ns: str, pod: str) -> str | None:
     out = plane.kubectl("logs", "-n", ns, pod, check=False).stdout
     return out if END_MARK in out else None
+
+
+async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    """``brokerDeviceAccess: dra``: the controller's broker names the Instance's claim
+    template; the controller-manager makes its claim, the scheduler allocates the lamp, the
+    kubelet has the agent prepare it, and the broker's env comes from the claim's CDI spec —
+    no Allocate. ``kubectl get instances`` then shows one claim, served both ways."""
+    ns = f"drb-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", ns)
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    lamp = instance_name("echo", "lamp", shared=False, node=node.node_name)
+    broker = Broker(ns, lamp, f"{lamp}-{node.node_name}-pod", f"agent-{ns}")
+    ctl = ControllerProcess(plane, namespaces=[ns], log_path=tmp_path / "ctl.log",
+                            extra_args=(*FAST_ARGS, "--dra"))
+    try:
+        await wait_service_account(kube, ns)
+        start_agent(node, plane, broker, extra_env={"DRA": "on"})
+        ctl.start()
+        cfg = debug_echo_configuration("echo", descriptions=["lamp"], shared=False)
+        cfg["spec"]["brokerDeviceAccess"] = "dra"
+        cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
+        h.apply(plane, ns, cfg)
+        started = time.monotonic()
+        container = await running_container(plane, broker)
+        print(f"figure: Configuration applied -> DRA broker Running on the real node "
+              f"{time.monotonic() - started:.1f} s")
+        env = logged_env(await broker_log(plane, broker))
+        assert env["DEBUG_ECHO_DESCRIPTION"] == "lamp", "from the claim's CDI spec"
+        assert env["EDGEPLUG_INSTANCE"] == lamp
+        assert allocates(node, broker) == 0, "no device-plugin Allocate for the broker"
+        found = pod(plane, broker) or {}
+        (claim_status,) = found["status"]["resourceClaimStatuses"]
+        claim = json.loads(plane.kubectl("get", "resourceclaim", claim_status[
+            "resourceClaimName"], "-n", ns, "-o", "json").stdout)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["device"]) == (dra.DRIVER, lamp)
+        assert [r["name"] for r in claim["status"]["reservedFor"]] == [broker.pod]
+        spec = node.host_path("/var/run/cdi") / f"edgeplug.io_claim-{claim['metadata']['uid']}.json"
+        assert spec.is_file(), "the claim's CDI spec in the node's /var/run/cdi"
+
+        def shown() -> tuple[str, str] | None:
+            out = plane.kubectl("get", "instance", lamp, "-n", ns, "-o",
+                                "custom-columns=CLAIMS:.status.claims,SERVED:.status.servedBy",
+                                "--no-headers").stdout.split()
+            return (out[0], out[1]) if out == ["1", "both"] else None
+
+        await until(shown, what="the Instance showing 1 claim, served both ways", within=30)
+        assert container_id(pod(plane, broker)) == container
+    finally:
+        ctl.stop()
+        node.stop_process(broker.agent_log)
+        print(f"--- agent log ---\n{node.log_tail(broker.agent_log, 30)}")
+        print(f"--- controller log ---\n{ctl.log_tail(20)}")
+        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        await h.delete_slices(kube, node.node_name)
+        await kube.close()
