@@ -1,0 +1,71 @@
+"""What ``kubectl get instances`` says about DRA (``controller.dra_usage``): the records decoded
+from the API's JSON and the servedBy/claims each Instance should show."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from controller import dra_usage as u
+
+
+def _slice(pool: str, *devices: tuple[str, str, str], driver: str = "edgeplug.io") -> bytes:
+    body: dict[str, Any] = {
+        "metadata": {"name": f"s-{pool}", "resourceVersion": "7"},
+        "spec": {"driver": driver, "pool": {"name": pool}, "devices": [
+            {"name": name, "attributes": {"namespace": {"string": ns},
+                                          "instance": {"string": inst},
+                                          "configuration": {"string": "cam"}}}
+            for name, ns, inst in devices]},
+    }
+    return json.dumps(body).encode()
+
+
+def _claim(name: str, *results: tuple[str, str, str]) -> bytes:
+    status: dict[str, Any] = {}
+    if results:
+        status["allocation"] = {"devices": {"results": [
+            {"request": "r", "driver": d, "pool": p, "device": dev} for d, p, dev in results]}}
+    return json.dumps({"metadata": {"name": name, "namespace": "ns", "resourceVersion": "3"},
+                       "status": status}).encode()
+
+
+def test_decoders_keep_only_what_the_fields_need() -> None:
+    published, version = u.decode_slice(_slice("ns/cam/node/n1", ("cam-a", "ns", "cam-a")))
+    assert version == "7"
+    assert published == u.PublishedSlice(name="s-ns/cam/node/n1", devices=(
+        (("ns/cam/node/n1", "cam-a"), ("ns", "cam-a")),))
+    assert u.decode_slice(_slice("p", ("d", "ns", "x"), driver="gpu.example.com"))[0] is None
+    claim, _ = u.decode_claim(_claim("c", ("edgeplug.io", "p", "d"), ("gpu.example.com", "p", "g")))
+    assert claim == u.AllocatedClaim(key=("ns", "c"), devices=frozenset({("p", "d")}))
+    assert u.decode_claim(_claim("pending"))[0] is None, "not allocated: holds nothing"
+    node, _ = u.decode_node(json.dumps({"metadata": {"name": "n1"}, "status": {"capacity": {
+        "cpu": "2", "edgeplug.io/cam-a": "2", "edgeplug.io/cam-b": "0"}}}).encode())
+    assert node.resources == frozenset({"edgeplug.io/cam-a"})
+    inst, _ = u.decode_instance(json.dumps({
+        "metadata": {"name": "cam-a", "namespace": "ns"},
+        "spec": {"nodes": ["n2", "n1"]}, "status": {"claims": 1}}).encode())
+    assert (inst.nodes, inst.served_by, inst.claims) == (("n1", "n2"), None, 1)
+
+
+def test_served_by_and_claims_per_instance() -> None:
+    def inst(name: str, *nodes: str) -> u.InstanceUsage:
+        return u.InstanceUsage(namespace="ns", name=name, nodes=nodes, served_by=None,
+                               claims=None)
+
+    slices = [u.PublishedSlice(name="s", devices=(
+        (("ns/cam/node/n1", "cam-a"), ("ns", "cam-a")),
+        (("ns/cam/node/n1", "cam-b"), ("ns", "cam-b"))))]
+    claims = [
+        u.AllocatedClaim(key=("ns", "one"), devices=frozenset({("ns/cam/node/n1", "cam-a")})),
+        u.AllocatedClaim(key=("other", "two"), devices=frozenset({("ns/cam/node/n1", "cam-a")})),
+        # two requests on one device count once; a device no slice publishes counts nowhere
+        u.AllocatedClaim(key=("ns", "three"), devices=frozenset({
+            ("ns/cam/node/n1", "cam-b"), ("ns/cam/node/n1", "cam-b"), ("gone", "cam-c")})),
+    ]
+    nodes = {"n1": u.AdvertisingNode(name="n1", resources=frozenset({"edgeplug.io/cam-a"})),
+             "n2": u.AdvertisingNode(name="n2", resources=frozenset({"edgeplug.io/cam-c"}))}
+    wanted = u.desired_fields([inst("cam-a", "n1"), inst("cam-b", "n1"), inst("cam-c", "n2"),
+                               inst("cam-d", "n9")], slices=slices, claims=claims, nodes=nodes)
+    assert wanted == {("ns", "cam-a"): ("both", 2), ("ns", "cam-b"): ("dra", 1),
+                      ("ns", "cam-c"): ("device-plugin", 0), ("ns", "cam-d"): ("", 0)}
