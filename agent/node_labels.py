@@ -8,7 +8,14 @@ Configurations deleted while no agent ran are pruned when the agent starts.
 
 A handler may describe the devices as labels too (``LabellingHandler``: Ascend's chip model and
 count): those ``edgeplug.io/`` labels are set with the same merge patch and removed with the
-Configuration's last device on this node.
+Configuration's last device on this node. A handler may also give the few labels a vendor's own
+device plugin writes, which schedulers built for that plugin read (``FOREIGN_LABEL_KEYS``:
+Huawei's ``accelerator``, ``node.kubernetes.io/npu.chip.name``, ``servertype``,
+``mind-cluster/npu-chip-memory``). Those are set in the same patch but never removed and never
+recorded as ours, as Huawei's plugin never removes them: an NPU node's ``accelerator`` label is
+often the user's own (Huawei's install guide has it set by hand, and NPU DaemonSets select on
+it), so taking it away with the last device would take the node's NPU agent away too. The
+node policy lets through exactly these keys.
 
 Which labels are the agent's is written on the Node itself, in the same patch as the labels:
 the annotation ``edgeplug.io/labels`` maps each Configuration (``namespace/name``) with devices
@@ -34,6 +41,13 @@ from crds.api import GROUP
 log = logging.getLogger(__name__)
 
 LABEL_VALUE = "true"
+#: Labels outside ``edgeplug.io/`` a handler may have set: Huawei's Ascend plugin's
+#: (``discovery_handlers.ascend.huawei.LABEL_KEYS``; deploy/manifests/agent-node-policy.yaml
+#: allows exactly these). Set, never removed.
+FOREIGN_LABEL_KEYS = frozenset({
+    "accelerator", "node.kubernetes.io/npu.chip.name", "servertype",
+    "mind-cluster/npu-chip-memory",
+})
 #: The Node annotation recording which labels the agent set, per Configuration.
 OWNED_ANNOTATION = f"{GROUP}/labels"
 
@@ -93,6 +107,7 @@ class NodeLabels:
         self._reported: set[str] = set()
         self._handler_labels: dict[tuple[str, str], dict[str, str]] = {}
         self._written: dict[str, str] = {}  # handler labels as last written
+        self._foreign: dict[str, str] = {}  # FOREIGN_LABEL_KEYS as last written
         #: The ``OWNED_ANNOTATION`` record as last read or written.
         self._owned: _Owned = {}
 
@@ -124,6 +139,9 @@ class NodeLabels:
                 k: v for k, v in wanted.items() if self._written.get(k) != v
             }
             changes.update({k: None for k in self._written if k not in wanted})
+            foreign = {k: v for k, v in (handler_labels or {}).items()
+                       if has_devices and k in FOREIGN_LABEL_KEYS and self._foreign.get(k) != v}
+            changes.update(foreign)
             if before != after or configuration not in self._reported:
                 changes[label_key(configuration)] = LABEL_VALUE if after else None
             record = _record_key(namespace, configuration)
@@ -136,6 +154,7 @@ class NodeLabels:
             self._reported.add(configuration)
             if await self._patch_labels(changes, owned=owned):
                 self._written = wanted
+                self._foreign.update(foreign)
 
     async def prune(
         self,

@@ -9,6 +9,8 @@ this module is the one narrow seam to it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpc import aio
@@ -20,22 +22,46 @@ from agent.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
 LIST_TIMEOUT_SECONDS = 5.0
 
 
+@dataclass(frozen=True)
+class PodDevices:
+    """One pod as ``List`` shows it: (resource name, device ids) of its containers, in order."""
+
+    namespace: str
+    name: str
+    devices: tuple[tuple[str, tuple[str, ...]], ...]
+
+
 class PodResourcesClient:
-    """A channel to the pod-resources socket, opened once and closed by ``close``."""
+    """A channel to the pod-resources socket, opened once and closed by ``close``.
+
+    ``on_pods``, when set, is handed every ``List``'s pods (``agent.pod_annotations`` reads
+    them), so one ``List`` serves both the slot sweep and the pod annotations."""
 
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
         self._channel = aio.insecure_channel(f"unix://{socket_path}")
         self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+        self.on_pods: Callable[[Sequence[PodDevices]], None] | None = None
+
+    async def pods(self) -> list[PodDevices]:
+        """The pods holding devices (of any resource), as one ``List`` answers."""
+        response = await self._stub.List(pb.ListPodResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
+        pods = [
+            PodDevices(pod.namespace, pod.name, tuple(
+                (devices.resource_name, tuple(devices.device_ids))
+                for container in pod.containers for devices in container.devices))
+            for pod in response.pod_resources
+        ]
+        if self.on_pods is not None:
+            self.on_pods(pods)
+        return pods
 
     async def devices_in_use(self) -> dict[str, frozenset[str]]:
         """Resource name → the device ids that containers of existing pods hold."""
-        response = await self._stub.List(pb.ListPodResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
         in_use: dict[str, set[str]] = defaultdict(set)
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for devices in container.devices:
-                    in_use[devices.resource_name].update(devices.device_ids)
+        for pod in await self.pods():
+            for resource, ids in pod.devices:
+                in_use[resource].update(ids)
         return {name: frozenset(ids) for name, ids in in_use.items()}
 
     async def close(self) -> None:

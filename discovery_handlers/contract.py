@@ -227,11 +227,36 @@ class RankingHandler(DiscoveryHandler, Protocol):
 @runtime_checkable
 class LabellingHandler(DiscoveryHandler, Protocol):
     """A handler that describes the node's devices as Node labels a scheduler or a person reads
-    (chip model and count, say). Keys must be under ``edgeplug.io/`` (others are ignored); the
-    agent sets them on its own Node while the Configuration has devices there and removes them
-    with the last device."""
+    (chip model and count, say). Keys under ``edgeplug.io/`` are set on the agent's own Node
+    while the Configuration has devices there and removed with the last device. Other keys are
+    ignored, except the few a vendor's own device plugin writes that the agent's node policy
+    lets through (``agent.node_labels.FOREIGN_LABEL_KEYS``): those are set and, as the vendor's
+    plugin does, never removed."""
 
     def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """A pod that holds devices of this node, as ``AnnotatingHandler`` sees it."""
+
+    name: str
+    uid: str
+    host_ip: str  # the address of the pod's node, as the kubelet reports it
+
+
+@runtime_checkable
+class AnnotatingHandler(DiscoveryHandler, Protocol):
+    """A handler whose devices' users expect annotations on the pods that hold them (the pod
+    annotations a vendor's own device plugin writes, which its schedulers read).
+
+    The agent asks after the kubelet lists the pod with the devices (pod-resources), with all of
+    the pod's devices of one Configuration, and merges the answer into the pod's annotations
+    (only the keys its pod policy allows: ``agent.pod_annotations.ANNOTATION_KEYS``). An empty
+    answer writes nothing."""
+
+    def pod_annotations(self, details: Any, devices: Sequence[Device], pod: PodFacts
+                        ) -> Mapping[str, str]: ...
 
 
 @runtime_checkable

@@ -36,6 +36,7 @@ from agent.deviceplugin.manager import PluginManager
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, is_not_found
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.pod_annotations import PodAnnotator, devices_of
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
@@ -140,6 +141,13 @@ class DevicePluginService:
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
         )
+        # Pods holding devices of an AnnotatingHandler get its annotations, from the same
+        # pod-resources List the sweep asks.
+        self._annotator = PodAnnotator(client=client, resolve=lambda resource, ids: devices_of(
+            resource, ids, node=node_name, instances=self._instances,
+            configuration_resources=self._config_resources, table=devices))
+        if self._pod_resources is not None:
+            self._pod_resources.on_pods = self._annotator.offer
         self._freer = (
             OrphanFreer(
                 client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace,
@@ -213,6 +221,8 @@ class DevicePluginService:
                 tasks.create_task(self._watch_table(), name="watch-node-devices")
                 tasks.create_task(self._reconcile_loop(), name="reconcile-plugins")
                 tasks.create_task(self._pods.run(), name="watch-pending-pods")
+                if self._pod_resources is not None:
+                    tasks.create_task(self._annotator.run(), name="annotate-pods")
         finally:
             # Promises still unrecorded are recorded by the next start's pod-resources sweep.
             await self._recorder.close()

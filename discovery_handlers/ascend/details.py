@@ -18,6 +18,8 @@ no Ascend driver, so this module imports nothing of DCMI. Every bad value is ref
     dcmiTimeoutSeconds: 3            # 0.1..60: a DCMI call that has not answered by then marks
                                      # its card's chips unhealthy
     runtimeOptions: [NODRV]          # ASCEND_RUNTIME_OPTIONS for Ascend's container runtime
+    huaweiMetadata: true             # false: none of the Node labels and pod annotations
+                                     # Huawei's plugin writes (Volcano, MindCluster read them)
 
 One discovery property is read: ``FAULT_CODE_JSON``, a ``faultCode.json`` in Huawei's format
 that replaces the default fault table (typically ``valueFrom.configMapKeyRef`` naming the
@@ -66,7 +68,7 @@ RUNTIME_OPTIONS = ("NODRV", "VERBOSE")
 _CHIP_NAME = re.compile(r"^Ascend[0-9][0-9A-Za-z_]*$")
 _KNOWN_FIELDS = frozenset({
     "hostRoot", "libraryPath", "npuSmiPath", "driverPath", "mountDriver", "sources",
-    "chipNames", "healthPollSeconds", "dcmiTimeoutSeconds", "runtimeOptions",
+    "chipNames", "healthPollSeconds", "dcmiTimeoutSeconds", "runtimeOptions", "huaweiMetadata",
 })
 
 
@@ -84,6 +86,7 @@ class AscendDetails:
     health_poll_seconds: float = DEFAULT_HEALTH_POLL_S
     dcmi_timeout_seconds: float = DEFAULT_DCMI_TIMEOUT_S
     runtime_options: tuple[str, ...] = ()
+    huawei_metadata: bool = True
     fault_table: FaultTable | None = None  # None: Huawei's default table
 
     @property
@@ -119,6 +122,7 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Asce
         fault_table=_fault_table(properties),
         runtime_options=_choices(raw, "runtimeOptions", RUNTIME_OPTIONS, default=(),
                                  empty_ok=True),
+        huawei_metadata=_bool(raw, "huaweiMetadata", True),
     )
 
 

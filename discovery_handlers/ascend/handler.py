@@ -17,8 +17,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from discovery_handlers.ascend import devices as shaping
+from discovery_handlers.ascend import huawei
 from discovery_handlers.ascend.details import SOURCE_DEVICES, AscendDetails, parse_details
-from discovery_handlers.contract import Device, DeviceList, PropertyValue, run_blocking
+from discovery_handlers.contract import (
+    Device,
+    DeviceList,
+    PodFacts,
+    PropertyValue,
+    run_blocking,
+)
 
 NAME = "ascend"
 STATUS_KEPT = 64  # details whose last status is kept (one per Configuration on a node)
@@ -82,8 +89,18 @@ class AscendHandler:
         return shaping.rank(available, must_include, size)
 
     def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]:
-        """``edgeplug.io/`` Node labels for the chips (for an agent that sets handler labels)."""
-        return shaping.node_labels(devices)
+        """``edgeplug.io/`` Node labels for the chips, and Huawei's own (``huaweiMetadata``)."""
+        assert isinstance(details, AscendDetails)
+        labels = shaping.node_labels(devices)
+        if details.huawei_metadata:
+            labels.update(huawei.node_labels(devices))
+        return labels
+
+    def pod_annotations(self, details: Any, devices: Sequence[Device], pod: PodFacts
+                        ) -> Mapping[str, str]:
+        """Huawei's annotations for a pod holding ``devices`` (``huaweiMetadata``)."""
+        assert isinstance(details, AscendDetails)
+        return huawei.pod_annotations(devices, pod) if details.huawei_metadata else {}
 
     async def prepare(self, details: Any, devices: Sequence[Device]) -> None:
         """Re-read the chips right before the container starts; refuse unhealthy or gone ones."""

@@ -6,6 +6,8 @@ A pod written for Huawei's Ascend device plugin (``huawei.com/Ascend910: 2``) ge
 chips of one card, their device nodes, the driver mount and ``ASCEND_VISIBLE_DEVICES``; a chip
 faulted in DCMI turns Unhealthy on the node and stops counting; a pod asking for more than
 remain stays Pending until the fault clears; a broker Configuration runs one broker per chip.
+What Volcano and MindCluster read is there as Huawei's plugin leaves it: the pod's chip and
+rank-table annotations, agreeing with its ``ASCEND_VISIBLE_DEVICES``, and Huawei's Node labels.
 
 Stands in for real parts: the node's DCMI library is tests/harness/ascend_dcmi/fake_dcmi.c built
 here and loaded by the agent through ctypes, its device nodes are files (tests/harness/
@@ -15,6 +17,9 @@ ascend_node.py), the kubelet is the node emulator. Everything else is the produc
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +28,7 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from agent.main import run_agent
 from agent.settings import AgentSettings
@@ -62,14 +67,16 @@ DRIVER_MOUNT = ("/usr/local/Ascend/driver", "/usr/local/Ascend/driver", True)
 @contextlib.asynccontextmanager
 async def ascend_node(control_plane: ControlPlane, namespace: str, plugin_dir: Path,
                       host: AscendNode, kubelet: type[NodeEmulator | DeviceNode] = NodeEmulator,
+                      pod_resources: Path | None = None,
                       ) -> AsyncIterator[tuple[str, NodeEmulator | DeviceNode, AsyncClient]]:
     """An emulated node and the agent (in this process: it loads the DCMI library here);
-    ``kubelet`` is the Python emulator or the kubelet's own device manager (``DeviceNode``)."""
+    ``kubelet`` is the Python emulator or the kubelet's own device manager (``DeviceNode``),
+    serving pod-resources on ``pod_resources`` (for the agent) when given."""
     node = f"npu-{uuid.uuid4().hex[:8]}"
     emulator = kubelet(node_name=node, kubeconfig=control_plane.kubeconfig,
-                       plugin_dir=plugin_dir)
+                       plugin_dir=plugin_dir, pod_resources_socket=pod_resources)
     settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
-                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             plugin_dir=plugin_dir, pod_resources_socket=pod_resources,
                              namespace=namespace)
     kube = api_client(control_plane)
     await emulator.start()
@@ -198,3 +205,78 @@ async def test_a_broker_per_chip(
                 assert (f"/dev/davinci{phy}", f"/dev/davinci{phy}", "rwm") in allocation.devices
         finally:
             ctl.stop()
+
+
+async def test_volcano_and_mindcluster_read_huaweis_annotations_and_labels(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path, tmp_path: Path,
+    dcmi_library: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the kubelet's own device manager and pod-resources: the agent learns which chips the
+    pod got from pod-resources and annotates it as Huawei's plugin does."""
+    host = AscendNode(tmp_path / "host", chips_910b(8, per_card=2), library=dcmi_library)
+    for key, value in host.env.items():
+        monkeypatch.setenv(key, value)
+    # A Unix socket path must fit in 108 bytes.
+    resources_dir = Path(tempfile.mkdtemp(prefix="ep-npu-pr-", dir="/tmp"))
+    try:
+        async with ascend_node(control_plane, namespace, plugin_dir, host, DeviceNode,
+                               pod_resources=resources_dir / "kubelet.sock") as (
+                node, emulator, kube):
+            apply(control_plane, configuration(namespace, "ascend-910", host,
+                                               resourceName=RESOURCE))
+            await wait_allocatable(kube, node, RESOURCE, "8")
+            huawei_labels = {"accelerator": "huawei-Ascend910",
+                             "node.kubernetes.io/npu.chip.name": "910B3",
+                             "servertype": "Ascend910B-20",
+                             "mind-cluster/npu-chip-memory": "64G"}
+
+            async def node_labels() -> dict[str, str]:
+                meta = (await kube.get(Node, node)).metadata
+                return dict((meta.labels if meta else None) or {})
+
+            async def labelled() -> bool:
+                labels = await node_labels()
+                return all(labels.get(k) == v for k, v in huawei_labels.items())
+
+            await wait_until(labelled, what=f"the Node labelled {huawei_labels}")
+
+            apply(control_plane, npu_pod(namespace, "train", 2))
+            started = time.monotonic()
+            pod = await wait_pod(kube, namespace, "train", running, "Running")
+            [allocation] = emulator.allocations(namespace, "train")
+            phys = allocation.envs["ASCEND_VISIBLE_DEVICES"].split(",")
+            assert len(phys) == 2
+            config_key = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
+
+            async def annotations() -> dict[str, str]:
+                meta = (await kube.get(Pod, "train", namespace=namespace)).metadata
+                return dict((meta.annotations if meta else None) or {})
+
+            async def annotated() -> bool:
+                return config_key in await annotations()
+
+            await wait_until(annotated, what="the pod annotated as Huawei's plugin does")
+            print(f"Running → annotated: {time.monotonic() - started:.2f} s")
+            found = await annotations()
+            names = ",".join(sorted(f"Ascend910-{p}" for p in phys))
+            assert found["huawei.com/Ascend910"] == names
+            assert found["huawei.com/AscendReal"] == names
+            rank = json.loads(found[config_key])
+            assert [d["device_id"] for d in rank["devices"]] == sorted(phys, key=int)
+            assert pod.metadata is not None
+            assert pod.status is not None
+            assert (rank["pod_name"], rank["server_id"], rank["host_ip"]) == (
+                "train", pod.metadata.uid, pod.status.hostIP)
+
+            # The Configuration goes: our labels go with its last chip, Huawei's stay (as
+            # Huawei's plugin leaves them; an NPU node's accelerator label is often the user's).
+            control_plane.kubectl("delete", "configuration", "ascend-910", "-n", namespace)
+
+            async def unlabelled() -> bool:
+                return "edgeplug.io/accelerator" not in await node_labels()
+
+            await wait_until(unlabelled, what="edgeplug.io/ labels removed")
+            labels = await node_labels()
+            assert {k: labels.get(k) for k in huawei_labels} == huawei_labels
+    finally:
+        shutil.rmtree(resources_dir, ignore_errors=True)

@@ -1,12 +1,15 @@
-"""A node's agent token reaches no further than its own node's part of each Instance.
+"""A node's agent token reaches no further than its own node's part of each Instance, and its
+own node's pods.
 
 Why this exists: RBAC lets the agent create, patch and delete every Instance (it cannot say
 "only this node's entries"); deploy/manifests/agent-instance-policy.yaml narrows that with a
 ValidatingAdmissionPolicy keyed on the node name the API server binds into a DaemonSet pod's
 token. A stolen node token must not free another node's slot, remove another node, delete its
-Instance or label its Node. Each denial is a real request to the real API server, made with the
-agent's own ServiceAccount token bound to a pod on node A, next to the same kind of write on
-A's own entries, which must pass (a policy that refuses everything would pass denials alone).
+Instance or label its Node; deploy/manifests/agent-pod-policy.yaml likewise confines the
+agent's pods/patch to pods bound to its node and to Huawei's Ascend annotations. Each denial
+is a real request to the real API server, made with the agent's own ServiceAccount token bound
+to a pod on node A, next to the same kind of write on A's own entries, which must pass (a
+policy that refuses everything would pass denials alone).
 That the real agent does its whole job under these rights is tests/integration/test_rbac.py's
 ``test_the_real_agent_works_with_its_token_alone``, which applies this policy too.
 """
@@ -22,6 +25,7 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client, KubeConfig
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from agent.kube import InstanceResource
@@ -32,7 +36,7 @@ pytestmark = pytest.mark.timeout(180)
 
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 POLICY_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
-                "agent-instance-policy.yaml")
+                "agent-instance-policy.yaml", "agent-pod-policy.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 INSTANCES = "instances.edgeplug.io"
@@ -131,6 +135,12 @@ def _delete(who: Identity, world: World, name: str) -> tuple[bool, str]:
 
 def _create(who: Identity, body: dict[str, Any]) -> tuple[bool, str]:
     return _outcome(lambda: _client(who).create(InstanceResource.from_dict(body)))
+
+
+def _patch_pod(who: Identity, name: str, patch: dict[str, Any]) -> tuple[bool, str]:
+    """A JSON merge patch of a pod, as agent/pod_annotations.py writes (and reads) them."""
+    return _outcome(lambda: _client(who).patch(
+        Pod, name, patch, namespace=SYSTEM_NAMESPACE, patch_type=PatchType.MERGE))
 
 
 def _refused(outcome: tuple[bool, str], fragment: str) -> None:
@@ -320,3 +330,54 @@ def test_agent_cannot_label_another_node(control_plane: ControlPlane, enforced: 
     own = w.agent_a.kubectl(cp, "patch", "node", w.node_a, "--type=merge", "-p", json.dumps(label))
     assert own.returncode == 0, own.stderr
 
+
+
+# -- pods ------------------------------------------------------------------------------------
+
+
+def _pod_on(cp: ControlPlane, node: str) -> str:
+    """A pod bound to ``node`` (no kubelet runs it), as the admin creates it."""
+    name = f"npu-job-{uuid.uuid4().hex[:6]}"
+    _apply(cp, {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE,
+                             "labels": {"app": "train"}},
+                "spec": {"nodeName": node, "serviceAccountName": AGENT_ACCOUNT,
+                         "automountServiceAccountToken": False,
+                         "containers": [{"name": "train", "image": "train:1"}]}})
+    return name
+
+
+def test_agent_annotates_only_its_own_nodes_pods_with_huaweis_keys(
+        control_plane: ControlPlane, enforced: World) -> None:
+    cp, w = control_plane, enforced
+    mine, theirs = _pod_on(cp, w.node_a), _pod_on(cp, w.node_b)
+    ascend = {"metadata": {"annotations": {"huawei.com/Ascend910": "Ascend910-0,Ascend910-1"}}}
+    other_node = "may change only pods bound to the Node its pod runs on"
+    other_key = "may change only Huawei's Ascend annotations of a pod"
+    try:
+        # The pod policy is loaded apart from the Instance policy ``enforced`` waited for.
+        deadline = time.monotonic() + POLICY_ACTIVE_S
+        while (outcome := _patch_pod(w.agent_a, theirs, ascend))[0]:
+            assert time.monotonic() < deadline, "the pod policy was not enforced"
+            time.sleep(POLL_S)  # polling a condition with a deadline
+        _refused(outcome, other_node)
+        # Nor may it read another node's pod through the empty patch it reads its own with.
+        _refused(_patch_pod(w.agent_a, theirs, {}), other_node)
+        _refused(_patch_pod(w.unbound, mine, ascend), other_node)
+        _allowed(_patch_pod(w.agent_a, mine, {}))
+        _allowed(_patch_pod(w.agent_a, mine, ascend))
+        _allowed(_patch_pod(w.agent_a, mine, {"metadata": {"annotations": {
+            "huawei.com/AscendReal": "Ascend910-0,Ascend910-1",
+            "ascend.kubectl.kubernetes.io/ascend-910-configuration": '{"pod_name":"x"}'}}}))
+        for patch in ({"metadata": {"annotations": {"team": "edge"}}},
+                      {"metadata": {"annotations": {"huawei.com/Ascend910": None}}},
+                      {"metadata": {"labels": {"app": "stolen"}}},
+                      {"metadata": {"finalizers": ["x.io/stuck"]}}):
+            _refused(_patch_pod(w.agent_a, mine, patch), other_key)
+        pod = cp.kubectl("get", "pod", mine, "-n", SYSTEM_NAMESPACE, "-o", "json")
+        annotations = json.loads(pod.stdout)["metadata"]["annotations"]
+        assert annotations["huawei.com/Ascend910"] == "Ascend910-0,Ascend910-1"
+        assert "team" not in annotations
+    finally:
+        cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false", mine, theirs,
+                   check=False)

@@ -56,7 +56,8 @@ MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
 #: The agent's Instance policy too: the real agent below must do its whole job under it.
 RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
-              "agent-instance-policy.yaml", "controller-rbac.yaml", "controller-node-policy.yaml")
+              "agent-instance-policy.yaml", "agent-pod-policy.yaml", "controller-rbac.yaml",
+              "controller-node-policy.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
@@ -129,9 +130,14 @@ AGENT_NEEDS = [
     ("patch", "nodes", None),
     ("create", "events", None),
     ("watch", "pods", None),
+    ("patch", "pods", None),
 ]
 AGENT_MUST_NOT = [
     ("create", "pods", None),
+    # Pods are read by watch (Pending ones) and by an empty patch the pod policy confines to
+    # the agent's node (agent/pod_annotations.py), never by a get on any pod.
+    ("get", "pods", None),
+    ("patch", "pods", "status"),
     # Only the Secrets and ConfigMaps Configurations name, granted per namespace by the
     # controller (controller/agent_access.py); nothing cluster-wide.
     ("get", "secrets", None),
@@ -653,6 +659,16 @@ def test_agent_may_change_only_edgeplug_labels_and_its_record_on_its_own_node(
         eventually_refused(unbound, "label", "node", own, "edgeplug.io/x=true",
                            because="only the Node its pod runs on")
         eventually_refused(agent, "label", "node", own, "team=edge",
+                           because="only edgeplug.io/ labels")
+        # Huawei's Ascend plugin's labels (Volcano and MindCluster read them): set, and changed,
+        # but never removed (an NPU node's accelerator label is often its admin's own).
+        for label in ("accelerator=huawei-Ascend910", "servertype=Ascend910B-20",
+                      "accelerator=huawei-Ascend310P"):
+            huawei = agent.kubectl(cp, "label", "--overwrite", "node", own, label)
+            assert huawei.returncode == 0, huawei.stderr
+        eventually_refused(agent, "label", "node", own, "accelerator-",
+                           because="only edgeplug.io/ labels")
+        eventually_refused(agent, "label", "node", own, "node.kubernetes.io/instance-type=x",
                            because="only edgeplug.io/ labels")
         # (kubectl cordon exits 0 even when refused; a plain patch says what happened.)
         eventually_refused(agent, "patch", "node", own, "-p", '{"spec":{"unschedulable":true}}',

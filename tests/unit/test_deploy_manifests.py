@@ -262,7 +262,7 @@ def test_chart_links_to_the_repositorys_own_crds_and_rbac() -> None:
     expected = {p.name for p in (REPO_ROOT / "crds" / "manifests").glob("*.yaml")}
     assert expected | {PEERING_CRDS.name} == set(linked)
     for name in ("agent-rbac.yaml", "agent-node-policy.yaml", "agent-instance-policy.yaml",
-                 "controller-rbac.yaml", "controller-node-policy.yaml"):
+                 "agent-pod-policy.yaml", "controller-rbac.yaml", "controller-node-policy.yaml"):
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link (copies drift)"
         assert link.resolve() == (MANIFESTS / name).resolve()
@@ -308,7 +308,8 @@ _OPERATION = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete
 
 
 @pytest.mark.parametrize("policy", ["edgeplug-agent-own-node-labels",
-                                    "edgeplug-agent-own-node-instances"])
+                                    "edgeplug-agent-own-node-instances",
+                                    "edgeplug-agent-own-node-pods"])
 def test_agent_policy_judges_the_agents_own_account_and_denies(policy: str) -> None:
     account = _one("ServiceAccount", "edgeplug-agent")["metadata"]
     username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
@@ -319,16 +320,40 @@ def test_agent_policy_judges_the_agents_own_account_and_denies(policy: str) -> N
     assert binding["validationActions"] == ["Deny"]
 
 
-def test_instance_policy_covers_every_instance_write_the_agent_may_make() -> None:
-    """A write verb the ClusterRole grants on Instances that the policy does not see would
-    be a way around it."""
+@pytest.mark.parametrize(("group", "kind", "policy"), [
+    ("edgeplug.io", "instances", "edgeplug-agent-own-node-instances"),
+    ("", "pods", "edgeplug-agent-own-node-pods"),
+])
+def test_policy_covers_every_write_the_agent_may_make(group: str, kind: str, policy: str
+                                                      ) -> None:
+    """A write verb the ClusterRole grants on Instances (pods) that the policy does not see
+    would be a way around it."""
     rules = _one("ClusterRole", "edgeplug-agent")["rules"]
-    granted = {(resource, _OPERATION[verb]) for rule in rules if "edgeplug.io" in rule["apiGroups"]
-               for resource in rule["resources"] if resource.startswith("instances")
+    granted = {(resource, _OPERATION[verb]) for rule in rules if group in rule["apiGroups"]
+               for resource in rule["resources"] if resource.startswith(kind)
                for verb in rule["verbs"] if verb in _OPERATION}
-    spec = _one("ValidatingAdmissionPolicy", "edgeplug-agent-own-node-instances")["spec"]
+    spec = _one("ValidatingAdmissionPolicy", policy)["spec"]
     assert spec["failurePolicy"] == "Fail"
     covered = {(resource, operation) for rule in spec["matchConstraints"]["resourceRules"]
                for resource in rule["resources"] for operation in rule["operations"]}
-    assert granted, "the ClusterRole grants no Instance writes: this test reads the wrong rule"
-    assert granted <= covered, f"Instance writes the policy does not judge: {granted - covered}"
+    assert granted, f"the ClusterRole grants no {kind} writes: this test reads the wrong rule"
+    assert granted <= covered, f"{kind} writes the policy does not judge: {granted - covered}"
+
+
+def _cel_list(policy: str, variable: str) -> set[str]:
+    spec = _one("ValidatingAdmissionPolicy", policy)["spec"]
+    [expression] = [v["expression"] for v in spec["variables"] if v["name"] == variable]
+    return set(re.findall(r"'([^']+)'", expression))
+
+
+def test_policies_allow_exactly_the_huawei_keys_the_agent_writes() -> None:
+    """The agent's allow-lists, the handler's keys and the policies' lists are one list: a key
+    the policy lacks would fail the agent's whole patch, a key it has beyond them widens it."""
+    from agent.node_labels import FOREIGN_LABEL_KEYS
+    from agent.pod_annotations import ANNOTATION_KEYS
+    from discovery_handlers.ascend import huawei
+
+    assert set(huawei.LABEL_KEYS) == FOREIGN_LABEL_KEYS == _cel_list(
+        "edgeplug-agent-own-node-labels", "huaweiLabels")
+    assert set(huawei.ANNOTATION_KEYS) == ANNOTATION_KEYS == _cel_list(
+        "edgeplug-agent-own-node-pods", "huaweiAnnotations")

@@ -1,0 +1,129 @@
+"""The Node labels and pod annotations Huawei's Ascend device plugin writes, from our chips.
+
+Why this exists: Volcano's Ascend scheduling and MindCluster (ascend-operator's rank table,
+clusterd's fault recovery) read what Huawei's plugin (Ascend/mind-cluster,
+``component/ascend-device-plugin``) writes on Nodes and pods, not our ``edgeplug.io/``
+copies. This module computes the same keys and values from the handler's devices, with no
+I/O; the agent writes them (``agent.node_labels``, ``agent.pod_annotations``), and its
+admission policies let through exactly the keys named here (``LABEL_KEYS``,
+``ANNOTATION_KEYS``).
+
+Facts restated from Huawei's plugin (their code, not copied):
+
+- Node labels: ``accelerator`` = ``huawei-Ascend910`` (910, 910B, 910A3), ``huawei-Ascend310P``
+  or ``huawei-Ascend310``; ``node.kubernetes.io/npu.chip.name`` = DCMI's chip name
+  (``910B3``); ``servertype`` = ``<card type>-<AI cores per chip>`` (``Ascend910B-20``), where
+  the card type is told from the chip name (``910B<n>``: ``Ascend910B``, ``910_93<n>``:
+  ``Ascend910A3``, other ``910``: ``Ascend910``, ``310P``: ``Ascend310P``, ``310B``:
+  ``Ascend310B``, ``310``: ``Ascend310``); ``mind-cluster/npu-chip-memory`` = the chip's HBM in
+  GiB with ``G`` (``64G``) on 910-family chips. A value the chips do not agree on, or no
+  source could read, is not written (Huawei's plugin reads it from one chip).
+- Pod annotations, for a pod holding chips ``Ascend910-<phy>``, sorted as strings and joined
+  with commas: ``huawei.com/AscendReal`` (the plugin's record of the real chips, which clusterd
+  reads), ``huawei.com/<family>`` (``huawei.com/Ascend910``, the key Volcano writes its choice
+  under and Huawei's plugin counts busy chips from), and on 910-family chips
+  ``ascend.kubectl.kubernetes.io/ascend-910-configuration``: JSON with ``pod_name``,
+  ``server_id`` (the pod's uid), ``host_ip`` and ``server_ip`` (the node's address),
+  ``super_pod_id`` and ``rack_id`` (``-2``: not a super pod, Huawei's value when DCMI tells
+  none), ``server_index`` (``"-2"``), and ``devices``: ``{"device_id": "<phy>", "device_ip":
+  "-1"}`` sorted by physical id. ``-1`` is what Huawei's plugin writes when it cannot read a
+  chip's RoCE address; this handler binds no DCMI function that reads it, so rank tables that
+  need addresses (HCCL across servers) cannot be built from it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from discovery_handlers.ascend.chips import FAMILY_910
+from discovery_handlers.ascend.devices import (
+    EXTRA_PHY,
+    PROP_AICORE,
+    PROP_FAMILY,
+    PROP_MEMORY,
+    PROP_MODEL,
+)
+from discovery_handlers.contract import Device, PodFacts
+
+LABEL_ACCELERATOR = "accelerator"
+LABEL_CHIP_NAME = "node.kubernetes.io/npu.chip.name"
+LABEL_SERVER_TYPE = "servertype"
+LABEL_CHIP_MEMORY = "mind-cluster/npu-chip-memory"
+#: Every Node label key this module may give (the agent's node policy allows exactly these).
+LABEL_KEYS = (LABEL_ACCELERATOR, LABEL_CHIP_NAME, LABEL_SERVER_TYPE, LABEL_CHIP_MEMORY)
+
+ANNOTATION_REAL = "huawei.com/AscendReal"
+ANNOTATION_CONFIGURATION = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
+#: ``huawei.com/<family>`` keys by family, as Huawei's resource names.
+ANNOTATION_FAMILY = {family: f"huawei.com/{family}"
+                     for family in (FAMILY_910, "Ascend310P", "Ascend310")}
+#: Every pod annotation key this module may give (the agent's pod policy allows exactly these).
+ANNOTATION_KEYS = (ANNOTATION_REAL, ANNOTATION_CONFIGURATION, *ANNOTATION_FAMILY.values())
+
+#: Huawei's "not told" values for super-pod fields and a chip's unread RoCE address.
+NOT_A_SUPER_POD = -2
+NO_DEVICE_IP = "-1"
+_MIB_PER_GIB = 1024
+
+_CARD_TYPES = (  # (chip name pattern, Huawei's card type), first match wins
+    (re.compile(r"^(910B\d|A2G\d)"), "Ascend910B"),
+    (re.compile(r"^910_93"), "Ascend910A3"),
+    (re.compile(r"^910"), "Ascend910"),
+    (re.compile(r"^(310P\d?|I2\d?)"), "Ascend310P"),
+    (re.compile(r"^310B"), "Ascend310B"),
+    (re.compile(r"^310"), "Ascend310"),
+)
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def node_labels(devices: Sequence[Device]) -> dict[str, str]:
+    """Huawei's Node labels for the chips (empty when there are none)."""
+    name = _agreed(devices, PROP_MODEL).removeprefix("Ascend")
+    family = _agreed(devices, PROP_FAMILY)
+    aicore = _agreed(devices, PROP_AICORE)
+    memory = _agreed(devices, PROP_MEMORY)
+    labels: dict[str, str] = {}
+    if family in ANNOTATION_FAMILY:
+        labels[LABEL_ACCELERATOR] = f"huawei-{family}"
+    if name:
+        labels[LABEL_CHIP_NAME] = name
+        card_type = next((kind for pattern, kind in _CARD_TYPES if pattern.match(name)), "")
+        if card_type and aicore:
+            labels[LABEL_SERVER_TYPE] = f"{card_type}-{aicore}"
+    if family == FAMILY_910 and memory.isdigit():
+        labels[LABEL_CHIP_MEMORY] = f"{int(memory) // _MIB_PER_GIB}G"
+    return {key: value for key, value in labels.items() if _LABEL_VALUE.match(value)}
+
+
+def pod_annotations(devices: Sequence[Device], pod: PodFacts) -> dict[str, str]:
+    """Huawei's annotations for a pod holding ``devices`` (empty for chips of no known family)."""
+    family = _agreed(devices, PROP_FAMILY)
+    if family not in ANNOTATION_FAMILY:
+        return {}
+    phys = sorted({_phy(d) for d in devices})
+    names = ",".join(sorted(f"{family}-{phy}" for phy in phys))
+    annotations = {ANNOTATION_REAL: names, ANNOTATION_FAMILY[family]: names}
+    if family == FAMILY_910:
+        annotations[ANNOTATION_CONFIGURATION] = json.dumps({
+            "pod_name": pod.name,
+            "server_id": pod.uid,
+            "host_ip": pod.host_ip,
+            "super_pod_id": NOT_A_SUPER_POD,
+            "devices": [{"device_id": str(phy), "device_ip": NO_DEVICE_IP} for phy in phys],
+            "rack_id": NOT_A_SUPER_POD,
+            "server_index": str(NOT_A_SUPER_POD),
+            "server_ip": pod.host_ip,
+        }, separators=(",", ":"))
+    return annotations
+
+
+def _agreed(devices: Sequence[Device], prop: str) -> str:
+    """The property's value if every device has the same one, else ""."""
+    values = {d.properties.get(prop, "") for d in devices}
+    return values.pop() if len(values) == 1 else ""
+
+
+def _phy(device: Device) -> int:
+    return int(device.extra.get(EXTRA_PHY) or device.id.removeprefix("davinci"))
