@@ -207,8 +207,8 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
         cfg = debug_echo_configuration("echo", descriptions=["lamp"], shared=False)
         cfg["spec"]["brokerDeviceAccess"] = "dra"
         cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
-        h.apply(plane, ns, cfg)
         started = time.monotonic()
+        h.apply(plane, ns, cfg)
         container = await running_container(plane, broker)
         print(f"figure: Configuration applied -> DRA broker Running on the real node "
               f"{time.monotonic() - started:.1f} s")
@@ -234,6 +234,19 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
 
         await until(shown, what="the Instance showing 1 claim, served both ways", within=30)
         assert container_id(pod(plane, broker)) == container
+
+        # The figure to compare with: a device-plugin Configuration's broker, same agent,
+        # controller and node, timed the same way.
+        fan = instance_name("plug", "fan", shared=False, node=node.node_name)
+        classic = Broker(ns, fan, f"{fan}-{node.node_name}-pod", broker.agent_log)
+        plugin_cfg = debug_echo_configuration("plug", descriptions=["fan"], shared=False)
+        plugin_cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
+        started = time.monotonic()
+        h.apply(plane, ns, plugin_cfg)
+        await running_container(plane, classic)
+        print(f"figure: Configuration applied -> device-plugin broker Running on the real node "
+              f"{time.monotonic() - started:.1f} s")
+        assert allocates(node, classic) == 1
     finally:
         ctl.stop()
         node.stop_process(broker.agent_log)
