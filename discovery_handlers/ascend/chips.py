@@ -38,6 +38,7 @@ class Chip:
     aicore_count: int | None = None
     memory_mb: int | None = None
     bus_id: str = ""
+    roce_ip: str = ""  # the RoCE port's address (910 chips, DCMI only)
     health: Health = HEALTHY  # unhealthy when the source could not read the health
     health_level: int | None = None  # DCMI's 0..3, informational (Huawei's plugin ignores it)
     error_codes: tuple[int, ...] | None = None  # DCMI's current error codes; None: not read

@@ -20,6 +20,12 @@ them). Every call here blocks and may never return (DCMI can hang after a card d
     int dcmi_get_device_memory_info_v3(int card_id, int device_id,
                                        struct dcmi_get_memory_info_stru *memory_info);
     int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *);
+    int dcmi_get_device_ip(int card_id, int device_id, enum dcmi_port_type input_type,
+                           int port_id, struct dcmi_ip_addr *ip, struct dcmi_ip_addr *mask);
+
+The last is asked only of 910-family chips, for their RoCE port's address (port type
+``DCMI_ROCE_PORT``, port 0, IPv4 first then IPv6 as Huawei's plugin asks; a link-local IPv6
+address is none), which HCCL rank tables carry (``huawei.ascend_910_configuration``).
 
 0 is success; failures are negative (``DCMI_ERR_CODE_*``, -8001 and below).
 """
@@ -27,6 +33,7 @@ them). Every call here blocks and may never return (DCMI can hang after a card d
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +102,17 @@ class DcmiPcieInfoAll(ctypes.Structure):
     ]
 
 
+class DcmiIpAddr(ctypes.Structure):
+    _fields_ = [
+        ("u_addr", ctypes.c_ubyte * 16),  # union { ip6[16]; ip4[4]; }
+        ("ip_type", ctypes.c_int),  # enum dcmi_ip_addr_type
+    ]
+
+
+DCMI_IPADDR_TYPE_V4 = 0
+DCMI_IPADDR_TYPE_V6 = 1
+DCMI_ROCE_PORT = 1  # enum dcmi_port_type
+
 _SIGNATURES: dict[str, list[Any]] = {
     "dcmi_init": [],
     "dcmi_get_card_list": [_c_int_p, _c_int_p, ctypes.c_int],
@@ -110,6 +128,8 @@ _SIGNATURES: dict[str, list[Any]] = {
                                        ctypes.POINTER(DcmiMemoryInfo)],
     "dcmi_get_device_pcie_info_v2": [ctypes.c_int, ctypes.c_int,
                                      ctypes.POINTER(DcmiPcieInfoAll)],
+    "dcmi_get_device_ip": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                           ctypes.POINTER(DcmiIpAddr), ctypes.POINTER(DcmiIpAddr)],
 }
 #: Without these the library is of no use; the others are read when exported.
 _REQUIRED = ("dcmi_init", "dcmi_get_card_list", "dcmi_get_device_num_in_card",
@@ -209,14 +229,16 @@ class Dcmi:
         own: list[str] = []
         info = self._chip_info(card, dev, own)
         health, level, codes = self._health(card, dev, own)
+        name = _text(info.chip_name) if info else ""
         return Chip(
             phy_id=phy.value, card_id=card, device_index=dev, logic_id=logic.value,
             chip_type=_text(info.chip_type) if info else "",
-            chip_name=_text(info.chip_name) if info else "",
+            chip_name=name,
             chip_version=_text(info.chip_ver) if info else "",
             aicore_count=info.aicore_cnt if info else None,
             memory_mb=self._memory(card, dev, own),
             bus_id=self._bus_id(card, dev),
+            roce_ip=self._roce_ip(card, dev) if name.startswith("910") else "",
             health=health, health_level=level, error_codes=codes,
             problems=tuple(f"{where}: {p}" for p in own),
         )
@@ -256,6 +278,20 @@ class Dcmi:
             return ""
         return (f"{pcie.domain & 0xFFFF:04X}:{pcie.bdf_busid & 0xFF:02X}:"
                 f"{pcie.bdf_deviceid & 0x1F:02X}.{pcie.bdf_funcid & 0x7}")
+
+    def _roce_ip(self, card: int, dev: int) -> str:
+        """The chip's RoCE address, "" when DCMI gives none (no RoCE port, not exported)."""
+        if not self.has("dcmi_get_device_ip"):
+            return ""
+        for kind, size in ((DCMI_IPADDR_TYPE_V4, 4), (DCMI_IPADDR_TYPE_V6, 16)):
+            ip, mask = DcmiIpAddr(ip_type=kind), DcmiIpAddr(ip_type=kind)
+            if self._call("dcmi_get_device_ip", card, dev, DCMI_ROCE_PORT, 0,
+                          ctypes.byref(ip), ctypes.byref(mask)) != DCMI_OK:
+                continue
+            address = ipaddress.ip_address(bytes(ip.u_addr[:size]))
+            if not (address.is_unspecified or address.is_link_local):
+                return str(address)
+        return ""
 
     def _health(self, card: int, dev: int, problems: list[str]
                 ) -> tuple[Health, int | None, tuple[int, ...] | None]:

@@ -57,6 +57,7 @@ EXTRA_PHY = "phy_id"
 EXTRA_CARD = "card_id"
 EXTRA_DEVICE_INDEX = "device_index"
 EXTRA_LOGIC = "logic_id"
+EXTRA_ROCE_IP = "roce_ip"
 
 
 def device_id(phy_id: int) -> str:
@@ -87,7 +88,7 @@ def to_device(
                         read_only=True),)
     extra = {EXTRA_PHY: str(chip.phy_id)}
     for key, value in ((EXTRA_CARD, chip.card_id), (EXTRA_DEVICE_INDEX, chip.device_index),
-                       (EXTRA_LOGIC, chip.logic_id)):
+                       (EXTRA_LOGIC, chip.logic_id), (EXTRA_ROCE_IP, chip.roce_ip or None)):
         if value is not None:
             extra[key] = str(value)
     return Device(

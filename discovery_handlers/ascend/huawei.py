@@ -26,9 +26,8 @@ Facts restated from Huawei's plugin (their code, not copied):
   ``server_id`` (the pod's uid), ``host_ip`` and ``server_ip`` (the node's address),
   ``super_pod_id`` and ``rack_id`` (``-2``: not a super pod, Huawei's value when DCMI tells
   none), ``server_index`` (``"-2"``), and ``devices``: ``{"device_id": "<phy>", "device_ip":
-  "-1"}`` sorted by physical id. ``-1`` is what Huawei's plugin writes when it cannot read a
-  chip's RoCE address; this handler binds no DCMI function that reads it, so rank tables that
-  need addresses (HCCL across servers) cannot be built from it.
+  "<RoCE address>"}`` sorted by physical id; ``-1`` where the address is unknown (no DCMI,
+  no RoCE port), as Huawei's plugin writes when it cannot read it.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from collections.abc import Sequence
 from discovery_handlers.ascend.chips import FAMILY_910
 from discovery_handlers.ascend.devices import (
     EXTRA_PHY,
+    EXTRA_ROCE_IP,
     PROP_AICORE,
     PROP_FAMILY,
     PROP_MEMORY,
@@ -102,7 +102,8 @@ def pod_annotations(devices: Sequence[Device], pod: PodFacts) -> dict[str, str]:
     family = _agreed(devices, PROP_FAMILY)
     if family not in ANNOTATION_FAMILY:
         return {}
-    phys = sorted({_phy(d) for d in devices})
+    ips = {_phy(d): d.extra.get(EXTRA_ROCE_IP) or NO_DEVICE_IP for d in devices}
+    phys = sorted(ips)
     names = ",".join(sorted(f"{family}-{phy}" for phy in phys))
     annotations = {ANNOTATION_REAL: names, ANNOTATION_FAMILY[family]: names}
     if family == FAMILY_910:
@@ -111,7 +112,7 @@ def pod_annotations(devices: Sequence[Device], pod: PodFacts) -> dict[str, str]:
             "server_id": pod.uid,
             "host_ip": pod.host_ip,
             "super_pod_id": NOT_A_SUPER_POD,
-            "devices": [{"device_id": str(phy), "device_ip": NO_DEVICE_IP} for phy in phys],
+            "devices": [{"device_id": str(phy), "device_ip": ips[phy]} for phy in phys],
             "rack_id": NOT_A_SUPER_POD,
             "server_index": str(NOT_A_SUPER_POD),
             "server_ip": pod.host_ip,

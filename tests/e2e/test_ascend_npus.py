@@ -23,6 +23,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,8 @@ async def test_volcano_and_mindcluster_read_huaweis_annotations_and_labels(
 ) -> None:
     """On the kubelet's own device manager and pod-resources: the agent learns which chips the
     pod got from pod-resources and annotates it as Huawei's plugin does."""
-    host = AscendNode(tmp_path / "host", chips_910b(8, per_card=2), library=dcmi_library)
+    chips = [replace(c, roce_ip=f"192.168.100.{10 + c.phy}") for c in chips_910b(8, per_card=2)]
+    host = AscendNode(tmp_path / "host", chips, library=dcmi_library)
     for key, value in host.env.items():
         monkeypatch.setenv(key, value)
     # A Unix socket path must fit in 108 bytes.
@@ -262,7 +264,9 @@ async def test_volcano_and_mindcluster_read_huaweis_annotations_and_labels(
             assert found["huawei.com/Ascend910"] == names
             assert found["huawei.com/AscendReal"] == names
             rank = json.loads(found[config_key])
-            assert [d["device_id"] for d in rank["devices"]] == sorted(phys, key=int)
+            assert rank["devices"] == [
+                {"device_id": p, "device_ip": f"192.168.100.{10 + int(p)}"}
+                for p in sorted(phys, key=int)]
             assert pod.metadata is not None
             assert pod.status is not None
             assert (rank["pod_name"], rank["server_id"], rank["host_ip"]) == (

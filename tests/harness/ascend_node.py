@@ -54,12 +54,13 @@ class SimChip:
     health: int = 0
     errors: tuple[int, ...] = ()
     bus: int = 0x01
+    roce_ip: str = ""  # the RoCE port's address dcmi_get_device_ip gives ("": none)
 
     def state_line(self) -> str:
         errors = ",".join(f"{e:X}" for e in self.errors) or "-"
         return (f"chip {self.card} {self.dev} {self.logic} {self.phy} Ascend {self.name} "
                 f"{self.version} {self.aicore} {self.hbm_mb} {self.mem_mb} {self.health} "
-                f"{errors} 0 {self.bus} 0 0\n")
+                f"{errors} 0 {self.bus} 0 0 {self.roce_ip or '-'}\n")
 
 
 def chips_910b(count: int = 8, *, per_card: int = 1) -> list[SimChip]:

@@ -9,7 +9,9 @@ nodes are files in a tree of the test's own (see tests/harness/ascend_node.py).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from discovery_handlers.ascend import handler
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.handler import NO_DRIVER_WARNING, ChipsUnhealthy
-from discovery_handlers.contract import Device, warnings_of
+from discovery_handlers.contract import Device, PodFacts, warnings_of
 from tests.harness.ascend_node import (
     FAULT_CODE,
     AscendNode,
@@ -183,6 +185,27 @@ async def test_an_empty_host_lists_nothing_and_says_why(tmp_path: Path) -> None:
     assert ("npu-smi: /usr/local/bin/npu-smi or /usr/local/sbin/npu-smi not found or not "
             "executable") in status.problems
     assert any(p.startswith("devices: cannot list /dev") for p in status.problems)
+
+
+async def test_roce_addresses_from_dcmi_reach_the_rank_table_annotation(
+        tmp_path: Path, dcmi_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dcmi_get_device_ip (RoCE port 0, IPv4 then IPv6): each chip's address in the 910
+    annotation; a link-local address or none is Huawei's "-1"; without DCMI, all "-1"."""
+    addresses = ("192.168.100.10", "fd00::7", "fe80::1", "")
+    chips = [replace(c, roce_ip=ip) for c, ip in zip(chips_910b(4), addresses, strict=True)]
+    host = AscendNode(tmp_path / "host", chips, library=dcmi_library)
+    for name, value in host.env.items():
+        monkeypatch.setenv(name, value)
+    key = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
+    pod = PodFacts(name="train", uid="u-1", host_ip="10.0.0.1")
+
+    async def device_ips(**fields: object) -> list[str]:
+        parsed = details(host, **fields)
+        annotations = handler.pod_annotations(parsed, await first_list(parsed), pod)
+        return [d["device_ip"] for d in json.loads(annotations[key])["devices"]]
+
+    assert await device_ips() == ["192.168.100.10", "fd00::7", "-1", "-1"]
+    assert await device_ips(sources=["npu-smi"]) == ["-1"] * 4
 
 
 async def test_chip_names_filter_by_family(node: AscendNode) -> None:

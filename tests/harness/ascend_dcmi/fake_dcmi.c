@@ -11,11 +11,13 @@
  * test faults a chip while the handler runs. Lines (anything else is ignored):
  *   chip <card> <dev> <logic> <phy> <type> <name> <ver> <aicore> <hbm_mb> <mem_mb> <health>
  *        <error codes, comma-separated hex, or -> <pcie domain> <bus> <device> <function>
+ *        [<RoCE port address, IPv4 or IPv6, or ->]
  *   fail <function name> <return code>
  *   hang <function name> <card>     the call blocks while this line is there (card -1: calls
  *                                   without a card, or every card), as DCMI can after a card
  *                                   drops; it re-reads the state every 20 ms, at most 10 min
  */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,19 @@
 #define DCMI_ERR_CODE_INNER_ERR (-8005)
 #define DCMI_ERR_CODE_INVALID_DEVICE_ID (-8007)
 #define DCMI_ERR_CODE_NOT_REDAY (-8012)
+#define DCMI_ERR_CODE_NOT_SUPPORT (-8255)
+
+enum dcmi_ip_addr_type { DCMI_IPADDR_TYPE_V4 = 0, DCMI_IPADDR_TYPE_V6 = 1, DCMI_IPADDR_TYPE_ANY = 2 };
+
+struct dcmi_ip_addr {
+    union {
+        unsigned char ip6[16];
+        unsigned char ip4[4];
+    } u_addr;
+    enum dcmi_ip_addr_type ip_type;
+};
+
+enum dcmi_port_type { DCMI_VNIC_PORT = 0, DCMI_ROCE_PORT = 1, DCMI_INVALID_PORT };
 
 struct dcmi_chip_info {
     unsigned char chip_type[MAX_CHIP_NAME_LEN];
@@ -84,6 +99,7 @@ struct chip {
     int error_count;
     int domain;
     unsigned int bus, device, function;
+    char ip[64];
 };
 
 struct fail {
@@ -129,11 +145,12 @@ static void load(struct state *st) {
         if (strncmp(line, "chip ", 5) == 0 && st->chip_count < MAX_CHIPS) {
             struct chip *c = &st->chips[st->chip_count];
             char errors[512];
-            int n = sscanf(line + 5, "%d %d %d %d %31s %31s %31s %u %llu %llu %u %511s %d %u %u %u",
+            int n = sscanf(line + 5, "%d %d %d %d %31s %31s %31s %u %llu %llu %u %511s %d %u %u %u %63s",
                            &c->card, &c->dev, &c->logic, &c->phy, c->type, c->name, c->ver,
                            &c->aicore, &c->hbm_mb, &c->mem_mb, &c->health, errors, &c->domain,
-                           &c->bus, &c->device, &c->function);
-            if (n == 16) {
+                           &c->bus, &c->device, &c->function, c->ip);
+            if (n == 16) strcpy(c->ip, "-");
+            if (n >= 16) {
                 parse_errors(c, errors);
                 st->chip_count++;
             }
@@ -314,4 +331,25 @@ int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_in
     pcie_info->bdf_deviceid = c->device;
     pcie_info->bdf_funcid = c->function;
     return DCMI_OK;
+}
+
+int dcmi_get_device_ip(int card_id, int device_id, enum dcmi_port_type input_type, int port_id,
+                       struct dcmi_ip_addr *ip, struct dcmi_ip_addr *mask) {
+    BEGIN_CARD(st, "dcmi_get_device_ip", card_id);
+    if (ip == NULL || mask == NULL || port_id != 0) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    if (input_type != DCMI_ROCE_PORT || strcmp(c->ip, "-") == 0) return DCMI_ERR_CODE_NOT_SUPPORT;
+    enum dcmi_ip_addr_type wanted = ip->ip_type;
+    memset(ip, 0, sizeof(*ip));
+    memset(mask, 0, sizeof(*mask));
+    ip->ip_type = mask->ip_type = wanted;
+    if (wanted == DCMI_IPADDR_TYPE_V4 && inet_pton(AF_INET, c->ip, ip->u_addr.ip4) == 1) {
+        memset(mask->u_addr.ip4, 0xFF, 3); /* a /24 */
+        return DCMI_OK;
+    }
+    if (wanted == DCMI_IPADDR_TYPE_V6 && inet_pton(AF_INET6, c->ip, ip->u_addr.ip6) == 1) {
+        memset(mask->u_addr.ip6, 0xFF, 8); /* a /64 */
+        return DCMI_OK;
+    }
+    return DCMI_ERR_CODE_NOT_SUPPORT;
 }
