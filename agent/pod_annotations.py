@@ -91,6 +91,8 @@ class PodAnnotator:
         self._latest: Sequence[PodDevices] | None = None
         self._wake = asyncio.Event()
         self._done: set[_PodKey] = set()
+        #: Pods whose failure was logged as a warning: retried every List, logged once.
+        self._warned: set[_PodKey] = set()
 
     def offer(self, pods: Sequence[PodDevices]) -> None:
         """A pod-resources ``List`` answered: look at its pods (the latest answer wins)."""
@@ -104,12 +106,17 @@ class PodAnnotator:
             pods, self._latest = self._latest or (), None
             listed = {(p.namespace, p.name, p.devices) for p in pods}
             self._done &= listed
+            self._warned &= listed
             for pod in pods:
                 key = (pod.namespace, pod.name, pod.devices)
-                if key not in self._done and await self._annotate(pod):
+                if key in self._done:
+                    continue
+                if await self._annotate(pod, warn=key not in self._warned):
                     self._done.add(key)
+                else:
+                    self._warned.add(key)
 
-    async def _annotate(self, pod: PodDevices) -> bool:
+    async def _annotate(self, pod: PodDevices, *, warn: bool) -> bool:
         """Annotate ``pod`` if its devices' handlers ask; whether it is settled."""
         groups: dict[_Key, list[NodeDevice]] = {}
         for resource, ids in pod.devices:
@@ -150,9 +157,12 @@ class PodAnnotator:
         except ApiError as error:
             if error.status.code == 404:
                 return True  # gone
-            log.warning("could not annotate pod: %s", error, extra=extra)
+            log.log(logging.WARNING if warn else logging.DEBUG,
+                    "could not annotate pod (retried at each pod-resources List): %s", error,
+                    extra=extra)
             return False
         except Exception:  # a handler's bug must not stop the annotator
-            log.exception("annotating pod failed", extra=extra)
+            if warn:
+                log.exception("annotating pod failed", extra=extra)
             return False
         return True
