@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
@@ -187,6 +189,15 @@ def configuration(
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def configuration_file(path: Path, name: str, handler: str, details: str) -> Path:
+    """A Configuration's YAML as a user writes it for ``edgeplug discover -f`` (no namespace)."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+        "metadata": {"name": name},
+        "spec": {"discoveryHandler": {"name": handler, "discoveryDetails": details}}}))
+    return path
 
 
 def secret_property(name: str, secret: str, key: str) -> dict[str, Any]:

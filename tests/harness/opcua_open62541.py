@@ -35,8 +35,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from tests.harness.opcua_servers import VALUE, VALUE_IDENTIFIER, VALUE_NAME, Certificates, free_port
+from tests.harness.opcua_servers import (
+    VALUE,
+    VALUE_IDENTIFIER,
+    VALUE_NAME,
+    ServerIdentity,
+)
 
 PRODUCT_URI = "http://open62541.org"  # what open62541 servers say unless configured otherwise
 START_WITHIN_S = 90.0  # importing o6 takes ~5 s on a loaded 2-core machine; never a timing
@@ -50,20 +56,14 @@ VALUE_NODE = f"ns={VALUE_NAMESPACE};s={VALUE_IDENTIFIER}"
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-class Open62541Server:
+class Open62541Server(ServerIdentity):
     """One open62541 server process on ``127.0.0.1:port``; ``stop`` kills it, ``start`` again
     brings it back on the same port (and so under the same URL and device id)."""
 
-    def __init__(self, name: str, *, port: int | None = None, application_uri: str | None = None,
-                 discovery: bool = False, register_to: str | None = None,
-                 secure_with: Certificates | None = None, secure_only: bool = False) -> None:
-        self.name = name
-        self.port = port or free_port()
-        self.url = f"opc.tcp://127.0.0.1:{self.port}/"
-        self.application_uri = application_uri or f"urn:edgeplug:test:{name}"
-        self._discovery = discovery
-        self._register_to = register_to
-        self._secure_with = secure_with
+    def __init__(self, name: str, *, secure_only: bool = False, **identity: Any) -> None:
+        """``identity``: ``ServerIdentity``'s (port, application URI, discovery, register_to,
+        secure_with)."""
+        super().__init__(name, **identity)
         self._secure_only = secure_only
         self._process: subprocess.Popen[bytes] | None = None
         self._dir = Path(tempfile.mkdtemp(prefix=f"edgeplug-open62541-{name}-"))

@@ -70,10 +70,10 @@ async def make_certificates(directory: Path, *, server_uri: str) -> Certificates
     return certs
 
 
-class TestServer:
-    """One real asyncua server on ``127.0.0.1:port``; ``stop`` and ``start`` again keep its URL."""
-
-    __test__ = False  # not a pytest class
+class ServerIdentity:
+    """What a test server is known by (name, port, URL, application URI) and how it is set up
+    (a discovery server, registered to one, secured): the same for the asyncua ``TestServer``
+    and the open62541 ``Open62541Server``. ``stop`` and ``start`` again keep its URL."""
 
     def __init__(self, name: str, *, port: int | None = None, application_uri: str | None = None,
                  discovery: bool = False, register_to: str | None = None,
@@ -85,7 +85,19 @@ class TestServer:
         self._discovery = discovery
         self._register_to = register_to
         self._secure_with = secure_with
-        self._server: Server | None = None
+
+
+class TestServer(ServerIdentity):
+    """One real asyncua server on ``127.0.0.1:port`` (``async with`` starts and stops it)."""
+
+    __test__ = False  # not a pytest class
+    _server: Server | None = None
+
+    async def __aenter__(self) -> TestServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
     async def start(self) -> TestServer:
         server = Server()

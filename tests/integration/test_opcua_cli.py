@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from asyncua import ua
 
 from crds.naming import instance_name
+from tests.harness.controller_process import configuration_file
 from tests.harness.opcua_servers import TestServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -25,19 +25,12 @@ LINE_DEADLINE_S = 30.0  # the first list comes in well under a second
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server() -> AsyncIterator[TestServer]:
-    running = await TestServer("press-4").start()
-    try:
+    async with TestServer("press-4") as running:
         yield running
-    finally:
-        await running.stop()
 
 
 def configuration(path: Path, details: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-        "metadata": {"name": "presses"},
-        "spec": {"discoveryHandler": {"name": "opcua", "discoveryDetails": details}}}))
-    return path
+    return configuration_file(path, "presses", "opcua", details)
 
 
 def details(url: str) -> str:

@@ -30,11 +30,8 @@ ENTRIES = 10_000
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def real() -> AsyncIterator[TestServer]:
-    server = await TestServer("real").start()
-    try:
+    async with TestServer("real") as server:
         yield server
-    finally:
-        await server.stop()
 
 
 @pytest.mark.parametrize("behaviour", ["silent", "garbage", "closer"])

@@ -13,9 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from crds.naming import instance_name
+from tests.harness.controller_process import configuration_file
 from tests.harness.udev_testbed import UmockdevBed
 from tests.integration.test_udev_discovery import PORT_1, RADIO, first_list
 
@@ -23,11 +22,7 @@ CLI_DEADLINE_S = 60.0
 
 
 def configuration(path: Path, details: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-        "metadata": {"name": "mem"},
-        "spec": {"discoveryHandler": {"name": "udev", "discoveryDetails": details}}}))
-    return path
+    return configuration_file(path, "mem", "udev", details)
 
 
 def discover(cfg: Path, *args: str, env: dict[str, str] | None = None
