@@ -31,6 +31,7 @@ from lightkube.resources.core_v1 import Namespace, Node
 
 from agent.kube import InstanceResource, as_dict
 from tests.harness.agent_process import AgentSubprocess, api_client
+from tests.harness.aio_process import cancel_and_wait
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import NodeEmulator
 
@@ -229,10 +230,7 @@ async def bench_node(plane: ControlPlane, *, label: str, trace_out: Path | None 
         log_path.unlink(missing_ok=True)
     finally:
         agent.stop()
-        for task in watches:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*watches)
         await emulator.stop(delete_node=True)
         with contextlib.suppress(Exception):
             await client.delete(Namespace, namespace)

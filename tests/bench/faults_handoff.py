@@ -40,6 +40,7 @@ from tests.harness.agent_nodes import (
     node_device,
     pinned_pod,
 )
+from tests.harness.aio_process import cancel_and_wait
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import (
     running,
@@ -107,11 +108,7 @@ class Observer:
         self._tasks = [asyncio.create_task(self._instances()), asyncio.create_task(self._pods())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
 
     async def _instances(self) -> None:
         async for _, obj in self._kube.watch(

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from agent.configuration_watch import ConfigurationWatch
 from agent.kube import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from tests.harness.aio_process import ChildProcess
 from tests.harness.controlplane import ControlPlane
 
 POLL_INTERVAL = 0.1  # seconds between checks of a condition
@@ -168,8 +168,10 @@ async def agent_in_process(
         await client.close()
 
 
-class AgentSubprocess:
+class AgentSubprocess(ChildProcess):
     """``python -m agent.main`` with the given settings; ``kill()`` sends SIGKILL."""
+
+    grace_s = AGENT_EXIT_TIMEOUT
 
     def __init__(self, cp: ControlPlane, *, node_name: str, namespace: str | None,
                  serve_device_plugins: bool = False, plugin_dir: Path | None = None,
@@ -189,7 +191,7 @@ class AgentSubprocess:
         env.update(extra_env or {})
         self._env = env
         self._log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process = None
 
     def start(self) -> None:
         out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -198,16 +200,3 @@ class AgentSubprocess:
             cwd=Path(__file__).resolve().parents[2],
         )
 
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(AGENT_EXIT_TIMEOUT)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(AGENT_EXIT_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(AGENT_EXIT_TIMEOUT)

@@ -8,7 +8,6 @@ devices and conditions; those parts live here once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,7 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
 from tests.harness import agent_process as harness
+from tests.harness.aio_process import task_running
 from tests.harness.akri_go_handler import GoHandler
 from tests.harness.controlplane import ControlPlane
 
@@ -61,17 +61,12 @@ async def akri_agent(
         plugin_dir=plugin_dir if plugin_dir is not None else DEFAULT_PLUGIN_DIR,
     )
     agent = AkriAgent(NodeDeviceTable(), AgentMetrics(), directory)
-    task = asyncio.create_task(run_agent(settings, devices=agent.devices, metrics=agent.metrics))
-    try:
+    async with task_running(run_agent(settings, devices=agent.devices, metrics=agent.metrics)):
         await harness.eventually(
             lambda: _exists(directory / "agent-registration.sock"),
             what="the agent's registration socket",
         )
         yield agent
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _exists(path: Path) -> bool:

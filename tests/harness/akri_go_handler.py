@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tests.harness.aio_process import ChildProcess
 from tests.harness.kubebin import cache_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent / "akri_handler"
@@ -65,8 +65,10 @@ def _run(cwd: Path, *args: str) -> None:
     subprocess.run(args, cwd=cwd, check=True, timeout=BUILD_TIMEOUT_S)
 
 
-class GoHandler:
+class GoHandler(ChildProcess):
     """One run of the handler: ``start``, ``kill`` (SIGKILL, as a crashed pod), ``stop``."""
+
+    grace_s = EXIT_TIMEOUT_S
 
     def __init__(self, directory: Path, *, name: str = "debugEcho", shared: bool = True,
                  network: bool = False, log_path: Path | None = None) -> None:
@@ -74,7 +76,7 @@ class GoHandler:
         self.args = [f"-name={name}", f"-shared={'true' if shared else 'false'}",
                      f"-network={'true' if network else 'false'}"]
         self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process = None
 
     def start(self) -> None:
         env = {**os.environ, "DISCOVERY_HANDLERS_DIRECTORY": str(self.directory)}
@@ -82,19 +84,6 @@ class GoHandler:
         self.process = subprocess.Popen([str(binary()), *self.args], env=env, stdout=out,
                                         stderr=out)
 
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(EXIT_TIMEOUT_S)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(EXIT_TIMEOUT_S)
 
     def log_tail(self, lines: int = 30) -> str:
         if self.log_path is None or not self.log_path.exists():

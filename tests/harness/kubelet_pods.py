@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 from lightkube.utils.quantity import parse_quantity
 
+from tests.harness.aio_process import cancel_and_wait
 from tests.harness.kubelet_cdi import (
     CREATE_CONTAINER_CONFIG_ERROR,
     ContainerCreateError,
@@ -114,11 +115,7 @@ class PodManager:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     # -- queries ---------------------------------------------------------------------------

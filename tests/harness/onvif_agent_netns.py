@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.harness.aio_process import terminate
 from tests.harness.controlplane import ControlPlane
 from tests.harness.onvif_netns import REPO
 from tests.harness.stream_splice import splice
@@ -109,14 +110,7 @@ class NetnsAgent:
 
     async def stop(self) -> None:
         for proc in (self._agent, self._relay):
-            if proc is not None and proc.returncode is None:
-                proc.terminate()
-                try:
-                    async with asyncio.timeout(STOP_TIMEOUT_S):
-                        await proc.wait()
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await terminate(proc, grace_s=STOP_TIMEOUT_S)
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):

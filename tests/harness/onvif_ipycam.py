@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.harness.aio_process import terminate
 from tests.harness.kube_waits import WAIT_S, until
 from tests.harness.onvif_netns import LAN_V4, ROUTER_V4, NetnsBed, in_ns
 
@@ -108,12 +109,4 @@ class IpyCam:
     async def stop(self) -> None:
         """SIGINT, IPyCam's own shutdown (it says Bye); killed if it does not end in time."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(WAIT_S):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await terminate(proc, grace_s=WAIT_S, signal_number=signal.SIGINT)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.harness.aio_process import terminate
 from tests.harness.kube_waits import WAIT_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +38,8 @@ LAN_V4 = "10.77.1"
 LAN_V6 = "fd77:1::"
 FAR_V4 = "10.77.2"
 HANDLER_V4 = f"{LAN_V4}.1"
+#: How long a process in the camera network may take to exit on SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
 ROUTER_V4 = f"{LAN_V4}.254"
 LINE_LIMIT_BYTES = 64 * 1024 * 1024  # one printed device list of hundreds of cameras
 
@@ -214,14 +217,7 @@ class LineProcess:
         return self.stderr_path.read_text(encoding="utf-8", errors="replace")[-4000:]
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        await terminate(self.proc, grace_s=STOP_GRACE_S)
 
 
 async def start_cameras(

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.harness.aio_process import stop_popen
+
 #: Debian's interpreter, where the UMockdev GObject binding is installed.
 SYSTEM_PYTHON = "/usr/bin/python3"
 PRELOAD = "libumockdev-preload.so.0"
@@ -31,6 +33,8 @@ HELPER = Path(__file__).with_name("udev_testbed_helper.py")
 _PRIORITY = ["nice", "-n", "-5"] if os.geteuid() == 0 else []
 #: One bed operation (a hub of ten radios included) answers well within this.
 REPLY_DEADLINE_S = 30.0
+#: How long the discovery process may take to exit on SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
 
 
 class TestbedError(RuntimeError):
@@ -153,13 +157,7 @@ class DiscoveryProcess:
         self.stop()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_popen(self.proc, grace_s=STOP_GRACE_S)
 
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None

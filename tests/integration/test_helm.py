@@ -27,6 +27,7 @@ import yaml
 
 from tests.harness import helmbin
 from tests.harness.agent_process import apply, create_node, debug_echo_configuration
+from tests.harness.aio_process import stop_popen
 from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port, running
 from tests.harness.service_accounts import mint, pod_bound
 
@@ -307,14 +308,7 @@ class _Part:
                                             stdout=out, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(CONTROLLER_STOP_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(CONTROLLER_STOP_S)
+        stop_popen(self.process, grace_s=CONTROLLER_STOP_S)
 
 
 def _controller(cp: ControlPlane, folder: Path) -> _Part:

@@ -27,12 +27,16 @@ def _envtest_assets(directory: Path) -> Path:
     return directory
 
 
-def test_assets_are_used_for_what_they_hold(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def assets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An envtest assets directory, named by KUBEBUILDER_ASSETS for the test."""
     (tmp_path / "assets").mkdir()
-    assets = _envtest_assets(tmp_path / "assets")
-    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    directory = _envtest_assets(tmp_path / "assets")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(directory))
+    return directory
+
+
+def test_assets_are_used_for_what_they_hold(assets: Path) -> None:
     binaries = kubebin.resolve()
     for name in ENVTEST_COMMANDS:
         assert binaries.argv[name] == (str(assets / name),)
@@ -41,12 +45,7 @@ def test_assets_are_used_for_what_they_hold(
     assert binaries.argv["kube-controller-manager"] == (multi, "kube-controller-manager")
 
 
-def test_control_plane_runs_on_envtest_assets(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "assets").mkdir()
-    assets = _envtest_assets(tmp_path / "assets")
-    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+def test_control_plane_runs_on_envtest_assets(assets: Path) -> None:
     with ControlPlane(install_crds=True) as plane:
         assert plane.binaries.argv["kube-apiserver"] == (str(assets / "kube-apiserver"),)
         out = plane.kubectl("get", "crd", "instances.edgeplug.io", "-o", "name").stdout
