@@ -48,7 +48,8 @@ def bare_pods(namespace: str, cfg: str, nodes: int, instances: int) -> list[dict
 async def floor_run(nodes: int, instances: int, *, concurrency: int,
                     timeout_s: float) -> dict[str, float]:
     """One floor run on a fresh control plane: ``created_s`` (the creates), ``running_lag_s``
-    (last pod Running after the last create) and ``create_rate``."""
+    (last pod Running after the last create), ``all_running_s`` (first create → last pod
+    Running) and ``create_rate``."""
     namespace, cfg = "bench-scale", "scale"
     pods = bare_pods(namespace, cfg, nodes, instances)
     with ControlPlane() as plane:
@@ -75,4 +76,5 @@ async def floor_run(nodes: int, instances: int, *, concurrency: int,
             kubelets.terminate()
             kubelets.wait()
     return {"created_s": created_at - start, "create_rate": instances / (created_at - start),
-            "running_lag_s": max(0.0, last_running - created_at)}
+            "running_lag_s": max(0.0, last_running - created_at),
+            "all_running_s": last_running - start}
