@@ -34,6 +34,7 @@ from tests.bench.bench_agent_setup import (
     daemonset_env,
     quiet_logs,
 )
+from tests.bench.stats import CALIBRATION_LOOPS, machine_speed
 from tests.harness.agent_process import apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
 
@@ -47,7 +48,6 @@ DEVICE_COUNTS: tuple[int, ...] = (2, 200)
 READY_DEADLINE_S = 240.0
 TARGET_CPU_S = 0.05
 #: The fixed loop whose duration shows the machine's speed at the time of the reading.
-SPEED_LOOP = 2_000_000
 #: With ``--smaps``: how many mappings to list by resident size.
 SMAPS_TOP = 15
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -72,14 +72,6 @@ def _rss_by_mapping(pid: int, top: int) -> list[tuple[int, str]]:
             elif head and head[0] == "Rss:":
                 sizes[name] = sizes.get(name, 0) + int(head[1])
     return sorted(((kib, n) for n, kib in sizes.items()), reverse=True)[:top]
-
-
-def _speed_ms() -> float:
-    started = time.perf_counter()
-    total = 0
-    for i in range(SPEED_LOOP):
-        total += i
-    return (time.perf_counter() - started) * 1000
 
 
 def _options(argv: list[str]) -> tuple[float, int, tuple[int, ...]]:
@@ -120,7 +112,7 @@ async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int,
             await asyncio.sleep(window)  # the reading itself: the agent is left alone
             used, elapsed = _cpu_seconds(node.pid) - before, time.monotonic() - started
             per_minute.append(used * 60 / elapsed)
-            speeds.append(_speed_ms())
+            speeds.append(machine_speed() * 1000)
         memory = _status_kib(node.pid)
         load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
         print(f"  {count} devices ({count} Instance plugins + 1 configuration plugin, "
@@ -130,7 +122,7 @@ async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int,
               f"of {window:.0f} s) [target ≤ {TARGET_CPU_S} s]")
         print(f"    VmRSS {memory['VmRSS'] / 1024:.1f} MiB, VmHWM {memory['VmHWM'] / 1024:.1f} "
               f"MiB, threads {memory['Threads']}")
-        print(f"    machine: load {load} (1, 5, 15 min); {SPEED_LOOP:,}-step loop "
+        print(f"    machine: load {load} (1, 5, 15 min); {CALIBRATION_LOOPS:,}-step loop "
               f"{statistics.median(speeds):.0f} ms median", flush=True)
         if smaps:
             for kib, mapping in _rss_by_mapping(node.pid, SMAPS_TOP):
@@ -145,7 +137,7 @@ def main(argv: list[str]) -> None:
     quiet_logs()
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start; "
-          f"{SPEED_LOOP:,}-step loop {_speed_ms():.0f} ms", flush=True)
+          f"{CALIBRATION_LOOPS:,}-step loop {machine_speed() * 1000:.0f} ms", flush=True)
     print(f"the agent runs as the DaemonSet runs it: {DAEMONSET_SETTINGS}", flush=True)
     with ControlPlane() as plane:
         plane.apply_crds()

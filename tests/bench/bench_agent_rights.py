@@ -11,7 +11,6 @@ duration showing the machine's speed. Nothing is asserted.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from lightkube import ApiError, Client, KubeConfig
 from lightkube.types import PatchType
 
 from agent.kube import InstanceResource
-from tests.bench.stats import summary
+from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.service_accounts import pod_bound
 
@@ -34,18 +33,9 @@ SLOTS = 256
 WRITES = 100
 ROUNDS = 3
 #: The fixed loop whose duration shows the machine's speed at the time of the reading.
-SPEED_LOOP = 2_000_000
 #: How long a policy change may take to reach enforcement.
 POLICY_SETTLE_S = 60.0
 POLL_S = 0.2
-
-
-def _speed_ms() -> float:
-    started = time.perf_counter()
-    total = 0
-    for i in range(SPEED_LOOP):
-        total += i
-    return (time.perf_counter() - started) * 1000
 
 
 def _writes(client: Client, name: str) -> list[float]:
@@ -117,13 +107,11 @@ def run(plane: ControlPlane) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min); {SPEED_LOOP:,}-step loop "
-          f"{_speed_ms():.0f} ms", flush=True)
+    print(machine_speed_line(), flush=True)
     with ControlPlane() as plane:
         plane.apply_crds()
         run(plane)
-    print(f"{SPEED_LOOP:,}-step loop at the end {_speed_ms():.0f} ms", flush=True)
+    print(f"at the end: {machine_speed_line()}", flush=True)
 
 
 if __name__ == "__main__":

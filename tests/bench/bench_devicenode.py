@@ -10,13 +10,14 @@ a fixed pure-Python loop as the machine's speed beside the figures. Nothing is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -73,30 +74,18 @@ async def measure(kind: Kind, plane: ControlPlane, kube: AsyncClient,
     plugin = TestPlugin(plugin_dir=plugin_dir,
                         resource_name=f"bench.edgeplug.io/d-{node.node_name}",
                         devices={f"d{i}": HEALTHY for i in range(POD_RUNS)})
-    try:
-        await plugin.start()
-        await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
-        for _ in range(RESTART_RUNS):
-            async def restart() -> None:
-                await node.restart_kubelet()
-                await plugin.stop()
-                await plugin.start()
-                await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
-            figures["restart"].append(await timed(restart))
-        for index in range(POD_RUNS):
-            name = f"p{index}-{node.node_name}"
-            pod = cast(Pod, Pod.from_dict({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"nodeName": node.node_name, "containers": [{
-                    "name": "main", "image": "registry.invalid/pause:1",
-                    "resources": {"limits": {plugin.resource_name: "1"}}}]}}))
 
-            async def run_pod(pod: Pod = pod, name: str = name) -> None:
-                await kube.create(pod)
-                await wait_pod(kube, namespace, name, lambda p: in_phase(p, "Running"),
-                               "Running")
-            figures["pod"].append(await timed(run_pod))
+    def pod_for(name: str) -> Pod:
+        return cast(Pod, Pod.from_dict({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"nodeName": node.node_name, "containers": [{
+                "name": "main", "image": "registry.invalid/pause:1",
+                "resources": {"limits": {plugin.resource_name: "1"}}}]}}))
+
+    try:
+        await plugin_figures(kube, namespace, node.node_name, plugin, node.restart_kubelet,
+                             pod_for, figures)
     finally:
         await plugin.stop()
         await node.stop(delete_node=True)
@@ -104,23 +93,59 @@ async def measure(kind: Kind, plane: ControlPlane, kube: AsyncClient,
     return figures
 
 
-async def measure_all(plane: ControlPlane) -> None:
+async def plugin_figures(
+    kube: AsyncClient, namespace: str, node_name: str, plugin: TestPlugin,
+    restart_kubelet: Callable[[], Awaitable[Any]], pod_for: Callable[[str], Pod],
+    figures: dict[str, list[float]],
+) -> None:
+    """The "restart" and "pod" figures on a started node (any kind) with ``plugin``: the
+    kubelet restarted until the plugin's devices are allocatable again, and ``pod_for(name)``
+    created until Running, each ``RESTART_RUNS`` / ``POD_RUNS`` times."""
+    await plugin.start()
+    await wait_allocatable(kube, node_name, plugin.resource_name, str(POD_RUNS))
+    for _ in range(RESTART_RUNS):
+        async def restart() -> None:
+            await restart_kubelet()
+            await plugin.stop()
+            await plugin.start()
+            await wait_allocatable(kube, node_name, plugin.resource_name, str(POD_RUNS))
+        figures["restart"].append(await timed(restart))
+    for index in range(POD_RUNS):
+        name = f"p{index}-{node_name}"
+
+        async def run_pod(name: str = name) -> None:
+            await kube.create(pod_for(name))
+            await wait_pod(kube, namespace, name, lambda p: in_phase(p, "Running"), "Running")
+        figures["pod"].append(await timed(run_pod))
+
+
+@contextlib.asynccontextmanager
+async def bench_namespace(plane: ControlPlane) -> AsyncIterator[tuple[AsyncClient, str]]:
+    """A client and a namespace of its own (with its ServiceAccount), deleted after."""
     kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     plane.kubectl("create", "namespace", namespace)
     try:
         await wait_service_account(kube, namespace)
-        for label, kind in KINDS.items():
-            figures = await measure(kind, plane, kube, namespace)
-            print(summary(f"{label}: node start (Node posted, kubelet.sock served)",
-                          figures["start"]), flush=True)
-            print(summary(f"{label}: kubelet restart until a plugin's devices are allocatable",
-                          figures["restart"]), flush=True)
-            print(summary(f"{label}: pod bound to the node, created to Running",
-                          figures["pod"]), flush=True)
+        yield kube, namespace
     finally:
         plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         await kube.close()
+
+
+def print_figures(label: str, figures: dict[str, list[float]], *, start: str) -> None:
+    print(summary(f"{label}: {start}", figures["start"]), flush=True)
+    print(summary(f"{label}: kubelet restart until a plugin's devices are allocatable",
+                  figures["restart"]), flush=True)
+    print(summary(f"{label}: pod bound to the node, created to Running", figures["pod"]),
+          flush=True)
+
+
+async def measure_all(plane: ControlPlane) -> None:
+    async with bench_namespace(plane) as (kube, namespace):
+        for label, kind in KINDS.items():
+            print_figures(label, await measure(kind, plane, kube, namespace),
+                          start="node start (Node posted, kubelet.sock served)")
 
 
 def main(argv: list[str]) -> None:

@@ -11,24 +11,19 @@ runs in ``tests.harness.udev_runner``. Prints median/p95 and the machine's speed
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import yaml
 
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.udev.watch import DEBOUNCE_QUIET_S
-from tests.bench.bench_agent_setup import WatchedState, quiet_logs
+from tests.bench.bench_agent_setup import bench_node, quiet_logs
 from tests.bench.stats import floor_ratio_line, machine_speed_line, summary
-from tests.harness.agent_process import AgentSubprocess, api_client, apply
+from tests.harness.agent_process import apply
 from tests.harness.controlplane import ControlPlane
-from tests.harness.node_emulator import NodeEmulator
 from tests.harness.udev_testbed import DiscoveryProcess, UmockdevBed, bare_enumeration
 
 PLUG_RUNS = 20
@@ -58,27 +53,13 @@ def _status_kib(pid: int, field: str) -> int:
 async def bench_agent_hotplug(plane: ControlPlane) -> None:
     """Plug → Instance seen by a watch → allocatable on the Node, through the whole agent (with
     1,000 other devices on the node), and the agent's memory after the runs."""
-    suffix = uuid.uuid4().hex[:6]
-    node, namespace = f"bench-udev-{suffix}", f"bench-udev-{suffix}"
-    plane.kubectl("create", "namespace", namespace)
-    plugin_dir = Path(tempfile.mkdtemp(prefix="epu-", dir="/tmp"))
-    emulator = NodeEmulator(node_name=node, kubeconfig=plane.kubeconfig, plugin_dir=plugin_dir)
-    client = api_client(plane)
-    state = WatchedState()
-    name = instance_name("radio", PORT_ID, shared=False, node=node)
-    resource = instance_resource_name(name)
     with UmockdevBed() as bed:
         bed.bulk(SCALE_DEVICES)  # a console server's ports beside the radio: not selected
-        agent = AgentSubprocess(plane, node_name=node, namespace=namespace,
-                                serve_device_plugins=True, plugin_dir=plugin_dir,
-                                log_path=plugin_dir.parent / f"{plugin_dir.name}.log",
-                                extra_env=bed.env())
-        await emulator.start()
-        watches = [asyncio.create_task(state.follow_instances(client, namespace)),
-                   asyncio.create_task(state.follow_node(client, node))]
-        agent.start()
-        try:
-            apply(plane, namespace, {
+        async with bench_node(plane, label="udev", env=bed.env()) as node:
+            state = node.state
+            name = instance_name("radio", PORT_ID, shared=False, node=node.name)
+            resource = instance_resource_name(name)
+            apply(plane, node.namespace, {
                 "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
                 "metadata": {"name": "radio"},
                 "spec": {"discoveryHandler": {"name": "udev", "discoveryDetails": RADIO},
@@ -101,20 +82,9 @@ async def bench_agent_hotplug(plane: ControlPlane) -> None:
             print(summary("  plug → Instance exists (watch) [target median ≤ 300 ms]",
                           to_instance))
             print(summary("  plug → allocatable on the Node (watch)", to_allocatable))
-            assert agent.process is not None
             print(f"  agent with {SCALE_DEVICES + 1} devices on the node: "
-                  f"{_status_kib(agent.process.pid, 'VmRSS') / 1024:.1f} MiB resident, "
-                  f"peak {_status_kib(agent.process.pid, 'VmHWM') / 1024:.1f} MiB")
-        finally:
-            agent.stop()
-            for task in watches:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await emulator.stop(delete_node=True)
-            await client.close()
-            plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-            shutil.rmtree(plugin_dir, ignore_errors=True)
+                  f"{_status_kib(node.pid, 'VmRSS') / 1024:.1f} MiB resident, "
+                  f"peak {_status_kib(node.pid, 'VmHWM') / 1024:.1f} MiB")
 
 
 def bench_handler_hotplug() -> None:
