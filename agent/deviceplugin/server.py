@@ -23,6 +23,7 @@ from agent.deviceplugin.backend import (
     PluginError,
     PluginSpec,
 )
+from agent.deviceplugin.cancelling import cancellation_kept
 from agent.deviceplugin.feed import AdvertisedDevice
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -242,9 +243,11 @@ class PluginServer:
         servicer, self._servicer = self._servicer, None
         if servicer is not None:
             servicer.end_streams()
-        if server is not None:
-            await server.stop(STOP_GRACE_SECONDS)
-        if self._inode is not None and self.socket_intact():
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-        self._inode = None
+        # grpc.aio's stop can swallow a cancellation (agent.deviceplugin.cancelling).
+        with cancellation_kept():
+            if server is not None:
+                await server.stop(STOP_GRACE_SECONDS)
+            if self._inode is not None and self.socket_intact():
+                with contextlib.suppress(FileNotFoundError):
+                    self.socket_path.unlink()
+            self._inode = None
