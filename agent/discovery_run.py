@@ -23,6 +23,7 @@ from lightkube import AsyncClient
 from agent import watching
 from agent.events import (
     REASON_DISCOVERY_FAILED,
+    REASON_DISCOVERY_WARNING,
     REASON_INVALID_DETAILS,
     REASON_PROPERTY_UNAVAILABLE,
     REASON_UNKNOWN_HANDLER,
@@ -63,8 +64,6 @@ RESYNC_INTERVAL = 600.0
 #: Secret values shorter than this are not searched for in device properties (a one-letter
 #: password would match everywhere and drop honest properties).
 MIN_GUARDED_SECRET_LENGTH = 4
-#: The reason of the Warning Event that carries a handler's discovery warning (``DeviceList``).
-REASON_DISCOVERY_WARNING = "DiscoveryWarning"
 #: The reason of this node's condition while an out-of-process handler the run needs is not
 #: registered or not reachable (``HandlerStatus``).
 REASON_HANDLER_UNAVAILABLE = "DiscoveryHandlerUnavailable"
@@ -119,6 +118,8 @@ class DiscoveryRun:
         self._references.track(self.key, frozenset())
         if withdraw:
             await self.publisher.withdraw()
+            if self._warnings:  # this node no longer runs it: its warnings are over
+                await self._reporter.warnings(())
 
     async def _run(self) -> None:
         cfg = self.configuration
@@ -251,7 +252,8 @@ class DiscoveryRun:
 
     async def _post_warnings(self, warnings: Sequence[str]) -> None:
         """Each warning the handler newly carries (``DeviceList``) is logged and posted once as a
-        Warning Event on the Configuration; one it no longer carries is logged as ended."""
+        Warning Event on the Configuration; one it no longer carries is logged as ended. The
+        current ones are this node's ``DiscoveryHealthy`` condition (``events``)."""
         current = frozenset(warnings)
         cfg = self.configuration
         for message in sorted(current - self._warnings):
@@ -266,6 +268,7 @@ class DiscoveryRun:
         for message in sorted(self._warnings - current):
             log.info("discovery warning ended: %s", message, extra=self._extra)
         self._warnings = current
+        await self._reporter.warnings(sorted(current))
 
     def _without_secrets(self, devices: Sequence[Device]) -> list[Device]:
         """Devices with every property that carries a Secret's value dropped (and said so,

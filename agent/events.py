@@ -16,6 +16,15 @@ of nodes:
   ``DiscoveryReady.<node>``, which exists only while that node has a problem: an agent whose run
   is healthy withdraws it by applying its status without it.
 
+A third verdict is the handler's discovery warnings (``DeviceList.warnings``: a discovery server
+that stopped answering, Ascend chips listed from ``/dev/davinci*`` with their health unknown):
+discovery runs, yet users should know. They go into ``DiscoveryHealthy.<node>`` (False, the
+warnings in its message), which also exists only while that node has warnings. It is applied
+by a field manager of its own (``<node's manager>-warnings``), so writing or withdrawing it
+never touches the verdict conditions above, and nodes never write one another's entries (the
+list is a map keyed by ``type``): no controller round trip and no new right, the agent's
+``configurations/status`` patch already covers it.
+
 Nothing here ever includes a discovery property's value: messages come from handlers' field
 errors and from property *names*.
 """
@@ -23,6 +32,7 @@ errors and from property *names*.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -39,6 +49,9 @@ from crds.configuration import Configuration
 log = logging.getLogger(__name__)
 
 CONDITION_TYPE_PREFIX = "DiscoveryReady"
+HEALTH_CONDITION_PREFIX = "DiscoveryHealthy"
+#: The field manager suffix of the warnings condition (``DiscoveryHealthy.<node>``).
+WARNINGS_MANAGER_SUFFIX = "-warnings"
 EVENT_COMPONENT = "edgeplug-agent"
 #: Reasons, CamelCase as Kubernetes conventions ask.
 REASON_RUNNING = "DiscoveryRunning"
@@ -47,6 +60,8 @@ REASON_UNKNOWN_HANDLER = "UnknownDiscoveryHandler"
 REASON_PROPERTY_UNAVAILABLE = "DiscoveryPropertyUnavailable"
 REASON_DISCOVERY_FAILED = "DiscoveryFailed"
 REASON_VALID = "DiscoveryDetailsValid"
+#: The reason of ``DiscoveryHealthy.<node>`` and of the Warning Event per new warning.
+REASON_DISCOVERY_WARNING = "DiscoveryWarning"
 #: Problems every node finds alike: reported once, in the shared condition.
 CONFIGURATION_WIDE_REASONS = frozenset({REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE})
 MAX_MESSAGE_LENGTH = 1024
@@ -55,6 +70,11 @@ MAX_MESSAGE_LENGTH = 1024
 def condition_type(node_name: str) -> str:
     """The condition that carries ``node_name``'s own discovery problems."""
     return f"{CONDITION_TYPE_PREFIX}.{node_name}"
+
+
+def health_condition_type(node_name: str) -> str:
+    """The condition that carries ``node_name``'s discovery warnings while it has any."""
+    return f"{HEALTH_CONDITION_PREFIX}.{node_name}"
 
 
 def condition_type_for(reason: str, node_name: str) -> str:
@@ -80,6 +100,8 @@ class ConfigurationReporter:
         self._configuration = configuration
         self._last: _Verdict | None = None
         self._since = datetime.now(UTC)
+        self._warned: tuple[str, ...] | None = None  # None: not written by this run yet
+        self._warned_since = self._since
 
     async def ok(self, message: str) -> None:
         await self._report(_Verdict(True, REASON_RUNNING, message), event=False)
@@ -87,6 +109,40 @@ class ConfigurationReporter:
     async def problem(self, reason: str, message: str) -> None:
         """A Warning Event and a False condition; repeated identical problems are written once."""
         await self._report(_Verdict(False, reason, message[:MAX_MESSAGE_LENGTH]), event=True)
+
+    async def warnings(self, messages: Sequence[str]) -> None:
+        """Set ``DiscoveryHealthy.<node>`` to False with ``messages``, or withdraw it when there
+        are none. Written when they change, and once when the run starts (a warning that ended
+        while the agent was down is withdrawn); a failed write is tried again at the next call.
+        """
+        current = tuple(sorted(set(messages)))
+        if current == self._warned:
+            return
+        if current and not self._warned:
+            self._warned_since = datetime.now(UTC)
+        cfg = self._configuration
+        status: dict[str, object] = {}
+        if current:
+            message = f"node {self._node}: " + "; ".join(current)
+            status["conditions"] = [{
+                "type": health_condition_type(self._node), "status": "False",
+                "reason": REASON_DISCOVERY_WARNING, "message": message[:MAX_MESSAGE_LENGTH],
+                "lastTransitionTime": self._warned_since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "observedGeneration": cfg.generation,
+            }]
+        body = {"apiVersion": API_VERSION, "kind": CONFIGURATION_KIND,
+                "metadata": {"name": cfg.name, "namespace": cfg.namespace}, "status": status}
+        try:
+            await self._client.patch(
+                ConfigurationResource.Status, cfg.name, body, namespace=cfg.namespace,
+                patch_type=PatchType.APPLY,
+                field_manager=field_manager(self._node) + WARNINGS_MANAGER_SUFFIX, force=True,
+            )
+        except Exception as exc:  # the API server away or the Configuration gone: next call
+            log.warning("could not write the discovery warnings of %s/%s: %s",
+                        cfg.namespace, cfg.name, exc)
+            return
+        self._warned = current
 
     async def _report(self, verdict: _Verdict, *, event: bool) -> None:
         if verdict == self._last:

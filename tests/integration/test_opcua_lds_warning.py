@@ -1,9 +1,12 @@
-"""A discovery server that stops answering is a Warning Event on the Configuration, not silence.
+"""A discovery server that stops answering is a Warning Event and a condition on the
+Configuration, not silence.
 
 Against the real control plane (kube-apiserver and etcd), with the agent's discovery side
 in-process and a real asyncua discovery server and server on loopback: the Event names the
-discovery URL and why, is posted once however many intervals the silence lasts, and the agent
-logs when the discovery server answers again.
+discovery URL and why, is posted once however many intervals the silence lasts; the
+Configuration's ``DiscoveryHealthy.<node>`` condition is False, naming the node and the cause,
+while the silence lasts (``kubectl get configuration -o yaml``), and is gone, with the agent
+logging the end, when the discovery server answers again.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.discovery_run import REASON_DISCOVERY_WARNING
+from agent.events import REASON_DISCOVERY_WARNING, health_condition_type
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
@@ -33,6 +36,13 @@ def configuration(lds_url: str) -> dict[str, Any]:
         "spec": {"discoveryHandler": {"name": "opcua", "discoveryDetails": details},
                  "capacity": 1, "offlineGracePeriodSeconds": 300},
     }
+
+
+def conditions(cp: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
+    """The Configuration's conditions by type, as ``kubectl get configuration`` shows them."""
+    found = json.loads(cp.kubectl("get", "configurations.edgeplug.io", NAME, "-n", namespace,
+                                  "-o", "json").stdout)
+    return {c["type"]: c for c in (found.get("status") or {}).get("conditions") or []}
 
 
 def warning_events(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
@@ -74,6 +84,13 @@ async def test_silent_discovery_server_is_a_warning_event_on_the_configuration(
                 event["message"]
             assert event["source"]["host"] == node
 
+            async def unhealthy() -> dict[str, Any] | None:
+                return conditions(control_plane, namespace).get(health_condition_type(node))
+
+            condition = await harness.eventually(unhealthy, what="DiscoveryHealthy.<node> False")
+            assert (condition["status"], condition["reason"]) == ("False", "DiscoveryWarning")
+            assert condition["message"] == f"node {node}: {event['message']}"
+
             await lds.start()  # a restarted asyncua discovery server forgot alpha: register
             again = description(0, url=alpha.url, name="alpha")
             again.ServerUri = alpha.application_uri
@@ -84,6 +101,14 @@ async def test_silent_discovery_server_is_a_warning_event_on_the_configuration(
                            r.getMessage() for r in caplog.records)
 
             await harness.eventually(ended, what="the warning logged as ended")
+
+            async def healthy() -> bool:
+                return health_condition_type(node) not in conditions(control_plane, namespace)
+
+            await harness.eventually(healthy, what="DiscoveryHealthy.<node> withdrawn")
+            # Withdrawn by its own field manager: this node's other conditions stay.
+            assert conditions(control_plane, namespace)["DiscoveryDetailsValid"]["status"] == \
+                "True"
             assert len(warning_events(control_plane, namespace)) == 1, \
                 "one Event for the whole silence, not one per interval"
     finally:
