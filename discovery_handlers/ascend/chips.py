@@ -5,6 +5,13 @@ different amounts of a chip. They all produce ``Chip`` records, and the rules th
 into a model name, a resource family and a health live here once, with no I/O, so they are
 unit-tested over tables.
 
+A 910 chip's RoCE network health (``dcmi_get_device_network_health``) is judged here as
+Huawei's plugin judges it: the detection results ``DCMI_RDFX_DETECT_OK`` (0) and
+``DCMI_RDFX_DETECT_INIT`` (6, the check is still starting) are healthy, every other result is
+not. Like Huawei's plugin, which keeps such a chip in the kubelet's healthy list and publishes it
+apart (the ``NetworkUnhealthy`` list of its device-info ConfigMap, read by Volcano), a chip whose
+network is down stays allocatable: a single-chip or single-node job does not need the link.
+
 Health is judged elsewhere (``faults``: DCMI error codes classified as Huawei's plugin does);
 ``npu-smi info`` shows only a word per chip (OK, Warning, Alarm, Critical), read here.
 """
@@ -39,6 +46,7 @@ class Chip:
     memory_mb: int | None = None
     bus_id: str = ""
     roce_ip: str = ""  # the RoCE port's address (910 chips, DCMI only)
+    network_result: int | None = None  # the RoCE link check's result (910, DCMI); None: unread
     health: Health = HEALTHY  # unhealthy when the source could not read the health
     health_level: int | None = None  # DCMI's 0..3, informational (Huawei's plugin ignores it)
     error_codes: tuple[int, ...] | None = None  # DCMI's current error codes; None: not read
@@ -79,6 +87,26 @@ def wanted(chip: Chip, chip_names: tuple[str, ...]) -> bool:
     if not chip_names or not chip.model:
         return True
     return chip.family in chip_names or chip.model in chip_names
+
+
+#: ``enum dcmi_rdfx_detect_result`` (``dcmi_interface_api.h``): the RoCE link check's results.
+NETWORK_RESULTS = {
+    0: "DCMI_RDFX_DETECT_OK", 1: "DCMI_RDFX_DETECT_SOCK_FAIL",
+    2: "DCMI_RDFX_DETECT_RECV_TIMEOUT", 3: "DCMI_RDFX_DETECT_UNREACH",
+    4: "DCMI_RDFX_DETECT_TIME_EXCEEDED", 5: "DCMI_RDFX_DETECT_FAULT",
+    6: "DCMI_RDFX_DETECT_INIT", 7: "DCMI_RDFX_DETECT_THREAD_ERR", 8: "DCMI_RDFX_DETECT_IP_SET",
+}
+#: Results at which Huawei's plugin counts the network healthy.
+NETWORK_HEALTHY_RESULTS = frozenset({0, 6})
+NETWORK_HEALTHY = "Healthy"
+NETWORK_UNHEALTHY = "Unhealthy"
+
+
+def network_health(result: int) -> str:
+    """``Healthy``, or ``Unhealthy (<result's name>)``, for a RoCE link check's ``result``."""
+    if result in NETWORK_HEALTHY_RESULTS:
+        return NETWORK_HEALTHY
+    return f"{NETWORK_UNHEALTHY} ({NETWORK_RESULTS.get(result, f'result {result}')})"
 
 
 def npu_smi_health(word: str) -> Health:

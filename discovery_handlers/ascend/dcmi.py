@@ -22,10 +22,14 @@ them). Every call here blocks and may never return (DCMI can hang after a card d
     int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *);
     int dcmi_get_device_ip(int card_id, int device_id, enum dcmi_port_type input_type,
                            int port_id, struct dcmi_ip_addr *ip, struct dcmi_ip_addr *mask);
+    int dcmi_get_device_network_health(int card_id, int device_id,
+                                       enum dcmi_rdfx_detect_result *result);
 
-The last is asked only of 910-family chips, for their RoCE port's address (port type
+The last two are asked only of 910-family chips: the RoCE port's address (port type
 ``DCMI_ROCE_PORT``, port 0, IPv4 first then IPv6 as Huawei's plugin asks; a link-local IPv6
-address is none), which HCCL rank tables carry (``huawei.ascend_910_configuration``).
+address is none), which HCCL rank tables carry (``huawei.ascend_910_configuration``), and the
+RoCE link check's result (``chips.network_health`` judges it). A chip that does not support the
+check (``DCMI_ERR_CODE_NOT_SUPPORT`` on some 910B boards) has no network health.
 
 0 is success; failures are negative (``DCMI_ERR_CODE_*``, -8001 and below).
 """
@@ -130,6 +134,8 @@ _SIGNATURES: dict[str, list[Any]] = {
                                      ctypes.POINTER(DcmiPcieInfoAll)],
     "dcmi_get_device_ip": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                            ctypes.POINTER(DcmiIpAddr), ctypes.POINTER(DcmiIpAddr)],
+    # enum dcmi_rdfx_detect_result *: an enum is an int-sized unsigned value here
+    "dcmi_get_device_network_health": [ctypes.c_int, ctypes.c_int, _c_uint_p],
 }
 #: Without these the library is of no use; the others are read when exported.
 _REQUIRED = ("dcmi_init", "dcmi_get_card_list", "dcmi_get_device_num_in_card",
@@ -230,6 +236,7 @@ class Dcmi:
         info = self._chip_info(card, dev, own)
         health, level, codes = self._health(card, dev, own)
         name = _text(info.chip_name) if info else ""
+        roce = name.startswith("910")
         return Chip(
             phy_id=phy.value, card_id=card, device_index=dev, logic_id=logic.value,
             chip_type=_text(info.chip_type) if info else "",
@@ -238,7 +245,8 @@ class Dcmi:
             aicore_count=info.aicore_cnt if info else None,
             memory_mb=self._memory(card, dev, own),
             bus_id=self._bus_id(card, dev),
-            roce_ip=self._roce_ip(card, dev) if name.startswith("910") else "",
+            roce_ip=self._roce_ip(card, dev) if roce else "",
+            network_result=self._network_result(card, dev) if roce else None,
             health=health, health_level=level, error_codes=codes,
             problems=tuple(f"{where}: {p}" for p in own),
         )
@@ -292,6 +300,15 @@ class Dcmi:
             if not (address.is_unspecified or address.is_link_local):
                 return str(address)
         return ""
+
+    def _network_result(self, card: int, dev: int) -> int | None:
+        """The RoCE link check's result (``enum dcmi_rdfx_detect_result``); None when DCMI
+        does not say (not exported, not supported by the board, or an error)."""
+        if not self.has("dcmi_get_device_network_health"):
+            return None
+        result = ctypes.c_uint(0)
+        code = self._call("dcmi_get_device_network_health", card, dev, ctypes.byref(result))
+        return int(result.value) if code == DCMI_OK else None
 
     def _health(self, card: int, dev: int, problems: list[str]
                 ) -> tuple[Health, int | None, tuple[int, ...] | None]:

@@ -25,7 +25,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from discovery_handlers.ascend.chips import Chip
+from discovery_handlers.ascend.chips import (
+    NETWORK_HEALTHY,
+    NETWORK_RESULTS,
+    Chip,
+    network_health,
+)
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.contract import Device, DeviceSpec, Health, Mount
 
@@ -46,6 +51,9 @@ PROP_CARD = "ASCEND_CARD_ID"
 PROP_DEVICE_INDEX = "ASCEND_CHIP_INDEX"
 PROP_LOGIC = "ASCEND_LOGIC_ID"
 PROP_BUS = "ASCEND_BUS_ID"
+#: A 910 chip's RoCE network health: ``Healthy`` or ``Unhealthy (<DCMI's result>)`` (absent
+#: when DCMI cannot tell). The chip stays allocatable either way, as with Huawei's plugin.
+PROP_NETWORK = "ASCEND_NETWORK_HEALTH"
 
 LABEL_CHIP_NAME = "edgeplug.io/npu.chip.name"  # Huawei: node.kubernetes.io/npu.chip.name
 LABEL_CHIP_COUNT = "edgeplug.io/npu.chip.count"
@@ -78,6 +86,8 @@ def to_device(
         PROP_MODEL: chip.model, PROP_FAMILY: chip.family, PROP_MEMORY: chip.memory_mb,
         PROP_AICORE: chip.aicore_count, PROP_CARD: chip.card_id,
         PROP_DEVICE_INDEX: chip.device_index, PROP_LOGIC: chip.logic_id, PROP_BUS: chip.bus_id,
+        PROP_NETWORK: (None if chip.network_result is None
+                       else network_health(chip.network_result)),
     }
     props.update({name: str(value) for name, value in optional.items()
                   if value is not None and value != ""})
@@ -98,8 +108,19 @@ def to_device(
         device_specs=tuple(DeviceSpec(container_path=n, host_path=n, permissions="rwm")
                            for n in nodes),
         health=health,
+        warning=network_warning(chip),
         extra=extra,
     )
+
+
+def network_warning(chip: Chip) -> str:
+    """The Instance's warning while the chip's RoCE network is down ("" otherwise)."""
+    result = chip.network_result
+    if result is None or network_health(result) == NETWORK_HEALTHY:
+        return ""
+    return (f"RoCE network unhealthy: dcmi_get_device_network_health gave {result} "
+            f"({NETWORK_RESULTS.get(result, 'unknown result')}); the chip stays allocatable "
+            "(collectives across nodes over its link fail until it is back)")
 
 
 def compose(details: AscendDetails, devices: Sequence[Device]) -> dict[str, str]:

@@ -55,12 +55,16 @@ class SimChip:
     errors: tuple[int, ...] = ()
     bus: int = 0x01
     roce_ip: str = ""  # the RoCE port's address dcmi_get_device_ip gives ("": none)
+    #: dcmi_get_device_network_health's result (enum dcmi_rdfx_detect_result; None: the call
+    #: answers DCMI_ERR_CODE_NOT_SUPPORT)
+    network: int | None = None
 
     def state_line(self) -> str:
         errors = ",".join(f"{e:X}" for e in self.errors) or "-"
         return (f"chip {self.card} {self.dev} {self.logic} {self.phy} Ascend {self.name} "
                 f"{self.version} {self.aicore} {self.hbm_mb} {self.mem_mb} {self.health} "
-                f"{errors} 0 {self.bus} 0 0 {self.roce_ip or '-'}\n")
+                f"{errors} 0 {self.bus} 0 0 {self.roce_ip or '-'} "
+                f"{'-' if self.network is None else self.network}\n")
 
 
 def chips_910b(count: int = 8, *, per_card: int = 1) -> list[SimChip]:
@@ -137,6 +141,11 @@ class AscendNode:
 
     def clear(self, phy: int) -> None:
         self._set(phy, health=0, errors=())
+
+    def link(self, phy: int, result: int | None) -> None:
+        """Set chip ``phy``'s RoCE link check result (``enum dcmi_rdfx_detect_result``: 0 up,
+        3 unreachable, ...; None: not supported)."""
+        self._set(phy, network=result)
 
     def fail(self, function: str, code: int) -> None:
         """Make DCMI's ``function`` return ``code`` from now on."""

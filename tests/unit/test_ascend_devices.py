@@ -139,3 +139,27 @@ def test_a_chip_name_field_of_garbage_gives_printable_text() -> None:
     field = (ctypes.c_ubyte * 32)(*b"910B3\x1b[31m\xff\n" + b"A" * 20)  # no NUL at all
     assert _text(field) == "910B3[31m" + "A" * 20
     assert _text((ctypes.c_ubyte * 32)(*b"310P3\x00junk")) == "310P3"
+
+
+@pytest.mark.parametrize(("result", "property_value"), [
+    (0, "Healthy"),  # DCMI_RDFX_DETECT_OK
+    (6, "Healthy"),  # DCMI_RDFX_DETECT_INIT: the check is starting; Huawei counts it healthy
+    (1, "Unhealthy (DCMI_RDFX_DETECT_SOCK_FAIL)"),
+    (3, "Unhealthy (DCMI_RDFX_DETECT_UNREACH)"),
+    (8, "Unhealthy (DCMI_RDFX_DETECT_IP_SET)"),
+    (200, "Unhealthy (result 200)"),
+    (None, None),  # not read (no 910, or DCMI_ERR_CODE_NOT_SUPPORT): no property
+])
+def test_roce_network_health_is_a_property_never_a_reason_to_hold_the_chip_back(
+        result: int | None, property_value: str | None) -> None:
+    chip = Chip(phy_id=1, card_id=0, chip_type="Ascend", chip_name="910B3",
+                network_result=result)
+    device = to_device(chip, AscendDetails(), shared_present=SHARED, driver_present=True,
+                       health=HEALTHY)
+    assert device.properties.get("ASCEND_NETWORK_HEALTH") == property_value
+    assert device.health.healthy
+    if property_value is None or property_value == "Healthy":
+        assert device.warning == ""
+    else:
+        assert device.warning.startswith(
+            f"RoCE network unhealthy: dcmi_get_device_network_health gave {result} (")

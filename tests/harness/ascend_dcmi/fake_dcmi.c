@@ -11,7 +11,7 @@
  * test faults a chip while the handler runs. Lines (anything else is ignored):
  *   chip <card> <dev> <logic> <phy> <type> <name> <ver> <aicore> <hbm_mb> <mem_mb> <health>
  *        <error codes, comma-separated hex, or -> <pcie domain> <bus> <device> <function>
- *        [<RoCE port address, IPv4 or IPv6, or ->]
+ *        [<RoCE port address, IPv4 or IPv6, or -> [<RoCE link check result, or ->]]
  *   fail <function name> <return code>
  *   hang <function name> <card>     the call blocks while this line is there (card -1: calls
  *                                   without a card, or every card), as DCMI can after a card
@@ -50,6 +50,19 @@ struct dcmi_ip_addr {
 };
 
 enum dcmi_port_type { DCMI_VNIC_PORT = 0, DCMI_ROCE_PORT = 1, DCMI_INVALID_PORT };
+
+enum dcmi_rdfx_detect_result {
+    DCMI_RDFX_DETECT_OK = 0,
+    DCMI_RDFX_DETECT_SOCK_FAIL = 1,
+    DCMI_RDFX_DETECT_RECV_TIMEOUT = 2,
+    DCMI_RDFX_DETECT_UNREACH = 3,
+    DCMI_RDFX_DETECT_TIME_EXCEEDED = 4,
+    DCMI_RDFX_DETECT_FAULT = 5,
+    DCMI_RDFX_DETECT_INIT = 6,
+    DCMI_RDFX_DETECT_THREAD_ERR = 7,
+    DCMI_RDFX_DETECT_IP_SET = 8,
+    DCMI_RDFX_DETECT_MAX = 0xFF
+};
 
 struct dcmi_chip_info {
     unsigned char chip_type[MAX_CHIP_NAME_LEN];
@@ -100,6 +113,7 @@ struct chip {
     int domain;
     unsigned int bus, device, function;
     char ip[64];
+    char network[16]; /* the RoCE link check's result, or "-": not supported */
 };
 
 struct fail {
@@ -145,11 +159,13 @@ static void load(struct state *st) {
         if (strncmp(line, "chip ", 5) == 0 && st->chip_count < MAX_CHIPS) {
             struct chip *c = &st->chips[st->chip_count];
             char errors[512];
-            int n = sscanf(line + 5, "%d %d %d %d %31s %31s %31s %u %llu %llu %u %511s %d %u %u %u %63s",
+            int n = sscanf(line + 5,
+                           "%d %d %d %d %31s %31s %31s %u %llu %llu %u %511s %d %u %u %u %63s %15s",
                            &c->card, &c->dev, &c->logic, &c->phy, c->type, c->name, c->ver,
                            &c->aicore, &c->hbm_mb, &c->mem_mb, &c->health, errors, &c->domain,
-                           &c->bus, &c->device, &c->function, c->ip);
+                           &c->bus, &c->device, &c->function, c->ip, c->network);
             if (n == 16) strcpy(c->ip, "-");
+            if (n <= 17) strcpy(c->network, "-");
             if (n >= 16) {
                 parse_errors(c, errors);
                 st->chip_count++;
@@ -352,4 +368,13 @@ int dcmi_get_device_ip(int card_id, int device_id, enum dcmi_port_type input_typ
         return DCMI_OK;
     }
     return DCMI_ERR_CODE_NOT_SUPPORT;
+}
+
+int dcmi_get_device_network_health(int card_id, int device_id, enum dcmi_rdfx_detect_result *result) {
+    BEGIN_CARD(st, "dcmi_get_device_network_health", card_id);
+    if (result == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    if (strcmp(c->network, "-") == 0) return DCMI_ERR_CODE_NOT_SUPPORT;
+    *result = (enum dcmi_rdfx_detect_result)strtoul(c->network, NULL, 10);
+    return DCMI_OK;
 }
