@@ -4,49 +4,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.harness.controller_process import (
-    ControllerProcess,
-    apply,
-    broker_pod_spec,
-    broker_pods,
-    configuration,
-    configuration_path,
-    get,
-    instance,
-    items,
-    patch,
-    unique,
-    wait_until,
-)
+from tests.harness import controller_process as h
 from tests.harness.controlplane import ControlPlane
 
 
 def pods_by_name(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
-    return {p["metadata"]["name"]: p for p in broker_pods(plane, namespace)}
+    return {p["metadata"]["name"]: p for p in h.broker_pods(plane, namespace)}
 
 
 def services(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
     return {
         s["metadata"]["name"]: s
-        for s in items(plane, f"/api/v1/namespaces/{namespace}/services")
+        for s in h.items(plane, f"/api/v1/namespaces/{namespace}/services")
     }
 
 
 def test_instance_gets_pinned_owned_brokers_and_services(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    cfg = unique("cam")
+    cfg = h.unique("cam")
     inst = f"{cfg}-a1b2c3"
-    apply(control_plane, configuration(
-        namespace, cfg, pod_spec=broker_pod_spec(), instance_service=True,
+    h.apply(control_plane, h.configuration(
+        namespace, cfg, pod_spec=h.broker_pod_spec(), instance_service=True,
         configuration_service=True,
     ))
-    apply(control_plane, instance(namespace, inst, configuration_name=cfg, nodes=["n-1", "n-2"]))
-    pods = wait_until(
+    h.apply(control_plane,
+            h.instance(namespace, inst, configuration_name=cfg, nodes=["n-1", "n-2"]))
+    pods = h.wait_until(
         lambda: (p := pods_by_name(control_plane, namespace)) and len(p) == 2 and p,
         what="two broker pods, one per node",
     )
-    uid = get(control_plane, f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances/{inst}")
+    uid = h.get(control_plane, h.instance_path(namespace, inst))
     assert uid is not None
     for node in ("n-1", "n-2"):
         pod = pods[f"{inst}-{node}-pod"]
@@ -64,7 +52,7 @@ def test_instance_gets_pinned_owned_brokers_and_services(
             {"key": "metadata.name", "operator": "In", "values": [node]}]}]
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits == {f"edgeplug.io/{inst}": "1"}
-    svcs = wait_until(
+    svcs = h.wait_until(
         lambda: (s := services(control_plane, namespace)) and len(s) == 2 and s,
         what="instance and configuration services",
     )
@@ -73,10 +61,10 @@ def test_instance_gets_pinned_owned_brokers_and_services(
     assert svcs[f"{cfg}-svc"]["spec"]["selector"] == {
         "edgeplug.io/configuration": cfg, "app.kubernetes.io/component": "broker"}
 
-    status = wait_until(
-        lambda: ((get(control_plane, configuration_path(namespace, cfg)) or {}).get("status")
+    status = h.wait_until(
+        lambda: ((h.get(control_plane, h.configuration_path(namespace, cfg)) or {}).get("status")
                  or {}).get("brokers") == {"desired": 2, "ready": 0}
-        and get(control_plane, configuration_path(namespace, cfg)),
+        and h.get(control_plane, h.configuration_path(namespace, cfg)),
         what="status with 2 desired brokers",
     )
     assert status["status"]["instanceCount"] == 1
@@ -85,42 +73,42 @@ def test_instance_gets_pinned_owned_brokers_and_services(
     assert conditions["BrokersReady"]["message"] == "0/2 brokers ready"
 
     # The device leaves node n-2: its broker goes, the other stays.
-    patch(control_plane, "instances.edgeplug.io", namespace, inst, {"spec": {"nodes": ["n-1"]}})
-    wait_until(
+    h.patch(control_plane, "instances.edgeplug.io", namespace, inst, {"spec": {"nodes": ["n-1"]}})
+    h.wait_until(
         lambda: set(pods_by_name(control_plane, namespace)) == {f"{inst}-n-1-pod"},
         what="only the n-1 broker left",
     )
 
     # The device goes offline: Instance deleted → broker and both services gone.
     control_plane.kubectl("delete", "instances.edgeplug.io", inst, "-n", namespace)
-    wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker pod left")
-    wait_until(lambda: not services(control_plane, namespace), what="no service left")
+    h.wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker pod left")
+    h.wait_until(lambda: not services(control_plane, namespace), what="no service left")
 
 
 def jobs_by_name(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
     return {
         j["metadata"]["name"]: j
-        for j in items(plane, f"/apis/batch/v1/namespaces/{namespace}/jobs")
+        for j in h.items(plane, f"/apis/batch/v1/namespaces/{namespace}/jobs")
     }
 
 
 def generation_of(plane: ControlPlane, namespace: str, cfg: str) -> int:
-    obj = get(plane, configuration_path(namespace, cfg))
+    obj = h.get(plane, h.configuration_path(namespace, cfg))
     assert obj is not None, f"Configuration {cfg} missing"
     return int(obj["metadata"]["generation"])
 
 
 def test_job_broker_per_instance_and_new_job_on_spec_change(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    cfg = unique("job")
-    job_spec = {"backoffLimit": 1, "template": {"spec": broker_pod_spec()}}
-    apply(control_plane, configuration(namespace, cfg, job_spec=job_spec))
+    cfg = h.unique("job")
+    job_spec = {"backoffLimit": 1, "template": {"spec": h.broker_pod_spec()}}
+    h.apply(control_plane, h.configuration(namespace, cfg, job_spec=job_spec))
     first, second = f"{cfg}-aaaaaa", f"{cfg}-bbbbbb"
     for name in (first, second):
-        apply(control_plane, instance(namespace, name, configuration_name=cfg, nodes=["n-1"]))
+        h.apply(control_plane, h.instance(namespace, name, configuration_name=cfg, nodes=["n-1"]))
     generation = generation_of(control_plane, namespace, cfg)
-    wait_until(
+    h.wait_until(
         lambda: set(jobs_by_name(control_plane, namespace))
         == {f"{first}-{generation}-job", f"{second}-{generation}-job"},
         what="one Job per Instance named with the generation",
@@ -129,11 +117,11 @@ def test_job_broker_per_instance_and_new_job_on_spec_change(
     template = job["spec"]["template"]["spec"]["containers"][0]
     assert template["resources"]["limits"] == {f"edgeplug.io/{first}": "1"}
 
-    changed = {"backoffLimit": 1, "template": {"spec": broker_pod_spec(image="other:2")}}
-    apply(control_plane, configuration(namespace, cfg, job_spec=changed))
+    changed = {"backoffLimit": 1, "template": {"spec": h.broker_pod_spec(image="other:2")}}
+    h.apply(control_plane, h.configuration(namespace, cfg, job_spec=changed))
     new_generation = generation_of(control_plane, namespace, cfg)
     assert new_generation > generation
-    jobs = wait_until(
+    jobs = h.wait_until(
         lambda: (j := jobs_by_name(control_plane, namespace))
         and set(j) == {f"{first}-{new_generation}-job", f"{second}-{new_generation}-job"}
         and j,
@@ -146,18 +134,19 @@ def test_job_broker_per_instance_and_new_job_on_spec_change(
 
 
 def test_changed_broker_spec_rolls_the_pods(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    cfg = unique("roll")
+    cfg = h.unique("roll")
     inst = f"{cfg}-cccccc"
-    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
-    apply(control_plane, instance(namespace, inst, configuration_name=cfg, nodes=["n-1"]))
-    old = wait_until(
+    h.apply(control_plane, h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec()))
+    h.apply(control_plane, h.instance(namespace, inst, configuration_name=cfg, nodes=["n-1"]))
+    old = h.wait_until(
         lambda: pods_by_name(control_plane, namespace).get(f"{inst}-n-1-pod"),
         what="the broker pod",
     )
-    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec(image="v2:2")))
-    new = wait_until(
+    h.apply(control_plane,
+            h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec(image="v2:2")))
+    new = h.wait_until(
         lambda: (p := pods_by_name(control_plane, namespace).get(f"{inst}-n-1-pod"))
         and p["metadata"]["uid"] != old["metadata"]["uid"] and p,
         what="the broker pod recreated from the new spec",
@@ -167,7 +156,7 @@ def test_changed_broker_spec_rolls_the_pods(
 
 
 def condition(plane: ControlPlane, namespace: str, cfg: str, kind: str) -> dict[str, Any] | None:
-    obj = get(plane, configuration_path(namespace, cfg)) or {}
+    obj = h.get(plane, h.configuration_path(namespace, cfg)) or {}
     for found in (obj.get("status") or {}).get("conditions") or []:
         if found["type"] == kind:
             return dict(found)
@@ -176,7 +165,7 @@ def condition(plane: ControlPlane, namespace: str, cfg: str, kind: str) -> dict[
 
 def spec_invalid(plane: ControlPlane, namespace: str, cfg: str, which: str) -> dict[str, Any]:
     """The BrokerSpecValid condition of ``cfg`` once it is False (fails naming ``which``)."""
-    found: dict[str, Any] = wait_until(
+    found: dict[str, Any] = h.wait_until(
         lambda: (c := condition(plane, namespace, cfg, "BrokerSpecValid"))
         and c["status"] == "False" and c,
         what=f"BrokerSpecValid=False on {which}",
@@ -186,31 +175,31 @@ def spec_invalid(plane: ControlPlane, namespace: str, cfg: str, which: str) -> d
 
 def events_for(plane: ControlPlane, namespace: str, cfg: str) -> list[dict[str, Any]]:
     return [
-        e for e in items(plane, f"/api/v1/namespaces/{namespace}/events")
+        e for e in h.items(plane, f"/api/v1/namespaces/{namespace}/events")
         if (e.get("involvedObject") or {}).get("name") == cfg
     ]
 
 
 def test_malformed_broker_spec_is_reported_and_others_unaffected(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    bad, refused, good = unique("bad"), unique("refused"), unique("good")
+    bad, refused, good = h.unique("bad"), h.unique("refused"), h.unique("good")
     # Caught by the controller: an invalid container name and a container without image.
     bad_spec = {"containers": [{"name": "Not_A_Label", "image": "x:1"}, {"name": "noimage"}]}
     # Caught only by the API server: a restart policy that does not exist.
-    refused_spec = {**broker_pod_spec(), "restartPolicy": "Sometimes"}
-    apply(control_plane, configuration(namespace, bad, pod_spec=bad_spec))
-    apply(control_plane, configuration(namespace, refused, pod_spec=refused_spec))
-    apply(control_plane, configuration(namespace, good, pod_spec=broker_pod_spec()))
+    refused_spec = {**h.broker_pod_spec(), "restartPolicy": "Sometimes"}
+    h.apply(control_plane, h.configuration(namespace, bad, pod_spec=bad_spec))
+    h.apply(control_plane, h.configuration(namespace, refused, pod_spec=refused_spec))
+    h.apply(control_plane, h.configuration(namespace, good, pod_spec=h.broker_pod_spec()))
     for cfg in (bad, refused, good):
-        apply(control_plane, instance(namespace, f"{cfg}-dddddd", configuration_name=cfg,
-                                      nodes=["n-1"]))
+        h.apply(control_plane, h.instance(namespace, f"{cfg}-dddddd", configuration_name=cfg,
+                                          nodes=["n-1"]))
 
     invalid = spec_invalid(control_plane, namespace, bad, "the malformed Configuration")
     assert invalid["reason"] == "InvalidBrokerSpec"
     assert "containers[0].name" in invalid["message"]
     assert "containers[1].image: required" in invalid["message"]
-    wait_until(
+    h.wait_until(
         lambda: any(e["reason"] == "InvalidBrokerSpec" and e["type"] == "Warning"
                     for e in events_for(control_plane, namespace, bad)),
         what="a Warning Event saying the broker spec is invalid",
@@ -219,19 +208,19 @@ def test_malformed_broker_spec_is_reported_and_others_unaffected(
                            "the Configuration the API server refused")
     assert refusal["reason"] == "BrokerCreationRefused"
     assert "restartPolicy" in refusal["message"]
-    wait_until(
+    h.wait_until(
         lambda: any(e["reason"] == "BrokerRefused" and "restartPolicy" in e["message"]
                     for e in events_for(control_plane, namespace, refused)),
         what="a Warning Event with the API server's refusal",
     )
-    pods = wait_until(
+    pods = h.wait_until(
         lambda: (p := pods_by_name(control_plane, namespace)) and p, what="the good broker"
     )
     assert set(pods) == {f"{good}-dddddd-n-1-pod"}
     ok = condition(control_plane, namespace, good, "BrokerSpecValid")
     assert ok is not None
     assert ok["status"] == "True"
-    wait_until(
+    h.wait_until(
         lambda: any(e["reason"] == "PodCreated" for e in events_for(control_plane, namespace,
                                                                       good)),
         what="a PodCreated Event on the good Configuration",
@@ -239,20 +228,20 @@ def test_malformed_broker_spec_is_reported_and_others_unaffected(
 
 
 def test_deleted_configuration_takes_instances_brokers_and_services(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    cfg = unique("gone")
-    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec(),
-                                       instance_service=True, configuration_service=True))
+    cfg = h.unique("gone")
+    h.apply(control_plane, h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec(),
+                                           instance_service=True, configuration_service=True))
     for suffix in ("eeeeee", "ffffff"):
-        apply(control_plane, instance(namespace, f"{cfg}-{suffix}", configuration_name=cfg,
-                                      nodes=["n-1"]))
-    wait_until(lambda: len(pods_by_name(control_plane, namespace)) == 2, what="two brokers")
-    wait_until(lambda: len(services(control_plane, namespace)) == 3, what="three services")
+        h.apply(control_plane, h.instance(namespace, f"{cfg}-{suffix}", configuration_name=cfg,
+                                          nodes=["n-1"]))
+    h.wait_until(lambda: len(pods_by_name(control_plane, namespace)) == 2, what="two brokers")
+    h.wait_until(lambda: len(services(control_plane, namespace)) == 3, what="three services")
     control_plane.kubectl("delete", "configurations.edgeplug.io", cfg, "-n", namespace)
     path = f"/apis/edgeplug.io/v1alpha1/namespaces/{namespace}/instances"
-    wait_until(lambda: not items(control_plane, path), what="the Instances deleted")
-    wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker left")
-    wait_until(lambda: not services(control_plane, namespace), what="no service left")
-    wait_until(lambda: get(control_plane, configuration_path(namespace, cfg)) is None,
-               what="the Configuration itself gone (finalizer released)")
+    h.wait_until(lambda: not h.items(control_plane, path), what="the Instances deleted")
+    h.wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker left")
+    h.wait_until(lambda: not services(control_plane, namespace), what="no service left")
+    h.wait_until(lambda: h.get(control_plane, h.configuration_path(namespace, cfg)) is None,
+                 what="the Configuration itself gone (finalizer released)")

@@ -10,19 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.controller_process import (
-    FAST_ARGS,
-    ControllerProcess,
-    apply,
-    broker_pod_spec,
-    broker_pods,
-    configuration,
-    get,
-    install_peering_crds,
-    instance,
-    unique,
-    wait_until,
-)
+from tests.harness import controller_process as h
 from tests.harness.controlplane import ControlPlane
 
 #: Longer than kopf's default API retries (1+1+2+3+5+8+13+21 = 54 s), after which a controller
@@ -38,13 +26,13 @@ FAILOVER_DEADLINE_S = 12.0
 PRIORITY_ACTIVE, PRIORITY_STANDBY = 200, 100
 #: FAST_ARGS without their short peering lifetime: the failover test runs the defaults.
 DEFAULT_PEERING_ARGS = tuple(
-    arg for i, arg in enumerate(FAST_ARGS)
-    if arg != "--peering-lifetime" and (i == 0 or FAST_ARGS[i - 1] != "--peering-lifetime")
+    arg for i, arg in enumerate(h.FAST_ARGS)
+    if arg != "--peering-lifetime" and (i == 0 or h.FAST_ARGS[i - 1] != "--peering-lifetime")
 )
 
 
 def _peers(plane: ControlPlane, namespace: str) -> dict[str, Any]:
-    body: Any = get(plane, f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/"
+    body: Any = h.get(plane, f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/"
                            "edgeplug-controller") or {}
     return dict(body.get("status") or {})
 
@@ -57,24 +45,24 @@ def _last_seen(plane: ControlPlane, namespace: str, priority: int) -> datetime |
 
 
 def _live_brokers(plane: ControlPlane, namespace: str) -> set[str]:
-    return {p["metadata"]["labels"]["edgeplug.io/instance"] for p in broker_pods(plane, namespace)
+    return {p["metadata"]["labels"]["edgeplug.io/instance"] for p in h.broker_pods(plane, namespace)
             if not p["metadata"].get("deletionTimestamp")}
 
 
 @pytest.mark.slow
 def test_controller_rides_out_a_minute_long_api_outage(tmp_path: Path) -> None:
     with ControlPlane() as plane:
-        install_peering_crds(plane)
+        h.install_peering_crds(plane)
         namespace = "outage"
         plane.kubectl("create", "namespace", namespace)
-        ctl = ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "ctl.log",
-                                priority=PRIORITY_ACTIVE).start()
+        ctl = h.ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "ctl.log",
+                                  priority=PRIORITY_ACTIVE).start()
         try:
-            cfg = unique("cam")
+            cfg = h.unique("cam")
             before, after = f"{cfg}-aaaaaa", f"{cfg}-bbbbbb"
-            apply(plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
-            apply(plane, instance(namespace, before, configuration_name=cfg, nodes=["n-1"]))
-            wait_until(lambda: _live_brokers(plane, namespace) == {before}, what="the broker")
+            h.apply(plane, h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec()))
+            h.apply(plane, h.instance(namespace, before, configuration_name=cfg, nodes=["n-1"]))
+            h.wait_until(lambda: _live_brokers(plane, namespace) == {before}, what="the broker")
 
             server_args = plane.stop_server("kube-apiserver")
             outage_ends = time.monotonic() + OUTAGE_S
@@ -86,13 +74,13 @@ def test_controller_rides_out_a_minute_long_api_outage(tmp_path: Path) -> None:
             back = datetime.now(UTC)
 
             # It converges on what changed after the outage...
-            apply(plane, instance(namespace, after, configuration_name=cfg, nodes=["n-1"]))
+            h.apply(plane, h.instance(namespace, after, configuration_name=cfg, nodes=["n-1"]))
             plane.kubectl("delete", "instances.edgeplug.io", before, "-n", namespace)
-            wait_until(lambda: _live_brokers(plane, namespace) == {after},
-                       what="brokers following the Instances after the outage", deadline=60)
+            h.wait_until(lambda: _live_brokers(plane, namespace) == {after},
+                         what="brokers following the Instances after the outage", deadline=60)
             # ...and keeps heart-beating in its peering object long after kopf's default
             # retries would have given up.
-            wait_until(
+            h.wait_until(
                 lambda: (seen := _last_seen(plane, namespace, PRIORITY_ACTIVE)) is not None
                 and (seen - back).total_seconds() >= STILL_ALIVE_AFTER_S,
                 what=f"a keep-alive {STILL_ALIVE_AFTER_S:.0f} s after the server's return",
@@ -109,31 +97,31 @@ def test_standby_takes_over_within_seconds_with_default_settings(
     peering: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     plane = peering
-    active = ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "active.log",
-                               priority=PRIORITY_ACTIVE, extra_args=DEFAULT_PEERING_ARGS).start()
-    standby = ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "standby.log",
-                                priority=PRIORITY_STANDBY, extra_args=DEFAULT_PEERING_ARGS)
+    active = h.ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "active.log",
+                                 priority=PRIORITY_ACTIVE, extra_args=DEFAULT_PEERING_ARGS).start()
+    standby = h.ControllerProcess(plane, namespaces=[namespace], log_path=tmp_path / "standby.log",
+                                  priority=PRIORITY_STANDBY, extra_args=DEFAULT_PEERING_ARGS)
     try:
-        wait_until(lambda: _last_seen(plane, namespace, PRIORITY_ACTIVE), what="active peered")
+        h.wait_until(lambda: _last_seen(plane, namespace, PRIORITY_ACTIVE), what="active peered")
         standby.start()
-        wait_until(lambda: _last_seen(plane, namespace, PRIORITY_STANDBY), what="standby peered")
-        wait_until(lambda: "every watch has listed" in standby.log_path.read_text(),
-                   what="the standby's watches listed")
-        cfg = unique("cam")
+        h.wait_until(lambda: _last_seen(plane, namespace, PRIORITY_STANDBY), what="standby peered")
+        h.wait_until(lambda: "every watch has listed" in standby.log_path.read_text(),
+                     what="the standby's watches listed")
+        cfg = h.unique("cam")
         first, second = f"{cfg}-111111", f"{cfg}-222222"
-        apply(plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
-        apply(plane, instance(namespace, first, configuration_name=cfg, nodes=["n-1"]))
-        wait_until(lambda: _live_brokers(plane, namespace) == {first}, what="the first broker")
+        h.apply(plane, h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec()))
+        h.apply(plane, h.instance(namespace, first, configuration_name=cfg, nodes=["n-1"]))
+        h.wait_until(lambda: _live_brokers(plane, namespace) == {first}, what="the first broker")
 
         active.kill()
-        apply(plane, instance(namespace, second, configuration_name=cfg, nodes=["n-1"]))
-        wait_until(lambda: _live_brokers(plane, namespace) == {first, second},
-                   what="the standby's broker for an Instance created after the kill",
-                   deadline=FAILOVER_DEADLINE_S)
+        h.apply(plane, h.instance(namespace, second, configuration_name=cfg, nodes=["n-1"]))
+        h.wait_until(lambda: _live_brokers(plane, namespace) == {first, second},
+                     what="the standby's broker for an Instance created after the kill",
+                     deadline=FAILOVER_DEADLINE_S)
         # The standby logs the creation once the API server has answered it: the pod can be
         # seen a moment before the line is written.
-        wait_until(lambda: f"created Pod {namespace}/{second}" in standby.log_path.read_text(),
-                   what="the standby's log of creating the second broker")
+        h.wait_until(lambda: f"created Pod {namespace}/{second}" in standby.log_path.read_text(),
+                     what="the standby's log of creating the second broker")
     finally:
         active.stop()
         standby.stop()

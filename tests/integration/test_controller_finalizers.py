@@ -7,19 +7,7 @@ A finalizer left on a Configuration by an operator that is uninstalled or down m
 from __future__ import annotations
 
 from controller.main import FINALIZER
-from tests.harness.controller_process import (
-    ControllerProcess,
-    apply,
-    broker_pod_spec,
-    broker_pods,
-    configuration,
-    configuration_path,
-    get,
-    instance,
-    instance_path,
-    unique,
-    wait_until,
-)
+from tests.harness import controller_process as h
 from tests.harness.controlplane import ControlPlane
 
 #: ``kubectl delete`` waits this long for the object to be gone (it hangs on a finalizer).
@@ -29,32 +17,32 @@ DELETE_TIMEOUT = "30s"
 
 
 def _with_broker(plane: ControlPlane, namespace: str) -> tuple[str, str]:
-    cfg = unique("fin")
+    cfg = h.unique("fin")
     inst = f"{cfg}-abcdef"
-    apply(plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
-    apply(plane, instance(namespace, inst, configuration_name=cfg, nodes=["n-1"]))
-    wait_until(lambda: broker_pods(plane, namespace), what=f"a broker pod for {inst}")
+    h.apply(plane, h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec()))
+    h.apply(plane, h.instance(namespace, inst, configuration_name=cfg, nodes=["n-1"]))
+    h.wait_until(lambda: h.broker_pods(plane, namespace), what=f"a broker pod for {inst}")
     return cfg, inst
 
 
 def test_no_finalizer_on_configurations_or_instances(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
     cfg, inst = _with_broker(control_plane, namespace)
     # The status is written by the Configuration pass: the controller has handled it.
-    body = wait_until(
-        lambda: (c := get(control_plane, configuration_path(namespace, cfg)))
+    body = h.wait_until(
+        lambda: (c := h.get(control_plane, h.configuration_path(namespace, cfg)))
         and (c.get("status") or {}).get("instanceCount") == 1 and c,
         what="the Configuration's status counting its Instance",
     )
     assert not body["metadata"].get("finalizers"), body["metadata"]
-    inst_body = get(control_plane, instance_path(namespace, inst))
+    inst_body = h.get(control_plane, h.instance_path(namespace, inst))
     assert inst_body is not None
     assert not inst_body["metadata"].get("finalizers"), inst_body["metadata"]
 
 
 def test_configuration_deletes_while_controller_is_stopped(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
     cfg, _ = _with_broker(control_plane, namespace)
     controller.stop()
@@ -63,20 +51,20 @@ def test_configuration_deletes_while_controller_is_stopped(
         f"--timeout={DELETE_TIMEOUT}", check=False,
     )
     assert done.returncode == 0, f"kubectl delete did not complete: {done.stderr}"
-    assert get(control_plane, configuration_path(namespace, cfg)) is None, (
+    assert h.get(control_plane, h.configuration_path(namespace, cfg)) is None, (
         "the Configuration is still there after kubectl delete returned"
     )
 
 
 def test_finalizer_left_by_an_older_version_is_released(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    cfg = unique("old")
-    body = configuration(namespace, cfg, pod_spec=broker_pod_spec())
+    cfg = h.unique("old")
+    body = h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec())
     body["metadata"]["finalizers"] = [FINALIZER]
-    apply(control_plane, body)
-    wait_until(
-        lambda: (c := get(control_plane, configuration_path(namespace, cfg))) is not None
+    h.apply(control_plane, body)
+    h.wait_until(
+        lambda: (c := h.get(control_plane, h.configuration_path(namespace, cfg))) is not None
         and not c["metadata"].get("finalizers"),
         what=f"the controller to remove the {FINALIZER} finalizer an older version put there",
     )

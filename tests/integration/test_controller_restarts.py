@@ -8,18 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.controller_process import (
-    FAST_ARGS,
-    ControllerProcess,
-    apply,
-    broker_pod_spec,
-    broker_pods,
-    configuration,
-    instance,
-    items,
-    unique,
-    wait_until,
-)
+from tests.harness import controller_process as h
 from tests.harness.controlplane import ControlPlane
 
 PENDING_GRACE_S = 3
@@ -27,11 +16,12 @@ PENDING_GRACE_S = 3
 
 @pytest.fixture
 def controller_args() -> tuple[str, ...]:
-    return (*FAST_ARGS, "--pending-grace", str(PENDING_GRACE_S))
+    return (*h.FAST_ARGS, "--pending-grace", str(PENDING_GRACE_S))
 
 
 def the_pod(plane: ControlPlane, namespace: str) -> dict[str, Any] | None:
-    pods = [p for p in broker_pods(plane, namespace) if not p["metadata"].get("deletionTimestamp")]
+    pods = [p for p in h.broker_pods(plane, namespace)
+            if not p["metadata"].get("deletionTimestamp")]
     return pods[0] if len(pods) == 1 else None
 
 
@@ -49,30 +39,30 @@ def fail(plane: ControlPlane, namespace: str, pod: str, *, phase: str) -> None:
 
 
 def events(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
-    return items(plane, f"/api/v1/namespaces/{namespace}/events")
+    return h.items(plane, f"/api/v1/namespaces/{namespace}/events")
 
 
 @pytest.mark.parametrize(("phase", "reason"), [("Failed", "failed"), ("Succeeded", "succeeded")])
 def test_failed_or_finished_broker_is_recreated(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess, phase: str,
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess, phase: str,
     reason: str,
 ) -> None:
-    cfg = unique("cam")
+    cfg = h.unique("cam")
     # The real scheduler would bind it; keep it unbound so the test alone reports its status.
-    spec = {**broker_pod_spec(), "schedulerName": "nobody"}
-    apply(control_plane, configuration(namespace, cfg, pod_spec=spec))
-    apply(control_plane, instance(namespace, f"{cfg}-aaaaaa", configuration_name=cfg,
-                                  nodes=["n-1"]))
-    first = wait_until(lambda: the_pod(control_plane, namespace), what="the broker")
+    spec = {**h.broker_pod_spec(), "schedulerName": "nobody"}
+    h.apply(control_plane, h.configuration(namespace, cfg, pod_spec=spec))
+    h.apply(control_plane, h.instance(namespace, f"{cfg}-aaaaaa", configuration_name=cfg,
+                                      nodes=["n-1"]))
+    first = h.wait_until(lambda: the_pod(control_plane, namespace), what="the broker")
     fail(control_plane, namespace, first["metadata"]["name"], phase=phase)
-    second = wait_until(
+    second = h.wait_until(
         lambda: (p := the_pod(control_plane, namespace))
         and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
         what=f"the {phase} broker recreated",
     )
     assert second["metadata"]["name"] == first["metadata"]["name"]
     assert (second.get("status") or {}).get("phase") == "Pending"
-    wait_until(
+    h.wait_until(
         lambda: any(e["reason"] == "PodDeleted" and f"broker {reason}" in e["message"]
                     for e in events(control_plane, namespace)),
         what=f"an Event saying the broker {reason} and is recreated",
@@ -80,20 +70,20 @@ def test_failed_or_finished_broker_is_recreated(
 
 
 def test_broker_pending_past_grace_is_recreated(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
 ) -> None:
-    cfg = unique("cam")
-    apply(control_plane, configuration(namespace, cfg, pod_spec=broker_pod_spec()))
-    apply(control_plane, instance(namespace, f"{cfg}-bbbbbb", configuration_name=cfg,
-                                  nodes=["n-1"]))
-    first = wait_until(lambda: the_pod(control_plane, namespace), what="the broker")
-    second = wait_until(
+    cfg = h.unique("cam")
+    h.apply(control_plane, h.configuration(namespace, cfg, pod_spec=h.broker_pod_spec()))
+    h.apply(control_plane, h.instance(namespace, f"{cfg}-bbbbbb", configuration_name=cfg,
+                                      nodes=["n-1"]))
+    first = h.wait_until(lambda: the_pod(control_plane, namespace), what="the broker")
+    second = h.wait_until(
         lambda: (p := the_pod(control_plane, namespace))
         and p["metadata"]["uid"] != first["metadata"]["uid"] and p,
         what=f"the broker recreated after {PENDING_GRACE_S}s Pending",
     )
     assert second["metadata"]["name"] == first["metadata"]["name"]
-    warning = wait_until(
+    warning = h.wait_until(
         lambda: [e for e in events(control_plane, namespace)
                  if e["reason"] == "PodDeleted" and "Pending" in e["message"]],
         what="a Warning Event about the Pending broker",
