@@ -70,23 +70,19 @@ class _PodResourcesService(pr_grpc.PodResourcesListerServicer):
         return pr.GetPodResourcesResponse(pod_resources=_pod_resources(record))
 
 
-class PodResourcesServer:
-    """Serves PodResourcesLister on one socket path."""
+class PodResourcesServer(SocketServer):
+    """Serves PodResourcesLister on one socket path (removed when stopped)."""
 
     def __init__(self, *, socket_path: Path, pods: PodManager, devices: DeviceManager) -> None:
-        self.socket_path = socket_path
-        self._service = _PodResourcesService(pods=pods, devices=devices)
-        self._grpc = SocketServer(
+        service = _PodResourcesService(pods=pods, devices=devices)
+        super().__init__(
             socket_path,
             add_services=lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
-                self._service, server
+                service, server
             ),
             stop_grace_s=SERVER_STOP_GRACE_S,
         )
 
-    async def start(self) -> None:
-        await self._grpc.start()
-
     async def stop(self) -> None:
-        await self._grpc.stop()
+        await super().stop()
         self.socket_path.unlink(missing_ok=True)

@@ -238,6 +238,20 @@ async def start_runner(
     )
 
 
+async def cameras_and_runner(
+    bed: NetnsBed, processes: list[LineProcess], host: int, config: dict[str, Any],
+    details: str,
+) -> tuple[LineProcess, LineProcess]:
+    """Cameras (``config``) in a camera namespace of their own at ``LAN_V4.host``, and the
+    handler's runner with ``details``, both added to ``processes`` (which the test's
+    ``processes`` fixture stops after it)."""
+    cameras = await start_cameras(bed, bed.add_camera_ns(host), config)
+    processes.append(cameras)
+    runner = await start_runner(bed, {"c": {"details": details}})
+    processes.append(runner)
+    return cameras, runner
+
+
 def camera(index: int, host: str, **fields: Any) -> dict[str, Any]:
     """A camera for the simulator's config, with a uuid derived from its index."""
     return {

@@ -19,7 +19,7 @@ from lightkube import AsyncClient, KubeConfig
 
 from tests.harness.agent_nodes import AgentNodes, StartNode
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess, install_peering_crds
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import wait_service_account
 from tests.harness.node_emulator import KUBELET_ENV
 from tests.harness.onvif_netns import NetnsBed
@@ -65,6 +65,13 @@ def peering(control_plane: ControlPlane) -> ControlPlane:
     """The control plane with kopf's peering CRDs (and the bare test nodes) installed."""
     install_peering_crds(control_plane)
     return control_plane
+
+
+@pytest.fixture
+def metrics_port() -> int:
+    """A free loopback port for the controller's metrics endpoint (a module's
+    ``controller_args`` passes it on)."""
+    return free_port()
 
 
 @pytest.fixture

@@ -18,20 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness.controller_process import (
-    FAST_ARGS,
-    ControllerProcess,
-    apply,
-    broker_pod_spec,
-    broker_pods,
-    configuration,
-    get,
-    instance,
-    items,
-    unique,
-    wait_until,
-)
-from tests.harness.controlplane import ControlPlane, free_port
+from tests.harness import controller_process as h
+from tests.harness.controlplane import ControlPlane
 
 NODE = "n-1"
 #: An hour: a broker that merely failed would wait this long; one rejected at admission must not.
@@ -43,13 +31,8 @@ OUT_OF_CPU = "Node didn't have enough resource: cpu, requested: 64000, used: 0, 
 
 
 @pytest.fixture
-def metrics_port() -> int:
-    return free_port()
-
-
-@pytest.fixture
 def controller_args(metrics_port: int) -> tuple[str, ...]:
-    return (*FAST_ARGS, "--restart-backoff-base", NO_RESTART_S, "--restart-backoff-max",
+    return (*h.FAST_ARGS, "--restart-backoff-base", NO_RESTART_S, "--restart-backoff-max",
             NO_RESTART_S, "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1")
 
 
@@ -81,30 +64,30 @@ def reject(plane: ControlPlane, namespace: str, pod: str, *, reason: str, messag
 
 
 def events_on(plane: ControlPlane, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-    return [e for e in items(plane, f"/api/v1/namespaces/{namespace}/events")
+    return [e for e in h.items(plane, f"/api/v1/namespaces/{namespace}/events")
             if (e.get("involvedObject") or {}).get("kind") == kind
             and e["involvedObject"].get("name") == name]
 
 
 def live_broker(plane: ControlPlane, namespace: str) -> dict[str, Any] | None:
-    pods = [p for p in broker_pods(plane, namespace)
+    pods = [p for p in h.broker_pods(plane, namespace)
             if not p["metadata"].get("deletionTimestamp")]
     return pods[0] if len(pods) == 1 else None
 
 
+@pytest.mark.usefixtures("controller")
 def test_rejected_broker_is_recreated_at_once_counted_and_reported(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess,
-    metrics_port: int,
+    control_plane: ControlPlane, namespace: str, metrics_port: int
 ) -> None:
-    cfg = unique("cam")
+    cfg = h.unique("cam")
     inst = f"{cfg}-a1b2c3"
     resource = f"edgeplug.io/{inst}"
     # The real scheduler would find no edgeplug resource on the bare node and leave the pod
     # Pending; the test binds it itself.
-    spec = {**broker_pod_spec(), "schedulerName": "nobody"}
-    apply(control_plane, configuration(namespace, cfg, pod_spec=spec))
-    apply(control_plane, instance(namespace, inst, configuration_name=cfg, nodes=[NODE]))
-    pod = wait_until(lambda: live_broker(control_plane, namespace), what="the broker")
+    spec = {**h.broker_pod_spec(), "schedulerName": "nobody"}
+    h.apply(control_plane, h.configuration(namespace, cfg, pod_spec=spec))
+    h.apply(control_plane, h.instance(namespace, inst, configuration_name=cfg, nodes=[NODE]))
+    pod = h.wait_until(lambda: live_broker(control_plane, namespace), what="the broker")
     seen = {pod["metadata"]["uid"]}
     for round_ in (1, 2):
         name = pod["metadata"]["name"]
@@ -113,7 +96,7 @@ def test_rejected_broker_is_recreated_at_once_counted_and_reported(
         reject(control_plane, namespace, name, reason="UnexpectedAdmissionError", message=message)
         rejected_at = time.monotonic()
         # With an hour's restart backoff, only the no-backoff rule can bring it back in time.
-        pod = wait_until(
+        pod = h.wait_until(
             lambda: (p := live_broker(control_plane, namespace))
             and p["metadata"]["uid"] not in seen and p,
             what=f"the rejected broker recreated (rejection {round_})",
@@ -124,12 +107,12 @@ def test_rejected_broker_is_recreated_at_once_counted_and_reported(
         seen.add(pod["metadata"]["uid"])
         assert pod["metadata"]["name"] == name
         assert (pod.get("status") or {}).get("phase") == "Pending"
-        wait_until(
+        h.wait_until(
             lambda: metric(metrics_port, "edgeplug_broker_admission_failures_total",
                            namespace=namespace, configuration=cfg) == round_,  # noqa: B023
             what=f"edgeplug_broker_admission_failures_total = {round_}",
         )
-    reported = wait_until(
+    reported = h.wait_until(
         lambda: (e := [e for e in events_on(control_plane, namespace, "Instance", inst)
                        if e["reason"] == "BrokerAdmissionFailed"]) and len(e) == 2 and e,
         what="one BrokerAdmissionFailed Event on the Instance per rejection",
@@ -139,7 +122,7 @@ def test_rejected_broker_is_recreated_at_once_counted_and_reported(
         assert f"broker pod {inst}-{NODE}-pod" in event["message"]
         assert f"on node {NODE}" in event["message"]
         assert UNAVAILABLE.format(resource=resource) in event["message"]
-    wait_until(
+    h.wait_until(
         lambda: any(e["reason"] == "PodDeleted" and "rejected at admission" in e["message"]
                     for e in events_on(control_plane, namespace, "Configuration", cfg)),
         what="a Warning on the Configuration saying the broker was rejected and recreated",
@@ -155,7 +138,7 @@ def user_pod(namespace: str, name: str, resource: str) -> dict[str, Any]:
 
 def create_rejected(plane: ControlPlane, namespace: str, name: str, resource: str, *,
                     reason: str = "UnexpectedAdmissionError", message: str = "") -> None:
-    apply(plane, user_pod(namespace, name, resource))
+    h.apply(plane, user_pod(namespace, name, resource))
     bind(plane, namespace, name)
     reject(plane, namespace, name, reason=reason,
            message=message or UNAVAILABLE.format(resource=resource))
@@ -168,36 +151,37 @@ def admission_events(plane: ControlPlane, namespace: str, kind: str, name: str,
 
 
 def test_users_rejected_pods_are_reported_once_on_what_they_asked_for(
-    control_plane: ControlPlane, namespace: str, controller: ControllerProcess,
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess,
     metrics_port: int,
 ) -> None:
-    cfg = unique("plc")
+    cfg = h.unique("plc")
     inst = f"{cfg}-d4e5f6"
-    apply(control_plane, configuration(namespace, cfg))  # no brokers: users' pods only
+    h.apply(control_plane, h.configuration(namespace, cfg))  # no brokers: users' pods only
     # Pods are refused until the namespace's default ServiceAccount exists.
     account = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
-    wait_until(lambda: get(control_plane, account), what="the namespace's default ServiceAccount")
-    apply(control_plane, instance(namespace, inst, configuration_name=cfg, nodes=[NODE]))
+    h.wait_until(lambda: h.get(control_plane, account),
+                 what="the namespace's default ServiceAccount")
+    h.apply(control_plane, h.instance(namespace, inst, configuration_name=cfg, nodes=[NODE]))
     # Rejected for an edgeplug resource, but the kubelet says CPU: not edgeplug's to report.
     create_rejected(control_plane, namespace, "cpu-hog", f"edgeplug.io/{inst}",
                     reason="OutOfcpu", message=OUT_OF_CPU)
     create_rejected(control_plane, namespace, "by-instance", f"edgeplug.io/{inst}")
     create_rejected(control_plane, namespace, "by-configuration", f"edgeplug.io/{cfg}")
 
-    (on_instance,) = wait_until(
+    (on_instance,) = h.wait_until(
         lambda: admission_events(control_plane, namespace, "Instance", inst, "by-instance"),
         what="an AdmissionFailed Event on the Instance naming the pod",
     )
     assert on_instance["type"] == "Warning"
     assert f"on node {NODE}" in on_instance["message"]
     assert UNAVAILABLE.format(resource=f"edgeplug.io/{inst}") in on_instance["message"]
-    (on_configuration,) = wait_until(
+    (on_configuration,) = h.wait_until(
         lambda: admission_events(control_plane, namespace, "Configuration", cfg,
                                  "by-configuration"),
         what="an AdmissionFailed Event on the Configuration for its configuration-level resource",
     )
     assert UNAVAILABLE.format(resource=f"edgeplug.io/{cfg}") in on_configuration["message"]
-    wait_until(
+    h.wait_until(
         lambda: metric(metrics_port, "edgeplug_pod_admission_failures_total",
                        namespace=namespace, configuration=cfg) == 2,
         what="edgeplug_pod_admission_failures_total = 2",
@@ -208,11 +192,11 @@ def test_users_rejected_pods_are_reported_once_on_what_they_asked_for(
     controller.stop()
     controller.start()
     create_rejected(control_plane, namespace, "after-restart", f"edgeplug.io/{inst}")
-    wait_until(
+    h.wait_until(
         lambda: admission_events(control_plane, namespace, "Instance", inst, "after-restart"),
         what="the restarted controller reporting a new rejected pod",
     )
-    wait_until(
+    h.wait_until(
         lambda: metric(metrics_port, "edgeplug_pod_admission_failures_total",
                        namespace=namespace, configuration=cfg) == 1,
         what="the restarted controller counting the new pod only",

@@ -31,7 +31,7 @@ from tests.harness.controller_process import (
     configuration,
     unique,
 )
-from tests.harness.controlplane import ControlPlane, free_port
+from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import (
     in_phase,
     running,
@@ -46,11 +46,6 @@ pytestmark = pytest.mark.timeout(240)
 
 #: The device manager's text when no device is left (pkg/kubelet/cm/devicemanager).
 UNAVAILABLE = "requested number of devices unavailable for {resource}. Requested: 1, Available: 0"
-
-
-@pytest.fixture
-def metrics_port() -> int:
-    return free_port()
 
 
 @pytest.fixture

@@ -174,13 +174,19 @@ def _registrations(metrics: AgentMetrics, kind: str) -> float:
     return value or 0.0
 
 
+async def _added(mgr: PluginManager, kubelet: KubeletStandIn, what: str) -> PluginSpec:
+    """A plugin (``_spec()``) added to the manager, once its registration reached the kubelet."""
+    spec = _spec()
+    await mgr.add(spec)
+    await kubelet.wait_registrations(1, what)
+    return spec
+
+
 async def test_registers_with_version_endpoint_resource_and_options(
     plugin_dir: Path, kubelet: KubeletStandIn, manager: tuple[PluginManager, AgentMetrics]
 ) -> None:
     mgr, metrics = manager
-    spec = _spec()
-    await mgr.add(spec)
-    await kubelet.wait_registrations(1, "one registration")
+    spec = await _added(mgr, kubelet, "one registration")
     request = kubelet.registrar.requests[0]
     assert request.version == "v1beta1"
     assert request.endpoint == spec.socket_name
@@ -240,9 +246,7 @@ async def test_own_socket_deleted_is_served_again_and_reregistered(
     plugin_dir: Path, kubelet: KubeletStandIn, manager: tuple[PluginManager, AgentMetrics]
 ) -> None:
     mgr, _ = manager
-    spec = _spec()
-    await mgr.add(spec)
-    await kubelet.wait_registrations(1, "first registration")
+    spec = await _added(mgr, kubelet, "first registration")
     (plugin_dir / spec.socket_name).unlink()
     await kubelet.wait_registrations(2, "re-registration")
     assert (plugin_dir / spec.socket_name).is_socket()
@@ -293,9 +297,7 @@ async def test_a_recreated_plugin_directory_is_followed(
     """The directory itself deleted and made again (a remounted kubelet directory): the
     inotify watch ends with it, and the manager still serves and registers there again."""
     mgr, _ = manager
-    spec = _spec()
-    await mgr.add(spec)
-    await kubelet.wait_registrations(1, "first registration")
+    spec = await _added(mgr, kubelet, "first registration")
     await kubelet.stop()
     shutil.rmtree(plugin_dir)
     os.mkdir(plugin_dir)

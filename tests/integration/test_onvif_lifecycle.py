@@ -16,14 +16,7 @@ import pytest
 from tests.harness.kube_waits import wait_until
 from tests.harness.onvif_camera import HOSTILE_KINDS
 from tests.harness.onvif_camera_soap import FAULTS
-from tests.harness.onvif_netns import (
-    LAN_V4,
-    LineProcess,
-    NetnsBed,
-    camera,
-    start_cameras,
-    start_runner,
-)
+from tests.harness.onvif_netns import LAN_V4, LineProcess, NetnsBed, camera, cameras_and_runner
 
 FAST = "discoveryIntervalSeconds: 1\ndiscoveryTimeoutSeconds: 0.5\nipv6: false\n"
 #: What the runner may hold with hostile peers around (a bound, not a timing).
@@ -44,25 +37,11 @@ def newer_than(line: dict[str, Any], check: Callable[[dict[str, bool]], bool]) -
     return matches
 
 
-async def cameras_and_runner(
-    bed: NetnsBed, processes: list[LineProcess], host: int, config: dict[str, Any],
-    details: str = FAST,
-) -> tuple[LineProcess, LineProcess]:
-    """Cameras (``config``) in a namespace of their own at ``LAN_V4.host``, and the handler's
-    runner with ``details``; both stopped after the test."""
-    cameras = await start_cameras(bed, bed.add_camera_ns(host), config)
-    processes.append(cameras)
-    runner = await start_runner(bed, {"c": {"details": details}})
-    processes.append(runner)
-    return cameras, runner
-
-
 @pytest.mark.slow
 async def test_hello_and_bye_act_between_passes(
     bed: NetnsBed, processes: list[LineProcess]
 ) -> None:
-    first = camera(1, f"{LAN_V4}.20")
-    second = camera(2, f"{LAN_V4}.20")
+    first, second = camera(1, f"{LAN_V4}.20"), camera(2, f"{LAN_V4}.20")
     # a slow interval: anything that happens between passes is Hello and Bye at work
     cameras, runner = await cameras_and_runner(
         bed, processes, 20, {"cameras": [first]},
@@ -86,9 +65,9 @@ async def test_hello_and_bye_act_between_passes(
 async def test_silent_camera_goes_and_soap_failure_is_unhealthy(
     bed: NetnsBed, processes: list[LineProcess]
 ) -> None:
-    first = camera(1, f"{LAN_V4}.21")
-    second = camera(2, f"{LAN_V4}.21")
-    cameras, runner = await cameras_and_runner(bed, processes, 21, {"cameras": [first, second]})
+    first, second = camera(1, f"{LAN_V4}.21"), camera(2, f"{LAN_V4}.21")
+    cameras, runner = await cameras_and_runner(bed, processes, 21,
+                                               {"cameras": [first, second]}, FAST)
     healthy = {first["uuid"]: True, second["uuid"]: True}
     both = await runner.wait_for(lambda line: state(line) == healthy, what="both cameras")
     await cameras.command(cmd="fault", uuid=second["uuid"], fault="soap_fault")
@@ -117,7 +96,7 @@ async def test_hostile_peers_publish_nothing_and_cost_bounded_memory(
     good = camera(1, f"{LAN_V4}.22")
     broken = [camera(10 + i, f"{LAN_V4}.22", fault=fault) for i, fault in enumerate(FAULTS)]
     config = {"cameras": [good, *broken], "hostile": list(HOSTILE_KINDS)}
-    cameras, runner = await cameras_and_runner(bed, processes, 22, config)
+    cameras, runner = await cameras_and_runner(bed, processes, 22, config, FAST)
     first = await runner.wait_for(lambda line: "devices" in line, what="a device list")
     assert state(first) == {good["uuid"]: True}
     # more passes, every hostile answer again: the list never gains anything, nothing crashes

@@ -33,13 +33,7 @@ from tests.harness.agent_nodes import (
     read_instance,
     share_instance,
 )
-from tests.harness.kube_waits import (
-    running,
-    unschedulable,
-    wait_allocatable,
-    wait_pod,
-    wait_until,
-)
+from tests.harness.kube_waits import running, unschedulable, wait_allocatable, wait_pod, wait_until
 from tests.integration.test_slot_demand import hand_over
 
 pytestmark = pytest.mark.timeout(180)
