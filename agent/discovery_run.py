@@ -99,6 +99,7 @@ class DiscoveryRun:
         )
         self._task: asyncio.Task[None] | None = None
         self._warnings: frozenset[str] = frozenset()
+        self._warnings_lock = asyncio.Lock()
         self._got_result = False
         self._publish_failed = asyncio.Event()
         self._extra = {"configuration": f"{configuration.namespace}/{configuration.name}",
@@ -119,7 +120,8 @@ class DiscoveryRun:
         if withdraw:
             await self.publisher.withdraw()
             if self._warnings:  # this node no longer runs it: its warnings are over
-                await self._reporter.warnings(())
+                self._warnings = frozenset()
+                await self._write_warnings()
 
     async def _run(self) -> None:
         cfg = self.configuration
@@ -268,7 +270,13 @@ class DiscoveryRun:
         for message in sorted(self._warnings - current):
             log.info("discovery warning ended: %s", message, extra=self._extra)
         self._warnings = current
-        await self._reporter.warnings(sorted(current))
+        await self._write_warnings()
+
+    async def _write_warnings(self) -> None:
+        """The current warnings as this node's condition. One write at a time, each reading
+        the newest warnings once it holds the lock, so a slower older write never lands last."""
+        async with self._warnings_lock:
+            await self._reporter.warnings(sorted(self._warnings))
 
     def _without_secrets(self, devices: Sequence[Device]) -> list[Device]:
         """Devices with every property that carries a Secret's value dropped (and said so,
@@ -311,6 +319,7 @@ class DiscoveryRun:
             try:
                 await self.publisher.resync()
                 failures = 0
+                await self._write_warnings()  # one whose write failed lands here
             except Exception as exc:
                 failures += 1
                 log.warning("resync of %s/%s failed (%s)", *self.key, watching.describe(exc))

@@ -42,7 +42,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
-from agent.kube import ConfigurationResource, field_manager
+from agent.kube import ConfigurationResource, field_manager, is_not_found
 from crds.api import API_VERSION, CONDITION_DISCOVERY_DETAILS_VALID, CONFIGURATION_KIND
 from crds.configuration import Configuration
 
@@ -138,7 +138,12 @@ class ConfigurationReporter:
                 patch_type=PatchType.APPLY,
                 field_manager=field_manager(self._node) + WARNINGS_MANAGER_SUFFIX, force=True,
             )
-        except Exception as exc:  # the API server away or the Configuration gone: next call
+        except ApiError as exc:
+            if not (is_not_found(exc) and not current):  # withdrawn from a deleted one: done
+                log.warning("could not write the discovery warnings of %s/%s: %s",
+                            cfg.namespace, cfg.name, exc)
+                return
+        except Exception as exc:  # the API server away: the next call or resync writes it
             log.warning("could not write the discovery warnings of %s/%s: %s",
                         cfg.namespace, cfg.name, exc)
             return

@@ -6,7 +6,8 @@ from C, ``npu-smi``, the device nodes):
 
 - no DCMI and no usable ``npu-smi``: chips are listed from ``/dev/davinci*`` with their health
   unknown, and the Configuration's ``DiscoveryHealthy.<node>`` condition says so (False, naming
-  the node and the cause) until ``npu-smi`` answers again, when it is withdrawn;
+  the node and the cause) until ``npu-smi`` answers again or the node stops running the
+  Configuration, when it is withdrawn;
 - a 910 chip whose RoCE link check fails (``dcmi_get_device_network_health``): its Instance's
   ``ASCEND_NETWORK_HEALTH`` property says Unhealthy with DCMI's result and a Warning Event says
   why, but the chip stays allocatable (no ``status.unhealthy`` entry, advertised Healthy), as
@@ -91,6 +92,14 @@ async def test_health_unknown_is_a_condition_on_the_configuration_until_npu_smi_
 
         await harness.eventually(withdrawn, what=f"{kind} withdrawn")
         assert conditions(control_plane, namespace)["DiscoveryDetailsValid"]["status"] == "True"
+
+        host.npu_smi_override = "garbage\n"  # degraded again, then the node is deselected:
+        host.write()  # its warnings are over with its run
+        await harness.eventually(unknown, what=f"{kind} False again")
+        deselected = configuration(host.details())
+        deselected["spec"]["nodeSelector"] = {"matchLabels": {"npu": "none"}}
+        harness.apply(control_plane, namespace, deselected)
+        await harness.eventually(withdrawn, what=f"{kind} withdrawn with the run")
 
 
 async def test_a_chip_whose_roce_link_is_down_says_so_and_stays_allocatable(
