@@ -53,13 +53,9 @@ from tests.harness.realnode_brokers import (
     create_error,
     deployed,
     logged_env,
-    node,
-    plane,
     pod,
     running_container,
 )
-
-__all__ = ["node", "plane"]  # the module fixtures
 
 #: A first start builds the node's binaries once (minutes, cached after).
 pytestmark = pytest.mark.timeout(1500)

@@ -33,11 +33,8 @@ from tests.harness.realnode_brokers import (
     broker_log,
     broker_spec,
     logged_env,
-    plane,
     running_container,
 )
-
-__all__ = ["plane"]  # the module fixture
 
 pytestmark = pytest.mark.timeout(1500)
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"

@@ -45,14 +45,10 @@ from tests.harness.realnode_brokers import (
     container_id,
     deployed,
     logged_env,
-    node,
-    plane,
     pod,
     running_container,
     start_agent,
 )
-
-__all__ = ["node", "plane"]  # the module fixtures
 
 pytestmark = pytest.mark.timeout(1500)
 CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"

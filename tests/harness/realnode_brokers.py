@@ -4,8 +4,8 @@ Why this exists: every real-node test (tests/e2e/test_realnode_*.py) needs the s
 a control plane with the Node authorizer, one started ``RealNode``, the agent as a process in
 the node's mount namespace with its default paths, the controller, and a broker that is a
 busybox shell proving from inside the container what it got (its env, ``/dev``, a device's
-bytes), read back with ``kubectl logs``. A test module imports ``plane`` and ``node`` (module
-fixtures) and uses ``deployed``.
+bytes), read back with ``kubectl logs``. A test module asks for ``plane`` and ``node`` (module
+fixtures, offered by tests/e2e/conftest.py) and uses ``deployed``.
 """
 
 from __future__ import annotations
