@@ -84,6 +84,20 @@ def go_handler(directory: Path, tmp_path: Path, **kwargs: Any) -> Iterator[GoHan
         print(f"--- handler log ---\n{handler.log_tail()}")
 
 
+@contextlib.asynccontextmanager
+async def agent_with_handler(
+    cp: ControlPlane, *, node: str, namespace: str, directory: Path, tmp_path: Path,
+    configuration: dict[str, Any], handler: str, grace: float,
+) -> AsyncIterator[tuple[AkriAgent, GoHandler]]:
+    """The in-process agent (``akri_agent``), ``configuration`` applied once it is up, and the
+    Go handler ``handler`` registering with it (``go_handler``): the usual order of a test."""
+    async with akri_agent(cp, node=node, namespace=namespace, directory=directory,
+                          grace=grace) as agent:
+        harness.apply(cp, namespace, configuration)
+        with go_handler(directory, tmp_path, name=handler) as running:
+            yield agent, running
+
+
 def akri_configuration(name: str, *, handler: str, details: dict[str, Any],
                        properties: list[dict[str, Any]] | None = None,
                        grace: int = INSTANCE_GRACE) -> dict[str, Any]:

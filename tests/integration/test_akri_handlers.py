@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from discovery_handlers.contract import DeviceSpec, Mount
 from tests.harness import agent_process as harness
 from tests.harness.akri_agents import (
     INSTANCE_GRACE,
+    AkriAgent,
+    agent_with_handler,
     akri_agent,
     akri_configuration,
     all_offline,
@@ -41,6 +44,7 @@ from tests.harness.akri_agents import (
     properties_matching,
     served_device,
 )
+from tests.harness.akri_go_handler import GoHandler
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import NodeEmulator
@@ -69,6 +73,15 @@ def _secret_file(tmp_path: Path) -> Path:
     return path
 
 
+def _with_akri_echo(control_plane: ControlPlane, node: str, namespace: str, handlers_dir: Path,
+                    tmp_path: Path, cfg: dict[str, Any]
+                    ) -> AbstractAsyncContextManager[tuple[AkriAgent, GoHandler]]:
+    """The agent, ``cfg`` and the akriEcho handler, with the long offline grace."""
+    return agent_with_handler(control_plane, node=node, namespace=namespace,
+                              directory=handlers_dir, tmp_path=tmp_path, configuration=cfg,
+                              handler="akriEcho", grace=LONG_HANDLER_GRACE)
+
+
 async def test_go_handler_registers_goes_away_and_comes_back(
     control_plane: ControlPlane, namespace: str, handlers_dir: Path, tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -87,43 +100,41 @@ async def test_go_handler_registers_goes_away_and_comes_back(
     expected = {instance_name("akri-cams", d, shared=True, node=node) for d in ("cam0", "cam1")}
     cam0 = instance_name("akri-cams", "cam0", shared=True, node=node)
     client = harness.api_client(control_plane)
-    async with akri_agent(control_plane, node=node, namespace=namespace,
-                          directory=handlers_dir, grace=LONG_HANDLER_GRACE) as agent:
-        harness.apply(control_plane, namespace, cfg)
-        with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
-            found = await instances_become(client, namespace, expected)
-            assert agent.registered("akriEcho") == 1
-            spec = found[cam0]["spec"]
-            assert spec["shared"] is True
-            props = spec["brokerProperties"]
-            assert props["DEBUG_ECHO_DESCRIPTION"] == "cam0"
-            # The resolved properties reached the handler, the Secret as its bytes.
-            assert props["PROPERTY_NAMES"] == "password,site"
-            assert props["PROPERTY_SHA256_SITE"] == _sha(b"lab")
-            assert props["PROPERTY_SHA256_PASSWORD"] == _sha(SECRET_VALUE)
-            served = await served_device(agent, namespace, cam0)
-            assert served.device_specs == (
-                DeviceSpec(container_path="/dev/akri/cam0", host_path="/dev/null",
-                           permissions="rw"),)
-            assert served.mounts == (
-                Mount(container_path="/etc/akri/cam0", host_path="/etc/hostname",
-                      read_only=True),)
-            # The two malformed devices were refused, each with a line naming why.
-            refusals = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
-            assert any("id ''" in m and "empty id" in m for m in refusals), refusals
-            assert any("'no-host-path'" in m and "no host_path" in m for m in refusals), refusals
+    async with _with_akri_echo(control_plane, node, namespace, handlers_dir, tmp_path,
+                               cfg) as (agent, handler):
+        found = await instances_become(client, namespace, expected)
+        assert agent.registered("akriEcho") == 1
+        spec = found[cam0]["spec"]
+        assert spec["shared"] is True
+        props = spec["brokerProperties"]
+        assert props["DEBUG_ECHO_DESCRIPTION"] == "cam0"
+        # The resolved properties reached the handler, the Secret as its bytes.
+        assert props["PROPERTY_NAMES"] == "password,site"
+        assert props["PROPERTY_SHA256_SITE"] == _sha(b"lab")
+        assert props["PROPERTY_SHA256_PASSWORD"] == _sha(SECRET_VALUE)
+        served = await served_device(agent, namespace, cam0)
+        assert served.device_specs == (
+            DeviceSpec(container_path="/dev/akri/cam0", host_path="/dev/null",
+                       permissions="rw"),)
+        assert served.mounts == (
+            Mount(container_path="/etc/akri/cam0", host_path="/etc/hostname",
+                  read_only=True),)
+        # The two malformed devices were refused, each with a line naming why.
+        refusals = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
+        assert any("id ''" in m and "empty id" in m for m in refusals), refusals
+        assert any("'no-host-path'" in m and "no host_path" in m for m in refusals), refusals
 
-            handler.kill()
-            # Gone: the devices are offline but their Instances stay for the grace...
-            await harness.eventually(
-                lambda: all_offline(agent, namespace, expected), what="devices marked offline")
-            assert set(await harness.instances(client, namespace)) == expected
-            # ... and are removed after it.
-            await instances_become(client, namespace, set(), deadline=INSTANCE_GRACE + 20)
+        handler.kill()
+        # Gone: the devices are offline but their Instances stay for the grace...
+        await harness.eventually(
+            lambda: all_offline(agent, namespace, expected), what="devices marked offline")
+        assert set(await harness.instances(client, namespace)) == expected
+        # ... and are removed after it.
+        await instances_become(client, namespace, set(), deadline=INSTANCE_GRACE + 20)
 
-            handler.start()  # the same handler again: it registers again, same device ids
-            await instances_become(client, namespace, expected)
-            assert agent.registered("akriEcho") == 1
+        handler.start()  # the same handler again: it registers again, same device ids
+        await instances_become(client, namespace, expected)
+        assert agent.registered("akriEcho") == 1
     await client.close()
 
 
@@ -136,20 +147,18 @@ async def test_handler_away_within_the_grace_keeps_its_instances(
                              details={"descriptions": ["usb0"]})
     expected = {instance_name("akri-restart", "usb0", shared=True, node=node)}
     client = harness.api_client(control_plane)
-    async with akri_agent(control_plane, node=node, namespace=namespace,
-                          directory=handlers_dir, grace=LONG_HANDLER_GRACE) as agent:
-        harness.apply(control_plane, namespace, cfg)
-        with go_handler(handlers_dir, tmp_path, name="akriEcho") as handler:
-            before = await instances_become(client, namespace, expected)
-            handler.kill()
-            await harness.eventually(
-                lambda: all_offline(agent, namespace, expected), what="device marked offline")
-            handler.start()
-            await harness.eventually(lambda: all_online(agent, namespace, expected),
-                                     what="device online again")
-            after = await harness.instances(client, namespace)
-            assert {n: i["metadata"]["uid"] for n, i in after.items()} == {
-                n: i["metadata"]["uid"] for n, i in before.items()}
+    async with _with_akri_echo(control_plane, node, namespace, handlers_dir, tmp_path,
+                               cfg) as (agent, handler):
+        before = await instances_become(client, namespace, expected)
+        handler.kill()
+        await harness.eventually(
+            lambda: all_offline(agent, namespace, expected), what="device marked offline")
+        handler.start()
+        await harness.eventually(lambda: all_online(agent, namespace, expected),
+                                 what="device online again")
+        after = await harness.instances(client, namespace)
+        assert {n: i["metadata"]["uid"] for n, i in after.items()} == {
+            n: i["metadata"]["uid"] for n, i in before.items()}
     await client.close()
 
 
