@@ -18,15 +18,22 @@ from typing import cast
 
 import grpc
 import grpc.aio
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
-from tests.bench.bench_devicenode import HEALTHY, POD_RUNS, RESTART_RUNS, measure, timed
-from tests.bench.stats import machine_speed_line, summary
+from tests.bench.bench_devicenode import (
+    HEALTHY,
+    POD_RUNS,
+    bench_namespace,
+    measure,
+    plugin_figures,
+    print_figures,
+    timed,
+)
+from tests.bench.stats import machine_speed_line
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import DeviceNode
-from tests.harness.kube_waits import in_phase, wait_allocatable, wait_pod, wait_service_account
 from tests.harness.realnode import API_SERVER_ARGS, RealNode
 from tests.harness.realnode_images import BUSYBOX_IMAGE
 from tests.harness.testplugin import TestPlugin
@@ -73,23 +80,10 @@ async def measure_real(plane: ControlPlane, kube: AsyncClient,
                         resource_name=f"bench.edgeplug.io/d-{node.node_name}",
                         devices={f"d{i}": HEALTHY for i in range(POD_RUNS)})
     try:
-        await plugin.start()
-        await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
-        for _ in range(RESTART_RUNS):
-            async def restart() -> None:
-                await asyncio.to_thread(node.restart_kubelet)
-                await plugin.stop()
-                await plugin.start()
-                await wait_allocatable(kube, node.node_name, plugin.resource_name, str(POD_RUNS))
-            figures["restart"].append(await timed(restart))
-        for index in range(POD_RUNS):
-            name = f"p{index}-{node.node_name}"
-
-            async def run_pod(name: str = name) -> None:
-                await kube.create(_pod(name, namespace, node.node_name, plugin.resource_name))
-                await wait_pod(kube, namespace, name, lambda p: in_phase(p, "Running"),
-                               "Running")
-            figures["pod"].append(await timed(run_pod))
+        await plugin_figures(
+            kube, namespace, node.node_name, plugin, partial(asyncio.to_thread,
+                                                             node.restart_kubelet),
+            lambda name: _pod(name, namespace, node.node_name, plugin.resource_name), figures)
     finally:
         await plugin.stop()
         node.cleanup()
@@ -97,21 +91,10 @@ async def measure_real(plane: ControlPlane, kube: AsyncClient,
 
 
 async def measure_both(plane: ControlPlane) -> None:
-    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
-    namespace = f"bench-{uuid.uuid4().hex[:8]}"
-    plane.kubectl("create", "namespace", namespace)
-    try:
-        await wait_service_account(kube, namespace)
+    async with bench_namespace(plane) as (kube, namespace):
         for label, figures in (("devicenode", await measure(DeviceNode, plane, kube, namespace)),
                                ("real node", await measure_real(plane, kube, namespace))):
-            print(summary(f"{label}: node start", figures["start"]), flush=True)
-            print(summary(f"{label}: kubelet restart until a plugin's devices are allocatable",
-                          figures["restart"]), flush=True)
-            print(summary(f"{label}: pod bound to the node, created to Running",
-                          figures["pod"]), flush=True)
-    finally:
-        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        await kube.close()
+            print_figures(label, figures, start="node start")
 
 
 def main(argv: list[str]) -> None:
