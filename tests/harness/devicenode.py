@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -32,8 +32,8 @@ from lightkube.resources.core_v1 import Node
 from tests.harness import kubebin
 from tests.harness.aio_process import terminate
 from tests.harness.cdi import CdiDeviceNode, CdiEdits
-from tests.harness.kube_waits import NodeWaits
 from tests.harness.kubelet_records import ContainerAllocation, Registration
+from tests.harness.node_stand_in import NodeStandIn
 
 log = logging.getLogger(__name__)
 
@@ -65,32 +65,17 @@ def _cdi_edits(report: Mapping[str, Any] | None) -> CdiEdits | None:
     )
 
 
-class DeviceNode(NodeWaits):
+class DeviceNode(NodeStandIn):
     """One node run by the kubelet's device manager: NodeEmulator's interface, the real code."""
 
-    def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
-                 pod_resources_socket: Path | None = None,
-                 labels: Mapping[str, str] | None = None,
-                 cdi_spec_dirs: Sequence[Path] | None = None) -> None:
-        """``cdi_spec_dirs``: where the node's runtime resolves CDI names (the agent's CDI
-        directory); None is a runtime with CDI disabled, which ignores them."""
-        self.node_name = node_name
-        self.kubeconfig = kubeconfig
-        self.plugin_dir = plugin_dir
-        self.pod_resources_socket = pod_resources_socket
-        self.cdi_spec_dirs = tuple(cdi_spec_dirs or ())
-        self._labels = dict(labels or {})
+    def _build(self) -> None:
         # The node's own /var/lib/kubelet, records and log; made by the first start.
-        self._state_dir = Path("/tmp") / f"ep-dn-{node_name}-{uuid.uuid4().hex[:6]}"
+        self._state_dir = Path("/tmp") / f"ep-dn-{self.node_name}-{uuid.uuid4().hex[:6]}"
         self.records_path = self._state_dir / "records.json"
         self.log_path = self._state_dir / "devicenode.log"
         self._process: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None
         self._cache: tuple[int, dict[str, Any]] = (-1, {})
-
-    @property
-    def kubelet_socket(self) -> Path:
-        return self.plugin_dir / KUBELET_SOCKET
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -105,8 +90,8 @@ class DeviceNode(NodeWaits):
         ]
         if self.pod_resources_socket is not None:
             argv += ["--pod-resources-socket", str(self.pod_resources_socket)]
-        if self._labels:
-            argv += ["--labels", ",".join(f"{k}={v}" for k, v in sorted(self._labels.items()))]
+        if self.labels:
+            argv += ["--labels", ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))]
         return argv
 
     async def start(self) -> None:

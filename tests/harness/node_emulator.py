@@ -18,20 +18,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, cast
 
 from lightkube import AsyncClient, KubeConfig
 
 from tests.harness.devicenode import DeviceNode
-from tests.harness.kube_waits import NodeWaits
 from tests.harness.kubelet_devices import KUBELET_SOCKET, PLUGIN_RPC_TIMEOUT_S, DeviceManager
 from tests.harness.kubelet_node import HEARTBEAT_INTERVAL_S, NodeReporter
 from tests.harness.kubelet_podresources import PodResourcesServer
 from tests.harness.kubelet_pods import ADMISSION_ERROR, PodManager
 from tests.harness.kubelet_records import ContainerAllocation, Registration
+from tests.harness.node_stand_in import NodeStandIn
 
 __all__ = [
     "ADMISSION_ERROR",
@@ -52,7 +51,7 @@ log = logging.getLogger(__name__)
 KUBELET_ENV = "EDGEPLUG_KUBELET"
 
 
-class NodeEmulator(NodeWaits):
+class NodeEmulator(NodeStandIn):
     """An emulated kubelet: a Node, kubelet.sock, device plugins' devices and pod admission."""
 
     def __new__(cls, **kwargs: Any) -> NodeEmulator:
@@ -61,31 +60,19 @@ class NodeEmulator(NodeWaits):
             return cast(NodeEmulator, DeviceNode(**kwargs))
         return super().__new__(cls)
 
-    def __init__(self, *, node_name: str, kubeconfig: Path, plugin_dir: Path,
-                 pod_resources_socket: Path | None = None,
-                 labels: Mapping[str, str] | None = None,
-                 cdi_spec_dirs: Sequence[Path] | None = None) -> None:
-        """``cdi_spec_dirs``: where the emulated runtime resolves CDI names (the agent's CDI
-        directory); None is a runtime with CDI disabled, which ignores them."""
-        self.node_name = node_name
-        self.plugin_dir = plugin_dir
-        self.pod_resources_socket = pod_resources_socket
-        self._client = AsyncClient(KubeConfig.from_file(str(kubeconfig)))
-        self._node = NodeReporter(client=self._client, node_name=node_name, labels=labels or {},
-                                  device_counts=self._device_counts,
+    def _build(self) -> None:
+        self._client = AsyncClient(KubeConfig.from_file(str(self.kubeconfig)))
+        self._node = NodeReporter(client=self._client, node_name=self.node_name,
+                                  labels=self.labels, device_counts=self._device_counts,
                                   device_capacity=self._device_capacity)
-        self._devices = DeviceManager(plugin_dir=plugin_dir, on_change=self._node.poke)
-        self._pods = PodManager(client=self._client, node_name=node_name, devices=self._devices,
-                                cdi_spec_dirs=cdi_spec_dirs)
+        self._devices = DeviceManager(plugin_dir=self.plugin_dir, on_change=self._node.poke)
+        self._pods = PodManager(client=self._client, node_name=self.node_name,
+                                devices=self._devices, cdi_spec_dirs=self.cdi_spec_dirs)
         self._pod_resources = (
-            PodResourcesServer(socket_path=pod_resources_socket, pods=self._pods,
+            PodResourcesServer(socket_path=self.pod_resources_socket, pods=self._pods,
                                devices=self._devices)
-            if pod_resources_socket is not None else None
+            if self.pod_resources_socket is not None else None
         )
-
-    @property
-    def kubelet_socket(self) -> Path:
-        return self.plugin_dir / KUBELET_SOCKET
 
     @property
     def registrations(self) -> list[Registration]:
