@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sized
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,17 +41,17 @@ T = TypeVar("T")
 async def eventually(
     check: Callable[[], Awaitable[T | None]], *, what: str, deadline: float = DEFAULT_DEADLINE
 ) -> T:
-    """Poll ``check`` until it returns something other than None, False or an empty collection.
+    """Poll ``check`` until it returns something other than None/False; fail naming ``what``.
 
-    An empty list or dict means "nothing yet" (no Event, no Pod): returning it at once would
-    let ``[event] = await eventually(...)`` race the thing it waits for. Fails naming ``what``.
+    An empty list or dict *is* an answer (some checks wait for a condition to be gone): a check
+    waiting for something to appear returns None until it has (``... or None``).
     """
     until = time.monotonic() + deadline
     last: object = None
     while True:
         try:
             result = await check()
-            if result is not None and result is not False and not _empty_collection(result):
+            if result is not None and result is not False:
                 return result
             last = result
         except (ApiError, AssertionError, KeyError) as exc:
@@ -59,10 +59,6 @@ async def eventually(
         if time.monotonic() > until:
             raise AssertionError(f"timed out after {deadline}s waiting for {what} (last: {last!r})")
         await asyncio.sleep(POLL_INTERVAL)
-
-
-def _empty_collection(value: object) -> bool:
-    return isinstance(value, Sized) and not isinstance(value, (str, bytes)) and len(value) == 0
 
 
 def debug_echo_configuration(
