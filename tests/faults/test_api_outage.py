@@ -7,7 +7,9 @@ pod holding one of a device's slots throughout. During each outage one shared de
 unplugged and another plugged in (debugEcho's availability file). The agent and the controller
 must ride it out, and once the server is back the vanished device's Instance and broker must go,
 the new device get both, the held slot stay its pod's, and every invariant hold
-(tests/faults/invariants.py) the whole time, watched through the outage.
+(tests/faults/invariants.py) the whole time, watched through the outage. After the 90 s one
+(longer than kopf's own API retries) the controller must still heart-beat in its peering
+object 20 s after the server's return.
 
 The two API server outages run in one test, on one cluster, one after the other: a second
 cluster would wait for Kubernetes' own scheduler and kubelet to recover from the first outage
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ import pytest
 from crds.naming import instance_name, instance_resource_name
 from tests.faults.cluster import FaultCluster
 from tests.harness.agent_nodes import pinned_pod
-from tests.harness.controller_process import install_peering_crds, unique
+from tests.harness.controller_process import install_peering_crds, last_seen, unique, wait_until
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import running, wait_pod, wait_service_account
 
@@ -48,6 +51,13 @@ GRACE_S = 2
 #: client-go reflectors back off up to 30 s between failed lists, with up to as much jitter.
 #: (edgeplug's own state must still converge within CONVERGED_WITHIN_S.)
 RUNNING_AFTER_OUTAGE_S = 120.0
+#: Once the API server is back from the 90 s outage (longer than kopf's default API retries,
+#: 1+1+2+3+5+8+13+21 = 54 s, after which a controller left at kopf's defaults failed its peering
+#: keep-alive and exited about 10 s after the server's return), the controller must still
+#: heart-beat in its peering object this much later.
+STILL_ALIVE_AFTER_S = 20.0
+#: The controller's peering priority (so that it heart-beats in the namespace).
+PRIORITY = 200
 #: The device kept (a pod holds one of its slots throughout), and per outage the device that
 #: vanishes during it and the one that appears.
 KEPT = "d0"
@@ -101,9 +111,10 @@ def write_offline(path: Path, devices: set[str]) -> None:
 
 
 async def ride_out(cluster: FaultCluster, server: str, down_s: float, availability: Path,
-                   changes: int) -> None:
+                   changes: int) -> datetime:
     """Stop ``server`` for ``down_s`` seconds; ``CHANGE_AFTER_S`` in, make change number
-    ``changes`` (one device unplugged, one plugged in). Every process must stay up throughout."""
+    ``changes`` (one device unplugged, one plugged in). Every process must stay up throughout.
+    Returns when the server was back."""
     args = await asyncio.to_thread(cluster.plane.stop_server, server)
     loop = asyncio.get_running_loop()
     began = loop.time()
@@ -115,13 +126,14 @@ async def ride_out(cluster: FaultCluster, server: str, down_s: float, availabili
         assert_alive(cluster)
         await asyncio.sleep(ALIVE_POLL_S)
     await asyncio.to_thread(cluster.plane.start_server, server, args)
+    return datetime.now(UTC)
 
 
 async def run_outages(cluster: FaultCluster, server: str, downs: tuple[float, ...]) -> None:
     availability = cluster.workdir / "offline"
     write_offline(availability, offline_after(0))
     node = await cluster.add_node()
-    cluster.start_controller()
+    cluster.start_controller(priority=PRIORITY)
     cluster.configure("out", descriptions=[KEPT, *(d for pair in CHANGES for d in pair)],
                       availability=availability, capacity=2, grace=GRACE_S, brokers=True)
     client = cluster.client()
@@ -136,16 +148,29 @@ async def run_outages(cluster: FaultCluster, server: str, downs: tuple[float, ..
             for number, down_s in enumerate(downs, start=1):
                 gone, _ = CHANGES[number - 1]
                 recorder.allow_gone(instance_name("out", gone, shared=True, node=""))
-                await ride_out(cluster, server, down_s, availability, number)
+                back = await ride_out(cluster, server, down_s, availability, number)
                 await cluster.converged(client, cluster.expected("out", visible_after(number)),
                                         brokers=True, running_within=None
                                         if number < len(downs) else RUNNING_AFTER_OUTAGE_S)
         recorder.assert_clean()
         if server == "kube-apiserver":  # (etcd down, the server keeps its watches open)
             assert recorder.events["watch errors"] > 0, "the recorder never saw the outage"
+            await kept_alive_after(cluster, back)
         assert_alive(cluster)
     finally:
         await client.close()
+
+
+async def kept_alive_after(cluster: FaultCluster, back: datetime) -> None:
+    """The controller still heart-beats ``STILL_ALIVE_AFTER_S`` after the server's return."""
+
+    def heart_beat_since() -> bool:
+        seen = last_seen(cluster.plane, cluster.namespace, PRIORITY)
+        return seen is not None and (seen - back).total_seconds() >= STILL_ALIVE_AFTER_S
+
+    await asyncio.to_thread(
+        wait_until, heart_beat_since, deadline=STILL_ALIVE_AFTER_S + 30,
+        what=f"a peering keep-alive {STILL_ALIVE_AFTER_S:.0f} s after the server's return")
 
 
 async def test_etcd_restart(outage_cluster: FaultCluster) -> None:

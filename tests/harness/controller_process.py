@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,17 @@ def broker_pods(plane: ControlPlane, namespace: str) -> list[dict[str, Any]]:
 
 def get(plane: ControlPlane, path: str) -> dict[str, Any] | None:
     return plane.get_json(path)
+
+
+def last_seen(plane: ControlPlane, namespace: str, priority: int) -> datetime | None:
+    """When the controller of ``priority`` last heart-beat in the namespace's kopf peering
+    object (None: it never peered there)."""
+    body: Any = get(plane, f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/"
+                           "edgeplug-controller") or {}
+    for info in (body.get("status") or {}).values():
+        if int(info.get("priority", 0)) == priority:
+            return datetime.fromisoformat(str(info["lastseen"]))
+    return None
 
 
 def instance_path(namespace: str, name: str) -> str:
