@@ -8,6 +8,7 @@ this module is the one narrow seam to it.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,16 @@ class PodResourcesClient:
         self._channel = aio.insecure_channel(f"unix://{socket_path}")
         self._stub = pb_grpc.PodResourcesListerStub(self._channel)
         self.on_pods: Callable[[Sequence[PodDevices]], None] | None = None
+
+    def server_identity(self) -> tuple[int, int] | None:
+        """The socket file's (inode, ctime); None while there is none. A kubelet that
+        restarts serves its pod-resources API on a new socket file, so a changed identity
+        means a new kubelet, which lists no pod until it has admitted its pods again."""
+        try:
+            st = os.stat(self.socket_path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
 
     async def pods(self) -> list[PodDevices]:
         """The pods holding devices (of any resource), as one ``List`` answers."""

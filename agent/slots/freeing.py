@@ -21,6 +21,11 @@ holds while ``deviceUsage`` shows it free (an agent killed between answering ``A
 recording it). Before a plugin first serves an Instance's slots, a sweep asks (however late
 the Instance's watch event comes), and a sweep that asks records such slots at once. Holding
 nothing and having promised nothing, a sweep does not ask pod-resources at all.
+
+A kubelet that restarted lists no pod until it has admitted its pods again, so a ``List``
+answered by a kubelet other than the one before (its socket's identity) frees nothing, and
+everything remembered from the old kubelet is dropped, as at an agent restart
+(``agent.slots.rules``, "a restarted kubelet").
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ class OrphanFreer:
         #: held by a live pod was asked.
         self._seen_live: dict[_Key, int] = {}
         self._claimed_at: dict[tuple[str, str, str], float] = {}
+        #: The kubelet (its pod-resources socket's identity) that answered the last ``List``
+        #: the memories above rest on; None while they hold nothing.
+        self._kubelet: tuple[int, int] | None = None
         #: At the last sweep another node waited for a slot of an Instance this node holds
         #: one of: the next sweep is due after ``SWEEP_AWAITED_SECONDS``.
         self.awaited = False
@@ -111,6 +119,7 @@ class OrphanFreer:
         ):
             self._orphan_since.clear()
             self._seen_live.clear()
+            self._kubelet = None
             return False
         # Hand-out counts before the List: a hand-out after this point may not show in it.
         handouts = {
@@ -118,6 +127,7 @@ class OrphanFreer:
             for i in instances
             for slot in i.spec.device_usage
         }
+        asked_of = self._client.server_identity()
         try:
             in_use = await self._client.devices_in_use()
         except grpc.RpcError as error:
@@ -126,6 +136,7 @@ class OrphanFreer:
                 raise
             log.warning("pod-resources List failed; not freeing slots this time: %s", error)
             return True
+        self._same_kubelet(asked_of, self._client.server_identity())
         await self._record_unrecorded(instances, in_use)
         now = time.monotonic()
         seen: set[_Key] = set()
@@ -173,6 +184,21 @@ class OrphanFreer:
             del self._seen_live[key]
         self._on_listed(True)
         return bool(seen) or promised
+
+    def _same_kubelet(self, asked_of: tuple[int, int] | None,
+                      answered_by: tuple[int, int] | None) -> None:
+        """Forget every absence timer and "seen live" when the kubelet restarted since the
+        last ``List`` or during this one (``agent.slots.rules``, "a restarted kubelet"): its
+        first answers leave out the pods it has not admitted again yet, so this ``List``
+        frees nothing, and from now on a slot is freed only after the orphan grace."""
+        known, self._kubelet = self._kubelet, answered_by
+        if asked_of == answered_by and known in (None, asked_of):
+            return
+        if self._seen_live or self._orphan_since:
+            log.info("the kubelet restarted: slots no pod-resources List shows held are freed "
+                     "only after %.0f s", self._grace)
+        self._seen_live.clear()
+        self._orphan_since.clear()
 
     def _awaited(self, instance: Instance) -> bool:
         """This node holds a slot of ``instance`` and another listed node's pods wait for one."""

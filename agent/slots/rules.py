@@ -89,6 +89,19 @@ Hand-outs — freeing never acts on evidence older than the claim it frees:
 - A restarted agent has no counts and no "seen live" memory: it frees only a slot that no
   ``List`` has shown held for ``ORPHAN_GRACE_SECONDS`` since its first sweep, and a hand-out
   restarts that grace.
+- A restarted kubelet: it serves pod-resources again before it has re-admitted the pods its
+  runtime still runs (it keeps their devices from its checkpoint, without ``Allocate``), and
+  until then its ``List`` leaves them out; absence in such an answer is no evidence. A kubelet
+  that restarts serves pod-resources on a new socket file, so the freer reads the socket's
+  identity (inode, ctime) before and after each ``List``: when it differs from the one that
+  answered the ``List`` before, or changed during the call, the freer drops its "seen live"
+  memory and orphan timers, as at an agent restart, and frees nothing on that answer; a slot is
+  then freed only once no ``List`` has shown it held for ``ORPHAN_GRACE_SECONDS`` (re-admission
+  takes well under a second; the same bound as an agent restart). The trace this closes:
+  kubelet restarted at .02, its first ``List`` at .09 "freed" every broker's slot, a
+  configuration-level id was then mapped onto a slot a broker still held (one slot recorded
+  for two live pods, so the ledger believed another slot free), and a held slot freed this way
+  stayed free for good once nothing else was held (no sweep asks pod-resources then).
 
 Two resources, one slot — what the scheduler cannot see (a known limit, issue 21):
 

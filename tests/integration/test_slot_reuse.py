@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -147,31 +148,72 @@ async def pod_resources(tmp_path: Path) -> AsyncIterator[tuple[GatedPodResources
     await server.stop()
 
 
+@dataclass
+class OneVirtualId:
+    """One Instance of capacity 1 on ``NODE``, its slot reserved there (what the node's first
+    reconcile pass does), the configuration backend handing out ``VID``, and the real freer
+    asking the pod-resources socket given."""
+
+    kube: AsyncClient
+    namespace: str
+    name: str
+    world: OneNodeWorld
+    client: PodResourcesClient
+    backend: ConfigurationBackend
+
+    @classmethod
+    async def create(
+        cls, kube: AsyncClient, namespace: str, socket: Path, *, digest: str
+    ) -> OneVirtualId:
+        name = await create_instance(kube, namespace, configuration=CONFIGURATION,
+                                     digest=digest, nodes=[NODE], capacity=1, shared=True)
+        world = OneNodeWorld(kube, await read_instance(kube, namespace, name))
+        client = PodResourcesClient(socket)
+        world.freer = OrphanFreer(client=client, node=NODE, ledger=world.ledger)
+        backend = ConfigurationBackend(
+            world=world, namespace=namespace, configuration=CONFIGURATION, resource=RESOURCE,
+            feed=DeviceFeed([AdvertisedDevice(VID)]))
+        one = cls(kube, namespace, name, world, client, backend)
+        ledger = world.ledger(namespace, name)
+        async with ledger.lock:
+            await ledger.reserve([one.slot])
+        await one.current()
+        return one
+
+    @property
+    def slot(self) -> str:
+        return f"{self.name}-0"
+
+    @property
+    def usage(self) -> str:
+        """The slot's ``deviceUsage`` value now (as the last ``current`` read it)."""
+        return self.world.instances[self.name].spec.device_usage.get(self.slot, "")
+
+    async def current(self) -> Instance:
+        self.world.remember(fresh := await read_instance(self.kube, self.namespace, self.name))
+        return fresh
+
+    async def sweep(self) -> None:
+        assert self.world.freer is not None
+        await self.world.freer.sweep([await self.current()],
+                                     {(self.namespace, CONFIGURATION): RESOURCE})
+        await self.current()
+
+
+#: ``deviceUsage`` of the slot while ``VID`` holds it.
+HELD = SlotUsage.by_configuration(VID, NODE).format()
+
+
 async def test_a_virtual_id_handed_out_again_is_not_freed_by_a_list_taken_before(
     kube: AsyncClient, namespace: str,
     pod_resources: tuple[GatedPodResources, Path],
 ) -> None:
     servicer, socket = pod_resources
-    name = await create_instance(kube, namespace, configuration=CONFIGURATION, digest="a1b2c3",
-                                 nodes=[NODE], capacity=1, shared=True)
-    instance = await read_instance(kube, namespace, name)
-    world = OneNodeWorld(kube, instance)
-    client = PodResourcesClient(socket)
-    world.freer = OrphanFreer(client=client, node=NODE, ledger=world.ledger)
-    backend = ConfigurationBackend(
-        world=world, namespace=namespace, configuration=CONFIGURATION, resource=RESOURCE,
-        feed=DeviceFeed([AdvertisedDevice(VID)]))
-    slot = f"{name}-0"
-    held = SlotUsage.by_configuration(VID, NODE).format()
+    one = await OneVirtualId.create(kube, namespace, socket, digest="a1b2c3")
+    world, backend, client = one.world, one.backend, one.client
+    assert world.freer is not None
+    slot, held, current = one.slot, HELD, one.current
     resources = {(namespace, CONFIGURATION): RESOURCE}
-
-    async def current() -> Instance:
-        world.remember(fresh := await read_instance(kube, namespace, name))
-        return fresh
-
-    ledger = world.ledger(namespace, name)
-    async with ledger.lock:
-        await ledger.reserve([slot])  # what the node's first reconcile pass does
     try:
         await current()
         # The first pod gets the id, and a sweep sees it live.
