@@ -266,8 +266,7 @@ def floor_ratios(runs: list[dict[str, float]], floors: list[dict[str, float]]) -
     whole = statistics.median(r["created_s"] + r["running_lag_s"] for r in runs)
     floor_whole = statistics.median(f["all_running_s"] for f in floors)
     print(f"   first create → last broker Running: {whole:.1f} s; floor, first create → last "
-          f"pod Running: {floor_whole:.1f} s → ratio {whole / floor_whole:.2f}x (Instances are "
-          "cheaper to create than pods)", flush=True)
+          f"pod Running: {floor_whole:.1f} s → ratio {whole / floor_whole:.2f}x", flush=True)
 
 
 def medians(mode: str, runs: list[dict[str, float]]) -> None:
