@@ -45,7 +45,7 @@ from tests.harness.agent_process import (
     eventually,
     instances,
 )
-from tests.harness.aio_process import task_running
+from tests.harness.aio_process import stop_popen, task_running
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.node_emulator import NodeEmulator
 from tests.harness.service_accounts import Identity, mint, pod_bound
@@ -474,12 +474,7 @@ def controller(
     try:
         yield process, log
     finally:
-        process.terminate()
-        try:
-            process.wait(CONTROLLER_STOP_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(CONTROLLER_STOP_S)
+        stop_popen(process, grace_s=CONTROLLER_STOP_S)
 
 
 def _publish(cp: ControlPlane, namespace: str, configuration: dict[str, Any], node: str) -> str:
