@@ -188,14 +188,14 @@ def decode_slice(raw: bytes) -> tuple[PublishedSlice | None, str]:
     return PublishedSlice(name=obj.metadata.name, devices=tuple(devices)), version
 
 
-def decode_claim(raw: bytes) -> tuple[AllocatedClaim | None, str]:
+def decode_claim(raw: bytes) -> tuple[AllocatedClaim, str]:
     obj = _decode_claim(raw)
     version = obj.metadata.resourceVersion
     allocation = obj.status.allocation
     ours = frozenset((r.pool, r.device) for r in allocation.devices.results
                      if r.driver == dra.DRIVER) if allocation is not None else frozenset()
-    if not ours:
-        return None, version  # kept as absent: holds no device of ours
+    # A claim holding none of our devices is kept too (no devices): a watch event whose record
+    # is None is skipped, so a claim deallocated and then deleted would otherwise stay counted.
     return AllocatedClaim(key=(obj.metadata.namespace, obj.metadata.name), devices=ours), version
 
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from controller import dra_usage as u
+from controller.watching import Kind, Watcher
 
 
 def _slice(pool: str, *devices: tuple[str, str, str], driver: str = "edgeplug.io") -> bytes:
@@ -38,7 +39,8 @@ def test_decoders_keep_only_what_the_fields_need() -> None:
     assert u.decode_slice(_slice("p", ("d", "ns", "x"), driver="gpu.example.com"))[0] is None
     claim, _ = u.decode_claim(_claim("c", ("edgeplug.io", "p", "d"), ("gpu.example.com", "p", "g")))
     assert claim == u.AllocatedClaim(key=("ns", "c"), devices=frozenset({("p", "d")}))
-    assert u.decode_claim(_claim("pending"))[0] is None, "not allocated: holds nothing"
+    assert u.decode_claim(_claim("pending"))[0] == u.AllocatedClaim(
+        key=("ns", "pending"), devices=frozenset()), "not allocated: holds nothing"
     node, _ = u.decode_node(json.dumps({"metadata": {"name": "n1"}, "status": {"capacity": {
         "cpu": "2", "edgeplug.io/cam-a": "2", "edgeplug.io/cam-b": "0"}}}).encode())
     assert node.resources == frozenset({"edgeplug.io/cam-a"})
@@ -69,3 +71,30 @@ def test_served_by_and_claims_per_instance() -> None:
                                inst("cam-d", "n9")], slices=slices, claims=claims, nodes=nodes)
     assert wanted == {("ns", "cam-a"): ("both", 2), ("ns", "cam-b"): ("dra", 1),
                       ("ns", "cam-c"): ("device-plugin", 0), ("ns", "cam-d"): ("", 0)}
+
+
+def test_a_claim_deallocated_then_deleted_stops_counting() -> None:
+    """The resource claim controller first removes the allocation, then deletes the claim;
+    neither event carries an allocation, and both must leave the Instance's count at 0."""
+    kind: Kind[tuple[str, str], u.AllocatedClaim] = Kind(
+        name="claims", path="/apis/resource.k8s.io/v1/resourceclaims", decode=u.decode_claim,
+        key=lambda claim: claim.key)
+    watcher = Watcher(http=None, kind=kind, on_change=lambda *_: None)  # type: ignore[arg-type]
+    pool = "ns/cam/node/n1"
+    slices = [u.decode_slice(_slice(pool, ("cam-a", "ns", "cam-a")))[0]]
+    instance = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by=None,
+                               claims=None)
+
+    def claims() -> int:
+        wanted = u.desired_fields([instance], slices=[s for s in slices if s],
+                                  claims=watcher.store.values(), nodes={})
+        return wanted[("ns", "cam-a")][1]
+
+    for kind_of_event, results in (("ADDED", [("edgeplug.io", pool, "cam-a")]),
+                                   ("MODIFIED", [("edgeplug.io", pool, "cam-a")]),
+                                   ("MODIFIED", []), ("DELETED", [])):
+        line = json.dumps({"type": kind_of_event,
+                           "object": json.loads(_claim("c", *results))}).encode()
+        watcher._event(line)
+        assert claims() == (1 if results else 0), kind_of_event
+    assert watcher.store == {}
