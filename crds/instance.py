@@ -8,7 +8,9 @@ device). :class:`SlotUsage` parses and formats those strings so nobody else spli
 design), ``status.demand`` maps a node to how many slots its agent still needs for Pending pods
 pinned to it, ``status.unhealthy`` maps a node to why the device is present there but unusable,
 and ``status.used`` is the count of held slots that ``kubectl get instances`` prints
-(``status.nodes`` the sorted node list its ``-o wide`` prints).
+(``status.nodes`` the sorted node list its ``-o wide`` prints). ``status.claims``, written by the
+controller with ``--dra``, counts the ResourceClaims allocated the device: the agents' device
+plugins withhold that many free slots (``agent.slots.rules``, "DRA claims").
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
 }
 
 CONFIGURATION_USAGE_PREFIX: Final = "C:"
-#: Status fields the controller writes (display only, ``controller.dra_usage``); the rest of
-#: ``status`` is the agents' (``Instance.status_to_object``).
+#: Status fields the controller writes (``controller.dra_usage``); the rest of ``status`` is the
+#: agents' (``Instance.status_to_object``). ``servedBy`` is for display only; ``claims`` is also
+#: read by the agents (``Instance.claims``).
 STATUS_SERVED_BY: Final = "servedBy"
 STATUS_CLAIMS: Final = "claims"
 CONTROLLER_STATUS_FIELDS: Final = (STATUS_SERVED_BY, STATUS_CLAIMS)
@@ -164,6 +167,8 @@ class Instance:
     reservations: Mapping[str, str] = field(default_factory=dict)
     demand: Mapping[str, int] = field(default_factory=dict)
     unhealthy: Mapping[str, str] = field(default_factory=dict)
+    #: ``status.claims``: ResourceClaims allocated this device (the controller's count).
+    claims: int = 0
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Instance:
@@ -181,6 +186,7 @@ class Instance:
             },
             demand={str(k): int(v) for k, v in (status.get("demand") or {}).items() if v},
             unhealthy={str(k): str(v) for k, v in (status.get("unhealthy") or {}).items()},
+            claims=int(status.get(STATUS_CLAIMS) or 0),  # schema: integer >= 0
         )
 
     def owner_reference(self, *, controller: bool = True) -> dict[str, Any]:

@@ -33,8 +33,8 @@ Shared devices, and local ones of capacity above 1: ``allowMultipleAllocations: 
 consumable capacity ``slots`` whose ``requestPolicy`` makes each claim take one unit by default
 (KEP-5075; beta and on by default in v1.36). Its value is the Instance's ``capacity`` less the
 slots device plugins hold (``deviceUsage``); a device whose every slot they hold is tainted
-``edgeplug.io/held=device-plugins:NoSchedule``. The device plugins do not yet see claims (see
-docs/dra.md).
+``edgeplug.io/held=device-plugins:NoSchedule``. The device plugins, in turn, withhold the slots
+claims hold (``status.claims``; ``agent.slots.rules``, "DRA claims").
 """
 
 from __future__ import annotations

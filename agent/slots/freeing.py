@@ -229,7 +229,7 @@ class OrphanFreer:
                 continue
             try:
                 async with ledger.lock:
-                    await ledger.claim(missing)
+                    await ledger.claim(missing, held_by_pod=True)
             except Exception as error:  # SlotUnavailable cannot happen while the rules hold
                 log.error("recording slots %s that live pods hold failed: %s",
                           sorted(missing), error, extra={"instance": instance.name})

@@ -125,12 +125,15 @@ class SlotLedger:
         return Instance.from_object(as_dict(obj))
 
     async def claim(
-        self, wanted: Mapping[str, SlotUsage], *, known: Instance | None = None
+        self, wanted: Mapping[str, SlotUsage], *, known: Instance | None = None,
+        held_by_pod: bool = False,
     ) -> Instance:
         """Put ``wanted`` (slot → usage by this node) into deviceUsage, all or nothing.
 
         The caller holds ``lock``. Raises ``SlotUnavailable`` naming the first slot that is not
-        ours to take, ``InstanceGone``, or ``TooManyConflicts``.
+        ours to take, ``InstanceGone``, or ``TooManyConflicts``. ``held_by_pod``: the slots are
+        a pod's already (a promise being recorded, a live pod's slot adopted), so claims
+        counted since do not withhold them (``agent.slots.rules``, "DRA claims").
 
         ``known`` is the Instance as the caller's watch last saw it. When it says a write is
         needed, the first attempt writes on its ``resourceVersion`` without reading: the write
@@ -153,10 +156,13 @@ class SlotLedger:
                 if promise is not None and promise != wanted[slot]:
                     # Handed to a pod by the fast path, not recorded yet: it is not free.
                     verdict = verdicts[slot] = Verdict.HELD_ELSEWHERE
-                if verdict in (Verdict.UNKNOWN, Verdict.HELD_ELSEWHERE, Verdict.RESERVED_ELSEWHERE):
+                elif held_by_pod and verdict is Verdict.HELD_BY_CLAIMS:
+                    verdict = verdicts[slot] = Verdict.CLAIM  # the pod has it: record that
+                if verdict.refused:
                     detail = (
                         f"deviceUsage={instance.spec.device_usage.get(slot, '')!r}, "
-                        f"reserved for {reservation_of(instance, slot)!r}"
+                        f"reserved for {reservation_of(instance, slot)!r}, "
+                        f"claims={instance.claims}"
                     )
                     raise SlotUnavailable(slot, verdict, detail)
             to_write = {

@@ -93,7 +93,8 @@ class PromiseRecorder:
             try:
                 async with ledger.lock:
                     known = ledger.current(self._world.instance(*key))
-                    self._world.remember(await ledger.claim(batch, known=known))
+                    self._world.remember(
+                        await ledger.claim(batch, known=known, held_by_pod=True))
                 self._world.slots_changed(SlotRef(*key, slot) for slot in batch)
             except InstanceGone:
                 pass

@@ -121,6 +121,40 @@ Two resources, one slot — what the scheduler cannot see (a known limit, issue 
   one kind of request per Configuration (its Instances' resources, or its own), or DRA, where
   the scheduler allocates the device itself.
 
+DRA claims — one device, two allocators (issue 25):
+
+- With ``DRA=on`` the same device is also published in a ResourceSlice, and the kube-scheduler
+  allocates it to ResourceClaims without asking any agent. The controller (``--dra``) counts
+  the claims allocated each Instance's device into ``status.claims``
+  (``controller.dra_usage``). The rule: of the Instance's free slots, the ``claims`` of highest
+  index are left to the claims (``claims_withheld``; all free slots when claims outnumber
+  them). Such a slot is available to no node: the Instance plugin advertises it Unhealthy, the
+  configuration plugin does not count it among its healthy virtual devices, and a claim of it
+  in ``deviceUsage`` is refused (``Verdict.HELD_BY_CLAIMS``). Every node computes the same set
+  from the same object, so all kubelets together are offered at most
+  ``capacity - used - claims`` slots, and a pod asking for ``edgeplug.io/<instance>`` or
+  ``edgeplug.io/<configuration>`` while claims hold the device stays Pending. A slot already
+  handed to a pod is never taken back: a held slot is not free, and a fast-path promise being
+  recorded, or a live pod's slot adopted after a crash, is written even where claims counted
+  since would withhold it (``SlotLedger.claim(held_by_pod=True)``).
+- The other direction is ``agent.dra.slices``': the slots the device plugins hold are taken
+  out of the consumable capacity DRA offers, and a device whose every slot they hold is
+  tainted ``edgeplug.io/held``, so the scheduler allocates it to no new claim.
+- What remains: the two allocators share no lock. The scheduler allocates on a slice that
+  still counts a slot free, while a kubelet admits a device-plugin pod on a slot still
+  advertised Healthy. This agent learns of a claim only once the controller has seen its
+  allocation and written ``status.claims`` (a pass at most ``PASS_DELAY_S``, 0.5 s, after the
+  change, then a patch and a watch event: about a second), and the slice learns of a pod's
+  slot only once ``deviceUsage`` is written and the slice rewritten. Within that window a slot
+  can go to a claim and to a pod at once. After it, a pod the scheduler still binds on the
+  node's old allocatable (the kubelet reports it again within its
+  ``nodeStatusUpdateFrequency``) is refused by its kubelet (the device is Unhealthy, or
+  ``Allocate`` refuses it): a failed pod, never a shared slot. For a hard guarantee, serve a
+  device one way only: DRA off, or its Configuration's pods through claims only
+  (``brokerDeviceAccess: dra`` and no pod asking for its extended resources).
+- A claim counts once however many units of ``slots`` it consumes: one that asks for more
+  than the default one unit is withheld one slot only (docs/dra.md).
+
 The hand-off under every order of what races it (tests/unit/test_slots_handoff_orders.py plays
 the 24 orders of: pod bound, allocatable updated, reservation moved, watch event delivered):
 
@@ -206,9 +240,26 @@ def is_held_by(usage: SlotUsage, node: str) -> bool:
     return usage.kind is not SlotUsageKind.FREE and usage.node == node
 
 
+def claims_withheld(instance: Instance) -> frozenset[str]:
+    """Free slots the device plugins leave to ResourceClaims (``status.claims``): that many of
+    the free slots, highest index first; every free slot when the claims outnumber them.
+
+    Every node computes the same set from the same object, so across all nodes at most
+    ``free - claims`` slots are offered (module docstring, "DRA claims").
+    """
+    if instance.claims <= 0:
+        return frozenset()
+    free = [slot for slot in slot_ids(instance) if usage_of(instance, slot).is_free]
+    return frozenset(free[max(0, len(free) - instance.claims):])
+
+
 def available_to(instance: Instance, slot: str, node: str) -> bool:
-    """Free and reserved for ``node``: the slot ``node`` may hand out next."""
-    return usage_of(instance, slot).is_free and reservation_of(instance, slot) == node
+    """Free, reserved for ``node`` and not left to claims: the slot ``node`` may hand out next."""
+    return (
+        usage_of(instance, slot).is_free
+        and reservation_of(instance, slot) == node
+        and slot not in claims_withheld(instance)
+    )
 
 
 def instance_devices(instance: Instance, node: str, *, healthy: bool) -> list[AdvertisedDevice]:
@@ -216,7 +267,7 @@ def instance_devices(instance: Instance, node: str, *, healthy: bool) -> list[Ad
 
     A slot is usable through the Instance plugin when it is available to ``node`` or held by
     ``node`` through this plugin (a pod of ours has it). Slots held through the configuration
-    plugin, or reserved for or held by another node, are Unhealthy.
+    plugin, reserved for or held by another node, or left to ResourceClaims, are Unhealthy.
     """
     devices = []
     for slot in slot_ids(instance):
@@ -339,10 +390,13 @@ def split_wanted(
         wanted[instance.name] += take
         left -= take
     for instance in ordered:
+        withheld = claims_withheld(instance)
         movable = sum(
             1
             for s in slot_ids(instance)
-            if usage_of(instance, s).is_free and not available_to(instance, s, node)
+            if usage_of(instance, s).is_free
+            and s not in withheld
+            and not available_to(instance, s, node)
         )
         take = min(left, max(0, movable - unmet_need(instance, node, wanted[instance.name])))
         wanted[instance.name] += take
@@ -356,7 +410,13 @@ class Verdict(enum.Enum):
     RESERVE_AND_CLAIM = "reserve and claim"  # free and unreserved
     HELD_ELSEWHERE = "held elsewhere"
     RESERVED_ELSEWHERE = "reserved elsewhere"
+    HELD_BY_CLAIMS = "held by ResourceClaims"  # free, but left to claims (claims_withheld)
     UNKNOWN = "unknown"
+
+    @property
+    def refused(self) -> bool:
+        """Whether the claim must not be written."""
+        return self not in (Verdict.HELD_ALREADY, Verdict.CLAIM, Verdict.RESERVE_AND_CLAIM)
 
 
 def judge_claim(instance: Instance, slot: str, want: SlotUsage) -> Verdict:
@@ -369,11 +429,11 @@ def judge_claim(instance: Instance, slot: str, want: SlotUsage) -> Verdict:
     if not usage.is_free:
         return Verdict.HELD_ELSEWHERE
     holder = reservation_of(instance, slot)
-    if holder == want.node:
-        return Verdict.CLAIM
-    if holder is None:
-        return Verdict.RESERVE_AND_CLAIM
-    return Verdict.RESERVED_ELSEWHERE
+    if holder not in (None, want.node):
+        return Verdict.RESERVED_ELSEWHERE
+    if slot in claims_withheld(instance):
+        return Verdict.HELD_BY_CLAIMS
+    return Verdict.CLAIM if holder == want.node else Verdict.RESERVE_AND_CLAIM
 
 
 def instance_hash(instance_name: str) -> str:
