@@ -10,11 +10,13 @@ the next sweep, however young the claim. Sweeps come every second while this nod
 every ``SWEEP_AWAITED_SECONDS`` while another node's pods wait for an Instance this node holds a
 slot of, so such a pod gets the slot well within a second of the holder's pod going. A slot never
 seen held (the kubelet lists a pod only after admitting it, and an agent restart forgets what it
-saw) is freed only once no live pod has held it, continuously, for ``ORPHAN_GRACE_SECONDS`` and it
-was not claimed within that time. Freeing goes through the slot's ledger, under the lock
-``Allocate`` takes, and only if the slot still carries the same usage and has not been handed out
-since the ``List`` the decision rests on (``SlotLedger.handouts``, compared with no ``await``
-before the write starts); a slot the ``Allocate`` fast path has promised is never freed.
+saw) is freed once no ``List`` asked since its latest hand-out has shown it held, over
+``ORPHAN_GRACE_SECONDS`` from the first of them that missed it (one grace, not a grace of claim
+age and then another of absence: ``agent.slots.rules``, "hand-outs"). Freeing goes through the
+slot's ledger, under the lock ``Allocate`` takes, and only if the slot still carries the same
+usage and has not been handed out since the ``List`` the decision rests on
+(``SlotLedger.handouts``, compared with no ``await`` before the write starts); a slot the
+``Allocate`` fast path has promised is never freed.
 
 The same ``List`` also records the opposite case: a slot of an Instance plugin that a live pod
 holds while ``deviceUsage`` shows it free (an agent killed between answering ``Allocate`` and
@@ -66,19 +68,22 @@ class OrphanFreer:
         ledger: Callable[[str, str], SlotLedger],
         grace: float = ORPHAN_GRACE_SECONDS,
         on_listed: Callable[[bool], None] = lambda ok: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_listed(ok)``: after each sweep that asked pod-resources, once its answer is
-        acted on (``ok``), or when it failed."""
+        acted on (``ok``), or when it failed. ``clock``: what the grace is measured on."""
         self._client = client
+        self._clock = clock
         self._on_listed = on_listed
         self._node = node
         self._ledger = ledger
         self._grace = grace
-        self._orphan_since: dict[_Key, float] = {}
+        #: Slot (with its usage) → when the first ``List`` asked since the slot's latest
+        #: hand-out missed it, and the hand-out count that ``List`` was asked at.
+        self._orphan_since: dict[_Key, tuple[float, int]] = {}
         #: Slot (with its usage) → the slot's hand-out count when a ``List`` that showed it
         #: held by a live pod was asked.
         self._seen_live: dict[_Key, int] = {}
-        self._claimed_at: dict[tuple[str, str, str], float] = {}
         #: The kubelet (its pod-resources socket's identity) that answered the last ``List``
         #: the memories above rest on; None while they hold nothing.
         self._kubelet: tuple[int, int] | None = None
@@ -88,11 +93,9 @@ class OrphanFreer:
 
     def claimed(self, refs: Iterable[SlotRef]) -> None:
         """``refs`` were just handed to a pod (claimed, promised, or a held slot or virtual id
-        handed out again): their hand-out counts move, and their claim time restarts."""
-        now = time.monotonic()
+        handed out again): their hand-out counts move, which restarts their orphan clocks."""
         for ref in refs:
             self._ledger(ref.namespace, ref.instance).handed_out([ref.slot])
-            self._claimed_at[(ref.namespace, ref.instance, ref.slot)] = now
 
     async def sweep(
         self,
@@ -138,7 +141,7 @@ class OrphanFreer:
             return True
         self._same_kubelet(asked_of, self._client.server_identity())
         await self._record_unrecorded(instances, in_use)
-        now = time.monotonic()
+        now = self._clock()
         seen: set[_Key] = set()
         for instance in instances:
             for slot, value in instance.spec.device_usage.items():
@@ -157,7 +160,6 @@ class OrphanFreer:
                 seen.add(key)
                 if slot in self._ledger(instance.namespace, instance.name).promised:
                     continue  # handed to a new pod, being recorded: not an orphan
-                claimed = self._claimed_at.get(key[:3], float("-inf"))
                 live = resource is not None and device_id in in_use.get(resource, frozenset())
                 before = handouts.get(key[:3], 0)
                 seen_with = self._seen_live.get(key)
@@ -171,10 +173,16 @@ class OrphanFreer:
                     await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
                     continue
-                if live or now - claimed < self._grace:
+                if live:
                     self._orphan_since.pop(key, None)
                     continue
-                since = self._orphan_since.setdefault(key, now)
+                # Never seen held since its latest hand-out: the orphan clock starts at the
+                # first List asked after that hand-out that misses it (``agent.slots.rules``,
+                # "one grace"), and a later hand-out starts it again.
+                since, counted_at = self._orphan_since.get(key, (now, before))
+                if counted_at != before:
+                    since = now
+                self._orphan_since[key] = (since, before)
                 if now - since >= self._grace:
                     await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)

@@ -86,9 +86,28 @@ Hand-outs — freeing never acts on evidence older than the claim it frees:
   ``freeing`` (from then on a hand-out of it waits for the lock and is judged afresh). A
   hand-out after the ``List`` was asked therefore always makes that sweep keep the slot; the
   next ``List`` shows the new pod (or, if it never shows it, the orphan grace applies).
-- A restarted agent has no counts and no "seen live" memory: it frees only a slot that no
-  ``List`` has shown held for ``ORPHAN_GRACE_SECONDS`` since its first sweep, and a hand-out
-  restarts that grace.
+- A slot no ``List`` has shown held since its latest hand-out (its pod lived less than a sweep
+  interval, or it was recorded before this agent started) — one grace: its orphan clock starts
+  at the first ``List`` asked after that hand-out (by count: asked at the count it is freed at)
+  that misses it, and it is freed once every ``List`` has missed it for ``ORPHAN_GRACE_SECONDS``
+  from then; a ``List`` showing it held stops the clock, a hand-out starts it again. Why a
+  grace at all: a ``List`` asked after the hand-out can still miss a live pod, in the moment
+  between ``Allocate`` answering (the count moves when the answer is decided) and the kubelet
+  recording the pod's devices (it records them as soon as ``Allocate`` returns), so absence in
+  such a ``List`` is evidence only once it has lasted longer than that moment can. Every
+  ``List`` the clock rests on was asked after the latest hand-out, so no evidence older than
+  the claim counts. (Before, the clock started only once the claim was a grace old: a pod seen
+  by no ``List`` kept its slot two graces, 10 s, while another node's pod waited for it.)
+- What could shorten that grace for a slot another node awaits (not done): the pod that holds
+  it was bound here before its ``Allocate``, so a consistent pod read (``spec.nodeName`` = this
+  node; the agent may list pods) taken after the hand-out shows it unless it has ended. If
+  every pod that read shows not terminal and requesting the slot's resource is listed by
+  pod-resources with devices of that resource for each container requesting it, and the slot is
+  not among them, no live pod can hold it. The agent's pod watches follow only Pending pods,
+  so this needs a read per such slot; a watch event alone is no evidence (it may lag the
+  binding the kubelet acts on).
+- A restarted agent has no counts and no "seen live" memory: the same one grace applies from
+  its first sweep, and a hand-out restarts it.
 - A restarted kubelet: it serves pod-resources again before it has re-admitted the pods its
   runtime still runs (it keeps their devices from its checkpoint, without ``Allocate``), and
   until then its ``List`` leaves them out; absence in such an answer is no evidence. A kubelet

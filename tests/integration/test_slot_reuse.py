@@ -13,6 +13,11 @@ configuration backend, ledger and orphan freer, and a pod-resources server over 
 socket. That server stands for the kubelet's pod-resources ``List`` at the moment it matters: it
 answers from the pods the test says are live, and holds its answer until the test lets it go,
 so the ``Allocate`` lands between the ``List`` being asked and its answer being acted on.
+
+A slot no ``List`` ever showed held (its pod lived less than a sweep interval) is freed as an
+orphan one grace after the first ``List`` since its latest hand-out missed it. The freer used to
+start that clock only once the claim was a grace old: two graces, a 10.4 s hand-off in issue
+21's third case. That test runs the freer on the test's clock.
 """
 
 from __future__ import annotations
@@ -245,3 +250,55 @@ async def test_a_virtual_id_handed_out_again_is_not_freed_by_a_list_taken_before
         assert (await current()).spec.device_usage[slot] == ""
     finally:
         await client.close()
+
+
+#: The orphan grace of the one-grace test, and a step smaller than anything the freer could
+#: mistake for it.
+GRACE_S = 5.0
+TICK_S = 0.01
+
+
+class Clock:
+    """The freer's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_slot_no_list_showed_held_is_freed_one_grace_after_the_first_list_missed_it(
+    kube: AsyncClient, namespace: str,
+    pod_resources: tuple[GatedPodResources, Path],
+) -> None:
+    _, socket = pod_resources  # no pod listed, ever
+    one = await OneVirtualId.create(kube, namespace, socket, digest="0e1f2a")
+    clock = Clock()
+    one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
+                                  grace=GRACE_S, clock=clock)
+    try:
+        # A pod gets the id and ends before any List shows it (servicer.live stays empty).
+        await one.backend.allocate([[VID]])
+        await one.sweep()  # the first List since the hand-out misses it: the clock starts
+        assert one.usage == HELD
+
+        clock.now = GRACE_S - TICK_S
+        await one.sweep()
+        assert one.usage == HELD, "freed before a grace of absence"
+
+        # The id is handed out again: the clock starts over at the next List.
+        await one.backend.allocate([[VID]])
+        clock.now = GRACE_S + TICK_S
+        await one.sweep()
+        assert one.usage == HELD, "freed on absence counted from before its latest hand-out"
+
+        clock.now = 2 * GRACE_S
+        await one.sweep()
+        assert one.usage == HELD, "freed before a grace since the hand-out's first List"
+
+        clock.now = 2 * GRACE_S + 2 * TICK_S
+        await one.sweep()
+        assert one.usage == "", "still held a grace after every List since its hand-out missed it"
+    finally:
+        await one.client.close()
