@@ -74,7 +74,7 @@ _BROKER_JOB_SELECTOR: Final = selector(
 #: decoder then keeps only rejections of pods that ask for extended resources).
 _FAILED_POD_FIELDS: Final = "status.phase=Failed"
 #: Pending pods the scheduler has not bound yet.
-_UNSCHEDULED_POD_FIELDS: Final = "status.phase=Pending,spec.nodeName="
+_PENDING_POD_FIELDS: Final = "status.phase=Pending"
 _SERVICE_SELECTOR: Final = selector(
     {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_CONFIGURATION: None}
 )
@@ -172,7 +172,7 @@ class Engine:
             pinned: Watcher[Key, PinnedPod] = Watcher(http=self.http, kind=Kind(
                 name=f"pinned pods@{ns or '*'}", decode=pinned_pod,
                 path=namespaced_path("/api/v1", "pods", ns), key=_pinned_key,
-                field_selector=_UNSCHEDULED_POD_FIELDS,
+                field_selector=_PENDING_POD_FIELDS,
             ), on_change=self._on_pinned_pod)
             self.watchers.append(pinned)
             self._pinned_watchers.append(pinned)

@@ -1,14 +1,20 @@
-"""What unscheduled pods pinned to each node ask for, written on that Node for its agent.
+"""What Pending pods pinned to each node ask for, written on that Node for its agent.
 
 Why this exists: a shared device's slots are reserved per node (``agent.slots.rules``), and a
 node whose pods wait must say so, or another node's idle reservation never moves to it. An
 agent may watch only its own node's pods (the trust model), so it cannot see a user's Pending
 pod that is pinned to it by nodeSelector or affinity but carries no label; the scheduler has
 not bound it, so no field names the node yet. The controller may read every Pending pod: it
-counts, per node, what unscheduled pods pinned there request (``crds.pinning``, the agent's own
+counts, per node, what Pending pods pinned there request (``crds.pinning``, the agent's own
 rules) and writes the totals on the Node (``PINNED_DEMAND_ANNOTATION``), which the node's agent
 watches. An agent with such demand publishes it on the Instance, and the node holding the idle
 reservation gives it up (issue 21, third case).
+
+A pinned pod stays counted after its binding, until it starts (or fails, or is deleted): the
+agent learns of the binding from its own watch of pods bound here, which may come after this
+count reaches it; had the count dropped at the binding, the agent could give away, in between,
+the slot its kubelet is about to admit the pod with (``agent.slots.rules``, the hand-off
+orders). The agent subtracts the pinned pods it sees bound, which it holds for instead.
 
 A node's annotation is rewritten only when its total changes (equal totals, equal text), and
 removed when nothing is pinned there any more, also after a controller restart (the Node
@@ -31,7 +37,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PinnedPod:
-    """An unscheduled Pending pod pinned to ``node`` that requests extended resources."""
+    """A Pending pod pinned to ``node`` (unscheduled, or bound there and not yet started)
+    that requests extended resources."""
 
     namespace: str
     name: str
@@ -60,16 +67,16 @@ _decode_pod = msgspec.json.Decoder(_Pod).decode
 
 
 def pinned_pod(raw: bytes) -> tuple[PinnedPod | None, str]:
-    """The watch decoder: a record for an unscheduled, Pending, pinned pod with extended
-    requests; None (not kept) for any other pod."""
+    """The watch decoder: a record for a Pending pinned pod with extended requests, bound or
+    not (bound to another node than its pin it can never start: not kept); None (not kept) for
+    any other pod."""
     obj = _decode_pod(raw)
     meta, spec = obj.metadata, obj.spec
-    if (spec.get("nodeName") or meta.deletionTimestamp
-            or obj.status.phase not in ("", "Pending")):
+    if meta.deletionTimestamp or obj.status.phase not in ("", "Pending"):
         return None, meta.resourceVersion
     node = pinning.pinned_node(spec)
     requests = pinning.extended_requests(spec)
-    if node is None or not requests:
+    if node is None or not requests or spec.get("nodeName") not in (None, "", node):
         return None, meta.resourceVersion
     return PinnedPod(namespace=meta.namespace, name=meta.name, node=node,
                      requests=tuple(sorted(requests.items()))), meta.resourceVersion

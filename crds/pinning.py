@@ -16,8 +16,9 @@ from typing import Any, Final
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 NAME_FIELD: Final = "metadata.name"
-#: On a Node: JSON ``{"<extended resource>": <count>}`` of what unscheduled Pending pods pinned
-#: to that node request (written by the controller; absent when nothing is pinned there).
+#: On a Node: JSON ``{"<extended resource>": <count>}`` of what Pending pods pinned to that node
+#: request, unscheduled or bound and not yet started (written by the controller; absent when
+#: nothing is pinned there). The node's agent subtracts the pinned pods it already sees bound.
 PINNED_DEMAND_ANNOTATION: Final = "edgeplug.io/pinned-demand"
 
 Requests = dict[str, int]

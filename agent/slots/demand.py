@@ -22,10 +22,13 @@ would receive every Pending pod's spec, and a stolen node token would read them 
   reservation of what they request.
 
 - *this node's Node*: the controller, which may read every Pending pod, counts what the
-  unscheduled pods pinned to each node request, labelled or not, and writes it on the Node
-  (``crds.pinning.PINNED_DEMAND_ANNOTATION``). A user's pod pinned here by its own nodeSelector
-  or affinity is demand through it without any label; the labelled stream stays because it is
-  one hop shorter for broker pods (no controller in between).
+  Pending pods pinned to each node request, labelled or not, bound or not, and writes it on the
+  Node (``crds.pinning.PINNED_DEMAND_ANNOTATION``). A user's pod pinned here by its own
+  nodeSelector or affinity is demand through it without any label; the labelled stream stays
+  because it is one hop shorter for broker pods (no controller in between). Of that count, the
+  pinned pods this node's bound stream already holds are subtracted (they are held for, not
+  wanted): so a pinned pod is counted, as wanted or as bound, from its creation to its start,
+  whichever of the controller's count and the bound stream reaches the agent first.
 
 A pod in both pod streams counts once (by uid), as bound if either stream says so; what pinned
 pods want is the larger of the labelled stream's count and the Node's. Only pod uid →
@@ -122,19 +125,26 @@ class PendingPods:
         self._streams: dict[str, dict[str, tuple[bool, Requests]]] = {
             TARGETED: {}, BOUND: {}
         }
+        #: Pods seen bound here that are pinned here (uid → requests): the controller's count
+        #: still holds them until they start.
+        self._bound_pinned: dict[str, Requests] = {}
         #: The controller's count for this node (``crds.pinning.PINNED_DEMAND_ANNOTATION``).
         self._annotated: Requests = {}
 
     def wanted(self) -> Requests:
         """Per resource, the larger of what the labelled pods pinned here want and what the
-        controller counted for this node (every pinned pod, labelled or not: its Node
-        annotation); the two count the same pods, each with its own lag."""
+        controller counted for this node (every pinned Pending pod, labelled or not: its Node
+        annotation) less the pinned pods seen bound here; the two count the same pods, each
+        with its own lag."""
         bound = self._bound_uids()
         labelled = pinning.sum_requests(
             r for uid, (_, r) in self._streams[TARGETED].items() if uid not in bound
         )
-        return {name: max(labelled.get(name, 0), self._annotated.get(name, 0))
-                for name in labelled.keys() | self._annotated.keys()}
+        held = pinning.sum_requests(self._bound_pinned.values())
+        wanted = {name: max(labelled.get(name, 0),
+                            self._annotated.get(name, 0) - held.get(name, 0))
+                  for name in labelled.keys() | self._annotated.keys()}
+        return {name: count for name, count in wanted.items() if count > 0}
 
     def starting(self) -> Requests:
         counts: dict[str, Requests] = {}
@@ -189,6 +199,7 @@ class PendingPods:
             # The watch starts over and lists every matching pod again; entries whose
             # deletion we missed must not linger.
             self._streams[stream].clear()
+            self._forget_unbound()
             self._on_change()
 
         events = watching.watch(
@@ -209,6 +220,8 @@ class PendingPods:
         if not deleted and spec is not None and pending:
             if spec.nodeName == self.node and (counts := extended_requests(spec)):
                 table[uid] = (True, counts)
+                if pinned_node(spec) == self.node:
+                    self._bound_pinned[uid] = counts
             elif (
                 not spec.nodeName
                 and stream == TARGETED
@@ -216,5 +229,11 @@ class PendingPods:
                 and (counts := extended_requests(spec))
             ):
                 table[uid] = (False, counts)
+        self._forget_unbound()
         if (self.wanted(), self.starting()) != before:
             self._on_change()
+
+    def _forget_unbound(self) -> None:
+        bound = self._bound_uids()
+        for uid in set(self._bound_pinned) - bound:
+            del self._bound_pinned[uid]

@@ -179,15 +179,19 @@ the 24 orders of: pod bound, allocatable updated, reservation moved, watch event
 
 - No order holds a slot twice: a reservation moves only while its slot is free, and a claim
   is judged on the Instance it changes.
-- A pod pinned here and labelled is never refused: from creation to start one stream holds it,
-  unscheduled as this node's want (``reservation_plan`` keeps what ``wanted`` asks for), bound
-  as a ``hold`` (nothing given back), one watch event between (``agent.slots.demand``).
-- A pod this node's agent learns of only at its binding is refused exactly when the agent gave
-  the slot away without having seen the binding and the scheduler bound it on allocatable that
-  still counted the slot. That is an unpinned pod, and also a pinned unlabelled one: the
-  controller's count on the Node (``crds.pinning``) drops at the binding, and may reach the
-  agent before its own watch delivers the binding. Otherwise the pod runs, or waits Pending;
-  a refused pod's slot goes to the node that wanted it, and no pod waits while a slot is free.
+- A pod pinned here is never refused, labelled or not. Labelled, from creation to start one
+  stream holds it, unscheduled as this node's want (``reservation_plan`` keeps what ``wanted``
+  asks for), bound as a ``hold`` (nothing given back), one watch event between
+  (``agent.slots.demand``). Unlabelled, the controller's count on the Node (``crds.pinning``)
+  holds it from creation until it starts, bound or not, and the agent subtracts the pinned
+  pods its own bound stream holds: wanted until that stream delivers the binding, held from
+  then on, whichever of the count and the stream comes first. (When the count dropped at the
+  binding, it could reach the agent before its watch delivered the binding, and the pod was
+  refused in 8 of the 24 orders.)
+- A pod this node's agent learns of only at its binding (unpinned) is refused exactly when the
+  agent gave the slot away without having seen the binding and the scheduler bound it on
+  allocatable that still counted the slot. Otherwise the pod runs, or waits Pending; a refused
+  pod's slot goes to the node that wanted it, and no pod waits while a slot is free.
 
 The trace this closes (issue 21): ``Allocate answered devices=[['storm-v2']]`` at .433, and at
 .436 ``freed a slot no live pod holds ... usage=C:storm-v2:storm-node`` on a ``List`` asked

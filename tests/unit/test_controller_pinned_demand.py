@@ -25,14 +25,17 @@ def _pod(name: str, *, node_selector: str | None = None, node_name: str = "",
                        "spec": spec, "status": {"phase": phase}}).encode()
 
 
-def test_only_unscheduled_pending_pinned_pods_with_extended_requests_are_kept() -> None:
+def test_only_pending_pinned_pods_with_extended_requests_are_kept() -> None:
     kept, version = pinned_pod(_pod("p", node_selector="n1"))
     assert kept == PinnedPod("ns", "p", "n1", (("edgeplug.io/cam", 1),))
     assert version == "7"
     assert pinned_pod(_pod("q", affinity_node="n2"))[0] == PinnedPod(
         "ns", "q", "n2", (("edgeplug.io/cam", 1),))
-    for raw in (_pod("unpinned"), _pod("bound", node_selector="n1", node_name="n1"),
-                _pod("running", node_selector="n1", phase="Running"),
+    # Bound and not started yet, it is still counted: its agent may not have seen the binding.
+    assert pinned_pod(_pod("bound", node_selector="n1", node_name="n1"))[0] == PinnedPod(
+        "ns", "bound", "n1", (("edgeplug.io/cam", 1),))
+    for raw in (_pod("unpinned"), _pod("elsewhere", node_selector="n1", node_name="n2"),
+                _pod("running", node_selector="n1", node_name="n1", phase="Running"),
                 _pod("cpu", node_selector="n1", limits={"cpu": "1"})):
         assert pinned_pod(raw)[0] is None, raw
 

@@ -279,6 +279,22 @@ def test_the_controllers_count_on_the_node_is_demand_for_unlabelled_pinned_pods(
     assert len(changes) == 2
 
 
+def test_a_pinned_pod_the_controller_counts_until_it_starts_is_wanted_until_seen_bound() -> None:
+    """The controller counts a pinned pod from creation to start (bound or not); the agent
+    subtracts the pinned pods its bound stream holds, so the pod is wanted until that stream
+    delivers its binding, held from then on, and never both."""
+    pods = PendingPods(client=cast(AsyncClient, None), node="n1")
+    pods.annotated('{"edgeplug.io/cam":2}')  # u1 and u2, pinned here, neither labelled
+    pods.update(_pod("u1", node_name="n1"), stream=BOUND)
+    assert (pods.wanted(), pods.starting()) == ({"edgeplug.io/cam": 1}, {"edgeplug.io/cam": 1})
+    pods.update(_pod("elsewhere", node_name="n1", pin="n2"), stream=BOUND)  # not counted there
+    assert (pods.wanted(), pods.starting()) == ({"edgeplug.io/cam": 1}, {"edgeplug.io/cam": 2})
+    pods.update(_pod("u1", node_name="n1", phase="Running"), stream=BOUND)  # started; the
+    assert pods.wanted() == {"edgeplug.io/cam": 2}  # controller's count drops in its turn
+    pods.annotated('{"edgeplug.io/cam":1}')
+    assert pods.wanted() == {"edgeplug.io/cam": 1}
+
+
 def test_the_pinned_demand_annotation_round_trips_and_refuses_garbage() -> None:
     text = format_pinned_demand({"b/x": 1, "a/y": 2, "c/z": 0})
     assert text == '{"a/y":2,"b/x":1}'

@@ -25,7 +25,6 @@ left bound and waiting, or pinned and waiting, while a slot is free; and which o
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -110,12 +109,12 @@ class _World:
         self.allocatable = {n: len(self.healthy(n)) for n in (A, B)}
 
     def annotate(self) -> None:
-        """The controller's count of unscheduled pods pinned to each node, on its Node; it
-        reaches the node's agent at once (sooner than the agent's own pod watch, the worst
-        case for a pod the count drops at its binding)."""
+        """The controller's count of Pending pods pinned to each node (bound or not), on its
+        Node; it reaches the node's agent at once, sooner than the agent's own pod watch (the
+        worst case: had the count dropped at the binding, the agent would know the pod in
+        neither)."""
         for node, agent in self.agents.items():
-            count = sum(1 for q in self.pods
-                        if q.pinned == node and q.node is None and q.phase == "Pending")
+            count = sum(1 for q in self.pods if q.pinned == node and q.phase == "Pending")
             agent.annotated(format_pinned_demand({RESOURCE: count}) if count else None)
 
     def deliver(self) -> None:
@@ -170,6 +169,7 @@ class _World:
             self.handed.append((slot, pod.name))
         else:
             pod.phase, pod.refused = "Failed", True  # UnexpectedAdmissionError
+        self.annotate()
 
     # -- the four events, then the rest ----------------------------------------------------
 
@@ -224,11 +224,14 @@ def _run(order: tuple[str, ...], p: _Pod) -> _World:
     return world
 
 
-def test_a_pod_pinned_and_labelled_here_is_never_refused_in_any_order() -> None:
-    """The labelled stream holds the pod from creation to start: unscheduled it is node-a's
-    want, bound it holds node-a's reservations, one event between (``agent.slots.demand``)."""
+@pytest.mark.parametrize("labelled", [True, False], ids=["labelled", "unlabelled"])
+def test_a_pod_pinned_here_is_never_refused_in_any_order(labelled: bool) -> None:
+    """Labelled, the labelled stream holds the pod from creation to start: unscheduled it is
+    node-a's want, bound it holds node-a's reservations, one event between. Unlabelled, the
+    controller's count holds it until it starts, less what node-a's bound stream already
+    holds: wanted until the agent sees it bound, held from then on (``agent.slots.demand``)."""
     for order in ORDERS:
-        world = _run(order, _Pod("p", pinned=A, labelled=True))
+        world = _run(order, _Pod("p", pinned=A, labelled=labelled))
         assert not world.p.refused, f"p refused after {order}"
         assert world.p.slot == S0, f"p did not get slot 0 after {order}: {world.pods}"
 
@@ -247,33 +250,19 @@ def _refused_unpinned(order: tuple[str, ...]) -> bool:
     return not knew and not saw_it_go
 
 
-def _refused_counted_by_the_controller(order: tuple[str, ...]) -> bool:
-    """Unbound, ``p`` is node-a's want (the Node's count), so an earlier move keeps the slot;
-    bound, the count drops and node-a's agent knows ``p`` only once its watch delivers it."""
-    knew = _before(order, "pod bound", "watch event delivered", "reservation moved")
-    return _before(order, "pod bound", "reservation moved") and not knew
-
-
-@pytest.mark.parametrize(("p", "window", "size"), [
-    (_Pod("p", pinned=None, labelled=False), _refused_unpinned, 16),
-    (_Pod("p", pinned=A, labelled=False), _refused_counted_by_the_controller, 8),
-], ids=["unpinned", "pinned-unlabelled"])
-def test_a_pod_the_agent_learns_of_only_at_its_binding_is_refused_only_in_the_window(
-    p: _Pod, window: Callable[[tuple[str, ...]], bool], size: int
-) -> None:
-    """A pod node-a's agent cannot hold for before its binding (unpinned; or pinned but
-    unlabelled, counted only by the controller's annotation, which drops at the binding,
-    possibly before node-a's own pod watch delivers the binding): refused exactly in the
-    orders of ``window``, the limit ``agent.slots.rules`` names (recovered by
-    controller/admission.py). In every other order it runs on slot 0, or waits Pending without
-    failing; a slot node-a gave away went to ``waiting-b``; never a slot held twice."""
+def test_an_unpinned_pod_is_refused_only_in_the_window() -> None:
+    """A pod node-a's agent cannot hold for before its binding (unpinned: no node's want):
+    refused exactly in the orders of ``_refused_unpinned``, the limit ``agent.slots.rules``
+    names (recovered by controller/admission.py). In every other order it runs on slot 0, or
+    waits Pending without failing; a slot node-a gave away went to ``waiting-b``; never a slot
+    held twice."""
     refused = set()
     for order in ORDERS:
-        world = _run(order, replace(p))
+        world = _run(order, _Pod("p", pinned=None, labelled=False))
         if world.p.refused:
             refused.add(order)
             assert world.pods[1].slot == S0, f"{order}: {world.pods}"
         else:
             assert world.p.slot == S0 or world.p.phase == "Pending", f"{order}: {world.pods}"
-    assert refused == {o for o in ORDERS if window(o)}
-    assert len(refused) == size
+    assert refused == {o for o in ORDERS if _refused_unpinned(o)}
+    assert len(refused) == 16
