@@ -103,9 +103,11 @@ Hand-outs — freeing never acts on evidence older than the claim it frees:
   node; the agent may list pods) taken after the hand-out shows it unless it has ended. If
   every pod that read shows not terminal and requesting the slot's resource is listed by
   pod-resources with devices of that resource for each container requesting it, and the slot is
-  not among them, no live pod can hold it. The agent's pod watches follow only Pending pods,
-  so this needs a read per such slot; a watch event alone is no evidence (it may lag the
-  binding the kubelet acts on).
+  not among them, no live pod can hold it (the hand-out count, unchanged from before that read
+  to the free, rules out a later pod; a pod whose init containers request the resource never
+  counts as listed, since its app containers re-use their devices). The agent's pod watches
+  follow only Pending pods, so this needs a read per such slot, and a per-pod pod-resources
+  answer; a watch event alone is no evidence (it may lag the binding the kubelet acts on).
 - A restarted agent has no counts and no "seen live" memory: the same one grace applies from
   its first sweep, and a hand-out restarts it.
 - A restarted kubelet: it serves pod-resources again before it has re-admitted the pods its
