@@ -31,6 +31,14 @@ HELPER = Path(__file__).with_name("udev_testbed_helper.py")
 #: from a kernel. Its uevent sockets hold only ``net.unix.max_dgram_qlen`` (10) messages, and
 #: umockdev's sender exits when a reader lags further behind.
 _PRIORITY = ["nice", "-n", "-5"] if os.geteuid() == 0 else []
+#: The kernel queues uevents on a netlink socket by bytes (udev's monitors ask for 128 MiB);
+#: umockdev's emulation sends them over Unix datagram sockets, which queue at most
+#: ``net.unix.max_dgram_qlen`` messages (10 by default, read when the reader's socket is made),
+#: and its sender aborts on the eleventh when the reader lags: a hub's 41 uevents then killed
+#: the bed under load ("sendmsg failed: Resource temporarily unavailable", 1 full run in 6).
+#: As root the bed raises the limit (never lowers it) before any reader exists.
+UEVENT_QUEUE = 1024
+QLEN_SYSCTL = Path("/proc/sys/net/unix/max_dgram_qlen")
 #: One bed operation (a hub of ten radios included) answers well within this.
 REPLY_DEADLINE_S = 30.0
 #: How long the discovery process may take to exit on SIGTERM before it is killed.
@@ -39,6 +47,14 @@ STOP_GRACE_S = 10.0
 
 class TestbedError(RuntimeError):
     """The helper failed an operation or stopped answering."""
+
+
+def _room_for_a_burst() -> None:
+    """Let a uevent socket queue as a kernel's would (see UEVENT_QUEUE); root only."""
+    if os.geteuid() != 0:
+        return
+    if int(QLEN_SYSCTL.read_text()) < UEVENT_QUEUE:
+        QLEN_SYSCTL.write_text(f"{UEVENT_QUEUE}\n")
 
 
 class UmockdevBed:
@@ -51,6 +67,7 @@ class UmockdevBed:
         self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> UmockdevBed:
+        _room_for_a_burst()
         env = {k: v for k, v in os.environ.items() if k != "UMOCKDEV_DIR"}
         env["LD_PRELOAD"] = PRELOAD
         self._proc = subprocess.Popen(
