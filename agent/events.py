@@ -120,33 +120,23 @@ class ConfigurationReporter:
             return
         if current and not self._warned:
             self._warned_since = datetime.now(UTC)
-        cfg = self._configuration
-        status: dict[str, object] = {}
+        conditions = []
         if current:
             message = f"node {self._node}: " + "; ".join(current)
-            status["conditions"] = [{
+            conditions.append({
                 "type": health_condition_type(self._node), "status": "False",
                 "reason": REASON_DISCOVERY_WARNING, "message": message[:MAX_MESSAGE_LENGTH],
-                "lastTransitionTime": self._warned_since.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "observedGeneration": cfg.generation,
-            }]
-        body = {"apiVersion": API_VERSION, "kind": CONFIGURATION_KIND,
-                "metadata": {"name": cfg.name, "namespace": cfg.namespace}, "status": status}
+            })
         try:
-            await self._client.patch(
-                ConfigurationResource.Status, cfg.name, body, namespace=cfg.namespace,
-                patch_type=PatchType.APPLY,
-                field_manager=field_manager(self._node) + WARNINGS_MANAGER_SUFFIX, force=True,
-            )
-        except ApiError as exc:
-            if not (is_not_found(exc) and not current):  # withdrawn from a deleted one: done
+            await self._apply_conditions(conditions, self._warned_since,
+                                         manager_suffix=WARNINGS_MANAGER_SUFFIX)
+        except Exception as exc:  # the API server away: the next call or resync writes it
+            gone = isinstance(exc, ApiError) and is_not_found(exc)
+            if not (gone and not current):  # withdrawn from a deleted one: done
+                cfg = self._configuration
                 log.warning("could not write the discovery warnings of %s/%s: %s",
                             cfg.namespace, cfg.name, exc)
                 return
-        except Exception as exc:  # the API server away: the next call or resync writes it
-            log.warning("could not write the discovery warnings of %s/%s: %s",
-                        cfg.namespace, cfg.name, exc)
-            return
         self._warned = current
 
     async def _report(self, verdict: _Verdict, *, event: bool) -> None:
@@ -172,8 +162,6 @@ class ConfigurationReporter:
             log.warning("could not report on %s/%s: %s", cfg.namespace, cfg.name, exc)
 
     async def _write_condition(self, verdict: _Verdict) -> None:
-        cfg = self._configuration
-        stamp = self._since.strftime("%Y-%m-%dT%H:%M:%SZ")
         if verdict.ok:
             # Details valid; this node's own condition is withdrawn by leaving it out.
             condition = {"type": CONDITION_DISCOVERY_DETAILS_VALID, "status": "True",
@@ -182,16 +170,22 @@ class ConfigurationReporter:
             condition = {"type": condition_type_for(verdict.reason, self._node),
                          "status": "False", "reason": verdict.reason,
                          "message": verdict.message}
+        await self._apply_conditions([condition], self._since)
+
+    async def _apply_conditions(self, conditions: list[dict[str, str]], since: datetime, *,
+                                manager_suffix: str = "") -> None:
+        """Server-side apply of this node's ``conditions`` (none: withdraw what the field
+        manager ``field_manager(node) + manager_suffix`` applied before)."""
+        cfg = self._configuration
+        stamp = since.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": API_VERSION,
             "kind": CONFIGURATION_KIND,
             "metadata": {"name": cfg.name, "namespace": cfg.namespace},
-            "status": {
-                "conditions": [
-                    {**condition, "lastTransitionTime": stamp,
-                     "observedGeneration": cfg.generation}
-                ]
-            },
+            "status": {"conditions": [
+                {**c, "lastTransitionTime": stamp, "observedGeneration": cfg.generation}
+                for c in conditions
+            ]} if conditions else {},
         }
         await self._client.patch(
             ConfigurationResource.Status,
@@ -199,7 +193,7 @@ class ConfigurationReporter:
             body,
             namespace=cfg.namespace,
             patch_type=PatchType.APPLY,
-            field_manager=field_manager(self._node),
+            field_manager=field_manager(self._node) + manager_suffix,
             force=True,
         )
 
