@@ -116,11 +116,19 @@ class PendingPods:
     """
 
     def __init__(
-        self, *, client: AsyncClient, node: str, on_change: Callable[[], None] = lambda: None
+        self,
+        *,
+        client: AsyncClient,
+        node: str,
+        on_change: Callable[[], None] = lambda: None,
+        on_node: Callable[[Node], None] = lambda node: None,
     ) -> None:
         self._client = client
         self.node = node
         self._on_change = on_change
+        #: Every state of this node's Node the watch delivers (``agent.slots.handoff`` reads
+        #: its allocatable there).
+        self._on_node = on_node
         #: Per stream: pod uid → (bound here?, requests).
         self._streams: dict[str, dict[str, tuple[bool, Requests]]] = {
             TARGETED: {}, BOUND: {}
@@ -166,12 +174,15 @@ class PendingPods:
             streams.create_task(self._follow_node())
 
     async def _follow_node(self) -> None:
-        """This node's Node object: the controller's count of pods pinned here."""
+        """This node's Node object: the controller's count of pods pinned here (and its
+        allocatable, for ``on_node``)."""
         events = watching.watch(
             self._client, Node, what="node (pinned demand)",
             fields={"metadata.name": self.node},
         )
         async for op, node in events:
+            if op != "DELETED":
+                self._on_node(node)
             annotations = (node.metadata.annotations if node.metadata else None) or {}
             self.annotated(None if op == "DELETED"
                            else annotations.get(pinning.PINNED_DEMAND_ANNOTATION))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Node
 
 from agent import watching
 from agent.deviceplugin.backend import PluginBackend, PluginSpec
@@ -42,6 +43,7 @@ from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
 from agent.slots.display import DisplayFields
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS, SWEEP_AWAITED_SECONDS, OrphanFreer
+from agent.slots.handoff import HandoffGate
 from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots.recording import PromiseRecorder
 from agent.slots.rules import (
@@ -137,7 +139,10 @@ class DevicePluginService:
         #: pass would otherwise be served with a slot a live pod holds showing free.
         self._checked: set[_Key] = set()
         self._recorder = PromiseRecorder(world=self)
-        self._pods = PendingPods(client=client, node=node_name, on_change=self._wake.set)
+        self._handoff = HandoffGate(client=client, node=node_name)
+        self._pods = PendingPods(
+            client=client, node=node_name, on_change=self._wake.set,
+            on_node=self._node_seen)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
         )
@@ -357,6 +362,7 @@ class DevicePluginService:
             await self.manager.remove(resource)
         await asyncio.sleep(0)
         await self._move_reservations(served)
+        await self._keep_node_count_down()
         await self._withdraw_from_unlisted()
         await asyncio.sleep(0)
         self._display.correct(served)
@@ -463,9 +469,10 @@ class DevicePluginService:
             published = instance.demand.get(self.node, 0)
             if not plan and published == plan.demand:
                 continue
-            if plan.release:
-                # Stop advertising first, so the kubelet does not pick a slot we give away.
-                self._withhold(key, set(plan.release))
+            if plan.release and not await self._give_away_or_retry(key, set(plan.release)):
+                plan = replace(plan, release=())
+                if not plan and published == plan.demand:
+                    continue
             ledger = self.ledger(*key)
             try:
                 async with ledger.lock:
@@ -480,14 +487,55 @@ class DevicePluginService:
                 self._retry = True
                 log.warning("moving reservations of %s/%s failed: %s", *key, error)
 
-    def _withhold(self, key: _Key, slots: set[str]) -> None:
-        served = self._served.get(instance_resource_name(key[1]))
+    async def _give_away_or_retry(self, key: _Key, slots: set[str]) -> bool:
+        try:
+            return await self._give_away(key, slots)
+        except ApiError as error:
+            self._retry = True
+            log.warning("giving slots %s of %s/%s away failed: %s", sorted(slots), *key, error)
+            return False
+
+    async def _give_away(self, key: _Key, slots: set[str]) -> bool:
+        """Stop advertising ``slots`` so that their reservations can be released, once the
+        gate of ``agent.slots.handoff`` clears them; False (still advertised) if it does not."""
+        feeds = self._advertised_without(key, slots)
+        before = {resource: _healthy(feed.devices) for resource, feed, _ in feeds}
+        after = {resource: _healthy(devices) for resource, _, devices in feeds}
+        if before != after and not await self._handoff.clear(key[1], slots, before, after):
+            self._retry = self._retry or self._handoff.retry
+            return False
+        for _, feed, devices in feeds:
+            feed.publish(devices)
+        return True
+
+    def _node_seen(self, node: Node) -> None:
+        if self._handoff.allocatable.seen(node):
+            self._wake.set()
+
+    async def _keep_node_count_down(self) -> None:
+        """The Node's counts no higher than what this node advertises healthy
+        (``HandoffGate.keep_down``)."""
+        advertised = {r: _healthy(s.spec.feed.devices) for r, s in self._served.items()}
+        try:
+            await self._handoff.keep_down(advertised)
+        except ApiError as error:
+            self._retry = True
+            log.warning("lowering the Node's device counts failed: %s", error)
+
+    def _advertised_without(
+        self, key: _Key, slots: set[str]
+    ) -> list[tuple[str, DeviceFeed, list[AdvertisedDevice]]]:
+        """Per plugin that advertises ``slots`` (the Instance's own and its Configuration's):
+        its resource, its feed, and what it advertises once the slots are not this node's."""
+        changed = []
+        resource = instance_resource_name(key[1])
+        served = self._served.get(resource)
         if served is not None:
             feed = served.spec.feed
-            feed.publish(
+            changed.append((resource, feed, [
                 AdvertisedDevice(d.id, healthy=d.healthy and d.id not in slots)
                 for d in feed.devices
-            )
+            ]))
         # The configuration plugin's virtual devices count available slots: recount without.
         instance = self._instances[key]
         reduced = replace(
@@ -495,9 +543,9 @@ class DevicePluginService:
             reservations={s: n for s, n in instance.reservations.items() if s not in slots},
         )
         configuration = instance.spec.configuration_name
-        resource = self._config_resources.get((key[0], configuration))
-        served_config = self._served.get(resource) if resource else None
-        if served_config is not None:
+        config_resource = self._config_resources.get((key[0], configuration))
+        served_config = self._served.get(config_resource) if config_resource else None
+        if config_resource and served_config is not None:
             others = [
                 i for i in self.configuration_instances(key[0], configuration) if i.name != key[1]
             ]
@@ -506,9 +554,9 @@ class DevicePluginService:
                 for i in [*others, reduced]
                 if (d := self._devices.get(key[0], i.name)) is not None and d.healthy
             ]
-            served_config.spec.feed.publish(
-                configuration_devices(configuration, [*others, reduced], self.node, healthy=healthy)
-            )
+            changed.append((config_resource, served_config.spec.feed, list(configuration_devices(
+                configuration, [*others, reduced], self.node, healthy=healthy))))
+        return changed
 
     async def _withdraw_from_unlisted(self) -> None:
         """Free this node's usage on Instances that no longer list it."""
@@ -524,6 +572,11 @@ class DevicePluginService:
                 ledger = self.ledger(*key)
                 async with ledger.lock:
                     await ledger.free(mine)
+
+
+def _healthy(devices: Iterable[AdvertisedDevice]) -> int:
+    """What the kubelet reports as the resource's allocatable: its healthy devices."""
+    return sum(1 for d in devices if d.healthy)
 
 
 async def serve_device_plugins(

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client, KubeConfig
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from agent.kube import InstanceResource
@@ -330,6 +330,54 @@ def test_agent_cannot_label_another_node(control_plane: ControlPlane, enforced: 
     own = w.agent_a.kubectl(cp, "patch", "node", w.node_a, "--type=merge", "-p", json.dumps(label))
     assert own.returncode == 0, own.stderr
 
+
+
+def _node_status(cp: ControlPlane, node: str, capacity: dict[str, str]) -> None:
+    """What a kubelet reports: device resources in capacity and allocatable."""
+    cp.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"capacity": {**capacity, "cpu": "4"},
+                    "allocatable": {**capacity, "cpu": "4"}}}))
+
+
+def _patch_node_status(who: Identity, node: str, patch: dict[str, Any]) -> tuple[bool, str]:
+    """A JSON merge patch of a Node's status, as agent/slots/handoff.py writes it."""
+    return _outcome(lambda: _client(who).patch(
+        Node.Status, node, patch, patch_type=PatchType.MERGE))
+
+
+def test_agent_sets_only_its_own_nodes_device_allocatable_within_capacity(
+        control_plane: ControlPlane, enforced: World) -> None:
+    """The hand-off gate lowers its Node's count of a device resource before it gives a slot
+    away, and restores it; nothing else of any Node's status is the agent's to write."""
+    cp, w = control_plane, enforced
+    cam = "edgeplug.io/cam-1a2b3c"
+    for node in (w.node_a, w.node_b):
+        _node_status(cp, node, {cam: "2", "edgeplug.io/cam": "2"})
+
+    def allocatable(**values: str) -> dict[str, Any]:
+        return {"status": {"allocatable": values}}
+
+    deadline = time.monotonic() + POLICY_ACTIVE_S
+    while (outcome := _patch_node_status(w.agent_a, w.node_b, allocatable(**{cam: "1"})))[0]:
+        assert time.monotonic() < deadline, "the Node status policy was not enforced"
+        time.sleep(POLL_S)  # polling a condition with a deadline
+    _refused(outcome, "only the status of the Node its pod runs on")
+    _refused(_patch_node_status(w.unbound, w.node_a, allocatable(**{cam: "1"})),
+             "only the status of the Node its pod runs on")
+    beyond = "each at most the Node's capacity of it"
+    for wrong in (allocatable(**{cam: "3"}),
+                  allocatable(cpu="3"),
+                  allocatable(**{"edgeplug.io/other": "1"})):
+        _refused(_patch_node_status(w.agent_a, w.node_a, wrong), beyond)
+    for wrong in ({"status": {"capacity": {cam: "9"}}},
+                  {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}):
+        _refused(_patch_node_status(w.agent_a, w.node_a, wrong), "only its Node's edgeplug.io/")
+    _allowed(_patch_node_status(w.agent_a, w.node_a, allocatable(**{cam: "1"})))
+    _allowed(_patch_node_status(w.agent_a, w.node_a, allocatable(**{"edgeplug.io/cam": "0"})))
+    _allowed(_patch_node_status(w.agent_a, w.node_a, allocatable(**{cam: "2"})))
+    node = json.loads(cp.kubectl("get", "node", w.node_a, "-o", "json").stdout)
+    assert node["status"]["allocatable"] == {cam: "2", "edgeplug.io/cam": "0", "cpu": "4"}
+    assert node["status"]["capacity"] == {cam: "2", "edgeplug.io/cam": "2", "cpu": "4"}
 
 
 # -- pods ------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The give-away gate: what must hold before this node stops advertising a slot it gives away.
+
+Why this exists: a kubelet fails a pod (``UnexpectedAdmissionError``) when it admits it for a
+device resource and finds no healthy free device; such a pod is Failed for good. The scheduler
+binds pods on the Node's ``status.allocatable``, which the kubelet reports some time after its
+device plugin stops advertising a slot (up to ``nodeStatusUpdateFrequency``, 10 s by default).
+So a node that stops advertising a slot to give it to another node fails every pod the scheduler
+binds to it in between on the old count (issue 21; the argument is in ``agent.slots.rules``,
+"Giving a slot away"). The gate reverses that order:
+
+1. ``NodeAllocatable.set`` lowers this Node's ``status.allocatable`` for the slot's resources to
+   what this node will advertise without the slot, *while the kubelet still has it healthy*;
+   the scheduler counts the slot gone from then on;
+2. ``pods_awaiting_admission`` then asks the API server (a consistent list, not a watch that may
+   lag) which pods are bound here, not started, and request those resources: a pod bound on the
+   old count is among them, and while there is one the slot is kept and the count restored;
+3. only then does the caller stop advertising the slot and release its reservation;
+4. ``HandoffGate.keep_down``: should the kubelet's own status write land between the lowering
+   and its taking in the withdrawal (it computed the old count), the Node's watch shows a count
+   above what this node advertises, and the agent lowers it again at once.
+
+The agent may write only its own Node's ``edgeplug.io/`` allocatable, between 0 and the Node's
+capacity (``deploy/manifests/agent-node-policy.yaml``); a cluster without that grant (an older
+install) gets the previous behaviour, with one warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from agent.kube import as_dict, is_conflict
+from crds.pinning import extended_requests
+
+log = logging.getLogger(__name__)
+
+#: The domain of every resource this project's plugins serve.
+DEVICE_DOMAIN = "edgeplug.io/"
+
+#: Re-read-and-retry rounds after a 409 (the kubelet writes node status concurrently).
+MAX_CONFLICTS = 5
+HTTP_FORBIDDEN = 403
+#: Pod phases after which a pod holds nothing and awaits nothing.
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class NodeAllocatable:
+    """Writes this Node's ``status.allocatable`` for device resources ahead of the kubelet."""
+
+    def __init__(self, *, client: AsyncClient, node: str) -> None:
+        self._client = client
+        self.node = node
+        #: False once the API server refused the write (no grant): the gate is then open.
+        self.permitted = True
+        #: The Node's allocatable of device resources as its watch last showed it.
+        self.shown: dict[str, int] = {}
+
+    def seen(self, node: Node) -> bool:
+        """Note the Node's device allocatable from a watch event; True if it changed."""
+        allocatable = (node.status.allocatable if node.status else None) or {}
+        shown = {}
+        for resource, value in allocatable.items():
+            if resource.startswith(DEVICE_DOMAIN):
+                with contextlib.suppress(ValueError):
+                    shown[resource] = int(str(value))
+        changed, self.shown = shown != self.shown, shown
+        return changed
+
+    def above(self, advertised: Mapping[str, int]) -> dict[str, int]:
+        """The resources whose count the Node shows above what this node advertises healthy,
+        with the advertised count: a kubelet that wrote its status after the lowering but
+        before it took in the withdrawal put the old count back."""
+        return {r: n for r, n in advertised.items() if self.shown.get(r, n) > n}
+
+    async def set(self, counts: Mapping[str, int]) -> bool:
+        """Make the Node's allocatable of each resource in ``counts`` that count, where the Node
+        reports the resource and shows another value. Conditioned on the Node's
+        ``resourceVersion`` (the kubelet may be writing its own status); True once written (or
+        nothing to write), False if the API server refused or kept conflicting."""
+        if not self.permitted:
+            return False
+        for _ in range(MAX_CONFLICTS):
+            node = as_dict(await self._client.get(Node, self.node))
+            allocatable: dict[str, Any] = (node.get("status") or {}).get("allocatable") or {}
+            changes = {
+                resource: str(count)
+                for resource, count in counts.items()
+                if resource in allocatable and str(allocatable[resource]) != str(count)
+            }
+            if not changes:
+                return True
+            patch = {
+                "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                "status": {"allocatable": changes},
+            }
+            try:
+                await self._client.patch(Node.Status, self.node, patch, patch_type=PatchType.MERGE)
+            except ApiError as error:
+                if is_conflict(error):
+                    continue
+                if error.status.code == HTTP_FORBIDDEN:
+                    self.permitted = False
+                    log.warning(
+                        "this agent may not write its Node's allocatable (%s): slots are given "
+                        "away without lowering it first, and a pod bound meanwhile may fail "
+                        "admission; apply deploy/manifests/agent-rbac.yaml and "
+                        "agent-node-policy.yaml of this release", error.status.message)
+                    return False
+                raise
+            log.info("lowered the scheduler's count ahead of the kubelet node=%s allocatable=%s",
+                     self.node, changes)
+            return True
+        return False
+
+
+def _requested(pod: Mapping[str, Any], resources: Iterable[str]) -> bool:
+    requests = extended_requests(pod.get("spec") or {})
+    return any(requests.get(resource) for resource in resources)
+
+
+async def pods_awaiting_admission(
+    client: AsyncClient, node: str, resources: Iterable[str]
+) -> list[str]:
+    """``namespace/name`` of the pods bound to ``node`` that have not started and request any of
+    ``resources``: its kubelet may be admitting them. A list without ``resourceVersion`` is
+    served consistently (as of now), so every binding written before the call is in it."""
+    wanted = list(resources)
+    awaiting = []
+    async for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
+        obj = as_dict(pod)
+        phase = (obj.get("status") or {}).get("phase")
+        if phase in TERMINAL_PHASES or phase == "Running" or not _requested(obj, wanted):
+            continue
+        meta = obj.get("metadata") or {}
+        awaiting.append(f"{meta.get('namespace')}/{meta.get('name')}")
+    return awaiting
+
+
+class HandoffGate:
+    """The gate itself, and the watch on this Node's counts that keeps them down."""
+
+    def __init__(self, *, client: AsyncClient, node: str) -> None:
+        self._client = client
+        self.node = node
+        self.allocatable = NodeAllocatable(client=client, node=node)
+        #: The last ``clear`` failed for a reason that may pass (a conflict): pass again soon.
+        self.retry = False
+
+    async def clear(
+        self, instance: str, slots: Iterable[str], before: Mapping[str, int],
+        after: Mapping[str, int],
+    ) -> bool:
+        """Whether ``slots`` of ``instance`` may stop being advertised, their resources'
+        counts going from ``before`` to ``after``: the Node's count lowered to ``after``, then
+        no pod bound here awaiting admission for those resources (if one is, the count is
+        restored to ``before``). Without the grant to write the Node, True (ungated, as
+        before)."""
+        self.retry = False
+        if not self.allocatable.permitted:
+            return True
+        if not await self.allocatable.set(after):
+            self.retry = self.allocatable.permitted
+            return not self.allocatable.permitted
+        if awaiting := await pods_awaiting_admission(self._client, self.node, before):
+            log.info("keeping slots a pod bound here may be admitted with instance=%s "
+                     "slots=%s pods=%s", instance, sorted(slots), awaiting)
+            await self.allocatable.set(before)
+            return False
+        return True
+
+    async def keep_down(self, advertised: Mapping[str, int]) -> None:
+        """Lower the Node's count of a resource again where it shows more than this node
+        advertises healthy: the kubelet's own status write raced a give-away's lowering (it
+        computed the count before it took in the withdrawal). Never raises one (the kubelet
+        does that)."""
+        if self.allocatable.permitted and (over := self.allocatable.above(advertised)):
+            await self.allocatable.set(over)
