@@ -124,19 +124,55 @@ Hand-outs — freeing never acts on evidence older than the claim it frees:
   for two live pods, so the ledger believed another slot free), and a held slot freed this way
   stayed free for good once nothing else was held (no sweep asks pod-resources then).
 
+Giving a slot away — the scheduler's count drops before the kubelet's (issue 21, part 2):
+
+- The trace the window came from (a loaded 2-core machine, issue 21): node-a's agent released
+  ``race-500be8-0`` at .759 (it had stopped advertising it just before), node-b claimed it, and
+  a pod the scheduler had bound to node-a on a node status that still counted the slot was
+  refused by node-a's kubelet ("Allocate failed due to no healthy devices present"). The
+  order of events was: kubelet A still reports the slot → agent A stops advertising it →
+  scheduler binds a pod to A on the count it last read → kubelet A admits it: no healthy
+  device. The kubelet reports a withdrawal in its node status up to its
+  ``nodeStatusUpdateFrequency`` (10 s by default) later, and the agent's own watch of pods
+  bound here lags the binding; neither could stop it.
+- The order now (``agent.slots.handoff``): (1) the agent lowers its Node's
+  ``status.allocatable`` of each resource that advertises the slot (the Instance's, and the
+  Configuration's virtual count) to what it will advertise without it, while the kubelet still
+  has the slot healthy; (2) it lists, consistently (a list without ``resourceVersion``), the
+  pods bound to this node that have not started and request either resource; (3) only if there
+  are none does it stop advertising the slot and release the reservation; otherwise it
+  restores the count and keeps the slot (the pod's start wakes the next pass).
+- Why no pod the scheduler binds on the API's counts is refused, whatever the delays between
+  the API server, the kubelet's node status and the agent's watches: a binding written before
+  (1)'s write is in (2)'s list (every write before the list is in it), so the slot is kept
+  and the kubelet, which still has it healthy, admits that pod with it. A binding decided on
+  counts read after (1) does not count the slot on this node, so the pod goes to a node that
+  has a slot, or waits Pending. The kubelet's own status report cannot undo (1) for good: if it
+  computed its count before it took in the withdrawal and wrote it after (1), the Node's watch
+  shows a count above what this node advertises and the agent lowers it again at once
+  (``HandoffGate.keep_down``); it never raises a count. The other node reserves the slot only
+  after (3)'s release, and its kubelet reports it only after that, so the scheduler never
+  counts the slot on both nodes.
+- What remains: the scheduler binds on its own cache of the Node, which follows the API
+  server by a watch. A scheduling cycle that started on a cache older than (1) and whose
+  binding is written after (2) is refused (``test_slots_handoff_orders``' last test plays it).
+  No agent can see a scheduler's cache; that window is the scheduler's watch delay (tens of
+  milliseconds on a loaded machine) where it used to be the kubelet's status period.
+- Without the ``nodes/status`` grant (an install older than this rule) the agent warns once
+  and gives slots away as before.
+
 Two resources, one slot — what the scheduler cannot see (a known limit, issue 21):
 
 - A free slot is advertised twice on its node: by the Instance's own plugin and, as a virtual
   device, by the Configuration's. The scheduler counts ``edgeplug.io/<instance>`` and
   ``edgeplug.io/<configuration>`` apart (Node ``allocatable`` minus the requests of pods bound
   there), so when a pod on one takes the slot, the other's allocatable drops only when the
-  kubelet next reports node status (up to its ``nodeStatusUpdateFrequency``, 10 s by
-  default). A pod bound in that window on the other resource is refused by its kubelet
-  (``UnexpectedAdmissionError``, "requested number of devices unavailable"). The refusal is
-  safe — no slot is ever held twice, the conditioned claims above see to that — but the pod
-  is Failed. The same holds for a reservation given to another node: the giver stops
-  advertising it first, and a pod the scheduler binds to the giver before its allocatable
-  drops is refused. Recovery is the controller's (controller/admission.py): a rejected broker
+  node's allocatable of it is lowered: by this agent at its next pass (``keep_down``: the
+  Node shows more than is advertised), well under a second, else by the kubelet's next node
+  status (up to its ``nodeStatusUpdateFrequency``, 10 s by default). A pod bound in that
+  window on the other resource is refused by its kubelet (``UnexpectedAdmissionError``,
+  "requested number of devices unavailable"). The refusal is safe — no slot is ever held
+  twice, the conditioned claims above see to that — but the pod is Failed. Recovery is the controller's (controller/admission.py): a rejected broker
   is replaced at once, and a user's rejected pod gets an ``AdmissionFailed`` Event naming the
   pod and the cause. Until the device-plugin API can tell the scheduler, the way to avoid it is
   one kind of request per Configuration (its Instances' resources, or its own), or DRA, where
@@ -190,10 +226,12 @@ the 24 orders of: pod bound, allocatable updated, reservation moved, watch event
   then on, whichever of the count and the stream comes first. (When the count dropped at the
   binding, it could reach the agent before its watch delivered the binding, and the pod was
   refused in 8 of the 24 orders.)
-- A pod this node's agent learns of only at its binding (unpinned) is refused exactly when the
-  agent gave the slot away without having seen the binding and the scheduler bound it on
-  allocatable that still counted the slot. Otherwise the pod runs, or waits Pending; a refused
-  pod's slot goes to the node that wanted it, and no pod waits while a slot is free.
+- A pod this node's agent learns of only at its binding (unpinned) is never refused either
+  (it was in 16 of the 24 orders while the agent gave a slot away on its watch alone): bound
+  before the lowering it is in the consistent list and keeps the slot, bound after it the
+  scheduler does not count the slot here. It runs, or waits Pending; a slot given away goes to
+  the node that wanted it, and no pod waits while a slot is free. Only a scheduler cache older
+  than the lowering refuses it (above, "What remains").
 
 The trace this closes (issue 21): ``Allocate answered devices=[['storm-v2']]`` at .433, and at
 .436 ``freed a slot no live pod holds ... usage=C:storm-v2:storm-node`` on a ``List`` asked
