@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,15 @@ class PodDevices:
     namespace: str
     name: str
     devices: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def devices_by_resource(pods: Iterable[PodDevices]) -> dict[str, frozenset[str]]:
+    """Resource name → the device ids that the containers of ``pods`` hold."""
+    in_use: dict[str, set[str]] = defaultdict(set)
+    for pod in pods:
+        for resource, ids in pod.devices:
+            in_use[resource].update(ids)
+    return {name: frozenset(ids) for name, ids in in_use.items()}
 
 
 class PodResourcesClient:
@@ -69,11 +78,7 @@ class PodResourcesClient:
 
     async def devices_in_use(self) -> dict[str, frozenset[str]]:
         """Resource name → the device ids that containers of existing pods hold."""
-        in_use: dict[str, set[str]] = defaultdict(set)
-        for pod in await self.pods():
-            for resource, ids in pod.devices:
-                in_use[resource].update(ids)
-        return {name: frozenset(ids) for name, ids in in_use.items()}
+        return devices_by_resource(await self.pods())
 
     async def close(self) -> None:
         await self._channel.close(None)

@@ -34,15 +34,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
-from agent.podresources import PodResourcesClient
+from agent.podresources import PodDevices, PodResourcesClient, devices_by_resource
 from agent.slots.ledger import SlotLedger
 from agent.slots.rules import SlotRef, is_held_by, listed_demand, slot_ids, usage_of
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import instance_resource_name
+from crds.pinning import extended_requests
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,31 @@ ORPHAN_GRACE_SECONDS = 5.0
 SWEEP_AWAITED_SECONDS = 0.25
 
 _Key = tuple[str, str, str, str]  # namespace, instance, slot, usage value
+#: The pods bound to this node that have not ended, read consistently (the API's JSON); None
+#: when they could not be read this time.
+BoundPods = Callable[[], Awaitable[list[dict[str, Any]] | None]]
+
+
+def unaccounted_pods(
+    bound: Iterable[Mapping[str, Any]], listed: Sequence[PodDevices], resource: str
+) -> list[str]:
+    """Of the pods ``bound`` here (not ended) that request ``resource``, those pod-resources'
+    ``listed`` answer does not show holding every device they request of it (``name`` of
+    each): the kubelet may not have recorded its Allocate yet, so one of them may hold a slot
+    that answer leaves out. A pod whose init containers request ``resource`` always counts
+    (its app containers re-use their devices, so counts do not add up)."""
+    held = {(pod.namespace, pod.name): {i for r, ids in pod.devices if r == resource for i in ids}
+            for pod in listed}
+    unaccounted = []
+    for pod in bound:
+        spec = pod.get("spec") or {}
+        meta = pod.get("metadata") or {}
+        wants = extended_requests(spec).get(resource, 0)
+        by_init = extended_requests({"containers": spec.get("initContainers") or []})
+        ref = (meta.get("namespace", ""), meta.get("name", ""))
+        if wants and (by_init.get(resource) or len(held.get(ref, ())) < wants):
+            unaccounted.append(f"{ref[0]}/{ref[1]}")
+    return unaccounted
 
 
 class OrphanFreer:
@@ -69,10 +96,14 @@ class OrphanFreer:
         grace: float = ORPHAN_GRACE_SECONDS,
         on_listed: Callable[[bool], None] = lambda ok: None,
         clock: Callable[[], float] = time.monotonic,
+        bound_pods: BoundPods | None = None,
     ) -> None:
         """``on_listed(ok)``: after each sweep that asked pod-resources, once its answer is
-        acted on (``ok``), or when it failed. ``clock``: what the grace is measured on."""
+        acted on (``ok``), or when it failed. ``clock``: what the grace is measured on.
+        ``bound_pods``: how to read the pods bound here (per-pod evidence, which frees a slot
+        another node awaits before the grace); None: the grace alone."""
         self._client = client
+        self._bound_pods = bound_pods
         self._clock = clock
         self._on_listed = on_listed
         self._node = node
@@ -132,17 +163,21 @@ class OrphanFreer:
         }
         asked_of = self._client.server_identity()
         try:
-            in_use = await self._client.devices_in_use()
+            listed = await self._client.pods()
         except grpc.RpcError as error:
             self._on_listed(False)
             if adopt:
                 raise
             log.warning("pod-resources List failed; not freeing slots this time: %s", error)
             return True
+        in_use = devices_by_resource(listed)
         self._same_kubelet(asked_of, self._client.server_identity())
         await self._record_unrecorded(instances, in_use)
         now = self._clock()
         seen: set[_Key] = set()
+        #: The pods bound here, read once per sweep, after the List, when first needed.
+        bound: list[dict[str, Any]] | None = None
+        bound_read = False
         for instance in instances:
             for slot, value in instance.spec.device_usage.items():
                 usage = usage_of(instance, slot)
@@ -186,6 +221,15 @@ class OrphanFreer:
                 if now - since >= self._grace:
                     await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
+                elif self.awaited and self._bound_pods is not None and resource is not None:
+                    # Per-pod evidence (``agent.slots.rules``, "hand-outs"): every pod bound
+                    # here that asks for the resource is listed with all its devices of it,
+                    # and the slot is not among them, so no live pod holds it.
+                    if not bound_read:
+                        bound, bound_read = await self._bound_pods(), True
+                    if bound is not None and not unaccounted_pods(bound, listed, resource):
+                        await self._free(instance, slot, usage, before)
+                        self._orphan_since.pop(key, None)
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
         for key in set(self._seen_live) - seen:

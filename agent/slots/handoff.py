@@ -124,18 +124,28 @@ def _requested(pod: Mapping[str, Any], resources: Iterable[str]) -> bool:
     return any(requests.get(resource) for resource in resources)
 
 
+async def pods_bound_here(client: AsyncClient, node: str) -> list[dict[str, Any]]:
+    """The pods bound to ``node`` that have not ended, as the API's JSON. A list without
+    ``resourceVersion`` is served consistently (as of now): every binding written before the
+    call is in it."""
+    pods = []
+    async for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
+        obj = as_dict(pod)
+        if (obj.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+            pods.append(obj)
+    return pods
+
+
 async def pods_awaiting_admission(
     client: AsyncClient, node: str, resources: Iterable[str]
 ) -> list[str]:
     """``namespace/name`` of the pods bound to ``node`` that have not started and request any of
-    ``resources``: its kubelet may be admitting them. A list without ``resourceVersion`` is
-    served consistently (as of now), so every binding written before the call is in it."""
+    ``resources`` (``pods_bound_here``): its kubelet may be admitting them."""
     wanted = list(resources)
     awaiting = []
-    async for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
-        obj = as_dict(pod)
+    for obj in await pods_bound_here(client, node):
         phase = (obj.get("status") or {}).get("phase")
-        if phase in TERMINAL_PHASES or phase == "Running" or not _requested(obj, wanted):
+        if phase == "Running" or not _requested(obj, wanted):
             continue
         meta = obj.get("metadata") or {}
         awaiting.append(f"{meta.get('namespace')}/{meta.get('name')}")
@@ -181,3 +191,29 @@ class HandoffGate:
         does that)."""
         if self.allocatable.permitted and (over := self.allocatable.above(advertised)):
             await self.allocatable.set(over)
+
+
+class BoundPodsReader:
+    """``pods_bound_here`` for the orphan freer's per-pod evidence (``agent.slots.freeing``):
+    None when the read fails (the freer then waits out its grace), and for good once the API
+    server refuses it (an install older than the agent's ``pods list`` grant), with a warning."""
+
+    def __init__(self, *, client: AsyncClient, node: str) -> None:
+        self._client = client
+        self.node = node
+        self.permitted = True
+
+    async def __call__(self) -> list[dict[str, Any]] | None:
+        if not self.permitted:
+            return None
+        try:
+            return await pods_bound_here(self._client, self.node)
+        except ApiError as error:
+            if error.status.code == HTTP_FORBIDDEN:
+                self.permitted = False
+                log.warning("this agent may not list the pods bound to its node (%s): a slot "
+                            "no pod-resources List saw held is freed after the orphan grace",
+                            error.status.message)
+            else:
+                log.info("reading the pods bound here failed: %s", error)
+            return None

@@ -98,16 +98,20 @@ Hand-outs — freeing never acts on evidence older than the claim it frees:
   ``List`` the clock rests on was asked after the latest hand-out, so no evidence older than
   the claim counts. (Before, the clock started only once the claim was a grace old: a pod seen
   by no ``List`` kept its slot two graces, 10 s, while another node's pod waited for it.)
-- What could shorten that grace for a slot another node awaits (not done): the pod that holds
-  it was bound here before its ``Allocate``, so a consistent pod read (``spec.nodeName`` = this
-  node; the agent may list pods) taken after the hand-out shows it unless it has ended. If
-  every pod that read shows not terminal and requesting the slot's resource is listed by
-  pod-resources with devices of that resource for each container requesting it, and the slot is
-  not among them, no live pod can hold it (the hand-out count, unchanged from before that read
-  to the free, rules out a later pod; a pod whose init containers request the resource never
-  counts as listed, since its app containers re-use their devices). The agent's pod watches
-  follow only Pending pods, so this needs a read per such slot, and a per-pod pod-resources
-  answer; a watch event alone is no evidence (it may lag the binding the kubelet acts on).
+- Per-pod evidence frees such a slot before the grace when another node awaits it
+  (``agent.slots.freeing.unaccounted_pods``): the pod that holds it was bound here before its
+  ``Allocate``, so a consistent read of the pods bound here, taken after a ``List`` that was
+  asked after the slot's latest hand-out, shows that pod unless it has ended. If every pod
+  that read shows not ended and requesting the slot's resource is listed by that ``List`` with
+  all the devices of that resource it requests, and the slot is not among them, no live pod
+  holds it: the holder, were it alive, would be such a pod, and the kubelet lists a pod's
+  devices only once its admission has recorded them all (so a pod caught between ``Allocate``
+  and that record is not fully listed, and keeps the slot). The hand-out count, unchanged
+  from before the ``List`` to the free, rules out a later pod. A pod whose init containers
+  request the resource never counts as listed (its app containers re-use their devices). A
+  restarted kubelet lists no pod it has not re-admitted, so its answers free nothing this way
+  either. It costs one pod list per sweep, only while a slot no ``List`` has shown held is
+  awaited by another node.
 - A restarted agent has no counts and no "seen live" memory: the same one grace applies from
   its first sweep, and a hand-out restarts it.
 - A restarted kubelet: it serves pod-resources again before it has re-admitted the pods its
@@ -167,16 +171,16 @@ Two resources, one slot — what the scheduler cannot see (a known limit, issue 
   device, by the Configuration's. The scheduler counts ``edgeplug.io/<instance>`` and
   ``edgeplug.io/<configuration>`` apart (Node ``allocatable`` minus the requests of pods bound
   there), so when a pod on one takes the slot, the other's allocatable drops only when the
-  node's allocatable of it is lowered: by this agent at its next pass (``keep_down``: the
-  Node shows more than is advertised), well under a second, else by the kubelet's next node
-  status (up to its ``nodeStatusUpdateFrequency``, 10 s by default). A pod bound in that
-  window on the other resource is refused by its kubelet (``UnexpectedAdmissionError``,
-  "requested number of devices unavailable"). The refusal is safe — no slot is ever held
-  twice, the conditioned claims above see to that — but the pod is Failed. Recovery is the controller's (controller/admission.py): a rejected broker
-  is replaced at once, and a user's rejected pod gets an ``AdmissionFailed`` Event naming the
-  pod and the cause. Until the device-plugin API can tell the scheduler, the way to avoid it is
-  one kind of request per Configuration (its Instances' resources, or its own), or DRA, where
-  the scheduler allocates the device itself.
+  node's allocatable of it is lowered: by this agent at its next pass (``keep_down``: the Node
+  shows more than is advertised), well under a second, else by the kubelet's next node status
+  (up to its ``nodeStatusUpdateFrequency``, 10 s by default). A pod bound in that window on the
+  other resource is refused by its kubelet (``UnexpectedAdmissionError``, "requested number of
+  devices unavailable"). The refusal is safe — no slot is ever held twice, the conditioned
+  claims above see to that — but the pod is Failed. Recovery is the controller's
+  (controller/admission.py): a rejected broker is replaced at once, and a user's rejected pod
+  gets an ``AdmissionFailed`` Event naming the pod and the cause. Until the device-plugin API
+  can tell the scheduler, the way to avoid it is one kind of request per Configuration (its
+  Instances' resources, or its own), or DRA, where the scheduler allocates the device itself.
 
 DRA claims — one device, two allocators (issue 25):
 

@@ -43,7 +43,7 @@ from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.demand import PendingPods, instance_needs
 from agent.slots.display import DisplayFields
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS, SWEEP_AWAITED_SECONDS, OrphanFreer
-from agent.slots.handoff import HandoffGate
+from agent.slots.handoff import BoundPodsReader, HandoffGate
 from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots.recording import PromiseRecorder
 from agent.slots.rules import (
@@ -156,6 +156,7 @@ class DevicePluginService:
         self._freer = (
             OrphanFreer(
                 client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace,
+                bound_pods=BoundPodsReader(client=client, node=node_name),
                 on_listed=lambda ok: metrics.pod_resources_lists.labels(
                     outcome="ok" if ok else "error").inc(),
             )

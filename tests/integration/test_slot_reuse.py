@@ -23,16 +23,21 @@ start that clock only once the claim was a grace old: two graces, a 10.4 s hand-
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import grpc
 import grpc.aio
 import pytest
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
+from agent.kube import InstanceResource
 from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from agent.metrics import AgentMetrics
@@ -40,6 +45,7 @@ from agent.node_devices import NodeDevice
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend
 from agent.slots.freeing import OrphanFreer
+from agent.slots.handoff import BoundPodsReader
 from agent.slots.ledger import SlotLedger
 from agent.slots.rules import SlotRef
 from crds.instance import Instance, SlotUsage
@@ -61,6 +67,8 @@ class GatedPodResources(pr_grpc.PodResourcesListerServicer):
 
     def __init__(self) -> None:
         self.live: set[str] = set()
+        #: The pod the live ids are listed for: (namespace, name).
+        self.pod = ("ns", "broker")
         self.gate = asyncio.Event()
         self.gate.set()
         self.asked = 0
@@ -74,7 +82,7 @@ class GatedPodResources(pr_grpc.PodResourcesListerServicer):
         await self.gate.wait()
         devices = [pr.ContainerDevices(resource_name=RESOURCE, device_ids=live)] if live else []
         return pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(
-            name="broker", namespace="ns",
+            name=self.pod[1], namespace=self.pod[0],
             containers=[pr.ContainerResources(name="c", devices=devices)])])
 
 
@@ -168,10 +176,11 @@ class OneVirtualId:
 
     @classmethod
     async def create(
-        cls, kube: AsyncClient, namespace: str, socket: Path, *, digest: str
+        cls, kube: AsyncClient, namespace: str, socket: Path, *, digest: str,
+        nodes: tuple[str, ...] = (NODE,),
     ) -> OneVirtualId:
         name = await create_instance(kube, namespace, configuration=CONFIGURATION,
-                                     digest=digest, nodes=[NODE], capacity=1, shared=True)
+                                     digest=digest, nodes=list(nodes), capacity=1, shared=True)
         world = OneNodeWorld(kube, await read_instance(kube, namespace, name))
         client = PodResourcesClient(socket)
         world.freer = OrphanFreer(client=client, node=NODE, ledger=world.ledger)
@@ -300,5 +309,54 @@ async def test_a_slot_no_list_showed_held_is_freed_one_grace_after_the_first_lis
         clock.now = 2 * GRACE_S + 2 * TICK_S
         await one.sweep()
         assert one.usage == "", "still held a grace after every List since its hand-out missed it"
+    finally:
+        await one.client.close()
+
+
+OTHER = "node-b"
+
+
+async def test_a_slot_another_node_awaits_is_freed_once_every_pod_here_is_accounted_for(
+    kube: AsyncClient, namespace: str,
+    pod_resources: tuple[GatedPodResources, Path],
+) -> None:
+    """Issue 21's third case: a pod that lived less than a sweep interval left a slot no
+    ``List`` ever showed held, while node-b's pod waited for it. With per-pod evidence (the
+    pods bound here, read after the ``List``) the slot goes at the first sweep that accounts
+    for every pod here asking for the resource, not one orphan grace later; while a pod bound
+    here is not listed with its device (the kubelet between ``Allocate`` and its record), the
+    slot stays. The clock never moves: only the evidence frees it."""
+    servicer, socket = pod_resources
+    one = await OneVirtualId.create(kube, namespace, socket, digest="4d5e6f", nodes=(NODE, OTHER))
+    one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
+                                  grace=GRACE_S, clock=Clock(),
+                                  bound_pods=BoundPodsReader(client=kube, node=NODE))
+    await kube.patch(InstanceResource.Status, one.name, {"status": {"demand": {OTHER: 1}}},
+                     namespace=namespace, patch_type=PatchType.MERGE)
+    first, second = (f"short-{uuid.uuid4().hex[:6]}" for _ in range(2))
+
+    async def bind(pod: str) -> None:
+        await kube.create(cast(Pod, Pod.from_dict({
+            "metadata": {"name": pod, "namespace": namespace},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "c", "image": "c:1", "resources": {"limits": {RESOURCE: "1"}}}]}})))
+
+    try:
+        await bind(first)
+        await one.backend.allocate([[VID]])
+        await one.sweep()
+        assert one.usage == HELD, "freed while a pod bound here was not listed with its device"
+        # The first pod ends before any List shows it; the kubelet hands the id to a second
+        # pod, which pod-resources does not list yet (the first pod's record is gone).
+        await kube.delete(Pod, first, namespace=namespace, grace_period=0)
+        await bind(second)
+        await one.backend.allocate([[VID]])
+        await one.sweep()
+        assert one.usage == HELD, "freed while the pod it was handed to was not listed yet"
+        # The second pod is listed with another device of the resource: it cannot hold this
+        # slot (it asks for one device), and no other pod bound here asks for the resource.
+        servicer.pod, servicer.live = (namespace, second), {f"{CONFIGURATION}-v9"}
+        await one.sweep()
+        assert one.usage == "", "a slot no live pod can hold, awaited by node-b, was kept"
     finally:
         await one.client.close()
