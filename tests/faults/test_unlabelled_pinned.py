@@ -20,11 +20,14 @@ import statistics
 
 import pytest
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
 
 from crds.naming import instance_resource_name
+from crds.pinning import PINNED_DEMAND_ANNOTATION
 from tests.faults.cluster import FaultCluster
 from tests.faults.slot_turns import take_turns
 from tests.harness.agent_nodes import pinned_pod
+from tests.harness.kube_waits import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -50,6 +53,15 @@ async def test_unlabelled_pinned_pods_get_slots_freed_on_either_node(
             assert pod.metadata is not None
             pod.metadata.labels = {}  # a user's own pod: pinned, not labelled
             await client.create(pod)
+
+        async def counted() -> bool:
+            """The controller is up and has counted the waiting pods on both Nodes (its
+            start-up, seconds of imports, is not a hand-off)."""
+            nodes = [await client.get(Node, n.name) for n in (a, b)]
+            return all(PINNED_DEMAND_ANNOTATION in ((n.metadata and n.metadata.annotations)
+                                                    or {}) for n in nodes)
+
+        await wait_until(counted, what="the controller's count of pinned pods on both nodes")
         # Empty node a first, so its freed slots must cross to node b's waiting pods.
         deleted, handoffs = await take_turns(
             client, ns, names, capacity=CAPACITY,
