@@ -76,6 +76,16 @@ class PodResourcesClient:
             self.on_pods(pods)
         return pods
 
+    async def allocatable(self) -> dict[str, frozenset[str]]:
+        """Resource name → the device ids the kubelet's device manager holds healthy now
+        (``GetAllocatableResources``): what it would admit a pod with."""
+        response = await self._stub.GetAllocatableResources(
+            pb.AllocatableResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
+        healthy: dict[str, set[str]] = defaultdict(set)
+        for devices in response.devices:
+            healthy[devices.resource_name].update(devices.device_ids)
+        return {name: frozenset(ids) for name, ids in healthy.items()}
+
     async def devices_in_use(self) -> dict[str, frozenset[str]]:
         """Resource name → the device ids that containers of existing pods hold."""
         return devices_by_resource(await self.pods())

@@ -26,16 +26,19 @@ install) gets the previous behaviour, with one warning.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import grpc
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from agent.kube import as_dict, is_conflict
+from agent.podresources import PodResourcesClient
 from crds.pinning import extended_requests
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,12 @@ log = logging.getLogger(__name__)
 #: The domain of every resource this project's plugins serve.
 DEVICE_DOMAIN = "edgeplug.io/"
 
+#: How long the kubelet may take to take in a withdrawal (its device manager's ListAndWatch
+#: stream); past it, the slots are kept and advertised again, and a later pass tries again.
+WITHDRAWN_WITHIN_S = 5.0
+#: Polling the kubelet's allocatable devices while it takes the withdrawal in.
+FIRST_POLL_S = 0.005
+MAX_POLL_S = 0.1
 #: Re-read-and-retry rounds after a 409 (the kubelet writes node status concurrently).
 MAX_CONFLICTS = 5
 HTTP_FORBIDDEN = 403
@@ -155,10 +164,13 @@ async def pods_awaiting_admission(
 class HandoffGate:
     """The gate itself, and the watch on this Node's counts that keeps them down."""
 
-    def __init__(self, *, client: AsyncClient, node: str) -> None:
+    def __init__(
+        self, *, client: AsyncClient, node: str, pod_resources: PodResourcesClient | None = None
+    ) -> None:
         self._client = client
         self.node = node
         self.allocatable = NodeAllocatable(client=client, node=node)
+        self._pod_resources = pod_resources
         #: The last ``clear`` failed for a reason that may pass (a conflict): pass again soon.
         self.retry = False
 
@@ -183,6 +195,56 @@ class HandoffGate:
             await self.allocatable.set(before)
             return False
         return True
+
+    async def settle(
+        self, withdrawn: Mapping[str, frozenset[str]], after: Mapping[str, int]
+    ) -> bool:
+        """After the caller stopped advertising the ``withdrawn`` device ids: whether the
+        slots may now be released. The kubelet must have taken the withdrawal in (its
+        pod-resources ``GetAllocatableResources`` no longer lists them, within
+        ``WITHDRAWN_WITHIN_S``): from then on every node status it computes has the lower
+        count. A status it computed before and wrote after the lowering put the old count back
+        (the scheduler may have bound a pod here on it): the count is lowered again and the
+        pods bound here are read once more; one that awaits admission keeps the slots (the
+        caller advertises them again, so that the kubelet admits it with one)."""
+        if self._pod_resources is not None and not await self._kubelet_took_in(withdrawn):
+            log.info("the kubelet has not taken in the withdrawal of %s within %.0f s; "
+                     "keeping the slots", dict(withdrawn), WITHDRAWN_WITHIN_S)
+            self.retry = True
+            return False
+        if not self.allocatable.permitted:
+            return True
+        if not await self.allocatable.set(after):
+            self.retry = self.allocatable.permitted
+            return not self.allocatable.permitted
+        if awaiting := await pods_awaiting_admission(self._client, self.node, after):
+            log.info("a pod was bound here on the old count; keeping its slots pods=%s",
+                     awaiting)
+            return False
+        return True
+
+    async def _kubelet_took_in(self, withdrawn: Mapping[str, frozenset[str]]) -> bool:
+        assert self._pod_resources is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WITHDRAWN_WITHIN_S
+        pause = FIRST_POLL_S
+        while True:
+            try:
+                healthy = await self._pod_resources.allocatable()
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # a kubelet before 1.23
+                    log.warning("the kubelet cannot say which devices it holds healthy: slots "
+                                "are given away without waiting for it to take a withdrawal in")
+                    self._pod_resources = None
+                    return True
+                log.info("pod-resources GetAllocatableResources failed: %s", error)
+                return False
+            if not any(ids & healthy.get(r, frozenset()) for r, ids in withdrawn.items()):
+                return True
+            if loop.time() + pause > deadline:
+                return False
+            await asyncio.sleep(pause)  # polling the kubelet's state, with a deadline
+            pause = min(2 * pause, MAX_POLL_S)
 
     async def keep_down(self, advertised: Mapping[str, int]) -> None:
         """Lower the Node's count of a resource again where it shows more than this node

@@ -139,13 +139,14 @@ class DevicePluginService:
         #: pass would otherwise be served with a slot a live pod holds showing free.
         self._checked: set[_Key] = set()
         self._recorder = PromiseRecorder(world=self)
-        self._handoff = HandoffGate(client=client, node=node_name)
         self._pods = PendingPods(
             client=client, node=node_name, on_change=self._wake.set,
             on_node=self._node_seen)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
         )
+        self._handoff = HandoffGate(client=client, node=node_name,
+                                    pod_resources=self._pod_resources)
         # Pods holding devices of an AnnotatingHandler get its annotations, from the same
         # pod-resources List the sweep asks.
         self._annotator = PodAnnotator(client=client, resolve=lambda resource, ids: devices_of(
@@ -277,10 +278,10 @@ class DevicePluginService:
                 self._ledgers.pop(key, None)
                 self._display.forget(key)
             else:
-                self._instances[key] = instance
                 self._display.seen(key, as_dict(obj).get("status") or {})
                 if key in self._ledgers:
                     self._ledgers[key].seen(instance)
+                self._instances[key] = instance  # our own newer write: _own_writes_first
             self._wake.set()
 
     async def _watch_table(self) -> None:
@@ -336,7 +337,16 @@ class DevicePluginService:
     def _serves(self, key: _Key, instance: Instance) -> bool:
         return self.node in instance.spec.nodes and self._devices.get(*key) is not None
 
+    def _own_writes_first(self) -> None:
+        """Instances as this agent's own last slot write left them, where the watch has not
+        delivered that write yet: a pass must not advertise a slot this node just released
+        (or withdraw one it just reserved) from the older copy."""
+        for key, ledger in self._ledgers.items():
+            if key in self._instances and ledger.latest is not None:
+                self._instances[key] = ledger.latest
+
     async def reconcile(self) -> None:
+        self._own_writes_first()
         served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
         if self._freer is not None and not served.keys() <= self._checked:
             # Before a plugin first serves an Instance: slots that live pods hold and a crash
@@ -502,12 +512,26 @@ class DevicePluginService:
         feeds = self._advertised_without(key, slots)
         before = {resource: _healthy(feed.devices) for resource, feed, _ in feeds}
         after = {resource: _healthy(devices) for resource, _, devices in feeds}
-        if before != after and not await self._handoff.clear(key[1], slots, before, after):
+        if before == after:  # nothing the kubelet or the scheduler counts changes
+            return True
+        if not await self._handoff.clear(key[1], slots, before, after):
             self._retry = self._retry or self._handoff.retry
             return False
+        advertised = [(feed, feed.devices) for _, feed, _ in feeds]
+        withdrawn = {
+            resource: _healthy_ids(feed.devices) - _healthy_ids(devices)
+            for resource, feed, devices in feeds
+        }
         for _, feed, devices in feeds:
             feed.publish(devices)
-        return True
+        if await self._handoff.settle(withdrawn, after):
+            return True
+        # Kept: advertised again (a pod bound here on the old count is admitted with it).
+        for feed, old in advertised:
+            feed.publish(old)
+        await self._handoff.allocatable.set(before)
+        self._retry = self._retry or self._handoff.retry
+        return False
 
     def _node_seen(self, node: Node) -> None:
         if self._handoff.allocatable.seen(node):
@@ -573,6 +597,10 @@ class DevicePluginService:
                 ledger = self.ledger(*key)
                 async with ledger.lock:
                     await ledger.free(mine)
+
+
+def _healthy_ids(devices: Iterable[AdvertisedDevice]) -> frozenset[str]:
+    return frozenset(d.id for d in devices if d.healthy)
 
 
 def _healthy(devices: Iterable[AdvertisedDevice]) -> int:
