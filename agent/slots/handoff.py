@@ -184,17 +184,27 @@ class HandoffGate:
         restored to ``before``). Without the grant to write the Node, True (ungated, as
         before)."""
         self.retry = False
-        if not self.allocatable.permitted:
-            return True
-        if not await self.allocatable.set(after):
-            self.retry = self.allocatable.permitted
+        awaiting = await self._lowered_then_awaiting(after)
+        if awaiting is None:
             return not self.allocatable.permitted
-        if awaiting := await pods_awaiting_admission(self._client, self.node, before):
+        if awaiting:
             log.info("keeping slots a pod bound here may be admitted with instance=%s "
                      "slots=%s pods=%s", instance, sorted(slots), awaiting)
             await self.allocatable.set(before)
             return False
         return True
+
+    async def _lowered_then_awaiting(self, after: Mapping[str, int]) -> list[str] | None:
+        """The Node's counts set to ``after``, then the pods bound here that await admission
+        for those resources (in that order: a binding written before the count dropped is in
+        the read). None when the count could not be written (``retry`` set if that may pass;
+        without the grant, the gate is open); [] without the grant."""
+        if not self.allocatable.permitted:
+            return []
+        if not await self.allocatable.set(after):
+            self.retry = self.allocatable.permitted
+            return None
+        return await pods_awaiting_admission(self._client, self.node, after)
 
     async def settle(
         self, withdrawn: Mapping[str, frozenset[str]], after: Mapping[str, int]
@@ -212,12 +222,10 @@ class HandoffGate:
                      "keeping the slots", dict(withdrawn), WITHDRAWN_WITHIN_S)
             self.retry = True
             return False
-        if not self.allocatable.permitted:
-            return True
-        if not await self.allocatable.set(after):
-            self.retry = self.allocatable.permitted
+        awaiting = await self._lowered_then_awaiting(after)
+        if awaiting is None:
             return not self.allocatable.permitted
-        if awaiting := await pods_awaiting_admission(self._client, self.node, after):
+        if awaiting:
             log.info("a pod was bound here on the old count; keeping its slots pods=%s",
                      awaiting)
             return False
