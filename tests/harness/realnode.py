@@ -413,8 +413,12 @@ class RealNode:
         for hierarchy in self._cgroup_dirs():
             if not hierarchy.is_dir():
                 continue
-            for procs in hierarchy.rglob("cgroup.procs"):
-                for pid in procs.read_text().split():
+            for directory in _cgroup_tree(hierarchy):
+                try:
+                    pids = (directory / "cgroup.procs").read_text().split()
+                except OSError:  # the runtime removed it meanwhile
+                    continue
+                for pid in pids:
                     _kill(int(pid))
 
     def _kill_namespace_members(self) -> None:
@@ -438,10 +442,9 @@ class RealNode:
         for hierarchy in self._cgroup_dirs():
             if not hierarchy.is_dir():
                 continue
-            for directory in sorted((d for d in hierarchy.rglob("*") if d.is_dir()),
-                                    key=lambda d: len(d.parts), reverse=True):
+            for directory in sorted(_cgroup_tree(hierarchy), key=lambda d: len(d.parts),
+                                    reverse=True):
                 _rmdir(directory)
-            _rmdir(hierarchy)
 
     def cleanup(self) -> None:
         """``stop`` and remove the node's temporary root."""
@@ -461,6 +464,12 @@ def _first_missing(path: Path) -> Path:
     while not path.parent.exists():
         path = path.parent
     return path
+
+
+def _cgroup_tree(top: Path) -> list[Path]:
+    """``top`` and every cgroup below it; a cgroup the runtime removes while this walks
+    (a container ending) is skipped, not an error."""
+    return [Path(root) for root, _, _ in os.walk(top, onerror=lambda error: None)]
 
 
 def _kill(pid: int) -> None:
