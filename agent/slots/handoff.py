@@ -14,10 +14,12 @@ binds to it in between on the old count (issue 21; the argument is in ``agent.sl
 2. ``pods_awaiting_admission`` then asks the API server (a consistent list, not a watch that may
    lag) which pods are bound here, not started, and request those resources: a pod bound on the
    old count is among them, and while there is one the slot is kept and the count restored;
-3. only then does the caller stop advertising the slot and release its reservation;
-4. ``HandoffGate.keep_down``: should the kubelet's own status write land between the lowering
-   and its taking in the withdrawal (it computed the old count), the Node's watch shows a count
-   above what this node advertises, and the agent lowers it again at once.
+3. the caller stops advertising the slot, and ``HandoffGate.settle`` waits until the kubelet has
+   taken that in (its pod-resources ``GetAllocatableResources``), lowers the count again should
+   a kubelet status computed before that have put it back, and reads the pods bound here once
+   more; only then does the caller release the reservation;
+4. ``HandoffGate.keep_down``: a count the Node's watch shows above what this node advertises
+   (such a kubelet write landing later still) is lowered again at once.
 
 The agent may write only its own Node's ``edgeplug.io/`` allocatable, between 0 and the Node's
 capacity (``deploy/manifests/agent-node-policy.yaml``); a cluster without that grant (an older

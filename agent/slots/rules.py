@@ -143,25 +143,43 @@ Giving a slot away — the scheduler's count drops before the kubelet's (issue 2
   ``status.allocatable`` of each resource that advertises the slot (the Instance's, and the
   Configuration's virtual count) to what it will advertise without it, while the kubelet still
   has the slot healthy; (2) it lists, consistently (a list without ``resourceVersion``), the
-  pods bound to this node that have not started and request either resource; (3) only if there
-  are none does it stop advertising the slot and release the reservation; otherwise it
-  restores the count and keeps the slot (the pod's start wakes the next pass).
+  pods bound to this node that have not started and request either resource; if there is one,
+  it restores the count and keeps the slot (the pod's start wakes the next pass); (3) it stops
+  advertising the slot; (4) it waits until the kubelet has taken that in (pod-resources
+  ``GetAllocatableResources`` no longer lists the withdrawn ids); (5) it lowers the count again
+  if the Node shows more, and lists the pods bound here once more: one bound meanwhile keeps
+  the slot, which is advertised again and the count restored, so the kubelet admits it with
+  the slot; (6) only then does it release the reservation.
 - Why no pod the scheduler binds on the API's counts is refused, whatever the delays between
   the API server, the kubelet's node status and the agent's watches: a binding written before
-  (1)'s write is in (2)'s list (every write before the list is in it), so the slot is kept
-  and the kubelet, which still has it healthy, admits that pod with it. A binding decided on
-  counts read after (1) does not count the slot on this node, so the pod goes to a node that
-  has a slot, or waits Pending. The kubelet's own status report cannot undo (1) for good: if it
-  computed its count before it took in the withdrawal and wrote it after (1), the Node's watch
-  shows a count above what this node advertises and the agent lowers it again at once
-  (``HandoffGate.keep_down``); it never raises a count. The other node reserves the slot only
-  after (3)'s release, and its kubelet reports it only after that, so the scheduler never
-  counts the slot on both nodes.
+  (1)'s write is in (2)'s list, so the slot is kept and the kubelet, which still has it
+  healthy, admits that pod with it. A binding decided on counts read after (1) does not count
+  the slot here. The kubelet can undo (1) only with a status it computed before it took in
+  (3); after (4) it computes none, so such a write lands before (5) reads the Node (or, in
+  flight across that read, is lowered again at once from the Node's watch,
+  ``HandoffGate.keep_down``), and a pod bound on it is in (5)'s list while the reservation is
+  still this node's: the slot is advertised to the kubelet again before the release (a pod
+  its kubelet admits before that is refused: below, "What remains"). The
+  other node reserves the slot only after (6), and its kubelet reports it only after that, so
+  the scheduler never counts the slot on both nodes.
+- Traced in tests/faults/test_unpinned_handoff.py before (4)-(5) existed (quiet 5 of 7 runs
+  failed, loaded 2 of 10): lowered at .970, released at 21.031, the kubelet's own status write
+  of the old count at .040 (computed before it took in the withdrawal), the pod bound at .065
+  on it, refused at .107.
+- A pass never advertises from an Instance copy older than this agent's own last slot write
+  (``SlotLedger.latest``, where the watch has not delivered the write yet): the same scenario
+  showed a pass, woken by the agent's own Node write right after the release, advertising the
+  released slot again from the watch's older copy (reserved for this node), the kubelet
+  reporting it, and a pod bound to it while the other node had already reserved the slot.
 - What remains: the scheduler binds on its own cache of the Node, which follows the API
   server by a watch. A scheduling cycle that started on a cache older than (1) and whose
-  binding is written after (2) is refused (``test_slots_handoff_orders``' last test plays it).
-  No agent can see a scheduler's cache; that window is the scheduler's watch delay (tens of
-  milliseconds on a loaded machine) where it used to be the kubelet's status period.
+  binding is written after (2) is refused if its kubelet admits it after (3)
+  (``test_slots_handoff_orders``' last test plays it). The same holds for a pod bound on a
+  kubelet status that put the old count back between (1) and (4), admitted before (5)
+  advertises the slot again. No agent can see a scheduler's cache or hold the kubelet's
+  status writes; the window is the scheduler's watch delay and the kubelet's status write
+  (milliseconds) where it used to be the kubelet's status period (seconds). The controller
+  replaces a refused broker at once and reports a refused pod of yours (controller/admission.py).
 - Without the ``nodes/status`` grant (an install older than this rule) the agent warns once
   and gives slots away as before.
 
