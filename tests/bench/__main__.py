@@ -16,7 +16,10 @@ import tests.bench
 
 
 def main(argv: list[str]) -> int:
-    wanted = set(argv)
+    """``NAME ...`` selects benchmarks (all without one); options from the first ``-...`` on
+    go to each selected one (``python -m tests.bench faults --parts handoff``)."""
+    first_option = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+    wanted, options = set(argv[:first_option]), argv[first_option:]
     names = sorted(
         info.name
         for info in pkgutil.iter_modules(tests.bench.__path__)
@@ -28,7 +31,7 @@ def main(argv: list[str]) -> int:
         module = importlib.import_module(f"tests.bench.{name}")
         print(f"== {name}", flush=True)
         started = time.monotonic()
-        module.main([])
+        module.main(options)
         print(f"== {name} done in {time.monotonic() - started:.0f} s\n", flush=True)
     return 0
 
