@@ -36,6 +36,14 @@ ONVIF_PORT = 8080  # IPyCam's default ``onvif_port``
 DEVICE_PATH = "/onvif/device_service"
 
 
+def _sigint_delivered() -> None:
+    """In the child before exec: SIGINT back to its default. A non-interactive shell starts its
+    background jobs (``make test &``) with SIGINT ignored, which every child inherits, and a
+    Python started so never raises KeyboardInterrupt: IPyCam then ignores the SIGINT its
+    shutdown (and its Bye) hangs on, and is killed a grace later without a Bye."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ipycam_command() -> str:
     """IPyCam's console script, beside this interpreter (the project venv) or on PATH."""
     beside = Path(sys.executable).with_name("ipycam")
@@ -94,7 +102,7 @@ class IpyCam:
             self.proc = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", ns, *command,
                 stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                cwd=workdir, env=env,
+                cwd=workdir, env=env, preexec_fn=_sigint_delivered,
             )
         await until(self._ready, what=f"IPyCam {self.name} ready", within=WAIT_S)
 
