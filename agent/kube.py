@@ -17,6 +17,7 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from crds.resources import ConfigurationResource as ConfigurationResource
 from crds.resources import InstanceResource as InstanceResource
 
+HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 
@@ -41,6 +42,10 @@ def is_not_found(error: ApiError) -> bool:
 
 def is_conflict(error: ApiError) -> bool:
     return error.status.code == HTTP_CONFLICT
+
+
+def is_forbidden(error: ApiError) -> bool:
+    return error.status.code == HTTP_FORBIDDEN
 
 
 def as_dict(obj: Any) -> dict[str, Any]:

@@ -32,13 +32,16 @@ class PodDevices:
     devices: tuple[tuple[str, tuple[str, ...]], ...]
 
 
+def _by_resource(devices: Iterable[tuple[str, Iterable[str]]]) -> dict[str, frozenset[str]]:
+    grouped: dict[str, set[str]] = defaultdict(set)
+    for resource, ids in devices:
+        grouped[resource].update(ids)
+    return {name: frozenset(ids) for name, ids in grouped.items()}
+
+
 def devices_by_resource(pods: Iterable[PodDevices]) -> dict[str, frozenset[str]]:
     """Resource name → the device ids that the containers of ``pods`` hold."""
-    in_use: dict[str, set[str]] = defaultdict(set)
-    for pod in pods:
-        for resource, ids in pod.devices:
-            in_use[resource].update(ids)
-    return {name: frozenset(ids) for name, ids in in_use.items()}
+    return _by_resource(devices for pod in pods for devices in pod.devices)
 
 
 class PodResourcesClient:
@@ -81,10 +84,7 @@ class PodResourcesClient:
         (``GetAllocatableResources``): what it would admit a pod with."""
         response = await self._stub.GetAllocatableResources(
             pb.AllocatableResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
-        healthy: dict[str, set[str]] = defaultdict(set)
-        for devices in response.devices:
-            healthy[devices.resource_name].update(devices.device_ids)
-        return {name: frozenset(ids) for name, ids in healthy.items()}
+        return _by_resource((d.resource_name, d.device_ids) for d in response.devices)
 
     async def devices_in_use(self) -> dict[str, frozenset[str]]:
         """Resource name → the device ids that containers of existing pods hold."""

@@ -39,7 +39,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from agent.kube import as_dict, is_conflict
+from agent.kube import as_dict, is_conflict, is_forbidden
 from agent.podresources import PodResourcesClient
 from crds.pinning import extended_requests
 
@@ -56,7 +56,6 @@ FIRST_POLL_S = 0.005
 MAX_POLL_S = 0.1
 #: Re-read-and-retry rounds after a 409 (the kubelet writes node status concurrently).
 MAX_CONFLICTS = 5
-HTTP_FORBIDDEN = 403
 #: Pod phases after which a pod holds nothing and awaits nothing.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -115,7 +114,7 @@ class NodeAllocatable:
             except ApiError as error:
                 if is_conflict(error):
                     continue
-                if error.status.code == HTTP_FORBIDDEN:
+                if is_forbidden(error):
                     self.permitted = False
                     log.warning(
                         "this agent may not write its Node's allocatable (%s): slots are given "
@@ -124,7 +123,7 @@ class NodeAllocatable:
                         "agent-node-policy.yaml of this release", error.status.message)
                     return False
                 raise
-            log.info("lowered the scheduler's count ahead of the kubelet node=%s allocatable=%s",
+            log.info("set the scheduler's count ahead of the kubelet node=%s allocatable=%s",
                      self.node, changes)
             return True
         return False
@@ -281,7 +280,7 @@ class BoundPodsReader:
         try:
             return await pods_bound_here(self._client, self.node)
         except ApiError as error:
-            if error.status.code == HTTP_FORBIDDEN:
+            if is_forbidden(error):
                 self.permitted = False
                 log.warning("this agent may not list the pods bound to its node (%s): a slot "
                             "no pod-resources List saw held is freed after the orphan grace",

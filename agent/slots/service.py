@@ -281,7 +281,9 @@ class DevicePluginService:
                 self._display.seen(key, as_dict(obj).get("status") or {})
                 if key in self._ledgers:
                     self._ledgers[key].seen(instance)
-                self._instances[key] = instance  # our own newer write: _own_writes_first
+                # Older than our own last write while the watch lags it: a pass starts from
+                # that write instead (_own_writes_first).
+                self._instances[key] = instance
             self._wake.set()
 
     async def _watch_table(self) -> None:
@@ -510,8 +512,8 @@ class DevicePluginService:
         """Stop advertising ``slots`` so that their reservations can be released, once the
         gate of ``agent.slots.handoff`` clears them; False (still advertised) if it does not."""
         feeds = self._advertised_without(key, slots)
-        before = {resource: _healthy(feed.devices) for resource, feed, _ in feeds}
-        after = {resource: _healthy(devices) for resource, _, devices in feeds}
+        before = {resource: len(_healthy_ids(feed.devices)) for resource, feed, _ in feeds}
+        after = {resource: len(_healthy_ids(devices)) for resource, _, devices in feeds}
         if before == after:  # nothing the kubelet or the scheduler counts changes
             return True
         if not await self._handoff.clear(key[1], slots, before, after):
@@ -533,16 +535,22 @@ class DevicePluginService:
         self._retry = self._retry or self._handoff.retry
         return False
 
+    def _advertised_counts(self) -> dict[str, int]:
+        """Per resource served, the healthy devices advertised: what its kubelet counts."""
+        return {r: len(_healthy_ids(s.spec.feed.devices)) for r, s in self._served.items()}
+
     def _node_seen(self, node: Node) -> None:
-        if self._handoff.allocatable.seen(node):
+        # A pass only where the Node shows more than is advertised (keep_down's case): not
+        # for the echo of our own lowering, nor for every kubelet status write.
+        allocatable = self._handoff.allocatable
+        if allocatable.seen(node) and allocatable.above(self._advertised_counts()):
             self._wake.set()
 
     async def _keep_node_count_down(self) -> None:
         """The Node's counts no higher than what this node advertises healthy
         (``HandoffGate.keep_down``)."""
-        advertised = {r: _healthy(s.spec.feed.devices) for r, s in self._served.items()}
         try:
-            await self._handoff.keep_down(advertised)
+            await self._handoff.keep_down(self._advertised_counts())
         except ApiError as error:
             self._retry = True
             log.warning("lowering the Node's device counts failed: %s", error)
@@ -600,12 +608,8 @@ class DevicePluginService:
 
 
 def _healthy_ids(devices: Iterable[AdvertisedDevice]) -> frozenset[str]:
+    """The devices the kubelet may allocate; their number is the resource's allocatable."""
     return frozenset(d.id for d in devices if d.healthy)
-
-
-def _healthy(devices: Iterable[AdvertisedDevice]) -> int:
-    """What the kubelet reports as the resource's allocatable: its healthy devices."""
-    return sum(1 for d in devices if d.healthy)
 
 
 async def serve_device_plugins(
