@@ -225,7 +225,7 @@ class InstancePublisher:
         if self._applied.get(name) == body:
             return
         if name not in self._owned:
-            await self._create(name, body)
+            await self._create(name, body, shared=shared)
         applied = await self._client.patch(
             InstanceResource, name, body, namespace=self._cfg.namespace,
             patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
@@ -233,10 +233,14 @@ class InstancePublisher:
         await self._fill_slots(as_dict(applied))
         self._applied[name] = body
 
-    async def _create(self, name: str, body: dict[str, Any]) -> None:
+    async def _create(self, name: str, body: dict[str, Any], *, shared: bool) -> None:
+        """Create ``name``, owned from before the request is sent: a run stopped while the
+        create (or the apply after it) is in flight must still withdraw what the API server may
+        have made, or a Node relabelled right after a device appeared keeps its Instance."""
         spec = {k: v for k, v in body["spec"].items() if k != "nodes"}
         spec["deviceUsage"] = {slot_id(name, i): "" for i in range(self._cfg.spec.capacity)}
         created = {**body, "spec": spec}
+        self._owned[name] = shared
         try:
             await self._client.create(
                 InstanceResource.from_dict(created), field_manager=self._manager
@@ -244,6 +248,7 @@ class InstancePublisher:
             log.info("created Instance %s", name, extra=self._extra(name))
         except ApiError as exc:
             if not is_conflict(exc):
+                self._owned.pop(name, None)  # refused: nothing was made, the next pass creates
                 raise
 
     async def _fill_slots(self, obj: dict[str, Any]) -> None:
