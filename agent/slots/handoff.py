@@ -185,7 +185,11 @@ class HandoffGate:
         restored to ``before``). Without the grant to write the Node, True (ungated, as
         before)."""
         self.retry = False
-        awaiting = await self._lowered_then_awaiting(after)
+        try:
+            awaiting = await self._lowered_then_awaiting(after)
+        except ApiError:
+            await self.allocatable.set(before)  # not left lowered while the pass is retried
+            raise
         if awaiting is None:
             return not self.allocatable.permitted
         if awaiting:
@@ -205,7 +209,18 @@ class HandoffGate:
         if not await self.allocatable.set(after):
             self.retry = self.allocatable.permitted
             return None
-        return await pods_awaiting_admission(self._client, self.node, after)
+        try:
+            return await pods_awaiting_admission(self._client, self.node, after)
+        except ApiError as error:
+            if not is_forbidden(error):
+                raise
+            # Granted the Node's count but not the pods (a partial install): the gate cannot
+            # see a binding, so it stays open, as without the grant, and says so once.
+            log.warning("this agent may not list the pods bound to its node (%s): slots are "
+                        "given away without the check for a pod being admitted; apply "
+                        "deploy/manifests/agent-rbac.yaml of this release", error.status.message)
+            self.allocatable.permitted = False
+            return []
 
     async def settle(
         self, withdrawn: Mapping[str, frozenset[str]], after: Mapping[str, int]

@@ -8,16 +8,21 @@ reads: the Node's ``status.allocatable``.
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import cast
 
 import pytest
-from lightkube import AsyncClient
+from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from agent.slots.handoff import HandoffGate, pods_awaiting_admission
+from tests.harness.controlplane import ControlPlane
+from tests.harness.service_accounts import mint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,3 +111,46 @@ async def test_a_kubelet_status_that_put_the_old_count_back_is_lowered_again(
     assert gate.allocatable.seen(await kube.get(Node, node))
     await gate.keep_down({INSTANCE: 2, CONFIGURATION: 2})  # a slot reserved since: not raised
     assert await _allocatable(kube, node) == {INSTANCE: "1", CONFIGURATION: "2", "cpu": "4"}
+
+
+async def test_without_the_pods_list_grant_the_gate_stays_open_and_says_so(
+    kube: AsyncClient, control_plane: ControlPlane, node: str, namespace: str,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A partial install: the agent may write its Node's count but not list pods. The gate
+    cannot see a binding, so it gives the slot away as an install without the gate would, warns
+    once naming the manifest, and does not retry for ever; a pod bound here is not seen."""
+    account, role = "gate-partial", f"gate-partial-{namespace}"
+    control_plane.kubectl("create", "serviceaccount", account, "-n", namespace)
+    control_plane.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+        "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": role}, "rules": [
+                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+                 {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": role},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                         "name": role},
+             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        ]}))
+    identity = mint(control_plane, namespace=namespace, account=account,
+                    path=tmp_path / "kubeconfig")
+    partial = AsyncClient(KubeConfig.from_file(str(identity.kubeconfig)))
+    try:
+        await _bound_pod(kube, namespace, node, INSTANCE)
+        gate = HandoffGate(client=partial, node=node)
+        caplog.set_level(logging.WARNING, logger="agent.slots.handoff")
+        assert await gate.clear("cam-1a2b3c", ["cam-1a2b3c-0"], before={INSTANCE: 2},
+                                after={INSTANCE: 1})
+        assert not gate.retry
+        assert await gate.settle({}, after={INSTANCE: 1})
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert "may not list the pods" in warnings[0]
+        assert "agent-rbac.yaml" in warnings[0]
+        # What the scheduler reads: the count without the slot given away.
+        assert (await _allocatable(kube, node))[INSTANCE] == "1"
+    finally:
+        await partial.close()
+        control_plane.kubectl("delete", "clusterrolebinding,clusterrole", role)
