@@ -17,13 +17,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import shutil
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.coordination_v1 import Lease
@@ -75,7 +74,6 @@ class DeviceNode(NodeStandIn):
         self.log_path = self._state_dir / "devicenode.log"
         self._process: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None
-        self._cache: tuple[int, dict[str, Any]] = (-1, {})
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -186,15 +184,15 @@ class DeviceNode(NodeStandIn):
     # -- what tests read -------------------------------------------------------------------
 
     def _data(self) -> dict[str, Any]:
-        """The records file, parsed again only when it changed."""
+        """The records file as it is now, parsed at every read. A cache keyed on its mtime
+        returned a stale copy for good: the node replaces the file twice within one tick of the
+        kernel's coarse clock (a plugin connected, then its devices), both copies carry the same
+        mtime, and a read between them kept the first (connected, no devices) while the node,
+        with nothing more to say, never wrote again. The file is a few KiB."""
         try:
-            mtime = os.stat(self.records_path).st_mtime_ns
+            return cast(dict[str, Any], json.loads(self.records_path.read_text()))
         except FileNotFoundError:
             return {}
-        if mtime != self._cache[0]:
-            with contextlib.suppress(json.JSONDecodeError, FileNotFoundError):
-                self._cache = (mtime, json.loads(self.records_path.read_text()))
-        return self._cache[1]
 
     @property
     def registrations(self) -> list[Registration]:
