@@ -94,9 +94,11 @@ class DebugEchoHandler:
         offline: frozenset[str] = frozenset()
         changes = _changes(path)
         async with contextlib.aclosing(changes):
-            async for _ in changes:
+            async for notified in changes:
+                # A poll reads the file only if its stamp moved; a notification always does: two
+                # writes within one tick of the kernel's coarse clock can leave equal stamps.
                 current = _stamp(path)
-                if current != stamp:
+                if notified or current != stamp:
                     stamp = current
                     offline = _read_offline(path)
                 visible = tuple(d for d in details.descriptions if _online(d, offline))
@@ -105,8 +107,9 @@ class DebugEchoHandler:
                     yield [_device(d) for d in visible]
 
 
-async def _changes(path: Path) -> AsyncGenerator[None, None]:
-    """Yield now and after every change that may concern ``path`` (inotify, else a poll)."""
+async def _changes(path: Path) -> AsyncGenerator[bool, None]:
+    """Yield now and after every change that may concern ``path``: True where inotify said so
+    (and at the start), False for each poll where inotify cannot watch."""
     from asyncinotify import Inotify, Mask  # only a running discovery needs it
 
     events = (
@@ -122,16 +125,16 @@ async def _changes(path: Path) -> AsyncGenerator[None, None]:
             inotify.close()
         inotify = None
     try:
-        yield None
+        yield True
         if inotify is not None:
             async for event in inotify:
                 if event.name is None or event.name == Path(path.name):
-                    yield None
+                    yield True
                 if event.mask & (Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF):
                     break  # the directory went: poll from now on
         while True:
             await asyncio.sleep(AVAILABILITY_POLL_INTERVAL)
-            yield None
+            yield False
     finally:
         if inotify is not None:
             inotify.close()

@@ -46,7 +46,7 @@ from discovery_handlers.contract import (
 from discovery_handlers.registry import register_handler
 
 NAME = "debugEchoExtended"
-STATE_POLL_S = 0.05  # the test's state file is checked this often (stat only)
+STATE_POLL_S = 0.05  # the test's state file is read this often
 BLOCK_LIMIT_S = 60.0  # a blocking call never outlives this, even if a test forgets release()
 
 
@@ -103,11 +103,13 @@ class ExtendedEcho:
 
     async def discover(self, details: EchoDetails) -> AsyncIterator[Sequence[Device]]:
         last: list[Device] | None = None
-        stamp: object = None
+        seen: object = None
         while True:
-            current_stamp = _stamp(details.state_file)
-            if current_stamp != stamp or last is None:
-                stamp = current_stamp
+            # Read at every poll, not when a stamp (inode, mtime, size) moves: two writes within
+            # one tick of the kernel's coarse clock can leave the stamp as it was.
+            state = _state(details.state_file)
+            if state != seen or last is None:
+                seen = state
                 if details.block and last is not None:
                     await run_blocking(self._block)
                 devices = _devices(details, _state(details.state_file))
@@ -149,16 +151,6 @@ class ExtendedEcho:
         for device in devices:
             if state.get(device.id, {}).get("prepareFails"):
                 raise RuntimeError(f"device {device.id} refused to prepare")
-
-
-def _stamp(path: Path | None) -> object:
-    if path is None:
-        return None
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _state(path: Path | None) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -88,6 +89,26 @@ async def test_a_replaced_availability_file_is_seen(tmp_path: Path) -> None:
     staged.write_text("a\n")
     staged.rename(availability)
     assert await _next(stream) == ["b"]
+    await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_rewrite_within_one_clock_tick_is_seen(tmp_path: Path) -> None:
+    """Two writes within one tick of the kernel's coarse clock leave the file's inode, size and
+    mtime as they were (set back here with utime, as such a tick leaves them): the notification
+    still makes the handler read it."""
+    availability = tmp_path / "offline"
+    availability.write_text("a\n")
+    details = handler.parse_details(f"descriptions: [a, b]\navailabilityFile: {availability}", {})
+    stream = handler.discover(details)
+    assert await _next(stream) == ["b"]
+    before = availability.stat()
+    with availability.open("r+") as same_inode:
+        same_inode.write("b\n")
+    os.utime(availability, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = availability.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino, before.st_size, before.st_mtime_ns)
+    assert await _next(stream) == ["a"]
     await stream.aclose()  # type: ignore[attr-defined]
 
 
