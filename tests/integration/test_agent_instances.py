@@ -42,8 +42,11 @@ async def test_shared_and_local_devices_become_instances(
         }
 
         async def all_there() -> dict[str, dict[str, Any]] | None:
+            # Published: created, and this node's apply has named it in spec.nodes (an Instance
+            # is created first and applied right after, so a read may fall in between).
             found = await harness.instances(client, namespace)
-            return found if set(found) == expected else None
+            named = set(found) == expected and all("nodes" in f["spec"] for f in found.values())
+            return found if named else None
 
         found = await harness.eventually(all_there, what=f"Instances {sorted(expected)}")
         foo0 = found[instance_name("echo-shared", "foo0", shared=True, node=node)]

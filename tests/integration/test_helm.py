@@ -356,7 +356,8 @@ def _instance_on(cp: ControlPlane, namespace: str, configuration: str,
     found = _get(cp, "instances", "-n", namespace)
     assert found is not None
     for item in found["items"]:
-        if item["spec"]["configurationName"] == configuration and node in item["spec"]["nodes"]:
+        spec = item["spec"]  # nodes: absent between the agent's create and its apply
+        if spec["configurationName"] == configuration and node in spec.get("nodes", []):
             return dict(item)
     return None
 

@@ -341,7 +341,9 @@ async def _assert_agent_published(
 
     async def published() -> dict[str, Any] | None:
         _alive(agent)
-        return (await instances(admin, namespace)).get(name)
+        found = (await instances(admin, namespace)).get(name)
+        # created, and named in spec.nodes by the apply that follows the create
+        return found if found is not None and "nodes" in found["spec"] else None
 
     found = await eventually(
         published, what=f"Instance {name} (once the Secret watch restarts the run)",
