@@ -42,6 +42,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
+from agent import watching
 from agent.kube import ConfigurationResource, field_manager, is_not_found
 from crds.api import API_VERSION, CONDITION_DISCOVERY_DETAILS_VALID, CONFIGURATION_KIND
 from crds.configuration import Configuration
@@ -158,8 +159,10 @@ class ConfigurationReporter:
             if event:
                 await self._emit_event(verdict)
             await self._write_condition(verdict)
-        except ApiError as exc:  # the Configuration may be going away; never fail the run
-            log.warning("could not report on %s/%s: %s", cfg.namespace, cfg.name, exc)
+        except Exception as exc:  # the Configuration going away, the API server unreachable
+            # (httpx's errors): never fail the run over its report
+            log.warning("could not report on %s/%s: %s", cfg.namespace, cfg.name,
+                        watching.describe(exc))
 
     async def _write_condition(self, verdict: _Verdict) -> None:
         if verdict.ok:
