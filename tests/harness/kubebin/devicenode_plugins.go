@@ -61,10 +61,18 @@ func (w *pluginWatcher) install(logger klog.Logger) error {
 	return nil
 }
 
-// options reads the options the manager fetched from a connected plugin. It reads the
-// endpoints map without the manager's lock: taking that lock here deadlocked a registration
-// racing a pod's admission after a reboot, which is worse than the rare concurrent read.
+// options reads the options the manager fetched from a connected plugin, under the manager's
+// own lock: two plugins registering at once write the endpoints map while this reads it, and Go
+// ends the process on such a concurrent map read ("concurrent map read and map write", seen in
+// the kubelet-storm scenario). Nothing holds that lock while calling back into this watcher.
 func (w *pluginWatcher) options(resource string) *pluginapi.DevicePluginOptions {
+	mutex, err := unexported(w.manager, "mutex")
+	if err != nil {
+		return nil
+	}
+	lock := mutex.Addr().Interface().(*sync.Mutex)
+	lock.Lock()
+	defer lock.Unlock()
 	endpoints, err := unexported(w.manager, "endpoints")
 	if err != nil {
 		return nil
