@@ -258,6 +258,16 @@ class FaultCluster:
         return f"pod {name} is {status.get('phase')}, {where}, {kubelet}"
 
 
+def write_offline(path: Path, devices: set[str]) -> None:
+    """Set debugEcho's availability file to ``devices`` (one per line) in one step: written
+    beside it and renamed over it. A write in place is seen empty for a moment (the truncate is
+    a change of its own), so every device would be online for a discovery pass: an unplugged
+    device's Instance re-created, and deleted again after its grace, which the recorder flags."""
+    staged = path.with_name(path.name + ".new")
+    staged.write_text("".join(f"{d}\n" for d in sorted(devices)))
+    staged.replace(path)
+
+
 def _tail(path: Path) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_LINES:])

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from crds.naming import instance_name, instance_resource_name
-from tests.faults.cluster import FaultCluster
+from tests.faults.cluster import FaultCluster, write_offline
 from tests.harness.agent_nodes import pinned_pod
 from tests.harness.controller_process import install_peering_crds, last_seen, unique, wait_until
 from tests.harness.controlplane import ControlPlane
@@ -104,10 +104,6 @@ def offline_after(changes: int) -> set[str]:
 def visible_after(changes: int) -> list[str]:
     every = [KEPT, *(d for pair in CHANGES for d in pair)]
     return [d for d in every if d not in offline_after(changes)]
-
-
-def write_offline(path: Path, devices: set[str]) -> None:
-    path.write_text("".join(f"{d}\n" for d in sorted(devices)))
 
 
 async def ride_out(cluster: FaultCluster, server: str, down_s: float, availability: Path,

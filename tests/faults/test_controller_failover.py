@@ -14,7 +14,7 @@ import pytest
 from lightkube import AsyncClient
 
 from crds.naming import instance_name
-from tests.faults.cluster import FaultCluster
+from tests.faults.cluster import FaultCluster, write_offline
 from tests.harness.controller_process import FAST_ARGS
 from tests.harness.kube_waits import until
 
@@ -32,7 +32,7 @@ async def test_controller_sigkill_fails_over_while_devices_change(
     cluster: FaultCluster, client: AsyncClient
 ) -> None:
     availability = cluster.workdir / "offline"
-    availability.write_text("c2\n")
+    write_offline(availability, {"c2"})
     await cluster.add_node()
     active = cluster.start_controller(priority=PRIORITY_ACTIVE, args=DEFAULT_PEERING_ARGS)
     await until(lambda: "active in namespace" in active.log_path.read_text(),
@@ -47,7 +47,7 @@ async def test_controller_sigkill_fails_over_while_devices_change(
     async with cluster.recorder() as recorder:
         active.kill()
         recorder.allow_gone(instance_name("fo", "c1", shared=True, node=""))
-        availability.write_text("c1\n")  # c1 unplugged, c2 plugged in, during the gap
+        write_offline(availability, {"c1"})  # c1 unplugged, c2 plugged in, during the gap
         await cluster.converged(client, cluster.expected("fo", ["c0", "c2"]), brokers=True)
     recorder.assert_clean()
     assert standby.popen is not None
