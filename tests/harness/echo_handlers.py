@@ -112,7 +112,8 @@ class ExtendedEcho:
                 seen = state
                 if details.block and last is not None:
                     await run_blocking(self._block)
-                devices = _devices(details, _state(details.state_file))
+                    state = _state(details.state_file)  # as the blocking call left it
+                devices = _devices(details, state)
                 if devices != last:
                     last = devices
                     yield devices
