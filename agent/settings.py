@@ -2,17 +2,25 @@
 
 Why this exists: ``main`` is wiring only; tests and the demo build ``AgentSettings`` directly
 and run the agent in-process, with short timings where a real node uses long ones.
-``ENVIRONMENT`` lists every variable the agent reads, with its default and meaning, and is what
-``edgeplug-agent --help`` prints.
+
+Each setting is declared once, as a field of ``AgentSettings`` whose metadata is its
+``EnvironmentVariable``: the variable's name, its default as ``edgeplug-agent --help`` shows it,
+its meaning, and how its value is read. ``from_env``, ``ENVIRONMENT`` and ``help_text`` are
+derived from those fields. A field's own default is what a test or the demo gets when it builds
+``AgentSettings`` without naming the setting; where that differs from the environment's default
+(CDI specs, handler registration: off in-process, on in a DaemonSet) the field says so.
 """
 
 from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -26,122 +34,158 @@ DEFAULT_EXTERNAL_HANDLER_GRACE = 300.0
 DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 HELP_WIDTH = 96
-
-
-@dataclass(frozen=True)
-class EnvironmentVariable:
-    name: str
-    default: str
-    meaning: str
-
-
-#: Every variable the agent reads: (name, default as shown, meaning).
-ENVIRONMENT = (
-    EnvironmentVariable("NODE_NAME", "(required)",
-                        "this node's name; the DaemonSet sets it from spec.nodeName"),
-    EnvironmentVariable("KUBECONFIG", "(in-cluster)",
-                        "kubeconfig file; unset: the pod's ServiceAccount"),
-    EnvironmentVariable("PLUGIN_DIR", str(DEFAULT_PLUGIN_DIR),
-                        "the kubelet's device-plugin directory (kubelet.sock and plugin sockets)"),
-    EnvironmentVariable("POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET),
-                        "the kubelet's pod-resources socket, to free slots of vanished pods; "
-                        "empty: none"),
-    EnvironmentVariable("CDI_SPEC_DIR", str(DEFAULT_CDI_SPEC_DIR),
-                        "where CDI spec files for served devices are written (a CDI-enabled "
-                        "containerd or CRI-O reads them); empty: no CDI specs, no CDI names"),
-    EnvironmentVariable("METRICS_PORT", "(unset)",
-                        "port of the Prometheus /metrics server; unset: no metrics server"),
-    EnvironmentVariable("METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS,
-                        "address the metrics server binds"),
-    EnvironmentVariable("WATCH_NAMESPACE", "(all)",
-                        "the one namespace whose Configurations this agent serves"),
-    EnvironmentVariable("DEVICE_PLUGINS", "on",
-                        "off: discovery and Instances only, no kubelet device plugins"),
-    EnvironmentVariable("DISCOVERY_HANDLERS_DIRECTORY", str(DEFAULT_DISCOVERY_HANDLERS_DIR),
-                        "where Akri's out-of-process discovery handlers register "
-                        "(agent-registration.sock); empty: no registration service"),
-    EnvironmentVariable("EXTERNAL_HANDLER_GRACE_SECONDS", f"{DEFAULT_EXTERNAL_HANDLER_GRACE:g}",
-                        "how long a registered handler may stay unreachable before its "
-                        "registration is dropped (a built-in of its name serves again)"),
-    EnvironmentVariable("DRA", "off",
-                        "on: also publish this node's devices as DRA ResourceSlices "
-                        "(resource.k8s.io/v1, driver edgeplug.io; docs/dra.md)"),
-    EnvironmentVariable("DRA_PLUGINS_DIR", str(DEFAULT_DRA_PLUGINS_DIR),
-                        "with DRA=on: the kubelet's plugins directory (the DRA service socket "
-                        "and the prepared-claims record go under edgeplug.io/)"),
-    EnvironmentVariable("DRA_REGISTRY_DIR", str(DEFAULT_DRA_REGISTRY_DIR),
-                        "with DRA=on: the kubelet's plugins_registry directory; empty: no "
-                        "kubelet DRA plugin (slices only)"),
-)
+_VARIABLE: Final = "environment_variable"
 
 
 class SettingsError(ValueError):
     """The environment lacks or garbles a setting; the message names the variable."""
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    """Everything the agent needs to start. ``namespace`` None watches every namespace;
-    ``cdi_spec_dir`` None writes no CDI specs (the environment's default is ``/var/run/cdi``);
-    ``discovery_handlers_dir`` None hosts no handler registration (the environment's default is
-    Akri's ``/var/lib/akri``)."""
+#: How a variable's value becomes its setting: (the variable's name, its value or None when
+#: unset) -> the setting. Raises SettingsError naming the variable.
+Reader = Callable[[str, str | None], Any]
 
-    node_name: str
-    kubeconfig: Path | None = None
-    plugin_dir: Path = DEFAULT_PLUGIN_DIR
-    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
-    metrics_port: int | None = None
-    metrics_address: str = DEFAULT_METRICS_ADDRESS
-    namespace: str | None = None
-    serve_device_plugins: bool = True
-    cdi_spec_dir: Path | None = None
-    discovery_handlers_dir: Path | None = None
-    external_handler_grace: float = DEFAULT_EXTERNAL_HANDLER_GRACE
-    serve_dra: bool = False
-    dra_plugins_dir: Path = DEFAULT_DRA_PLUGINS_DIR
-    dra_registry_dir: Path | None = DEFAULT_DRA_REGISTRY_DIR
+
+@dataclass(frozen=True)
+class EnvironmentVariable:
+    """One variable the agent reads: its name, its default as ``--help`` shows it, its meaning."""
+
+    name: str
+    default: str
+    meaning: str
+    reader: Reader = field(repr=False, compare=False)
+
+    def read(self, env: Mapping[str, str]) -> Any:
+        return self.reader(self.name, env.get(self.name))
+
+
+def _variable(name: str, default: str, meaning: str, reader: Reader) -> dict[str, Any]:
+    """A field's metadata: the variable it is read from."""
+    return {_VARIABLE: EnvironmentVariable(name, default, meaning, reader)}
+
+
+def _converted(name: str, raw: str, convert: Callable[[str], T], what: str) -> T:
+    try:
+        return convert(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name} must be {what}: {exc}") from exc
+
+
+def required(name: str, meaning: str) -> dict[str, Any]:
+    """Unset or blank: refused. Surrounding blanks are dropped."""
+    def read(var: str, raw: str | None) -> str:
+        value = (raw or "").strip()
+        if not value:
+            raise SettingsError(f"{var} is required ({meaning}); see edgeplug-agent --help")
+        return value
+    return _variable(name, "(required)", meaning, read)
+
+
+def or_default(name: str, default: T, meaning: str, convert: Callable[[str], T], *,
+               what: str = "", shown: str | None = None) -> dict[str, Any]:
+    """Unset or empty: ``default``; else ``convert`` of the value (``what`` it must be)."""
+    def read(var: str, raw: str | None) -> T:
+        return _converted(var, raw, convert, what) if raw else default
+    return _variable(name, str(default) if shown is None else shown, meaning, read)
+
+
+def optional(name: str, unset: str, meaning: str, convert: Callable[[str], T], *,
+             what: str = "") -> dict[str, Any]:
+    """Unset or empty: None (``unset`` says what that means in ``--help``)."""
+    def read(var: str, raw: str | None) -> T | None:
+        return _converted(var, raw, convert, what) if raw else None
+    return _variable(name, unset, meaning, read)
+
+
+def path_unless_empty(name: str, default: Path, meaning: str) -> dict[str, Any]:
+    """Unset: ``default``; empty: None (the feature off); else the path given."""
+    def read(var: str, raw: str | None) -> Path | None:
+        value = str(default) if raw is None else raw
+        return Path(value) if value else None
+    return _variable(name, str(default), meaning, read)
+
+
+def switch(name: str, default: bool, meaning: str) -> dict[str, Any]:
+    """``on``/``off`` (any case); only the word opposite to ``default`` changes it."""
+    opposite = "off" if default else "on"
+
+    def read(var: str, raw: str | None) -> bool:
+        return (not default) if (raw or "").lower() == opposite else default
+    return _variable(name, "on" if default else "off", meaning, read)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    """Everything the agent needs to start, each field read from the variable its metadata
+    names (``from_env``), in the order ``--help`` lists them."""
+
+    node_name: str = field(metadata=required(
+        "NODE_NAME", "this node's name; the DaemonSet sets it from spec.nodeName"))
+    kubeconfig: Path | None = field(default=None, metadata=optional(
+        "KUBECONFIG", "(in-cluster)", "kubeconfig file; unset: the pod's ServiceAccount", Path))
+    plugin_dir: Path = field(default=DEFAULT_PLUGIN_DIR, metadata=or_default(
+        "PLUGIN_DIR", DEFAULT_PLUGIN_DIR,
+        "the kubelet's device-plugin directory (kubelet.sock and plugin sockets)", Path))
+    pod_resources_socket: Path | None = field(
+        default=DEFAULT_POD_RESOURCES_SOCKET, metadata=path_unless_empty(
+            "POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET,
+            "the kubelet's pod-resources socket, to free slots of vanished pods; empty: none"))
+    #: In-process default None: no CDI specs, no CDI names.
+    cdi_spec_dir: Path | None = field(default=None, metadata=path_unless_empty(
+        "CDI_SPEC_DIR", DEFAULT_CDI_SPEC_DIR,
+        "where CDI spec files for served devices are written (a CDI-enabled containerd or "
+        "CRI-O reads them); empty: no CDI specs, no CDI names"))
+    metrics_port: int | None = field(default=None, metadata=optional(
+        "METRICS_PORT", "(unset)",
+        "port of the Prometheus /metrics server; unset: no metrics server", int,
+        what="an integer"))
+    metrics_address: str = field(default=DEFAULT_METRICS_ADDRESS, metadata=or_default(
+        "METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS, "address the metrics server binds", str))
+    #: None: every namespace.
+    namespace: str | None = field(default=None, metadata=optional(
+        "WATCH_NAMESPACE", "(all)", "the one namespace whose Configurations this agent serves",
+        str))
+    serve_device_plugins: bool = field(default=True, metadata=switch(
+        "DEVICE_PLUGINS", True, "off: discovery and Instances only, no kubelet device plugins"))
+    #: In-process default None: no handler registration service.
+    discovery_handlers_dir: Path | None = field(default=None, metadata=path_unless_empty(
+        "DISCOVERY_HANDLERS_DIRECTORY", DEFAULT_DISCOVERY_HANDLERS_DIR,
+        "where Akri's out-of-process discovery handlers register (agent-registration.sock); "
+        "empty: no registration service"))
+    external_handler_grace: float = field(
+        default=DEFAULT_EXTERNAL_HANDLER_GRACE, metadata=or_default(
+            "EXTERNAL_HANDLER_GRACE_SECONDS", DEFAULT_EXTERNAL_HANDLER_GRACE,
+            "how long a registered handler may stay unreachable before its registration is "
+            "dropped (a built-in of its name serves again)", float, what="a number",
+            shown=f"{DEFAULT_EXTERNAL_HANDLER_GRACE:g}"))
+    serve_dra: bool = field(default=False, metadata=switch(
+        "DRA", False, "on: also publish this node's devices as DRA ResourceSlices "
+        "(resource.k8s.io/v1, driver edgeplug.io; docs/dra.md)"))
+    dra_plugins_dir: Path = field(default=DEFAULT_DRA_PLUGINS_DIR, metadata=or_default(
+        "DRA_PLUGINS_DIR", DEFAULT_DRA_PLUGINS_DIR,
+        "with DRA=on: the kubelet's plugins directory (the DRA service socket and the "
+        "prepared-claims record go under edgeplug.io/)", Path))
+    dra_registry_dir: Path | None = field(
+        default=DEFAULT_DRA_REGISTRY_DIR, metadata=path_unless_empty(
+            "DRA_REGISTRY_DIR", DEFAULT_DRA_REGISTRY_DIR,
+            "with DRA=on: the kubelet's plugins_registry directory; empty: no kubelet DRA "
+            "plugin (slices only)"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
         """Read the variables ``ENVIRONMENT`` lists."""
         env = os.environ if env is None else env
-        node_name = env.get("NODE_NAME", "").strip()
-        if not node_name:
-            raise SettingsError(
-                "NODE_NAME is required (the DaemonSet sets it from spec.nodeName); "
-                "see edgeplug-agent --help"
-            )
-        metrics_port: int | None = None
-        if env.get("METRICS_PORT"):
-            try:
-                metrics_port = int(env["METRICS_PORT"])
-            except ValueError as exc:
-                raise SettingsError(f"METRICS_PORT must be an integer: {exc}") from exc
-        pod_resources = env.get("POD_RESOURCES_SOCKET", str(DEFAULT_POD_RESOURCES_SOCKET))
-        cdi_dir = env.get("CDI_SPEC_DIR", str(DEFAULT_CDI_SPEC_DIR))
-        handlers_dir = env.get("DISCOVERY_HANDLERS_DIRECTORY", str(DEFAULT_DISCOVERY_HANDLERS_DIR))
-        registry = env.get("DRA_REGISTRY_DIR", str(DEFAULT_DRA_REGISTRY_DIR))
-        try:
-            grace = float(env.get("EXTERNAL_HANDLER_GRACE_SECONDS")
-                          or DEFAULT_EXTERNAL_HANDLER_GRACE)
-        except ValueError as exc:
-            raise SettingsError(f"EXTERNAL_HANDLER_GRACE_SECONDS must be a number: {exc}") from exc
-        return cls(
-            node_name=node_name,
-            kubeconfig=Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None,
-            plugin_dir=Path(env.get("PLUGIN_DIR") or DEFAULT_PLUGIN_DIR),
-            pod_resources_socket=Path(pod_resources) if pod_resources else None,
-            metrics_port=metrics_port,
-            metrics_address=env.get("METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
-            namespace=env.get("WATCH_NAMESPACE") or None,
-            serve_device_plugins=env.get("DEVICE_PLUGINS", "on").lower() != "off",
-            cdi_spec_dir=Path(cdi_dir) if cdi_dir else None,
-            discovery_handlers_dir=Path(handlers_dir) if handlers_dir else None,
-            external_handler_grace=grace,
-            serve_dra=env.get("DRA", "off").lower() == "on",
-            dra_plugins_dir=Path(env.get("DRA_PLUGINS_DIR") or DEFAULT_DRA_PLUGINS_DIR),
-            dra_registry_dir=Path(registry) if registry else None,
-        )
+        return cls(**{f.name: variable_of(f).read(env) for f in fields(cls)})
+
+
+def variable_of(setting: Field[Any]) -> EnvironmentVariable:
+    """The variable an ``AgentSettings`` field is read from."""
+    found: EnvironmentVariable = setting.metadata[_VARIABLE]
+    return found
+
+
+#: Every variable the agent reads, in the order ``--help`` lists them.
+ENVIRONMENT: Final = tuple(variable_of(f) for f in fields(AgentSettings))
 
 
 def help_text() -> str:
