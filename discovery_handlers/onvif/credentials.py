@@ -13,7 +13,10 @@ one for the same camera):
    ``username_default`` / ``password_default``.
 
 A map key ``default`` is the default credential too. Lookup is by uuid, then the default.
-Nothing here ever puts a value into an exception message or a ``repr``.
+Nothing here ever puts a value into an exception message or a ``repr``: a property's value
+may come from a Secret, and an error is shown on the Configuration's status, in an Event and in
+the agent's log. Errors name the property and an entry's position (counting from 1), never a
+map key (a camera uuid), a listed name or a referenced name, which are parts of that value.
 """
 
 from __future__ import annotations
@@ -69,11 +72,12 @@ def parse_credentials(properties: Mapping[str, PropertyValue]) -> CredentialStor
     """Read every credential source from the resolved discovery properties."""
     found: dict[str, Credential] = {}
     for name in _name_list(properties, CREDENTIAL_LIST):
-        for key, entry in _json_map(properties, name).items():
-            found[credential_key(key)] = _listed_credential(name, key, entry)
+        for position, (key, entry) in enumerate(_json_map(properties, name).items(), start=1):
+            found[credential_key(key)] = _listed_credential(name, position, entry)
     for name in _name_list(properties, CREDENTIAL_REF_LIST):
-        for key, entry in _json_map(properties, name).items():
-            found[credential_key(key)] = _referenced_credential(properties, name, key, entry)
+        for position, (key, entry) in enumerate(_json_map(properties, name).items(), start=1):
+            found[credential_key(key)] = _referenced_credential(properties, name, position,
+                                                                entry)
     for prop in properties:
         if prop.startswith(USERNAME_PREFIX):
             uuid = prop[len(USERNAME_PREFIX) :]
@@ -97,10 +101,11 @@ def _name_list(properties: Mapping[str, PropertyValue], prop: str) -> list[str]:
         raise InvalidDetails(
             f"discoveryProperties.{prop}", "must be a JSON list of discovery property names"
         )
-    for name in value:
+    for position, name in enumerate(value, start=1):
         if name not in properties:
             raise InvalidDetails(
-                f"discoveryProperties.{prop}", f"names {name!r}, which is not a discovery property"
+                f"discoveryProperties.{prop}",
+                f"entry {position} is not the name of a discovery property",
             )
     return value
 
@@ -119,33 +124,35 @@ def _json_map(properties: Mapping[str, PropertyValue], prop: str) -> dict[str, A
     return value
 
 
-def _listed_credential(prop: str, key: str, entry: Any) -> Credential:
-    where = f"discoveryProperties.{prop}[{key}]"
+def _listed_credential(prop: str, position: int, entry: Any) -> Credential:
+    where, which = f"discoveryProperties.{prop}", f"entry {position}"
     if not isinstance(entry, dict) or not isinstance(entry.get("username"), str):
-        raise InvalidDetails(where, "must be an object with a string 'username'")
+        raise InvalidDetails(where, f"{which} must be an object with a string 'username'")
     password = entry.get("password", "")
     if not isinstance(password, str):
-        raise InvalidDetails(where, "'password' must be a string")
+        raise InvalidDetails(where, f"{which}: 'password' must be a string")
     if entry.get("base64encoded") is True:
         try:
             password = base64.b64decode(password, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
-            raise InvalidDetails(where, "'password' is not base64-encoded UTF-8") from None
+            raise InvalidDetails(where, f"{which}: 'password' is not base64-encoded UTF-8"
+                                 ) from None
     return Credential(username=entry["username"], password=password)
 
 
 def _referenced_credential(
-    properties: Mapping[str, PropertyValue], prop: str, key: str, entry: Any
+    properties: Mapping[str, PropertyValue], prop: str, position: int, entry: Any
 ) -> Credential:
-    where = f"discoveryProperties.{prop}[{key}]"
+    where, which = f"discoveryProperties.{prop}", f"entry {position}"
     if not isinstance(entry, dict) or not isinstance(entry.get("username_ref"), str):
-        raise InvalidDetails(where, "must be an object with a string 'username_ref'")
+        raise InvalidDetails(where, f"{which} must be an object with a string 'username_ref'")
     username_ref = entry["username_ref"]
     password_ref = entry.get("password_ref")
     if username_ref not in properties:
-        raise InvalidDetails(where, f"username_ref {username_ref!r} is not a discovery property")
+        raise InvalidDetails(where, f"{which}: 'username_ref' is not the name of a discovery"
+                                    " property")
     if password_ref is not None and not isinstance(password_ref, str):
-        raise InvalidDetails(where, "'password_ref' must be a property name")
+        raise InvalidDetails(where, f"{which}: 'password_ref' must be a property name")
     return Credential(
         username=property_text(properties, username_ref) or "",
         password=(property_text(properties, password_ref) or "") if password_ref else "",

@@ -166,11 +166,22 @@ def test_credential_lists_and_ref_lists_in_akri_order() -> None:
         ),
         (
             {"device_credential_list": '["l"]', "l": Secret(b'{"x": {"password": "hunter2"}}')},
-            "discoveryProperties.l[x]",
+            "discoveryProperties.l",
         ),
         (
             {"device_credential_ref_list": '["r"]', "r": '{"x": {"username_ref": "nope"}}'},
-            "discoveryProperties.r[x]",
+            "discoveryProperties.r",
+        ),
+        # A username (from a Secret) where a property name was expected: the entry is named by
+        # its position; neither the name it holds nor its map key is quoted.
+        (
+            {"device_credential_ref_list": '["r"]',
+             "r": Secret(b'{"hunter2-uuid": {"username_ref": "hunter2"}}')},
+            "discoveryProperties.r",
+        ),
+        (
+            {"device_credential_list": '["hunter2"]'},
+            "discoveryProperties.device_credential_list",
         ),
     ],
 )
@@ -181,6 +192,7 @@ def test_bad_credential_properties_are_named_never_quoted(
         handler.parse_details("", properties)
     assert caught.value.field == field
     assert "hunter2" not in str(caught.value)
+    assert "entry 1" in str(caught.value) or "JSON" in str(caught.value)
 
 
 def test_no_secret_in_the_repr_of_parsed_details() -> None:
