@@ -2,7 +2,9 @@
 
 Why this exists: every interval and grace period the controller uses is named here with its
 default, so an operator reads in one place what the controller will wait for, and tests can
-shorten them without touching the code.
+shorten them without touching the code. Each setting is declared once, as a field whose
+metadata is its flag and help (``controller.options``); ``from_args`` is derived from the
+fields. The webhook's flags are ``controller.webhook_settings``'.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from controller.nodes import DEFAULT_NODE_NOT_READY_GRACE_S
+from controller.options import add_options, option, option_values
 from controller.plans import (
     DEFAULT_PENDING_GRACE_S,
     DEFAULT_RESTART_BACKOFF_BASE_S,
@@ -49,29 +52,84 @@ def _random_priority() -> int:
     return random.SystemRandom().randint(1, PRIORITY_MAX)
 
 
+def _kubeconfig(given: Path | None, _: argparse.Namespace) -> Path | None:
+    return given or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
+
+
+def _peering_name(given: str, args: argparse.Namespace) -> str | None:
+    return None if args.standalone else given
+
+
+def _priority(given: int | None, _: argparse.Namespace) -> int:
+    return given if given is not None else _random_priority()
+
+
 @dataclass(frozen=True, kw_only=True)
 class ControllerSettings:
+    """Each field is one setting, declared once: its default, and in its metadata the flag
+    ``from_args`` reads it from, with the help ``--help`` prints."""
+
     #: Namespaces to serve; empty means cluster-wide.
-    namespaces: tuple[str, ...] = ()
-    kubeconfig: Path | None = None
-    resync_interval_s: float = DEFAULT_RESYNC_INTERVAL_S
-    pending_grace_s: float = DEFAULT_PENDING_GRACE_S
-    restart_backoff_base_s: float = DEFAULT_RESTART_BACKOFF_BASE_S
-    restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S
-    node_not_ready_grace_s: float = DEFAULT_NODE_NOT_READY_GRACE_S
-    orphan_instance_grace_s: float = ORPHAN_INSTANCE_GRACE_S
+    namespaces: tuple[str, ...] = field(default=(), metadata=option(
+        "--namespace", "serve only this namespace (repeatable); default: every namespace",
+        action="append", default=[], metavar="NAME", finish=lambda given, _: tuple(given)))
+    kubeconfig: Path | None = field(default=None, metadata=option(
+        "--kubeconfig",
+        "kubeconfig file; default: $KUBECONFIG, else the in-cluster service account",
+        type=Path, metavar="PATH", finish=_kubeconfig))
+    resync_interval_s: float = field(default=DEFAULT_RESYNC_INTERVAL_S, metadata=option(
+        "--resync-interval", "seconds between full reconciles of everything, the net under"
+        " missed events (default: %(default)s)", type=float, metavar="S"))
+    pending_grace_s: float = field(default=DEFAULT_PENDING_GRACE_S, metadata=option(
+        "--pending-grace", "seconds a broker pod may stay Pending before it is recreated"
+        " (default: %(default)s)", type=float, metavar="S"))
+    restart_backoff_base_s: float = field(default=DEFAULT_RESTART_BACKOFF_BASE_S, metadata=option(
+        "--restart-backoff-base", "seconds before a failed or finished broker is recreated the"
+        " first time; doubles per recreation (default: %(default)s)", type=float, metavar="S"))
+    restart_backoff_max_s: float = field(default=DEFAULT_RESTART_BACKOFF_MAX_S, metadata=option(
+        "--restart-backoff-max", "the longest wait, in seconds, before recreating a failed"
+        " broker (default: %(default)s)", type=float, metavar="S"))
+    node_not_ready_grace_s: float = field(default=DEFAULT_NODE_NOT_READY_GRACE_S, metadata=option(
+        "--node-not-ready-grace", "seconds a node may be NotReady before it is removed from its"
+        " Instances and its slots freed (default: %(default)s)", type=float, metavar="S"))
+    orphan_instance_grace_s: float = field(default=ORPHAN_INSTANCE_GRACE_S, metadata=option(
+        "--orphan-instance-grace", "seconds an Instance whose Configuration is gone is kept"
+        " before it is deleted (default: %(default)s)", type=float, metavar="S"))
     #: Peering (high availability): ``None`` runs standalone.
-    peering_name: str | None = DEFAULT_PEERING_NAME
-    peering_lifetime_s: int = DEFAULT_PEERING_LIFETIME_S
-    priority: int = field(default_factory=_random_priority)
-    #: The validating admission webhook for Configurations (off unless ``--webhook``).
+    peering_name: str | None = field(default=DEFAULT_PEERING_NAME, metadata=option(
+        "--peering-name", "name of the KopfPeering (or ClusterKopfPeering) object the replicas"
+        " elect the active one through (default: %(default)s)", metavar="NAME",
+        extra=(("--standalone", {"action": "store_true", "help": "no peering: this replica"
+                                 " always acts (run one replica only; default: off)"}),),
+        finish=_peering_name))
+    peering_lifetime_s: int = field(default=DEFAULT_PEERING_LIFETIME_S, metadata=option(
+        "--peering-lifetime", "seconds a replica that stopped heart-beating still counts as"
+        " alive: the standby takes over this long after the active replica dies"
+        " (default: %(default)s)", type=int, metavar="S"))
+    priority: int = field(default_factory=_random_priority, metadata=option(
+        "--priority", "peering priority, 1 to 2**31-1: the highest live replica acts"
+        " (default: random, so replicas of one Deployment differ)", type=int, metavar="N",
+        finish=_priority))
+    #: The validating admission webhook for Configurations (off unless ``--webhook``); its
+    #: flags are controller.webhook_settings'.
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     #: The Prometheus ``/metrics`` server: ``None`` serves none.
-    metrics_port: int | None = None
-    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    metrics_port: int | None = field(default=None, metadata=option(
+        "--metrics-port", "serve Prometheus metrics on this port at /metrics (default: no"
+        " metrics server)", type=int, metavar="PORT"))
+    metrics_address: str = field(default=DEFAULT_METRICS_ADDRESS, metadata=option(
+        "--metrics-address", "address the metrics server binds (default: %(default)s)",
+        metavar="ADDRESS"))
     #: DRA: one DeviceClass per Configuration (``controller.device_classes``); off by default.
-    dra: bool = False
-    dra_extended_resources: bool = False
+    dra: bool = field(default=False, metadata=option(
+        "--dra", "keep one DRA DeviceClass (resource.k8s.io/v1) per Configuration, for claims"
+        " on the devices agents with DRA=on publish, and the Instances' servedBy and claims"
+        " display fields; needed by brokerDeviceAccess: dra (default: off)",
+        action="store_true"))
+    dra_extended_resources: bool = field(default=False, metadata=option(
+        "--dra-extended-resources", "with --dra: each DeviceClass also maps the Configuration's"
+        " configuration-level resource, so pods asking for it are served through DRA on nodes"
+        " without the device plugin (default: off)", action="store_true"))
 
     @property
     def clusterwide(self) -> bool:
@@ -91,74 +149,7 @@ class ControllerSettings:
             prog="edgeplug-controller",
             description="Creates broker pods, jobs and services for edgeplug Instances.",
         )
-        add = parser.add_argument
-        add("--namespace", action="append", default=[], metavar="NAME",
-            help="serve only this namespace (repeatable); default: every namespace")
-        add("--kubeconfig", type=Path, default=None, metavar="PATH",
-            help="kubeconfig file; default: $KUBECONFIG, else the in-cluster service account")
-        add("--resync-interval", type=float, default=DEFAULT_RESYNC_INTERVAL_S, metavar="S",
-            help="seconds between full reconciles of everything, the net under missed events"
-                 " (default: %(default)s)")
-        add("--pending-grace", type=float, default=DEFAULT_PENDING_GRACE_S, metavar="S",
-            help="seconds a broker pod may stay Pending before it is recreated"
-                 " (default: %(default)s)")
-        add("--restart-backoff-base", type=float, default=DEFAULT_RESTART_BACKOFF_BASE_S,
-            metavar="S", help="seconds before a failed or finished broker is recreated the first"
-                              " time; doubles per recreation (default: %(default)s)")
-        add("--restart-backoff-max", type=float, default=DEFAULT_RESTART_BACKOFF_MAX_S,
-            metavar="S", help="the longest wait, in seconds, before recreating a failed broker"
-                              " (default: %(default)s)")
-        add("--node-not-ready-grace", type=float, default=DEFAULT_NODE_NOT_READY_GRACE_S,
-            metavar="S", help="seconds a node may be NotReady before it is removed from its"
-                              " Instances and its slots freed (default: %(default)s)")
-        add("--orphan-instance-grace", type=float, default=ORPHAN_INSTANCE_GRACE_S, metavar="S",
-            help="seconds an Instance whose Configuration is gone is kept before it is deleted"
-                 " (default: %(default)s)")
-        add("--peering-name", default=DEFAULT_PEERING_NAME, metavar="NAME",
-            help="name of the KopfPeering (or ClusterKopfPeering) object the replicas elect the"
-                 " active one through (default: %(default)s)")
-        add("--standalone", action="store_true",
-            help="no peering: this replica always acts (run one replica only; default: off)")
-        add("--peering-lifetime", type=int, default=DEFAULT_PEERING_LIFETIME_S, metavar="S",
-            help="seconds a replica that stopped heart-beating still counts as alive: the"
-                 " standby takes over this long after the active replica dies"
-                 " (default: %(default)s)")
-        add("--priority", type=int, default=None, metavar="N",
-            help="peering priority, 1 to 2**31-1: the highest live replica acts"
-                 " (default: random, so replicas of one Deployment differ)")
-        add("--metrics-port", type=int, default=None, metavar="PORT",
-            help="serve Prometheus metrics on this port at /metrics (default: no metrics"
-                 " server)")
-        add("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="ADDRESS",
-            help="address the metrics server binds (default: %(default)s)")
-        add("--dra", action="store_true",
-            help="keep one DRA DeviceClass (resource.k8s.io/v1) per Configuration, for claims"
-                 " on the devices agents with DRA=on publish, and the Instances' servedBy and"
-                 " claims display fields; needed by brokerDeviceAccess: dra (default: off)")
-        add("--dra-extended-resources", action="store_true",
-            help="with --dra: each DeviceClass also maps the Configuration's configuration-level"
-                 " resource, so pods asking for it are served through DRA on nodes without the"
-                 " device plugin (default: off)")
+        add_options(parser, cls)
         add_webhook_arguments(parser)
         args = parser.parse_args(argv)
-        kubeconfig = args.kubeconfig or (
-            Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
-        )
-        return cls(
-            namespaces=tuple(args.namespace),
-            kubeconfig=kubeconfig,
-            resync_interval_s=args.resync_interval,
-            pending_grace_s=args.pending_grace,
-            restart_backoff_base_s=args.restart_backoff_base,
-            restart_backoff_max_s=args.restart_backoff_max,
-            node_not_ready_grace_s=args.node_not_ready_grace,
-            orphan_instance_grace_s=args.orphan_instance_grace,
-            peering_name=None if args.standalone else args.peering_name,
-            peering_lifetime_s=args.peering_lifetime,
-            priority=args.priority if args.priority is not None else _random_priority(),
-            webhook=webhook_settings(args),
-            metrics_port=args.metrics_port,
-            metrics_address=args.metrics_address,
-            dra=args.dra,
-            dra_extended_resources=args.dra_extended_resources,
-        )
+        return cls(**option_values(cls, args), webhook=webhook_settings(args))
