@@ -129,10 +129,6 @@ class AgentAccess:
                 self._by_configuration[_key(data)] = references_of(data)
             await self.sync(full=False)
 
-    def set_configurations(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the known Configurations (for a caller that has them from its own watch)."""
-        self._by_configuration = {_key(o): references_of(o) for o in objects}
-
     async def sync(self, *, full: bool = True) -> None:
         """Write what changed since the last sync; ``full`` also deletes Roles found in the
         cluster that no Configuration asks for (left by an earlier run)."""

@@ -12,7 +12,7 @@ attempts), so a claim is never overwritten. An Instance left with no node at all
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -91,11 +91,6 @@ class NodeJanitor:
             await remove_node_from_instance(self.kube, namespace, name, node)
         self.missing_since.pop(node, None)
 
-    async def release_unhealthy(self, view: ClusterView, records: Iterable[InstanceRecord]) -> None:
-        """Removes from ``records`` every node NotReady (or absent) past its grace."""
-        for record in records:
-            await self.release_gone_nodes(view, record)
-
     async def release_gone_nodes(self, view: ClusterView, record: InstanceRecord) -> float | None:
         """Removes from one Instance every node gone past its grace; returns the seconds until
         another of its nodes would pass its grace (None when every node is healthy)."""
@@ -123,7 +118,3 @@ class NodeJanitor:
         if health.ready or health.since is None:
             return None
         return self.not_ready_grace_s - health.unhealthy_for(now)
-
-    def is_gone(self, view: ClusterView, node: str, now: datetime) -> bool:
-        remaining = self.remaining_s(view, node, now)
-        return remaining is not None and remaining <= 0
