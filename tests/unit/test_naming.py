@@ -7,6 +7,8 @@ local devices (node appended to the id before hashing) and Akri's ``.``/``/`` re
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from crds.cli import main as cli_main
@@ -51,8 +53,11 @@ def test_shared_devices_name_alike_on_every_node_local_ones_do_not() -> None:
     assert shared_a == shared_b
     assert local_a != local_b
     assert local_a != shared_a
-    assert len(shared_a) == 6
-    assert int(shared_a, 16) >= 0
+    for digest in (shared_a, local_a, local_b):
+        assert re.fullmatch(r"[0-9a-f]{6}", digest), digest
+    # The digests of KNOWN_NAMES' cfg rows, and of Akri's documented foo0 (akri-...-8120fe).
+    assert (shared_a, local_b) == ("cf97ff", "dfdbf3")
+    assert instance_digest("foo0", shared=True, node="") == "8120fe"
 
 
 def test_cdi_name_is_vendor_class_equals_digest() -> None:
