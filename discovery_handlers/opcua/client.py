@@ -3,7 +3,10 @@
 Why this exists: everything the handler needs of OPC-UA goes through two calls here, so the
 rest of the handler never sees an asyncua type, and every way the network can fail is translated
 at this edge into ``Unreachable`` (nothing to talk to: refused, timed out, closed, garbage) or a
-``Health`` (a server that talks but cannot be used). Every call is bounded:
+``Health`` (a server that talks but cannot be used). A server that refuses the secure channel in
+a way asyncua cannot read (a ServiceFault inside the OPN reply, as node-opcua sends for an
+untrusted client certificate) has answered all the same: ``open_reply`` tells such a reply from
+none, so the server is present and unhealthy with the status it gave. Every call is bounded:
 
 - in time, by ``asyncio.timeout`` around the whole exchange (asyncua's own per-request timeout
   does not cover connecting, and the hostile peer that never answers must cost no more);
@@ -38,6 +41,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from discovery_handlers.contract import Health
 from discovery_handlers.opcua.details import Security
+from discovery_handlers.opcua.open_reply import OpenReplies
 from discovery_handlers.opcua.selection import ServerRecord, clean_text, state_health
 
 MAX_CONNECTION_BYTES = 4 * 1024 * 1024  # a FindServers answer of 10,000 servers is ~1.5 MB
@@ -58,6 +62,9 @@ STEP_ENDPOINTS = "endpoint query refused (unencrypted GetEndpoints)"
 STEP_CHANNEL = "secure channel refused"
 STEP_SESSION = "session refused"
 STEP_STATE = "ServerStatus.State unreadable"
+#: What OPC-UA servers answer an untrusted client certificate with at the secure channel (the
+#: specification asks them not to say more); the reason adds what it most often means.
+_CERTIFICATE_HINT = {"BadSecurityChecksFailed": "the server may not trust the client certificate"}
 
 _vendor_logger = logging.getLogger("asyncua")
 if _vendor_logger.level == logging.NOTSET:
@@ -78,12 +85,15 @@ class FoundServers:
 
 async def find_servers(url: str, *, limit_s: float) -> FoundServers:
     """Ask ``url`` (a discovery server or a server) which servers it knows, over security None."""
-    client = _client(url, limit_s)
+    replies = OpenReplies()
+    client = _client(url, limit_s, replies)
     try:
         async with _bounded(limit_s):
             described = await client.connect_and_find_servers()
     except Exception as exc:
-        raise Unreachable(_reason(exc)) from None
+        refusal = replies.refusal()  # still not listed: FindServers gave no servers
+        raise Unreachable(_reason(exc) if refusal is None else f"{STEP_CHANNEL}: {refusal}"
+                          ) from None
     finally:
         client.disconnect_socket()
     if not isinstance(described, list):
@@ -100,8 +110,12 @@ async def check(url: str, *, limit_s: float, security: Security | None) -> Healt
     the unencrypted endpoint query (with security set), the secure channel, the session, or the
     state read. A server may refuse the first step and not the others (open62541's
     ``secureOnly`` answers the unencrypted GetEndpoints with ``BadSecurityPolicyRejected``).
+    A reply to OpenSecureChannel that asyncua fails on (it raises ``AssertionError`` after a
+    ServiceFault) is a refusal too, when ``OpenReplies`` saw it arrive; an ``AssertionError``
+    or any other failure with no such reply is still ``Unreachable``.
     """
-    client = _client(url, limit_s)
+    replies = OpenReplies()
+    client = _client(url, limit_s, replies)
     step = STEP_CHANNEL
     try:
         async with _bounded(limit_s):
@@ -126,13 +140,13 @@ async def check(url: str, *, limit_s: float, security: Security | None) -> Healt
             finally:
                 await _close_quietly(client)
     except UaStatusCodeError as exc:  # the peer speaks OPC-UA and said no: present
-        return Health.unhealthy(f"{step}: {_reason(exc)}")
+        return Health.unhealthy(_refused(step, _reason(exc), security))
     except UaError as exc:
         if step == STEP_STATE:
             return Health.unhealthy(f"{step}: {_reason(exc)}")
-        raise Unreachable(_reason(exc)) from None
+        return _refused_channel(step, replies, security, exc)
     except Exception as exc:
-        raise Unreachable(_reason(exc)) from None
+        return _refused_channel(step, replies, security, exc)
     finally:
         client.disconnect_socket()
     if isinstance(state, bool) or not isinstance(state, int):
@@ -171,6 +185,21 @@ async def _secure(client: Client, security: Security) -> Health | None:
         # exception's text is not shown: it is about key material)
         return Health.unhealthy(f"client certificate or key unusable ({type(exc).__name__})")
     return None
+
+
+def _refused_channel(step: str, replies: OpenReplies, security: Security | None,
+                     exc: Exception) -> Health:
+    """Unhealthy when the server answered the OpenSecureChannel of ``step`` with a refusal
+    asyncua could not read; ``Unreachable`` (raised) when no such reply arrived."""
+    refusal = replies.refusal() if step in (STEP_ENDPOINTS, STEP_CHANNEL) else None
+    if refusal is None:
+        raise Unreachable(_reason(exc)) from None
+    return Health.unhealthy(_refused(step, refusal, security))
+
+
+def _refused(step: str, status: str, security: Security | None) -> str:
+    hint = _CERTIFICATE_HINT.get(status) if step == STEP_CHANNEL and security is not None else None
+    return f"{step}: {status}" if hint is None else f"{step}: {status} ({hint})"
 
 
 def _session_refused(exc: Exception, security: Security | None) -> str:
@@ -224,7 +253,7 @@ async def _bounded(limit_s: float) -> AsyncIterator[None]:
         raise
 
 
-def _client(url: str, timeout: float) -> Client:
+def _client(url: str, timeout: float, replies: OpenReplies) -> Client:
     client = Client(url, timeout=timeout)
     client.max_messagesize = MAX_CONNECTION_BYTES
     make_protocol: Callable[[], UASocketProtocol] = client.uaclient._make_protocol
@@ -232,6 +261,7 @@ def _client(url: str, timeout: float) -> Client:
     def guarded() -> UASocketProtocol:
         protocol = make_protocol()
         _bound_bytes(protocol)
+        replies.watch(protocol)
         return protocol
 
     client.uaclient._make_protocol = guarded  # type: ignore[method-assign]
