@@ -86,7 +86,8 @@ async def run_agent(
             )
         )
     if settings.serve_dra:
-        # Imported only when on: an agent without DRA carries none of it (DESIGN "Memory").
+        # Imported only when on: an agent without DRA carries none of it (docs/benchmarks.md,
+        # "Memory").
         from agent.dra.service import serve_dra
 
         parts.append(serve_dra(
