@@ -198,7 +198,7 @@ def test_a_device_whose_slots_device_plugins_all_hold_is_tainted(capacity: int,
 
 
 def test_an_agent_without_dra_imports_none_of_it() -> None:
-    """DESIGN "Memory": the agent imports what it runs; DRA is off by default."""
+    """docs/benchmarks.md, "Memory": the agent imports what it runs; DRA is off by default."""
     probe = ("import sys, agent.main\n"
              "from agent.settings import AgentSettings\n"
              "agent.main.settle_heap(AgentSettings(node_name='n'))\n"
