@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 from discovery_handlers.contract import Device, Health
@@ -54,6 +54,9 @@ class Description:
     model: str = ""
     firmware: str = ""
     streams: tuple[Stream, ...] = ()
+    #: profiles GetProfiles listed that have no stream (token, why): GetStreamUri faulted
+    #: (``ter:IncompleteConfiguration``), was refused, or gave no RTSP/HTTP URI
+    profiles_left_out: tuple[tuple[str, str], ...] = ()
     #: credentials were configured for it and refused
     auth_refused: bool = False
     #: it refused what we asked without credentials, and none are configured for it
@@ -77,6 +80,9 @@ class Camera:
     pinned_url: str = ""
     #: when a check last found it healthy (monotonic seconds)
     checked_at: float = 0.0
+    #: the failure reasons logged at warning level since it last answered (each is logged
+    #: once, then at debug level)
+    warned: set[str] = field(default_factory=set)
 
     @property
     def service_url(self) -> str:
@@ -146,6 +152,14 @@ def passes_filters(details: OnvifDetails, camera: Camera) -> bool:
         and _keeps(details.scopes, camera.match.scopes)
         and _keeps(details.uuids, [camera.match.uuid])
     )
+
+
+def may_pass_filters(details: OnvifDetails, camera: Camera) -> bool:
+    """Whether the filters could keep ``camera`` once described: as ``passes_filters``, but a
+    MAC not known yet is held against it by no filter."""
+    if camera.description is None and details.mac_addresses is not None:
+        details = replace(details, mac_addresses=None)
+    return passes_filters(details, camera)
 
 
 def _keeps(filters: FilterList | None, values: Sequence[str]) -> bool:

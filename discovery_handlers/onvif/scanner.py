@@ -8,6 +8,11 @@ publishes. Between passes a Hello is acted on at once (the camera is checked and
 within a round trip) and a Bye removes the camera at once; a camera that misses
 ``MISSED_PASSES_BEFORE_GONE`` passes is gone. The agent's grace period then decides when its
 Instance goes.
+
+Every camera whose check fails is logged, listed or not, with its address, where it was heard
+from and the reason: at warning level the first time for each cause since it last answered, at
+debug level while the cause stays the same (and for a camera the filters leave out), so a
+camera that never answers shows up once in the log, not on every pass.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from discovery_handlers.onvif import wsd_messages
 from discovery_handlers.onvif.cameras import (
     WARNING_EXTRA,
     Camera,
+    Description,
     auth_warning,
+    may_pass_filters,
     visible_devices,
 )
 from discovery_handlers.onvif.details import OnvifDetails
@@ -40,6 +47,7 @@ PROBE_REPEAT_DELAY_S = 0.1  # UDP is lossy: each Probe goes out twice (WS-Discov
 MAX_CONCURRENT_CHECKS = 32  # SOAP conversations in flight at once
 MAX_CAMERAS = 4096  # cameras tracked per Configuration; more are ignored and logged
 OLD_PROBE_IDS = 4  # our last Probes, so a late answer is told from a stray one
+MAX_WARNED_CAUSES = 8  # per camera; past that the set starts again (a camera failing anew)
 
 
 class Scanner:
@@ -223,18 +231,48 @@ class Scanner:
                 await session.check_clock()
                 due = time.monotonic() - camera.described_at > DESCRIBE_REFRESH_S
                 if due or session.locked != was_locked:
-                    camera.description = await session.describe()
+                    description = await session.describe()
+                    self._note_profiles(camera, description)
+                    camera.description = description
                     camera.described_at = time.monotonic()
                     self._note_auth(camera)
             except CameraError as exc:
-                if camera.healthy and camera.description is not None:
-                    log.warning("camera %s is unhealthy: %s", camera.service_url, exc.reason)
+                self._note_failure(camera, exc)
                 camera.healthy, camera.reason = False, exc.reason
                 return
             if not camera.healthy:
-                log.info("camera %s answers again", camera.service_url)
+                log.info("%s answers again", _name(camera))
             camera.healthy, camera.reason = True, ""
+            camera.warned.clear()
             camera.checked_at = time.monotonic()
+
+    def _note_failure(self, camera: Camera, exc: CameraError) -> None:
+        """Log a failed check: once per cause at warning level, then at debug level."""
+        if camera.description is not None:
+            outcome = "is unhealthy"
+        else:
+            outcome = "is not listed (it has not answered SOAP in full yet)"
+        message = f"{_name(camera)} {outcome}: {exc.reason}"
+        if exc.cause in camera.warned or not may_pass_filters(self._details, camera):
+            log.debug("%s", message)
+            return
+        if len(camera.warned) >= MAX_WARNED_CAUSES:
+            camera.warned.clear()
+        camera.warned.add(exc.cause)
+        log.warning("%s (until it answers, the same again at debug level)", message)
+
+    @staticmethod
+    def _note_profiles(camera: Camera, description: Description) -> None:
+        """Say which profiles have no stream URI (so no ONVIF_STREAM_URI_<TOKEN>, and not in
+        ONVIF_DEVICE_PROFILES), when that changes."""
+        left_out = description.profiles_left_out
+        before = camera.description.profiles_left_out if camera.description else ()
+        if not left_out or left_out == before:
+            return
+        tokens = ", ".join(token for token, _ in left_out)
+        reasons = "; ".join(sorted({why for _, why in left_out}))
+        log.info("%s: profile(s) %s have no stream URI and are left out of "
+                 "ONVIF_DEVICE_PROFILES: %s", _name(camera), tokens, reasons)
 
     def _session_for(self, camera: Camera) -> CameraSession:
         uuid = camera.match.uuid
@@ -263,3 +301,9 @@ class Scanner:
             "ignored a WS-Discovery datagram from %s: %s (more from this sender: debug level)",
             sender, reason,
         )
+
+
+def _name(camera: Camera) -> str:
+    """How logs name a camera: its service URL, uuid and the address it was heard from."""
+    return (f"camera {camera.service_url} (uuid {camera.match.uuid}, "
+            f"heard from {camera.source})")

@@ -7,25 +7,31 @@ use its ``ONVIFService`` as a factory of zeep clients (one per service kind and 
 shared by every camera) rather than ``ONVIFCamera`` (one set of clients per camera, a device URL
 built from host and port, and whatever XAddrs a camera returns followed), and harden it:
 
-- replies are read with a byte cap (``MAX_REPLY_BYTES``) and parsed by zeep with DTDs,
-  entities and external references forbidden and lxml's huge-tree mode off;
+- replies are read with a byte cap (``MAX_REPLY_BYTES``) and must be well-formed SOAP
+  envelopes, checked by ``xmlsafe`` (no recovery, no DTD, no entities) before zeep sees them:
+  zeep's lenient mode (``strict=False``, which real cameras' extra elements need) also makes
+  lxml *recover* from broken XML, so a reply cut after ``<FirmwareVersion>11.9`` read as
+  firmware 11.9. zeep then parses with DTDs, entities and external references forbidden too;
 - every call has a deadline (``CALL_TIMEOUT_S``), and a description as a whole another;
 - a media service on another host than the device service is not followed (a hostile camera
   must not steer our signed requests elsewhere);
-- errors become ``CameraError`` with a short reason that quotes no reply and no credential.
+- errors become ``CameraError`` with a short reason that quotes no reply and no credential; a
+  malformed reply names the operation and the address that sent it, and is never left out as
+  if it were a refusal: the camera is not described from it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import onvif
 import zeep.exceptions
+from lxml import etree
 from onvif.client import AsyncTransportProtocolErrorHandler, ONVIFService
 from onvif.definition import SERVICES
 from zeep.settings import Settings
@@ -39,6 +45,7 @@ from discovery_handlers.onvif.cameras import (
 )
 from discovery_handlers.onvif.credentials import Credential
 from discovery_handlers.onvif.details import normalise_mac
+from discovery_handlers.onvif.xmlsafe import UnsafeXml, parse
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,13 @@ WSDL_DIR = Path(onvif.__file__).parent / "wsdl"
 MAX_CONNECTIONS = 64  # HTTP connections open at once, over every camera of one run
 KEEPALIVE_S = 30.0  # an idle connection to a camera is kept this long for the next pass
 STREAM_SETUP = {"Stream": "RTP-Unicast", "Transport": {"Protocol": "RTSP"}}
+_SOAP_ENVELOPES = frozenset({
+    "http://www.w3.org/2003/05/soap-envelope",  # SOAP 1.2
+    "http://schemas.xmlsoap.org/soap/envelope/",  # SOAP 1.1
+})
 
-#: zeep's parse settings for camera replies: lenient about schema, strict about XML safety.
+#: zeep's parse settings for camera replies: lenient about schema, strict about XML safety
+#: (well-formedness is checked before zeep parses: see ``_check_envelope``).
 _SAFE_SETTINGS = Settings(
     strict=False, xml_huge_tree=False, forbid_dtd=True, forbid_entities=True, forbid_external=True
 )
@@ -62,16 +74,37 @@ logging.getLogger("zeep").setLevel(logging.WARNING)
 
 
 class CameraError(Exception):
-    """A camera's SOAP service failed; ``reason`` is short and safe to show."""
+    """A camera's SOAP service failed; ``reason`` is short and safe to show.
 
-    def __init__(self, reason: str, *, auth_refused: bool = False) -> None:
+    ``malformed``: the reply was not a well-formed SOAP envelope (cut, garbage, a DTD). Unlike
+    a fault or a refusal that is no answer at all, so it fails the description even where a
+    fault would only leave a property out.
+    """
+
+    def __init__(
+        self, reason: str, *, auth_refused: bool = False, malformed: bool = False,
+        cause: str = "",
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.auth_refused = auth_refused
+        self.malformed = malformed
+        #: what went wrong without the details that vary from one try to the next (where a
+        #: reply was cut, an OS error's text): the same cause is logged once, not every pass
+        self.cause = cause or reason
 
 
 class _ReplyTooLarge(Exception):
     pass
+
+
+class _MalformedReply(Exception):
+    """The reply's body is not a well-formed SOAP envelope; ``why`` quotes none of it."""
+
+    def __init__(self, why: str, status: int) -> None:
+        super().__init__(why)
+        self.why = why
+        self.status = status
 
 
 class _Unauthorized(Exception):
@@ -102,7 +135,29 @@ class _CappedTransport(AsyncTransportProtocolErrorHandler):  # type: ignore[misc
             response.release()
         if response.status == 401:
             raise _Unauthorized
+        if body or response.status not in (201, 202):  # zeep reads those as "no reply"
+            _check_envelope(bytes(body), response.status)
         return response, bytes(body)
+
+
+def _check_envelope(body: bytes, status: int) -> None:
+    """Raise ``_MalformedReply`` unless ``body`` is a well-formed SOAP envelope with a Body.
+
+    Parsed without recovery, DTDs or entities (``xmlsafe``), so what zeep reads next is the
+    document the camera sent, not lxml's repair of it.
+    """
+    try:
+        root = parse(body, limit=MAX_REPLY_BYTES)
+    except UnsafeXml as exc:
+        raise _MalformedReply(str(exc), status) from None
+    envelope = etree.QName(root)
+    if envelope.localname != "Envelope" or envelope.namespace not in _SOAP_ENVELOPES:
+        raise _MalformedReply(f"not a SOAP envelope (root element {envelope.localname!r})", status)
+    bodies = [child for child in root if etree.QName(child).localname == "Body"]
+    if not bodies:
+        raise _MalformedReply("SOAP envelope without a Body", status)
+    if not any(isinstance(child.tag, str) for child in bodies[0]):
+        raise _MalformedReply("SOAP Body is empty", status)
 
 
 class SoapClients:
@@ -195,17 +250,9 @@ class CameraSession:
         self.locked = False
         self._clock_signed = False  # it wants the clock query signed
 
-    def _op(
-        self, kind: str, xaddr: str, name: str, authless: bool
-    ) -> Callable[[dict[str, Any] | None], Awaitable[Any]]:
+    def _op(self, kind: str, xaddr: str, name: str, authless: bool) -> _Operation:
         credential = None if authless else self.credential
-
-        async def call(params: dict[str, Any] | None) -> Any:
-            return await self._clients.call(
-                kind, xaddr, name, credential=credential, params=params
-            )
-
-        return call
+        return _Operation(self._clients, kind, xaddr, name, credential)
 
     async def check_clock(self) -> None:
         """GetSystemDateAndTime: unauthenticated, as ONVIF requires it to be open.
@@ -217,7 +264,7 @@ class CameraSession:
         """
         signed = self._clock_signed and self.credential is not None
         try:
-            await _call("GetSystemDateAndTime", self._clock_op(authless=not signed))
+            await _call(self._clock_op(authless=not signed))
             self.locked = False
             return
         except CameraError as exc:
@@ -227,7 +274,7 @@ class CameraSession:
                 self.locked = True
                 return
         try:
-            await _call("GetSystemDateAndTime", self._clock_op(authless=False))
+            await _call(self._clock_op(authless=False))
         except CameraError as exc:
             if not exc.auth_refused:
                 raise
@@ -235,7 +282,7 @@ class CameraSession:
             return
         self._clock_signed, self.locked = True, False
 
-    def _clock_op(self, *, authless: bool) -> Callable[[dict[str, Any] | None], Awaitable[Any]]:
+    def _clock_op(self, *, authless: bool) -> _Operation:
         return self._op("devicemgmt", self.xaddr, "GetSystemDateAndTime", authless)
 
     async def describe(self) -> Description:
@@ -254,60 +301,79 @@ class CameraSession:
         refused = False
         info: Any = None
         try:
-            op = self._op("devicemgmt", self.xaddr, "GetDeviceInformation", authless)
-            info = await _call("GetDeviceInformation", op)
+            info = await _call(self._op("devicemgmt", self.xaddr, "GetDeviceInformation", authless))
         except CameraError as exc:
             if not exc.auth_refused:
                 raise
             if authless:  # it wants credentials and none are configured
                 return Description(credentials_missing=True)
             refused, authless = True, True
-            op = self._op("devicemgmt", self.xaddr, "GetDeviceInformation", True)
-            info = await _optional("GetDeviceInformation", op)
+            info = await _optional(self._op("devicemgmt", self.xaddr, "GetDeviceInformation", True))
         interfaces = await _optional(
-            "GetNetworkInterfaces",
-            self._op("devicemgmt", self.xaddr, "GetNetworkInterfaces", authless),
+            self._op("devicemgmt", self.xaddr, "GetNetworkInterfaces", authless)
         )
-        streams = await self._streams(authless)
+        streams, left_out = await self._streams(authless)
         return Description(
             mac=_mac(interfaces),
             manufacturer=_field(info, "Manufacturer"),
             model=_field(info, "Model"),
             firmware=_field(info, "FirmwareVersion"),
             streams=streams,
+            profiles_left_out=left_out,
             auth_refused=refused,
         )
 
-    async def _streams(self, authless: bool) -> tuple[Stream, ...]:
+    async def _streams(
+        self, authless: bool
+    ) -> tuple[tuple[Stream, ...], tuple[tuple[str, str], ...]]:
+        """Every profile's stream, and the profiles that have none, with the reason."""
         capabilities = await _optional(
-            "GetCapabilities",
-            self._op("devicemgmt", self.xaddr, "GetCapabilities", authless),
-            {"Category": "Media"},
+            self._op("devicemgmt", self.xaddr, "GetCapabilities", authless), {"Category": "Media"}
         )
         media_xaddr = _field(getattr(capabilities, "Media", None), "XAddr") or self.xaddr
         if host_of(media_xaddr) != host_of(self.xaddr):
             log.info("camera %s names a media service on another host; not followed", self.xaddr)
-            return ()
-        profiles = await _optional(
-            "GetProfiles", self._op("media", media_xaddr, "GetProfiles", authless)
-        )
+            return (), ()
+        profiles = await _optional(self._op("media", media_xaddr, "GetProfiles", authless))
         streams: list[Stream] = []
+        left_out: list[tuple[str, str]] = []
         for profile in list(profiles or [])[:MAX_PROFILES]:
             token = str(getattr(profile, "token", "") or "")[:64]
             if not token:
                 continue
+            why: list[str] = []
             reply = await _optional(
-                "GetStreamUri",
                 self._op("media", media_xaddr, "GetStreamUri", authless),
                 {"StreamSetup": STREAM_SETUP, "ProfileToken": token},
+                why=why,
             )
             uri = strip_credentials(_field(reply, "Uri"))
             if uri:
                 streams.append(Stream(token=token, uri=uri))
-        return tuple(streams)
+            else:
+                reason = why[0] if why else "GetStreamUri: no RTSP/HTTP URI"
+                left_out.append((_safe(token), reason))  # the token as logs may show it
+        return tuple(streams), tuple(left_out)
 
 
-async def _call(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = None) -> Any:
+@dataclass(frozen=True)
+class _Operation:
+    """One SOAP operation of one camera's service, ready to be sent."""
+
+    clients: SoapClients = field(repr=False)
+    kind: str
+    xaddr: str
+    name: str
+    credential: Credential | None = field(repr=False)
+
+    async def __call__(self, params: dict[str, Any] | None) -> Any:
+        return await self.clients.call(
+            self.kind, self.xaddr, self.name, credential=self.credential, params=params
+        )
+
+
+async def _call(op: _Operation, params: dict[str, Any] | None = None) -> Any:
+    name, sender = op.name, _safe(op.xaddr)
     try:
         async with asyncio.timeout(CALL_TIMEOUT_S):
             return await op(params)
@@ -317,8 +383,13 @@ async def _call(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = No
         raise CameraError(f"{name}: reply over {MAX_REPLY_BYTES} bytes") from None
     except _Unauthorized:
         raise CameraError(f"{name}: HTTP 401", auth_refused=True) from None
+    except _MalformedReply as exc:
+        if exc.status != 200:  # an HTTP error with a page of its own: the status says it all
+            raise CameraError(f"{name}: HTTP {exc.status}") from None
+        reason = f"{name}: malformed reply from {sender}: {_safe(exc.why)}"
+        raise CameraError(reason, malformed=True, cause=f"{name}: malformed reply") from None
     except zeep.exceptions.Fault as exc:
-        reason = f"{name}: SOAP fault {_safe(exc.message)}"
+        reason = f"{name}: SOAP fault {_fault_text(exc)}"
         raise CameraError(reason, auth_refused=_is_auth_fault(exc)) from None
     except zeep.exceptions.TransportError as exc:
         if exc.status_code == 200:  # zeep's way of saying the reply was not XML
@@ -326,20 +397,30 @@ async def _call(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = No
         refused = exc.status_code == 401
         raise CameraError(f"{name}: HTTP {exc.status_code}", auth_refused=refused) from None
     except (zeep.exceptions.Error, ValueError) as exc:
-        raise CameraError(f"{name}: unreadable reply ({type(exc).__name__})") from None
+        reason = f"{name}: unreadable reply from {sender} ({type(exc).__name__})"
+        raise CameraError(reason) from None
     except (aiohttp.ClientError, OSError) as exc:
-        raise CameraError(f"{name}: {type(exc).__name__} {_safe(str(exc))}") from None
+        kind = type(exc).__name__
+        raise CameraError(f"{name}: {kind} {_safe(str(exc))}", cause=f"{name}: {kind}") from None
     except Exception as exc:  # the library raised something unforeseen: the camera is broken
-        log.debug("%s failed", name, exc_info=True)
-        raise CameraError(f"{name}: {type(exc).__name__}") from None
+        log.debug("%s of %s failed", name, sender, exc_info=True)
+        reason = f"{name}: the reply from {sender} could not be read ({type(exc).__name__})"
+        raise CameraError(reason) from None
 
 
-async def _optional(name: str, op: Callable[[Any], Awaitable[Any]], params: Any = None) -> Any:
-    """A call whose failure leaves its properties out (auth refusals included)."""
+async def _optional(
+    op: _Operation, params: dict[str, Any] | None = None, *, why: list[str] | None = None
+) -> Any:
+    """A call whose fault, refusal or silence leaves its properties out (the reason is
+    appended to ``why``); a malformed reply is raised: the camera is not described from it."""
     try:
-        return await _call(name, op, params)
+        return await _call(op, params)
     except CameraError as exc:
+        if exc.malformed:
+            raise
         log.debug("camera call %s", exc.reason)
+        if why is not None:
+            why.append(exc.reason)
         return None
 
 
@@ -347,6 +428,14 @@ def _is_auth_fault(fault: zeep.exceptions.Fault) -> bool:
     codes = [str(code) for code in (fault.subcodes or [])] + [str(fault.code or "")]
     text = " ".join(codes) + " " + str(fault.message or "")
     return "NotAuthorized" in text or "not authorized" in text.lower()
+
+
+def _fault_text(fault: zeep.exceptions.Fault) -> str:
+    """The fault's most specific subcode (``IncompleteConfiguration``) and its reason text."""
+    subcodes = [str(code) for code in (fault.subcodes or [])]
+    detail = subcodes[-1].rpartition("}")[2] if subcodes else ""
+    message = _safe(fault.message)
+    return _safe(f"{detail}: {message}" if detail and message else detail or message)
 
 
 def _field(obj: Any, name: str) -> str:

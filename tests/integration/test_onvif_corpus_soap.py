@@ -5,6 +5,10 @@ shapes in ``tests/data/onvif/soap`` (a gSOAP-style camera's device and media ser
 ways real cameras refuse a request without credentials: Vivotek's and a gSOAP firmware's
 ``ter:NotAuthorized`` faults, IPyCam's ``Receiver`` fault with HTTP 401, and an HTTP digest
 401 page). Sources are named in ``tests/data/onvif/README.md``.
+
+A recorded reply cut at a byte offset (as a dropped connection or a full buffer leaves it) is
+an error naming the operation and the camera's address, never read as far as it goes: lxml's
+recovery once published a firmware cut to ``V5.4.5`` and a stream URI cut mid-path.
 """
 
 from __future__ import annotations
@@ -13,13 +17,22 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from discovery_handlers.onvif.cameras import Stream
+from discovery_handlers.onvif.cameras import Description, Stream
 from discovery_handlers.onvif.credentials import Credential
-from discovery_handlers.onvif.soap import CameraSession, SoapClients
+from discovery_handlers.onvif.soap import CameraError, CameraSession, SoapClients
 from tests.harness.controlplane import free_port
-from tests.harness.onvif_replay import Refusal, ReplayCamera
+from tests.harness.onvif_replay import Refusal, ReplayCamera, recorded
 
 SECRET = Credential("admin", "corpus-pass-123")
+#: where a recorded reply is cut: the operation, and the recorded bytes it ends with
+CUTS = {
+    "firmware-mid-value": ("GetDeviceInformation", b"<tds:FirmwareVersion>V5.4.5"),
+    "uri-mid-path": ("GetStreamUri", b"rtsp://admin:12345@192.0.2.10:554/Streaming/Chan"),
+    "clock-after-body": ("GetSystemDateAndTime", b"<SOAP-ENV:Body>"),
+    "clock-mid-time": ("GetSystemDateAndTime", b"<tt:Hour>6"),
+    "mac-mid-value": ("GetNetworkInterfaces", b"<tt:HwAddress>A4:14:37"),
+    "profiles-second-open": ("GetProfiles", b'<trt:Profiles token="Profile_2" fixed="true">'),
+}
 REFUSALS = {
     "vivotek-NotAuthorized-400": Refusal(400, "fault-NotAuthorized-vivotek.xml"),
     "gsoap-NotAuthorized-400": Refusal(400, "fault-NotAuthorized-gsoap.xml"),
@@ -86,3 +99,34 @@ async def test_a_locked_clock_without_credentials_is_listed_bare(
     assert description.credentials_missing
     assert description.model == ""
     assert replay.asked == [("GetSystemDateAndTime", False)]  # nothing more is asked
+
+
+def cut_after(operation: str, end: bytes) -> int:
+    """The byte offset right after ``end`` in the recorded reply to ``operation``."""
+    data = recorded(f"{operation}.xml")
+    return data.index(end) + len(end)
+
+
+async def describe(session: CameraSession) -> Description:
+    """A camera's check as the scanner makes it: the clock, then the description."""
+    await session.check_clock()
+    return await session.describe()
+
+
+@pytest.mark.parametrize("cut", sorted(CUTS))
+async def test_a_cut_reply_is_an_error_naming_the_operation_and_the_camera(
+    replay: ReplayCamera, clients: SoapClients, cut: str
+) -> None:
+    operation, end = CUTS[cut]
+    replay.cuts[operation] = cut_after(operation, end)
+    session = CameraSession(clients, replay.xaddr, SECRET)
+    with pytest.raises(CameraError) as caught:
+        await describe(session)  # nothing of a cut reply is published
+    reason = caught.value.reason
+    assert reason.startswith(f"{operation}: malformed reply from {replay.base}onvif/")
+    assert "not well-formed XML (Premature end of data" in reason
+    assert caught.value.malformed
+    assert not caught.value.auth_refused
+    assert SECRET.password not in reason
+    assert replay.asked[-1][0] == operation  # nothing more was asked after the cut reply
+

@@ -105,6 +105,20 @@ async def test_hostile_peers_publish_nothing_and_cost_bounded_memory(
     assert runner.proc.returncode is None
     log = runner.stderr()
     assert "ignored a WS-Discovery datagram" in log
+    # every camera left out is named once (at warning level: the runner logs from info up),
+    # with why, however many passes it fails: a cut reply, an entity bomb or an XXE payload
+    # used to make a camera that had never been described vanish without a word
+    for peer in broken:
+        lines = [line for line in log.splitlines() if f"(uuid {peer['uuid']}," in line]
+        assert len(lines) == 1, (peer["fault"], lines)
+        (line,) = lines
+        assert line.startswith("WARNING:"), line
+        assert " is not listed " in line
+        assert f"http://{peer['host']}:{peer['port']}/onvif/" in line
+        if peer["fault"] in ("bomb", "xxe"):
+            assert "malformed reply from http://" in line
+            assert line.endswith("declares a DTD or entities (until it answers, the same "
+                                 "again at debug level)"), line
     assert "root:x:0:0" not in json.dumps(runner.lines) + log  # no external entity resolved
     assert runner.rss_kib() < RSS_BOUND_KIB
 

@@ -144,6 +144,27 @@ def test_filters(text: str, kwargs: dict[str, str], kept: bool) -> None:
     assert c.passes_filters(details, camera(**kwargs)) is kept  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("", True),
+        ("macAddresses: {items: ['aa:bb:cc:dd:ee:01']}", True),  # its MAC is not known yet
+        ("macAddresses: {items: ['aa:bb:cc:dd:ee:01'], action: Exclude}", True),
+        ("ipAddresses: {items: [10.0.1.5]}", False),
+        ("scopes: {items: [onvif://www.onvif.org/location/dock], action: Exclude}", False),
+        ("{macAddresses: {items: ['aa:bb:cc:dd:ee:01']}, uuids: {items: [other]}}", False),
+    ],
+)
+def test_a_camera_not_described_yet_may_pass_every_filter_but_the_mac(
+    text: str, kept: bool
+) -> None:
+    """Whether a failing camera is worth a warning: the filters could still keep it."""
+    details = handler.parse_details(text, {})
+    undescribed = camera(described=False)
+    assert c.may_pass_filters(details, undescribed) is kept
+    assert not c.passes_filters(details, undescribed) or kept
+
+
 def test_visible_devices_are_described_filtered_and_sorted() -> None:
     details = handler.parse_details("scopes: {items: [s1]}", {})
     one = camera(xaddrs=("http://10.0.0.9/onvif/device_service",), scopes=("s1",))
