@@ -102,6 +102,7 @@ class DiscoveryRun:
         self._warnings_lock = asyncio.Lock()
         self._got_result = False
         self._publish_failed = asyncio.Event()
+        self._handler = configuration.spec.discovery_handler.name
         self._extra = {"configuration": f"{configuration.namespace}/{configuration.name}",
                        "node": node_name}
 
@@ -118,6 +119,7 @@ class DiscoveryRun:
             await asyncio.gather(self._task, return_exceptions=True)
         self._references.track(self.key, frozenset())
         if withdraw:
+            self._metrics.forget_run(*self.key, self._node, self._handler)
             await self.publisher.withdraw()
             if self._warnings:  # this node no longer runs it: its warnings are over
                 self._warnings = frozenset()
@@ -131,7 +133,7 @@ class DiscoveryRun:
             handler = load_handler(handler_name)
         except (UnknownHandler, BrokenHandler) as exc:
             self._metrics.discovery_errors.labels(handler_name, REASON_UNKNOWN_HANDLER).inc()
-            await self._reporter.problem(REASON_UNKNOWN_HANDLER, str(exc))
+            await self._problem(REASON_UNKNOWN_HANDLER, str(exc))
             return
         try:
             await self._discover_with_backoff(handler, extra)
@@ -166,13 +168,13 @@ class DiscoveryRun:
                 )
             except InvalidDetails as exc:
                 self._metrics.discovery_errors.labels(handler.name, REASON_INVALID_DETAILS).inc()
-                await self._reporter.problem(REASON_INVALID_DETAILS, str(exc))
+                await self._problem(REASON_INVALID_DETAILS, str(exc))
                 return
             except PropertyUnavailable as exc:
                 self._metrics.discovery_errors.labels(
                     handler.name, REASON_PROPERTY_UNAVAILABLE
                 ).inc()
-                await self._reporter.problem(REASON_PROPERTY_UNAVAILABLE, str(exc))
+                await self._problem(REASON_PROPERTY_UNAVAILABLE, str(exc))
                 return
             except Exception as exc:  # adoption or a property read hit a transient API error,
                 # or the API server is unreachable (httpx's errors)
@@ -197,13 +199,13 @@ class DiscoveryRun:
         """Count and report a failure, wait; False once the run should give up."""
         self._metrics.discovery_errors.labels(handler.name, type(exc).__name__).inc()
         if failures >= MAX_CONSECUTIVE_FAILURES:
-            await self._reporter.problem(
+            await self._problem(
                 REASON_DISCOVERY_FAILED, f"gave up after {failures} consecutive failures: {exc}"
             )
             return False
         delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_BASE * 2 ** (failures - 1))
         log.warning("discovery failed (%s); retrying in %.1fs", exc, delay, extra=extra)
-        await self._reporter.problem(
+        await self._problem(
             REASON_DISCOVERY_FAILED, f"{exc} (attempt {failures}, retrying)"
         )
         await asyncio.sleep(delay)
@@ -238,19 +240,29 @@ class DiscoveryRun:
                 if first:
                     first = False
                     self._got_result = True
-                    await self._reporter.ok(f"discovery running on node {self._node}")
+                    await self._ok(f"discovery running on node {self._node}")
         finally:
             resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await resync
 
+    async def _problem(self, reason: str, message: str) -> None:
+        """This node's verdict on the run: a problem (the condition, and the metric)."""
+        self._metrics.set_discovery_failing(*self.key, self._node, self._handler, True)
+        await self._reporter.problem(reason, message)
+
+    async def _ok(self, message: str) -> None:
+        self._metrics.set_discovery_failing(*self.key, self._node, self._handler, False)
+        await self._reporter.ok(message)
+
     async def _report_handler(self, status: HandlerStatus) -> None:
         """An out-of-process handler registered, was lost or is awaited: this node's verdict."""
+        self._metrics.handlers_reachable.labels(self._handler).set(int(status.ready))
         if status.ready:
             self._got_result = True
-            await self._reporter.ok(status.message)
+            await self._ok(status.message)
         else:
-            await self._reporter.problem(REASON_HANDLER_UNAVAILABLE, status.message)
+            await self._problem(REASON_HANDLER_UNAVAILABLE, status.message)
 
     async def _post_warnings(self, warnings: Sequence[str]) -> None:
         """Each warning the handler newly carries (``DeviceList``) is logged and posted once as a

@@ -14,6 +14,7 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
 
+from agent.metrics import PROCESS
 from crds.resources import ConfigurationResource as ConfigurationResource
 from crds.resources import InstanceResource as InstanceResource
 
@@ -33,7 +34,9 @@ def make_client(kubeconfig: Path | None) -> AsyncClient:
         config = KubeConfig.from_file(str(kubeconfig))
     else:
         config = KubeConfig.from_service_account()
-    return AsyncClient(config)
+    client = AsyncClient(config)
+    PROCESS.hook(client)  # its 429 and 5xx answers count in edgeplug_api_errors_total
+    return client
 
 
 def is_not_found(error: ApiError) -> bool:

@@ -57,6 +57,7 @@ async def run_agent(
     """Run the whole agent until cancelled. Instances are left in place on the way out."""
     devices = devices if devices is not None else NodeDeviceTable()
     metrics = metrics if metrics is not None else AgentMetrics()
+    metrics.info.labels(settings.node_name).set(1)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, settings.metrics_address)
     client = make_client(settings.kubeconfig)

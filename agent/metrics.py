@@ -1,13 +1,78 @@
 """The agent's Prometheus metrics, defined once so every part counts into the same series.
 
 Why this exists: discovery, Instance publishing and the device plugins each count things a
-node operator watches (instances, discovery time and errors, allocations, slot conflicts,
-kubelet re-registrations); one module keeps names and labels consistent.
+node operator watches (devices and their health, slots, discovery time and errors, allocations,
+kubelet registrations, API trouble); one module keeps names and labels consistent.
+
+Labels are bounded (docs/operations.md, "Cardinality"): a Configuration (``namespace``,
+``configuration``), the ``node``, a ``handler`` name, or a short fixed set (outcome, health,
+reason, HTTP code, resource kind). Never a device id, an Instance or a pod: the one exception
+kept for compatibility is ``resource`` on ``edgeplug_allocations_total`` and
+``edgeplug_slot_conflicts_total``, one series per resource this node allocated from.
+
+Watch restarts and API errors are counted per process (``PROCESS``), as the code that sees them
+(``agent.watching``, the API client's hooks) has no agent at hand; each agent's registry
+exports the process's counts.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx2 as httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+#: The buckets of the Allocate histogram (seconds): the kubelet waits on it while a pod starts.
+ALLOCATE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: The buckets of the discovery histogram (seconds): a pass takes milliseconds to minutes.
+DISCOVERY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+#: HTTP answers from the API server counted as errors: throttling and the server's own faults
+#: (a 404 or 409 is an answer the agent expects and handles).
+HTTP_TOO_MANY_REQUESTS = 429
+HTTP_SERVER_ERROR = 500
+
+Configuration = tuple[str, str]  # (namespace, name)
+
+
+class ProcessCounters:
+    """Counts kept per process, exported by every agent registry of the process."""
+
+    def __init__(self) -> None:
+        self.watch_restarts = Counter(
+            "edgeplug_watch_restarts_total",
+            "Watches of the API server that started over (a reopened connection or 410 Gone), "
+            "per resource kind", ["kind"], registry=None,
+        )
+        self.api_errors = Counter(
+            "edgeplug_api_errors_total",
+            "API server answers that were errors (429 or 5xx), per HTTP status code",
+            ["code"], registry=None,
+        )
+
+    def watch_restarted(self, resource: Any) -> None:
+        self.watch_restarts.labels(getattr(resource, "__name__", type(resource).__name__)).inc()
+
+    def count_response(self, response: httpx.Response) -> None:
+        code = response.status_code
+        if code == HTTP_TOO_MANY_REQUESTS or code >= HTTP_SERVER_ERROR:
+            self.api_errors.labels(str(code)).inc()
+
+    def hook(self, client: Any) -> None:
+        """Count the error answers a lightkube ``AsyncClient`` receives (its httpx hooks)."""
+        inner = getattr(getattr(client, "_client", None), "_client", None)
+        if isinstance(inner, httpx.AsyncClient):
+
+            async def on_response(response: httpx.Response) -> None:
+                self.count_response(response)
+
+            hooks = dict(inner.event_hooks)
+            hooks["response"] = [*hooks.get("response", []), on_response]
+            inner.event_hooks = hooks
+
+
+PROCESS = ProcessCounters()
 
 
 class AgentMetrics:
@@ -15,22 +80,60 @@ class AgentMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.registry.register(PROCESS.watch_restarts)
+        self.registry.register(PROCESS.api_errors)
+        self.info = Gauge(
+            "edgeplug_agent_info", "1 while this node's agent runs (its node in the label)",
+            ["node"], registry=self.registry,
+        )
         self.instances = Gauge(
             "edgeplug_instances", "Instances this node serves, per Configuration",
             ["namespace", "configuration"], registry=self.registry,
         )
+        self.devices = Gauge(
+            "edgeplug_devices",
+            "Devices this node's discovery found, per Configuration and health (healthy or "
+            "unhealthy; found is their sum)",
+            ["namespace", "configuration", "node", "health"], registry=self.registry,
+        )
+        self.slots_capacity = Gauge(
+            "edgeplug_slots_capacity",
+            "Slots (capacity x devices) of the Instances this node serves, per Configuration",
+            ["namespace", "configuration", "node"], registry=self.registry,
+        )
+        self.slots_used = Gauge(
+            "edgeplug_slots_used",
+            "Slots of those held by this node's pods, per Configuration",
+            ["namespace", "configuration", "node"], registry=self.registry,
+        )
         self.discovery_duration = Histogram(
             "edgeplug_discovery_duration_seconds",
             "Time from a discovery run's start (or its last result) to its next device list",
-            ["handler"], registry=self.registry,
+            ["handler"], registry=self.registry, buckets=DISCOVERY_BUCKETS,
         )
         self.discovery_errors = Counter(
             "edgeplug_discovery_errors_total", "Discovery runs that failed, per handler",
             ["handler", "reason"], registry=self.registry,
         )
+        self.discovery_failing = Gauge(
+            "edgeplug_discovery_failing",
+            "1 while this node's discovery of the Configuration reports a problem (its "
+            "DiscoveryHealthy condition is False), 0 while it runs",
+            ["namespace", "configuration", "node", "handler"], registry=self.registry,
+        )
+        self.handlers_reachable = Gauge(
+            "edgeplug_discovery_handlers_reachable",
+            "Out-of-process discovery handlers, 1 while the last look found the handler "
+            "registered and answering, 0 while it is not", ["handler"], registry=self.registry,
+        )
         self.allocations = Counter(
             "edgeplug_allocations_total", "Allocate calls answered, per resource and outcome",
             ["resource", "outcome"], registry=self.registry,
+        )
+        self.allocate_duration = Histogram(
+            "edgeplug_allocate_duration_seconds",
+            "Time to answer the kubelet's Allocate call, per outcome (ok or refused)",
+            ["outcome"], registry=self.registry, buckets=ALLOCATE_BUCKETS,
         )
         self.slot_conflicts = Counter(
             "edgeplug_slot_conflicts_total",
@@ -48,6 +151,45 @@ class AgentMetrics:
             "Device-plugin registrations with the kubelet, first ones and re-registrations",
             ["kind"], registry=self.registry,
         )
+        self._slot_keys: set[tuple[str, str, str]] = set()
+
+    # -- what the agent's parts call -----------------------------------------------------------
+
+    def set_devices(
+        self, namespace: str, configuration: str, node: str, healthy: Iterable[bool]
+    ) -> None:
+        """The health of every device this node's discovery of the Configuration found."""
+        verdicts = list(healthy)
+        up = sum(verdicts)
+        self.devices.labels(namespace, configuration, node, "healthy").set(up)
+        self.devices.labels(namespace, configuration, node, "unhealthy").set(len(verdicts) - up)
+
+    def set_slots(self, node: str, counts: Mapping[Configuration, tuple[int, int]]) -> None:
+        """Every Configuration's (capacity, used) on this node; series of the others go."""
+        keys = {(ns, name, node) for ns, name in counts}
+        for gone in self._slot_keys - keys:
+            self.slots_capacity.remove(*gone)
+            self.slots_used.remove(*gone)
+        for (ns, name), (capacity, used) in counts.items():
+            self.slots_capacity.labels(ns, name, node).set(capacity)
+            self.slots_used.labels(ns, name, node).set(used)
+        self._slot_keys = keys
+
+    def set_discovery_failing(
+        self, namespace: str, configuration: str, node: str, handler: str, failing: bool
+    ) -> None:
+        self.discovery_failing.labels(namespace, configuration, node, handler).set(int(failing))
+
+    def forget_run(self, namespace: str, configuration: str, node: str, handler: str) -> None:
+        """This node no longer runs the Configuration's discovery: its series go."""
+        for gauge, labels in (
+            (self.discovery_failing, (namespace, configuration, node, handler)),
+            (self.devices, (namespace, configuration, node, "healthy")),
+            (self.devices, (namespace, configuration, node, "unhealthy")),
+            (self.instances, (namespace, configuration)),
+        ):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         """Expose ``/metrics`` on ``address:port`` from a background thread."""

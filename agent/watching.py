@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 from lightkube import ApiError, AsyncClient
 from lightkube.types import OnErrorAction, OnErrorResult
 
+from agent.metrics import PROCESS
+
 log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
@@ -71,6 +73,7 @@ async def watch(
     failures = 0
 
     def restarted() -> None:
+        PROCESS.watch_restarted(resource)
         if on_restart is not None:
             on_restart()
 

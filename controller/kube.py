@@ -22,6 +22,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node, Pod, Service
 from lightkube.types import PatchType
 
+from controller.metrics import PROCESS
 from controller.rest import ApiFailure, Rest, status_message
 from crds.api import API_VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL
 from crds.api import VERSION as CRD_VERSION
@@ -83,7 +84,9 @@ class Conflict(Exception):
 def make_client(kubeconfig: Path | None) -> AsyncClient:
     """A client from ``kubeconfig``, from ``$KUBECONFIG``/in-cluster when it is None."""
     config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig else KubeConfig.from_env()
-    return AsyncClient(config, field_manager=FIELD_MANAGER)
+    client = AsyncClient(config, field_manager=FIELD_MANAGER)
+    PROCESS.hook(client)  # its 429 and 5xx answers count in edgeplug_api_errors_total
+    return client
 
 
 def _code(error: ApiError) -> int:

@@ -28,8 +28,9 @@ from controller.engine import Engine
 from controller.eventbatch import EventPoster
 from controller.handlers import register
 from controller.kube import MAX_WRITES_IN_FLIGHT, Kube, make_client
-from controller.metrics import ControllerMetrics
+from controller.metrics import ControllerMetrics, count_by_node
 from controller.naming import FINALIZER
+from controller.peering import CLUSTER
 from controller.reconciler import Reconciler
 from controller.rest import Rest
 from controller.settings import ControllerSettings
@@ -86,6 +87,13 @@ def cluster_config(kubeconfig: Path | None) -> SingleConfig:
 
 
 
+
+
+def _active_anywhere(engine: Engine, settings: ControllerSettings) -> bool:
+    """Whether this replica acts anywhere it serves (``edgeplug_controller_active``)."""
+    if settings.clusterwide or settings.peering_name is None:
+        return engine.gate.active(CLUSTER)
+    return any(engine.gate.active(ns) for ns in settings.namespaces)
 
 
 async def _ensure_peering(kube: Kube, settings: ControllerSettings) -> None:
@@ -151,6 +159,11 @@ async def run(
             ready_flag=ready_flag,
         ), name="kopf")
         ours.append(engine_task)
+        ours.append(asyncio.create_task(metrics.refresh_forever(
+            active=lambda: _active_anywhere(engine, settings),
+            node_instances=lambda: count_by_node(
+                (n.name for n in engine.cache.nodes()), engine.cache.instances_on),
+        ), name="metrics"))
         if settings.webhook.enabled:
             webhook = WebhookServer(settings.webhook, client)
             ours.append(asyncio.create_task(webhook.run(), name="webhook"))

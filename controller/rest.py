@@ -24,6 +24,8 @@ import msgspec
 from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 
+from controller.metrics import PROCESS
+
 log = logging.getLogger(__name__)
 
 HTTP_UNAUTHORIZED: Final = 401
@@ -106,10 +108,15 @@ class Rest:
             headers = await self._credentials()
             if data is not None:
                 headers["Content-Type"] = "application/json"
-            async with session.request(method, self._server + path, data=data,
-                                       headers=headers, params=params) as response:
-                content = await response.read()
-                code = response.status
+            try:
+                async with session.request(method, self._server + path, data=data,
+                                           headers=headers, params=params) as response:
+                    content = await response.read()
+                    code = response.status
+            except (aiohttp.ClientError, TimeoutError):
+                PROCESS.count_no_answer()
+                raise
+            PROCESS.count_answer(code)
             # The same line httpx logs, so a log counts every request the controller sends.
             log.info('HTTP Request: %s %s "%d"', method, path, code)
             if code == HTTP_UNAUTHORIZED and attempt == 0:
@@ -129,6 +136,7 @@ class Rest:
         async with session.get(self._server + path, params=params, headers=headers,
                                timeout=timeout) as response:
             log.info('HTTP Request: GET %s "%d"', path, response.status)
+            PROCESS.count_answer(response.status)
             if response.status == HTTP_UNAUTHORIZED:
                 self._auth = user_auth(self._config.user)  # re-read a rotated token
             yield response.status, response.content

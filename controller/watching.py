@@ -25,6 +25,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
+from controller.metrics import PROCESS
 from controller.rest import ApiFailure, Rest, status_message
 
 log = logging.getLogger(__name__)
@@ -163,10 +164,12 @@ class Watcher(Generic[K, R]):
             except Gone:
                 log.info("%s: watch expired; listing again", self.kind.name)
                 self.version = ""
+                PROCESS.watch_restarts.labels(self.kind.name).inc()
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # an outage, a 5xx, a garbage reply: retry, never die
                 failures += 1
+                PROCESS.watch_restarts.labels(self.kind.name).inc()
                 delay = retry_delay(failures)
                 log.warning("%s: %s: %s; retrying in %.2gs", self.kind.name,
                             type(error).__name__, error, delay)

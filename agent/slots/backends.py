@@ -11,6 +11,7 @@ both turn every refusal into a ``PluginError`` whose message names the slot or i
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Protocol
 
@@ -178,13 +179,16 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
 async def _counted(
     world: SlotWorld, resource: str, allocation: Awaitable[list[ContainerAllocation]]
 ) -> list[ContainerAllocation]:
-    """Await an allocation, counting it by outcome in the allocations metric."""
+    """Await an allocation, counting it by outcome in the allocations metric and timing it."""
+    started = time.perf_counter()
     try:
         answers = await allocation
     except PluginError:
         world.metrics.allocations.labels(resource=resource, outcome="refused").inc()
+        world.metrics.allocate_duration.labels("refused").observe(time.perf_counter() - started)
         raise
     world.metrics.allocations.labels(resource=resource, outcome="ok").inc()
+    world.metrics.allocate_duration.labels("ok").observe(time.perf_counter() - started)
     return answers
 
 

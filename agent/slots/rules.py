@@ -598,3 +598,17 @@ def configuration_devices(
             extra -= 1
     ids.extend(sorted(set(held) - set(ids)))  # held beyond a shrunken capacity: still ours
     return [AdvertisedDevice(vid, healthy=vid in good) for vid in ids]
+
+
+def slot_counts(
+    served: Mapping[tuple[str, str], Instance], node: str
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """Per Configuration (namespace, name) of the served Instances: (slots, slots ``node``
+    holds), for the ``edgeplug_slots_capacity`` and ``edgeplug_slots_used`` gauges."""
+    counts: dict[tuple[str, str], tuple[int, int]] = {}
+    for (namespace, _name), instance in served.items():
+        key = (namespace, instance.spec.configuration_name)
+        held = sum(1 for slot in slot_ids(instance) if is_held_by(usage_of(instance, slot), node))
+        capacity, used = counts.get(key, (0, 0))
+        counts[key] = (capacity + instance.spec.capacity, used + held)
+    return counts

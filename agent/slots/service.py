@@ -52,6 +52,7 @@ from agent.slots.rules import (
     instance_devices,
     is_held_by,
     reservation_plan,
+    slot_counts,
     usage_of,
 )
 from crds.configuration import Configuration
@@ -356,6 +357,7 @@ class DevicePluginService:
             # not answer).
             await self._sweep(adopt=True)
         self._checked = set(served)
+        self.metrics.set_slots(self.node, slot_counts(served, self.node))
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
         for count, (key, instance) in enumerate(served.items(), start=1):
