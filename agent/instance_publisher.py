@@ -391,6 +391,8 @@ class InstancePublisher:
     async def _report(self) -> None:
         cfg = self._cfg
         self._metrics.instances.labels(cfg.namespace, cfg.name).set(len(self._owned))
+        self._metrics.set_devices(cfg.namespace, cfg.name, self._node,
+                                  [d.healthy for d in self._served.values()])
         handler_labels: Mapping[str, str] = {}
         if self._last is not None and self._owned:
             handler, details = self._last[0], self._last[1]

@@ -322,6 +322,7 @@ class Reconciler:
         cfg = config.configuration
         key = (cfg.namespace, cfg.name)
         self._refused_at[key] = time.monotonic()
+        self.metrics.broker_refusals.labels(cfg.namespace, cfg.name).inc()
         if self.refusals.get(key) != (cfg.generation, message):
             self.refusals[key] = (cfg.generation, message)
             log.warning("API server refused %s %s/%s: %s", kind, cfg.namespace, name, message)
@@ -351,6 +352,7 @@ class Reconciler:
         for record in view.instances_of(namespace, name):
             await self.kube.delete_instance(namespace, record.instance.name)
         self.refusals.pop((namespace, name), None)
+        self.metrics.forget_configuration(namespace, name)
 
     def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
         cfg = config.configuration
@@ -375,6 +377,7 @@ class Reconciler:
             return
         cfg = config.configuration
         counts = self._counts(view, config)
+        self.metrics.set_brokers(namespace, name, counts.desired, counts.ready)
         svc = services.render_configuration_service(configuration=cfg)
         wanted = svc is not None and counts.desired > 0 and not self._broker_problems(cfg)
         desired = {svc["metadata"]["name"]: svc} if svc is not None and wanted else {}
