@@ -29,7 +29,21 @@ HOST_PATH := $(PATH)
 export PATH := $(CURDIR)/$(VENV)/bin:$(HOST_PATH)
 export VIRTUAL_ENV := $(CURDIR)/$(VENV)
 
-.PHONY: aptdeps install venv controlplane helm realnode demo test lint unit bench images clean clean-cache
+# The compatibility run (README, "Kubernetes versions"): the oldest minor upstream supports, on
+# the tests whose guarantees must hold there too. Every other test runs on the newest only.
+# (`oldest`: tests/harness/kubebin.py pins it.)
+COMPAT_VERSION := oldest
+COMPAT_TESTS := \
+  tests/e2e/test_brokers_debug_echo.py tests/e2e/test_ascend_npus.py tests/e2e/test_udev_brokers.py \
+  tests/e2e/test_onvif_brokers.py tests/e2e/test_opcua_brokers.py \
+  tests/e2e/test_realnode_brokers.py tests/e2e/test_realnode_ascend.py \
+  tests/faults/test_shared_race.py tests/faults/test_kubelet_storm.py \
+  tests/faults/test_agent_kills.py \
+  tests/integration/test_helm.py tests/integration/test_rbac.py \
+  tests/integration/test_agent_rights.py tests/integration/test_dra_features_served.py
+
+.PHONY: aptdeps install venv controlplane controlplane-compat helm realnode realnode-compat demo \
+  test test-newest test-compat lint unit bench images clean clean-cache
 
 # Debian packages (.ci/apt/*.txt): only asks dpkg when all are there; first, since the venv
 # itself needs python3-venv.
@@ -50,6 +64,9 @@ install: aptdeps $(VENV_STAMP) controlplane helm
 controlplane: $(VENV_STAMP)
 	$(VENV_PY) -m tests.harness.kubebin
 
+controlplane-compat: $(VENV_STAMP)
+	EDGEPLUG_KUBE_VERSION=$(COMPAT_VERSION) $(VENV_PY) -m tests.harness.kubebin
+
 helm: $(VENV_STAMP)
 	$(VENV_PY) -m tests.harness.helmbin
 
@@ -57,6 +74,9 @@ helm: $(VENV_STAMP)
 # (tests/harness/realnodebin.py): not part of install, so `make demo` does not wait for it.
 realnode: aptdeps $(VENV_STAMP)
 	$(VENV_PY) -m tests.harness.realnodebin
+
+realnode-compat: aptdeps $(VENV_STAMP)
+	EDGEPLUG_KUBE_VERSION=$(COMPAT_VERSION) $(VENV_PY) -m tests.harness.realnodebin
 
 demo: install
 	$(VENV_PY) -m tests.harness.demo
@@ -67,8 +87,21 @@ lint: $(VENV_STAMP)
 	$(VENV)/bin/lint-imports
 
 # images: tests/integration/test_images.py runs what they hold (rebuilt only when an input changed).
-test: install lint images realnode
+# Both runs go ahead whatever the first one found; the target fails if either failed.
+test: install lint images realnode controlplane-compat realnode-compat
+	@status=0; \
+	echo "== the suite on Kubernetes $$($(VENV_PY) -c 'from tests.harness import kubebin; print(kubebin.NEWEST_VERSION)')"; \
+	$(VENV_PY) -m pytest -q || status=$$?; \
+	echo "== compatibility run on Kubernetes $$($(VENV_PY) -c 'from tests.harness import kubebin; print(kubebin.OLDEST_VERSION)')"; \
+	EDGEPLUG_KUBE_VERSION=$(COMPAT_VERSION) $(VENV_PY) -m pytest -q $(COMPAT_TESTS) || status=$$?; \
+	exit $$status
+
+# One of the two runs alone (what `make test` runs after installing and linting).
+test-newest: install images realnode
 	$(VENV_PY) -m pytest -q
+
+test-compat: install images controlplane-compat realnode-compat
+	EDGEPLUG_KUBE_VERSION=$(COMPAT_VERSION) $(VENV_PY) -m pytest -q $(COMPAT_TESTS)
 
 bench: install
 	$(VENV_PY) -m tests.bench

@@ -14,7 +14,8 @@ collector ignores such a reference), so the controller deletes it itself: when t
 Configuration's deletion is watched, and at every (re)list for classes it labelled whose
 Configuration is gone (deleted while no controller ran). A controller serving some namespaces
 only touches classes of those namespaces. Every write is an idempotent server-side apply, so
-two replicas writing at once agree.
+two replicas writing at once agree. A cluster whose API server drops ``extendedResourceName``
+(DRAExtendedResource off, as on 1.35) is reported once (``crds.dra_features``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
 from controller.watching import follow_forever
-from crds import dra
+from crds import dra, dra_features
 from crds.naming import configuration_resource_name
 from crds.resources import ConfigurationResource
 
@@ -56,6 +57,7 @@ class DeviceClasses:
         self._namespaces = frozenset(namespaces)
         self._extended = extended_resources
         self._written: dict[_Key, dict[str, Any]] = {}
+        self.features = dra_features.FeatureReport(log)
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -102,9 +104,11 @@ class DeviceClasses:
                 await self._delete((namespace, name))
 
     async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
-        await self._client.patch(DeviceClassResource, body["metadata"]["name"], body,
-                                 patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
-                                 force=True)
+        stored = await self._client.patch(
+            DeviceClassResource, body["metadata"]["name"], body, patch_type=PatchType.APPLY,
+            field_manager=FIELD_MANAGER, force=True)
+        self.features.note(dra_features.dropped_by_device_class(body, _as_dict(stored)),
+                           what=f"DeviceClass {body['metadata']['name']}")
         self._written[key] = body
         log.info("DeviceClass %s kept for Configuration %s/%s",
                  body["metadata"]["name"], *key)

@@ -2,7 +2,9 @@
 
 The control plane is real (etcd, kube-apiserver, kube-scheduler, kube-controller-manager built
 from Kubernetes' Go modules, see tests/harness/kubebin.py) and started once per test session;
-tests isolate themselves with their own namespaces and object names.
+tests isolate themselves with their own namespaces and object names. The Kubernetes version is
+``$EDGEPLUG_KUBE_VERSION`` (default the newest pinned, see tests/harness/kubebin.py); the run's
+header and its last line name it, so a reader of the output sees which version each test ran on.
 """
 
 from __future__ import annotations
@@ -15,7 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import hermetic, kubebin
 from tests.harness.controlplane import ControlPlane
+
+
+def _version_line() -> str:
+    run = "compatibility run" if kubebin.KUBE_VERSION != kubebin.NEWEST_VERSION else "newest"
+    return f"Kubernetes {kubebin.KUBE_VERSION} ({run}; {kubebin.VERSION_ENV} chooses)"
+
+
+def pytest_report_header() -> str:
+    return _version_line()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(f"these tests ran on {_version_line()}")
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +55,25 @@ def plugin_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_defaults() -> Iterator[hermetic.HostWatch]:
+    """The files in this machine's own kubelet, CDI and Akri directories, watched for the whole
+    session: a process the suite starts must never use them (tests/harness/hermetic.py)."""
+    watch = hermetic.HostWatch()
+    yield watch
+    complaint = watch.complaint("the session's last teardown")
+    if complaint:
+        pytest.fail(complaint, pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def host_defaults_untouched(
+    request: pytest.FixtureRequest, host_defaults: hermetic.HostWatch
+) -> Iterator[None]:
+    """Fails the test during which the host's default directories changed."""
+    yield
+    complaint = host_defaults.complaint(request.node.nodeid)
+    if complaint:
+        pytest.fail(complaint, pytrace=False)

@@ -5,6 +5,13 @@ writes every fact a slice needs into Instances (properties, capacity, shared, th
 see the device, ``status.unhealthy``), so this part watches Instances, asks
 ``agent.dra.slices`` what this node should publish, and writes the difference.
 
+Health: this node's verdict on each device comes from the agent's device table
+(``NodeDeviceTable``, put before the Instance's status is written), and a pool waits until the
+table holds every device of it on this node (``slices.plan_node``): an Instance is created
+before its status says it is unhealthy, and a pool published in between would offer an
+unhealthy device to claims (and a pool of 70 with a tainted one would be one slice, not the 64
+the API allows). A change in the table wakes the publisher as an Instance change does.
+
 How a pool is rewritten: when a pool's devices change, every slice of it is applied (server-side
 apply, field manager ``edgeplug-agent-<node>``) with the pool's generation one higher, then the
 slices it no longer needs are deleted. The scheduler reads only the slices of a pool's highest
@@ -16,7 +23,9 @@ writes nothing. A slice of ours that somebody else deletes (the kubelet, at its 
 slices of drivers not registered in time) is written again.
 
 Slice names carry the publisher (``slices.slice_name`` over pool and node), so during a
-hand-over the old publisher's delete can never remove the new publisher's slice.
+hand-over the old publisher's delete can never remove the new publisher's slice. Fields the API
+server drops (consumable capacity, taints: gates off, as on 1.35) are reported once
+(``crds.dra_features``).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from lightkube.types import PatchType
 from agent import watching
 from agent.dra import slices
 from agent.kube import InstanceResource, as_dict, field_manager, is_not_found
+from agent.node_devices import NodeDeviceTable
+from crds import dra_features
 from crds.instance import Instance
 
 log = logging.getLogger(__name__)
@@ -97,11 +108,15 @@ def _as_written(device: Mapping[str, Any]) -> dict[str, Any]:
 class DraPublisher:
     """Publishes this node's pools; ``run`` until cancelled. ``namespace`` None: all."""
 
-    def __init__(self, *, client: AsyncClient, node_name: str, namespace: str | None) -> None:
+    def __init__(self, *, client: AsyncClient, node_name: str, namespace: str | None,
+                 devices: NodeDeviceTable) -> None:
         self._client = client
+        self._devices = devices
+        self._held: frozenset[str] = frozenset()
         self._node = node_name
         self._namespace = namespace
         self._manager = field_manager(node_name)
+        self.features = dra_features.FeatureReport(log)
         self._instances: dict[tuple[str, str], Instance] = {}
         self._written: dict[str, Written] = {}
         self._dirty = asyncio.Event()
@@ -130,6 +145,7 @@ class DraPublisher:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._watch())
             group.create_task(self._watch_own_slices())
+            group.create_task(self._watch_devices())
             group.create_task(self._reconcile_loop())
 
     # -- input ------------------------------------------------------------------------------
@@ -168,6 +184,17 @@ class DraPublisher:
                 log.info("own ResourceSlice deleted by someone else; publishing again",
                          extra={"pool": pool, "slice": body["metadata"]["name"]})
                 self._dirty.set()
+
+    async def _watch_devices(self) -> None:
+        """A device this node starts serving, or whose health it changes, reaches the slices."""
+        version = self._devices.version
+        while True:
+            version = await self._devices.wait_changed(version)
+            self._dirty.set()
+
+    def _served(self) -> slices.Served:
+        return {key: None if d.healthy else d.health.reason
+                for key, d in self._devices.snapshot().items()}
 
     async def _list_instances(self) -> None:
         namespace = self._namespace if self._namespace is not None else "*"
@@ -226,14 +253,18 @@ class DraPublisher:
         """One pass: publish every pool that changed, withdraw those no longer wanted. A pool
         the API server refuses does not hold back the others; the first error is raised at
         the end, so the pass is retried."""
-        plan = slices.plan_node(self._node, self._instances.values())
+        plan = slices.plan_node(self._node, self._instances.values(), self._served())
+        for name in sorted(plan.held - self._held):
+            log.info("ResourceSlice pool waits for this node to serve all its devices (their "
+                     "health is not known yet)", extra={"pool": name})
+        self._held = plan.held
         failed: list[ApiError] = []
         for pool in plan.pools.values():
             try:
                 await self._publish(pool)
             except ApiError as error:
                 failed.append(error)
-        for name in [p for p in self._written if p not in plan.pools]:
+        for name in [p for p in self._written if p not in plan.pools and p not in plan.held]:
             await self._delete(self._written[name].names)
             self._written.pop(name, None)  # the watch may have dropped it meanwhile
             log.info("ResourceSlice pool withdrawn", extra={"pool": name})
@@ -249,11 +280,13 @@ class DraPublisher:
                       else await self._listed_generation(plan.name)) + 1
         bodies = slices.slice_bodies(plan, generation=generation, publisher=self._node)
         for body in bodies:
-            await self._client.patch(
+            stored = await self._client.patch(
                 ResourceSliceResource, body["metadata"]["name"], body,
                 patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
             )
             self.writes += 1
+            self.features.note(dra_features.dropped_by_slice(body, as_dict(stored)),
+                               what=f"ResourceSlice {body['metadata']['name']}")
         names = tuple(b["metadata"]["name"] for b in bodies)
         if before is not None:
             await self._delete([n for n in before.names if n not in names])

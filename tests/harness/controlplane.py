@@ -189,6 +189,10 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # Since v1.37 the endpoint reconcilers refuse a loopback address for the
+                # `kubernetes` Service; nothing here routes to that Service (SERVICE_CIDR), so
+                # no reconciler writes its endpoints.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={port}",
                 f"--tls-cert-file={certs.serving_cert}",
                 f"--tls-private-key-file={certs.serving_key}",

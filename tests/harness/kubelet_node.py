@@ -20,6 +20,8 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 
+from tests.harness.kubebin import KUBE_VERSION
+
 log = logging.getLogger(__name__)
 
 #: How often the Lease and the Ready condition are renewed. The node-lifecycle controller's
@@ -30,7 +32,7 @@ STATUS_RETRY_S = 0.5
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
 FIELD_MANAGER = "edgeplug-node-emulator"
-KUBELET_VERSION = "v1.36.3"
+KUBELET_VERSION = KUBE_VERSION  # what the emulated node reports: the control plane's pin
 #: Taints that say a node is not (yet) ready. The API server's TaintNodesByCondition admission
 #: puts the first on every new Node, and the node-lifecycle controller removes them some seconds
 #: after it sees the Node Ready. The emulator removes them itself once it posted Ready, so the

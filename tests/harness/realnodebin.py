@@ -23,7 +23,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.harness.kubebin import KUBE_VERSION, cache_dir
+from tests.harness.kubebin import (
+    KUBE_VERSION,
+    cache_dir,
+    module_file,
+    version_flags,
+    version_ldflags,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,10 @@ TIMINGS_FILE = "build-seconds.json"
 
 
 def source_files() -> list[Path]:
-    return [SOURCE_DIR / "go.mod", SOURCE_DIR / "go.sum", *sorted(SOURCE_DIR.rglob("*.go"))]
+    """The selected version's module and sum files and every Go file (``kubebin``'s scheme)."""
+    mod = module_file()
+    return [SOURCE_DIR / mod, SOURCE_DIR / (mod.removesuffix(".mod") + ".sum"),
+            *sorted(SOURCE_DIR.rglob("*.go"))]
 
 
 def cached_dir() -> Path:
@@ -74,22 +83,18 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> float:
 
 def _build_into(partial: Path) -> dict[str, float]:
     go = _go()
-    major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
-    kube_ldflags = " ".join([
-        "-s -w",
-        f"-X k8s.io/component-base/version.gitVersion={KUBE_VERSION}",
-        f"-X k8s.io/component-base/version.gitMajor={major}",
-        f"-X k8s.io/component-base/version.gitMinor={minor}",
-    ])
+    kube_ldflags = f"-s -w {version_ldflags()}"
     base = ["-trimpath", "-buildvcs=false"]
     env = dict(os.environ)
     static = {**env, "CGO_ENABLED": "0"}
     seconds: dict[str, float] = {}
     seconds["kubelet"] = _run(
-        [go, "build", *base, "-ldflags", kube_ldflags, "-o", str(partial / "kubelet"), "."],
+        [go, "build", *base, *version_flags(), "-ldflags", kube_ldflags,
+         "-o", str(partial / "kubelet"), "."],
         cwd=SOURCE_DIR, env=env)
     seconds["pause"] = _run(
-        [go, "build", *base, "-ldflags", "-s -w", "-o", str(partial / "pause"), "./pause"],
+        [go, "build", *base, *version_flags(), "-ldflags", "-s -w",
+         "-o", str(partial / "pause"), "./pause"],
         cwd=SOURCE_DIR, env=static)
     containerd_ldflags = f"-s -w -X {CONTAINERD_MODULE}/version.Version={CONTAINERD_VERSION}"
     seconds["containerd"] = _run(

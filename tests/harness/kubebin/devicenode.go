@@ -30,8 +30,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
 
 const (
@@ -174,12 +172,12 @@ func runDeviceNode(args []string) int {
 	}
 	// The simplest real topology manager: the none policy, as a kubelet without
 	// --topology-manager-policy runs.
-	topology, err := topologymanager.NewManager(nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil)
+	topology, err := newTopologyManager(logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devicenode: topology manager:", err)
 		return 1
 	}
-	manager, err := devicemanager.NewManagerImpl(nil, topology)
+	manager, err := newDeviceManager(logger, topology)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devicenode: device manager:", err)
 		return 1

@@ -213,7 +213,7 @@ func (n *nodeReporter) status(existing v1.ResourceList) v1.NodeStatus {
 	for name, q := range baseResources {
 		capacity[name] = resource.MustParse(q)
 	}
-	devCapacity, devAllocatable, removed := n.manager.GetCapacity()
+	devCapacity, devAllocatable, removed := deviceCapacity(n.manager)
 	for name, q := range devCapacity {
 		capacity[name] = q
 	}

@@ -105,8 +105,8 @@ func (w *pluginWatcher) PluginConnected(ctx context.Context, resource string, p 
 	return nil
 }
 
-func (w *pluginWatcher) PluginDisconnected(logger klog.Logger, resource string) {
-	w.manager.PluginDisconnected(logger, resource)
+// disconnected records a plugin's disconnection (PluginDisconnected, per version, calls it).
+func (w *pluginWatcher) disconnected(resource string) {
 	w.records.setConnected(resource, false)
 	w.refresh()
 }
@@ -121,7 +121,7 @@ func (w *pluginWatcher) refresh() {
 	w.refreshing.Lock()
 	defer w.refreshing.Unlock()
 	healthy := map[string][]string{}
-	for resource, devices := range w.manager.GetAllocatableDevices() {
+	for resource, devices := range allocatableDevices(w.manager) {
 		for id := range devices {
 			healthy[resource] = append(healthy[resource], id)
 		}

@@ -30,7 +30,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
-	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
 
 // statusAttempts bounds the retries of one pod status write.
@@ -151,14 +150,14 @@ func (p *podAdmitter) readmit(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	for _, pod := range pods {
-		if result := p.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod}); !result.Admit {
+		if result := admit(ctx, p.topology, pod); !result.Admit {
 			p.reject(ctx, pod, result.Reason, result.Message)
 		}
 	}
 	p.mu.Lock()
 	p.ready = true
 	p.mu.Unlock()
-	p.manager.UpdateAllocatedDevices()
+	updateAllocatedDevices(p.manager)
 	p.records.setReady()
 }
 
@@ -205,7 +204,7 @@ func (p *podAdmitter) admit(ctx context.Context, pod *v1.Pod) {
 	p.mu.Lock()
 	p.live[uid] = pod // the kubelet's pod manager holds a pod before admitting it
 	p.mu.Unlock()
-	result := p.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod})
+	result := admit(ctx, p.topology, pod)
 	if !result.Admit {
 		p.reject(ctx, pod, result.Reason, result.Message)
 		return
@@ -299,7 +298,7 @@ func (p *podAdmitter) end(uid, phase, reason, message string) {
 	p.mu.Lock()
 	delete(p.live, uid)
 	p.mu.Unlock()
-	p.manager.UpdateAllocatedDevices()
+	updateAllocatedDevices(p.manager)
 }
 
 func (p *podAdmitter) release(uid string) {

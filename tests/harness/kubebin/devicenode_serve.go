@@ -20,7 +20,6 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
-	v1 "k8s.io/api/core/v1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	podresourcesv1alpha1 "k8s.io/kubelet/pkg/apis/podresources/v1alpha1"
 	apisgrpc "k8s.io/kubernetes/pkg/kubelet/apis/grpc"
@@ -51,24 +50,12 @@ func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 	return out
 }
 
-func (d devicesProvider) UpdateAllocatedDevices() { d.manager.UpdateAllocatedDevices() }
 func (d devicesProvider) GetDevices(podUID, container string) []*podresourcesv1.ContainerDevices {
 	return containerDevices(d.manager.GetDevices(podUID, container))
-}
-func (d devicesProvider) GetAllocatableDevices() []*podresourcesv1.ContainerDevices {
-	return containerDevices(d.manager.GetAllocatableDevices())
 }
 
 // noCPUsOrMemory is a node without CPU or memory managers (their none policies report nothing).
 type noCPUsOrMemory struct{}
-
-func (noCPUsOrMemory) GetCPUs(string, string) []int64                             { return nil }
-func (noCPUsOrMemory) GetAllocatableCPUs() []int64                                { return nil }
-func (noCPUsOrMemory) GetMemory(string, string) []*podresourcesv1.ContainerMemory { return nil }
-func (noCPUsOrMemory) GetAllocatableMemory() []*podresourcesv1.ContainerMemory    { return nil }
-func (noCPUsOrMemory) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
-	return nil
-}
 
 // servePodResources serves the kubelet's pod-resources server (v1 and v1alpha1, rate-limited
 // as the kubelet's) on socketPath; the returned func stops it.

@@ -1,4 +1,4 @@
-// Command realnodebin is the kubelet of Kubernetes v1.36.3, built from its Go
+// Command realnodebin is the kubelet of the pinned Kubernetes version, built from its Go
 // module for the tests' real node (tests/harness/realnode.py).
 //
 // It exists because this machine has no release binaries of the kubelet, and
