@@ -116,6 +116,12 @@ class ControllerMetrics:
     def set_brokers(self, namespace: str, configuration: str, desired: int, running: int) -> None:
         self.brokers_desired.labels(namespace, configuration).set(desired)
         self.brokers_running.labels(namespace, configuration).set(running)
+        if (namespace, configuration) not in self._configurations:
+            # Counters shown at 0 from the start, so their first rise is an increase()
+            # Prometheus sees (a series born at 1 is not).
+            for counter in (self.broker_admission_failures, self.pod_admission_failures,
+                            self.broker_refusals):
+                counter.labels(namespace, configuration)
         self._configurations.add((namespace, configuration))
 
     def forget_configuration(self, namespace: str, configuration: str) -> None:
