@@ -122,18 +122,80 @@ def test_get_instances_prints_columns(control_plane: ControlPlane, namespace: st
         "-p", json.dumps({"status": view.status_to_object()}),
     )
     rows = table(control_plane, namespace, "instances")
-    assert rows[0] == ["NAME", "CONFIG", "SHARED", "CAPACITY", "USED", "CLAIMS", "AGE"]
+    assert rows[0] == ["NAME", "SHARED", "CAPACITY", "USED", "AGE"]
     (row,) = rows[1:]
-    assert row[:5] == [name, "debug-echo", "true", "3", "2"]
-    default_view = control_plane.kubectl("get", "instances", "-n", namespace).stdout
-    assert max(len(line) for line in default_view.splitlines()) <= 80
+    assert row[:4] == [name, "true", "3", "2"]
     wide = table(control_plane, namespace, "instances", "-o", "wide")
     assert wide[0] == ["NAME", "CONFIG", "SHARED", "NODES", "CAPACITY", "USED", "CLAIMS",
                        "SERVED", "UNHEALTHY", "AGE"]
+    assert wide[1][1] == "debug-echo"
     # spec.nodes keeps the order nodes joined in; status.nodes (what the column prints, as an
     # agent writes it from status_to_object) is sorted.
     assert wide[1][3] == "node-a,node-b"
     assert len(table(control_plane, namespace, "epi")) == 2
+
+
+#: The longest AGE kubectl prints for anything younger than 8 years (HumanDuration: 7y364d).
+WIDEST_AGE = 6
+
+
+def test_get_instances_fits_80_columns_with_realistic_names(
+        control_plane: ControlPlane, namespace: str) -> None:
+    # One Instance per example Configuration, and the issue's usb-camera-front, each with every
+    # column filled as the agents and the controller (--dra) fill it.
+    configurations = {
+        doc["metadata"]["name"]: doc["spec"]["discoveryHandler"]["name"]
+        for path in EXAMPLES_DIR.iterdir()
+        if path.name.endswith(".yaml")
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "Configuration"
+    }
+    configurations["usb-camera-front"] = "udev"
+    device_ids = {"udev": "/sys/devices/pci0000:00/0000:00:14.0/usb1/1-2/video4linux/video0",
+                  "onvif": "uuid:3fa1fe68-b915-4053-a3e1-ac15a21f5f91",
+                  "opcua": "opc.tcp://10.20.30.40:4840/", "ascend": "npu-0", "debugEcho": "foo0"}
+    names: dict[str, str] = {}
+    for configuration, handler in sorted(configurations.items()):
+        shared = handler in ("onvif", "opcua", "debugEcho")
+        node = "edge-node-01"
+        name = instance_name(configuration, device_ids[handler], shared=shared, node=node)
+        digest = instance_digest(device_ids[handler], shared=shared, node=node)
+        names[name] = configuration
+        usage = {slot_id(name, i): "" for i in range(10)}
+        usage[slot_id(name, 0)] = SlotUsage.by_node(node).format()
+        apply(control_plane, namespace, {
+            "apiVersion": API_VERSION, "kind": INSTANCE_KIND, "metadata": {"name": name},
+            "spec": {"configurationName": configuration,
+                     "cdiName": cdi_name(configuration, digest), "capacity": 10,
+                     "shared": shared, "nodes": [node], "deviceUsage": usage},
+        })
+        view = Instance.from_object(get_json(control_plane, namespace, "instance", name))
+        status = {**view.status_to_object(), "claims": 3, "servedBy": "both"}
+        control_plane.kubectl(
+            "patch", "instance", name, "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}),
+        )
+    # The issue's example: 84 columns wide with CONFIG and CLAIMS in the default view.
+    assert "usb-camera-front-da0e1b" in names
+
+    def widest(lines: list[str]) -> int:
+        """The widest line once every AGE is as wide as kubectl ever prints one."""
+        return max(len(line) - len(line.split()[-1]) + max(len("AGE"), WIDEST_AGE)
+                   for line in lines)
+
+    default_view = control_plane.kubectl("get", "instances", "-n", namespace).stdout
+    lines = default_view.strip().splitlines()
+    assert widest(lines) <= 80, default_view
+    assert {line.split()[0] for line in lines[1:]} == set(names)
+    # The columns moved out of the default view are all in -o wide, filled.
+    wide = table(control_plane, namespace, "instances", "-o", "wide")
+    header = wide[0]
+    for row in wide[1:]:
+        cells = dict(zip(header, row, strict=True))
+        assert cells["CONFIG"] == names[cells["NAME"]]
+        assert (cells["NODES"], cells["CLAIMS"], cells["SERVED"]) == ("edge-node-01", "3",
+                                                                      "both")
+        assert cells["USED"] == "1"
 
 
 def test_defaults_filled_in(control_plane: ControlPlane, namespace: str) -> None:
