@@ -33,6 +33,11 @@ KEEPALIVE_TIME_MS = 300_000
 KEEPALIVE_TIMEOUT_MS = 20_000
 #: The largest DiscoverResponse accepted (a handler listing thousands of devices fits).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: The HTTP/2 ``:authority`` sent to a handler on a Unix socket. gRPC would send the socket's
+#: path, percent-encoded, which is no valid authority (RFC 9113, section 8.3.1): HTTP/2 stacks
+#: that check it, as h2 under tonic (Akri's own handlers) does, refuse every call with
+#: RST_STREAM. A NETWORK endpoint's host:port is an authority already.
+UDS_AUTHORITY = "localhost"
 
 
 class HandlerUnreachable(ConnectionError):
@@ -69,13 +74,15 @@ async def discover(
     Raises ``HandlerUnreachable`` when the endpoint cannot be reached or the stream breaks, and
     ``HandlerFailed`` when the handler answers with an error.
     """
-    options = [
+    options: list[tuple[str, str | int]] = [
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     where = f"{registration.name} at {registration.endpoint}"
     uds = registration.endpoint_type is EndpointType.UDS
+    if uds:
+        options.append(("grpc.default_authority", UDS_AUTHORITY))
     if uds and not os.path.exists(registration.endpoint):  # noqa: ASYNC240 (one local stat)
         raise HandlerUnreachable(f"discovery handler {where}: the socket does not exist")
     async with grpc.aio.insecure_channel(registration.target(), options=options) as channel:

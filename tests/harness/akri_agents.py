@@ -1,5 +1,6 @@
-"""An agent hosting Akri's handler registration, the Go test handler, and the waits their tests
-share (tests/integration/test_akri_handlers.py, the e2e and the bench).
+"""An agent hosting Akri's handler registration, the Go and Rust test handlers, and the waits
+their tests share (tests/integration/test_akri_handlers.py, test_akri_rust_handler.py, the e2e
+and the bench).
 
 Why this exists: every test of the Akri protocol starts the agent as ``run_agent`` wires it with
 a discovery-handlers directory, runs the Go handler against it, and waits for Instances, node
@@ -25,6 +26,7 @@ from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
 from tests.harness import agent_process as harness
 from tests.harness.aio_process import task_running
 from tests.harness.akri_go_handler import GoHandler
+from tests.harness.akri_rust_handler import RustHandler
 from tests.harness.controlplane import ControlPlane
 
 #: offlineGracePeriodSeconds of the tests' Configurations: long enough to see Instances kept.
@@ -82,6 +84,17 @@ def go_handler(directory: Path, tmp_path: Path, **kwargs: Any) -> Iterator[GoHan
     finally:
         handler.stop()
         print(f"--- handler log ---\n{handler.log_tail()}")
+
+
+@contextlib.contextmanager
+def rust_handler(directory: Path, tmp_path: Path, **kwargs: Any) -> Iterator[RustHandler]:
+    handler = RustHandler(directory, log_path=tmp_path / "rust-handler.log", **kwargs)
+    handler.start()
+    try:
+        yield handler
+    finally:
+        handler.stop()
+        print(f"--- rust handler log ---\n{handler.log_tail()}")
 
 
 @contextlib.asynccontextmanager
@@ -146,7 +159,7 @@ async def is_registered(agent: AkriAgent, name: str) -> bool:
     return agent.registered(name) == 1
 
 
-async def logged(handler: GoHandler, text: str, times: int) -> bool:
+async def logged(handler: GoHandler | RustHandler, text: str, times: int) -> bool:
     return sum(text in line for line in handler.log_tail(200).splitlines()) >= times
 
 
