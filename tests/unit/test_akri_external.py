@@ -21,7 +21,7 @@ from discovery_handlers.contract import (
 from discovery_handlers.debug_echo import handler as debug_echo
 from discovery_handlers.external.akriapi import discovery_pb2 as pb
 from discovery_handlers.external.devices import convert
-from discovery_handlers.external.handler import ExternalHandler, ExternalHandlers, SharingChanged
+from discovery_handlers.external.handler import ExternalHandler, ExternalHandlers
 from discovery_handlers.external.registrations import (
     BadRegistration,
     EndpointType,
@@ -215,18 +215,20 @@ async def test_a_built_ins_warnings_pass_through() -> None:
     await stream.aclose()
 
 
-async def test_a_takeover_that_shares_differently_restarts_the_run() -> None:
-    """Instance names depend on sharing: a local built-in run taken over by a handler of shared
-    devices must start again (the agent restarts it) rather than mix the two namings."""
+async def test_a_handler_of_other_sharing_that_never_answered_leaves_the_run_as_it_is() -> None:
+    """Instance names depend on sharing: a local built-in run is not restarted for a handler of
+    shared devices that has not answered (test_akri_stand_in: one that answers restarts it)."""
     table = Registrations()
     handler = ExternalHandler(name="debugEcho", registrations=table, builtin=debug_echo,
-                              grace=1.0, waiting_on="/x")
+                              grace=60.0, waiting_on="/x")
     details = handler.parse_details("descriptions: [foo0]\nshared: false", {})
     assert details.shared is False
     stream = handler.discover(details)
     assert [d.id for d in await anext(stream)] == ["foo0"]
     table.register(name="debugEcho", endpoint="/nonexistent/e.sock",
                    endpoint_type=EndpointType.UDS, shared=True)
-    with pytest.raises(SharingChanged, match="shared devices"):
-        await asyncio.wait_for(anext(stream), 5.0)
-    assert handler.parse_details("descriptions: [foo0]\nshared: false", {}).shared is True
+    noted = await asyncio.wait_for(anext(stream), 5.0)
+    assert [d.id for d in noted] == ["foo0"]
+    assert "the socket does not exist" in warnings_of(noted)[0]
+    assert handler.parse_details("descriptions: [foo0]\nshared: false", {}).shared is False
+    await stream.aclose()

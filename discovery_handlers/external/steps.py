@@ -1,0 +1,116 @@
+"""Reading several async streams at once: the plumbing of ``handler``, no gRPC, no devices.
+
+Why this exists: while a newly registered handler is on trial, one discovery run reads two
+streams together (the built-in's lists and the handler's first answer) and waits on
+registration events and retry timers besides. ``Steps`` reads a stream one item at a time with
+its pending read kept across those waits, so neither stream is restarted by a wake-up of the
+other; ``until`` reads one stream until an event; ``any_of`` waits on events with a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Any, Generic, TypeVar
+
+_T = TypeVar("_T")
+
+
+class Ended(Exception):
+    """The stream ``Steps`` reads has ended."""
+
+
+class Steps(Generic[_T]):
+    """``items`` read one at a time: ``next`` starts (or returns the pending) read, ``ready``
+    says whether it finished, ``take`` collects it. ``close`` cancels a pending read and closes
+    ``items``; ``detach`` hands ``items`` over, open, once nothing is pending."""
+
+    def __init__(self, items: AsyncIterator[_T]) -> None:
+        self._items = items
+        self._step: asyncio.Future[_T] | None = None
+
+    def next(self) -> asyncio.Future[_T]:
+        if self._step is None:
+            self._step = asyncio.ensure_future(anext(self._items))
+        return self._step
+
+    def ready(self) -> bool:
+        return self._step is not None and self._step.done()
+
+    def take(self) -> _T:
+        """The finished read's item; raises what the read raised, ``Ended`` at the end."""
+        step, self._step = self._step, None
+        assert step is not None
+        assert step.done()
+        try:
+            return step.result()
+        except StopAsyncIteration:
+            raise Ended from None
+
+    def detach(self) -> AsyncIterator[_T]:
+        assert self._step is None, "a read is pending"
+        return self._items
+
+    async def close(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+        await close_quietly(self._items)
+
+
+async def close_quietly(items: AsyncIterator[Any]) -> None:
+    """Close ``items`` where it can be closed, whatever its closing raises."""
+    closing = getattr(items, "aclose", None)
+    if closing is not None:
+        with contextlib.suppress(Exception):
+            await closing()
+
+
+async def wait_any(steps: Iterable[asyncio.Future[Any]], events: Iterable[asyncio.Event],
+                   within: float | None) -> None:
+    """Return once one of ``steps`` is done or one of ``events`` is set, or after ``within``
+    seconds (None: no bound). ``steps`` are left as they are, done or pending."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait([*steps, *waits], timeout=within,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def any_of(*events: asyncio.Event, within: float) -> None:
+    """Return once one of ``events`` is set, or after ``within`` seconds."""
+    await wait_any((), events, within)
+
+
+async def until(items: AsyncIterator[_T], stop: asyncio.Event) -> AsyncGenerator[_T, None]:
+    """Items of ``items`` until it ends or ``stop`` is set; ``items`` is closed either way."""
+    steps = Steps(items)
+    try:
+        while True:
+            await wait_any([steps.next()], [stop], None)
+            if not steps.ready():
+                return
+            try:
+                item = steps.take()
+            except Ended:
+                return
+            yield item
+    finally:
+        # Collected, whatever they ended with (a stream broken meanwhile included), so nothing
+        # is left as "Task exception was never retrieved".
+        await steps.close()
+
+
+async def prepended(first: _T, rest: AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
+    """``first``, then the items of ``rest`` (closed at the end, however it comes)."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await close_quietly(rest)
