@@ -11,9 +11,9 @@ node-opcua comes from the npm registry, pinned with every dependency in
 harness cache (``~/.cache/edgeplug/node-opcua-<version>-<digest of the pins>``, through a
 ``.partial`` folder, so an interrupted install never looks done; npm's own download cache is kept
 there too), never into the work tree or the user's npm folders, and reuses it until the pins
-change. ``make test`` runs it first (``python -m tests.harness.opcua_nodeopcua``); a test that
-starts a server installs it where that has not happened. Node.js and npm come with the machine
-image, like Go.
+change. The first server a run starts installs it (so ``make test`` and CI install it through
+the tests themselves); ``python -m tests.harness.opcua_nodeopcua`` installs it ahead. Node.js
+and npm come with the machine image, like Go.
 
 Each server (``tests/harness/opcua_nodeopcua/server.js``) runs as its own process, so a test stops
 it with SIGKILL as a device losing power goes.
