@@ -59,11 +59,14 @@ def plugin_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def host_defaults() -> Iterator[hermetic.HostWatch]:
-    """The files in this machine's own kubelet, CDI and Akri directories, watched for the whole
-    session: a process the suite starts must never use them (tests/harness/hermetic.py)."""
+    """This machine's own kubelet, CDI and Akri directories, watched for the whole session: a
+    process the suite starts must never use a file there (tests/harness/hermetic.py)."""
     watch = hermetic.HostWatch()
-    yield watch
-    complaint = watch.complaint("the session's last teardown")
+    try:
+        yield watch
+        complaint = watch.complaint("the session's last teardown")
+    finally:
+        watch.close()
     if complaint:
         pytest.fail(complaint, pytrace=False)
 
@@ -72,7 +75,7 @@ def host_defaults() -> Iterator[hermetic.HostWatch]:
 def host_defaults_untouched(
     request: pytest.FixtureRequest, host_defaults: hermetic.HostWatch
 ) -> Iterator[None]:
-    """Fails the test during which the host's default directories changed."""
+    """Fails the test during which a file in the host's default directories was used."""
     yield
     complaint = host_defaults.complaint(request.node.nodeid)
     if complaint:

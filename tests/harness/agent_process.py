@@ -28,6 +28,7 @@ from agent.configuration_watch import ConfigurationWatch
 from agent.kube import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from tests.harness import hermetic
 from tests.harness.aio_process import ChildProcess
 from tests.harness.controlplane import ControlPlane
 
@@ -174,7 +175,8 @@ class AgentSubprocess(ChildProcess):
                  log_path: Path | None = None,
                  extra_env: Mapping[str, str] | None = None) -> None:
         env = dict(os.environ)
-        # No CDI specs unless a test asks (extra_env): never into this machine's /var/run/cdi.
+        # No CDI specs, pod-resources or handler registration unless a test asks (extra_env):
+        # their defaults are this machine's own directories, which the check below refuses.
         env.update({"NODE_NAME": node_name, "KUBECONFIG": str(cp.kubeconfig),
                     "POD_RESOURCES_SOCKET": "", "CDI_SPEC_DIR": "",
                     "DISCOVERY_HANDLERS_DIRECTORY": ""})
@@ -185,6 +187,7 @@ class AgentSubprocess(ChildProcess):
         if not serve_device_plugins:
             env["DEVICE_PLUGINS"] = "off"
         env.update(extra_env or {})
+        hermetic.refuse_host_environment(env, what=f"the agent of {node_name}")
         self._env = env
         self._log_path = log_path
         self.process = None

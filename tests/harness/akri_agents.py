@@ -24,6 +24,7 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
 from tests.harness import agent_process as harness
+from tests.harness import hermetic
 from tests.harness.aio_process import task_running
 from tests.harness.akri_go_handler import GoHandler
 from tests.harness.akri_rust_handler import RustHandler
@@ -62,6 +63,7 @@ async def akri_agent(
         external_handler_grace=grace, pod_resources_socket=None,
         plugin_dir=plugin_dir if plugin_dir is not None else DEFAULT_PLUGIN_DIR,
     )
+    hermetic.refuse_host_paths(settings, what=f"the agent of {node}")
     agent = AkriAgent(NodeDeviceTable(), AgentMetrics(), directory)
     async with task_running(run_agent(settings, devices=agent.devices, metrics=agent.metrics)):
         await harness.eventually(

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.main import run_agent
 from agent.settings import AgentSettings
+from tests.harness import hermetic
 from tests.harness.aio_process import task_running
 from tests.harness.controller_process import ControllerProcess, broker_pods, install_peering_crds
 from tests.harness.controlplane import ControlPlane
@@ -83,5 +84,6 @@ async def agent_in_process(stack: BrokerStack, plugin_dir: Path) -> AsyncIterato
     settings = AgentSettings(node_name=stack.node, kubeconfig=stack.plane.kubeconfig,
                              plugin_dir=plugin_dir, pod_resources_socket=None,
                              namespace=stack.namespace)
+    hermetic.refuse_host_paths(settings, what=f"the agent of {stack.node}")
     async with task_running(run_agent(settings), name=f"agent-{stack.node}"):
         yield

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tests.harness import hermetic
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
@@ -100,7 +101,8 @@ class ControllerProcess:
         if self.priority is not None:
             args += ["--priority", str(self.priority)]
         args += list(self.extra_args)
-        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env = hermetic.controller_environment(
+            {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "PYTHONUNBUFFERED": "1"})
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
                 args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT

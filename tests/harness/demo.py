@@ -29,6 +29,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from agent.main import configure_logging, run_agent
 from agent.settings import AgentSettings
 from crds.naming import instance_name
+from tests.harness import hermetic
 from tests.harness.agent_process import eventually, instances
 from tests.harness.controller_process import ControllerProcess, install_peering_crds
 from tests.harness.controlplane import ControlPlane
@@ -76,6 +77,7 @@ async def _demo(plane: ControlPlane, workdir: Path) -> None:
     controller = ControllerProcess(plane, namespaces=[NAMESPACE],
                                    log_path=workdir / "controller.log").start()
     await emulator.start()
+    hermetic.refuse_host_paths(settings, what="the demo's agent")
     agent = asyncio.create_task(run_agent(settings))
     try:
         print(f"$ kubectl apply -f {EXAMPLE.relative_to(EXAMPLE.parents[2])}"

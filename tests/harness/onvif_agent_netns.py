@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.harness import hermetic
 from tests.harness.aio_process import terminate
 from tests.harness.controlplane import ControlPlane
 from tests.harness.onvif_netns import REPO
@@ -99,6 +100,7 @@ class NetnsAgent:
             "DISCOVERY_HANDLERS_DIRECTORY": "",
             "PYTHONPATH": str(REPO),
         }
+        hermetic.refuse_host_environment(env, what=f"the agent in namespace {self._ns}")
         with self.log_path.open("ab") as log:
             self._agent = await asyncio.create_subprocess_exec(
                 "ip", "netns", "exec", self._ns, sys.executable, "-m", "agent.main",

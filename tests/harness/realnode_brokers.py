@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness import hermetic
 from tests.harness.controller_process import (
     ControllerProcess,
     apply,
@@ -33,8 +34,9 @@ from tests.harness.kube_waits import until
 from tests.harness.realnode import API_SERVER_ARGS, RealNode
 from tests.harness.realnode_images import BUSYBOX_IMAGE
 
-#: The agent's path settings: unset, so it uses a node's defaults (the node's own paths).
-AGENT_PATH_SETTINGS = ("PLUGIN_DIR", "POD_RESOURCES_SOCKET", "CDI_SPEC_DIR")
+#: The agent's path settings: unset, so it uses a node's defaults (the node's own paths: the
+#: agent runs in the node's mount namespace, where they are the node's bind mounts).
+AGENT_PATH_SETTINGS = tuple(s.variable for s in hermetic.PATH_SETTINGS)
 #: What a broker prints before its own proof, and after it (then it sleeps).
 ENV_MARK, END_MARK = "edgeplug-broker-env", "edgeplug-broker-end"
 

@@ -14,8 +14,10 @@ is what deploy/README.md tells a cluster admin.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +27,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from tests.harness import helmbin
+from discovery_handlers.debug_echo import DESCRIPTION_PROPERTY
+from tests.harness import helmbin, hermetic
 from tests.harness.agent_process import apply, create_node, debug_echo_configuration
 from tests.harness.aio_process import stop_popen
 from tests.harness.controlplane import REPO_ROOT, ControlPlane, free_port, running
@@ -326,17 +329,18 @@ def _controller(cp: ControlPlane, folder: Path) -> _Part:
     return part
 
 
-def _agent(cp: ControlPlane, node: str, folder: Path) -> _Part:
+def _agent(cp: ControlPlane, node: str, folder: Path, root: Path) -> _Part:
     """``agent.main`` with the DaemonSet's environment on ``node``, its token bound to a pod
     there as a DaemonSet pod's is. Where no kubelet is, the harness sets what a node would: the
-    node's name (the downward API), no host paths (no kubelet directories, no CDI directory on
-    this machine), a free metrics port, and no device-plugin serving."""
+    node's name (the downward API), the host paths the DaemonSet mounts under ``root`` (the
+    node's own directories, never this machine's: its /var/lib/akri may hold another process's
+    handler registrations), a free metrics port, and no device-plugin serving."""
     part = _Part(cp, "daemonset", "edgeplug-agent", folder)
     token = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=part.account, node=node,
                       folder=folder)
-    env = _env(part.container)
-    env.update({"NODE_NAME": node, "PLUGIN_DIR": str(folder), "POD_RESOURCES_SOCKET": "",
-                "CDI_SPEC_DIR": "", "METRICS_PORT": str(free_port()), "DEVICE_PLUGINS": "off"})
+    env = hermetic.own_paths(_env(part.container), root)
+    env.update({"NODE_NAME": node, "METRICS_PORT": str(free_port()), "DEVICE_PLUGINS": "off"})
+    hermetic.refuse_host_environment({**cp.env(), **env}, what=f"the chart's agent on {node}")
     part.start(cp, token.kubeconfig, ["-m", "agent.main"], env)
     return part
 
@@ -384,10 +388,18 @@ def _observed(cp: ControlPlane, namespace: str, configuration: str) -> bool:
     return bool(status.get("observedGeneration") == found["metadata"]["generation"])
 
 
+@pytest.fixture
+def node_root() -> Iterator[Path]:
+    """The node's own root for the paths the DaemonSet mounts (short: socket paths)."""
+    path = Path(tempfile.mkdtemp(prefix="ep-helm-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_install_upgrade_uninstall_on_the_local_control_plane(
     helm: Callable[..., subprocess.CompletedProcess[str]], own_plane: ControlPlane,
-    tmp_path: Path,
+    tmp_path: Path, node_root: Path,
 ) -> None:
     cp = own_plane
     kube = {"kubeconfig": cp.kubeconfig}
@@ -416,10 +428,17 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     cp.kubectl("create", "namespace", workload)
     create_node(cp, "node-a")
     configuration = _configure(cp, workload)
-    agent, controller = _agent(cp, "node-a", tmp_path), _controller(cp, tmp_path)
+    agent, controller = _agent(cp, "node-a", tmp_path, node_root), _controller(cp, tmp_path)
     try:
         published = _poll(lambda: _instance_on(cp, workload, configuration, "node-a"),
                           what=f"the agent's Instance (log: {agent.log})")
+        # cam0's, found by the built-in debugEcho: no handler that registered with some other
+        # agent on this machine took debugEcho over.
+        assert published["spec"]["brokerProperties"].get(DESCRIPTION_PROPERTY) == "cam0", (
+            f"the Instance is not cam0's: {published['spec']} (log: {agent.log})")
+        # The chart's handler registration, served in the node's own /var/lib/akri.
+        _poll(lambda: (node_root / "var/lib/akri/agent-registration.sock").is_socket(),
+              what=f"the agent's registration socket under {node_root}")
         instance = published["metadata"]["name"]
         broker = _poll(lambda: _broker_pod(cp, workload, instance),
                        what=f"the controller's broker pod for {instance} (log: {controller.log})")
@@ -452,7 +471,7 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     # the upgraded parts (one namespace; the controller standalone) take up where they left off.
     cp.kubectl("patch", "configuration", configuration, "-n", workload, "--type=merge",
                "-p", '{"spec": {"capacity": 2}}')
-    agent, controller = _agent(cp, "node-a", tmp_path), _controller(cp, tmp_path)
+    agent, controller = _agent(cp, "node-a", tmp_path, node_root), _controller(cp, tmp_path)
     try:
         _poll(lambda: (found := _instance_on(cp, workload, configuration, "node-a"))
               and found["spec"]["capacity"] == 2,

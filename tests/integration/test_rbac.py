@@ -38,6 +38,7 @@ from agent.node_labels import LABEL_VALUE, label_key
 from agent.settings import AgentSettings
 from controller.agent_access import AgentAccess
 from crds.naming import instance_name
+from tests.harness import hermetic
 from tests.harness.agent_process import (
     api_client,
     apply,
@@ -466,7 +467,8 @@ def controller(
     """``python -m controller.main`` cluster-wide with peering, as the Deployment runs it."""
     kubeconfig = identities[CONTROLLER_ACCOUNT].kubeconfig
     log = tmp_path / "controller.log"
-    env = {**control_plane.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+    env = hermetic.controller_environment(
+        {**control_plane.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"})
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "controller.main", "--kubeconfig", str(kubeconfig),
