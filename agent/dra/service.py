@@ -24,7 +24,8 @@ async def serve_dra(*, client: AsyncClient, node_name: str, namespace: str | Non
     """Publish this node's pools; serve the kubelet plugin unless ``registry_dir`` is None."""
     async with asyncio.TaskGroup() as group:
         group.create_task(
-            DraPublisher(client=client, node_name=node_name, namespace=namespace).run())
+            DraPublisher(client=client, node_name=node_name, namespace=namespace,
+                         devices=devices).run())
         if registry_dir is not None:
             preparer = ClaimPreparer(client=client, node_name=node_name, devices=devices,
                                      cdi_dir=cdi_dir, state_dir=plugins_dir / dra.DRIVER)

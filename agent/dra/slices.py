@@ -7,6 +7,8 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
 
 - A local device (a USB port, an NPU) belongs to the pool ``<namespace>/<configuration>/node/
   <node>``: one pool per Configuration per node, its slices bound to the node (``nodeName``).
+  The pool name ends in the node's name even when it is too long and digested, since the
+  agents' slice policy ties a local pool to the node whose token writes it by that suffix.
 - A shared device (a network camera seen by several nodes) gets a pool of its own,
   ``<namespace>/<configuration>/shared/<instance>``, whose one slice's ``nodeSelector`` lists
   (by ``kubernetes.io/hostname``) every node of the Instance that finds it healthy. It is
@@ -23,6 +25,10 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
   allocates them to no new claim, claims that hold one keep it, and users see why. A shared
   device drops an unhealthy node from its selector and is tainted when no node finds it
   healthy. A device that is gone (its Instance deleted, or this node left it) is withdrawn.
+- This node's health of a device is the agent's own verdict (its device table), not the
+  Instance's status, which is written after the Instance and lags it: a pool holding a device
+  this node does not serve yet is held, neither published nor withdrawn, so no device is ever
+  published healthy before its health is known (``plan_node``).
 
 Attributes: ``crds.dra.attributes`` (the mapping users select by lives with the API):
 ``namespace``, ``configuration``, ``instance``, then each property of the Instance (its
@@ -79,7 +85,14 @@ def _pool_name(*parts: str) -> str:
 
 
 def local_pool(namespace: str, configuration: str, node: str) -> str:
-    return _pool_name(namespace, configuration, "node", node)
+    """``<namespace>/<configuration>/node/<node>``. Too long, the first part becomes a digest
+    but the node stays at the end: the agent's slice policy
+    (deploy/dra/agent-resourceslice-policy.yaml) ties a local pool to the node whose token
+    writes it by that suffix."""
+    name = _pool_name(namespace, configuration, "node", node)
+    if name.endswith(f"/node/{node}"):
+        return name
+    return f"edgeplug/{dra.digest(f'{namespace}/{configuration}')}/node/{node}"
 
 
 def shared_pool(namespace: str, configuration: str, instance: str) -> str:
@@ -107,10 +120,18 @@ class PoolPlan:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """Every pool this node should publish, and the devices it taints (instance → reason)."""
+    """Every pool this node should publish, and the devices it taints (instance → reason).
+    ``held``: pools holding a device of this node's whose health this node does not know yet;
+    they are neither published nor withdrawn (what was published for them stays)."""
 
     pools: Mapping[str, PoolPlan]
     tainted: Mapping[str, str] = field(default_factory=dict)
+    held: frozenset[str] = frozenset()
+
+
+#: This node's own verdict on each device it serves now: (namespace, Instance name) → None when
+#: healthy, else the reason (the agent's device table).
+Served = Mapping[tuple[str, str], str | None]
 
 
 def taint_value(reason: str) -> str:
@@ -149,43 +170,67 @@ def _device(instance: Instance, *, shared: bool, unhealthy: str | None
     return body, attrs.left_out
 
 
-def plan_node(node: str, instances: Iterable[Instance]) -> NodePlan:
-    """The pools ``node`` publishes for ``instances`` (every Instance it knows of)."""
-    local: dict[str, list[Instance]] = {}
+def plan_node(node: str, instances: Iterable[Instance], served: Served | None = None
+              ) -> NodePlan:
+    """The pools ``node`` publishes for ``instances`` (every Instance it knows of).
+
+    ``served`` is this node's own verdict on the devices it serves (``Served``). It outranks
+    the Instance's ``status.unhealthy.<node>``, which is written after the Instance (and after
+    every other Instance of a discovery pass) and so lags. A device of this node's that
+    ``served`` lacks has no known health here yet: its pool is held (``NodePlan.held``), never
+    published as though the device were healthy. None: health from the Instances alone.
+    """
+    local: dict[str, list[tuple[Instance, str | None]]] = {}
     pools: dict[str, PoolPlan] = {}
     tainted: dict[str, str] = {}
+    held: set[str] = set()
     for inst in instances:
         nodes = sorted(set(inst.spec.nodes))
         if node not in nodes:
             continue
+        unhealthy = dict(inst.unhealthy)
+        known = served is None or (inst.namespace, inst.name) in served
+        if served is not None and known:
+            verdict = served[(inst.namespace, inst.name)]
+            if verdict is None:
+                unhealthy.pop(node, None)
+            else:
+                unhealthy[node] = verdict
         if not inst.spec.shared:
-            if node in inst.unhealthy:
-                tainted[inst.name] = inst.unhealthy[node]
             pool = local_pool(inst.namespace, inst.spec.configuration_name, node)
-            local.setdefault(pool, []).append(inst)
+            if not known:
+                held.add(pool)
+            elif node in unhealthy:
+                tainted[inst.name] = unhealthy[node]
+            local.setdefault(pool, []).append((inst, unhealthy.get(node)))
             continue
         if nodes[0] != node:
             continue  # another node publishes it
-        healthy = tuple(n for n in nodes if n not in inst.unhealthy)
+        name = shared_pool(inst.namespace, inst.spec.configuration_name, inst.name)
+        if not known:
+            held.add(name)
+            continue
+        healthy = tuple(n for n in nodes if n not in unhealthy)
         reason = None
         if not healthy:  # usable nowhere: kept visible on every node, tainted
-            reason = inst.unhealthy.get(node, "unhealthy on every node")
+            reason = unhealthy.get(node, "unhealthy on every node")
             tainted[inst.name] = reason
         body, left = _device(inst, shared=True, unhealthy=reason)
-        name = shared_pool(inst.namespace, inst.spec.configuration_name, inst.name)
         pools[name] = PoolPlan(name=name, nodes=healthy or tuple(nodes), devices=(body,),
                                left_out={inst.name: left} if left else {})
     for name, members in local.items():
+        if name in held:
+            continue
         bodies: list[dict[str, Any]] = []
         left_out: dict[str, tuple[str, ...]] = {}
-        for inst in sorted(members, key=lambda i: i.name):
-            body, left = _device(inst, shared=False, unhealthy=inst.unhealthy.get(node))
+        for inst, reason in sorted(members, key=lambda m: m[0].name):
+            body, left = _device(inst, shared=False, unhealthy=reason)
             bodies.append(body)
             if left:
                 left_out[inst.name] = left
         pools[name] = PoolPlan(name=name, node_name=node, devices=tuple(bodies),
                                left_out=left_out)
-    return NodePlan(pools=pools, tainted=tainted)
+    return NodePlan(pools=pools, tainted=tainted, held=frozenset(held))
 
 
 def slice_name(pool: str, index: int, publisher: str) -> str:

@@ -83,7 +83,8 @@ async def dra_agents(cp: ControlPlane, nodes: Sequence[str], namespace: str
         for node in nodes:
             agent = await stack.enter_async_context(
                 agent_process.agent_in_process(cp, node_name=node, namespace=namespace))
-            publisher = DraPublisher(client=agent.client, node_name=node, namespace=namespace)
+            publisher = DraPublisher(client=agent.client, node_name=node, namespace=namespace,
+                                     devices=agent.devices)
             task = asyncio.create_task(publisher.run(), name=f"dra-{node}")
             agents[node] = DraAgent(agent, publisher, task)
         try:

@@ -5,13 +5,17 @@ one publishing node to the next keeps its identity, so a claim allocated before 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient
 
 from agent.dra import slices
+from agent.dra.publisher import ResourceSliceResource
+from agent.kube import as_dict
 from controller.device_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name
@@ -164,6 +168,16 @@ async def test_a_pool_with_a_tainted_device_is_split_as_the_api_requires(
     names = [f"d{i:02d}" for i in range(70)]
     cfg = h.extended_echo_configuration("big", names, state)
     pool = slices.local_pool(namespace, "big", node)
+    sick = slices.device_name(instance_name("big", "d00", shared=False, node=node))
+    written: list[dict[str, Any]] = []  # every slice of the pool the API server stored
+
+    async def record() -> None:
+        async for kind, obj in kube.watch(
+                ResourceSliceResource, labels={slices.LABEL_POOL: slices.pool_label(pool)}):
+            if kind != "DELETED":
+                written.append(as_dict(obj))
+
+    recorder = asyncio.create_task(record())
     try:
         async with h.dra_agents(control_plane, [node], namespace):
             harness.apply(control_plane, namespace, cfg)
@@ -175,6 +189,15 @@ async def test_a_pool_with_a_tainted_device_is_split_as_the_api_requires(
 
             assert await harness.eventually(split, what=f"{pool}: 70 devices",
                                             deadline=60.0) == [64, 6]
+        # Never, not for a moment, was the unhealthy device published without its taint (the
+        # pool as one slice of 70: its Instances are written before the status saying so).
+        untainted = [(s["metadata"]["name"], s["spec"]["pool"]["generation"],
+                      len(s["spec"]["devices"])) for s in written
+                     for d in s["spec"]["devices"] if d["name"] == sick and not d.get("taints")]
+        assert untainted == [], f"{sick} published as healthy: (slice, generation, devices)"
+        assert written, "the recorder saw no slice"
     finally:
+        recorder.cancel()
+        await asyncio.gather(recorder, return_exceptions=True)
         handler.release()
         await h.delete_slices(kube, node)

@@ -176,9 +176,11 @@ async def test_the_publisher_works_with_the_agents_token_alone(
         "rights", descriptions=["a"], shared=False))
     # The Instance as node A's agent makes it (discovery runs as admin here: only the
     # publisher's rights are under test).
-    async with harness.agent_in_process(control_plane, node_name=w.node_a, namespace=namespace):
+    async with harness.agent_in_process(control_plane, node_name=w.node_a,
+                                        namespace=namespace) as agent:
         client = AsyncClient(KubeConfig.from_file(str(w.agent_a.kubeconfig)))
-        publisher = DraPublisher(client=client, node_name=w.node_a, namespace=None)
+        publisher = DraPublisher(client=client, node_name=w.node_a, namespace=None,
+                                 devices=agent.devices)
         task = asyncio.create_task(publisher.run())
         try:
             admin = harness.api_client(control_plane)

@@ -137,6 +137,38 @@ def test_a_pool_with_a_tainted_device_is_split_at_64() -> None:
     assert [len(b["spec"]["devices"]) for b in bodies] == [64, 36]
 
 
+def test_a_pool_is_held_until_this_node_knows_the_health_of_each_of_its_devices() -> None:
+    """Issue 33: the Instances of a discovery pass are all written before the first status
+    says a device is unhealthy; the pool must not be published in between as though every
+    device were healthy (70 devices, one slice, no taint)."""
+    devices = [instance(f"cam-{i:06x}") for i in range(70)]  # no status written yet
+    served: dict[tuple[str, str], str | None] = {("ns", d.name): None for d in devices[1:]}
+    held = slices.plan_node("n1", devices, served)
+    assert held.pools == {}
+    assert held.held == {"ns/cam/node/n1"}
+    # Known (the sick one's verdict is this node's own, ahead of its Instance's status).
+    served[("ns", "cam-000000")] = "fault"
+    plan = slices.plan_node("n1", devices, served)
+    assert plan.held == frozenset()
+    bodies = slices.slice_bodies(plan.pools["ns/cam/node/n1"], generation=1, publisher="n1")
+    assert [len(b["spec"]["devices"]) for b in bodies] == [64, 6]
+    assert plan.tainted == {"cam-000000": "fault"}
+
+
+def test_this_nodes_verdict_outranks_the_status_it_has_not_rewritten_yet() -> None:
+    recovered = instance("cam-000001", unhealthy={"n1": "fault", "n2": "gone"})
+    (pool,) = slices.plan_node("n1", [recovered], {("ns", "cam-000001"): None}).pools.values()
+    assert "taints" not in pool.devices[0]
+    shared = instance("cam-abcdef", nodes=("n1", "n2"), shared=True, unhealthy={"n2": "gone"})
+    assert slices.plan_node("n1", [shared], {}).held == {"ns/cam/shared/cam-abcdef"}
+    sick_here = slices.plan_node("n1", [shared], {("ns", "cam-abcdef"): "not seen"})
+    (device,) = sick_here.pools["ns/cam/shared/cam-abcdef"].devices
+    assert device["taints"][0]["value"] == "not-seen", "usable nowhere: tainted"
+    # Another node's device is not this node's to know: never held for it.
+    theirs = instance("cam-000009", nodes=("n2",))
+    assert slices.plan_node("n1", [theirs], {}) == slices.NodePlan(pools={})
+
+
 def test_names_that_do_not_fit_become_digests() -> None:
     assert slices.device_name("cam-1a2b3c") == "cam-1a2b3c"
     assert slices.device_name("a.b-1a2b3c").startswith("d-")
@@ -144,6 +176,17 @@ def test_names_that_do_not_fit_become_digests() -> None:
     assert len(slices.local_pool("ns", long_conf, "n1")) <= slices.MAX_POOL_NAME
     assert dra.device_class_name("ns", "cam") == "cam.ns.edgeplug.io"
     assert len(dra.device_class_name("ns", long_conf)) <= dra.DNS_SUBDOMAIN_MAX
+
+
+def test_a_local_pool_too_long_for_its_name_still_ends_in_its_node() -> None:
+    """The agents' slice policy ties a local pool to its node by the ``/node/<node>`` suffix,
+    so the digest form keeps it (a bare digest was refused for every node)."""
+    node = "n" * 63
+    pool = slices.local_pool("ns", "c" * 250, node)
+    assert pool.endswith(f"/node/{node}")
+    assert len(pool) <= slices.MAX_POOL_NAME
+    assert pool != slices.local_pool("ns", "c" * 249, node)
+    assert slices.local_pool("ns", "cam", "n1") == "ns/cam/node/n1"
 
 
 def test_dra_is_off_unless_asked() -> None:
