@@ -42,8 +42,8 @@ COMPAT_TESTS := \
   tests/integration/test_helm.py tests/integration/test_rbac.py \
   tests/integration/test_agent_rights.py tests/integration/test_dra_features_served.py
 
-.PHONY: aptdeps install venv controlplane controlplane-compat helm realnode realnode-compat demo \
-  test test-newest test-compat lint unit bench images clean clean-cache
+.PHONY: aptdeps install venv controlplane controlplane-compat helm realnode realnode-compat \
+  thirdparty demo test test-newest test-compat lint unit bench images clean clean-cache
 
 # Debian packages (.ci/apt/*.txt): only asks dpkg when all are there; first, since the venv
 # itself needs python3-venv.
@@ -78,6 +78,14 @@ realnode: aptdeps $(VENV_STAMP)
 realnode-compat: aptdeps $(VENV_STAMP)
 	EDGEPLUG_KUBE_VERSION=$(COMPAT_VERSION) $(VENV_PY) -m tests.harness.realnodebin
 
+# Implementations we did not write that the tests run beside ours, built or installed once into
+# ~/.cache/edgeplug: node-opcua (npm, from its lock file) and Akri's handler protocol on
+# upstream tonic/h2 (cargo, from its Cargo.lock). The tests would make them on first use; here
+# their time is counted with the other builds, not inside a test's timeout.
+thirdparty: $(VENV_STAMP)
+	$(VENV_PY) -m tests.harness.opcua_nodeopcua
+	$(VENV_PY) -c 'from tests.harness import akri_rust_handler; print(akri_rust_handler.binary())'
+
 demo: install
 	$(VENV_PY) -m tests.harness.demo
 
@@ -88,7 +96,7 @@ lint: $(VENV_STAMP)
 
 # images: tests/integration/test_images.py runs what they hold (rebuilt only when an input changed).
 # Both runs go ahead whatever the first one found; the target fails if either failed.
-test: install lint images realnode controlplane-compat realnode-compat
+test: install lint images realnode thirdparty controlplane-compat realnode-compat
 	@status=0; \
 	echo "== the suite on Kubernetes $$($(VENV_PY) -c 'from tests.harness import kubebin; print(kubebin.NEWEST_VERSION)')"; \
 	$(VENV_PY) -m pytest -q || status=$$?; \
@@ -97,10 +105,10 @@ test: install lint images realnode controlplane-compat realnode-compat
 	exit $$status
 
 # One of the two runs alone (what `make test` runs after installing and linting).
-test-newest: install images realnode
+test-newest: install images realnode thirdparty
 	$(VENV_PY) -m pytest -q
 
-test-compat: install images controlplane-compat realnode-compat
+test-compat: install images thirdparty controlplane-compat realnode-compat
 	EDGEPLUG_KUBE_VERSION=$(COMPAT_VERSION) $(VENV_PY) -m pytest -q $(COMPAT_TESTS)
 
 bench: install
