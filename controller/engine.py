@@ -277,6 +277,11 @@ class Engine:
             self.queue.add((PINNED_DEMAND, "", key))  # written by hand, or by a past run
         if new is None:
             self.queue.add((NODE_DELETED, "", key))
+        elif old is None or old.labels != new.labels:
+            # A Node seen first, or relabelled: whether a Configuration's nodeSelector selects
+            # it decides whether its Instances' brokers run there (Reconciler._selected).
+            for namespace, name in self.cache.instances_on(key):
+                self.queue.add((INSTANCE, namespace, name))
         elif not new.ready and (old is None or old.ready):
             # NotReady: each Instance on it works out when the grace ends (and sets a timer).
             for namespace, name in self.cache.instances_on(key):

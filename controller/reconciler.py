@@ -13,6 +13,7 @@ duplicate. A step returns when it wants to run again (a backoff or grace period 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from datetime import UTC, datetime
@@ -89,6 +90,9 @@ class Reconciler:
         self._status_pending: set[tuple[str, str]] = set()
         self._status_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: (namespace, Configuration) → Instance → the nodes of its spec.nodes that the
+        #: Configuration's nodeSelector does not select (no broker there; in its status).
+        self.unselected: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
 
     # -- one Instance ------------------------------------------------------------------------
 
@@ -101,6 +105,7 @@ class Reconciler:
         its brokers removed; ``configuration`` names its Configuration then, if known."""
         record = view.instance(namespace, name)
         if record is None:
+            self._forget_unselected(namespace, configuration, name)
             await self._gone(view, namespace, name, configuration)
             return None
         config = view.configuration(namespace, record.instance.spec.configuration_name)
@@ -156,6 +161,14 @@ class Reconciler:
     ) -> float | None:
         cfg, inst = config.configuration, record.instance
         node_wait = await self.nodes.release_gone_nodes(view, record)
+        # Only the nodes the Configuration selects get brokers: spec.nodes is written by the
+        # agents, and a node's token may list its node in any shared Instance (the Instance
+        # policy cannot see the Configuration), so a node listed but not selected is shown in
+        # the status, never obeyed.
+        selected = tuple(n for n in inst.spec.nodes if self._selected(view, cfg, n))
+        self._note_unselected(cfg, inst, selected)
+        if len(selected) != len(inst.spec.nodes):
+            inst = dataclasses.replace(inst, spec=dataclasses.replace(inst.spec, nodes=selected))
         if self._broker_problems(cfg):
             return node_wait  # the status says why; running brokers are left as they are
         plan = Plan()
@@ -221,6 +234,43 @@ class Reconciler:
 
     def _broker_problems(self, cfg: Configuration) -> list[str]:
         return brokers.validate_broker_spec(cfg, device_classes=self.settings.dra)
+
+    @staticmethod
+    def _selected(view: ClusterView, cfg: Configuration, node: str) -> bool:
+        """Whether ``cfg``'s nodeSelector selects ``node`` (no selector: every node; a Node
+        the controller does not know is not shown selected, so it gets no broker until it is)."""
+        selector = cfg.spec.node_selector
+        if selector is None:
+            return True
+        health = view.node(node)
+        return health is not None and selector.matches(health.label_map())
+
+    def _note_unselected(self, cfg: Configuration, inst: Instance,
+                         selected: tuple[str, ...]) -> None:
+        key = (cfg.namespace, cfg.name)
+        left_out = tuple(sorted(n for n in inst.spec.nodes if n not in selected))
+        noted = self.unselected.get(key, {})
+        if noted.get(inst.name, ()) == left_out:
+            return
+        if left_out:
+            log.warning("Instance %s/%s lists node(s) %s, which Configuration %s's nodeSelector "
+                        "does not select: no broker there", inst.namespace, inst.name,
+                        ", ".join(left_out), cfg.name)
+            self.unselected.setdefault(key, {})[inst.name] = left_out
+        else:
+            self._forget_unselected(cfg.namespace, cfg.name, inst.name)
+
+    def _forget_unselected(self, namespace: str, configuration: str, instance: str) -> None:
+        """Drops ``instance``'s entry (every Configuration of ``namespace`` when
+        ``configuration`` is unknown: a gone Instance's may be)."""
+        keys = ([(namespace, configuration)] if configuration else
+                [k for k in self.unselected if k[0] == namespace])
+        for key in keys:
+            noted = self.unselected.get(key)
+            if noted is not None:
+                noted.pop(instance, None)
+                if not noted:
+                    del self.unselected[key]
 
     def _broker_identity(
         self, cfg: Configuration, inst: Instance, node: str, rendered: dict[str, dict[str, Any]]
@@ -352,17 +402,21 @@ class Reconciler:
         for record in view.instances_of(namespace, name):
             await self.kube.delete_instance(namespace, record.instance.name)
         self.refusals.pop((namespace, name), None)
+        self.unselected.pop((namespace, name), None)
         self.metrics.forget_configuration(namespace, name)
 
     def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
         cfg = config.configuration
         instances, desired, ready = view.pod_broker_counts(cfg.namespace, cfg.name)
+        unselected = self.unselected.get((cfg.namespace, cfg.name), {})
         if cfg.spec.broker_pod_spec is not None:
-            return status.BrokerCounts(instances=instances, desired=desired, ready=ready)
+            desired -= sum(len(nodes) for nodes in unselected.values())
+            return status.BrokerCounts(instances=instances, desired=max(desired, 0), ready=ready)
         desired = ready = 0
         if cfg.spec.broker_job_spec is not None:
             for record in view.instances_of(cfg.namespace, cfg.name):
-                if record.instance.spec.nodes:
+                nodes = record.instance.spec.nodes
+                if len(unselected.get(record.instance.name, ())) < len(nodes):
                     desired += 1
                     ready += any(
                         j.ready for j in view.broker_jobs(cfg.namespace, record.instance.name)
@@ -402,6 +456,7 @@ class Reconciler:
             refusal=refusal[1] if refusal and refusal[0] == cfg.generation else None,
             current=current,
             now=_now(),
+            unselected=self.unselected.get((namespace, name), {}),
         )
         if status.needs_write(current, new):
             await self.kube.apply_configuration_status(namespace, name, new)

@@ -23,6 +23,11 @@ from crds.instance import Instance
 FINISHED_PHASES: Final = frozenset({"Failed", "Succeeded"})
 
 
+def sorted_labels(labels: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A Node's labels as a sorted tuple: hashable, and equal while they do not change."""
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+
+
 def parse_time(value: Any) -> datetime | None:
     """A Kubernetes RFC 3339 timestamp (``...Z``) as an aware datetime."""
     if isinstance(value, datetime):
@@ -140,18 +145,26 @@ class NodeHealth:
     since: datetime | None
     #: The Node's pinned-demand annotation as it is now ("" when absent; controller.pinned_demand).
     pinned_demand: str = ""
+    #: The Node's labels, sorted (what a Configuration's nodeSelector is evaluated against).
+    labels: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_object(cls, node: Mapping[str, Any]) -> NodeHealth:
-        name = str((node.get("metadata") or {}).get("name", ""))
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        labels = sorted_labels(meta.get("labels") or {})
         for condition in (node.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Ready":
                 return cls(
                     name=name,
                     ready=condition.get("status") == "True",
                     since=parse_time(condition.get("lastTransitionTime")),
+                    labels=labels,
                 )
-        return cls(name=name, ready=False, since=None)
+        return cls(name=name, ready=False, since=None, labels=labels)
+
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
 
     def unhealthy_for(self, now: datetime) -> float:
         """Seconds the node has been not Ready (0 when Ready or unknown since when)."""

@@ -2,7 +2,9 @@
 
 Why this exists: users read ``kubectl get configurations`` and ``kubectl describe`` to learn
 whether their brokers run and, if not, why. The controller owns ``observedGeneration``,
-``instanceCount``, ``brokers {desired, ready}`` and two condition types; the agent writes its
+``instanceCount``, ``brokers {desired, ready}`` and its condition types (``BrokerNodesSelected``
+only while an Instance lists a node the Configuration's nodeSelector does not select, which gets
+no broker: a forged node entry is shown, not obeyed); the agent writes its
 own discovery condition in the same list (a map list keyed by ``type``), which the controller
 never touches because it writes through server-side apply with its own field manager and sends
 only its own condition types. A condition keeps its ``lastTransitionTime`` while its status stays
@@ -18,7 +20,9 @@ from typing import Any, Final
 
 CONDITION_BROKER_SPEC_VALID: Final = "BrokerSpecValid"
 CONDITION_BROKERS_READY: Final = "BrokersReady"
-OWNED_CONDITIONS: Final = (CONDITION_BROKER_SPEC_VALID, CONDITION_BROKERS_READY)
+CONDITION_BROKER_NODES_SELECTED: Final = "BrokerNodesSelected"
+OWNED_CONDITIONS: Final = (CONDITION_BROKER_SPEC_VALID, CONDITION_BROKERS_READY,
+                           CONDITION_BROKER_NODES_SELECTED)
 
 REASON_VALID: Final = "Valid"
 REASON_NO_BROKER_SPEC: Final = "NoBrokerSpec"
@@ -27,6 +31,7 @@ REASON_REFUSED: Final = "BrokerCreationRefused"
 REASON_ALL_READY: Final = "AllBrokersReady"
 REASON_NO_BROKERS: Final = "NoBrokers"
 REASON_NOT_READY: Final = "BrokersNotReady"
+REASON_NODE_NOT_SELECTED: Final = "NodeNotSelected"
 MESSAGE_MAX: Final = 1024
 
 
@@ -80,8 +85,10 @@ def desired_status(
     refusal: str | None,
     current: Mapping[str, Any] | None,
     now: datetime,
+    unselected: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """The controller's fields of ``status``, ready for a server-side apply."""
+    """The controller's fields of ``status``, ready for a server-side apply. ``unselected``:
+    Instance → the nodes of its ``spec.nodes`` the nodeSelector does not select."""
     previous = _by_type(current)
     if not has_broker_spec:
         spec_ok, spec_reason = True, REASON_NO_BROKER_SPEC
@@ -99,30 +106,39 @@ def desired_status(
         ready_ok = counts.ready >= counts.desired
         ready_reason = REASON_ALL_READY if ready_ok else REASON_NOT_READY
         ready_message = f"{counts.ready}/{counts.desired} brokers ready"
+    conditions = [
+        _condition(
+            kind=CONDITION_BROKER_SPEC_VALID,
+            ok=spec_ok,
+            reason=spec_reason,
+            message=spec_message,
+            generation=generation,
+            previous=previous.get(CONDITION_BROKER_SPEC_VALID),
+            now=now,
+        ),
+        _condition(
+            kind=CONDITION_BROKERS_READY,
+            ok=ready_ok,
+            reason=ready_reason,
+            message=ready_message,
+            generation=generation,
+            previous=previous.get(CONDITION_BROKERS_READY),
+            now=now,
+        ),
+    ]
+    if unselected:
+        listed = "; ".join(f"Instance {name} lists {', '.join(nodes)}"
+                           for name, nodes in sorted(unselected.items()))
+        conditions.append(_condition(
+            kind=CONDITION_BROKER_NODES_SELECTED, ok=False, reason=REASON_NODE_NOT_SELECTED,
+            message=f"no broker on nodes the nodeSelector does not select: {listed}",
+            generation=generation, previous=previous.get(CONDITION_BROKER_NODES_SELECTED),
+            now=now))
     return {
         "observedGeneration": generation,
         "instanceCount": counts.instances,
         "brokers": {"desired": counts.desired, "ready": counts.ready},
-        "conditions": [
-            _condition(
-                kind=CONDITION_BROKER_SPEC_VALID,
-                ok=spec_ok,
-                reason=spec_reason,
-                message=spec_message,
-                generation=generation,
-                previous=previous.get(CONDITION_BROKER_SPEC_VALID),
-                now=now,
-            ),
-            _condition(
-                kind=CONDITION_BROKERS_READY,
-                ok=ready_ok,
-                reason=ready_reason,
-                message=ready_message,
-                generation=generation,
-                previous=previous.get(CONDITION_BROKERS_READY),
-                now=now,
-            ),
-        ],
+        "conditions": conditions,
     }
 
 
@@ -133,6 +149,9 @@ def needs_write(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -
         if current.get(key) != desired.get(key):
             return True
     have = _by_type(current)
+    wanted = {str(c["type"]) for c in desired.get("conditions") or []}
+    if any(kind in have and kind not in wanted for kind in OWNED_CONDITIONS):
+        return True  # one of ours to withdraw (the apply leaves it out)
     for condition in desired.get("conditions") or []:
         existing = have.get(condition["type"])
         if existing is None:

@@ -24,6 +24,7 @@ from controller.records import (
     OwnedObject,
     RejectedPod,
     parse_time,
+    sorted_labels,
 )
 from crds.configuration import Configuration
 from crds.instance import Instance
@@ -197,13 +198,14 @@ def node(raw: bytes) -> tuple[NodeHealth, str]:
     obj = _node(raw)
     version = obj.metadata.resourceVersion
     demand = obj.metadata.annotations.get(PINNED_DEMAND_ANNOTATION, "")
+    labels = sorted_labels(obj.metadata.labels)
     for condition in obj.status.conditions:
         if condition.type == "Ready":
             return NodeHealth(name=obj.metadata.name, ready=condition.status == "True",
                               since=parse_time(condition.lastTransitionTime),
-                              pinned_demand=demand), version
+                              pinned_demand=demand, labels=labels), version
     return NodeHealth(name=obj.metadata.name, ready=False, since=None,
-                      pinned_demand=demand), version
+                      pinned_demand=demand, labels=labels), version
 
 
 def _owned_object(meta: _Meta, *, ready: bool = False) -> OwnedObject:

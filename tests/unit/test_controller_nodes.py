@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from controller import wire
 from controller.nodes import release_node
 from controller.records import NodeHealth
 from controller.settings import ControllerSettings
@@ -44,6 +47,21 @@ def test_node_health() -> None:
     assert well.unhealthy_for(NOW) == 0
     bare = NodeHealth.from_object({"metadata": {"name": "c"}})
     assert bare.unhealthy_for(NOW) == 0, "no Ready condition yet: not known to be sick"
+
+
+def test_node_labels_are_kept_for_node_selectors_and_equal_while_unchanged() -> None:
+    """The reconciler evaluates a Configuration's nodeSelector against these labels; the wire
+    decoder (every watch event) and from_object agree, and a heartbeat leaves them equal."""
+    meta: dict[str, Any] = {"name": "a", "resourceVersion": "7",
+                            "labels": {"site": "north", "kubernetes.io/hostname": "a"}}
+    obj: dict[str, Any] = {"metadata": meta,
+                           "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    decoded, version = wire.node(json.dumps(obj).encode())
+    assert version == "7"
+    assert decoded == NodeHealth.from_object(obj)
+    assert decoded.label_map() == {"site": "north", "kubernetes.io/hostname": "a"}
+    relabelled = {**obj, "metadata": {**meta, "labels": {"site": "south"}}}
+    assert wire.node(json.dumps(relabelled).encode())[0] != decoded
 
 
 def test_settings_from_args() -> None:

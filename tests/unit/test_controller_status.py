@@ -71,3 +71,23 @@ def test_unchanged_status_needs_no_write_and_keeps_transition_time() -> None:
     assert conditions(fewer)[status.CONDITION_BROKERS_READY]["lastTransitionTime"] == (
         "2026-01-01T12:05:00Z"
     )
+
+
+def test_a_node_the_selector_does_not_select_is_named_and_withdrawn_when_gone() -> None:
+    counts = BrokerCounts(instances=1, desired=1, ready=1)
+    forged = status.desired_status(
+        generation=2, counts=counts, has_broker_spec=True, spec_problems=[], refusal=None,
+        current=None, now=NOW, unselected={"cam-1a2b3c": ("node-a",)},
+    )
+    selected = conditions(forged)[status.CONDITION_BROKER_NODES_SELECTED]
+    assert (selected["status"], selected["reason"]) == ("False", status.REASON_NODE_NOT_SELECTED)
+    assert "Instance cam-1a2b3c lists node-a" in str(selected["message"])
+    assert not status.needs_write(forged, forged)
+    # The node left the Instance: the condition is withdrawn (an apply without it).
+    clean = status.desired_status(
+        generation=2, counts=counts, has_broker_spec=True, spec_problems=[], refusal=None,
+        current=forged, now=NOW, unselected={},
+    )
+    assert status.CONDITION_BROKER_NODES_SELECTED not in conditions(clean)
+    assert status.needs_write(forged, clean)
+    assert not status.needs_write(clean, clean)
