@@ -18,7 +18,8 @@ How the Instance is written, and why slots are safe:
 - ``deviceUsage`` is never in an apply. Were it applied, this node's manager would own the slot
   values and a later apply could reset a slot the device-plugin side claimed. Instead the
   Instance is *created* (plain POST, ``409 AlreadyExists`` means another agent won the race)
-  with every slot ``crds.naming.slot_id(instance, i)`` set to ``""``, and slots that are missing
+  with every slot ``crds.naming.slot_id(instance, i)`` set to ``""`` (a local one already naming
+  this node in ``nodes``, as the agents' Instance policy requires), and slots that are missing
   afterwards (capacity raised, or an Instance re-created by apply) are added by a merge patch
   that carries the read ``resourceVersion``: an optimistic-concurrency write that fails instead
   of overwriting a claim made in between, and names only missing keys.
@@ -52,6 +53,7 @@ from lightkube.types import PatchType
 from agent import watching
 from agent.cdi_specs import CdiSpecs
 from agent.device_health import HealthReporter
+from agent.events import emit_event
 from agent.kube import (
     InstanceResource,
     as_dict,
@@ -62,7 +64,7 @@ from agent.kube import (
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.node_labels import NodeLabels
-from crds.api import API_VERSION, INSTANCE_KIND
+from crds.api import API_VERSION, CONFIGURATION_KIND, INSTANCE_KIND
 from crds.configuration import Configuration
 from crds.instance import Instance
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
@@ -72,6 +74,8 @@ log = logging.getLogger(__name__)
 
 LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under us
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
+#: The Warning Event's reason when a local device's Instance name is another node's.
+REASON_NAME_TAKEN = "InstanceNameTaken"
 
 
 class LeaveFailed(Exception):
@@ -109,6 +113,8 @@ class InstancePublisher:
             client=client, node_name=node_name, namespace=configuration.namespace
         )
         self._lock = asyncio.Lock()
+        #: Local names found held by another node's Instance (logged once each).
+        self._taken: set[str] = set()
 
     @property
     def owned(self) -> Mapping[str, bool]:
@@ -155,7 +161,8 @@ class InstancePublisher:
                         self._leave_after_grace(name), name=f"grace-{name}"
                     )
             for name, device in desired.items():
-                await self._ensure(name, device, shared=shared)
+                if not await self._ensure(name, device, shared=shared):
+                    continue  # another node's local Instance holds the name (logged once)
                 self._owned[name] = shared
                 self._served[name] = self._node_device(
                     name, handler, details, device, shared=shared
@@ -220,24 +227,31 @@ class InstancePublisher:
     def _properties(self, device: Device) -> dict[str, str]:
         return {**device.properties, **self._cfg.spec.broker_properties}
 
-    async def _ensure(self, name: str, device: Device, *, shared: bool) -> None:
+    async def _ensure(self, name: str, device: Device, *, shared: bool) -> bool:
+        """Create or apply ``name``; False when the name is another node's local Instance."""
         body = self._body(name, device, shared=shared)
         if self._applied.get(name) == body:
-            return
-        if name not in self._owned:
-            await self._create(name, body, shared=shared)
+            return True
+        if name not in self._owned and not await self._create(name, body, shared=shared):
+            return False
         applied = await self._client.patch(
             InstanceResource, name, body, namespace=self._cfg.namespace,
             patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
         )
         await self._fill_slots(as_dict(applied))
         self._applied[name] = body
+        self._taken.discard(name)
+        return True
 
-    async def _create(self, name: str, body: dict[str, Any], *, shared: bool) -> None:
+    async def _create(self, name: str, body: dict[str, Any], *, shared: bool) -> bool:
         """Create ``name``, owned from before the request is sent: a run stopped while the
         create (or the apply after it) is in flight must still withdraw what the API server may
-        have made, or a Node relabelled right after a device appeared keeps its Instance."""
-        spec = {k: v for k, v in body["spec"].items() if k != "nodes"}
+        have made, or a Node relabelled right after a device appeared keeps its Instance.
+        False when a local ``name`` exists naming another node (see ``_held_elsewhere``)."""
+        # A shared Instance is created without nodes (each agent then owns its own element
+        # through its apply); a local one names this node from the start, since the agents'
+        # Instance policy lets a node create a local Instance only for itself.
+        spec = {k: v for k, v in body["spec"].items() if k != "nodes" or not shared}
         spec["deviceUsage"] = {slot_id(name, i): "" for i in range(self._cfg.spec.capacity)}
         created = {**body, "spec": spec}
         self._owned[name] = shared
@@ -250,6 +264,46 @@ class InstancePublisher:
             if not is_conflict(exc):
                 self._owned.pop(name, None)  # refused: nothing was made, the next pass creates
                 raise
+            if not shared and await self._held_elsewhere(name):
+                self._owned.pop(name, None)
+                return False
+        return True
+
+    async def _held_elsewhere(self, name: str) -> bool:
+        """Whether the local Instance ``name`` that exists already names another node.
+
+        Local names are a 3-byte digest of the device id and node (Akri's), so another node's
+        Instance can hold this node's name: a collision, or a node's token that created it
+        first. The agents' Instance policy lets no node write another node's local Instance, so
+        this node serves its other devices and leaves this one unpublished, said once in the
+        log and in a Warning Event on the Configuration, until someone deletes that Instance.
+        """
+        try:
+            existing = as_dict(
+                await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
+        except ApiError as exc:
+            if is_not_found(exc):
+                return False  # gone meanwhile: the apply that follows makes it
+            raise
+        nodes = [str(n) for n in (existing.get("spec") or {}).get("nodes") or []]
+        if not nodes or nodes == [self._node]:
+            return False
+        if name not in self._taken:
+            self._taken.add(name)
+            message = (f"node {self._node}: a local device's Instance name {name} is held by "
+                       f"an Instance of node(s) {', '.join(nodes)}; the device is not published "
+                       f"on this node until that Instance is deleted")
+            log.warning("%s", message, extra=self._extra(name))
+            cfg = self._cfg
+            try:
+                await emit_event(
+                    self._client, node=self._node, kind=CONFIGURATION_KIND, name=cfg.name,
+                    namespace=cfg.namespace, uid=cfg.uid, reason=REASON_NAME_TAKEN,
+                    message=message, warning=True)
+            except Exception as error:  # the log line stands
+                log.warning("could not post the Event: %s", watching.describe(error),
+                            extra=self._extra(name))
+        return True
 
     async def _fill_slots(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]

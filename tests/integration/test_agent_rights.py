@@ -241,10 +241,16 @@ def test_agent_writes_another_nodes_local_instance_not_at_all(control_plane: Con
 def test_agent_creates_instances_for_its_own_node_only(enforced: World) -> None:
     w = enforced
 
+    # As agent/instance_publisher.py creates them: owned by their Configuration (whose absence
+    # only matters to the garbage collector, later).
+    owner = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration", "name": "cam",
+             "uid": str(uuid.uuid4())}
+
     def create(nodes: list[str], usage: str, *, shared: bool) -> tuple[bool, str]:
         name = f"new-{uuid.uuid4().hex[:6]}"
         body = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
-                "metadata": {"name": name, "namespace": w.namespace},
+                "metadata": {"name": name, "namespace": w.namespace,
+                             "ownerReferences": [owner]},
                 "spec": {"configurationName": "cam", "shared": shared, "nodes": nodes,
                          "deviceUsage": {f"{name}-0": usage}}}
         return _create(w.agent_a, body)
@@ -254,7 +260,11 @@ def test_agent_creates_instances_for_its_own_node_only(enforced: World) -> None:
     _refused(create([w.node_b], "", shared=True), "only its own node in spec.nodes")
     _refused(create([w.node_a], w.node_b, shared=True),
              "only deviceUsage slots that are free or its own node's")
-    _allowed(create([], "", shared=False))
+    # A local Instance names its node from the start (no squatting a name for nobody).
+    _refused(create([], "", shared=False),
+             "local (unshared) Instance only with spec.nodes exactly its own node")
+    _allowed(create([w.node_a], "", shared=False))
+    _allowed(create([], "", shared=True))
     _allowed(create([w.node_a], "", shared=True))
 
 

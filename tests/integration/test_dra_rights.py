@@ -71,7 +71,9 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 def _slice(name: str, *, label_node: str, node_name: str | None = None,
            selector_nodes: list[str] | None = None, driver: str = "edgeplug.io"
            ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"driver": driver, "pool": {"name": f"ns/c/{name}", "generation": 1,
+    # Pools named as agent/dra/slices.py names them: a node's own, or a shared device's.
+    pool = f"ns/{name}/node/{node_name}" if node_name is not None else f"ns/c/shared/{name}"
+    spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool, "generation": 1,
                                                       "resourceSliceCount": 1},
                             "devices": [{"name": "d"}]}
     if node_name is not None:

@@ -1,0 +1,673 @@
+"""A stolen node agent token, tried as an attacker would: every write that would reach past its
+own node is refused by the API server, and the writes the agent really makes still pass.
+
+Why this exists: issue 32. With deploy/manifests and deploy/dra applied as a user applies them
+(the agent's RBAC and admission policies, unchanged files) and the agent's ServiceAccount token
+bound to a pod on node A (the node name in ``authentication.kubernetes.io/node-name``, as its
+DaemonSet pod's token has it), each attempt below is a real request to the real API server:
+
+- another node's shared Instance: owner references pointed at a missing owner (the garbage
+  collector would delete it and its brokers), labels, annotations, finalizers;
+- the controller's ``status.claims`` (1024 withholds every slot) and ``status.servedBy``;
+- a local Instance created for another node, or for none (squatting), or dressed up (labels,
+  finalizers, another owner);
+- ``nodes/status`` carrying metadata: NodeRestriction's labels, node roles, another hostname,
+  annotations (the controller's pinned-demand among them);
+- a ResourceSlice in another node's local pool (a newer generation hides the real one), or a
+  local pool dressed as a shared one;
+- every condition of a Configuration's status replaced, another node's condition, the
+  controller's fields;
+- Events posing as the controller or another node, or about other objects;
+- through the controller: an Instance listing node A for a Configuration whose nodeSelector
+  selects only node B gets no broker on A, and the Configuration's status names it.
+
+Each refusal asserts the policy's own message; beside each, the write the agent's code makes
+(its real functions where they are small: the condition reporter, the Event, the publisher)
+passes. What stays reachable, and why, is in deploy/README.md, "What a node's agent can do".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.types import PatchType
+
+from agent.dra.publisher import ResourceSliceResource
+from agent.events import ConfigurationReporter, emit_event
+from agent.instance_publisher import REASON_NAME_TAKEN, InstancePublisher
+from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDeviceTable
+from agent.node_labels import NodeLabels
+from controller import status as controller_status
+from crds.configuration import Configuration
+from crds.naming import instance_name
+from discovery_handlers.contract import Device
+from discovery_handlers.registry import load_handler
+from tests.harness import controller_process as ctl
+from tests.harness.agent_process import debug_echo_configuration
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.service_accounts import Identity, mint, pod_bound
+
+pytestmark = pytest.mark.timeout(240)
+
+MANIFESTS = REPO_ROOT / "deploy" / "manifests"
+DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
+SYSTEM_NAMESPACE = "edgeplug-system"
+AGENT_ACCOUNT = "edgeplug-agent"
+INSTANCES = "instances.edgeplug.io"
+#: A newly applied policy is type-checked and loaded asynchronously by the API server.
+POLICY_ACTIVE_S = 60.0
+POLL_S = 0.2
+#: What the API server answers when a ValidatingAdmissionPolicy denies a request.
+DENIED = "denied request"
+FIELD_MANAGER = "edgeplug-attack-test"
+WAIT_S = 60.0
+
+
+def agent_manifests() -> list[Path]:
+    """The files of deploy/manifests a user applies that hold the agent's rights: the
+    kustomization's namespace and agent-* files, except the DaemonSet (no kubelet runs it)."""
+    listed = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
+    names = [n for n in listed if n == "namespace.yaml"
+             or (n.startswith("agent-") and n != "agent-daemonset.yaml")]
+    assert "agent-report-policy.yaml" in names
+    assert "agent-instance-policy.yaml" in names
+    return [MANIFESTS / n for n in names]
+
+
+@dataclass(frozen=True)
+class World:
+    namespace: str
+    node_a: str
+    node_b: str
+    agent_a: Identity
+    agent_b: Identity
+    unbound: Identity
+    #: The owner reference an Instance of Configuration ``cam`` carries (as the agent writes it).
+    owner: dict[str, Any]
+
+
+def _apply(cp: ControlPlane, obj: dict[str, Any]) -> None:
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=admin",
+               "-f", "-", stdin=json.dumps(obj))
+
+
+@pytest.fixture(scope="module")
+def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[World]:
+    cp = control_plane
+    for path in agent_manifests():
+        cp.kubectl("apply", "-f", str(path))
+    cp.kubectl("apply", "-k", str(DRA_MANIFESTS))
+    suffix = uuid.uuid4().hex[:6]
+    node_a, node_b = f"attack-a-{suffix}", f"attack-b-{suffix}"
+    namespace = f"attack-{suffix}"
+    for node in (node_a, node_b):
+        _apply(cp, {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": node, "labels": {"kubernetes.io/hostname": node, "site": node}}})
+    cp.kubectl("create", "namespace", namespace)
+    _apply(cp, debug_echo_configuration("cam", descriptions=["c0"]) | {
+        "metadata": {"name": "cam", "namespace": namespace}})
+    uid = cp.kubectl("get", "configurations.edgeplug.io", "cam", "-n", namespace,
+                     "-o", "jsonpath={.metadata.uid}").stdout.strip()
+    owner = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration", "name": "cam",
+             "uid": uid, "controller": True, "blockOwnerDeletion": True}
+    folder = tmp_path_factory.mktemp("attacks")
+    agent_a = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_a,
+                        folder=folder)
+    agent_b = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_b,
+                        folder=folder)
+    unbound = mint(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT,
+                   path=folder / "unbound")
+    try:
+        yield World(namespace, node_a, node_b, agent_a, agent_b, unbound, owner)
+    finally:
+        cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+                   f"{AGENT_ACCOUNT}-{node_a}", f"{AGENT_ACCOUNT}-{node_b}", check=False)
+        cp.kubectl("delete", "resourceslices", "-l",
+                   f"edgeplug.io/node in ({node_a},{node_b})", check=False)
+        cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cp.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+def _client(who: Identity) -> Client:
+    return Client(KubeConfig.from_file(str(who.kubeconfig)), field_manager=FIELD_MANAGER)
+
+
+def _outcome(call: Callable[[], object]) -> tuple[bool, str]:
+    try:
+        call()
+    except ApiError as error:
+        return False, f"{error.status.code}: {error.status.message}"
+    return True, ""
+
+
+def _refused(outcome: tuple[bool, str], fragment: str) -> None:
+    allowed, message = outcome
+    assert not allowed, f"the write was allowed; expected a refusal saying {fragment!r}"
+    assert message.startswith("403"), message
+    assert DENIED in message, message
+    assert fragment in message, message
+
+
+def _allowed(outcome: tuple[bool, str]) -> None:
+    allowed, message = outcome
+    assert allowed, message
+
+
+def _until_refused(call: Callable[[], tuple[bool, str]], what: str) -> tuple[bool, str]:
+    """The first refusal by a policy (which the API server loads asynchronously)."""
+    deadline = time.monotonic() + POLICY_ACTIVE_S
+    while True:
+        outcome = call()
+        if not outcome[0] and DENIED in outcome[1]:
+            return outcome
+        assert time.monotonic() < deadline, f"{what}: not enforced in time: {outcome}"
+        time.sleep(POLL_S)  # polling a condition with a deadline, not a synchronisation sleep
+
+
+def _patch(who: Identity, w: World, name: str, patch: dict[str, Any], *,
+           status: bool = False) -> tuple[bool, str]:
+    resource = InstanceResource.Status if status else InstanceResource
+    return _outcome(lambda: _client(who).patch(
+        resource, name, patch, namespace=w.namespace, patch_type=PatchType.MERGE))
+
+
+def _create(who: Identity, body: dict[str, Any]) -> tuple[bool, str]:
+    return _outcome(lambda: _client(who).create(InstanceResource.from_dict(body)))
+
+
+def _instance(cp: ControlPlane, w: World, *, nodes: list[str], shared: bool = True,
+              status: dict[str, Any] | None = None, name: str = "",
+              metadata: dict[str, Any] | None = None) -> str:
+    """An Instance of ``cam`` as the agents of ``nodes`` would have left it (written by the
+    admin), owned by the Configuration."""
+    name = name or f"cam-{uuid.uuid4().hex[:6]}"
+    _apply(cp, {
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
+        "metadata": {"name": name, "namespace": w.namespace, "ownerReferences": [w.owner],
+                     **(metadata or {})},
+        "spec": {"configurationName": "cam", "cdiName": f"edgeplug.io/cam={name[-6:]}",
+                 "capacity": 2, "shared": shared, "nodes": nodes,
+                 "brokerProperties": {"URL": "rtsp://cam"},
+                 "deviceUsage": {f"{name}-0": "", f"{name}-1": ""}},
+    })
+    if status:
+        cp.kubectl("patch", INSTANCES, name, "-n", w.namespace, "--subresource=status",
+                   "--type=merge", "-p", json.dumps({"status": status}))
+    return name
+
+
+def _body(w: World, name: str, *, nodes: list[str], shared: bool,
+          metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An Instance as agent/instance_publisher.py creates it."""
+    meta = {"name": name, "namespace": w.namespace, "ownerReferences": [w.owner]}
+    spec: dict[str, Any] = {"configurationName": "cam", "cdiName": f"edgeplug.io/cam={name[-6:]}",
+                            "capacity": 1, "brokerProperties": {}, "shared": shared,
+                            "deviceUsage": {f"{name}-0": ""}}
+    if nodes:
+        spec["nodes"] = nodes
+    return {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
+            "metadata": meta | (metadata or {}), "spec": spec}
+
+
+def _get(cp: ControlPlane, *args: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(cp.kubectl("get", *args, "-o", "json").stdout)
+    return found
+
+
+@pytest.fixture(scope="module")
+def enforced(control_plane: ControlPlane, world: World) -> World:
+    """The Instance policy is enforced (the others are waited for where first used)."""
+    theirs = _instance(control_plane, world, nodes=[world.node_b])
+    _until_refused(lambda: _patch(world.agent_a, world, theirs,
+                                  {"metadata": {"labels": {"x": "y"}}}), "the Instance policy")
+    return world
+
+
+# -- Instances: metadata ---------------------------------------------------------------------
+
+
+METADATA = "may not change an Instance's metadata"
+
+
+def test_another_nodes_shared_instance_keeps_its_metadata(control_plane: ControlPlane,
+                                                          enforced: World) -> None:
+    cp, w = control_plane, enforced
+    # Shared with node A too: A is a holder, and still may not touch the metadata.
+    name = _instance(cp, w, nodes=[w.node_b, w.node_a],
+                     metadata={"labels": {"team": "b"}, "annotations": {"note": "b's"}})
+    missing = {**w.owner, "uid": str(uuid.uuid4())}
+    for patch in ({"metadata": {"ownerReferences": [missing]}},
+                  {"metadata": {"ownerReferences": None}},
+                  {"metadata": {"labels": {"team": "a"}}},
+                  {"metadata": {"labels": {"team": None}}},
+                  {"metadata": {"annotations": {"note": None, "other": "x"}}},
+                  {"metadata": {"finalizers": ["attack.io/stuck"]}}):
+        _refused(_patch(w.agent_a, w, name, patch), METADATA)
+    # The same through a server-side apply (the agent's own kind of write): another owner
+    # beside the real one (not its controller: the API server's own validation allows one).
+    forged = _body(w, name, nodes=[w.node_a], shared=True,
+                   metadata={"ownerReferences": [{**missing, "controller": False}]})
+    _refused(_outcome(lambda: _client(w.agent_a).patch(
+        InstanceResource, name, forged, namespace=w.namespace, patch_type=PatchType.APPLY,
+        field_manager=field_manager(w.node_a), force=True)), METADATA)
+    stored = _get(cp, INSTANCES, name, "-n", w.namespace)["metadata"]
+    assert [r["uid"] for r in stored["ownerReferences"]] == [w.owner["uid"]]
+    assert stored["labels"] == {"team": "b"}
+    assert "finalizers" not in stored
+    # Control: the agent's apply of its own body (same owner reference, its node) passes.
+    body = _body(w, name, nodes=[w.node_a], shared=True)
+    del body["spec"]["deviceUsage"]
+    _allowed(_outcome(lambda: _client(w.agent_a).patch(
+        InstanceResource, name, body, namespace=w.namespace, patch_type=PatchType.APPLY,
+        field_manager=field_manager(w.node_a), force=True)))
+
+
+def test_status_fields_the_controller_owns_are_refused(control_plane: ControlPlane,
+                                                       enforced: World) -> None:
+    cp, w = control_plane, enforced
+    message = "may not write status.claims or status.servedBy"
+    theirs = _instance(cp, w, nodes=[w.node_b, w.node_a], status={"claims": 1, "servedBy": "dra"})
+    mine = _instance(cp, w, nodes=[w.node_a], shared=False, status={"claims": 2})
+    for name in (theirs, mine):
+        for patch in ({"claims": 1024}, {"claims": None}, {"servedBy": "device-plugin"},
+                      {"claims": 0, "demand": {w.node_a: 1}}):
+            _refused(_patch(w.agent_a, w, name, {"status": patch}, status=True), message)
+    # Control: the agent's own status writes beside the controller's fields.
+    _allowed(_patch(w.agent_a, w, theirs, {"status": {
+        "demand": {w.node_a: 1}, "unhealthy": {w.node_a: "no signal"}, "used": 0}}, status=True))
+    assert _get(cp, INSTANCES, theirs, "-n", w.namespace)["status"]["claims"] == 1
+
+
+# -- Instances: local ones, created -----------------------------------------------------------
+
+
+def test_a_local_instance_is_created_only_for_the_node_that_creates_it(
+        enforced: World) -> None:
+    w = enforced
+
+    def new(**kwargs: Any) -> dict[str, Any]:
+        return _body(w, f"new-{uuid.uuid4().hex[:6]}", **kwargs)
+
+    local_own = "local (unshared) Instance only with spec.nodes exactly its own node"
+    _refused(_create(w.agent_a, new(nodes=[], shared=False)), local_own)
+    _refused(_create(w.agent_a, new(nodes=[w.node_b], shared=False)),
+             "only its own node in spec.nodes")
+    _refused(_create(w.agent_a, new(nodes=[w.node_a, w.node_b], shared=False)),
+             "only its own node in spec.nodes")
+    dressed = "only owned by the Configuration it names"
+    other_owner = {**w.owner, "name": "other", "uid": str(uuid.uuid4())}
+    dressings: list[dict[str, Any]] = [
+        {"labels": {"edgeplug.io/node": w.node_b}},
+        {"annotations": {"x": "y"}},
+        {"finalizers": ["attack.io/stuck"]},
+        {"ownerReferences": []},
+        {"ownerReferences": [other_owner]},
+        {"ownerReferences": [w.owner, {**other_owner, "controller": False}]},
+        {"ownerReferences": [{**w.owner, "kind": "Node", "apiVersion": "v1"}]},
+    ]
+    for metadata in dressings:
+        _refused(_create(w.agent_a, new(nodes=[w.node_a], shared=False, metadata=metadata)),
+                 dressed)
+    _refused(_create(w.unbound, new(nodes=[w.node_a], shared=False)), "names no node")
+    # Controls: what agent/instance_publisher.py creates, local (naming its node) and shared
+    # (no node yet: the apply that follows adds it).
+    _allowed(_create(w.agent_a, new(nodes=[w.node_a], shared=False)))
+    _allowed(_create(w.agent_a, new(nodes=[], shared=True)))
+
+
+async def test_a_squatted_local_name_costs_its_node_that_device_only(
+        control_plane: ControlPlane, enforced: World, caplog: pytest.LogCaptureFixture) -> None:
+    """What stays reachable: local names are Akri's 3-byte digest of device id and node, so
+    node A's token can create, for itself, the local Instance name node B's device will want
+    (node B's agent could not write it; nor can the API server tell the name's node). The
+    real publisher on B's token then publishes B's other devices and says, once, which name
+    is held; before, its first refused write ended every pass, publishing nothing."""
+    cp, w = control_plane, enforced
+    caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
+    cfg_name = f"squat-{uuid.uuid4().hex[:4]}"
+    _apply(cp, debug_echo_configuration(cfg_name, descriptions=["d1", "d2"], shared=False)
+           | {"metadata": {"name": cfg_name, "namespace": w.namespace}})
+    wanted = instance_name(cfg_name, "d1", shared=False, node=w.node_b)
+    cfg_obj = _get(cp, "configurations.edgeplug.io", cfg_name, "-n", w.namespace)
+    owner = {**w.owner, "name": cfg_name, "uid": cfg_obj["metadata"]["uid"]}
+    squat = _body(w, wanted, nodes=[w.node_a], shared=False)
+    squat["metadata"]["ownerReferences"] = [owner]
+    squat["spec"]["configurationName"] = cfg_name
+    _allowed(_create(w.agent_a, squat))
+    client = AsyncClient(KubeConfig.from_file(str(w.agent_b.kubeconfig)))
+    try:
+        cfg = Configuration.from_object(as_dict(
+            await client.get(ConfigurationResource, cfg_name, namespace=w.namespace)))
+        publisher = InstancePublisher(
+            client=client, node_name=w.node_b, configuration=cfg, devices=NodeDeviceTable(),
+            labels=NodeLabels(client=client, node_name=w.node_b), metrics=AgentMetrics())
+        devices = [Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d}) for d in ("d1", "d2")]
+        for _ in range(2):
+            await publisher.publish(load_handler("debugEcho"), None, devices, shared=False)
+            await publisher.resync()
+        other = instance_name(cfg_name, "d2", shared=False, node=w.node_b)
+        assert set(publisher.owned) == {other}
+        assert _get(cp, INSTANCES, other, "-n", w.namespace)["spec"]["nodes"] == [w.node_b]
+        assert _get(cp, INSTANCES, wanted, "-n", w.namespace)["spec"]["nodes"] == [w.node_a]
+        said = [r for r in caplog.records if wanted in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
+        assert f"held by an Instance of node(s) {w.node_a}" in said[0].getMessage()
+        listed = _get(cp, "events", "-n", w.namespace)["items"]
+        events = [e for e in listed if e.get("reason") == REASON_NAME_TAKEN]
+        assert len(events) == 1
+        assert wanted in events[0]["message"]
+        assert events[0]["reportingInstance"] == w.node_b
+    finally:
+        await client.close()
+
+
+# -- Nodes -----------------------------------------------------------------------------------
+
+
+def _node_status(who: Identity, node: str, patch: dict[str, Any]) -> tuple[bool, str]:
+    return _outcome(lambda: _client(who).patch(Node.Status, node, patch,
+                                               patch_type=PatchType.MERGE))
+
+
+def _node(who: Identity, node: str, patch: dict[str, Any]) -> tuple[bool, str]:
+    return _outcome(lambda: _client(who).patch(Node, node, patch, patch_type=PatchType.MERGE))
+
+
+def test_node_status_writes_keep_the_nodes_metadata(control_plane: ControlPlane,
+                                                    enforced: World) -> None:
+    cp, w = control_plane, enforced
+    device = "edgeplug.io/cam-9f9f9f"
+    cp.kubectl("patch", "node", w.node_a, "--subresource=status", "--type=merge", "-p",
+               json.dumps({"status": {"capacity": {device: "2", "cpu": "4"},
+                                      "allocatable": {device: "2", "cpu": "4"}}}))
+    through_status = "may not change a Node's labels, annotations, owner references or finalizers"
+    labels = ({"node-restriction.kubernetes.io/zone": "trusted"},
+              {"node-role.kubernetes.io/control-plane": ""},
+              {"kubernetes.io/hostname": w.node_b},
+              {"site": w.node_b},
+              {"edgeplug.io/cam": "true"})
+    first = _until_refused(lambda: _node_status(w.agent_a, w.node_a,
+                                                {"metadata": {"labels": labels[0]}}),
+                           "the Node status policy")
+    _refused(first, through_status)
+    for label in labels[1:]:
+        _refused(_node_status(w.agent_a, w.node_a, {"metadata": {"labels": label}}),
+                 through_status)
+    for patch in ({"metadata": {"labels": {"site": None}}},
+                  {"metadata": {"annotations": {"edgeplug.io/pinned-demand": "{}"}}},
+                  {"metadata": {"annotations": {"edgeplug.io/labels": "{}"}}},
+                  {"metadata": {"finalizers": ["attack.io/stuck"]}},
+                  {"metadata": {"ownerReferences": [{
+                      "apiVersion": "v1", "kind": "Namespace", "name": w.namespace,
+                      "uid": str(uuid.uuid4())}]}},
+                  # Metadata riding along with the one status write the agent makes.
+                  {"metadata": {"labels": {"node-role.kubernetes.io/master": ""}},
+                   "status": {"allocatable": {device: "1"}}}):
+        _refused(_node_status(w.agent_a, w.node_a, patch), through_status)
+    node = _get(cp, "node", w.node_a)
+    assert node["metadata"]["labels"] == {"kubernetes.io/hostname": w.node_a, "site": w.node_a}
+    # Through the Node itself: owner references and finalizers are not labels either.
+    for patch in ({"metadata": {"finalizers": ["attack.io/stuck"]}},
+                  {"metadata": {"ownerReferences": [{
+                      "apiVersion": "v1", "kind": "Namespace", "name": w.namespace,
+                      "uid": str(uuid.uuid4())}]}}):
+        _refused(_node(w.agent_a, w.node_a, patch), "may change only edgeplug.io/ labels")
+    # Controls: what agent/slots/handoff.py and agent/node_labels.py write.
+    _allowed(_node_status(w.agent_a, w.node_a, {"status": {"allocatable": {device: "1"}}}))
+    _allowed(_node_status(w.agent_a, w.node_a, {"status": {"allocatable": {device: "2"}}}))
+    _allowed(_node(w.agent_a, w.node_a, {"metadata": {
+        "labels": {"edgeplug.io/cam": "true"},
+        "annotations": {"edgeplug.io/labels": json.dumps({"ns/cam": ["edgeplug.io/cam"]})}}}))
+
+
+# -- ResourceSlices --------------------------------------------------------------------------
+
+
+def _slice(name: str, *, label_node: str, pool: str, node_name: str | None = None,
+           selector: list[str] | None = None, generation: int = 1) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": "edgeplug.io", "devices": [{"name": "d"}],
+                            "pool": {"name": pool, "generation": generation,
+                                     "resourceSliceCount": 1}}
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    else:
+        spec["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": selector}]}]}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": {"edgeplug.io/node": label_node}},
+            "spec": spec}
+
+
+def _create_slice(who: Identity, body: dict[str, Any]) -> tuple[bool, str]:
+    return _outcome(lambda: _client(who).create(ResourceSliceResource.from_dict(body)))
+
+
+def test_a_resourceslice_pool_belongs_to_the_node_that_writes_it(
+        control_plane: ControlPlane, world: World) -> None:
+    cp, w = control_plane, world
+    s = uuid.uuid4().hex[:6]
+    pool_b = f"{w.namespace}/cam/node/{w.node_b}"
+    _apply(cp, _slice(f"b-{s}", label_node=w.node_b, pool=pool_b, node_name=w.node_b))
+    own_pools = "may publish only its own node's pools"
+    # Node B's local pool, one generation up, bound to node A: the scheduler would read only it.
+    hijack = _slice(f"h-{s}", label_node=w.node_a, pool=pool_b, node_name=w.node_a,
+                    generation=2)
+    _refused(_until_refused(lambda: _create_slice(w.agent_a, hijack), "the slice policy"),
+             own_pools)
+    for name, body in {
+        # B's local pool offered to a set of nodes including A.
+        "as a set": _slice(f"h1-{s}", label_node=w.node_a, pool=pool_b,
+                           selector=[w.node_a, w.node_b], generation=2),
+        # A pool named like neither kind, bound to A.
+        "unnamed": _slice(f"h2-{s}", label_node=w.node_a, pool=f"{w.namespace}/cam/x",
+                          node_name=w.node_a),
+        # A shared pool's name, bound to A alone (no node's local pool, but not A's either).
+        "shared as local": _slice(f"h3-{s}", label_node=w.node_a,
+                                  pool=f"{w.namespace}/cam/shared/cam-123456",
+                                  node_name=w.node_a),
+        # The digest form of a long local pool name, for node B.
+        "digest of b": _slice(f"h4-{s}", label_node=w.node_a,
+                              pool=f"edgeplug/0123abcd/node/{w.node_b}",
+                              selector=[w.node_a]),
+    }.items():
+        outcome = _create_slice(w.agent_a, body)
+        assert not outcome[0], f"{name}: allowed"
+        assert DENIED in outcome[1], f"{name}: {outcome[1]}"
+    stored = _get(cp, "resourceslices", "-l", f"edgeplug.io/node={w.node_a}")["items"]
+    assert not [x for x in stored if x["metadata"]["name"].endswith(s)], "a refused slice stored"
+    # Controls: agent/dra/slices.py's local pool (short and digested) and a shared pool.
+    for body in (_slice(f"a-{s}", label_node=w.node_a, pool=f"{w.namespace}/cam/node/{w.node_a}",
+                        node_name=w.node_a),
+                 _slice(f"a2-{s}", label_node=w.node_a,
+                        pool=f"edgeplug/0123abcd/node/{w.node_a}", node_name=w.node_a),
+                 _slice(f"sh-{s}", label_node=w.node_a,
+                        pool=f"{w.namespace}/cam/shared/cam-123456",
+                        selector=[w.node_a, w.node_b])):
+        _allowed(_create_slice(w.agent_a, body))
+
+
+# -- Configuration status --------------------------------------------------------------------
+
+
+async def test_only_its_own_nodes_conditions_on_a_configuration(
+        control_plane: ControlPlane, enforced: World) -> None:
+    cp, w = control_plane, enforced
+    cfg_name = f"cond-{uuid.uuid4().hex[:4]}"
+    _apply(cp, debug_echo_configuration(cfg_name, descriptions=["c0"])
+           | {"metadata": {"name": cfg_name, "namespace": w.namespace}})
+    stamp = "2026-01-01T00:00:00Z"
+
+    def condition(kind: str, state: str = "True") -> dict[str, Any]:
+        return {"type": kind, "status": state, "reason": "Set", "message": "set",
+                "lastTransitionTime": stamp}
+
+    theirs = [condition(controller_status.CONDITION_BROKER_SPEC_VALID),
+              condition(controller_status.CONDITION_BROKERS_READY),
+              condition(f"DiscoveryReady.{w.node_b}", "False")]
+    cp.kubectl("patch", "configurations.edgeplug.io", cfg_name, "-n", w.namespace,
+               "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+                   "observedGeneration": 1, "instanceCount": 3,
+                   "brokers": {"desired": 3, "ready": 3}, "conditions": theirs}}))
+
+    def status(patch: dict[str, Any], who: Identity = w.agent_a) -> tuple[bool, str]:
+        return _outcome(lambda: _client(who).patch(
+            ConfigurationResource.Status, cfg_name, {"status": patch}, namespace=w.namespace,
+            patch_type=PatchType.MERGE))
+
+    own_only = "may change only its own discovery conditions"
+    first = _until_refused(lambda: status({"conditions": []}), "the condition policy")
+    _refused(first, own_only)
+    for patch in ({"conditions": [condition(f"DiscoveryReady.{w.node_a}", "False")]},
+                  {"conditions": [*theirs[:2], condition(f"DiscoveryReady.{w.node_b}")]},
+                  {"conditions": [{**theirs[0], "status": "False"}, *theirs[1:]]},
+                  {"conditions": [*theirs, condition("BrokerNodesSelected")]},
+                  {"instanceCount": 0},
+                  {"brokers": {"desired": 0, "ready": 0}},
+                  {"observedGeneration": None}):
+        _refused(status(patch), own_only)
+    _refused(status({"conditions": [*theirs, condition(f"DiscoveryReady.{w.node_a}")]},
+                    w.unbound), "names no node")
+    # Controls: the real reporter writes A's condition and the shared one, and withdraws A's.
+    client = AsyncClient(KubeConfig.from_file(str(w.agent_a.kubeconfig)))
+    try:
+        cfg = Configuration.from_object(as_dict(
+            await client.get(ConfigurationResource, cfg_name, namespace=w.namespace)))
+        reporter = ConfigurationReporter(client=client, node_name=w.node_a, configuration=cfg)
+        await reporter.problem("DiscoveryFailed", "the handler failed on this node")
+        await reporter.warnings(["a warning"])
+        await reporter.problem("InvalidDiscoveryDetails", "descriptions: not a list")
+        await reporter.ok("discovery running")
+    finally:
+        await client.close()
+    stored = _get(cp, "configurations.edgeplug.io", cfg_name, "-n", w.namespace)["status"]
+    kinds = {c["type"]: c for c in stored["conditions"]}
+    assert {c["type"] for c in theirs} <= set(kinds)
+    assert kinds[f"DiscoveryReady.{w.node_b}"] == theirs[2]
+    assert kinds[f"DiscoveryHealthy.{w.node_a}"]["status"] == "False"
+    assert kinds["DiscoveryDetailsValid"]["status"] == "True"
+    assert (stored["instanceCount"], stored["brokers"]) == (3, {"desired": 3, "ready": 3})
+
+
+# -- Events ----------------------------------------------------------------------------------
+
+
+async def test_events_name_the_agent_on_its_own_node_and_edgeplug_objects(
+        enforced: World) -> None:
+    w = enforced
+    involved = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration", "name": "cam",
+                "namespace": w.namespace}
+
+    def event(**changes: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": "cam.", "namespace": w.namespace},
+            "involvedObject": involved, "reason": "Attack", "message": "m", "type": "Warning",
+            "source": {"component": "edgeplug-agent", "host": w.node_a},
+            "reportingComponent": "edgeplug-agent", "reportingInstance": w.node_a,
+            "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
+            "count": 1}
+        return body | changes
+
+    def post(body: dict[str, Any], who: Identity = w.agent_a) -> tuple[bool, str]:
+        event_obj = cast(Event, Event.from_dict(body))
+        return _outcome(lambda: _client(who).create(event_obj))
+
+    as_itself = "may post Events only as edgeplug-agent on its own node"
+    first = _until_refused(lambda: post(event(reportingInstance=w.node_b)), "the Event policy")
+    _refused(first, as_itself)
+    for body in (event(source={"component": "edgeplug-controller"},
+                       reportingComponent="edgeplug-controller", reportingInstance=""),
+                 event(source={"component": "edgeplug-agent", "host": w.node_b}),
+                 event(source={"component": "kubelet", "host": w.node_a}),
+                 event(reportingComponent="default-scheduler")):
+        _refused(post(body), as_itself)
+    about = "may post Events only about Configurations and Instances"
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "victim", "namespace": w.namespace}
+    for body in (event(involvedObject=pod),
+                 event(related=pod),
+                 event(involvedObject={**involved, "apiVersion": "v1", "kind": "Node"})):
+        _refused(post(body), about)
+    _refused(post(event(), w.unbound), as_itself)
+    # Control: the agent's own emit_event, on its own token.
+    client = AsyncClient(KubeConfig.from_file(str(w.agent_a.kubeconfig)))
+    try:
+        await emit_event(client, node=w.node_a, kind="Instance", name="cam-123456",
+                         namespace=w.namespace, uid="", reason="DeviceUnhealthy",
+                         message=f"device unhealthy on node {w.node_a}: test", warning=True)
+    finally:
+        await client.close()
+
+
+# -- through the controller ------------------------------------------------------------------
+
+
+async def test_a_node_listed_but_not_selected_gets_no_broker_and_is_shown(
+        control_plane: ControlPlane, enforced: World, namespace: str,
+        controller: ctl.ControllerProcess) -> None:
+    """The controller makes brokers only where the Configuration's nodeSelector selects: node
+    A's token adds node A to a shared Instance of a Configuration that selects only node B,
+    and creates one of its own; neither gets a broker on A (no pod, so no ServiceAccount token
+    or Secret volume there), and the status names both. Relabelled to be selected, A gets one."""
+    cp, w = control_plane, enforced
+    cfg_name = f"b-only-{uuid.uuid4().hex[:4]}"
+    cfg = ctl.configuration(namespace, cfg_name, pod_spec=ctl.broker_pod_spec())
+    cfg["spec"]["nodeSelector"] = {"matchLabels": {"site": w.node_b}}
+    ctl.apply(cp, cfg)
+    uid = _get(cp, "configurations.edgeplug.io", cfg_name, "-n", namespace)["metadata"]["uid"]
+    owner = {**w.owner, "name": cfg_name, "uid": uid}
+    joined = f"{cfg_name}-0a0a0a"
+    ctl.apply(cp, ctl.instance(namespace, joined, configuration_name=cfg_name,
+                               nodes=[w.node_b]))
+    ns_world = World(namespace, w.node_a, w.node_b, w.agent_a, w.agent_b, w.unbound, owner)
+    _allowed(_patch(w.agent_a, ns_world, joined, {"spec": {"nodes": [w.node_b, w.node_a]}}))
+    made = _body(ns_world, f"{cfg_name}-0b0b0b", nodes=[w.node_a], shared=True)
+    made["spec"]["configurationName"] = cfg_name
+    _allowed(_create(w.agent_a, made))
+
+    def pods_on(node: str) -> list[dict[str, Any]]:
+        return [p for p in ctl.broker_pods(cp, namespace)
+                if p["metadata"]["labels"].get("edgeplug.io/target-node") == node]
+
+    def shown() -> dict[str, Any] | None:
+        found = ctl.get(cp, ctl.configuration_path(namespace, cfg_name)) or {}
+        for c in (found.get("status") or {}).get("conditions") or []:
+            if (c["type"] == controller_status.CONDITION_BROKER_NODES_SELECTED
+                    and made["metadata"]["name"] in c["message"] and joined in c["message"]):
+                return dict(c)
+        return None
+
+    condition = ctl.wait_until(shown, what="the status naming the unselected node",
+                               deadline=WAIT_S)
+    assert condition["status"] == "False"
+    assert condition["reason"] == controller_status.REASON_NODE_NOT_SELECTED
+    assert f"Instance {joined} lists {w.node_a}" in condition["message"]
+    ctl.wait_until(lambda: pods_on(w.node_b), what="the broker on node B", deadline=WAIT_S)
+    # The status is written after the reconcile that made no broker on A: it did not act.
+    assert pods_on(w.node_a) == [], "a broker on a node the Configuration does not select"
+    status = (ctl.get(cp, ctl.configuration_path(namespace, cfg_name)) or {})["status"]
+    assert status["brokers"]["desired"] == 1, status
+    # A relabelled to be selected: its brokers come, and the condition goes.
+    cp.kubectl("label", "node", w.node_a, f"site={w.node_b}", "--overwrite")
+    try:
+        ctl.wait_until(lambda: len(pods_on(w.node_a)) == 2, what="brokers on relabelled A",
+                       deadline=WAIT_S)
+        ctl.wait_until(lambda: shown() is None, what="the condition withdrawn", deadline=WAIT_S)
+    finally:
+        cp.kubectl("label", "node", w.node_a, f"site={w.node_a}", "--overwrite")
