@@ -17,7 +17,8 @@ import (
 )
 
 func newTopologyManager(klog.Logger) (topologymanager.Manager, error) {
-	return topologymanager.NewManager(nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil)
+	// "container": the scope name v1.35 keeps unexported (v1.37: topologymanager.ContainerTopologyScope).
+	return topologymanager.NewManager(nil, topologymanager.PolicyNone, "container", nil)
 }
 
 func newDeviceManager(_ klog.Logger, topology topologymanager.Manager) (*devicemanager.ManagerImpl, error) {
