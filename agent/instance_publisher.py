@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
@@ -72,6 +72,9 @@ from discovery_handlers.contract import Device, DiscoveryHandler, Health, Labell
 
 log = logging.getLogger(__name__)
 
+#: Instance writes a publish (or a withdrawal) has in flight at once.
+WRITES_IN_FLIGHT = 8
+_T = TypeVar("_T")
 LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under us
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
 #: The Warning Event's reason when a local device's Instance name is another node's.
@@ -160,13 +163,24 @@ class InstancePublisher:
                     self._grace[name] = asyncio.create_task(
                         self._leave_after_grace(name), name=f"grace-{name}"
                     )
-            for name, device in desired.items():
-                if not await self._ensure(name, device, shared=shared):
+            # Several Instances in flight at once: one at a time, 200 devices waited on 400
+            # API round trips in a row before the first plugin (issue 36).
+            ensured = await _bounded(
+                [self._ensure(name, device, shared=shared) for name, device in desired.items()]
+            )
+            failed: BaseException | None = None
+            for (name, device), outcome in zip(desired.items(), ensured, strict=True):
+                if isinstance(outcome, BaseException):
+                    failed = failed or outcome
+                    continue
+                if not outcome:
                     continue  # another node's local Instance holds the name (logged once)
                 self._owned[name] = shared
                 self._served[name] = self._node_device(
                     name, handler, details, device, shared=shared
                 )
+            if failed is not None:
+                raise failed  # as before, a failed write ends the pass
             for name, was_shared in list(self._owned.items()):
                 if name not in desired and not was_shared:
                     await self._leave(name, shared=False)
@@ -185,12 +199,19 @@ class InstancePublisher:
         """This node stops serving the Configuration: leave (or delete) all its Instances."""
         await self.close()
         async with self._lock:
-            for name, shared in list(self._owned.items()):
-                try:
-                    await self._leave(name, shared=shared)
-                except Exception as exc:  # the ownerReference still collects a deleted one
+            owned = list(self._owned.items())
+            # This node stops serving every one of them before any API write (each _leave
+            # does that for its own first): the plugins go at once, not one API round trip
+            # apart each (issue 36).
+            for name, _shared in owned:
+                await self._stop_serving(name)
+            outcomes = await _bounded([self._leave(name, shared=shared) for name, shared in owned])
+            for (name, _shared), outcome in zip(owned, outcomes, strict=True):
+                if isinstance(outcome, Exception):  # the ownerReference still collects it
                     log.warning("could not leave Instance %s: %s", name,
-                                watching.describe(exc), extra=self._extra(name))
+                                watching.describe(outcome), extra=self._extra(name))
+                elif isinstance(outcome, BaseException):
+                    raise outcome
             await self._report()
 
     async def close(self) -> None:
@@ -335,17 +356,21 @@ class InstancePublisher:
         This node stops serving it first; ``name`` stays owned until the API agrees, so a
         failed leave (the API server away) is derived again by the next publish or resync.
         """
-        self._applied.pop(name, None)
-        self._health.forget(name)
-        if self._served.pop(name, None) is not None:
-            self._write_cdi()
-        await self._table.remove(self._cfg.namespace, name)
+        await self._stop_serving(name)
         if not shared:
             await self._delete(name)
             self._owned.pop(name, None)
             return
         await self._leave_shared(name)
         self._owned.pop(name, None)
+
+    async def _stop_serving(self, name: str) -> None:
+        """This node no longer serves ``name`` (its plugin goes); the API is not written."""
+        self._applied.pop(name, None)
+        self._health.forget(name)
+        if self._served.pop(name, None) is not None:
+            self._write_cdi()
+        await self._table.remove(self._cfg.namespace, name)
 
     async def _leave_shared(self, name: str) -> None:
         for _attempt in range(LEAVE_ATTEMPTS):
@@ -468,3 +493,15 @@ class InstancePublisher:
             "instance": name,
             "node": self._node,
         }
+
+
+async def _bounded(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:
+    """Await ``calls``, at most ``WRITES_IN_FLIGHT`` at a time; each one's result or exception,
+    in order (every call runs to its end, as the loop they replace let each one before)."""
+    gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+
+    async def one(call: Coroutine[Any, Any, _T]) -> _T:
+        async with gate:
+            return await call
+
+    return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
