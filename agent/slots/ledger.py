@@ -214,24 +214,28 @@ class SlotLedger:
                     raise
         raise TooManyConflicts(f"freeing {sorted(slots)} on {self.namespace}/{self.name}")
 
-    async def reserve(self, slots: list[str], *, demand: int | None = None) -> None:
+    async def reserve(
+        self, slots: list[str], *, demand: int | None = None, known: Instance | None = None
+    ) -> None:
         """Reserve free slots that nobody (still listed) holds in reserve. Holds ``lock``.
 
         With ``demand``, this node's ``status.demand`` is set in the same conditioned write, so
-        no other node acts on a demand these reservations have just met.
+        no other node acts on a demand these reservations have just met. ``known``: as for
+        ``claim``, the first attempt writes on that copy's ``resourceVersion`` without a read.
         """
-        await self._move_reservations(slots, release=False, demand=demand)
+        await self._move_reservations(slots, release=False, demand=demand, known=known)
 
-    async def release(self, slots: list[str]) -> None:
+    async def release(self, slots: list[str], *, known: Instance | None = None) -> None:
         """Give back reservations of ours on slots we do not use. Holds ``lock``.
 
         Slots the fast path has promised are kept; the others are marked ``releasing`` from
         now until the write is done, so the fast path leaves them to a conditioned claim.
+        ``known`` as for ``reserve``.
         """
         slots = [s for s in slots if s not in self.promised]
         self.releasing.update(slots)
         try:
-            await self._move_reservations(slots, release=True)
+            await self._move_reservations(slots, release=True, known=known)
         finally:
             self.releasing.difference_update(slots)
 
@@ -247,20 +251,38 @@ class SlotLedger:
         )
         log.info("demand published", extra={"instance": self.name, "demand": demand})
 
+    def _reservation_changes(
+        self, instance: Instance, slots: list[str], *, release: bool
+    ) -> dict[str, str | None]:
+        changes: dict[str, str | None] = {}
+        for slot in slots:
+            usage, holder = usage_of(instance, slot), reservation_of(instance, slot)
+            if release and holder == self.node and usage.is_free:
+                changes[slot] = None  # JSON merge patch: null deletes the key
+            elif not release and holder is None and (usage.is_free or usage.node == self.node):
+                changes[slot] = self.node
+            elif not release and holder != self.node and usage.node == self.node:
+                changes[slot] = self.node  # we hold it: the reservation follows the use
+        return changes
+
     async def _move_reservations(
-        self, slots: list[str], *, release: bool, demand: int | None = None
+        self, slots: list[str], *, release: bool, demand: int | None = None,
+        known: Instance | None = None,
     ) -> None:
         for _ in range(MAX_WRITE_ATTEMPTS):
-            instance = await self.read()
-            changes: dict[str, str | None] = {}
-            for slot in slots:
-                usage, holder = usage_of(instance, slot), reservation_of(instance, slot)
-                if release and holder == self.node and usage.is_free:
-                    changes[slot] = None  # JSON merge patch: null deletes the key
-                elif not release and holder is None and (usage.is_free or usage.node == self.node):
-                    changes[slot] = self.node
-                elif not release and holder != self.node and usage.node == self.node:
-                    changes[slot] = self.node  # we hold it: the reservation follows the use
+            # The caller's copy spares the read (issue 36: a GET before every reservation
+            # write): the write is conditioned on its resourceVersion, so a stale copy costs a
+            # 409 and a re-read, never a wrong move. "Nothing to change" on it writes nothing
+            # and so proves nothing: a fresh read decides that.
+            if known is not None:
+                instance, known = known, None
+                changes = self._reservation_changes(instance, slots, release=release)
+                if not changes:
+                    instance = await self.read()
+                    changes = self._reservation_changes(instance, slots, release=release)
+            else:
+                instance = await self.read()
+                changes = self._reservation_changes(instance, slots, release=release)
             if not changes:
                 return
             status: dict[str, Any] = {"reservations": changes}

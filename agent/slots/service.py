@@ -492,10 +492,11 @@ class DevicePluginService:
             try:
                 async with ledger.lock:
                     if plan.release:
-                        await ledger.release(list(plan.release))
+                        await ledger.release(list(plan.release), known=ledger.current(instance))
                     if plan.reserve:
                         # The demand these reservations meet goes in the same write.
-                        await ledger.reserve(list(plan.reserve), demand=plan.demand)
+                        await ledger.reserve(list(plan.reserve), demand=plan.demand,
+                                             known=ledger.current(instance))
                     elif published != plan.demand:
                         await ledger.publish_demand(plan.demand)
             except (ApiError, TooManyConflicts, InstanceGone) as error:
