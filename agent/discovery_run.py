@@ -222,7 +222,6 @@ class DiscoveryRun:
                 now = loop.time()
                 self._metrics.discovery_duration.labels(handler.name).observe(now - started)
                 started = now
-                await self._post_warnings(warnings_of(devices))
                 if isinstance(devices, HandlerStatus):
                     first = False  # the handler's own verdict speaks for the run from now on
                     await self._report_handler(devices)
@@ -230,11 +229,18 @@ class DiscoveryRun:
                     await self.publisher.publish(
                         handler, details, self._without_secrets(devices), shared=shared
                     )
-                except Exception as exc:
+                except Exception as failed:
+                    publish_error: Exception | None = failed
+                else:
+                    publish_error = None
+                # The list's warnings after its devices: the first pass's condition write
+                # (one Configuration status write) was on the path to the first plugin (#36).
+                await self._post_warnings(warnings_of(devices))
+                if publish_error is not None:
                     # The API server away or refusing: the handler keeps running, and the
                     # resync loop publishes the newest list again, with backoff, until it lands.
                     log.warning("publishing devices failed (%s); retrying",
-                                watching.describe(exc), extra=self._extra)
+                                watching.describe(publish_error), extra=self._extra)
                     self._publish_failed.set()
                     continue
                 if first:
