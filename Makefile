@@ -38,9 +38,10 @@ COMPAT_TESTS := \
   tests/e2e/test_onvif_brokers.py tests/e2e/test_opcua_brokers.py \
   tests/e2e/test_realnode_brokers.py tests/e2e/test_realnode_ascend.py \
   tests/faults/test_shared_race.py tests/faults/test_kubelet_storm.py \
-  tests/faults/test_agent_kills.py \
+  tests/faults/test_agent_kills.py tests/faults/test_unpinned_handoff.py \
   tests/integration/test_helm.py tests/integration/test_rbac.py \
-  tests/integration/test_agent_rights.py tests/integration/test_dra_features_served.py
+  tests/integration/test_agent_rights.py tests/integration/test_attacks_agent.py \
+  tests/integration/test_dra_features_served.py
 
 .PHONY: aptdeps install venv controlplane controlplane-compat helm realnode realnode-compat \
   thirdparty demo test test-newest test-compat lint unit bench images clean clean-cache
