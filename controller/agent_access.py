@@ -3,15 +3,27 @@
 Why this exists: a node's agent resolves ``discoveryProperties`` from Secrets and ConfigMaps
 (``valueFrom``). A cluster-wide grant to read them hands every Secret of the cluster to whoever
 steals a node's token. RBAC can grant reading objects by name (``resourceNames``), but the names
-come from Configurations, which change; so the controller keeps, in every namespace that some
-Configuration's properties reference, one Role ``edgeplug-agent-properties`` listing exactly the
-referenced Secrets and ConfigMaps (get and watch, by name) and one RoleBinding of it to the
-agent's ServiceAccount, and deletes both when nothing there is referenced any more.
+come from Configurations, which change; so the controller keeps, in every namespace whose
+Configurations' properties reference something, one Role ``edgeplug-agent-properties`` listing
+exactly the referenced Secrets and ConfigMaps (get and watch, by name) and one RoleBinding of it
+to the agent's ServiceAccount, and deletes both when nothing there is referenced any more.
 
-Safety: the controller holds no ``escalate`` or ``bind`` verb, so the API server lets it write
-only Roles whose every rule it holds itself (RBAC's escalation check): at worst a compromised
-controller grants what it could already read. A rule with an empty ``resourceNames`` means "all
-objects", so a kind with no referenced name gets no rule at all (``role_body``).
+What a Configuration may reference: Secrets and ConfigMaps of its own namespace only. A
+reference naming another namespace grants nothing (a warning names it; the agent is refused the
+read and says so on the Configuration's status), and the API server refuses such a
+Configuration in the first place (deploy/manifests/configuration-policy.yaml): whoever may write
+Configurations in one namespace must not make the agents read a Secret of another. Nothing is
+granted in a system namespace (kube-system, kube-public, kube-node-lease, the agent's own),
+which deploy/manifests/controller-policy.yaml refuses the controller too.
+
+Safety: the controller holds no read of Secrets or ConfigMaps. It writes the Role with rules it
+does not hold through RBAC's ``escalate`` verb and binds it through ``bind``, both granted for
+the one name ``edgeplug-agent-properties`` (RBAC checks them against the name in the request's
+URL: the server-side applies below name it; so does the list, by a ``metadata.name`` field
+selector), and controller-policy.yaml confines what those two objects may say: get and watch on
+named Secrets and ConfigMaps, bound to the agent's ServiceAccount alone. A rule with an empty
+``resourceNames`` means "all objects", so a kind with no referenced name gets no rule at all
+(``role_body``), and the policy refuses one too.
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ RETRY_S = 5.0
 #: Verbs the agent needs on each referenced object: read it, and watch it by name.
 VERBS = ("get", "watch")
 _RESOURCES = {ValueSourceKind.SECRET: "secrets", ValueSourceKind.CONFIG_MAP: "configmaps"}
+#: Namespaces the agent is granted no reads in, beside its own (controller-policy.yaml's list).
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 
 #: namespace -> resource ("secrets", "configmaps") -> names
 References = dict[str, dict[str, set[str]]]
@@ -60,8 +74,13 @@ def references_of(obj: Mapping[str, Any]) -> References:
         source = prop.value_from
         if source is None:
             continue
-        namespace = source.namespace or cfg.namespace
-        found.setdefault(namespace, {}).setdefault(_RESOURCES[source.kind], set()).add(
+        if source.namespace and source.namespace != cfg.namespace:
+            log.warning("Configuration %s/%s: property %s names %s %s/%s of another namespace;"
+                        " a Configuration may reference only its own namespace's, so the agent"
+                        " is granted no read of it", cfg.namespace, cfg.name, prop.name,
+                        source.kind, source.namespace, source.name)
+            continue
+        found.setdefault(cfg.namespace, {}).setdefault(_RESOURCES[source.kind], set()).add(
             source.name)
     return found
 
@@ -109,6 +128,8 @@ class AgentAccess:
         self._account = account
         self._by_configuration: dict[tuple[str, str], References] = {}
         self._granted: References = {}
+        self._refused = SYSTEM_NAMESPACES | {account[0]}
+        self._warned: set[str] = set()
 
     async def run(self) -> None:
         """Forever: list, grant, then follow the Configuration watch; start over if it breaks."""
@@ -132,10 +153,12 @@ class AgentAccess:
     async def sync(self, *, full: bool = True) -> None:
         """Write what changed since the last sync; ``full`` also deletes Roles found in the
         cluster that no Configuration asks for (left by an earlier run)."""
-        wanted = merged(self._by_configuration.values())
+        wanted = self._grantable(merged(self._by_configuration.values()))
         stale = set(self._granted) - set(wanted)
         if full:
+            # By name: the controller may list only Roles of that name (RBAC by resourceNames).
             async for role in self._client.list(Role, namespace="*",
+                                                fields={"metadata.name": ROLE_NAME},
                                                 labels={MANAGED_BY: MANAGER}):
                 namespace = role.metadata.namespace if role.metadata else None
                 if namespace and namespace not in wanted:
@@ -147,6 +170,15 @@ class AgentAccess:
             await self._revoke(namespace)
         self._granted = {ns: {r: set(n) for r, n in kinds.items()}
                          for ns, kinds in wanted.items()}
+
+    def _grantable(self, wanted: References) -> References:
+        """``wanted`` without the system namespaces, each left out with one warning."""
+        for namespace in sorted(set(wanted) & self._refused - self._warned):
+            log.warning("agent access: Configurations in %s reference Secrets or ConfigMaps;"
+                        " the agent is granted no reads in a system namespace (run"
+                        " Configurations in an application namespace)", namespace)
+            self._warned.add(namespace)
+        return {ns: kinds for ns, kinds in wanted.items() if ns not in self._refused}
 
     async def _grant(self, namespace: str, kinds: Mapping[str, set[str]]) -> None:
         try:

@@ -3,10 +3,12 @@
 Why this exists: controller/agent_access.py is what would let the agent's ClusterRole drop its
 cluster-wide Secret and ConfigMap reads (deploy/README.md, "What a node's agent can do"). Here
 it runs against the real API server, granting a ServiceAccount of the test's own (one with no
-other grant, so that every answer comes from these Roles alone): the Secret and the ConfigMap a
-Configuration names (the ConfigMap in another namespace) become readable and watchable by name
-with that account's own token, an unnamed Secret next to them stays refused, and when the
-Configuration goes, so do the reads.
+other grant, so that every answer comes from these Roles alone; in a namespace of its own, as
+the agent's is): the Secret and the ConfigMap a Configuration names become readable and
+watchable by name with that account's own token, an unnamed Secret next to them stays refused,
+a ConfigMap the Configuration names in another namespace (here the account's own) stays refused
+too (a Configuration references its own namespace only), and when the Configuration goes, so
+do the reads.
 """
 
 from __future__ import annotations
@@ -46,30 +48,34 @@ async def test_agent_reads_only_what_a_configuration_names(
     other = f"{namespace}-cm"
     cp.kubectl("create", "namespace", other)
     try:
-        cp.kubectl("create", "serviceaccount", READER, "-n", namespace)
-        reader = mint(cp, namespace=namespace, account=READER, path=tmp_path / "reader")
+        # The stand-in lives in a namespace of its own, as the agent does (edgeplug-system):
+        # nothing is ever granted there.
+        cp.kubectl("create", "serviceaccount", READER, "-n", other)
+        reader = mint(cp, namespace=other, account=READER, path=tmp_path / "reader")
         cp.kubectl("create", "secret", "generic", "cam-login", "-n", namespace,
                    "--from-literal=password=s3cret")
         cp.kubectl("create", "secret", "generic", "unnamed", "-n", namespace,
                    "--from-literal=token=other")
-        cp.kubectl("create", "configmap", "cam-cfg", "-n", other, "--from-literal=port=554")
+        cp.kubectl("create", "configmap", "cam-cfg", "-n", namespace, "--from-literal=port=554")
+        cp.kubectl("create", "configmap", "elsewhere", "-n", other, "--from-literal=port=554")
         cfg = debug_echo_configuration("access-cam", descriptions=["cam0"], discovery_properties=[
             {"name": "password",
              "valueFrom": {"secretKeyRef": {"name": "cam-login", "key": "password"}}},
-            {"name": "port", "valueFrom": {"configMapKeyRef": {
-                "name": "cam-cfg", "key": "port", "namespace": other}}},
+            {"name": "port", "valueFrom": {"configMapKeyRef": {"name": "cam-cfg", "key": "port"}}},
+            {"name": "other", "valueFrom": {"configMapKeyRef": {
+                "name": "elsewhere", "key": "port", "namespace": other}}},
         ])
         assert not _reads(reader, cp, "secret", "cam-login", namespace)
         client = api_client(cp)
         try:
-            async with task_running(AgentAccess(client, account=(namespace, READER)).run(),
+            async with task_running(AgentAccess(client, account=(other, READER)).run(),
                                     name="agent-access") as task:
                 apply(cp, namespace, cfg)
 
                 async def granted() -> bool:
                     assert not task.done(), "agent access stopped"
                     return (_reads(reader, cp, "secret", "cam-login", namespace)
-                            and _reads(reader, cp, "configmap", "cam-cfg", other))
+                            and _reads(reader, cp, "configmap", "cam-cfg", namespace))
 
                 await eventually(granted, what="reads of the named Secret and ConfigMap",
                                  deadline=WAIT_S)
@@ -77,21 +83,25 @@ async def test_agent_reads_only_what_a_configuration_names(
                 assert not _reads(reader, cp, "secret", "unnamed", namespace)
                 assert not reader.can(cp, "list", "secrets", namespace=namespace)
                 assert not reader.can(cp, "watch", "secrets", namespace=namespace)
-                assert not _reads(reader, cp, "configmap", "kube-root-ca.crt", other)
+                assert not _reads(reader, cp, "configmap", "kube-root-ca.crt", namespace)
+                assert not _reads(reader, cp, "configmap", "elsewhere", other)
+                with pytest.raises(ApiError):
+                    await client.get(Role, ROLE_NAME, namespace=other)
                 role = await client.get(Role, ROLE_NAME, namespace=namespace)
-                assert [r.resourceNames for r in role.rules or []] == [["cam-login"]]
+                assert [r.resourceNames for r in role.rules or []] == [["cam-cfg"],
+                                                                        ["cam-login"]]
 
                 cp.kubectl("delete", "configuration", "access-cam", "-n", namespace)
 
                 async def revoked() -> bool:
                     assert not task.done(), "agent access stopped"
                     return not (_reads(reader, cp, "secret", "cam-login", namespace)
-                                or _reads(reader, cp, "configmap", "cam-cfg", other))
+                                or _reads(reader, cp, "configmap", "cam-cfg", namespace))
 
                 await eventually(revoked, what="reads revoked with the Configuration",
                                  deadline=WAIT_S)
                 with pytest.raises(ApiError):
-                    await client.get(Role, ROLE_NAME, namespace=other)
+                    await client.get(Role, ROLE_NAME, namespace=namespace)
         finally:
             await client.close()
     finally:

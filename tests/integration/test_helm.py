@@ -52,8 +52,16 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "image": {"registry": "registry.example.test/edge", "tag": "9.8.7", "pullPolicy": "Always"},
     "agent": {"pluginDir": "/var/lib/k0s/kubelet/device-plugins", "metricsPort": 9500,
               "cdiSpecDir": "", "hostNetwork": False},
-    "controller": {"replicas": 1, "webhook": {"enabled": False}},
+    "controller": {"replicas": 1, "webhook": {"enabled": False},
+                   "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [],
+                   "nodeAffinity": None},
 }
+#: The controller's and the Configurations' admission policies (deploy/README.md, "What the
+#: controller can do"), installed by default.
+CONTROLLER_POLICIES = ("edgeplug-controller-agent-access", "edgeplug-controller-webhook",
+                       "edgeplug-controller-secrets", "edgeplug-controller-configurations",
+                       "edgeplug-controller-workloads", "edgeplug-configuration-references",
+                       "edgeplug-broker-pod-policy")
 
 T = TypeVar("T")
 
@@ -195,6 +203,21 @@ def test_default_values_render_what_the_api_server_accepts(
     assert (pod_spec["hostNetwork"], pod_spec["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     for binding in (o for o in stored if o["kind"] == "ClusterRoleBinding"):
         assert {s["namespace"] for s in binding["subjects"]} == {namespace}, binding
+    # The controller's policies name the release's accounts and namespace; it stays off edge
+    # nodes.
+    for name in CONTROLLER_POLICIES:
+        policy = _find(stored, "ValidatingAdmissionPolicy", name)
+        assert _find(stored, "ValidatingAdmissionPolicyBinding", name)
+        assert "edgeplug-system" not in json.dumps(policy), name
+    access = _find(stored, "ValidatingAdmissionPolicy", "edgeplug-controller-agent-access")
+    assert f"system:serviceaccount:{namespace}:edgeplug-controller" in json.dumps(access)
+    placement = controller["spec"]["template"]["spec"]
+    node_affinity = placement["affinity"]["nodeAffinity"]
+    required = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    [term] = required["nodeSelectorTerms"]
+    assert {"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"} in (
+        term["matchExpressions"])
+    assert placement["tolerations"][0]["key"] == "node-role.kubernetes.io/control-plane"
 
 
 def test_non_default_values_render_what_the_api_server_accepts(
@@ -210,6 +233,10 @@ def test_non_default_values_render_what_the_api_server_accepts(
                                   "--metrics-port=9465"]
     assert controller["image"] == "registry.example.test/edge/controller:9.8.7"
     assert controller["imagePullPolicy"] == "Always"
+    placement = _find(stored, "Deployment", "edgeplug-controller")["spec"]["template"]["spec"]
+    assert placement["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "tolerations" not in placement
+    assert "nodeAffinity" not in placement["affinity"]
     daemonset = _find(stored, "DaemonSet", "edgeplug-agent")
     agent = _container(daemonset)
     env = _env(agent)
@@ -414,7 +441,8 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     assert (status["info"]["status"], status["version"]) == ("deployed", 1)
     for kind, name in [("clusterrole", "edgeplug-agent"), ("clusterrole", "edgeplug-controller"),
                        ("validatingadmissionpolicy", "edgeplug-agent-own-node-labels"),
-                       ("validatingadmissionpolicy", "edgeplug-agent-own-node-instances")]:
+                       ("validatingadmissionpolicy", "edgeplug-agent-own-node-instances"),
+                       *(("validatingadmissionpolicy", p) for p in CONTROLLER_POLICIES)]:
         assert _get(cp, kind, name) is not None, f"{kind}/{name} not installed"
     assert _get(cp, "daemonset", "edgeplug-agent", "-n", SYSTEM_NAMESPACE) is not None
     # The controller-manager acts on the Deployment: two controller pods (no node runs them).
@@ -494,7 +522,9 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
                            ("clusterrolebinding", "edgeplug-controller", None),
                            ("validatingadmissionpolicy", "edgeplug-agent-own-node-labels", None),
                            ("validatingadmissionpolicy", "edgeplug-agent-own-node-instances",
-                            None)]:
+                            None),
+                           *(("validatingadmissionpolicy", p, None)
+                             for p in CONTROLLER_POLICIES)]:
         where = ("-n", ns) if ns else ()
         assert _get(cp, kind, name, *where) is None, f"{kind}/{name} left after uninstall"
     assert json.loads(helm("list", "-A", "-o", "json", **kube).stdout) == []

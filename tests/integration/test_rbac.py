@@ -58,7 +58,7 @@ PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
 #: The agent's Instance policy too: the real agent below must do its whole job under it.
 RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
               "agent-instance-policy.yaml", "agent-pod-policy.yaml", "controller-rbac.yaml",
-              "controller-node-policy.yaml")
+              "controller-node-policy.yaml", "controller-policy.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
@@ -170,16 +170,33 @@ CONTROLLER_NEEDS = [
     ("patch", "nodes", None),
     ("create", "events", None),
     ("patch", "clusterkopfpeerings.kopf.dev", None),
-    ("create", "roles.rbac.authorization.k8s.io", None),
-    ("patch", "rolebindings.rbac.authorization.k8s.io", None),
-    ("get", "secrets", None),
-    ("watch", "configmaps", None),
+    # controller/agent_access.py: the agent's one Role and RoleBinding, by name (server-side
+    # apply names it; so does the list, by field selector).
+    ("create", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
+    ("patch", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
+    ("escalate", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
+    ("bind", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
+    ("patch", "rolebindings.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
+    ("list", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
 ]
 CONTROLLER_MUST_NOT = [
+    # No Secret or ConfigMap read at all: the agent's Roles are written by escalate and bind
+    # on their one name (tests/integration/test_attacks_controller.py tries the rest).
+    ("get", "secrets", None),
+    ("watch", "secrets", None),
     ("list", "secrets", None),
+    ("get", "configmaps", None),
+    ("watch", "configmaps", None),
     ("list", "configmaps", None),
     ("escalate", "roles.rbac.authorization.k8s.io", None),
     ("bind", "roles.rbac.authorization.k8s.io", None),
+    ("bind", "clusterroles.rbac.authorization.k8s.io", None),
+    ("create", "roles.rbac.authorization.k8s.io", None),
+    ("create", "rolebindings.rbac.authorization.k8s.io", None),
+    ("list", "roles.rbac.authorization.k8s.io", None),
+    ("patch", "clusterroles.rbac.authorization.k8s.io", None),
+    ("update", "validatingwebhookconfigurations.admissionregistration.k8s.io", None),
+    ("impersonate", "serviceaccounts", None),
     ("delete", "nodes", None),
     ("create", "instances.edgeplug.io", None),
     ("create", "configurations.edgeplug.io", None),
