@@ -123,13 +123,20 @@ class PluginManager:
             if kubelet is not None:
                 await self._register(plugin, kubelet)
 
-    async def remove(self, resource_name: str) -> None:
-        """Stop serving ``resource_name`` and delete its socket (the kubelet then drops it)."""
+    async def remove(self, *resource_names: str) -> None:
+        """Stop serving ``resource_names`` and delete their sockets (the kubelet then drops
+        them). Every stream ends before the first server stops: one by one, each plugin's end
+        waited for the stop of the one before (issue 36)."""
         async with self._lock:
-            plugin = self._plugins.pop(resource_name, None)
-            if plugin is not None:
+            going = [
+                (name, plugin) for name in resource_names
+                if (plugin := self._plugins.pop(name, None)) is not None
+            ]
+            for _name, plugin in going:
+                plugin.server.end_streams()
+            for name, plugin in going:
                 await plugin.server.stop()
-                log.info("device plugin removed", extra={"resource": resource_name})
+                log.info("device plugin removed", extra={"resource": name})
 
     async def run(self) -> None:
         """Watch for kubelet restarts until cancelled; then stop every plugin."""

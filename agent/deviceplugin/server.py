@@ -238,6 +238,12 @@ class PluginServer:
         except FileNotFoundError:
             return False
 
+    def end_streams(self) -> None:
+        """End the ListAndWatch streams now (the kubelet drops the resource's devices when its
+        stream ends); ``stop`` follows. Several plugins going at once end theirs together."""
+        if self._servicer is not None:
+            self._servicer.end_streams()
+
     async def stop(self) -> None:
         server, self._server = self._server, None
         servicer, self._servicer = self._servicer, None

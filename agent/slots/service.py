@@ -370,11 +370,12 @@ class DevicePluginService:
         await asyncio.sleep(0)
         for (namespace, configuration), instances in groups.items():
             wanted.add(await self._ensure_configuration_plugin(namespace, configuration, instances))
-        for resource in set(self._served) - wanted:
+        gone = sorted(set(self._served) - wanted)
+        for resource in gone:
             served_plugin = self._served.pop(resource)
             if served_plugin.key[0] == "configuration":
                 self._config_resources.pop(served_plugin.key[1:], None)
-            await self.manager.remove(resource)
+        await self.manager.remove(*gone)
         await asyncio.sleep(0)
         await self._move_reservations(served)
         await self._keep_node_count_down()
