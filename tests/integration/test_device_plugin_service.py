@@ -35,6 +35,7 @@ from tests.harness.agent_nodes import (
 )
 from tests.harness.kube_waits import (
     WAIT_S,
+    WaitTimedOut,
     running,
     unschedulable,
     wait_allocatable,
@@ -219,8 +220,18 @@ async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
         await wait_allocatable(kube, node.name, resource, "2")
     await create_pod(kube, ns, "holder", {f"edgeplug.io/{name}": "1"})
     await wait_pod(kube, ns, "holder", running, "Running")
-    # The held slot leaves the configuration-level resource one free virtual device.
+    # The held slot leaves the configuration-level resource one free virtual device. The agent
+    # lowers the Node's count before it withdraws the device from the kubelet (the give-away
+    # gate, agent/slots/handoff.py), so the count alone does not say the kubelet's own list is
+    # down to it: the baseline is taken once the kubelet says so too. Taken at the count, it
+    # once held the device being withdrawn (v0 and v1), which no restarted kubelet lists.
     await wait_allocatable(kube, node.name, f"edgeplug.io/{configuration}", "1")
+    settled = {f"edgeplug.io/{name}": 2, f"edgeplug.io/{configuration}": 1}
+
+    async def kubelet_settled() -> bool:
+        return all(len(node.emulator.healthy_device_ids(r)) == n for r, n in settled.items())
+
+    await wait_until(kubelet_settled, what=f"the kubelet's healthy devices counting {settled}")
     healthy = {r: sorted(node.emulator.healthy_device_ids(r)) for r in resources}
     before = await read_instance(kube, ns, name)
     registered = len(node.emulator.registrations)
@@ -230,12 +241,17 @@ async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
     def reregistered() -> set[str]:
         return {r.resource_name for r in node.emulator.registrations[registered:]}
 
-    async def all_back() -> bool:
-        return reregistered() == resources and all(
-            sorted(node.emulator.healthy_device_ids(r)) == healthy[r] for r in resources
-        )
+    def kubelet_view() -> dict[str, list[str]]:
+        return {r: sorted(node.emulator.healthy_device_ids(r)) for r in resources}
 
-    await wait_until(all_back, what=f"re-registered, healthy devices as before: {healthy}")
+    async def all_back() -> bool:
+        return reregistered() == resources and kubelet_view() == healthy
+
+    try:
+        await wait_until(all_back, what=f"re-registered, healthy devices as before: {healthy}")
+    except WaitTimedOut as timed_out:
+        raise WaitTimedOut(f"{timed_out}; the restarted kubelet registered "
+                           f"{sorted(reregistered())} and lists {kubelet_view()}") from None
     await wait_allocatable(kube, node.name, f"edgeplug.io/{name}", "2")
     await wait_allocatable(kube, node.name, f"edgeplug.io/{configuration}", "1")
     after = await read_instance(kube, ns, name)
