@@ -27,7 +27,9 @@ nothing and having promised nothing, a sweep does not ask pod-resources at all.
 A kubelet that restarted lists no pod until it has admitted its pods again, so a ``List``
 answered by a kubelet other than the one before (its socket's identity) frees nothing, and
 everything remembered from the old kubelet is dropped, as at an agent restart
-(``agent.slots.rules``, "a restarted kubelet").
+(``agent.slots.rules``, "a restarted kubelet"). Nor does its grace free a slot while a pod bound
+here that asks for the slot's resource is missing from ``List`` altogether (``unlisted_pods``):
+re-admission can take longer than the grace on a loaded node, and the holder may be that pod.
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ def unaccounted_pods(
     return unaccounted
 
 
+def unlisted_pods(
+    bound: Iterable[Mapping[str, Any]], listed: Sequence[PodDevices], resource: str
+) -> list[str]:
+    """Of the pods ``bound`` here (not ended) that request ``resource`` in any container, those
+    pod-resources' ``listed`` answer does not name at all (``namespace/name`` of each): the
+    kubelet has not admitted them, yet or again after its restart, and one of them may hold a
+    slot that answer leaves out."""
+    named = {(pod.namespace, pod.name) for pod in listed}
+    unlisted = []
+    for pod in bound:
+        spec = pod.get("spec") or {}
+        meta = pod.get("metadata") or {}
+        ref = (meta.get("namespace", ""), meta.get("name", ""))
+        if extended_requests(spec).get(resource, 0) and ref not in named:
+            unlisted.append(f"{ref[0]}/{ref[1]}")
+    return unlisted
+
+
 class OrphanFreer:
     """Remembers since when each held slot has looked orphaned; frees it after the grace."""
 
@@ -121,6 +141,8 @@ class OrphanFreer:
         #: At the last sweep another node waited for a slot of an Instance this node holds
         #: one of: the next sweep is due after ``SWEEP_AWAITED_SECONDS``.
         self.awaited = False
+        #: Slots kept past their grace for pods the kubelet does not list (told once each).
+        self._kept: set[_Key] = set()
 
     def claimed(self, refs: Iterable[SlotRef]) -> None:
         """``refs`` were just handed to a pod (claimed, promised, or a held slot or virtual id
@@ -171,7 +193,13 @@ class OrphanFreer:
             log.warning("pod-resources List failed; not freeing slots this time: %s", error)
             return True
         in_use = devices_by_resource(listed)
-        self._same_kubelet(asked_of, self._client.server_identity())
+        if not self._same_kubelet(asked_of, self._client.server_identity()):
+            # The kubelet restarted during this List: which one answered is unknown, so this
+            # answer tells nothing, not even that a slot is held. Taken as the new kubelet's,
+            # the old one's listing of a pod would make the new one's first answers, which
+            # leave out every pod not admitted again yet, read as that pod having ended.
+            self._on_listed(True)
+            return True
         await self._record_unrecorded(instances, in_use)
         now = self._clock()
         seen: set[_Key] = set()
@@ -219,6 +247,13 @@ class OrphanFreer:
                     since = now
                 self._orphan_since[key] = (since, before)
                 if now - since >= self._grace:
+                    if self._bound_pods is not None and resource is not None:
+                        if not bound_read:
+                            bound, bound_read = await self._bound_pods(), True
+                        if bound is not None and (waiting := unlisted_pods(bound, listed,
+                                                                           resource)):
+                            self._keep(key, waiting)
+                            continue
                     await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
                 elif self.awaited and self._bound_pods is not None and resource is not None:
@@ -234,23 +269,37 @@ class OrphanFreer:
             del self._orphan_since[key]
         for key in set(self._seen_live) - seen:
             del self._seen_live[key]
+        self._kept &= set(self._orphan_since)
         self._on_listed(True)
         return bool(seen) or promised
 
+    def _keep(self, key: _Key, waiting: list[str]) -> None:
+        """``key``'s slot stays held past its grace: pods bound here that ask for its resource
+        are not listed by the kubelet (a restarted one re-admits its pods only after it serves
+        pod-resources again; the holder may be among them)."""
+        if key not in self._kept:
+            self._kept.add(key)
+            log.info("kept a slot past the orphan grace: pods bound here that ask for its "
+                     "resource are not listed by the kubelet (not admitted yet, or not again "
+                     "since it restarted)", extra={"instance": key[1], "slot": key[2],
+                                                   "pods": waiting})
+
     def _same_kubelet(self, asked_of: tuple[int, int] | None,
-                      answered_by: tuple[int, int] | None) -> None:
+                      answered_by: tuple[int, int] | None) -> bool:
         """Forget every absence timer and "seen live" when the kubelet restarted since the
         last ``List`` or during this one (``agent.slots.rules``, "a restarted kubelet"): its
         first answers leave out the pods it has not admitted again yet, so this ``List``
-        frees nothing, and from now on a slot is freed only after the orphan grace."""
+        frees nothing, and from now on a slot is freed only after the orphan grace. False when
+        it restarted during this one: the answer may be either kubelet's, and is not used."""
         known, self._kubelet = self._kubelet, answered_by
         if asked_of == answered_by and known in (None, asked_of):
-            return
+            return True
         if self._seen_live or self._orphan_since:
             log.info("the kubelet restarted: slots no pod-resources List shows held are freed "
                      "only after %.0f s", self._grace)
         self._seen_live.clear()
         self._orphan_since.clear()
+        return asked_of == answered_by
 
     def _awaited(self, instance: Instance) -> bool:
         """This node holds a slot of ``instance`` and another listed node's pods wait for one."""

@@ -67,8 +67,9 @@ class GatedPodResources(pr_grpc.PodResourcesListerServicer):
 
     def __init__(self) -> None:
         self.live: set[str] = set()
-        #: The pod the live ids are listed for: (namespace, name).
-        self.pod = ("ns", "broker")
+        #: The pod the live ids are listed for: (namespace, name); None: no pod is listed (a
+        #: kubelet that has not admitted its pods again since it restarted).
+        self.pod: tuple[str, str] | None = ("ns", "broker")
         self.gate = asyncio.Event()
         self.gate.set()
         self.asked = 0
@@ -77,12 +78,14 @@ class GatedPodResources(pr_grpc.PodResourcesListerServicer):
         self, request: pr.ListPodResourcesRequest,
         context: grpc.aio.ServicerContext[pr.ListPodResourcesRequest, pr.ListPodResourcesResponse],
     ) -> pr.ListPodResourcesResponse:
-        live = sorted(self.live)  # what the kubelet knows when the List is asked
+        live, pod = sorted(self.live), self.pod  # what the kubelet knows when it is asked
         self.asked += 1
         await self.gate.wait()
+        if pod is None:
+            return pr.ListPodResourcesResponse()
         devices = [pr.ContainerDevices(resource_name=RESOURCE, device_ids=live)] if live else []
         return pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(
-            name=self.pod[1], namespace=self.pod[0],
+            name=pod[1], namespace=pod[0],
             containers=[pr.ContainerResources(name="c", devices=devices)])])
 
 
@@ -360,3 +363,119 @@ async def test_a_slot_another_node_awaits_is_freed_once_every_pod_here_is_accoun
         assert one.usage == "", "a slot no live pod can hold, awaited by node-b, was kept"
     finally:
         await one.client.close()
+
+
+async def test_a_restarted_kubelet_frees_no_slot_of_a_pod_it_has_not_admitted_again(
+    kube: AsyncClient, namespace: str, tmp_path: Path,
+) -> None:
+    """Issue 33: a restarted kubelet serves pod-resources before it has re-admitted the pods it
+    still runs, and lists none of them until then. On a loaded machine that took the harness's
+    kubelet longer than the orphan grace, and the freer freed the slot of a running pod (the
+    configuration-level id it held was then offered again). A slot past its grace stays while a
+    pod bound here that asks for its resource is missing from the ``List``; once that pod is
+    listed again and then ends, its slot is freed at once, as before."""
+    servicer = GatedPodResources()
+    socket = tmp_path / "pod-resources.sock"
+    kubelet = SocketServer(
+        socket, add_services=lambda s: pr_grpc.add_PodResourcesListerServicer_to_server(
+            servicer, s), stop_grace_s=0.1)
+    await kubelet.start()
+    one = await OneVirtualId.create(kube, namespace, socket, digest="7a8b9c")
+    clock = Clock()
+    one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
+                                  grace=GRACE_S, clock=clock,
+                                  bound_pods=BoundPodsReader(client=kube, node=NODE))
+    holder = f"holder-{uuid.uuid4().hex[:6]}"
+    try:
+        await kube.create(cast(Pod, Pod.from_dict({
+            "metadata": {"name": holder, "namespace": namespace},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "c", "image": "c:1", "resources": {"limits": {RESOURCE: "1"}}}]}})))
+        await one.backend.allocate([[VID]])
+        servicer.pod, servicer.live = (namespace, holder), {VID}
+        await one.sweep()
+        assert one.usage == HELD
+
+        # The kubelet restarts: pod-resources on a new socket, no pod listed for longer than
+        # the grace (it has not re-admitted the holder yet).
+        await kubelet.stop()
+        servicer.pod, servicer.live = None, set()
+        await kubelet.start()
+        await one.sweep()
+        clock.now = 2 * GRACE_S
+        await one.sweep()
+        assert one.usage == HELD, (
+            "freed the slot of a running pod the restarted kubelet had not admitted again")
+
+        # Admitted again, the holder is listed with its id; it ends, and its slot goes at once.
+        servicer.pod, servicer.live = (namespace, holder), {VID}
+        await one.sweep()
+        await kube.delete(Pod, holder, namespace=namespace, grace_period=0)
+        servicer.pod, servicer.live = None, set()
+        await one.sweep()
+        assert one.usage == "", "the slot of a pod that ended stayed held"
+    finally:
+        servicer.gate.set()
+        await one.client.close()
+        await kubelet.stop()
+
+
+async def test_a_list_the_old_kubelet_answered_as_the_new_one_started_frees_nothing(
+    kube: AsyncClient, namespace: str, tmp_path: Path,
+) -> None:
+    """Issue 33: the first ``List`` after a pod's ``Allocate`` was asked of the old kubelet,
+    which listed the pod; by the time the agent read the socket's identity again, the kubelet
+    had restarted. The freer took that answer as the new kubelet's, so the new one's next
+    answer, which leaves out every pod it has not admitted again yet, read as the pod's end:
+    the slot of a running pod was freed at once. An answer during which the kubelet changed is
+    not used at all.
+
+    The agent tells kubelets apart by their socket's identity alone: here a second server takes
+    the socket's path while the first answers, and the first, which the agent's channel still
+    reaches, then answers as the restarted kubelet does (no pod listed)."""
+    kubelet = GatedPodResources()
+    socket = tmp_path / "pod-resources.sock"
+
+    def serving(servicer: GatedPodResources) -> SocketServer:
+        return SocketServer(socket, add_services=lambda s: pr_grpc.
+                            add_PodResourcesListerServicer_to_server(servicer, s),
+                            stop_grace_s=0.1)
+
+    first, restarted = serving(kubelet), serving(GatedPodResources())
+    await first.start()
+    one = await OneVirtualId.create(kube, namespace, socket, digest="5c6d7e")
+    clock = Clock()
+    one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
+                                  grace=GRACE_S, clock=clock,
+                                  bound_pods=BoundPodsReader(client=kube, node=NODE))
+    holder = f"holder-{uuid.uuid4().hex[:6]}"
+    try:
+        await kube.create(cast(Pod, Pod.from_dict({
+            "metadata": {"name": holder, "namespace": namespace},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "c", "image": "c:1", "resources": {"limits": {RESOURCE: "1"}}}]}})))
+        await one.backend.allocate([[VID]])
+        # The old kubelet takes the List and lists the pod; before the answer is read, the
+        # kubelet restarts: a new socket file at the path.
+        kubelet.pod, kubelet.live = (namespace, holder), {VID}
+        kubelet.gate.clear()
+        sweep = asyncio.create_task(one.sweep())
+        await until(lambda: kubelet.asked > 0, what="the freer to ask the old kubelet")
+        socket.rename(tmp_path / "old-pod-resources.sock")
+        await restarted.start()
+        kubelet.gate.set()
+        await sweep
+
+        # The restarted kubelet lists no pod until it has admitted the holder again.
+        kubelet.pod, kubelet.live = None, set()
+        await one.sweep()
+        assert one.usage == HELD, "the new kubelet's first answer freed the running pod's slot"
+        clock.now = 2 * GRACE_S
+        await one.sweep()
+        assert one.usage == HELD, "freed while the holder, bound here, was not listed"
+        assert kubelet.asked == 3
+    finally:
+        kubelet.gate.set()
+        await one.client.close()
+        await restarted.stop()
+        await first.stop()
