@@ -9,7 +9,6 @@ runs it against an agent's discovery-handlers directory and kills or restarts it
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from tests.harness.aio_process import ChildProcess
-from tests.harness.kubebin import cache_dir
+from tests.harness.kubebin import cache_dir, files_digest
 
 SOURCE_DIR = Path(__file__).resolve().parent / "akri_handler"
 SOURCE_FILES = ("go.mod", "go.sum", "main.go", "discovery.proto")
@@ -30,11 +29,7 @@ EXIT_TIMEOUT_S = 10.0
 
 def binary() -> Path:
     """The handler binary, built once per version of its sources."""
-    digest = hashlib.sha256()
-    for name in SOURCE_FILES:
-        digest.update(name.encode())
-        digest.update((SOURCE_DIR / name).read_bytes())
-    target = cache_dir() / f"akrihandler-{digest.hexdigest()[:16]}"
+    target = cache_dir() / f"akrihandler-{files_digest(SOURCE_DIR, SOURCE_FILES)}"
     if target.exists():
         return target
     go = shutil.which("go")

@@ -11,7 +11,6 @@ in seconds. ``RustHandler`` runs it against an agent's discovery-handlers direct
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -20,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from tests.harness.aio_process import ChildProcess
-from tests.harness.kubebin import cache_dir
+from tests.harness.kubebin import cache_dir, files_digest
 
 SOURCE_DIR = Path(__file__).resolve().parent / "akri_rust_handler"
 SOURCE_FILES = ("Cargo.toml", "Cargo.lock", "build.rs", "src/main.rs", "discovery.proto")
@@ -31,11 +30,7 @@ EXIT_TIMEOUT_S = 10.0
 
 def binary() -> Path:
     """The handler binary, built once per version of its sources."""
-    digest = hashlib.sha256()
-    for name in SOURCE_FILES:
-        digest.update(name.encode())
-        digest.update((SOURCE_DIR / name).read_bytes())
-    target = cache_dir() / f"akrirusthandler-{digest.hexdigest()[:16]}"
+    target = cache_dir() / f"akrirusthandler-{files_digest(SOURCE_DIR, SOURCE_FILES)}"
     if target.exists():
         return target
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")

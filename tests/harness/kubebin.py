@@ -23,7 +23,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,13 +121,19 @@ def go_build(source_dir: Path, target: Path, *, what: str, package: str = ".",
     return target
 
 
+def files_digest(source_dir: Path, names: Iterable[str]) -> str:
+    """A short digest of the named files of ``source_dir`` (names and contents): the key of
+    every binary the harness builds and caches from sources in the repository."""
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(name.encode())
+        digest.update((source_dir / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def source_digest() -> str:
     """A short digest of the Go sources; a change to any pin gives a new binary."""
-    digest = hashlib.sha256()
-    for name in source_files():
-        digest.update(name.encode())
-        digest.update((SOURCE_DIR / name).read_bytes())
-    return digest.hexdigest()[:16]
+    return files_digest(SOURCE_DIR, source_files())
 
 
 def cached_binary() -> Path:
