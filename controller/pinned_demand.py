@@ -1,24 +1,12 @@
 """What Pending pods pinned to each node ask for, written on that Node for its agent.
 
-Why this exists: a shared device's slots are reserved per node (``agent.slots.rules``), and a
-node whose pods wait must say so, or another node's idle reservation never moves to it. An
-agent may watch only its own node's pods (the trust model), so it cannot see a user's Pending
-pod that is pinned to it by nodeSelector or affinity but carries no label; the scheduler has
-not bound it, so no field names the node yet. The controller may read every Pending pod: it
-counts, per node, what Pending pods pinned there request (``crds.pinning``, the agent's own
-rules) and writes the totals on the Node (``PINNED_DEMAND_ANNOTATION``), which the node's agent
-watches. An agent with such demand publishes it on the Instance, and the node holding the idle
-reservation gives it up (issue 21, third case).
-
-A pinned pod stays counted after its binding, until it starts (or fails, or is deleted): the
-agent learns of the binding from its own watch of pods bound here, which may come after this
-count reaches it; had the count dropped at the binding, the agent could give away, in between,
-the slot its kubelet is about to admit the pod with (``agent.slots.rules``, the hand-off
-orders). The agent subtracts the pinned pods it sees bound, which it holds for instead.
-
-A node's annotation is rewritten only when its total changes (equal totals, equal text), and
-removed when nothing is pinned there any more, also after a controller restart (the Node
-watch reports what the annotation says, and ``stale_nodes`` compares).
+An agent may watch only its own node's pods, so it cannot see a user's Pending pod that is
+pinned to it by nodeSelector or affinity but carries no label. The controller may: it keeps one
+record per Pending pinned pod with extended requests (``pinned_pod``, judged by
+``crds.pinning``), bound or not, until it starts, fails or is deleted, and ``PinnedDemand``
+keeps each Node's ``PINNED_DEMAND_ANNOTATION`` equal to their total: rewritten only when the
+total changes, removed when nothing is pinned there, after a controller restart too
+(``stale_nodes``). Why a pod stays counted after its binding: docs/slots.md (C5).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Which node a Pending pod is pinned to, what it asks for, and the demand record on a Node.
 
-Why this exists: a pod pinned to one node (by ``kubernetes.io/hostname`` nodeSelector, or by
-required node affinity on that label or on ``metadata.name``) can only ever run there, so its
-extended-resource requests are that node's demand for shared slots (``agent.slots.rules``). The
-controller, which may read every Pending pod, counts that demand for every node and writes it
-on the Node (``PINNED_DEMAND_ANNOTATION``); the agent, which may read only its own Node and the
-pods bound to it, reads it there. Both judge pods by these functions, on the API's JSON.
+A pod pinned to one node (``kubernetes.io/hostname`` nodeSelector, or required node affinity on
+that label or on ``metadata.name``) can only run there, so its extended-resource requests are
+that node's demand for shared slots. The controller writes that demand on the Node
+(``PINNED_DEMAND_ANNOTATION``) and the agent reads it there; both judge pods by these functions,
+on the API's JSON (docs/slots.md, C5).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Slots: how one device's capacity is shared between pods and nodes, and served to the kubelet.
 
-Why this exists: the kubelet sees device ids; the API sees ``deviceUsage`` slots, per-node
-reservations and demand. This package is the one subsystem between them, layered bottom-up:
-``rules`` (pure functions over Instances, no I/O, no gRPC), ``ledger`` (conditioned writes of
-claims and reservations), ``demand`` and ``freeing`` (Pending pods that want a slot, slots of
-vanished pods), ``backends`` (Allocate and friends answered with slots) and ``service`` (the
-reconcile loop that runs plugins for the Instances this node serves). The generic plugin
-lifecycle (sockets, registration, kubelet restarts) is ``agent.deviceplugin``'s.
+The one subsystem between the kubelet's device ids and the API's ``deviceUsage`` slots,
+reservations and demand, layered bottom-up: ``rules`` (pure functions over Instances, no I/O,
+no gRPC), ``ledger`` (conditioned writes of claims and reservations), ``recording``, ``demand``,
+``freeing``, ``handoff`` and ``display``, ``backends`` (Allocate and friends answered with
+slots) and ``service`` (the reconcile loop that runs plugins for the Instances this node
+serves). The generic plugin lifecycle is ``agent.deviceplugin``'s. The invariants and why they
+hold: docs/slots.md.
 """

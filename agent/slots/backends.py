@@ -1,11 +1,12 @@
 """The two kinds of device-plugin backends over slots: per Instance and per Configuration.
 
-Why this exists: the generic lifecycle (``agent.deviceplugin``) asks a ``PluginBackend`` to
-allocate, prefer and prepare; here those questions are answered with slots. An Instance plugin's
-device ids are slot ids; a Configuration plugin's are virtual ids that are mapped onto a free
-slot of one of the Configuration's Instances at ``Allocate`` time and recorded as
-``C:<virtual id>:<node>``. Both claim through the Instance's ``SlotLedger`` under its lock, and
-both turn every refusal into a ``PluginError`` whose message names the slot or id.
+``agent.deviceplugin`` asks a ``PluginBackend`` to allocate, prefer and prepare; these answer
+with slots. An Instance plugin's device ids are slot ids; a Configuration plugin's are virtual
+ids mapped onto a free slot of one of its Instances at ``Allocate`` and recorded as
+``C:<virtual id>:<node>``. A slot reserved for this node is answered at once and recorded
+after (the fast path); every other claim is a conditioned write through the Instance's
+``SlotLedger`` first. Every refusal is a ``PluginError`` naming the slot or id. Why this is
+safe: docs/slots.md (C6-C8, C14).
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
 
     Ours to give: in the newest state this agent knows, this node is listed and each slot is
     free and reserved for it, or already carries ``wanted``'s usage, or is promised with it;
-    and no release of its reservation, and no free of it, is in flight. ``agent.slots.rules`` says
-    why nobody else can change such a slot, and what happens if the agent dies before
+    and no release of its reservation, and no free of it, is in flight. docs/slots.md (C6, C7)
+    says why nobody else can change such a slot, and what happens if the agent dies before
     recording. No ``await`` between judging and promising: nothing else runs in between.
     """
     if not world.answers_before_recording:
@@ -317,7 +318,7 @@ class ConfigurationBackend:
             # The kubelet re-uses the ids of pods that left: a held id asked for again is a
             # new hand-out with the very same usage value. It is promised or claimed again
             # like any other (the hand-out count moves), so an orphan freer holding evidence
-            # from before it cannot free it (agent.slots.rules, "hand-outs").
+            # from before it cannot free it (docs/slots.md, C8).
             if _promise(world, ref.namespace, ref.instance, {ref.slot: usage}):
                 return ref
             try:

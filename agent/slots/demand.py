@@ -1,39 +1,15 @@
 """Which device-plugin resources Pending pods need from this node: the demand watch.
 
-Why this exists: reservations (``agent.slots.rules``) decide which node may hand out a shared slot.
-A node whose pods wait for a slot reserved by an idle node must say so, or the pods wait
-forever. The controller pins broker pods to one node (required node affinity on
-``metadata.name`` or ``kubernetes.io/hostname``, or a ``kubernetes.io/hostname`` nodeSelector);
-such a pod, Pending and unscheduled, can only ever run here, so its requests are this node's
-demand. Unpinned pending pods are ignored: had any node a free reserved slot, the scheduler
-would already have placed them.
-
-Two narrow watches, never one of every Pending pod in the cluster (with 1,000 nodes every agent
-would receive every Pending pod's spec, and a stolen node token would read them all through it):
-
-- *this node's pods*: Pending pods labelled ``edgeplug.io/target-node=<node>`` (the controller puts
-  the label on every broker pod it pins; a user's own pod may carry it too). One stream holds such
-  a pod from creation to start: unscheduled and pinned here it is this node's demand; its binding
-  is one MODIFIED event in the same stream that moves it to the bound table, so there is no moment
-  when it is counted in neither (with two streams, one per table, there was, and the slot its
-  kubelet was admitting it with could be given away: a test caught exactly that).
-- *pods bound here*: Pending pods with ``spec.nodeName=<node>`` (what this node's kubelet admits,
-  labelled or not): their kubelet may be admitting them right now, so the service gives back no
-  reservation of what they request.
-
-- *this node's Node*: the controller, which may read every Pending pod, counts what the
-  Pending pods pinned to each node request, labelled or not, bound or not, and writes it on the
-  Node (``crds.pinning.PINNED_DEMAND_ANNOTATION``). A user's pod pinned here by its own
-  nodeSelector or affinity is demand through it without any label; the labelled stream stays
-  because it is one hop shorter for broker pods (no controller in between). Of that count, the
-  pinned pods this node's bound stream already holds are subtracted (they are held for, not
-  wanted): so a pinned pod is counted, as wanted or as bound, from its creation to its start,
-  whichever of the controller's count and the bound stream reaches the agent first.
-
-A pod in both pod streams counts once (by uid), as bound if either stream says so; what pinned
-pods want is the larger of the labelled stream's count and the Node's. Only pod uid →
-extended-resource counts are kept, never the pods: the agent's memory target is 64 MiB with 200
-Instances.
+``PendingPods`` follows three narrow watches, never every Pending pod in the cluster: Pending
+pods labelled ``edgeplug.io/target-node=<node>`` (unscheduled and pinned here they are wanted,
+bound here held, in one stream), Pending pods bound here (``spec.nodeName``: their kubelet may
+be admitting them), and this node's Node, whose ``crds.pinning.PINNED_DEMAND_ANNOTATION`` is
+the controller's count of every Pending pod pinned here, labelled or not. ``wanted()`` is the
+larger of the labelled count and the Node's count less the pinned pods seen bound;
+``starting()`` counts the bound ones, each pod once by uid. Only uid -> request counts are
+kept, never the pods. ``instance_needs`` turns them into each Instance's want and hold for
+``reservation_plan``. Why a pinned pod counts from creation to start with no gap:
+docs/slots.md (C5).
 """
 
 from __future__ import annotations

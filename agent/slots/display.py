@@ -1,12 +1,10 @@
 """The two Instance fields only people read: ``status.used`` and ``status.nodes``.
 
-Why this exists: ``kubectl get instances`` prints how many slots are held (``status.used``) and,
-with ``-o wide``, the nodes that see the device, sorted (``status.nodes``: ``spec.nodes`` keeps
-the order in which nodes joined). Nothing decides anything on them, so they follow
-``deviceUsage`` and ``nodes`` lazily: a burst of Allocates is summed up once,
-``WRITE_DELAY_SECONDS`` after it began, in one write per stale Instance conditioned on the
-object the values were computed from, so these writes neither load the API server nor make
-claims conflict with them. A lost race is left to the next change or resync.
+``kubectl get instances`` prints how many slots are held and, with ``-o wide``, the sorted nodes
+that see the device. Nothing decides on them, so they follow ``deviceUsage`` and ``nodes``
+lazily: ``WRITE_DELAY_SECONDS`` after a change first made them stale, one write per stale
+Instance, conditioned on the object they were computed from (a lost race is left to the next
+change or resync), so they neither load the API server nor conflict with claims.
 """
 
 from __future__ import annotations

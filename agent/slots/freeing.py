@@ -1,35 +1,16 @@
-"""Freeing slots this node holds for pods that no longer exist.
+"""Freeing slots this node holds for pods that no longer exist, and recording unrecorded ones.
 
-Why this exists: the kubelet never tells a device plugin that a pod has gone, so a slot written
-into ``deviceUsage`` by ``Allocate`` would stay held forever. The kubelet's pod-resources ``List``
-says which device ids live pods hold. A slot that ``List`` once showed held by a live pod and no
-longer does was freed by the pod's end, unless it was handed out again since that ``List`` was
-asked (a new pod, which pod-resources may not list yet; a re-used configuration-level virtual id
-carries the very same usage value, so only the ledger's hand-out count can tell): it is freed at
-the next sweep, however young the claim. Sweeps come every second while this node holds a slot, and
-every ``SWEEP_AWAITED_SECONDS`` while another node's pods wait for an Instance this node holds a
-slot of, so such a pod gets the slot well within a second of the holder's pod going. A slot never
-seen held (the kubelet lists a pod only after admitting it, and an agent restart forgets what it
-saw) is freed once no ``List`` asked since its latest hand-out has shown it held, over
-``ORPHAN_GRACE_SECONDS`` from the first of them that missed it (one grace, not a grace of claim
-age and then another of absence: ``agent.slots.rules``, "hand-outs"). Freeing goes through the
-slot's ledger, under the lock ``Allocate`` takes, and only if the slot still carries the same
-usage and has not been handed out since the ``List`` the decision rests on
-(``SlotLedger.handouts``, compared with no ``await`` before the write starts); a slot the
-``Allocate`` fast path has promised is never freed.
-
-The same ``List`` also records the opposite case: a slot of an Instance plugin that a live pod
-holds while ``deviceUsage`` shows it free (an agent killed between answering ``Allocate`` and
-recording it). Before a plugin first serves an Instance's slots, a sweep asks (however late
-the Instance's watch event comes), and a sweep that asks records such slots at once. Holding
-nothing and having promised nothing, a sweep does not ask pod-resources at all.
-
-A kubelet that restarted lists no pod until it has admitted its pods again, so a ``List``
-answered by a kubelet other than the one before (its socket's identity) frees nothing, and
-everything remembered from the old kubelet is dropped, as at an agent restart
-(``agent.slots.rules``, "a restarted kubelet"). Nor does its grace free a slot while a pod bound
-here that asks for the slot's resource is missing from ``List`` altogether (``unlisted_pods``):
-re-admission can take longer than the grace on a loaded node, and the holder may be that pod.
+The kubelet never tells a device plugin that a pod has gone, so ``OrphanFreer.sweep`` asks
+pod-resources ``List`` which device ids live pods hold and frees, through the slot's ledger, a
+held slot no longer listed: at once if a ``List`` showed it held since its latest hand-out,
+else once every ``List`` since that hand-out has missed it for ``ORPHAN_GRACE_SECONDS`` (sooner
+on per-pod evidence, ``unaccounted_pods``, while another node waits for it). It never frees a
+slot promised or handed out again since the ``List`` it judged on (the ledger's hand-out count),
+nor on an answer from a kubelet that restarted (its socket's identity), nor, past the grace,
+while a pod bound here that asks for the slot's resource is not listed at all
+(``unlisted_pods``). The same ``List`` records slots live pods hold that ``deviceUsage`` shows
+free (an agent killed between answering and recording). Holding and promising nothing, a sweep
+asks nothing. Why each rule: docs/slots.md (C7-C10).
 """
 
 from __future__ import annotations
@@ -240,8 +221,8 @@ class OrphanFreer:
                     self._orphan_since.pop(key, None)
                     continue
                 # Never seen held since its latest hand-out: the orphan clock starts at the
-                # first List asked after that hand-out that misses it (``agent.slots.rules``,
-                # "one grace"), and a later hand-out starts it again.
+                # first List asked after that hand-out that misses it (docs/slots.md, C9),
+                # and a later hand-out starts it again.
                 since, counted_at = self._orphan_since.get(key, (now, before))
                 if counted_at != before:
                     since = now
@@ -257,7 +238,7 @@ class OrphanFreer:
                     await self._free(instance, slot, usage, before)
                     self._orphan_since.pop(key, None)
                 elif self.awaited and self._bound_pods is not None and resource is not None:
-                    # Per-pod evidence (``agent.slots.rules``, "hand-outs"): every pod bound
+                    # Per-pod evidence (docs/slots.md, C9): every pod bound
                     # here that asks for the resource is listed with all its devices of it,
                     # and the slot is not among them, so no live pod holds it.
                     if not bound_read:
@@ -287,7 +268,7 @@ class OrphanFreer:
     def _same_kubelet(self, asked_of: tuple[int, int] | None,
                       answered_by: tuple[int, int] | None) -> bool:
         """Forget every absence timer and "seen live" when the kubelet restarted since the
-        last ``List`` or during this one (``agent.slots.rules``, "a restarted kubelet"): its
+        last ``List`` or during this one (docs/slots.md, C10): its
         first answers leave out the pods it has not admitted again yet, so this ``List``
         frees nothing, and from now on a slot is freed only after the orphan grace. False when
         it restarted during this one: the answer may be either kubelet's, and is not used."""

@@ -1,29 +1,16 @@
 """The give-away gate: what must hold before this node stops advertising a slot it gives away.
 
-Why this exists: a kubelet fails a pod (``UnexpectedAdmissionError``) when it admits it for a
-device resource and finds no healthy free device; such a pod is Failed for good. The scheduler
-binds pods on the Node's ``status.allocatable``, which the kubelet reports some time after its
-device plugin stops advertising a slot (up to ``nodeStatusUpdateFrequency``, 10 s by default).
-So a node that stops advertising a slot to give it to another node fails every pod the scheduler
-binds to it in between on the old count (issue 21; the argument is in ``agent.slots.rules``,
-"Giving a slot away"). The gate reverses that order:
-
-1. ``NodeAllocatable.set`` lowers this Node's ``status.allocatable`` for the slot's resources to
-   what this node will advertise without the slot, *while the kubelet still has it healthy*;
-   the scheduler counts the slot gone from then on;
-2. ``pods_awaiting_admission`` then asks the API server (a consistent list, not a watch that may
-   lag) which pods are bound here, not started, and request those resources: a pod bound on the
-   old count is among them, and while there is one the slot is kept and the count restored;
-3. the caller stops advertising the slot, and ``HandoffGate.settle`` waits until the kubelet has
-   taken that in (its pod-resources ``GetAllocatableResources``), lowers the count again should
-   a kubelet status computed before that have put it back, and reads the pods bound here once
-   more; only then does the caller release the reservation;
-4. ``HandoffGate.keep_down``: a count the Node's watch shows above what this node advertises
-   (such a kubelet write landing later still) is lowered again at once.
-
-The agent may write only its own Node's ``edgeplug.io/`` allocatable, between 0 and the Node's
-capacity (``deploy/manifests/agent-node-policy.yaml``); a cluster without that grant (an older
-install) gets the previous behaviour, with one warning.
+The scheduler binds on the Node's ``status.allocatable``, which the kubelet lowers only some
+time after a plugin stops advertising a slot; a pod bound in between fails admission.
+``HandoffGate.clear`` lowers this Node's count of the slot's resources first
+(``NodeAllocatable.set``), while the kubelet still has the slot, then reads consistently the
+pods bound here that have not started and request them (``pods_awaiting_admission``), and
+restores the count and keeps the slot if there is one. Once the caller stops advertising,
+``settle`` waits for the kubelet to take that in (pod-resources ``GetAllocatableResources``),
+lowers the count again if needed and reads the pods once more; ``keep_down`` lowers a count the
+Node's watch shows above what is advertised. Without the ``nodes/status`` or ``pods list``
+grant the gate is open, with one warning. Why no pod bound on the API's counts is refused:
+docs/slots.md (C11).
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Writes to one Instance's slots from this node: claims, frees and reservations.
 
-Why this exists: every change to ``deviceUsage`` and ``status.reservations`` must be judged on
-the object it changes (``agent.slots.rules`` has the rules and why they are safe). A ledger
-holds the one lock per Instance that ``Allocate``, freeing and reservation moves all take, re-reads
-the Instance, and writes JSON merge patches carrying ``metadata.resourceVersion``: the API
-server applies such a patch only if the object is still at that version (409 otherwise), which
-makes every write conditional on the exact state it was judged on. Conflicts are retried after
-a re-read, at most ``MAX_WRITE_ATTEMPTS`` times.
-
-A claim of a free, unreserved slot is one conditioned write of ``deviceUsage`` and nothing
-else: every node judging the same version sees the slot free, and only one conditioned write
-on that version can succeed. The reservation follows the use at the next reconcile (the
-reservation rule reserves a slot for the node that holds it).
-
-The ledger also keeps what the ``Allocate`` fast path (``agent.slots.rules``, "answered at
-once, recorded right after") needs: ``latest``, the object our last slot write returned, until
-the Instance watch has delivered that version (``seen``); ``promised``, slots handed to the
-kubelet but not yet recorded; ``releasing``, slots whose reservation a write in flight gives
-back; and ``freeing``, slots a free in flight sets free. The last three are set before the first
-``await`` of the operation that needs them, so the fast path, which never awaits between
-judging and promising, sees them.
+A ``SlotLedger`` holds the one lock per Instance that ``Allocate``, freeing and reservation
+moves all take, and writes JSON merge patches carrying ``metadata.resourceVersion``, so each
+write lands only on the object it was judged on (409 otherwise: re-read and judge again, at
+most ``MAX_WRITE_ATTEMPTS`` times). A claim of a free, unreserved slot writes ``deviceUsage``
+only; the reservation follows the use at the next reconcile. In memory it keeps what the
+``Allocate`` fast path and the orphan freer need: ``latest`` (our last write, until the watch
+delivers it), ``promised``, ``releasing`` and ``freeing`` (each set before the operation's first
+``await``), and ``handouts``. Why these keep a slot to one pod: docs/slots.md (C2, C6, C8).
 """
 
 from __future__ import annotations
@@ -85,7 +73,7 @@ class SlotLedger:
         #: Slot → how many times this agent has handed it to a pod (any ``Allocate`` that
         #: answered with it, a re-used virtual id or a held slot confirmed again included).
         #: The orphan freer frees a slot only if this count has not moved since the
-        #: pod-resources ``List`` it judged on (``agent.slots.rules``, "hand-outs").
+        #: pod-resources ``List`` it judged on (docs/slots.md, C8).
         self.handouts: dict[str, int] = {}
 
     def handed_out(self, slots: Iterable[str]) -> None:
@@ -133,7 +121,7 @@ class SlotLedger:
         The caller holds ``lock``. Raises ``SlotUnavailable`` naming the first slot that is not
         ours to take, ``InstanceGone``, or ``TooManyConflicts``. ``held_by_pod``: the slots are
         a pod's already (a promise being recorded, a live pod's slot adopted), so claims
-        counted since do not withhold them (``agent.slots.rules``, "DRA claims").
+        counted since do not withhold them (docs/slots.md, C16).
 
         ``known`` is the Instance as the caller's watch last saw it. When it says a write is
         needed, the first attempt writes on its ``resourceVersion`` without reading: the write

@@ -1,22 +1,12 @@
 """Recording what the ``Allocate`` fast path promised: one writer per Instance, batched.
 
-Why this exists: the fast path (``agent.slots.backends``) answers the kubelet from a slot
-reserved for this node and leaves the ``deviceUsage`` write for right after. A burst of
-Allocates on one Instance (a Deployment scaled up) must not become a queue of writes, each
-waiting for the Instance's lock and conflicting with the next: one task per Instance writes
-what is promised in one conditioned claim, at once for the first promise and then at most once
-per ``GATHER_SECONDS``, each write taking everything promised since the last. A write costs
-the agent more than the request: its watch event brings a reconcile pass over every slot of the
-Instance, and an ``Allocate`` that arrives meanwhile waits behind both on the event loop;
-gathering a burst into a few writes keeps that tail short (``tests/bench/bench_agent.py``
-measures it). The wait only delays the record, never the answer, and an unrecorded promise is
-as safe as a recorded claim.
-
-A write that fails (the API server unreachable) is retried with the watches' bounded backoff for
-as long as it takes: the promise keeps the slot from being released, freed or given to the
-configuration plugin meanwhile, so it is dropped only once recorded (or the Instance is gone).
-If the agent dies first, the pod-resources sweep of the next start records it;
-``agent.slots.rules`` says why this is safe.
+``PromiseRecorder`` runs one task per Instance that writes what is promised in one conditioned
+claim: the first promise at once, then at most once per ``GATHER_SECONDS``, each write taking
+everything promised since the last, so a burst of Allocates (a Deployment scaled up) costs a few
+writes and passes rather than one each (``tests/bench/bench_agent.py``). The wait delays the
+record, never the answer. A failed write is retried with the watches' backoff for as long as it
+takes; a promise is dropped only once recorded or when the Instance is gone. Why an unrecorded
+promise is safe, across an agent crash too: docs/slots.md (C6, C7).
 """
 
 from __future__ import annotations
