@@ -214,14 +214,16 @@ class DiscoveryRun:
     async def _discover(self, handler: DiscoveryHandler, details: Any) -> None:
         shared = is_shared(handler, details)
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        # One pass per list (``edgeplug_discovery_duration_seconds``): from the list's arrival
+        # to its publish; the run's first pass counts from the run's start, so it includes the
+        # handler's first scan. The wait for the next change belongs to no pass.
+        started: float | None = loop.time()
         first = True
         resync = asyncio.create_task(self._resync_forever(), name=f"resync-{self.key[1]}")
         try:
             async for devices in handler.discover(details):
-                now = loop.time()
-                self._metrics.discovery_duration.labels(handler.name).observe(now - started)
-                started = now
+                if started is None:
+                    started = loop.time()
                 if isinstance(devices, HandlerStatus):
                     first = False  # the handler's own verdict speaks for the run from now on
                     await self._report_handler(devices)
@@ -233,6 +235,9 @@ class DiscoveryRun:
                     publish_error: Exception | None = failed
                 else:
                     publish_error = None
+                self._metrics.discovery_duration.labels(handler.name).observe(
+                    loop.time() - started)
+                started = None
                 # The list's warnings after its devices: the first pass's condition write
                 # (one Configuration status write) was on the path to the first plugin (#36).
                 await self._post_warnings(warnings_of(devices))

@@ -26,7 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 #: The buckets of the Allocate histogram (seconds): the kubelet waits on it while a pod starts.
 ALLOCATE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-#: The buckets of the discovery histogram (seconds): a pass takes milliseconds to minutes.
+#: The buckets of the discovery histogram (seconds): a pass takes milliseconds (a list
+#: published) to minutes (a first scan of a large network).
 DISCOVERY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 #: HTTP answers from the API server counted as errors: throttling and the server's own faults
 #: (a 404 or 409 is an answer the agent expects and handles).
@@ -108,7 +109,9 @@ class AgentMetrics:
         )
         self.discovery_duration = Histogram(
             "edgeplug_discovery_duration_seconds",
-            "Time from a discovery run's start (or its last result) to its next device list",
+            "Discovery passes, per handler: one pass is one device list of the handler, from "
+            "its arrival to its Instances and this node's devices being updated; a run's first "
+            "pass counts from the run's start, so it includes the handler's first scan",
             ["handler"], registry=self.registry, buckets=DISCOVERY_BUCKETS,
         )
         self.discovery_errors = Counter(
