@@ -6,9 +6,10 @@ kubelet registrations, API trouble); one module keeps names and labels consisten
 
 Labels are bounded (docs/operations.md, "Cardinality"): a Configuration (``namespace``,
 ``configuration``), the ``node``, a ``handler`` name, or a short fixed set (outcome, health,
-reason, HTTP code, resource kind). Never a device id, an Instance or a pod: the one exception
-kept for compatibility is ``resource`` on ``edgeplug_allocations_total`` and
-``edgeplug_slot_conflicts_total``, one series per resource this node allocated from.
+reason, HTTP code, resource kind). Never a device id, an Instance, a device-plugin resource
+or a pod: an allocation or a slot conflict is counted per Configuration, node and ``kind`` of
+resource (``instance``: one Instance's own; ``configuration``: the Configuration's, mapped onto
+any of its Instances), however many Instances the Configuration has.
 
 Watch restarts and API errors are counted per process (``PROCESS``), as the code that sees them
 (``agent.watching``, the API client's hooks) has no agent at hand; each agent's registry
@@ -130,8 +131,10 @@ class AgentMetrics:
             "registered and answering, 0 while it is not", ["handler"], registry=self.registry,
         )
         self.allocations = Counter(
-            "edgeplug_allocations_total", "Allocate calls answered, per resource and outcome",
-            ["resource", "outcome"], registry=self.registry,
+            "edgeplug_allocations_total",
+            "Allocate calls answered, per Configuration, node, kind of resource (instance or "
+            "configuration) and outcome (ok or refused)",
+            ["namespace", "configuration", "node", "kind", "outcome"], registry=self.registry,
         )
         self.allocate_duration = Histogram(
             "edgeplug_allocate_duration_seconds",
@@ -140,8 +143,9 @@ class AgentMetrics:
         )
         self.slot_conflicts = Counter(
             "edgeplug_slot_conflicts_total",
-            "Slot claims lost to another node or writer (optimistic concurrency conflicts)",
-            ["resource"], registry=self.registry,
+            "Slot claims lost to another node or writer (optimistic concurrency conflicts), per "
+            "Configuration, node and kind of resource (instance or configuration)",
+            ["namespace", "configuration", "node", "kind"], registry=self.registry,
         )
         self.pod_resources_lists = Counter(
             "edgeplug_pod_resources_lists_total",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
@@ -44,6 +45,10 @@ from discovery_handlers.contract import (
 log = logging.getLogger(__name__)
 
 FAILED = grpc.StatusCode.FAILED_PRECONDITION
+#: The ``kind`` label of the allocation metrics: an Instance's own resource, or the
+#: Configuration's (virtual ids mapped onto any of its Instances).
+KIND_INSTANCE = "instance"
+KIND_CONFIGURATION = "configuration"
 
 
 class SlotWorld(Protocol):
@@ -73,6 +78,18 @@ class SlotWorld(Protocol):
     def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
         """Record ``wanted`` (already in the ledger's ``promised``) right after answering."""
         ...
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What a backend's allocations and slot conflicts are counted under (bounded labels)."""
+
+    namespace: str
+    configuration: str
+    kind: str
+
+    def labels(self, world: SlotWorld) -> tuple[str, str, str, str]:
+        return (self.namespace, self.configuration, world.node, self.kind)
 
 
 def container_allocation(devices: Sequence[NodeDevice]) -> ContainerAllocation:
@@ -118,7 +135,8 @@ def _usable_device(world: SlotWorld, namespace: str, instance: str) -> NodeDevic
 
 
 async def _claim(
-    world: SlotWorld, resource: str, namespace: str, instance: str, wanted: dict[str, SlotUsage]
+    world: SlotWorld, counted: Counted, namespace: str, instance: str,
+    wanted: dict[str, SlotUsage],
 ) -> None:
     """Claim ``wanted`` on one Instance under its lock; refusals become ``PluginError``."""
     ledger = world.ledger(namespace, instance)
@@ -129,10 +147,10 @@ async def _claim(
             # caught up with yet (which would cost a 409 and a re-read).
             world.remember(claimed)
     except SlotUnavailable as error:
-        world.metrics.slot_conflicts.labels(resource=resource).inc()
+        world.metrics.slot_conflicts.labels(*counted.labels(world)).inc()
         raise PluginError(FAILED, f"cannot claim {error}") from error
     except TooManyConflicts as error:
-        world.metrics.slot_conflicts.labels(resource=resource).inc()
+        world.metrics.slot_conflicts.labels(*counted.labels(world)).inc()
         raise PluginError(grpc.StatusCode.UNAVAILABLE, str(error)) from error
     except InstanceGone as error:
         raise PluginError(FAILED, str(error)) from error
@@ -178,17 +196,17 @@ def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, 
 
 
 async def _counted(
-    world: SlotWorld, resource: str, allocation: Awaitable[list[ContainerAllocation]]
+    world: SlotWorld, counted: Counted, allocation: Awaitable[list[ContainerAllocation]]
 ) -> list[ContainerAllocation]:
     """Await an allocation, counting it by outcome in the allocations metric and timing it."""
     started = time.perf_counter()
     try:
         answers = await allocation
     except PluginError:
-        world.metrics.allocations.labels(resource=resource, outcome="refused").inc()
+        world.metrics.allocations.labels(*counted.labels(world), "refused").inc()
         world.metrics.allocate_duration.labels("refused").observe(time.perf_counter() - started)
         raise
-    world.metrics.allocations.labels(resource=resource, outcome="ok").inc()
+    world.metrics.allocations.labels(*counted.labels(world), "ok").inc()
     world.metrics.allocate_duration.labels("ok").observe(time.perf_counter() - started)
     return answers
 
@@ -196,14 +214,16 @@ async def _counted(
 class InstanceBackend:
     """Backend of ``edgeplug.io/<instance>``: device ids are the Instance's slot ids."""
 
-    def __init__(self, *, world: SlotWorld, namespace: str, instance: str, resource: str) -> None:
+    def __init__(
+        self, *, world: SlotWorld, namespace: str, instance: str, configuration: str
+    ) -> None:
         self._world = world
         self._namespace = namespace
         self._instance = instance
-        self._resource = resource
+        self._counted = Counted(namespace, configuration, KIND_INSTANCE)
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
-        return await _counted(self._world, self._resource, self._allocate(requests))
+        return await _counted(self._world, self._counted, self._allocate(requests))
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         world, ns, name = self._world, self._namespace, self._instance
@@ -220,7 +240,7 @@ class InstanceBackend:
         mine = SlotUsage.by_node(world.node)
         claim = dict.fromkeys(wanted, mine)
         if not _promise(world, ns, name, claim):
-            await _claim(world, self._resource, ns, name, claim)
+            await _claim(world, self._counted, ns, name, claim)
         return [container_allocation([device]) for _ in requests]
 
     async def preferred_allocation(
@@ -263,13 +283,12 @@ class ConfigurationBackend:
         world: SlotWorld,
         namespace: str,
         configuration: str,
-        resource: str,
         feed: DeviceFeed,
     ) -> None:
         self._world = world
         self._namespace = namespace
         self._configuration = configuration
-        self._resource = resource
+        self._counted = Counted(namespace, configuration, KIND_CONFIGURATION)
         self._feed = feed
         # Virtual id → the Instance a handler's ranking chose for it (GetPreferredAllocation,
         # or Allocate itself); ``_place`` claims there first. Only a preference: any free slot
@@ -280,7 +299,7 @@ class ConfigurationBackend:
         return self._world.configuration_instances(self._namespace, self._configuration)
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
-        return await _counted(self._world, self._resource, self._allocate(requests))
+        return await _counted(self._world, self._counted, self._allocate(requests))
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         known = self._feed.ids()
@@ -322,7 +341,7 @@ class ConfigurationBackend:
             if _promise(world, ref.namespace, ref.instance, {ref.slot: usage}):
                 return ref
             try:
-                await _claim(world, self._resource, ref.namespace, ref.instance,
+                await _claim(world, self._counted, ref.namespace, ref.instance,
                              {ref.slot: usage})
                 return ref
             except PluginError:
@@ -339,7 +358,7 @@ class ConfigurationBackend:
         last: PluginError | None = None
         for ref in candidates:
             try:
-                await _claim(world, self._resource, ref.namespace, ref.instance, {ref.slot: usage})
+                await _claim(world, self._counted, ref.namespace, ref.instance, {ref.slot: usage})
                 return ref
             except PluginError as error:
                 last = error

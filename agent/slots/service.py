@@ -398,7 +398,8 @@ class DevicePluginService:
             advertised,
             pre_start=device.needs_prepare,
             backend_for=lambda feed: InstanceBackend(
-                world=self, namespace=key[0], instance=key[1], resource=resource
+                world=self, namespace=key[0], instance=key[1],
+                configuration=instance.spec.configuration_name,
             ),
         )
         return resource
@@ -426,7 +427,6 @@ class DevicePluginService:
                 world=self,
                 namespace=namespace,
                 configuration=configuration,
-                resource=resource,
                 feed=feed,
             ),
         )

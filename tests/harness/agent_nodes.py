@@ -88,6 +88,20 @@ class AgentNode:
     def counter(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
+    def allocations(self, namespace: str, configuration: str, *, kind: str = "instance",
+                    outcome: str = "ok") -> float:
+        """Allocate calls this node answered for the Configuration's resources of ``kind``
+        (``instance`` or ``configuration``), with ``outcome`` (ok or refused)."""
+        return self.counter("edgeplug_allocations_total", namespace=namespace,
+                            configuration=configuration, node=self.name, kind=kind,
+                            outcome=outcome)
+
+    def slot_conflicts(self, namespace: str, configuration: str, *,
+                       kind: str = "instance") -> float:
+        """Slot claims this node lost for the Configuration's resources of ``kind``."""
+        return self.counter("edgeplug_slot_conflicts_total", namespace=namespace,
+                            configuration=configuration, node=self.name, kind=kind)
+
 
 class StartNode(Protocol):
     """What the ``start_node`` fixture hands a test: start one more agent node (with this

@@ -136,7 +136,7 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
         return await demand_of(kube, ns, name) == {}
 
     await wait_until(demand_met, what=f"status.demand of {name} cleared once b's pod runs")
-    assert_quiet((a, b), resource, failures)
+    assert_quiet((a, b), ns, configuration, failures)
     refused = [record.getMessage() for record in caplog.records
                if record.name.startswith("agent")
                and any(text in record.getMessage() for text in REFUSALS)]

@@ -139,7 +139,9 @@ async def test_instance_and_configuration_resources_allocate_claim_and_free(
         f"edgeplug.io/{configuration}=b2b2b2",
     }
     assert vdevs.envs["DEBUG_ECHO_DESCRIPTION_B2B2B2"] == "desc-b2b2b2"
-    assert node.counter("edgeplug_allocations_total", resource=res_one, outcome="ok") == 1
+    # Counted per Configuration and kind of resource: one Allocate each way.
+    assert node.allocations(ns, configuration) == 1
+    assert node.allocations(ns, configuration, kind="configuration") == 1
 
     async def used_counted() -> bool:
         obj = as_dict(await kube.get(InstanceResource, one, namespace=ns))
@@ -199,7 +201,7 @@ async def test_prepare_runs_before_start_and_unknown_ids_are_refused(
     assert f"{name}-7" in details, details
     assert "unknown device id" in details, details
     assert (await read_instance(kube, ns, name)).spec.device_usage.get(f"{name}-7") is None
-    assert node.counter("edgeplug_allocations_total", resource=resource, outcome="refused") == 1
+    assert node.allocations(ns, configuration, outcome="refused") == 1
 
     # A pod: the kubelet asks for PreStartContainer and the device's prepare step runs.
     await run_pod(kube, ns, "prepared", {resource: "1"})
@@ -289,8 +291,9 @@ async def test_two_nodes_never_share_a_slot_and_the_extra_pod_stays_pending(
         **dict.fromkeys(held_b, b.name),
     }, "deviceUsage disagrees with what the kubelets allocated"
     for node in (a, b):
-        assert node.counter("edgeplug_allocations_total", resource=resource, outcome="refused") == 0
-        assert node.counter("edgeplug_slot_conflicts_total", resource=resource) == 0
+        assert node.allocations(ns, configuration) == 1, f"{node.name} answered one pod"
+        assert node.allocations(ns, configuration, outcome="refused") == 0
+        assert node.slot_conflicts(ns, configuration) == 0
 
     # The pending pod gets a slot once one is given back; it never failed.
     await kube.delete(Pod, "on-a", namespace=ns)

@@ -45,10 +45,6 @@ async def agent_node(control_plane: ControlPlane, kube: AsyncClient) -> AsyncIte
     await nodes.stop_all()
 
 
-def allocations(node: AgentNode, resource: str) -> float:
-    return node.counter("edgeplug_allocations_total", resource=resource, outcome="ok")
-
-
 async def held_slots(kube: AsyncClient, namespace: str, name: str, node: str) -> set[str]:
     """Slots the Instance's deviceUsage records as held by ``node``."""
     instance = await read_instance(kube, namespace, name)
@@ -75,7 +71,7 @@ async def test_running_pods_keep_their_slots_across_a_kubelet_restart(
 
     await wait_until(recorded, what=f"{held} recorded in deviceUsage for {node.name}")
     before = await read_instance(kube, ns, name)
-    calls = allocations(node, resource)
+    calls = node.allocations(ns, configuration)
     registered = len(node.emulator.registrations)
 
     await node.emulator.restart_kubelet()
@@ -86,7 +82,7 @@ async def test_running_pods_keep_their_slots_across_a_kubelet_restart(
     await wait_allocatable(kube, node.name, resource, "2")
     # The running pod still holds its slot, from the checkpoint, without a second Allocate...
     assert node.emulator.allocated_device_ids(resource) == {held}
-    assert allocations(node, resource) == calls
+    assert node.allocations(ns, configuration) == calls
     # ...and the agent's record of it is unchanged.
     assert (await read_instance(kube, ns, name)).spec.device_usage == before.spec.device_usage
     # The other slot is still free, and the next pod gets it.
@@ -98,7 +94,7 @@ async def test_running_pods_keep_their_slots_across_a_kubelet_restart(
         return await held_slots(kube, ns, name, node.name) == {held, second}
 
     await wait_until(both_recorded, what=f"{held} and {second} recorded for {node.name}")
-    assert allocations(node, resource) == calls + 1
+    assert node.allocations(ns, configuration) == calls + 1
 
 
 async def test_a_plugin_the_kubelet_hangs_up_on_registers_again(
@@ -134,5 +130,6 @@ async def test_a_plugin_the_kubelet_hangs_up_on_registers_again(
     # ended (PluginDisconnected names its socket): the agent's plugin stays registered.
     await wait_allocatable(kube, node.name, resource, "2")
     await run_pod(kube, ns, "after-hang-up", {resource: "1"})
-    assert allocations(node, resource) == 1, "the agent's plugin answered the pod's Allocate"
+    assert node.allocations(ns, configuration) == 1, (
+        "the agent's plugin answered the pod's Allocate")
     assert older.calls.allocate == []

@@ -188,7 +188,7 @@ class OneVirtualId:
         client = PodResourcesClient(socket)
         world.freer = OrphanFreer(client=client, node=NODE, ledger=world.ledger)
         backend = ConfigurationBackend(
-            world=world, namespace=namespace, configuration=CONFIGURATION, resource=RESOURCE,
+            world=world, namespace=namespace, configuration=CONFIGURATION,
             feed=DeviceFeed([AdvertisedDevice(VID)]))
         one = cls(kube, namespace, name, world, client, backend)
         ledger = world.ledger(namespace, name)

@@ -82,7 +82,8 @@ class World:
 async def test_instance_plugin_prefers_slots_this_node_holds_and_honours_must_include() -> None:
     inst = _instance("cam-aaaaaa", {"cam-aaaaaa-2": NODE})
     backend = InstanceBackend(
-        world=World([inst], [_device(inst.name)]), namespace="ns", instance=inst.name, resource="r"
+        world=World([inst], [_device(inst.name)]), namespace="ns", instance=inst.name,
+        configuration="cam",
     )
     ids = ["cam-aaaaaa-0", "cam-aaaaaa-1", "cam-aaaaaa-2"]
     assert await backend.preferred_allocation(available=ids, must_include=[], size=1) == [
@@ -101,7 +102,7 @@ async def test_configuration_plugin_prefers_held_virtual_devices_on_distinct_ins
     world = World([one, two], [_device(one.name), _device(two.name)])
     feed = DeviceFeed(AdvertisedDevice(f"cam-v{i}") for i in range(6))
     backend = ConfigurationBackend(
-        world=world, namespace="ns", configuration="cam", resource="r", feed=feed
+        world=world, namespace="ns", configuration="cam", feed=feed
     )
     available = [f"cam-v{i}" for i in range(6)]
     chosen = await backend.preferred_allocation(
@@ -114,13 +115,14 @@ async def test_unknown_and_unhealthy_devices_are_refused_before_any_claim() -> N
     inst = _instance("cam-aaaaaa", {})
     sick = _instance("cam-cccccc", {})
     world = World([inst, sick], [_device(inst.name), _device(sick.name, healthy=False)])
-    backend = InstanceBackend(world=world, namespace="ns", instance=inst.name, resource="r")
+    backend = InstanceBackend(world=world, namespace="ns", instance=inst.name, configuration="cam")
     with pytest.raises(PluginError) as unknown:
         await backend.allocate([["cam-aaaaaa-9"]])
     assert unknown.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "cam-aaaaaa-9" in unknown.value.message
 
-    unhealthy = InstanceBackend(world=world, namespace="ns", instance=sick.name, resource="r")
+    unhealthy = InstanceBackend(world=world, namespace="ns", instance=sick.name,
+                                configuration="cam")
     with pytest.raises(PluginError) as refused:
         await unhealthy.allocate([["cam-cccccc-0"]])
     assert refused.value.code is grpc.StatusCode.FAILED_PRECONDITION
@@ -128,15 +130,14 @@ async def test_unknown_and_unhealthy_devices_are_refused_before_any_claim() -> N
 
     feed = DeviceFeed([AdvertisedDevice("cam-v0")])
     configuration = ConfigurationBackend(
-        world=world, namespace="ns", configuration="cam", resource="r", feed=feed
+        world=world, namespace="ns", configuration="cam", feed=feed
     )
     with pytest.raises(PluginError) as bad_vid:
         await configuration.allocate([["cam-v5"]])
     assert bad_vid.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "cam-v5" in bad_vid.value.message
-    assert (
-        world.metrics.registry.get_sample_value(
-            "edgeplug_allocations_total", {"resource": "r", "outcome": "refused"}
-        )
-        == 3
-    )
+    # Counted per Configuration, node and kind of resource, never per Instance or resource.
+    get = world.metrics.registry.get_sample_value
+    labels = {"namespace": "ns", "configuration": "cam", "node": NODE, "outcome": "refused"}
+    assert get("edgeplug_allocations_total", {**labels, "kind": "instance"}) == 2
+    assert get("edgeplug_allocations_total", {**labels, "kind": "configuration"}) == 1
