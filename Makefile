@@ -41,7 +41,8 @@ COMPAT_TESTS := \
   tests/faults/test_agent_kills.py tests/faults/test_unpinned_handoff.py \
   tests/integration/test_helm.py tests/integration/test_rbac.py \
   tests/integration/test_agent_rights.py tests/integration/test_attacks_agent.py \
-  tests/integration/test_dra_features_served.py tests/integration/test_devicenode_agent.py
+  tests/integration/test_dra_features_served.py tests/integration/test_devicenode_agent.py \
+  tests/integration/test_shared_allocation.py
 
 .PHONY: aptdeps install venv controlplane controlplane-compat helm realnode realnode-compat \
   thirdparty demo test test-newest test-compat lint unit bench images clean clean-cache

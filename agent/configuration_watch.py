@@ -32,7 +32,7 @@ from agent.properties import (
     ReferenceWatch,
     resolve_properties,
 )
-from crds.configuration import Configuration
+from crds.configuration import Configuration, shared_device_allocation
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,16 @@ class ConfigurationWatch:
                 namespace=self._namespace or "*",
             )
             async for op, obj in stream:
-                cfg = Configuration.from_object(as_dict(obj))
+                body = as_dict(obj)
+                cfg = Configuration.from_object(body)
                 key = (cfg.namespace, cfg.name)
                 async with self._lock:
                     if op == "DELETED":
                         self._configurations.pop(key, None)
                     else:
                         self._configurations[key] = cfg
+                    await self._devices.set_shared_allocator(
+                        *key, None if op == "DELETED" else shared_device_allocation(body))
                     await self._reconcile(key)
         finally:
             await self._shutdown()
@@ -218,6 +221,7 @@ class ConfigurationWatch:
                     log.info("Configuration gone (missed by the watch)",
                              extra={"configuration": "/".join(key)})
                     del self._configurations[key]
+                    await self._devices.set_shared_allocator(*key, None)
                     await self._reconcile(key)
 
     async def _on_reference_change(self, ref: Reference) -> None:

@@ -83,7 +83,7 @@ async def run_agent(
             serve_device_plugins(
                 client=client, node_name=settings.node_name, plugin_dir=settings.plugin_dir,
                 pod_resources_socket=settings.pod_resources_socket, devices=devices,
-                metrics=metrics,
+                metrics=metrics, dra=settings.serve_dra,
             )
         )
     if settings.serve_dra:

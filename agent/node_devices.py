@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from crds.configuration import SharedDeviceAllocation
 from discovery_handlers.contract import (
     HEALTHY,
     Device,
@@ -29,7 +30,8 @@ class NodeDevice:
     """One Instance as this node serves it: the handler's device and what the agent adds.
 
     ``health`` is the device's own, or the agent's verdict (a shared device not seen any more
-    stays, unhealthy, for its grace period). ``cdi_name`` is set only once a CDI spec naming
+    stays, unhealthy, for its grace period). ``shared``: the Instance is the shared one of
+    several nodes, not this node's own. ``cdi_name`` is set only once a CDI spec naming
     the device is on disk. ``handler`` and ``details`` serve the hooks (compose, rank,
     prepare); records compare equal when nothing a plugin uses changed, so re-publishing an
     unchanged list wakes nobody.
@@ -42,6 +44,7 @@ class NodeDevice:
     broker_properties: Mapping[str, str] = field(default_factory=dict)
     cdi_name: str = ""
     health: Health = HEALTHY
+    shared: bool = False
     handler: DiscoveryHandler | None = None
     details: Any = None
 
@@ -79,6 +82,9 @@ class NodeDeviceTable:
 
     def __init__(self) -> None:
         self._devices: dict[tuple[str, str], NodeDevice] = {}
+        #: (namespace, configuration) → the allocator of its shared devices, as the
+        #: Configuration says (``crds.configuration.shared_device_allocation``).
+        self._allocators: dict[tuple[str, str], SharedDeviceAllocation] = {}
         self._version = 0
         self._changed = asyncio.Condition()
 
@@ -91,6 +97,25 @@ class NodeDeviceTable:
 
     def snapshot(self) -> dict[tuple[str, str], NodeDevice]:
         return dict(self._devices)
+
+    def shared_allocator(self, namespace: str, configuration: str
+                         ) -> SharedDeviceAllocation | None:
+        """Who allocates the Configuration's shared devices, as the Configuration (its spec,
+        or the controller in its status) says; ``None`` while it does not say."""
+        return self._allocators.get((namespace, configuration))
+
+    async def set_shared_allocator(self, namespace: str, configuration: str,
+                                   allocator: SharedDeviceAllocation | None) -> None:
+        """Record the Configuration's allocator (``None``: undecided, or it is gone)."""
+        key = (namespace, configuration)
+        if self._allocators.get(key) == allocator:
+            return
+        if allocator is None:
+            if self._allocators.pop(key, None) is None:
+                return
+        else:
+            self._allocators[key] = allocator
+        await self._bump()
 
     async def put(self, device: NodeDevice) -> None:
         key = (device.namespace, device.instance)

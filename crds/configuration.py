@@ -51,6 +51,7 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
     "resourceName": "resource_name",
     "nodeSelector": "node_selector",
     "brokerDeviceAccess": "broker_device_access",
+    "sharedDeviceAllocation": "shared_device_allocation",
 }
 
 
@@ -61,6 +62,28 @@ class BrokerDeviceAccess(enum.StrEnum):
 
     DEVICE_PLUGIN = "devicePlugin"
     DRA = "dra"
+
+
+class SharedDeviceAllocation(enum.StrEnum):
+    """Which allocator serves a Configuration's shared devices (``spec.sharedDeviceAllocation``,
+    an edgeplug addition; docs/slots.md): the scheduler, from ResourceSlices (DRA), or the
+    agents' device plugins with their cross-node slot protocol (the compatibility mode)."""
+
+    DRA = "dra"
+    DEVICE_PLUGIN = "devicePlugin"
+
+
+def shared_device_allocation(obj: Mapping[str, Any]) -> SharedDeviceAllocation | None:
+    """The allocator a Configuration object's shared devices have now: its spec's choice,
+    else the controller's (``status.sharedDeviceAllocation``); ``None`` while neither says."""
+    for part in ("spec", "status"):
+        chosen = (obj.get(part) or {}).get("sharedDeviceAllocation")
+        if chosen:
+            try:
+                return SharedDeviceAllocation(chosen)
+            except ValueError:
+                return None
+    return None
 
 
 class ValueSourceKind(enum.StrEnum):
@@ -165,6 +188,7 @@ class ConfigurationSpec:
     resource_name: str | None = None
     node_selector: LabelSelector | None = None
     broker_device_access: BrokerDeviceAccess = BrokerDeviceAccess.DEVICE_PLUGIN
+    shared_device_allocation: SharedDeviceAllocation | None = None
 
     @property
     def has_broker(self) -> bool:
@@ -193,6 +217,9 @@ class ConfigurationSpec:
             node_selector=LabelSelector.from_object(selector) if selector is not None else None,
             broker_device_access=BrokerDeviceAccess(
                 spec.get("brokerDeviceAccess") or BrokerDeviceAccess.DEVICE_PLUGIN),
+            shared_device_allocation=(
+                SharedDeviceAllocation(spec["sharedDeviceAllocation"])
+                if spec.get("sharedDeviceAllocation") else None),
         )
 
     def to_object(self) -> dict[str, Any]:
@@ -221,6 +248,8 @@ class ConfigurationSpec:
             out["nodeSelector"] = self.node_selector.to_object()
         if self.broker_device_access != BrokerDeviceAccess.DEVICE_PLUGIN:
             out["brokerDeviceAccess"] = self.broker_device_access.value
+        if self.shared_device_allocation is not None:
+            out["sharedDeviceAllocation"] = self.shared_device_allocation.value
         return out
 
 

@@ -37,6 +37,8 @@ IMPLICIT_EXTENDED_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
 #: Who manages DeviceClasses, and the annotation naming a class's Configuration.
 CLASS_MANAGER: Final = "edgeplug-controller"
 ANNOTATION_CONFIGURATION: Final = f"{GROUP}/configuration"
+#: The annotation naming a per-Instance class's Instance (``<namespace>/<instance>``).
+ANNOTATION_INSTANCE: Final = f"{GROUP}/instance"
 #: Object names are DNS subdomains: at most 253 characters.
 DNS_SUBDOMAIN_MAX: Final = 253
 _DIGEST_CHARS: Final = 16
@@ -67,6 +69,31 @@ def device_class_name(namespace: str, configuration: str) -> str:
     if len(name) <= DNS_SUBDOMAIN_MAX:
         return name
     return f"{digest(f'{namespace}/{configuration}')}.{GROUP}"
+
+
+def instance_class_name(namespace: str, instance: str) -> str:
+    """``<instance>.<namespace>.instances.edgeplug.io``, the class that maps a shared
+    Instance's own resource (``edgeplug.io/<instance>``); a digest form when too long."""
+    name = f"{instance}.{namespace}.instances.{GROUP}"
+    if len(name) <= DNS_SUBDOMAIN_MAX:
+        return name
+    return f"{digest(f'{namespace}/{instance}')}.instances.{GROUP}"
+
+
+def instance_class(namespace: str, configuration: str, instance: str, *, extended_resource: str
+                   ) -> dict[str, Any]:
+    """The DeviceClass of one shared Instance: its device only, offered to pods that ask for
+    ``extended_resource`` (its ``edgeplug.io/<instance>``) in ``resources.limits``."""
+    meta: dict[str, Any] = {
+        "name": instance_class_name(namespace, instance),
+        "labels": {LABEL_MANAGED_BY: CLASS_MANAGER},
+        "annotations": {ANNOTATION_CONFIGURATION: f"{namespace}/{configuration}",
+                        ANNOTATION_INSTANCE: f"{namespace}/{instance}"},
+    }
+    expression = f"{device_selector(namespace, configuration)} && {instance_selector(instance)}"
+    spec = {"selectors": [{"cel": {"expression": expression}}],
+            "extendedResourceName": extended_resource}
+    return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": meta, "spec": spec}
 
 
 def device_selector(namespace: str, configuration: str) -> str:

@@ -16,7 +16,7 @@ from lightkube import AsyncClient
 from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
 from agent.kube import as_dict
-from controller.device_classes import DeviceClassResource
+from controller.instance_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness

@@ -80,6 +80,7 @@ def full_configuration_spec() -> dict[str, Any]:
         "offlineGracePeriodSeconds": 10,
         "resourceName": "huawei.com/Ascend910",
         "brokerDeviceAccess": "dra",
+        "sharedDeviceAllocation": "devicePlugin",
         "nodeSelector": {
             "matchLabels": {"zone": "dock"},
             "matchExpressions": [

@@ -1,0 +1,172 @@
+"""One DeviceClass per shared Instance whose Configuration the scheduler allocates (DRA mode).
+
+Why this exists: Akri-style brokers and pods ask for one device by its Instance's resource,
+``edgeplug.io/<instance>``, in ``resources.limits``. When the scheduler allocates a
+Configuration's shared devices, no device plugin advertises that name, so a class selecting
+only that Instance's device maps it (``extendedResourceName``, KEP-5004) and the scheduler
+serves such a pod from the device's ResourceSlice, counting its ``slots`` capacity once across
+every node that sees it. Local Instances keep their device plugins and get no class.
+
+Like the Configuration classes (``controller.device_classes``), these are cluster-scoped and
+cannot be owned by the namespaced Instance: the controller deletes a class with its Instance,
+when its Configuration stops being allocated through DRA, and at every (re)list for classes
+whose Instance went while no controller ran. Writes are idempotent server-side applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any, Final, cast
+
+from lightkube import ApiError, AsyncClient
+from lightkube.generic_resource import create_global_resource
+from lightkube.types import PatchType
+
+from controller.watching import follow_forever
+from crds import dra
+from crds.configuration import SharedDeviceAllocation
+from crds.naming import instance_resource_name
+from crds.resources import InstanceResource
+
+log = logging.getLogger(__name__)
+
+DeviceClassResource = create_global_resource(
+    "resource.k8s.io", "v1", "DeviceClass", "deviceclasses"
+)
+FIELD_MANAGER: Final = "edgeplug-controller/instance-classes"
+RETRY_S: Final = 5.0
+HTTP_NOT_FOUND: Final = 404
+
+_Key = tuple[str, str]
+
+
+class InstanceClasses:
+    """Keeps a class for every shared Instance (of ``namespaces``; empty: all) whose
+    Configuration's mode, as ``set_mode`` last said, is DRA."""
+
+    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
+        self._client = client
+        self._namespaces = frozenset(namespaces)
+        self._modes: dict[_Key, SharedDeviceAllocation] = {}
+        #: Shared Instances seen: (namespace, instance) → their Configuration's name.
+        self._shared: dict[_Key, str] = {}
+        self._written: set[_Key] = set()
+        self._changed = asyncio.Event()
+        self._listed = False
+
+    def set_mode(self, configuration: _Key, mode: SharedDeviceAllocation | None) -> None:
+        """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
+        if self._modes.get(configuration) == mode:
+            return
+        if mode is None:
+            self._modes.pop(configuration, None)
+        else:
+            self._modes[configuration] = mode
+        self._changed.set()
+
+    def _wanted(self) -> set[_Key]:
+        return {key for key, cfg in self._shared.items()
+                if self._modes.get((key[0], cfg)) == SharedDeviceAllocation.DRA}
+
+    def _serves(self, namespace: str) -> bool:
+        return not self._namespaces or namespace in self._namespaces
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(follow_forever(self._follow, what="instance classes",
+                                             retry_s=RETRY_S), name="watch-instances")
+            tasks.create_task(self._keep(), name="keep-instance-classes")
+
+    async def _follow(self) -> None:
+        shared: dict[_Key, str] = {}
+        async for obj in self._client.list(InstanceResource, namespace="*"):
+            self._note(as_dict(obj), shared)
+        self._shared = shared
+        self._listed = True
+        self._changed.set()
+        async for op, obj in self._client.watch(InstanceResource, namespace="*"):
+            data = as_dict(obj)
+            if op == "DELETED":
+                self._shared.pop(object_key(data), None)
+            else:
+                self._note(data, self._shared)
+            self._changed.set()
+
+    def _note(self, data: dict[str, Any], into: dict[_Key, str]) -> None:
+        key = object_key(data)
+        spec = data.get("spec") or {}
+        if not self._serves(key[0]):
+            return
+        if spec.get("shared"):
+            into[key] = str(spec.get("configurationName") or "")
+        else:
+            into.pop(key, None)
+
+    async def _keep(self) -> None:
+        swept = False
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            if not self._listed:
+                continue
+            try:
+                if not swept:
+                    await self._sweep()
+                    swept = True
+                await self._sync()
+            except ApiError as error:
+                log.warning("instance classes: %s; retrying", error)
+                await asyncio.sleep(RETRY_S)
+                self._changed.set()
+
+    async def _sync(self) -> None:
+        wanted = self._wanted()
+        for key in sorted(wanted - self._written):
+            cfg = self._shared[key]
+            body = dra.instance_class(key[0], cfg, key[1],
+                                      extended_resource=instance_resource_name(key[1]))
+            await self._client.patch(DeviceClassResource, body["metadata"]["name"], body,
+                                     patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
+                                     force=True)
+            self._written.add(key)
+            log.info("DeviceClass %s kept for shared Instance %s/%s",
+                     body["metadata"]["name"], *key)
+        for key in sorted(self._written - wanted):
+            await self._delete(key)
+
+    async def _sweep(self) -> None:
+        """Delete classes of Instances that are gone or no longer allocated through DRA."""
+        wanted = self._wanted()
+        async for obj in self._client.list(DeviceClassResource,
+                                           labels={dra.LABEL_MANAGED_BY: dra.CLASS_MANAGER}):
+            annotations = (as_dict(obj).get("metadata") or {}).get("annotations") or {}
+            namespace, _, name = annotations.get(dra.ANNOTATION_INSTANCE, "").partition("/")
+            if namespace and self._serves(namespace):
+                if (namespace, name) in wanted:
+                    self._written.add((namespace, name))
+                else:
+                    await self._delete((namespace, name))
+
+    async def _delete(self, key: _Key) -> None:
+        self._written.discard(key)
+        name = dra.instance_class_name(*key)
+        try:
+            await self._client.delete(DeviceClassResource, name)
+        except ApiError as error:
+            if error.status.code != HTTP_NOT_FOUND:
+                raise
+            return
+        log.info("DeviceClass %s deleted (shared Instance %s/%s)", name, *key)
+
+
+def object_key(data: dict[str, Any]) -> _Key:
+    """(namespace, name) of an object as the API server returned it."""
+    meta = data.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """The object as a dict, whether lightkube returned one or a generic resource."""
+    return obj if isinstance(obj, dict) else cast(dict[str, Any], obj.to_dict())

@@ -1,0 +1,196 @@
+"""On a real node, the default for shared devices: the scheduler allocates them (DRA), and
+unchanged Akri-style pods and brokers get them by resource name.
+
+The agent runs beside the kubelet with ``DRA=on`` and its device plugins on; the controller
+with ``--dra``. A Configuration of a shared debugEcho device (capacity 3) that does not choose
+an allocator gets the cluster's best: the controller finds that the API server keeps a
+DeviceClass's ``extendedResourceName`` and says ``dra`` in the Configuration's status, so the
+agent advertises no device plugin for the device (the Node's allocatable has no
+``edgeplug.io/...`` for it, and nothing is ever ``Allocate``d), the broker asking for
+``edgeplug.io/<instance>`` through ``{{PLACEHOLDER}}`` gets it from the per-Instance class, and
+an Akri-style Deployment asking for ``edgeplug.io/<configuration>: 1`` gets it from the
+Configuration's class. What each container got is read from inside it. A pod beyond the
+capacity stays Pending (the scheduler finds no slot) and is never refused at admission; once
+a slot frees it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from crds import dra
+from crds.naming import configuration_resource_name, instance_name, instance_resource_name
+from tests.harness import dra as h
+from tests.harness.agent_process import debug_echo_configuration, eventually
+from tests.harness.controller_process import FAST_ARGS, ControllerProcess
+from tests.harness.controlplane import ControlPlane
+from tests.harness.kube_waits import until, wait_service_account
+from tests.harness.realnode import RealNode
+from tests.harness.realnode_brokers import (
+    END_MARK,
+    ENV_MARK,
+    Broker,
+    allocates,
+    broker_log,
+    broker_spec,
+    logged_env,
+    node,
+    plane,
+    running_container,
+    start_agent,
+)
+from tests.harness.realnode_images import BUSYBOX_IMAGE
+
+__all__ = ["node", "plane"]  # the module fixtures
+
+pytestmark = pytest.mark.timeout(1500)
+CAPACITY = 3
+
+
+def _deployment(name: str, resource: str, replicas: int) -> dict[str, Any]:
+    """An Akri-style Deployment: busybox asking for ``resource`` in its limits, printing env."""
+    script = f"echo {ENV_MARK}; env | sort; echo {END_MARK}; exec sleep 3600"
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", script],
+                        "resources": {"limits": {resource: "1"}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def _pods(plane: ControlPlane, ns: str, app: str) -> list[dict[str, Any]]:
+    out = plane.kubectl("get", "pods", "-n", ns, "-l", f"app={app}", "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and "running" in (statuses[0].get("state") or {})
+
+
+def _refused(pod: dict[str, Any]) -> str | None:
+    """The admission refusal a kubelet gave the pod (``UnexpectedAdmissionError`` and kin)."""
+    status = pod.get("status") or {}
+    return str(status.get("reason")) if status.get("phase") == "Failed" else None
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_node(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    ns = f"shd-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", ns)
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    cam = instance_name("cams", "cam", shared=True, node=node.node_name)
+    broker = Broker(ns, cam, f"{cam}-{node.node_name}-pod", f"agent-{ns}")
+    ctl = ControllerProcess(plane, namespaces=[ns], log_path=tmp_path / "ctl.log",
+                            extra_args=(*FAST_ARGS, "--dra"))
+    try:
+        await wait_service_account(kube, ns)
+        start_agent(node, plane, broker, extra_env={"DRA": "on"})
+        ctl.start()
+        cfg = debug_echo_configuration("cams", descriptions=["cam"], shared=True)
+        cfg["spec"]["capacity"] = CAPACITY
+        cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
+        started = time.monotonic()
+        h.apply(plane, ns, cfg)
+
+        def chosen() -> list[str] | None:
+            out = plane.kubectl("get", "configuration", "cams", "-n", ns, "-o", "wide",
+                                "--no-headers").stdout.split()
+            return out if "dra" in out else None
+
+        await until(chosen, what="kubectl get configurations -o wide showing dra", within=30)
+        status = json.loads(plane.kubectl("get", "configuration", "cams", "-n", ns, "-o",
+                                          "json").stdout)["status"]
+        (condition,) = [c for c in status["conditions"]
+                        if c["type"] == "SharedDeviceAllocation"]
+        assert (condition["status"], condition["reason"]) == ("True", "ServedByScheduler")
+
+        await running_container(plane, broker)
+        print(f"figure: Configuration applied -> broker Running through the scheduler on the "
+              f"real node {time.monotonic() - started:.1f} s")
+        env = logged_env(await broker_log(plane, broker))
+        assert env["DEBUG_ECHO_DESCRIPTION"] == "cam", "the broker's env from the claim's spec"
+        node_obj = json.loads(plane.kubectl("get", "node", node.node_name, "-o",
+                                            "json").stdout)
+        advertised = {r for r in node_obj["status"].get("allocatable", {})
+                      if r.startswith("edgeplug.io/")}
+        assert advertised.isdisjoint({instance_resource_name(cam),
+                                      configuration_resource_name("cams", None)}), (
+            f"a device plugin advertises the shared device: {advertised}")
+
+        h.apply(plane, ns, _deployment("akri-style", "edgeplug.io/cams", CAPACITY - 1))
+
+        async def deployment_running() -> list[dict[str, Any]] | None:
+            pods = _pods(plane, ns, "akri-style")
+            refused = [(p["metadata"]["name"], _refused(p)) for p in pods if _refused(p)]
+            assert not refused, f"refused at admission: {refused}"
+            return pods if len(pods) == CAPACITY - 1 and all(map(_running, pods)) else None
+
+        pods = await eventually(deployment_running, what="both Deployment pods Running",
+                                deadline=120)
+        for found in pods:
+            out = plane.kubectl("logs", "-n", ns, found["metadata"]["name"]).stdout
+            assert logged_env(out)["DEBUG_ECHO_DESCRIPTION"] == "cam"
+            claim = found["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+            body = json.loads(plane.kubectl("get", "resourceclaim", claim, "-n", ns, "-o",
+                                            "json").stdout)
+            (result,) = body["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["device"]) == (dra.DRIVER, cam)
+
+        # A fourth pod: the device's three slots are taken (broker + two), so it waits.
+        h.apply(plane, ns, _deployment("one-too-many", "edgeplug.io/cams", 1))
+
+        async def waiting() -> dict[str, Any] | None:
+            (extra,) = _pods(plane, ns, "one-too-many") or [{}]
+            assert not _refused(extra), f"refused at admission: {_refused(extra)}"
+            return extra if _unschedulable(extra) else None
+
+        await eventually(waiting, what="the fourth pod Pending, unschedulable", deadline=60)
+        assert allocates(node, broker) == 0, "no device-plugin Allocate for anything"
+
+        freed = time.monotonic()
+        plane.kubectl("scale", "deployment", "akri-style", "-n", ns, "--replicas",
+                      str(CAPACITY - 2))
+
+        async def took_the_slot() -> bool:
+            (extra,) = _pods(plane, ns, "one-too-many")
+            assert not _refused(extra), f"refused at admission: {_refused(extra)}"
+            return _running(extra)
+
+        await eventually(took_the_slot, what="the waiting pod Running once a slot freed",
+                         deadline=120)
+        print(f"figure: slot freed (replica scaled away) -> waiting pod Running on the real "
+              f"node {time.monotonic() - freed:.1f} s")
+    finally:
+        ctl.stop()
+        node.stop_process(broker.agent_log)
+        print(f"--- agent log ---\n{node.log_tail(broker.agent_log, 30)}")
+        print(f"--- controller log ---\n{ctl.log_tail(20)}")
+        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        await h.delete_slices(kube, node.node_name)
+        await kube.close()

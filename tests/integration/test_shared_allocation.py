@@ -1,0 +1,139 @@
+"""Which allocator serves a Configuration's shared devices, as the controller decides it on the
+real API server, on every version (this file runs in the suite on the newest minor and in the
+compatibility run on the oldest, where DRAExtendedResource is off).
+
+Each test first asks the API server itself (a dry-run apply of a DeviceClass mapping an
+extended resource) whether it keeps ``extendedResourceName``; the Configuration's
+``status.sharedDeviceAllocation``, its ``SharedDeviceAllocation`` condition and the per-Instance
+DeviceClasses must then follow: ``dra`` where it is kept, the compatibility mode (with a
+condition naming the gate) where it is dropped, and always what the spec pins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import PatchType
+
+from agent.kube import as_dict
+from controller.instance_classes import DeviceClassResource
+from crds import dra
+from crds.naming import instance_name
+from crds.resources import ConfigurationResource
+from tests.harness import agent_process as harness
+from tests.harness import dra as h
+from tests.harness.controlplane import ControlPlane
+
+
+async def _serves_extended_resources(kube: AsyncClient, namespace: str) -> bool:
+    probe = dra.device_class(namespace, "probe", extended_resource="edgeplug.io/probe")
+    probe["metadata"]["name"] = f"probe-{namespace}.edgeplug.io"
+    stored = await kube.patch(DeviceClassResource, probe["metadata"]["name"], probe,
+                              patch_type=PatchType.APPLY, field_manager="test-probe",
+                              dry_run=True)
+    return bool(as_dict(stored)["spec"].get("extendedResourceName"))
+
+
+async def _allocation(kube: AsyncClient, namespace: str, name: str
+                      ) -> tuple[str, dict[str, Any]] | None:
+    """The Configuration's ``status.sharedDeviceAllocation`` and its condition, once written."""
+    body = as_dict(await kube.get(ConfigurationResource, name, namespace=namespace))
+    status = body.get("status") or {}
+    conditions = [c for c in status.get("conditions") or []
+                  if c["type"] == "SharedDeviceAllocation"]
+    if not status.get("sharedDeviceAllocation") or not conditions:
+        return None
+    return str(status["sharedDeviceAllocation"]), conditions[0]
+
+
+async def _instance_class(kube: AsyncClient, namespace: str, instance: str
+                          ) -> dict[str, Any] | None:
+    try:
+        return as_dict(await kube.get(DeviceClassResource,
+                                      dra.instance_class_name(namespace, instance)))
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+
+
+async def test_a_configuration_that_does_not_choose_gets_what_the_cluster_serves(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    served = await _serves_extended_resources(kube, namespace)
+    cam = instance_name("cams", "cam", shared=True, node="")
+    async with h.device_classes(kube, namespace), h.dra_agents(control_plane, ["n1"],
+                                                                namespace):
+        harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+            "cams", descriptions=["cam"], shared=True))
+        mode, condition = await harness.eventually(
+            lambda: _allocation(kube, namespace, "cams"), what="the controller's choice")
+        if served:
+            assert (mode, condition["status"], condition["reason"]) == (
+                "dra", "True", "ServedByScheduler")
+            body = await harness.eventually(lambda: _instance_class(kube, namespace, cam),
+                                            what="the shared Instance's DeviceClass")
+            assert body["spec"]["extendedResourceName"] == f"edgeplug.io/{cam}"
+            assert dra.instance_selector(cam) in body["spec"]["selectors"][0]["cel"][
+                "expression"]
+            control_plane.kubectl("delete", "configuration", "cams", "-n", namespace)
+
+            async def gone() -> bool:
+                return await _instance_class(kube, namespace, cam) is None
+
+            await harness.eventually(gone, what="the class deleted with its Instance")
+        else:
+            assert (mode, condition["status"], condition["reason"]) == (
+                "devicePlugin", "True", "DRAExtendedResourcesUnavailable")
+            assert "DRAExtendedResource" in condition["message"]
+            assert await _instance_class(kube, namespace, cam) is None
+
+
+async def test_a_configuration_pinned_to_device_plugins_keeps_them(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    cam = instance_name("pinned", "cam", shared=True, node="")
+    async with h.device_classes(kube, namespace), h.dra_agents(control_plane, ["n1"],
+                                                                namespace):
+        cfg = harness.debug_echo_configuration("pinned", descriptions=["cam"], shared=True)
+        cfg["spec"]["sharedDeviceAllocation"] = "devicePlugin"
+        harness.apply(control_plane, namespace, cfg)
+        mode, condition = await harness.eventually(
+            lambda: _allocation(kube, namespace, "pinned"), what="the controller's choice")
+        assert (mode, condition["status"], condition["reason"]) == (
+            "devicePlugin", "True", "DevicePluginChosen")
+        assert await _instance_class(kube, namespace, cam) is None
+
+
+async def test_asking_for_dra_where_it_is_missing_is_reported_and_served_compatibly(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    served = await _serves_extended_resources(kube, namespace)
+    cam = instance_name("asks", "cam", shared=True, node="")
+    async with h.device_classes(kube, namespace), h.dra_agents(control_plane, ["n1"],
+                                                                namespace):
+        cfg = harness.debug_echo_configuration("asks", descriptions=["cam"], shared=True)
+        cfg["spec"]["sharedDeviceAllocation"] = "dra"
+        harness.apply(control_plane, namespace, cfg)
+        mode, condition = await harness.eventually(
+            lambda: _allocation(kube, namespace, "asks"), what="the controller's choice")
+        if served:
+            assert (mode, condition["status"]) == ("dra", "True")
+            await harness.eventually(lambda: _instance_class(kube, namespace, cam),
+                                     what="the shared Instance's DeviceClass")
+            # Pinned back: the class goes, the device plugins serve it again.
+            cfg["spec"]["sharedDeviceAllocation"] = "devicePlugin"
+            harness.apply(control_plane, namespace, cfg)
+
+            async def gone() -> bool:
+                return await _instance_class(kube, namespace, cam) is None
+
+            await harness.eventually(gone, what="the class deleted once pinned back")
+            mode, condition = await harness.eventually(
+                lambda: _allocation(kube, namespace, "asks"), what="the new choice")
+            assert mode == "devicePlugin"
+        else:
+            assert (mode, condition["status"], condition["reason"]) == (
+                "devicePlugin", "False", "DRAExtendedResourcesUnavailable")
+            assert condition["message"].startswith("spec.sharedDeviceAllocation is dra, but")
+            assert "DRAExtendedResource" in condition["message"]
