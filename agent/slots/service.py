@@ -55,7 +55,7 @@ from agent.slots.rules import (
     slot_counts,
     usage_of,
 )
-from crds.configuration import Configuration
+from crds.configuration import Configuration, SharedDeviceAllocation
 from crds.instance import Instance, SlotUsage
 from crds.naming import configuration_resource_name, instance_resource_name
 
@@ -108,8 +108,13 @@ class DevicePluginService:
         devices: NodeDeviceTable,
         metrics: AgentMetrics,
         orphan_grace: float = ORPHAN_GRACE_SECONDS,
+        dra: bool = False,
     ) -> None:
+        """``dra``: this agent also serves DRA, so shared devices whose Configuration has no
+        allocator yet wait for one instead of being served by device plugins meanwhile."""
         self.node = node_name
+        self._dra = dra
+        self._warned_no_dra: set[_Key] = set()
         self.metrics = metrics
         self._client = client
         self._devices = devices
@@ -338,7 +343,30 @@ class DevicePluginService:
             )
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
-        return self.node in instance.spec.nodes and self._devices.get(*key) is not None
+        """Whether a device plugin of this node serves the Instance: it lists this node, this
+        node finds it, and it is not a shared device the scheduler allocates (one allocator
+        per device: such a device is served through DRA alone, docs/slots.md)."""
+        if self.node not in instance.spec.nodes or self._devices.get(*key) is None:
+            return False
+        if not instance.spec.shared:
+            return True
+        configuration = instance.spec.configuration_name
+        allocator = self._devices.shared_allocator(key[0], configuration)
+        if allocator is None:
+            # Undecided (the controller has not said yet): an agent that can serve DRA waits
+            # rather than hand out slots it may have to take back; one that cannot serves
+            # the only way it can.
+            return not self._dra
+        if allocator == SharedDeviceAllocation.DRA and not self._dra:
+            self._warn_no_dra((key[0], configuration))
+        return allocator == SharedDeviceAllocation.DEVICE_PLUGIN
+
+    def _warn_no_dra(self, configuration: _Key) -> None:
+        if configuration not in self._warned_no_dra:
+            self._warned_no_dra.add(configuration)
+            log.error("Configuration %s/%s: its shared devices are allocated through DRA, but "
+                      "this agent runs with DRA=off: this node serves them to nobody (turn DRA "
+                      "on, or pin spec.sharedDeviceAllocation: devicePlugin)", *configuration)
 
     def _own_writes_first(self) -> None:
         """Instances as this agent's own last slot write left them, where the watch has not
@@ -625,6 +653,7 @@ async def serve_device_plugins(
     devices: NodeDeviceTable,
     metrics: AgentMetrics,
     orphan_grace: float = ORPHAN_GRACE_SECONDS,
+    dra: bool = False,
 ) -> None:
     """Serve a kubelet device plugin for every Instance this node can serve; runs until
     cancelled, then removes every plugin socket."""
@@ -636,5 +665,6 @@ async def serve_device_plugins(
         devices=devices,
         metrics=metrics,
         orphan_grace=orphan_grace,
+        dra=dra,
     )
     await service.run()
