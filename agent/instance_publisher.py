@@ -451,6 +451,7 @@ class InstancePublisher:
             broker_properties=self._cfg.spec.broker_properties,
             cdi_name=cdi_name(self._cfg.name, digest),
             health=device.health,
+            shared=shared,
             handler=handler,
             details=details,
         )

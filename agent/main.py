@@ -94,7 +94,7 @@ async def run_agent(
         parts.append(serve_dra(
             client=client, node_name=settings.node_name, namespace=settings.namespace,
             devices=devices, cdi_dir=settings.cdi_spec_dir, plugins_dir=settings.dra_plugins_dir,
-            registry_dir=settings.dra_registry_dir,
+            registry_dir=settings.dra_registry_dir, metrics=metrics,
         ))
     log.info("agent starting", extra={"node": settings.node_name})
     try:

@@ -141,6 +141,14 @@ class AgentMetrics:
             "Time to answer the kubelet's Allocate call, per outcome (ok or refused)",
             ["outcome"], registry=self.registry, buckets=ALLOCATE_BUCKETS,
         )
+        self.dra_prepare_duration = Histogram(
+            "edgeplug_dra_prepare_duration_seconds",
+            "Time to prepare one claim for the kubelet's DRA manager (NodePrepareResources), "
+            "per outcome (ok or failed)",
+            ["outcome"], registry=self.registry, buckets=ALLOCATE_BUCKETS,
+        )
+        for outcome in ("ok", "failed"):  # at 0 from the start, as Allocate's
+            self.dra_prepare_duration.labels(outcome)
         self.slot_conflicts = Counter(
             "edgeplug_slot_conflicts_total",
             "Slot claims lost to another node or writer (optimistic concurrency conflicts), per "

@@ -6,7 +6,9 @@ DRA manager asks the driver named in the allocation (``edgeplug.io``) to prepare
 pod's containers start, and to unprepare it when the pod is gone. The kubelet finds the driver
 through its plugin watcher: a socket in ``/var/lib/kubelet/plugins_registry`` serving
 ``pluginregistration.Registration``, whose ``GetInfo`` names the driver, the service socket
-(``/var/lib/kubelet/plugins/edgeplug.io/dra.sock``) and the version ``v1.DRAPlugin``.
+(``/var/lib/kubelet/plugins/edgeplug.io/dra.sock``) and the versions ``v1.DRAPlugin`` and the
+health services ``agent.dra.health`` serves on the same socket (``v1.DRAResourceHealth``,
+``v1alpha1.DRAResourceHealth``: the devices' health, shown in the pods holding them).
 
 Prepare, per claim: read the claim (its allocation is in its status), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
@@ -14,6 +16,7 @@ hook, write the claim's CDI spec, record the claim, and answer the CDI ids. A cl
 recorded answers from the record (the kubelet calls again after its own restart, and after
 ours). Unprepare removes the spec and the record; an unknown claim is already unprepared.
 A failure of one claim is reported in that claim's ``error`` and leaves the others alone.
+Each claim's prepare is timed into ``edgeplug_dra_prepare_duration_seconds`` (by outcome).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -31,11 +35,15 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 
 from agent.dra import claims as cl
+from agent.dra import health
 from agent.kube import as_dict
+from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
+from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
+from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from crds import dra
 from discovery_handlers.contract import PreparingHandler
@@ -47,7 +55,7 @@ ResourceClaimResource = create_namespaced_resource(
 )
 
 PLUGIN_TYPE: Final = "DRAPlugin"
-SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin",)
+SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin", *health.SERVICES)
 SERVICE_SOCKET: Final = "dra.sock"
 CHECKPOINT_FILE: Final = "claims.json"
 #: In-flight calls get this long to finish when the plugin stops.
@@ -64,8 +72,8 @@ class ClaimPreparer:
     def __init__(self, *, client: AsyncClient, node_name: str, devices: NodeDeviceTable,
                  cdi_dir: Path | None, state_dir: Path) -> None:
         self._client = client
-        self._node = node_name
-        self._devices = devices
+        self.node_name = node_name
+        self.devices = devices
         self._cdi_dir = cdi_dir
         self.checkpoint = cl.Checkpoint(state_dir / CHECKPOINT_FILE)
         self._lock = asyncio.Lock()
@@ -79,13 +87,13 @@ class ClaimPreparer:
                 raise cl.PrepareError("this agent writes no CDI specs (CDI_SPEC_DIR is empty)")
             claim = await self._read_claim(namespace, name, uid)
             wanted = cl.results_for_driver(claim)
-            table = self._devices.snapshot().values()
+            table = self.devices.snapshot().values()
             found: list[NodeDevice] = []
             for result in wanted:
-                device = cl.find_device(table, self._node, result)
+                device = cl.find_device(table, self.node_name, result)
                 if device is None:
                     raise cl.PrepareError(f"device {result.device} of pool {result.pool} is "
-                                          f"not served on node {self._node}")
+                                          f"not served on node {self.node_name}")
                 if not device.healthy:
                     raise cl.PrepareError(f"device {result.device} is unhealthy: "
                                           f"{device.health.reason}")
@@ -139,26 +147,35 @@ async def _run_prepare_hook(devices: Sequence[NodeDevice]) -> None:
 
 
 class _DraService(pb_grpc.DRAPluginServicer):
-    def __init__(self, preparer: ClaimPreparer) -> None:
+    def __init__(self, preparer: ClaimPreparer, metrics: AgentMetrics | None) -> None:
         self._preparer = preparer
+        self._metrics = metrics
 
     async def NodePrepareResources(
         self, request: pb.NodePrepareResourcesRequest, context: Any,
     ) -> pb.NodePrepareResourcesResponse:
         answers: dict[str, pb.NodePrepareResourceResponse] = {}
         for claim in request.claims:
+            started = time.monotonic()
             try:
                 prepared = await self._preparer.prepare(claim.namespace, claim.name, claim.uid)
             except (cl.PrepareError, OSError) as error:  # OSError: the spec or record write
+                self._observe("failed", started)
                 log.warning("claim not prepared", extra={
                     "claim": f"{claim.namespace}/{claim.name}", "error": str(error)})
                 answers[claim.uid] = pb.NodePrepareResourceResponse(error=str(error))
                 continue
+            self._observe("ok", started)
             answers[claim.uid] = pb.NodePrepareResourceResponse(devices=[
                 pb.Device(request_names=[d.request] if d.request else [], pool_name=d.pool,
                           device_name=d.device, cdi_device_ids=list(d.cdi_ids))
                 for d in prepared.devices])
         return pb.NodePrepareResourcesResponse(claims=answers)
+
+    def _observe(self, outcome: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.dra_prepare_duration.labels(outcome).observe(
+                time.monotonic() - started)
 
     async def NodeUnprepareResources(
         self, request: pb.NodeUnprepareResourcesRequest, context: Any,
@@ -200,18 +217,26 @@ class _Registration(reg_grpc.RegistrationServicer):
 class DraKubeletPlugin:
     """Both sockets, served until cancelled; the sockets are removed on the way out."""
 
-    def __init__(self, *, preparer: ClaimPreparer, plugins_dir: Path, registry_dir: Path
-                 ) -> None:
+    def __init__(self, *, preparer: ClaimPreparer, plugins_dir: Path, registry_dir: Path,
+                 metrics: AgentMetrics | None = None) -> None:
         self.preparer = preparer
+        self._metrics = metrics
         self.service_socket = plugins_dir / dra.DRIVER / SERVICE_SOCKET
         self.registration_socket = registration_socket(registry_dir)
         self.registration = _Registration(self.service_socket)
+        self.health = health.HealthStreams(node_name=preparer.node_name,
+                                           devices=preparer.devices)
 
     async def run(self) -> None:
         servers: list[tuple[aio.Server, Path]] = []
         try:
             service = aio.server()
-            pb_grpc.add_DRAPluginServicer_to_server(_DraService(self.preparer), service)
+            pb_grpc.add_DRAPluginServicer_to_server(_DraService(self.preparer, self._metrics),
+                                                    service)
+            health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+                health.HealthV1(self.health), service)
+            health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+                health.HealthV1Alpha1(self.health), service)
             servers.append((await _serve(service, self.service_socket), self.service_socket))
             registration = aio.server()
             reg_grpc.add_RegistrationServicer_to_server(self.registration, registration)
@@ -222,6 +247,7 @@ class DraKubeletPlugin:
                 "registration": str(self.registration_socket)})
             await asyncio.Event().wait()  # until cancelled
         finally:
+            self.health.stop()  # the kubelet reads the stream's end, not an error
             for server, path in reversed(servers):
                 await server.stop(STOP_GRACE_SECONDS)
                 with contextlib.suppress(FileNotFoundError):

@@ -14,13 +14,14 @@ from lightkube import AsyncClient
 
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.dra.publisher import DraPublisher
+from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from crds import dra
 
 
 async def serve_dra(*, client: AsyncClient, node_name: str, namespace: str | None,
                     devices: NodeDeviceTable, cdi_dir: Path | None, plugins_dir: Path,
-                    registry_dir: Path | None) -> None:
+                    registry_dir: Path | None, metrics: AgentMetrics | None = None) -> None:
     """Publish this node's pools; serve the kubelet plugin unless ``registry_dir`` is None."""
     async with asyncio.TaskGroup() as group:
         group.create_task(
@@ -30,5 +31,5 @@ async def serve_dra(*, client: AsyncClient, node_name: str, namespace: str | Non
             preparer = ClaimPreparer(client=client, node_name=node_name, devices=devices,
                                      cdi_dir=cdi_dir, state_dir=plugins_dir / dra.DRIVER)
             plugin = DraKubeletPlugin(preparer=preparer, plugins_dir=plugins_dir,
-                                      registry_dir=registry_dir)
+                                      registry_dir=registry_dir, metrics=metrics)
             group.create_task(plugin.run())

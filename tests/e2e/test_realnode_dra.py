@@ -13,13 +13,17 @@ runs on); the agent restarts (the claim's spec stays); the pod is deleted (the k
 unprepares the claim through the new agent process and the spec goes). A pod asking the same
 agent's device plugin for the other device gives the figure to compare with. A Configuration
 with ``brokerDeviceAccess: dra`` gets its broker the same way, through the controller's claim
-template (no ``Allocate``), and its Instance shows the claim.
+template (no ``Allocate``), and its Instance shows the claim. A claimed device that fails and
+comes back shows so in its pod's ``allocatedResourcesStatus`` (the kubelet's DRA health
+stream, KEP-4680).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
+from agent.dra import claims as cl
 from agent.dra import slices
 from crds import dra
 from crds.naming import instance_name
@@ -34,7 +39,7 @@ from tests.harness import dra as h
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.agent_process import eventually as harness_eventually
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import until, wait_service_account
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
@@ -252,6 +257,112 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
         node.stop_process(broker.agent_log)
         print(f"--- agent log ---\n{node.log_tail(broker.agent_log, 30)}")
         print(f"--- controller log ---\n{ctl.log_tail(20)}")
+        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        await h.delete_slices(kube, node.node_name)
+        await kube.close()
+
+
+def _device_health(plane: ControlPlane, ns: str, pod: str) -> dict[str, list[tuple[str, str]]]:
+    """``claim:<name>`` → [(resourceID, health)] of the pod's one container, as the kubelet
+    wrote its ``allocatedResourcesStatus``."""
+    statuses = ((_phase(plane, ns, pod) or {}).get("status") or {}).get("containerStatuses")
+    return {s["name"]: [(r["resourceID"], r["health"]) for r in s.get("resources") or []]
+            for c in statuses or [] for s in c.get("allocatedResourcesStatus") or []}
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """The sample lines of the agent's ``/metrics``: series → value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    samples = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+    return {series: float(value) for series, _, value in samples if series}
+
+
+async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    """KEP-4680 on the real kubelet (``ResourceHealthStatus``, beta and on in v1.37): it opens
+    the agent's health stream because the plugin registered ``v1.DRAResourceHealth``, and
+    writes the claimed device's health into the pod's ``allocatedResourcesStatus``. The
+    device fails the way a user's does (debugEcho stops seeing it; a shared device stays,
+    unhealthy, for its grace period): the pod shows it Unhealthy, then Healthy once it is back.
+    The claim's prepare is timed on the agent's ``/metrics``. Not in the v1.35.4 run, whose
+    kubelet has the gate off and never opens the stream."""
+    ns = f"drh-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", ns)
+    agent_log = f"agent-{ns}"
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    lamp = instance_name("echo", "lamp", shared=True, node=node.node_name)
+    port = free_port()
+    kubelet_log = node.log_path("kubelet")
+    kubelet_from = kubelet_log.stat().st_size
+    try:
+        await wait_service_account(kube, ns)
+        start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={
+            "DRA": "on", "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1"})
+        async with h.device_classes(kube, ns):
+            offline = tmp_path / "offline"  # debugEcho's availability file: what is gone
+            cfg = debug_echo_configuration("echo", descriptions=["lamp"], shared=True,
+                                           availability_file=offline, grace=600)
+            h.apply(plane, ns, cfg)
+            await until(lambda: REGISTERED in node.log_tail(agent_log, 1000),
+                        what="the agent's DRA plugin registered with the kubelet", within=60)
+            cel = f'device.attributes["{dra.DRIVER}"].description == "lamp"'
+            h.apply(plane, ns, h.claim_template("lamp", dra.device_class_name(ns, "echo"), cel),
+                    _pod("user", "lamp"))
+            await until(lambda: _running(plane, ns, "user"),
+                        what="pod user Running with its claim", within=120)
+            found = _phase(plane, ns, "user") or {}
+            (claim_status,) = found["status"]["resourceClaimStatuses"]
+            claim = json.loads(plane.kubectl("get", "resourceclaim", claim_status[
+                "resourceClaimName"], "-n", ns, "-o", "json").stdout)
+            resource = cl.cdi_id(claim["metadata"]["uid"], 0)  # the kubelet's resourceID
+
+            def shows(health: str) -> bool:
+                return _device_health(plane, ns, "user") == {"claim:dev": [(resource, health)]}
+
+            await until(lambda: shows("Healthy"), what="the pod showing its device Healthy",
+                        within=60)
+            assert "DRA health stream opened by the kubelet" in node.log_tail(agent_log, 1000)
+
+            started = time.monotonic()
+            offline.write_text("lamp\n")
+            await until(lambda: shows("Unhealthy"), what="the pod showing its device Unhealthy",
+                        within=60)
+            print(f"figure: device gone -> pod status Unhealthy "
+                  f"{time.monotonic() - started:.1f} s")
+            started = time.monotonic()
+            offline.write_text("")
+            await until(lambda: shows("Healthy"), what="the pod showing its device Healthy "
+                        "again", within=60)
+            print(f"figure: device back -> pod status Healthy {time.monotonic() - started:.1f} s")
+
+            seen = await asyncio.to_thread(_scrape, port)
+            name = "edgeplug_dra_prepare_duration_seconds"
+            assert seen[f'{name}_count{{outcome="ok"}}'] == 1, "the one claim, prepared once"
+            prepared = seen[f'{name}_sum{{outcome="ok"}}']
+            assert 0 < prepared < 10
+            print(f"figure: the claim's prepare (agent's /metrics) {prepared * 1000:.1f} ms")
+
+            # The agent stops: its stream ends cleanly, the kubelet logs no error for it.
+            node.stop_process(agent_log)
+
+            def ended() -> str | None:
+                with kubelet_log.open("rb") as log:
+                    log.seek(kubelet_from)
+                    text = log.read().decode(errors="replace")
+                return text if "WatchResources health stream has ended" in text else None
+
+            kubelet = await until(ended, what="the kubelet's health stream ended", within=30)
+            assert "Successfully started WatchResources health stream" in kubelet
+            (end,) = [line for line in kubelet.splitlines()
+                      if "WatchResources health stream has ended" in line]
+            assert "error=null" in end, end
+            assert "Error receiving from WatchResources" not in kubelet
+            assert "Unimplemented" not in kubelet
+    finally:
+        node.stop_process(agent_log)
+        print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         await h.delete_slices(kube, node.node_name)
         await kube.close()

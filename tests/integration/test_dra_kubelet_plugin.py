@@ -2,46 +2,56 @@
 
 The gRPC client here stands for the kubelet's plugin watcher (GetInfo and
 NotifyRegistrationStatus on the socket in ``plugins_registry``) and the kubelet's DRA manager
-(NodePrepareResources / NodeUnprepareResources on the registered endpoint), speaking the
-kubelet's own ``dra/v1`` and ``pluginregistration/v1`` wire API; the kubelet itself is not in
-this harness yet. The claims are real: made by the kube-controller-manager from a template and
-allocated by the kube-scheduler from the agent's ResourceSlices. The CDI specs are checked and
-resolved by the CDI project's Go module (``tests.harness.cdi``), as containerd would.
+(NodePrepareResources / NodeUnprepareResources, and the health stream NodeWatchResources, on
+the registered endpoint), speaking the kubelet's own ``dra/v1``, ``dra-health`` and
+``pluginregistration/v1`` wire API; tests/e2e/test_realnode_dra.py has the real kubelet. The
+claims are real: made by the kube-controller-manager from a template and allocated by the
+kube-scheduler from the agent's ResourceSlices. The CDI specs are checked and resolved by the
+CDI project's Go module (``tests.harness.cdi``), as containerd would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc.aio
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
+from prometheus_client import start_http_server
 
 from agent.dra import claims as cl
+from agent.dra import health, slices
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.kube import as_dict
+from agent.kubeletapi import dra_health_v1_pb2 as health_v1
+from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
+from agent.kubeletapi import dra_health_v1alpha1_pb2 as health_v1alpha1
+from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
+from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness import cdi
 from tests.harness import dra as h
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import ControlPlane, free_port
 
 SCHEDULE_DEADLINE = 60.0
 
 
 @contextlib.asynccontextmanager
-async def plugin_running(preparer: ClaimPreparer, tmp: Path) -> AsyncIterator[DraKubeletPlugin]:
+async def plugin_running(preparer: ClaimPreparer, tmp: Path, metrics: AgentMetrics | None = None
+                         ) -> AsyncIterator[DraKubeletPlugin]:
     plugin = DraKubeletPlugin(preparer=preparer, plugins_dir=tmp / "plugins",
-                              registry_dir=tmp / "plugins_registry")
+                              registry_dir=tmp / "plugins_registry", metrics=metrics)
     task = asyncio.create_task(plugin.run())
     try:
         await harness.eventually(lambda: _exists(plugin.registration_socket),
@@ -55,6 +65,26 @@ async def plugin_running(preparer: ClaimPreparer, tmp: Path) -> AsyncIterator[Dr
 
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
+
+
+@contextlib.contextmanager
+def metrics_served(metrics: AgentMetrics) -> Iterator[int]:
+    """The agent's registry on ``/metrics`` (what ``METRICS_PORT`` serves), on loopback."""
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
+    try:
+        yield port
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """Every sample line of ``/metrics`` (comments left out): series → value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    samples = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+    return {series: float(value) for series, _, value in samples if series}
 
 
 async def _allocated_claim(kube: AsyncClient, ns: str, pod: str) -> pb.Claim:
@@ -78,6 +108,7 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
     async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
                 h.dra_agents(control_plane, [node], ns) as agents):
         devices = agents[node].agent.devices
+        metrics = agents[node].agent.metrics
         preparer = ClaimPreparer(client=kube, node_name=node, devices=devices, cdi_dir=cdi_dir,
                                  state_dir=tmp_path / "plugins" / dra.DRIVER)
         cel = f'device.attributes["{dra.DRIVER}"].description == "lamp"'
@@ -87,13 +118,14 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
                 h.claim_pod("user", "lamp"))
         claim = await _allocated_claim(kube, ns, "user")
 
-        async with plugin_running(preparer, tmp_path) as plugin:
+        async with plugin_running(preparer, tmp_path, metrics) as plugin:
             # The plugin watcher's side: what the driver says about itself.
             async with grpc.aio.insecure_channel(f"unix:{plugin.registration_socket}") as ch:
                 registration = reg_grpc.RegistrationStub(ch)
                 info = await registration.GetInfo(reg_pb.InfoRequest())
                 assert (info.type, info.name, list(info.supported_versions)) == (
-                    "DRAPlugin", "edgeplug.io", ["v1.DRAPlugin"])
+                    "DRAPlugin", "edgeplug.io",
+                    ["v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"])
                 assert info.endpoint == str(plugin.service_socket)
                 await registration.NotifyRegistrationStatus(
                     reg_pb.RegistrationStatus(plugin_registered=True))
@@ -115,6 +147,15 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
                 again = await stub.NodePrepareResources(
                     pb.NodePrepareResourcesRequest(claims=[claim]))
                 assert again.claims[claim.uid] == mine
+
+        # Each claim's prepare is timed on the agent's /metrics: two answered (the second
+        # from the record), one failed (the ghost).
+        with metrics_served(metrics) as port:
+            seen = await asyncio.to_thread(_scrape, port)
+        name = "edgeplug_dra_prepare_duration_seconds"
+        assert seen[f'{name}_count{{outcome="ok"}}'] == 2
+        assert seen[f'{name}_count{{outcome="failed"}}'] == 1
+        assert 0 < seen[f'{name}_sum{{outcome="ok"}}'] < 10
 
         names, errors = cdi.validate([cdi_dir])
         assert errors == {}
@@ -140,3 +181,55 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
             assert not cl.claim_spec_path(cdi_dir, claim.uid).exists()
             assert restarted.checkpoint.claims == {}
         assert cl.Checkpoint(tmp_path / "plugins" / dra.DRIVER / "claims.json").claims == {}
+
+
+async def test_the_health_stream_follows_a_device_through_failure_and_recovery(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    """Both health APIs on the plugin's endpoint: the served device Healthy at once, Unhealthy
+    with its reason when the agent finds it gone (a shared device keeps its Instance,
+    unhealthy, for its grace period), Healthy again when it is back; each change is sent
+    without the client asking again."""
+    ns = pod_namespace
+    node = harness.new_node(control_plane)
+    offline = tmp_path / "offline"
+    harness.apply(control_plane, ns, harness.debug_echo_configuration(
+        "echo", descriptions=["lamp"], shared=True, availability_file=offline, grace=600))
+    lamp = instance_name("echo", "lamp", shared=True, node=node)
+    key = (slices.shared_pool(ns, "echo", lamp), lamp)
+    async with (h.ready_nodes(kube, [node]), h.dra_agents(control_plane, [node], ns) as agents):
+        devices = agents[node].agent.devices
+        await harness.eventually(lambda: _served(devices, ns, lamp), what="the lamp served")
+        preparer = ClaimPreparer(client=kube, node_name=node, devices=devices,
+                                 cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state")
+        async with (plugin_running(preparer, tmp_path) as plugin,
+                    grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):
+            v1 = health_v1_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_v1.NodeWatchResourcesRequest())
+            alpha = health_v1alpha1_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_v1alpha1.NodeWatchResourcesRequest())
+
+            async def both() -> list[dict[tuple[str, str], tuple[int, str, int]]]:
+                async with asyncio.timeout(30):
+                    new, old = await v1.read(), await alpha.read()
+                assert isinstance(new, health_v1.NodeWatchResourcesResponse)
+                assert isinstance(old, health_v1alpha1.NodeWatchResourcesResponse)
+                return [{(d.device.pool_name, d.device.device_name):
+                         (d.health, d.message, d.health_check_timeout_seconds)
+                         for d in a.devices} for a in (new, old)]
+
+            timeout = health.TIMEOUT_SECONDS
+            assert await both() == [{key: (1, "", timeout)}] * 2, "Healthy at once"
+            offline.write_text("lamp\n")
+            gone = await both()
+            assert [a[key][0] for a in gone] == [2, 2], "Unhealthy"
+            assert all(a[key][1] for a in gone), "with the agent's reason"
+            offline.write_text("")
+            assert await both() == [{key: (1, "", timeout)}] * 2, "Healthy again"
+            v1.cancel()
+            alpha.cancel()
+
+
+async def _served(devices: NodeDeviceTable, ns: str, instance: str) -> bool:
+    device = devices.get(ns, instance)
+    return device is not None and device.healthy
