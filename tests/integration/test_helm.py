@@ -187,8 +187,9 @@ def test_default_values_render_what_the_api_server_accepts(
     controller = _find(stored, "Deployment", "edgeplug-controller")
     assert controller["metadata"]["namespace"] == namespace
     assert controller["spec"]["replicas"] == 2
-    # Two replicas elect a leader (no --standalone); both serve the admission webhook.
-    assert _container(controller)["args"] == ["--webhook", "--metrics-port=9465"]
+    # Two replicas elect a leader (no --standalone); both serve the admission webhook; DRA is
+    # on (the scheduler allocates shared devices where the cluster maps extended resources).
+    assert _container(controller)["args"] == ["--webhook", "--metrics-port=9465", "--dra"]
     assert _find(stored, "ValidatingWebhookConfiguration", "edgeplug-configurations")
     assert _find(stored, "Service", "edgeplug-controller-webhook")["metadata"]["namespace"] == (
         namespace)
@@ -230,7 +231,7 @@ def test_non_default_values_render_what_the_api_server_accepts(
     stored = _dry_run(control_plane, manifest)
     controller = _container(_find(stored, "Deployment", "edgeplug-controller"))
     assert controller["args"] == [f"--namespace={namespace}", "--standalone",
-                                  "--metrics-port=9465"]
+                                  "--metrics-port=9465", "--dra"]
     assert controller["image"] == "registry.example.test/edge/controller:9.8.7"
     assert controller["imagePullPolicy"] == "Always"
     placement = _find(stored, "Deployment", "edgeplug-controller")["spec"]["template"]["spec"]
@@ -259,7 +260,8 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
 ) -> None:
     """dra.enabled: the agent serves DRA with the kubelet's plugin directories mounted, the
     controller runs with --dra, and deploy/dra's rights and ResourceSlice policy come along
-    (bound to the release's namespace); by default none of it is rendered."""
+    (bound to the release's namespace); all of it by default, and none of it with
+    dra.enabled=false."""
     for name in ("dra-rbac.yaml", "agent-resourceslice-policy.yaml"):  # links: no drift
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link"
@@ -294,8 +296,12 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     assert f"system:serviceaccount:{namespace}:edgeplug-agent" in condition["expression"]
 
     default = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace).stdout)
-    assert not [o for o in default if "dra" in o["metadata"]["name"]]
-    assert "DRA" not in _env(_container(_find(default, "DaemonSet", "edgeplug-agent")))
+    assert _env(_container(_find(default, "DaemonSet", "edgeplug-agent")))["DRA"] == "on"
+    assert "--dra" in _container(_find(default, "Deployment", "edgeplug-controller"))["args"]
+    off = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                        "--set", "dra.enabled=false").stdout)
+    assert not [o for o in off if "dra" in o["metadata"]["name"]]
+    assert "DRA" not in _env(_container(_find(off, "DaemonSet", "edgeplug-agent")))
 
 
 # -- install, upgrade, uninstall -------------------------------------------------------------
@@ -489,7 +495,7 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
     assert deployment is not None
     assert deployment["spec"]["replicas"] == 1
     assert _container(deployment)["args"] == [f"--namespace={workload}", "--standalone",
-                                              "--metrics-port=9465"]
+                                              "--metrics-port=9465", "--dra"]
     daemonset = _get(cp, "daemonset", "edgeplug-agent", "-n", SYSTEM_NAMESPACE)
     assert daemonset is not None
     assert _env(_container(daemonset))["WATCH_NAMESPACE"] == workload

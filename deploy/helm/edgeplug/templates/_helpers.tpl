@@ -9,3 +9,40 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $root := index . 0 -}}
 {{- printf "%s/%s:%s" $root.Values.image.registry (index . 1) (default $root.Chart.AppVersion $root.Values.image.tag) -}}
 {{- end -}}
+
+
+{{/* The agent's DRA settings, mounts and volumes (dra.enabled), the same in both agent
+DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
+{{- define "edgeplug.agentDraEnv" -}}
+{{- if .Values.dra.enabled }}
+# ResourceSlices and the kubelet's DRA plugin (docs/dra.md).
+- name: DRA
+  value: "on"
+- name: DRA_PLUGINS_DIR
+  value: {{ .Values.dra.pluginsDir | quote }}
+- name: DRA_REGISTRY_DIR
+  value: {{ .Values.dra.registryDir | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "edgeplug.agentDraMounts" -}}
+{{- if .Values.dra.enabled }}
+- name: dra-plugin
+  mountPath: {{ printf "%s/edgeplug.io" .Values.dra.pluginsDir }}
+- name: dra-registry
+  mountPath: {{ .Values.dra.registryDir }}
+{{- end }}
+{{- end }}
+
+{{- define "edgeplug.agentDraVolumes" -}}
+{{- if .Values.dra.enabled }}
+- name: dra-plugin
+  hostPath:
+    path: {{ printf "%s/edgeplug.io" .Values.dra.pluginsDir }}
+    type: DirectoryOrCreate
+- name: dra-registry
+  hostPath:
+    path: {{ .Values.dra.registryDir }}
+    type: DirectoryOrCreate
+{{- end }}
+{{- end }}
