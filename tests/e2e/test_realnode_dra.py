@@ -331,6 +331,10 @@ async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet
                         within=60)
             print(f"figure: device gone -> pod status Unhealthy "
                   f"{time.monotonic() - started:.1f} s")
+            statuses = (_phase(plane, ns, "user") or {})["status"]["containerStatuses"]
+            (device,) = statuses[0]["allocatedResourcesStatus"][0]["resources"]
+            assert device.get("message"), "the agent's reason (ResourceHealthStatusMessage)"
+            print(f"the pod's device: {device}")
             started = time.monotonic()
             offline.write_text("")
             await until(lambda: shows("Healthy"), what="the pod showing its device Healthy "
