@@ -53,8 +53,13 @@ class ProcessCounters:
             ["code"], registry=None,
         )
 
+    def watch_started(self, resource: Any) -> None:
+        """A watch of ``resource`` runs: its restart series exists from now on, at 0, so its
+        first restart shows in ``increase()`` (a series born at 1 shows none)."""
+        self.watch_restarts.labels(_kind(resource))
+
     def watch_restarted(self, resource: Any) -> None:
-        self.watch_restarts.labels(getattr(resource, "__name__", type(resource).__name__)).inc()
+        self.watch_restarts.labels(_kind(resource)).inc()
 
     def count_response(self, response: httpx.Response) -> None:
         code = response.status_code
@@ -72,6 +77,10 @@ class ProcessCounters:
             hooks = dict(inner.event_hooks)
             hooks["response"] = [*hooks.get("response", []), on_response]
             inner.event_hooks = hooks
+
+
+def _kind(resource: Any) -> str:
+    return str(getattr(resource, "__name__", type(resource).__name__))
 
 
 PROCESS = ProcessCounters()
@@ -141,6 +150,8 @@ class AgentMetrics:
             "Time to answer the kubelet's Allocate call, per outcome (ok or refused)",
             ["outcome"], registry=self.registry, buckets=ALLOCATE_BUCKETS,
         )
+        for outcome in ("ok", "refused"):  # at 0 from the start: the first call shows in rate()
+            self.allocate_duration.labels(outcome)
         self.dra_prepare_duration = Histogram(
             "edgeplug_dra_prepare_duration_seconds",
             "Time to prepare one claim for the kubelet's DRA manager (NodePrepareResources), "

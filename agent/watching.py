@@ -86,6 +86,7 @@ async def watch(
             restarted()  # lightkube drops its resourceVersion and starts over
         return OnErrorResult(OnErrorAction.RETRY, sleep=retry_delay(count))
 
+    PROCESS.watch_started(resource)
     while True:
         kwargs: dict[str, Any] = {"on_error": on_response_error}
         if namespace is not None:

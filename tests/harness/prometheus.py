@@ -3,13 +3,15 @@ files as Python values.
 
 ``Prometheus`` runs one process from a directory of the caller's own (config, storage), on a
 free loopback port, scraping the given targets every second and evaluating
-``deploy/monitoring/alerts.yaml``; ``query`` and ``query_range`` ask its HTTP API.
+``deploy/monitoring/alerts.yaml``; ``query`` and ``query_range`` ask its HTTP API, ``wait``
+and (on an event loop) ``until`` poll a check of its answers.
 ``alert_exprs`` and ``panel_queries`` read the alert rules and the Grafana dashboard. Used by
 tests/integration/test_prometheus.py and tests/harness/dashboard_picture.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
@@ -17,6 +19,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,19 @@ class Prometheus:
                 if last:
                     return last
             time.sleep(0.5)  # polling Prometheus' answer; each look is a real query
+        raise AssertionError(f"timed out waiting for {what}; last: {last}")
+
+    async def until(self, what: str, check: Callable[[], Any]) -> Any:
+        """``wait`` for a caller on an event loop: the loop runs between looks."""
+        deadline = time.monotonic() + DEADLINE_S
+        last: Any = None
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            with contextlib.suppress(OSError):
+                last = check()
+                if last:
+                    return last
+            await asyncio.sleep(0.5)  # polling Prometheus' answer; each look is a real query
         raise AssertionError(f"timed out waiting for {what}; last: {last}")
 
     def stop(self) -> None:

@@ -3,122 +3,110 @@ scenario runs; the alert expressions and the dashboard's queries are evaluated t
 API.
 
 Why this exists: a metric's help text and an alert's PromQL are claims; this checks them against
-what the processes really export. The quiet phase (one healthy device, no broker asked for) must
-fire no alert; then a debugEcho device is unplugged (its availability file), a Configuration names
-a handler that does not exist, a Configuration's broker is refused by the API server, and finally
-the agent and the controller are stopped: each alert's ``expr`` must then hold for the series the
-scenario produced (the ``for`` durations are left to promtool's rule tests). Prometheus runs from
-a directory of the test's own (config, storage), on a free loopback port, and is stopped at the
-end.
+what the processes really export. The scenario (tests/harness/monitoring_scenario.py) runs the
+agent with its device plugins on the kubelet's own device manager (``DeviceNode``). The quiet
+phase (healthy devices, one pod on an NPU slot, no broker asked for) must fire no alert; then a
+debugEcho device is unplugged, a Configuration names a handler that does not exist, a broker is
+refused by the API server, a failing admission webhook makes the API server answer the agent's
+writes with 500, the API server restarts, and finally the controller is stopped: each alert's
+``expr`` must then hold for the series the scenario produced (the ``for`` durations are left to
+promtool's rule tests), and every dashboard panel's every query must return the series the
+scenario should produce, with the values it should have.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.harness import agent_process as agents
-from tests.harness import controller_process as controllers
-from tests.harness.controlplane import ControlPlane, free_port
-from tests.harness.prometheus import Prometheus, alert_exprs, panel_queries
+from agent.metrics import ALLOCATE_BUCKETS
+from tests.harness.controlplane import ControlPlane
+from tests.harness.monitoring_scenario import NPUS, Stand, stand
+from tests.harness.prometheus import alert_exprs, panel_queries
 
-#: Panels this scenario cannot feed, and why: the agent runs without device plugins (no slots,
-#: no Allocate), nothing is refused at admission by a kubelet (there is none), and the API server
-#: answers every request (no errors; watch restarts only happen when it ends a watch).
-NOT_FED = {"Slots used / capacity", "Allocate latency p50 / p99",
-           "API errors and watch restarts (5m)"}
+pytestmark = pytest.mark.timeout(400)
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-def test_alerts_fire_in_their_scenario_and_the_dashboard_has_its_series(
-    control_plane: ControlPlane, namespace: str, workdir: Path
+async def test_alerts_fire_in_their_scenario_and_the_dashboard_has_its_series(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
-    node = agents.new_node(control_plane)
-    lonely = agents.new_node(control_plane)  # Instances list it; no agent runs there
-    agent_port, controller_port = free_port(), free_port()
-    offline = workdir / "offline"
-    offline.write_text("")
-    agent = agents.AgentSubprocess(
-        control_plane, node_name=node, namespace=namespace, log_path=workdir / "agent.log",
-        extra_env={"METRICS_PORT": str(agent_port), "METRICS_ADDRESS": "127.0.0.1"})
-    controller = controllers.ControllerProcess(
-        control_plane, namespaces=[namespace], log_path=workdir / "controller.log",
-        extra_args=(*controllers.FAST_ARGS, "--metrics-port", str(controller_port),
-                    "--metrics-address", "127.0.0.1"))
-    prometheus = Prometheus(workdir, {"agent": agent_port, "controller": controller_port})
-    controllers.install_peering_crds(control_plane)
-    agent.start()
-    controller.start()
-    try:
-        _scenario(control_plane, namespace, node, lonely, offline, prometheus, agent, controller)
-    finally:
-        agent.stop()
-        controller.stop()
-        prometheus.stop()
+    async with stand(control_plane, namespace, tmp_path) as s:
+        try:
+            await _scenario(s)
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}\n--- agent log ---\n{(tmp_path / 'agent.log').read_text()[-3000:]}"
+            ) from None
 
 
-def _scenario(cp: ControlPlane, namespace: str, node: str, lonely: str, offline: Path,
-              prometheus: Prometheus, agent: agents.AgentSubprocess,
-              controller: controllers.ControllerProcess) -> None:
+def _values(result: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float]:
+    return {tuple(r["metric"].get(k, "") for k in labels): float(r["value"][1]) for r in result}
+
+
+async def _scenario(s: Stand) -> None:
     alerts = alert_exprs()
-    q = prometheus.query
-    # Quiet: one Configuration, two healthy devices, no broker asked for.
-    agents.apply(cp, namespace, agents.debug_echo_configuration(
-        "cams", descriptions=["cam0", "cam1"], availability_file=offline, grace=3600))
-    prometheus.wait("two healthy devices", lambda: [
-        r for r in q(f'edgeplug_devices{{namespace="{namespace}",health="healthy"}} == 2')])
-    prometheus.wait("the controller active", lambda: q("edgeplug_controller_active == 1"))
-    prometheus.wait("the node's Instances counted",
-                    lambda: q(f'edgeplug_node_instances{{node="{node}"}} == 2'))
+    q = s.q
+    await s.quiet()
     for name, expr in alerts.items():
         assert q(expr) == [], f"{name} holds in the quiet run: {q(expr)}"
 
-    # A device unplugged (shared: it stays, unhealthy, for its grace).
-    staged = offline.with_name("offline.new")
-    staged.write_text("cam1\n")
-    staged.replace(offline)
-    unhealthy = prometheus.wait("EdgeplugDeviceUnhealthy",
-                                lambda: q(alerts["EdgeplugDeviceUnhealthy"]))
-    assert unhealthy[0]["metric"]["node"] == node
+    unhealthy = await s.unplug()
+    assert unhealthy[0]["metric"]["node"] == s.node_name
     assert unhealthy[0]["metric"]["configuration"] == "cams"
 
-    # A handler that does not exist.
-    bad = agents.debug_echo_configuration("nohandler", descriptions=["x"])
-    bad["spec"]["discoveryHandler"]["name"] = "noSuchHandler"
-    agents.apply(cp, namespace, bad)
-    failing = prometheus.wait("EdgeplugDiscoveryFailing",
-                              lambda: q(alerts["EdgeplugDiscoveryFailing"]))
+    failing = await s.missing_handler()
     assert {r["metric"]["configuration"] for r in failing} == {"nohandler"}
 
-    # A broker the API server refuses (requests above limits), on an Instance of the lonely node.
-    pod_spec = controllers.broker_pod_spec()
-    pod_spec["containers"][0]["resources"] = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
-    controllers.apply(cp, controllers.configuration(namespace, "refused", pod_spec=pod_spec))
-    controllers.apply(cp, controllers.instance(
-        namespace, "refused-abcdef", configuration_name="refused", nodes=[lonely]))
-    without = prometheus.wait("EdgeplugConfigurationWithoutBrokers",
-                              lambda: q(alerts["EdgeplugConfigurationWithoutBrokers"]))
+    without = await s.refused_broker()
     assert {r["metric"]["configuration"] for r in without} == {"refused"}
-    prometheus.wait("a refusal counted", lambda: q(
-        f'edgeplug_broker_refusals_total{{configuration="refused",namespace="{namespace}"}} > 0'))
-    down = prometheus.wait("EdgeplugAgentDown", lambda: q(alerts["EdgeplugAgentDown"]))
-    assert {r["metric"]["node"] for r in down} == {lonely}
+    down = await s.until("EdgeplugAgentDown", alerts["EdgeplugAgentDown"])
+    assert {r["metric"]["node"] for r in down} == {s.lonely}
 
-    # Every panel the scenario feeds has its series.
-    prometheus.wait("a discovery rate", lambda: q(
-        "sum by (handler) (rate(edgeplug_discovery_duration_seconds_count[5m])) > 0"))
-    for title, exprs in panel_queries().items():
-        if title in NOT_FED:
-            continue
+    refused_writes = await s.failing_webhook()
+    assert _values(refused_writes, "code").keys() == {("500",)}
+    restarted = await s.apiserver_restart()
+    assert all(v > 0 for v in _values(restarted, "kind").values())
+
+    # Every panel's every query has its series.
+    await s.until("a discovery rate",
+                  "sum by (handler) (rate(edgeplug_discovery_duration_seconds_count[5m])) > 0")
+    panels = panel_queries()
+    for title, exprs in panels.items():
         for expr in exprs:
-            assert prometheus.wait(f"panel {title!r}: {expr}", lambda e=expr: q(e)), title
+            assert await s.prometheus.until(f"panel {title!r}: {expr}",
+                                            functools.partial(q, expr)), title
+    _check_fed_panels(s, panels)
 
     # The controller stopped: no active replica. The agent stopped: its node is down too.
-    controller.stop()
-    prometheus.wait("EdgeplugNoActiveController", lambda: q(alerts["EdgeplugNoActiveController"]))
-    assert q(alerts["EdgeplugPodsRefusedAtAdmission"]) == []  # no kubelet refused anything
+    await s.stop_controller()
+    assert q(alerts["EdgeplugPodsRefusedAtAdmission"]) == []  # the kubelet refused nothing
+
+
+def _check_fed_panels(s: Stand, panels: dict[str, list[str]]) -> None:
+    """The panels that need device plugins and API trouble show what the scenario did."""
+    ns, q = s.namespace, s.q
+    [slots] = panels["Slots used / capacity"]
+    shown = _values(q(slots), "namespace", "configuration")
+    # One pod holds one of the NPUs' two slots; nothing holds a camera's.
+    assert shown[(ns, NPUS)] == 0.5, shown
+    assert all(v == 0 for k, v in shown.items() if k != (ns, NPUS)), shown
+
+    # One Allocate, answered: both quantiles lie in the bucket its duration fell in.
+    [allocated] = q(f'edgeplug_allocations_total{{namespace="{ns}",configuration="{NPUS}",'
+                    f'kind="configuration",outcome="ok"}}')
+    assert float(allocated["value"][1]) == 1
+    [spent] = q('edgeplug_allocate_duration_seconds_sum{outcome="ok"}')
+    took = float(spent["value"][1])
+    upper = next(b for b in (*ALLOCATE_BUCKETS, math.inf) if took <= b)
+    lower = max((b for b in ALLOCATE_BUCKETS if b < took), default=0.0)
+    for expr in panels["Allocate latency p50 / p99"]:
+        [quantile] = q(expr)
+        assert lower <= float(quantile["value"][1]) <= upper, (expr, quantile, took)
+
+    errors, restarts = panels["API errors and watch restarts (5m)"]
+    assert _values(q(errors), "code").get(("500",), 0) > 0, q(errors)
+    assert any(v > 0 for v in _values(q(restarts), "kind").values()), q(restarts)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.metrics import AgentMetrics
+from agent.kube import InstanceResource
+from agent.metrics import PROCESS, AgentMetrics
 from agent.slots.rules import slot_counts
 from controller.metrics import ControllerMetrics, count_by_node
 from crds.instance import Instance
@@ -82,6 +83,18 @@ def test_controller_families_carry_only_bounded_labels() -> None:
     assert names["edgeplug_broker_refusals_total"] == ("namespace", "configuration")
     assert names["edgeplug_controller_active"] == ()
     assert names["edgeplug_node_instances"] == ("node",)
+
+
+def test_series_rate_and_increase_read_exist_at_zero_before_their_first_event() -> None:
+    """A series born at 1 shows no ``rate()`` or ``increase()`` (Prometheus has no earlier
+    sample): the dashboard's Allocate latency was NaN after one Allocate, and its watch restarts
+    0 after an API server restart, until these were made at 0."""
+    metrics = AgentMetrics()
+    get = metrics.registry.get_sample_value
+    for outcome in ("ok", "refused"):
+        assert get("edgeplug_allocate_duration_seconds_count", {"outcome": outcome}) == 0
+    PROCESS.watch_started(InstanceResource)
+    assert get("edgeplug_watch_restarts_total", {"kind": "Instance"}) is not None
 
 
 def test_devices_count_health_and_a_withdrawn_run_leaves_no_series() -> None:
@@ -200,7 +213,7 @@ def test_series_of_a_10000_instance_fleet_stay_bounded() -> None:
     assert one_agent <= 12 * CONFIGURATIONS + 150, one_agent
     assert controller <= 12 * CONFIGURATIONS + NODES + 40, controller
     # Not an exact count: the per-process API-error and watch-restart counters carry what
-    # earlier tests in the same process did (this test alone sees the 257 docs/operations.md
+    # earlier tests in the same process did (this test alone sees the 305 docs/operations.md
     # states).
     assert agents == NODES * one_agent
     # Twice the Instances, every one allocated from: not one series more.
