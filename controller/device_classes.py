@@ -48,6 +48,8 @@ FIELD_MANAGER: Final = "edgeplug-controller/device-classes"
 #: Wait before listing again after the Configuration watch broke.
 RETRY_S: Final = 5.0
 HTTP_NOT_FOUND: Final = 404
+#: The class a dry-run apply asks the API server about (never stored).
+PROBE_CLASS: Final = "edgeplug-probe.edgeplug.io"
 
 _Key = tuple[str, str]
 
@@ -58,17 +60,21 @@ class DeviceClasses:
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
                  extended_resources: bool = False) -> None:
-        """``extended_resources``: a class whose Configuration's shared devices go through the
-        device plugins maps its configuration-level resource too (one served through DRA
-        always does)."""
+        """``extended_resources``: every class maps its Configuration's configuration-level
+        resource (by default only those whose shared devices the scheduler allocates do)."""
         self._client = client
         self._namespaces = frozenset(namespaces)
         self._extended = extended_resources
         self._written: dict[_Key, dict[str, Any]] = {}
-        #: What the API server lacks for DRA, per Configuration, from its last class write.
-        self._missing: dict[_Key, str | None] = {}
+        self._configurations: dict[_Key, dict[str, Any]] = {}
+        #: What the API server lacks for DRA's extended-resource mapping (None: nothing), from
+        #: the probe at every (re)list.
+        self._missing: str | None = None
+        self._dirty: set[_Key] = set()
+        self._wake = asyncio.Event()
         self.features = dra_features.FeatureReport(log)
-        self.instances = InstanceClasses(client, namespaces=self._namespaces)
+        self.instances = InstanceClasses(client, namespaces=self._namespaces,
+                                         on_shared_change=self._shared_changed)
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -80,37 +86,97 @@ class DeviceClasses:
             tasks.create_task(self.instances.run(), name="instance-classes")
             tasks.create_task(follow_forever(self._follow, what="device classes",
                                              retry_s=RETRY_S), name="device-classes")
+            tasks.create_task(self._reapply_forever(), name="device-classes-reapply")
 
-    def _body(self, data: dict[str, Any]) -> dict[str, Any]:
-        namespace, name = object_key(data)
+    def _decision(self, data: dict[str, Any]) -> shared_allocation.Decision:
+        asked = (data.get("spec") or {}).get("sharedDeviceAllocation")
+        return shared_allocation.decide(SharedDeviceAllocation(asked) if asked else None,
+                                        missing=self._missing)
+
+    def _body(self, key: _Key, data: dict[str, Any]) -> dict[str, Any]:
+        """The class; it maps the configuration-level resource where the scheduler allocates
+        the Configuration's shared devices (a local device's resource stays the device
+        plugins' alone), or everywhere with ``extended_resources``."""
         spec = data.get("spec") or {}
-        asked = spec.get("sharedDeviceAllocation")
-        mapped = self._extended or asked != SharedDeviceAllocation.DEVICE_PLUGIN.value
-        extended = (configuration_resource_name(name, spec.get("resourceName") or None)
-                    if mapped else None)
-        return dra.device_class(namespace, name, extended_resource=extended)
+        through_dra = (self._decision(data).mode == SharedDeviceAllocation.DRA
+                       and self.instances.has_shared(key))
+        extended = (configuration_resource_name(key[1], spec.get("resourceName") or None)
+                    if self._extended or through_dra else None)
+        return dra.device_class(*key, extended_resource=extended)
+
+    async def _probe(self) -> None:
+        """Ask the API server (a dry-run apply) whether it keeps ``extendedResourceName``."""
+        probe = dra.device_class("", "probe", extended_resource=f"{dra.DRIVER}/probe")
+        probe["metadata"]["name"] = PROBE_CLASS
+        try:
+            stored = await self._client.patch(
+                DeviceClassResource, PROBE_CLASS, probe, patch_type=PatchType.APPLY,
+                field_manager=FIELD_MANAGER, force=True, dry_run=True)
+        except ApiError as error:
+            if error.status.code != HTTP_NOT_FOUND:
+                raise
+            self._missing = "the API server does not serve resource.k8s.io/v1 DeviceClasses"
+            return
+        dropped = dra_features.dropped_by_device_class(probe, as_dict(stored))
+        self.features.note(dropped, what="DeviceClass (dry run)")
+        self._missing = ("the API server drops DeviceClass spec.extendedResourceName (feature "
+                         "gate DRAExtendedResource off)" if dropped else None)
 
     async def _follow(self) -> None:
-        wanted: dict[_Key, tuple[dict[str, Any], dict[str, Any]]] = {}
+        await self._probe()
+        listed: dict[_Key, dict[str, Any]] = {}
         async for obj in self._client.list(ConfigurationResource, namespace="*"):
             data = as_dict(obj)
             if self._serves(object_key(data)[0]):
-                wanted[object_key(data)] = (self._body(data), data)
-        await self._sweep(set(wanted))
+                listed[object_key(data)] = data
+        self._configurations = listed
+        await self._sweep(set(listed))
         self._written.clear()
-        for key in sorted(wanted):
-            await self._apply(key, *wanted[key])
+        for key in sorted(listed):
+            await self._keep(key, listed[key])
         async for op, obj in self._client.watch(ConfigurationResource, namespace="*"):
             data = as_dict(obj)
             key = object_key(data)
             if not self._serves(key[0]):
                 continue
             if op == "DELETED":
+                self._configurations.pop(key, None)
                 await self._delete(key)
-            elif self._written.get(key) != (body := self._body(data)):
-                await self._apply(key, body, data)
             else:
-                await self._report(key, data)
+                self._configurations[key] = data
+                await self._keep(key, data)
+
+    def _shared_changed(self, key: _Key) -> None:
+        """A Configuration got its first shared Instance or lost its last: its class may map
+        its resource now, or no longer."""
+        self._dirty.add(key)
+        self._wake.set()
+
+    async def _reapply_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._dirty:
+                key = self._dirty.pop()
+                data = self._configurations.get(key)
+                if data is None:
+                    continue
+                try:
+                    await self._keep(key, data)
+                except ApiError as error:
+                    log.warning("DeviceClass of %s/%s: %s; retrying", *key, error)
+                    self._dirty.add(key)
+                    await asyncio.sleep(RETRY_S)
+
+    async def _keep(self, key: _Key, data: dict[str, Any]) -> None:
+        """The class as the Configuration wants it, then its allocator in its status."""
+        decision = self._decision(data)
+        self.instances.set_mode(key, decision.mode)
+        body = self._body(key, data)
+        served = self._missing is None or "resource.k8s.io" not in self._missing
+        if served and self._written.get(key) != body:
+            await self._apply(key, body)
+        await self._report(key, data, decision)
 
     async def _sweep(self, wanted: set[_Key]) -> None:
         """Delete labelled classes whose Configuration (in a served namespace) is gone."""
@@ -124,37 +190,19 @@ class DeviceClasses:
             if namespace and self._serves(namespace) and (namespace, name) not in wanted:
                 await self._delete((namespace, name))
 
-    async def _apply(self, key: _Key, body: dict[str, Any], data: dict[str, Any]) -> None:
-        try:
-            stored = await self._client.patch(
-                DeviceClassResource, body["metadata"]["name"], body, patch_type=PatchType.APPLY,
-                field_manager=FIELD_MANAGER, force=True)
-        except ApiError as error:
-            if error.status.code != HTTP_NOT_FOUND:
-                raise
-            self._missing[key] = ("the API server does not serve resource.k8s.io/v1 "
-                                  "DeviceClasses")
-            await self._report(key, data)
-            return
-        dropped = dra_features.dropped_by_device_class(body, as_dict(stored))
-        self.features.note(dropped, what=f"DeviceClass {body['metadata']['name']}")
-        if body["spec"].get("extendedResourceName"):
-            self._missing[key] = (
-                "the API server drops DeviceClass spec.extendedResourceName (feature gate "
-                "DRAExtendedResource off)" if dropped else None)
-        else:
-            self._missing.setdefault(key, None)
+    async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
+        stored = await self._client.patch(
+            DeviceClassResource, body["metadata"]["name"], body, patch_type=PatchType.APPLY,
+            field_manager=FIELD_MANAGER, force=True)
+        self.features.note(dra_features.dropped_by_device_class(body, as_dict(stored)),
+                           what=f"DeviceClass {body['metadata']['name']}")
         self._written[key] = body
         log.info("DeviceClass %s kept for Configuration %s/%s",
                  body["metadata"]["name"], *key)
-        await self._report(key, data)
 
-    async def _report(self, key: _Key, data: dict[str, Any]) -> None:
+    async def _report(self, key: _Key, data: dict[str, Any],
+                      decision: shared_allocation.Decision) -> None:
         """Write the Configuration's allocator to its status where it does not say it yet."""
-        asked_text = (data.get("spec") or {}).get("sharedDeviceAllocation")
-        asked = SharedDeviceAllocation(asked_text) if asked_text else None
-        decision = shared_allocation.decide(asked, missing=self._missing.get(key))
-        self.instances.set_mode(key, decision.mode)
         current = data.get("status") or {}
         if shared_allocation.is_current(current, decision):
             return
@@ -175,7 +223,6 @@ class DeviceClasses:
 
     async def _delete(self, key: _Key) -> None:
         self._written.pop(key, None)
-        self._missing.pop(key, None)
         self.instances.set_mode(key, None)
         name = dra.device_class_name(*key)
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from lightkube import ApiError, AsyncClient
@@ -46,12 +46,18 @@ class InstanceClasses:
     """Keeps a class for every shared Instance (of ``namespaces``; empty: all) whose
     Configuration's mode, as ``set_mode`` last said, is DRA."""
 
-    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
+    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
+                 on_shared_change: Callable[[_Key], None] = lambda key: None) -> None:
+        """``on_shared_change(configuration)``: called when a Configuration gets its first
+        shared Instance or loses its last."""
         self._client = client
+        self._on_shared_change = on_shared_change
         self._namespaces = frozenset(namespaces)
         self._modes: dict[_Key, SharedDeviceAllocation] = {}
         #: Shared Instances seen: (namespace, instance) → their Configuration's name.
         self._shared: dict[_Key, str] = {}
+        #: (namespace, configuration) → how many of its Instances are shared.
+        self._per_configuration: dict[_Key, int] = {}
         self._written: set[_Key] = set()
         self._changed = asyncio.Event()
         self._listed = False
@@ -65,6 +71,10 @@ class InstanceClasses:
         else:
             self._modes[configuration] = mode
         self._changed.set()
+
+    def has_shared(self, configuration: _Key) -> bool:
+        """Whether the Configuration has a shared Instance (as last listed or watched)."""
+        return self._per_configuration.get(configuration, 0) > 0
 
     def _wanted(self) -> set[_Key]:
         return {key for key, cfg in self._shared.items()
@@ -80,29 +90,49 @@ class InstanceClasses:
             tasks.create_task(self._keep(), name="keep-instance-classes")
 
     async def _follow(self) -> None:
-        shared: dict[_Key, str] = {}
+        listed: dict[_Key, str] = {}
         async for obj in self._client.list(InstanceResource, namespace="*"):
-            self._note(as_dict(obj), shared)
-        self._shared = shared
+            key, configuration = self._shared_of(as_dict(obj))
+            if configuration is not None:
+                listed[key] = configuration
+        for key in sorted(set(self._shared) - set(listed)):
+            self._set(key, None)
+        for key, configuration in listed.items():
+            self._set(key, configuration)
         self._listed = True
         self._changed.set()
         async for op, obj in self._client.watch(InstanceResource, namespace="*"):
-            data = as_dict(obj)
-            if op == "DELETED":
-                self._shared.pop(object_key(data), None)
-            else:
-                self._note(data, self._shared)
+            key, configuration = self._shared_of(as_dict(obj))
+            self._set(key, None if op == "DELETED" else configuration)
             self._changed.set()
 
-    def _note(self, data: dict[str, Any], into: dict[_Key, str]) -> None:
+    def _shared_of(self, data: dict[str, Any]) -> tuple[_Key, str | None]:
+        """The Instance's key, and its Configuration's name if it is a shared one we serve."""
         key = object_key(data)
         spec = data.get("spec") or {}
-        if not self._serves(key[0]):
+        if not self._serves(key[0]) or not spec.get("shared"):
+            return key, None
+        return key, str(spec.get("configurationName") or "")
+
+    def _set(self, key: _Key, configuration: str | None) -> None:
+        before = self._shared.get(key)
+        if before == configuration:
             return
-        if spec.get("shared"):
-            into[key] = str(spec.get("configurationName") or "")
+        if before is not None:
+            del self._shared[key]
+            self._count((key[0], before), -1)
+        if configuration is not None:
+            self._shared[key] = configuration
+            self._count((key[0], configuration), +1)
+
+    def _count(self, configuration: _Key, change: int) -> None:
+        count = self._per_configuration.get(configuration, 0) + change
+        if count > 0:
+            self._per_configuration[configuration] = count
         else:
-            into.pop(key, None)
+            self._per_configuration.pop(configuration, None)
+        if count in (0, 1) and (count == 1) == (change > 0):
+            self._on_shared_change(configuration)
 
     async def _keep(self) -> None:
         swept = False

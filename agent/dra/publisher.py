@@ -46,6 +46,7 @@ from agent.dra import slices
 from agent.kube import InstanceResource, as_dict, field_manager, is_not_found
 from agent.node_devices import NodeDeviceTable
 from crds import dra_features
+from crds.configuration import SharedDeviceAllocation
 from crds.instance import Instance
 
 log = logging.getLogger(__name__)
@@ -249,11 +250,18 @@ class DraPublisher:
                 await asyncio.sleep(RETRY_SECONDS)
                 self._dirty.set()
 
+    def _offered(self) -> list[Instance]:
+        """The Instances offered to claims: all but the shared devices of Configurations whose
+        allocator is the device plugins (one allocator per device, docs/slots.md)."""
+        return [i for i in self._instances.values()
+                if not i.spec.shared or self._devices.shared_allocator(
+                    i.namespace, i.spec.configuration_name) != SharedDeviceAllocation.DEVICE_PLUGIN]
+
     async def reconcile(self) -> None:
         """One pass: publish every pool that changed, withdraw those no longer wanted. A pool
         the API server refuses does not hold back the others; the first error is raised at
         the end, so the pass is retried."""
-        plan = slices.plan_node(self._node, self._instances.values(), self._served())
+        plan = slices.plan_node(self._node, self._offered(), self._served())
         for name in sorted(plan.held - self._held):
             log.info("ResourceSlice pool waits for this node to serve all its devices (their "
                      "health is not known yet)", extra={"pool": name})

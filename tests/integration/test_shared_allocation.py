@@ -57,6 +57,11 @@ async def _instance_class(kube: AsyncClient, namespace: str, instance: str
         raise
 
 
+async def _mapped(kube: AsyncClient, namespace: str, configuration: str) -> str | None:
+    body = await h.device_class(kube, namespace, configuration)
+    return None if body is None else body["spec"].get("extendedResourceName")
+
+
 async def test_a_configuration_that_does_not_choose_gets_what_the_cluster_serves(
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
@@ -76,6 +81,10 @@ async def test_a_configuration_that_does_not_choose_gets_what_the_cluster_serves
             assert body["spec"]["extendedResourceName"] == f"edgeplug.io/{cam}"
             assert dra.instance_selector(cam) in body["spec"]["selectors"][0]["cel"][
                 "expression"]
+            # The Configuration's class maps its resource too, since its devices are shared.
+            mapped = await harness.eventually(lambda: _mapped(kube, namespace, "cams"),
+                                              what="the Configuration's class mapping")
+            assert mapped == "edgeplug.io/cams"
             control_plane.kubectl("delete", "configuration", "cams", "-n", namespace)
 
             async def gone() -> bool:
@@ -137,3 +146,20 @@ async def test_asking_for_dra_where_it_is_missing_is_reported_and_served_compati
                 "devicePlugin", "False", "DRAExtendedResourcesUnavailable")
             assert condition["message"].startswith("spec.sharedDeviceAllocation is dra, but")
             assert "DRAExtendedResource" in condition["message"]
+
+
+async def test_a_local_devices_class_leaves_its_resource_to_the_device_plugins(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    """Local devices keep one allocator, their kubelet: the class of a Configuration with
+    no shared device maps no extended resource (a pod asking for ``edgeplug.io/<name>`` is
+    never served through DRA behind the device plugins' back)."""
+    async with h.device_classes(kube, namespace), h.dra_agents(control_plane, ["n1"],
+                                                                namespace):
+        harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+            "usb", descriptions=["u0"], shared=False))
+        await harness.eventually(lambda: _allocation(kube, namespace, "usb"),
+                                 what="the controller's choice")
+        body = await harness.eventually(lambda: h.device_class(kube, namespace, "usb"),
+                                        what="the Configuration's class")
+        assert "extendedResourceName" not in body["spec"]
