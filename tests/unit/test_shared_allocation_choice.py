@@ -1,0 +1,62 @@
+"""The controller's choice of allocator for a Configuration's shared devices
+(``controller.shared_allocation``): what it writes to the status, and when it writes nothing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from controller import shared_allocation as sa
+from crds.configuration import SharedDeviceAllocation, shared_device_allocation
+
+NOW = datetime(2026, 12, 2, 1, 0, tzinfo=UTC)
+LATER = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
+MISSING = "the API server drops DeviceClass spec.extendedResourceName (feature gate X off)"
+
+
+def test_the_cluster_decides_where_the_spec_does_not() -> None:
+    assert sa.decide(None, missing=None).mode == SharedDeviceAllocation.DRA
+    fallback = sa.decide(None, missing=MISSING)
+    assert (fallback.mode, fallback.ok, fallback.reason) == (
+        SharedDeviceAllocation.DEVICE_PLUGIN, True, sa.REASON_UNAVAILABLE)
+    assert MISSING in fallback.message
+
+
+def test_a_pin_to_device_plugins_holds_on_any_cluster() -> None:
+    for missing in (None, MISSING):
+        chosen = sa.decide(SharedDeviceAllocation.DEVICE_PLUGIN, missing=missing)
+        assert (chosen.mode, chosen.ok, chosen.reason) == (
+            SharedDeviceAllocation.DEVICE_PLUGIN, True, sa.REASON_CHOSEN)
+
+
+def test_asking_for_dra_without_it_is_a_false_condition_and_the_compatible_way() -> None:
+    asked = sa.decide(SharedDeviceAllocation.DRA, missing=MISSING)
+    assert (asked.mode, asked.ok) == (SharedDeviceAllocation.DEVICE_PLUGIN, False)
+    assert asked.message.startswith("spec.sharedDeviceAllocation is dra, but ")
+    no_api = sa.decide(SharedDeviceAllocation.DRA, missing="the API server does not serve "
+                       "resource.k8s.io/v1 DeviceClasses")
+    assert no_api.reason == sa.REASON_NO_API
+
+
+def test_an_unchanged_choice_keeps_its_transition_time_and_is_not_written_again() -> None:
+    decision = sa.decide(None, missing=None)
+    first = sa.status_patch("ns", "cams", decision, generation=3, current=None, now=NOW)
+    status = first["status"]
+    assert status["sharedDeviceAllocation"] == "dra"
+    assert sa.is_current(status, decision)
+    again = sa.status_patch("ns", "cams", decision, generation=4, current=status, now=LATER)
+    assert (again["status"]["conditions"][0]["lastTransitionTime"]
+            == status["conditions"][0]["lastTransitionTime"])
+    other = sa.decide(None, missing=MISSING)
+    assert not sa.is_current(status, other)
+    moved = sa.status_patch("ns", "cams", other, generation=4, current=status, now=LATER)
+    assert moved["status"]["sharedDeviceAllocation"] == "devicePlugin"
+
+
+def test_the_agents_read_the_spec_first_then_the_status() -> None:
+    assert shared_device_allocation({}) is None
+    assert shared_device_allocation({"status": {"sharedDeviceAllocation": "dra"}}) == (
+        SharedDeviceAllocation.DRA)
+    assert shared_device_allocation({"spec": {"sharedDeviceAllocation": "devicePlugin"},
+                                     "status": {"sharedDeviceAllocation": "dra"}}) == (
+        SharedDeviceAllocation.DEVICE_PLUGIN)
+    assert shared_device_allocation({"status": {"sharedDeviceAllocation": "bogus"}}) is None
