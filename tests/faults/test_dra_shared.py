@@ -39,11 +39,12 @@ from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from agent.dra import slices
 from agent.kube import InstanceResource, as_dict
 from crds.naming import configuration_resource_name, instance_name
+from crds.pinning import PINNED_DEMAND_ANNOTATION
 from crds.resources import ConfigurationResource
 from tests.faults.cluster import delete_pod
 from tests.harness import dra as h
@@ -349,3 +350,56 @@ def _report(churn: Churn, load: str) -> None:
           f"most allocations at once {churn.recorder.most}, claim events "
           f"{churn.recorder.events}, watch relists {churn.recorder.relists}")
 
+
+async def _demand(client: AsyncClient, node: str) -> dict[str, int] | None:
+    body = as_dict(await client.get(Node, node))
+    text = (body["metadata"].get("annotations") or {}).get(PINNED_DEMAND_ANNOTATION)
+    return None if text is None else dict(json.loads(text))
+
+
+async def test_no_pinned_demand_is_written_for_a_resource_the_scheduler_allocates(
+    own_plane: ControlPlane, kube: AsyncClient, tmp_path: Path,
+) -> None:
+    """The Node's pinned-demand annotation is the device-plugin protocol's (docs/slots.md,
+    compatibility mode): it tells an agent what pods pinned to its node wait for, so that its
+    device plugins advertise a slot there. A Configuration whose shared devices the scheduler
+    allocates has no device plugin to tell; its pods' requests must not be written on Nodes
+    (a Node patch per pod change, on the default path). One Configuration of each allocator;
+    a pod pinned to the node asks each one's resource, the scheduler's first: once the
+    device-plugin one's demand is written, the controller has seen both pods."""
+    cp, client = own_plane, kube
+    tag = uuid.uuid4().hex[:6]
+    ns, node = f"dem-{tag}", f"dem-{tag}-0"
+    cp.kubectl("create", "namespace", ns)
+    await wait_service_account(client, ns)
+    by_scheduler, by_plugins = f"sched-{tag}", f"plug-{tag}"
+    pinned = debug_echo_configuration(by_plugins, descriptions=["cam"], shared=True)
+    pinned["spec"]["sharedDeviceAllocation"] = "devicePlugin"
+    controller = ControllerProcess(cp, namespaces=[ns], log_path=tmp_path / "controller.log",
+                                   extra_args=(*FAST_ARGS, "--dra"))
+    async with h.ready_nodes(client, [node]):
+        try:
+            controller.start()
+            h.apply(cp, ns, debug_echo_configuration(by_scheduler, descriptions=["cam"],
+                                                     shared=True), pinned)
+            assert await eventually(lambda: _chosen(client, ns, by_scheduler),
+                                    deadline=SETUP_S, what="the default's choice") == "dra"
+            assert await eventually(lambda: _chosen(client, ns, by_plugins),
+                                    deadline=SETUP_S, what="the pin") == "devicePlugin"
+            for name, cfg in (("to-scheduler", by_scheduler), ("to-plugins", by_plugins)):
+                await client.create(_pod(ns, name, configuration_resource_name(cfg, None),
+                                         node))
+            plugins_resource = configuration_resource_name(by_plugins, None)
+
+            async def written() -> dict[str, int] | None:
+                demand = await _demand(client, node)
+                return demand if demand and plugins_resource in demand else None
+
+            demand = await eventually(written, deadline=SETUP_S,
+                                      what="the device-plugin pod's demand on the Node")
+            assert demand == {plugins_resource: 1}, (
+                f"the Node carries demand for the scheduler's resource too: {demand}")
+        finally:
+            controller.stop()
+            print(f"--- controller ---\n{controller.log_tail(10)}")
+            cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
