@@ -16,6 +16,7 @@ a slot frees it runs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
+from agent.kube import as_dict
 from crds import dra
 from crds.naming import configuration_resource_name, instance_name, instance_resource_name
 from tests.harness import dra as h
@@ -96,6 +98,23 @@ def _refused(pod: dict[str, Any]) -> str | None:
 def _unschedulable(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
                for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+async def _first_release(kube: AsyncClient, namespace: str, device: str,
+                         into: list[float]) -> None:
+    """Note the moment the first claim allocated ``device`` is deleted or deallocated."""
+    holding: set[str] = set()
+    async for op, claim in kube.watch(h.ResourceClaimResource, namespace=namespace):
+        body = as_dict(claim)
+        name = body["metadata"]["name"]
+        allocation = (body.get("status") or {}).get("allocation") or {}
+        on_device = any(r.get("device") == device
+                        for r in (allocation.get("devices") or {}).get("results") or [])
+        if on_device and op != "DELETED" and not body["metadata"].get("deletionTimestamp"):
+            holding.add(name)
+        elif name in holding:
+            into.append(time.monotonic())
+            return
 
 
 async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_node(
@@ -173,7 +192,9 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
         await eventually(waiting, what="the fourth pod Pending, unschedulable", deadline=60)
         assert allocates(node, broker) == 0, "no device-plugin Allocate for anything"
 
-        freed = time.monotonic()
+        freed: list[float] = []
+        watcher = asyncio.create_task(_first_release(kube, ns, cam, freed))
+        scaled = time.monotonic()
         plane.kubectl("scale", "deployment", "akri-style", "-n", ns, "--replicas",
                       str(CAPACITY - 2))
 
@@ -184,8 +205,12 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
 
         await eventually(took_the_slot, what="the waiting pod Running once a slot freed",
                          deadline=120)
-        print(f"figure: slot freed (replica scaled away) -> waiting pod Running on the real "
-              f"node {time.monotonic() - freed:.1f} s")
+        running = time.monotonic()
+        watcher.cancel()
+        assert freed, "the scaled-away pod's claim was released"
+        print(f"figure: replica scaled away -> its claim gone {freed[0] - scaled:.1f} s, "
+              f"claim gone -> the waiting pod Running on the real node "
+              f"{running - freed[0]:.1f} s")
     finally:
         ctl.stop()
         node.stop_process(broker.agent_log)

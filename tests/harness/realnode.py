@@ -344,6 +344,10 @@ class RealNode:
         process.kill()
         process.wait()
 
+    def pid(self, name: str) -> int:
+        """The process id of what ``spawn`` started as ``name`` (nsenter execs it in place)."""
+        return self._processes[name].pid
+
     def stop_process(self, name: str) -> None:
         """Stop a process ``spawn`` started (SIGTERM, then SIGKILL after a grace)."""
         self._terminate(name)
