@@ -364,9 +364,10 @@ async def test_no_pinned_demand_is_written_for_a_resource_the_scheduler_allocate
     compatibility mode): it tells an agent what pods pinned to its node wait for, so that its
     device plugins advertise a slot there. A Configuration whose shared devices the scheduler
     allocates has no device plugin to tell; its pods' requests must not be written on Nodes
-    (a Node patch per pod change, on the default path). One Configuration of each allocator;
-    a pod pinned to the node asks each one's resource, the scheduler's first: once the
-    device-plugin one's demand is written, the controller has seen both pods."""
+    (a Node patch per pod change, on the default path). One Configuration of each allocator
+    (an in-process agent discovers their devices, so the scheduler's class maps its
+    resource); a pod pinned to the node asks each one's resource, the scheduler's first: once
+    the device-plugin one's demand is written, the controller has seen both pods."""
     cp, client = own_plane, kube
     tag = uuid.uuid4().hex[:6]
     ns, node = f"dem-{tag}", f"dem-{tag}-0"
@@ -377,7 +378,7 @@ async def test_no_pinned_demand_is_written_for_a_resource_the_scheduler_allocate
     pinned["spec"]["sharedDeviceAllocation"] = "devicePlugin"
     controller = ControllerProcess(cp, namespaces=[ns], log_path=tmp_path / "controller.log",
                                    extra_args=(*FAST_ARGS, "--dra"))
-    async with h.ready_nodes(client, [node]):
+    async with h.ready_nodes(client, [node]), h.dra_agents(cp, [node], ns):
         try:
             controller.start()
             h.apply(cp, ns, debug_echo_configuration(by_scheduler, descriptions=["cam"],
@@ -386,6 +387,9 @@ async def test_no_pinned_demand_is_written_for_a_resource_the_scheduler_allocate
                                     deadline=SETUP_S, what="the default's choice") == "dra"
             assert await eventually(lambda: _chosen(client, ns, by_plugins),
                                     deadline=SETUP_S, what="the pin") == "devicePlugin"
+            assert await eventually(lambda: _mapped(client, ns, by_scheduler),
+                                    deadline=SETUP_S, what="the class mapping its resource"
+                                    ) == configuration_resource_name(by_scheduler, None)
             for name, cfg in (("to-scheduler", by_scheduler), ("to-plugins", by_plugins)):
                 await client.create(_pod(ns, name, configuration_resource_name(cfg, None),
                                          node))
