@@ -5,7 +5,9 @@ SIGKILLed and started again.
 Real parts: kube-scheduler (DynamicResources with consumable capacity and extended-resource
 mapping), kube-controller-manager (it deallocates and deletes a gone pod's claim), the agents
 as ``python -m agent.main`` with ``DRA=on`` (discovery and the ResourceSlice publisher; no
-kubelet plugin: ``DRA_REGISTRY_DIR`` empty), the controller as ``python -m controller.main
+kubelet plugin: ``DRA_REGISTRY_DIR`` empty) and their device plugins on (which must leave the
+shared device alone: no slot state on its Instance, nothing in a Node's allocatable), the
+controller as ``python -m controller.main
 --dra`` (the Configuration's choice and its DeviceClass mapping ``edgeplug.io/<configuration>``).
 The nodes are Ready Nodes without a kubelet (``tests.harness.dra.ready_nodes``): the scheduler
 binds pods to them and nothing runs them, so "a pod has its slot" is its claim allocated and
@@ -18,7 +20,8 @@ new pod is created on the deleted one's node, to wait in turn. Mid-churn the age
 publishes the device's slice is SIGKILLed and, rounds later, started again; then the
 controller. ``tests.harness.dra_faults.ClaimRecorder`` watches every ResourceClaim and Pod
 throughout: never more than 2 allocations of the device (and each one ``slots: 1``), no pod
-failed, waiting pods Pending Unschedulable. The hand-off (the freed claim deallocated or deleted
+failed, waiting pods Pending Unschedulable, no ``deviceUsage``/``reservations``/``demand`` on
+the Instance. The hand-off (the freed claim deallocated or deleted
 → the waiting pod's claim allocated and the pod bound) is measured and printed, with pod
 deleted → waiting pod bound beside it; only a generous bound is asserted, not a timing.
 
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -71,10 +76,15 @@ SETUP_S = 60.0
 INITIAL_BACKOFF_S = 1.0
 
 
-def _agent(cp: ControlPlane, node: str, ns: str, tmp: Path) -> AgentSubprocess:
+def _agent(cp: ControlPlane, node: str, ns: str, tmp: Path, plugin_dir: Path
+           ) -> AgentSubprocess:
+    """The agent as a process: DRA on (slices, no kubelet plugin) and its device plugins on,
+    in a directory of its own (no kubelet registers them; the agent must not serve the shared
+    device that way anyhow)."""
     (tmp / node / "plugins").mkdir(parents=True)
     (tmp / node / "cdi").mkdir()
     return AgentSubprocess(cp, node_name=node, namespace=ns, log_path=tmp / f"agent-{node}.log",
+                           serve_device_plugins=True, plugin_dir=plugin_dir,
                            extra_env={"DRA": "on", "DRA_REGISTRY_DIR": "",
                                       "DRA_PLUGINS_DIR": str(tmp / node / "plugins"),
                                       "CDI_SPEC_DIR": str(tmp / node / "cdi")})
@@ -101,6 +111,13 @@ async def _chosen(client: AsyncClient, ns: str, cfg: str) -> str | None:
 async def _mapped(client: AsyncClient, ns: str, cfg: str) -> str | None:
     body = await h.device_class(client, ns, cfg)
     return None if body is None else body["spec"].get("extendedResourceName")
+
+
+async def _advertised(client: AsyncClient, node: str) -> dict[str, str]:
+    """The Node's edgeplug.io resources in ``status.allocatable`` (a device plugin's)."""
+    body = as_dict(await client.get(Node, node))
+    return {k: v for k, v in ((body.get("status") or {}).get("allocatable") or {}).items()
+            if k.startswith("edgeplug.io/")}
 
 
 async def _publisher(client: AsyncClient, ns: str, instance: str) -> str:
@@ -240,7 +257,8 @@ async def test_a_shared_device_is_never_allocated_past_its_capacity_through_faul
     resource = configuration_resource_name(cfg, None)
     instance = instance_name(cfg, "cam", shared=True, node="")
     pool = slices.shared_pool(ns, cfg, instance)
-    agents = {n: _agent(cp, n, ns, tmp_path) for n in nodes}
+    plugin_dirs = {n: Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp")) for n in nodes}
+    agents = {n: _agent(cp, n, ns, tmp_path, plugin_dirs[n]) for n in nodes}
     controller = ControllerProcess(cp, namespaces=[ns], log_path=tmp_path / "controller.log",
                                    extra_args=(*FAST_ARGS, "--dra"))
     async with h.ready_nodes(client, nodes):
@@ -264,8 +282,11 @@ async def test_a_shared_device_is_never_allocated_past_its_capacity_through_faul
                 await churn.start()
                 await _faults(cp, client, ns, instance, churn, agents, controller, tmp_path)
                 recorder.assert_clean()
+                assert recorder.instance_events > 0, "the Instance watch saw nothing"
                 assert recorder.most == CAPACITY
-                assert recorder.relists >= 2, "the API server restart broke no watch"
+                for node in nodes:
+                    assert not await _advertised(client, node), f"{node} advertises it"
+                assert recorder.relists >= 3, "the API server restart broke not every watch"
                 _report(churn, load)
             assert await _chosen(client, ns, cfg) == "dra"
             after = await eventually(lambda: _published(client, pool, nodes),
@@ -281,6 +302,8 @@ async def test_a_shared_device_is_never_allocated_past_its_capacity_through_faul
                       f"{(tmp_path / f'agent-{name}.log').read_text()[-1500:]}")
             print(f"--- controller ---\n{controller.log_tail(20)}")
             cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+            for directory in plugin_dirs.values():
+                shutil.rmtree(directory, ignore_errors=True)
 
 
 async def _faults(cp: ControlPlane, client: AsyncClient, ns: str, instance: str, churn: Churn,

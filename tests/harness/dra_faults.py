@@ -11,7 +11,10 @@ pool: one physical device published twice would be allocated twice) and flags
 - more results naming the device than its capacity, or consumed ``slots`` above it;
 - a result without ``consumedCapacity: {slots: "1"}`` (the device is shared only through its
   consumable capacity; without it a second claim could not share it, or would take it whole);
-- a pod that failed (any ``Failed`` phase, or ``UnexpectedAdmissionError``).
+- a pod that failed (any ``Failed`` phase, or ``UnexpectedAdmissionError``);
+- an Instance carrying any of the device-plugin protocol's slot state (a ``deviceUsage`` slot
+  held, ``status.reservations``, ``status.demand``): with the scheduler as the one allocator
+  no agent writes them.
 
 It records when each claim stopped holding the device (deallocated or deleted: the slot is
 free), when each pod's claim got the device, when each pod was bound and when the scheduler
@@ -34,7 +37,7 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import as_dict
+from agent.kube import InstanceResource, as_dict
 from crds import dra
 from tests.harness.dra import ResourceClaimResource
 
@@ -108,6 +111,9 @@ class ClaimRecorder:
     relists: int = 0
     _claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     _pod_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Instance events seen: proof that the Instance watch was live.
+    instance_events: int = 0
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _listed: int = 0
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -120,8 +126,11 @@ class ClaimRecorder:
                                              self._claims), name="claims"),
             asyncio.create_task(self._follow(Pod, self._on_pod, self._pod_bodies),
                                 name="pods"),
+            asyncio.create_task(self._follow(InstanceResource, self._on_instance,
+                                             self._instances), name="instances"),
         ]
-        await self.wait_for(lambda: self._listed >= 2, what="both watches listed", within=30)
+        await self.wait_for(lambda: self._listed >= len(self._tasks),
+                            what="the watches listed", within=30)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -233,6 +242,17 @@ class ClaimRecorder:
             self._flag(f"{count} allocations ({slots} slots) of {self.device} at once, "
                        f"capacity {self.capacity}: {self.holders()}")
 
+    def _on_instance(self, kind: str, instance: dict[str, Any]) -> None:
+        self.instance_events += 1
+        name = instance["metadata"]["name"]
+        if kind == "DELETED":
+            self._instances.pop(name, None)
+            return
+        self._instances[name] = instance
+        found = slot_state(instance)
+        if found:
+            self._flag(f"Instance {name} carries device-plugin slot state: {found}")
+
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         now = time.monotonic()
         name = pod["metadata"]["name"]
@@ -256,6 +276,20 @@ class ClaimRecorder:
         status = pod.get("status") or {}
         if status.get("phase") == "Failed" or status.get("reason") == ADMISSION_ERROR:
             self._flag(f"pod {name} failed: {status.get('reason')} {status.get('message')}")
+
+
+def slot_state(instance: Mapping[str, Any]) -> dict[str, Any]:
+    """The device-plugin protocol's slot state an Instance carries: held ``deviceUsage``
+    slots, ``reservations`` and ``demand`` (empty: none)."""
+    spec, status = instance.get("spec") or {}, instance.get("status") or {}
+    found: dict[str, Any] = {}
+    held = {k: v for k, v in (spec.get("deviceUsage") or {}).items() if v}
+    if held:
+        found["deviceUsage"] = held
+    for key in ("reservations", "demand"):
+        if status.get(key):
+            found[key] = status[key]
+    return found
 
 
 def freed_at(recorder: ClaimRecorder, pod: str) -> float | None:
