@@ -69,7 +69,7 @@ class DeviceClasses:
         self._configurations: dict[_Key, dict[str, Any]] = {}
         #: What the API server lacks for DRA's extended-resource mapping (None: nothing), from
         #: the probe at every (re)list.
-        self._missing: str | None = None
+        self._missing: shared_allocation.Missing | None = None
         self._dirty: set[_Key] = set()
         self._wake = asyncio.Event()
         self.features = dra_features.FeatureReport(log)
@@ -115,12 +115,11 @@ class DeviceClasses:
         except ApiError as error:
             if error.status.code != HTTP_NOT_FOUND:
                 raise
-            self._missing = "the API server does not serve resource.k8s.io/v1 DeviceClasses"
+            self._missing = shared_allocation.NO_RESOURCE_API
             return
         dropped = dra_features.dropped_by_device_class(probe, as_dict(stored))
         self.features.note(dropped, what="DeviceClass (dry run)")
-        self._missing = ("the API server drops DeviceClass spec.extendedResourceName (feature "
-                         "gate DRAExtendedResource off)" if dropped else None)
+        self._missing = shared_allocation.NO_EXTENDED_RESOURCES if dropped else None
 
     async def _follow(self) -> None:
         await self._probe()
@@ -173,7 +172,7 @@ class DeviceClasses:
         decision = self._decision(data)
         self.instances.set_mode(key, decision.mode)
         body = self._body(key, data)
-        served = self._missing is None or "resource.k8s.io" not in self._missing
+        served = self._missing != shared_allocation.NO_RESOURCE_API
         if served and self._written.get(key) != body:
             await self._apply(key, body)
         await self._report(key, data, decision)

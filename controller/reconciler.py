@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller import broker_claims, brokers, naming, nodes, services, status
+from controller import broker_claims, brokers, naming, nodes, services, shared_allocation, status
 from controller.admission_report import AdmissionReporter
 from controller.eventbatch import EventBatcher
 from controller.kube import Kube, Refused
@@ -458,6 +458,15 @@ class Reconciler:
             now=_now(),
             unselected=self.unselected.get((namespace, name), {}),
         )
+        if not self.settings.dra:
+            # No DeviceClasses, so nothing maps extended resources: the device plugins allocate
+            # shared devices, and the status says so (with --dra, DeviceClasses writes it).
+            asked = cfg.spec.shared_device_allocation
+            decision = shared_allocation.decide(
+                asked, missing=shared_allocation.CONTROLLER_WITHOUT_DRA)
+            new["sharedDeviceAllocation"] = decision.mode.value
+            new["conditions"].append(shared_allocation.condition(
+                decision, generation=cfg.generation, current=current, now=_now()))
         if status.needs_write(current, new):
             await self.kube.apply_configuration_status(namespace, name, new)
 

@@ -31,6 +31,7 @@ REASON_DRA: Final = "ServedByScheduler"
 REASON_CHOSEN: Final = "DevicePluginChosen"
 REASON_UNAVAILABLE: Final = "DRAExtendedResourcesUnavailable"
 REASON_NO_API: Final = "ResourceAPIUnavailable"
+REASON_CONTROLLER_WITHOUT_DRA: Final = "ControllerWithoutDRA"
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,21 @@ class Decision:
     message: str
 
 
-def decide(asked: SharedDeviceAllocation | None, *, missing: str | None) -> Decision:
+#: Why the cluster cannot allocate shared devices through DRA: a reason and a message.
+Missing = tuple[str, str]
+
+#: What the API server lacks, as the controller's dry-run DeviceClass write finds it.
+NO_EXTENDED_RESOURCES: Final[Missing] = (
+    REASON_UNAVAILABLE, "the API server drops DeviceClass spec.extendedResourceName (feature "
+    "gate DRAExtendedResource off)")
+NO_RESOURCE_API: Final[Missing] = (
+    REASON_NO_API, "the API server does not serve resource.k8s.io/v1 DeviceClasses")
+#: A controller without ``--dra`` keeps no DeviceClasses, so nothing maps the resources.
+CONTROLLER_WITHOUT_DRA: Final[Missing] = (
+    REASON_CONTROLLER_WITHOUT_DRA, "the controller runs without --dra (no DeviceClasses)")
+
+
+def decide(asked: SharedDeviceAllocation | None, *, missing: Missing | None) -> Decision:
     """The allocator for a Configuration that ``asked`` for one (``None``: the cluster's best),
     given what the cluster lacks for DRA (``missing``: ``None`` when it serves everything)."""
     if asked == SharedDeviceAllocation.DEVICE_PLUGIN:
@@ -52,30 +67,36 @@ def decide(asked: SharedDeviceAllocation | None, *, missing: str | None) -> Deci
         return Decision(SharedDeviceAllocation.DRA, True, REASON_DRA,
                         "the scheduler allocates shared devices from ResourceSlices; pods ask "
                         "for them in resources.limits as before")
-    reason = REASON_NO_API if "resource.k8s.io" in missing else REASON_UNAVAILABLE
+    reason, what = missing
     wanted = "spec.sharedDeviceAllocation is dra, but " if asked else ""
     return Decision(SharedDeviceAllocation.DEVICE_PLUGIN, asked is None, reason,
-                    f"{wanted}{missing}: the agents' device plugins allocate shared devices "
+                    f"{wanted}{what}: the agents' device plugins allocate shared devices "
                     "meanwhile (the compatibility mode)")
 
 
-def status_patch(namespace: str, name: str, decision: Decision, *, generation: int,
-                 current: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
-    """The server-side apply body for ``configurations/status``: the mode and its condition,
-    keeping ``lastTransitionTime`` while the condition's status stays."""
+def condition(decision: Decision, *, generation: int, current: Mapping[str, Any] | None,
+              now: datetime) -> dict[str, Any]:
+    """The ``SharedDeviceAllocation`` condition, keeping ``lastTransitionTime`` while its
+    status stays."""
     status = "True" if decision.ok else "False"
     previous = next((c for c in (current or {}).get("conditions") or []
                      if isinstance(c, Mapping) and c.get("type") == CONDITION), None)
     since = (str(previous.get("lastTransitionTime")) if previous is not None
              and previous.get("status") == status and previous.get("lastTransitionTime")
              else format_time(now))
-    condition = {"type": CONDITION, "status": status, "reason": decision.reason,
-                 "message": decision.message, "lastTransitionTime": since,
-                 "observedGeneration": generation}
+    return {"type": CONDITION, "status": status, "reason": decision.reason,
+            "message": decision.message, "lastTransitionTime": since,
+            "observedGeneration": generation}
+
+
+def status_patch(namespace: str, name: str, decision: Decision, *, generation: int,
+                 current: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """The server-side apply body for ``configurations/status``: the mode and its condition."""
     return {
         "apiVersion": API_VERSION, "kind": "Configuration",
         "metadata": {"name": name, "namespace": namespace},
-        "status": {"sharedDeviceAllocation": decision.mode.value, "conditions": [condition]},
+        "status": {"sharedDeviceAllocation": decision.mode.value, "conditions": [
+            condition(decision, generation=generation, current=current, now=now)]},
     }
 
 

@@ -148,6 +148,9 @@ def needs_write(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -
     for key in ("observedGeneration", "instanceCount", "brokers"):
         if current.get(key) != desired.get(key):
             return True
+    if "sharedDeviceAllocation" in desired and (
+            current.get("sharedDeviceAllocation") != desired["sharedDeviceAllocation"]):
+        return True  # written here only without --dra (controller.shared_allocation)
     have = _by_type(current)
     wanted = {str(c["type"]) for c in desired.get("conditions") or []}
     if any(kind in have and kind not in wanted for kind in OWNED_CONDITIONS):

@@ -10,6 +10,7 @@ condition naming the gate) where it is dropped, and always what the spec pins.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -22,6 +23,7 @@ from crds.naming import instance_name
 from crds.resources import ConfigurationResource
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
+from tests.harness.controller_process import FAST_ARGS, ControllerProcess
 from tests.harness.controlplane import ControlPlane
 
 
@@ -163,3 +165,24 @@ async def test_a_local_devices_class_leaves_its_resource_to_the_device_plugins(
         body = await harness.eventually(lambda: h.device_class(kube, namespace, "usb"),
                                         what="the Configuration's class")
         assert "extendedResourceName" not in body["spec"]
+
+
+async def test_a_controller_without_dra_reports_the_compatibility_mode(
+    peering: ControlPlane, namespace: str, kube: AsyncClient, tmp_path: Path,
+) -> None:
+    """Without ``--dra`` no DeviceClass maps ``edgeplug.io/<name>``: the controller says the
+    device plugins allocate shared devices, and why, so an agent with DRA on does not wait."""
+    control_plane = peering
+    controller = ControllerProcess(control_plane, namespaces=[namespace],
+                                   log_path=tmp_path / "ctl.log", extra_args=FAST_ARGS)
+    controller.start()
+    try:
+        harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+            "plain", descriptions=["cam"], shared=True))
+        mode, condition = await harness.eventually(
+            lambda: _allocation(kube, namespace, "plain"), what="the controller's choice")
+        assert (mode, condition["status"], condition["reason"]) == (
+            "devicePlugin", "True", "ControllerWithoutDRA")
+        assert "--dra" in condition["message"]
+    finally:
+        controller.stop()

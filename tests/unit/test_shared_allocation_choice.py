@@ -10,7 +10,7 @@ from crds.configuration import SharedDeviceAllocation, shared_device_allocation
 
 NOW = datetime(2026, 12, 2, 1, 0, tzinfo=UTC)
 LATER = datetime(2026, 12, 2, 2, 0, tzinfo=UTC)
-MISSING = "the API server drops DeviceClass spec.extendedResourceName (feature gate X off)"
+MISSING = sa.NO_EXTENDED_RESOURCES
 
 
 def test_the_cluster_decides_where_the_spec_does_not() -> None:
@@ -18,7 +18,7 @@ def test_the_cluster_decides_where_the_spec_does_not() -> None:
     fallback = sa.decide(None, missing=MISSING)
     assert (fallback.mode, fallback.ok, fallback.reason) == (
         SharedDeviceAllocation.DEVICE_PLUGIN, True, sa.REASON_UNAVAILABLE)
-    assert MISSING in fallback.message
+    assert MISSING[1] in fallback.message
 
 
 def test_a_pin_to_device_plugins_holds_on_any_cluster() -> None:
@@ -32,9 +32,11 @@ def test_asking_for_dra_without_it_is_a_false_condition_and_the_compatible_way()
     asked = sa.decide(SharedDeviceAllocation.DRA, missing=MISSING)
     assert (asked.mode, asked.ok) == (SharedDeviceAllocation.DEVICE_PLUGIN, False)
     assert asked.message.startswith("spec.sharedDeviceAllocation is dra, but ")
-    no_api = sa.decide(SharedDeviceAllocation.DRA, missing="the API server does not serve "
-                       "resource.k8s.io/v1 DeviceClasses")
+    no_api = sa.decide(SharedDeviceAllocation.DRA, missing=sa.NO_RESOURCE_API)
     assert no_api.reason == sa.REASON_NO_API
+    off = sa.decide(None, missing=sa.CONTROLLER_WITHOUT_DRA)
+    assert (off.mode, off.ok, off.reason) == (
+        SharedDeviceAllocation.DEVICE_PLUGIN, True, sa.REASON_CONTROLLER_WITHOUT_DRA)
 
 
 def test_an_unchanged_choice_keeps_its_transition_time_and_is_not_written_again() -> None:
