@@ -1,29 +1,30 @@
 """One shared device of capacity 2 that three nodes see, allocated by the real kube-scheduler
-(the DRA default), while pods churn on all three nodes and the agents and the controller are
-SIGKILLed and started again.
+(the DRA default), while pods churn on all three nodes and the agents, the controller and the
+API server are restarted; and the controller's pinned demand in that mode.
 
 Real parts: kube-scheduler (DynamicResources with consumable capacity and extended-resource
 mapping), kube-controller-manager (it deallocates and deletes a gone pod's claim), the agents
 as ``python -m agent.main`` with ``DRA=on`` (discovery and the ResourceSlice publisher; no
 kubelet plugin: ``DRA_REGISTRY_DIR`` empty) and their device plugins on (which must leave the
-shared device alone: no slot state on its Instance, nothing in a Node's allocatable), the
-controller as ``python -m controller.main
---dra`` (the Configuration's choice and its DeviceClass mapping ``edgeplug.io/<configuration>``).
-The nodes are Ready Nodes without a kubelet (``tests.harness.dra.ready_nodes``): the scheduler
-binds pods to them and nothing runs them, so "a pod has its slot" is its claim allocated and
-itself bound. The Configuration does not choose an allocator: the default.
+shared device alone), the controller as ``python -m controller.main --dra`` (the
+Configuration's choice and its DeviceClass mapping ``edgeplug.io/<configuration>``), on a
+control plane of this module's own. The nodes are Ready Nodes without a kubelet
+(``tests.harness.dra.ready_nodes``): the scheduler binds pods to them and nothing runs them, so
+"a pod has its slot" is its claim allocated and itself bound. The Configuration does not choose
+an allocator: the default.
 
 Pods ask for ``edgeplug.io/<configuration>: 1`` in their limits, each pinned to one node by
-``kubernetes.io/hostname``; two hold the device's two slots and two more wait. Each round the
+``kubernetes.io/hostname``; two hold the device's two slots and two more wait. Each turn the
 oldest holder is deleted; a waiting pod (on whichever node) must then be given the slot, and a
-new pod is created on the deleted one's node, to wait in turn. Mid-churn the agent that
-publishes the device's slice is SIGKILLed and, rounds later, started again; then the
-controller. ``tests.harness.dra_faults.ClaimRecorder`` watches every ResourceClaim and Pod
-throughout: never more than 2 allocations of the device (and each one ``slots: 1``), no pod
-failed, waiting pods Pending Unschedulable, no ``deviceUsage``/``reservations``/``demand`` on
-the Instance. The hand-off (the freed claim deallocated or deleted
-→ the waiting pod's claim allocated and the pod bound) is measured and printed, with pod
-deleted → waiting pod bound beside it; only a generous bound is asserted, not a timing.
+new pod is created on the deleted one's node, to wait in turn. Between turns the agent that
+publishes the device's slice is SIGKILLed and, turns later, started again; then the
+controller; then the kube-apiserver is restarted. ``tests.harness.dra_faults.ClaimRecorder``
+watches every ResourceClaim, Pod and Instance throughout: never more than 2 allocations of the
+device (each one ``slots: 1``), no pod failed, waiting pods Pending Unschedulable, no
+``deviceUsage``/``reservations``/``demand`` on the Instance. The hand-off (the freed claim
+deallocated or deleted → the waiting pod's claim allocated and the pod bound) is measured and
+printed per phase, with pod deleted → waiting pod bound beside it; only a generous bound is
+asserted, not a timing (docs/slots.md, DRA mode, has the figures).
 
 Not in the compatibility run: v1.35.4 serves no extended-resource mapping, so the
 Configuration falls back to device plugins there and nothing here would be allocated.
