@@ -67,6 +67,8 @@ class DeviceClasses:
         self._extended = extended_resources
         self._written: dict[_Key, dict[str, Any]] = {}
         self._configurations: dict[_Key, dict[str, Any]] = {}
+        #: Configurations whose shared devices the scheduler allocates → the resource mapped.
+        self._through_dra: dict[_Key, str] = {}
         #: What the API server lacks for DRA's extended-resource mapping (None: nothing), from
         #: the probe at every (re)list.
         self._missing: shared_allocation.Missing | None = None
@@ -78,6 +80,11 @@ class DeviceClasses:
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
+
+    def scheduler_resources(self) -> frozenset[str]:
+        """The extended resources the scheduler allocates through the classes kept now: the
+        Configurations' mapped resources and the shared Instances' own."""
+        return frozenset(self._through_dra.values()) | self.instances.resources()
 
     async def run(self) -> None:
         """Forever: list, sync, follow the watch; start over if it breaks. Beside it, the
@@ -96,13 +103,18 @@ class DeviceClasses:
     def _body(self, key: _Key, data: dict[str, Any]) -> dict[str, Any]:
         """The class; it maps the configuration-level resource where the scheduler allocates
         the Configuration's shared devices (a local device's resource stays the device
-        plugins' alone), or everywhere with ``extended_resources``."""
+        plugins' alone), or everywhere with ``extended_resources``; notes which
+        Configurations the scheduler allocates for (``scheduler_resources``)."""
         spec = data.get("spec") or {}
         through_dra = (self._decision(data).mode == SharedDeviceAllocation.DRA
                        and self.instances.has_shared(key))
-        extended = (configuration_resource_name(key[1], spec.get("resourceName") or None)
-                    if self._extended or through_dra else None)
-        return dra.device_class(*key, extended_resource=extended)
+        resource = configuration_resource_name(key[1], spec.get("resourceName") or None)
+        if through_dra:
+            self._through_dra[key] = resource
+        else:
+            self._through_dra.pop(key, None)
+        return dra.device_class(*key, extended_resource=resource
+                                if self._extended or through_dra else None)
 
     async def _probe(self) -> None:
         """Ask the API server (a dry-run apply) whether it keeps ``extendedResourceName``."""
@@ -222,6 +234,7 @@ class DeviceClasses:
 
     async def _delete(self, key: _Key) -> None:
         self._written.pop(key, None)
+        self._through_dra.pop(key, None)
         self.instances.set_mode(key, None)
         name = dra.device_class_name(*key)
         try:

@@ -72,6 +72,10 @@ class InstanceClasses:
             self._modes[configuration] = mode
         self._changed.set()
 
+    def resources(self) -> frozenset[str]:
+        """The Instances' own resources the classes kept now map."""
+        return frozenset(instance_resource_name(key[1]) for key in self._written)
+
     def has_shared(self, configuration: _Key) -> bool:
         """Whether the Configuration has a shared Instance (as last listed or watched)."""
         return self._per_configuration.get(configuration, 0) > 0

@@ -176,10 +176,10 @@ async def run(
             from controller.device_classes import DeviceClasses
             from controller.dra_usage import DraUsage
 
-            ours.append(asyncio.create_task(
-                DeviceClasses(client, namespaces=settings.namespaces,
-                              extended_resources=settings.dra_extended_resources).run(),
-                name="dra"))
+            classes = DeviceClasses(client, namespaces=settings.namespaces,
+                                    extended_resources=settings.dra_extended_resources)
+            engine.pinned.leave_out(classes.scheduler_resources)
+            ours.append(asyncio.create_task(classes.run(), name="dra"))
             ours.append(asyncio.create_task(
                 DraUsage(http=http, kube=kube, namespaces=settings.namespaces).run(),
                 name="dra-usage"))

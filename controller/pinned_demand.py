@@ -94,9 +94,28 @@ class PinnedDemand:
         annotations: Callable[[], dict[str, str]],
         write: Callable[[str, str | None], Awaitable[None]],
     ) -> None:
-        self._pods = pods
+        self._all_pods = pods
         self._annotations = annotations
         self._write = write
+        self._scheduled: Callable[[], frozenset[str]] = frozenset
+
+    def leave_out(self, scheduled: Callable[[], frozenset[str]]) -> None:
+        """Count no request for the resources ``scheduled()`` names: the scheduler allocates
+        them (DRA), so no device plugin waits for their demand (docs/slots.md, D3)."""
+        self._scheduled = scheduled
+
+    def _pods(self) -> list[PinnedPod]:
+        """The pinned pods' requests for resources the device plugins serve."""
+        scheduled = self._scheduled()
+        if not scheduled:
+            return list(self._all_pods())
+        kept = []
+        for pod in self._all_pods():
+            requests = tuple((r, n) for r, n in pod.requests if r not in scheduled)
+            if requests:
+                kept.append(PinnedPod(namespace=pod.namespace, name=pod.name, node=pod.node,
+                                      requests=requests))
+        return kept
 
     @staticmethod
     def changed_nodes(old: PinnedPod | None, new: PinnedPod | None) -> set[str]:

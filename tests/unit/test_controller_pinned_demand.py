@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from controller.pinned_demand import PinnedDemand, PinnedPod, node_totals, pinned_pod
+from crds import pinning
 
 
 def _pod(name: str, *, node_selector: str | None = None, node_name: str = "",
@@ -62,3 +63,21 @@ async def test_a_node_is_rewritten_only_when_its_total_changes_and_cleared_when_
     assert demand.stale_nodes() == []
     assert PinnedDemand.changed_nodes(pods[0], None) == {"n1"}
     assert PinnedDemand.changed_nodes(pods[0], pods[0]) == set()
+
+
+async def _never_written(node: str, text: str | None) -> None:
+    raise AssertionError(f"no write expected ({node}: {text})")
+
+
+def test_requests_for_resources_the_scheduler_allocates_are_left_out() -> None:
+    """A pinned pod's request for a resource a DeviceClass maps (DRA) waits for no device
+    plugin: only its device-plugin requests count on the Node."""
+    pod = PinnedPod(namespace="ns", name="p", node="n1",
+                    requests=(("edgeplug.io/plug", 1), ("edgeplug.io/sched", 1)))
+    only = PinnedPod(namespace="ns", name="q", node="n1", requests=(("edgeplug.io/sched", 1),))
+    demand = PinnedDemand(pods=lambda: [pod, only], annotations=dict, write=_never_written)
+    assert demand.wanted_text("n1") == pinning.format_pinned_demand(
+        {"edgeplug.io/plug": 1, "edgeplug.io/sched": 2})
+    demand.leave_out(lambda: frozenset({"edgeplug.io/sched"}))
+    assert demand.wanted_text("n1") == pinning.format_pinned_demand({"edgeplug.io/plug": 1})
+    assert demand.stale_nodes() == ["n1"]
