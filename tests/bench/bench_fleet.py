@@ -211,15 +211,15 @@ def _ratio(ours: float, floor: float) -> str:
 
 
 def _print_process(name: str, floor: Phase, rest: Phase, churn: Phase, *,
-                   rate: float, bytes_read: bool) -> None:
+                   writes_per_minute: float, bytes_read: bool) -> None:
     f_cpu, r_cpu, c_cpu = (_median(p.cpu[name]) for p in (floor, rest, churn))
     f_rss, r_rss = floor.rss_kib[name] / 1024, rest.rss_kib[name] / 1024
     print(f"  {name}: VmRSS floor {f_rss:.1f} MiB, fleet {r_rss:.1f} MiB "
           f"({_ratio(r_rss, f_rss)}), during churn {churn.rss_kib[name] / 1024:.1f} MiB")
-    per_write = (c_cpu - r_cpu) / (rate * 60) * 1000
+    per_write = (c_cpu - r_cpu) / max(writes_per_minute, 1) * 1000
     print(f"    CPU s per 60 s: floor at rest {f_cpu:.3f}, fleet at rest {r_cpu:.3f} "
           f"({_ratio(r_cpu, f_cpu)}), during churn {c_cpu:.3f} ({_ratio(c_cpu, f_cpu)} the "
-          f"floor; {per_write:.2f} ms per foreign write above the fleet at rest)")
+          f"floor; {per_write:.2f} ms per foreign write that succeeded, above the fleet at rest)")
     if bytes_read:
         f_rd, r_rd, c_rd = (_median(p.read[name]) / 1024 for p in (floor, rest, churn))
         print(f"    KiB received from the API server per 60 s: floor {f_rd:.0f}, fleet at rest "
@@ -289,7 +289,8 @@ async def _run(plane: ControlPlane, options: Options, tmp: Path) -> None:
                   f"{churn.failures} failed):")
             for name in pids:
                 if name != "this benchmark":
-                    _print_process(name, floor, rest, during, rate=options.rate,
+                    _print_process(name, floor, rest, during, writes_per_minute=during.writes
+                                   * 60 / (options.window * options.windows),
                                    bytes_read=name.startswith("fleet-agent"))
             assert during.events is not None
             writes = max(during.writes, 1)
