@@ -227,7 +227,11 @@ class ProcessReading:
 
 def received_from(plane: ControlPlane) -> dict[int, int]:
     """Per process id: bytes received on its open TCP connections to the API server."""
-    port = plane.server.rsplit(":", 1)[1]
+    return received_from_port(int(plane.server.rsplit(":", 1)[1]))
+
+
+def received_from_port(port: int) -> dict[int, int]:
+    """Per process id: bytes received on its open TCP connections to 127.0.0.1:``port``."""
     out = subprocess.run(["ss", "-tinpH", "dst", f"127.0.0.1:{port}"], check=True,
                          capture_output=True, text=True).stdout
     found: dict[int, int] = {}
