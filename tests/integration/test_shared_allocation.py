@@ -16,6 +16,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
+from agent.dra import slices
 from agent.kube import as_dict
 from controller.instance_classes import DeviceClassResource
 from crds import dra
@@ -103,9 +104,11 @@ async def test_a_configuration_that_does_not_choose_gets_what_the_cluster_serves
 async def test_a_configuration_pinned_to_device_plugins_keeps_them(
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
+    """One allocator: a shared device pinned to the device plugins gets no DeviceClass and is
+    published in no ResourceSlice, so no claim can take one of its slots."""
     cam = instance_name("pinned", "cam", shared=True, node="")
     async with h.device_classes(kube, namespace), h.dra_agents(control_plane, ["n1"],
-                                                                namespace):
+                                                                namespace) as agents:
         cfg = harness.debug_echo_configuration("pinned", descriptions=["cam"], shared=True)
         cfg["spec"]["sharedDeviceAllocation"] = "devicePlugin"
         harness.apply(control_plane, namespace, cfg)
@@ -114,6 +117,24 @@ async def test_a_configuration_pinned_to_device_plugins_keeps_them(
         assert (mode, condition["status"], condition["reason"]) == (
             "devicePlugin", "True", "DevicePluginChosen")
         assert await _instance_class(kube, namespace, cam) is None
+        publisher = agents["n1"].publisher
+
+        async def known() -> bool:
+            names = {i.name for i in publisher.known_instances()}
+            return cam in names and agents["n1"].agent.devices.get(namespace, cam) is not None
+
+        await harness.eventually(known, what="the publisher knowing the device")
+        # A local device's pool, published by a pass that already knew the pinned device.
+        harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+            "usb", descriptions=["u0"], shared=False))
+        local = slices.local_pool(namespace, "usb", "n1")
+
+        async def published() -> bool:
+            return bool(await h.pool_slices(kube, local))
+
+        await harness.eventually(published, what="the local device's pool published")
+        pool = slices.shared_pool(namespace, "pinned", cam)
+        assert await h.pool_slices(kube, pool) == [], "a pinned device in a ResourceSlice"
 
 
 async def test_asking_for_dra_where_it_is_missing_is_reported_and_served_compatibly(
