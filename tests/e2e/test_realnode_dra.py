@@ -177,7 +177,10 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
             plane.kubectl("delete", "pod", "user", "-n", ns, "--wait=false")
             await until(lambda: not any(node.host_path("/var/run/cdi").glob(
                 "edgeplug.io_claim-*.json")), what="the claim's CDI spec removed", within=90)
-            assert "claim unprepared" in node.log_tail(agent_log, 1000)
+            # The agent removes the spec first, then drops its record and says so: wait for
+            # the line rather than read the log the moment the spec is gone.
+            await until(lambda: "claim unprepared" in node.log_tail(agent_log, 1000),
+                        what="the agent saying it unprepared the claim", within=30)
     finally:
         node.stop_process(agent_log)
         print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
