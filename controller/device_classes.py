@@ -35,7 +35,13 @@ from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from controller import shared_allocation
-from controller.instance_classes import DeviceClassResource, InstanceClasses, as_dict, object_key
+from controller.instance_classes import (
+    DeviceClassResource,
+    InstanceClasses,
+    as_dict,
+    delete_class,
+    object_key,
+)
 from controller.watching import follow_forever
 from crds import dra, dra_features
 from crds.configuration import SharedDeviceAllocation
@@ -237,10 +243,5 @@ class DeviceClasses:
         self._through_dra.pop(key, None)
         self.instances.set_mode(key, None)
         name = dra.device_class_name(*key)
-        try:
-            await self._client.delete(DeviceClassResource, name)
-        except ApiError as error:
-            if error.status.code != HTTP_NOT_FOUND:
-                raise
-            return
-        log.info("DeviceClass %s deleted with Configuration %s/%s", name, *key)
+        if await delete_class(self._client, name):
+            log.info("DeviceClass %s deleted with Configuration %s/%s", name, *key)

@@ -186,13 +186,19 @@ class InstanceClasses:
     async def _delete(self, key: _Key) -> None:
         self._written.discard(key)
         name = dra.instance_class_name(*key)
-        try:
-            await self._client.delete(DeviceClassResource, name)
-        except ApiError as error:
-            if error.status.code != HTTP_NOT_FOUND:
-                raise
-            return
-        log.info("DeviceClass %s deleted (shared Instance %s/%s)", name, *key)
+        if await delete_class(self._client, name):
+            log.info("DeviceClass %s deleted (shared Instance %s/%s)", name, *key)
+
+
+async def delete_class(client: AsyncClient, name: str) -> bool:
+    """Delete the DeviceClass ``name``; False when it was already gone."""
+    try:
+        await client.delete(DeviceClassResource, name)
+    except ApiError as error:
+        if error.status.code != HTTP_NOT_FOUND:
+            raise
+        return False
+    return True
 
 
 def object_key(data: dict[str, Any]) -> _Key:

@@ -18,7 +18,6 @@ import json
 import statistics
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from tests.harness.agent_process import debug_echo_configuration, eventually
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess, install_peering_crds
 from tests.harness.controlplane import ControlPlane, free_port, running
 from tests.harness.kube_waits import wait_service_account
+from tests.harness.metrics_scrape import scrape
 from tests.harness.realnode import API_SERVER_ARGS, RealNode
 from tests.harness.realnode_brokers import Broker, broker_spec, running_container, start_agent
 from tests.harness.realnode_images import BUSYBOX_IMAGE
@@ -73,11 +73,6 @@ async def _until_running(plane: ControlPlane, ns: str, pod: str) -> float:
     return time.monotonic() - started
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text: str = response.read().decode()
-    samples = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
-    return {series: float(value) for series, _, value in samples if series}
 
 
 def _mean_of(samples: dict[str, float], histogram: str) -> float | None:
@@ -131,7 +126,7 @@ async def _one_run(plane: ControlPlane, node: RealNode, mode: str, tmp: Path
         plane.kubectl("delete", "pod", "second", "-n", ns, "--wait=false")
         await _until_running(plane, ns, "third")
         figures["handoff"] = time.monotonic() - deleted
-        samples = _scrape(port)
+        samples = scrape(port)
         for name, histogram in (("allocate", "edgeplug_allocate_duration_seconds"),
                                 ("prepare", "edgeplug_dra_prepare_duration_seconds")):
             mean = _mean_of(samples, histogram)

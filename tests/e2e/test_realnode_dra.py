@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from tests.harness.agent_process import eventually as harness_eventually
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess
 from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import until, wait_service_account
+from tests.harness.metrics_scrape import scrape
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
     END_MARK,
@@ -273,12 +273,6 @@ def _device_health(plane: ControlPlane, ns: str, pod: str) -> dict[str, list[tup
             for c in statuses or [] for s in c.get("allocatedResourcesStatus") or []}
 
 
-def _scrape(port: int) -> dict[str, float]:
-    """The sample lines of the agent's ``/metrics``: series → value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text: str = response.read().decode()
-    samples = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
-    return {series: float(value) for series, _, value in samples if series}
 
 
 async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet(
@@ -344,7 +338,7 @@ async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet
                         "again", within=60)
             print(f"figure: device back -> pod status Healthy {time.monotonic() - started:.1f} s")
 
-            seen = await asyncio.to_thread(_scrape, port)
+            seen = await asyncio.to_thread(scrape, port)
             name = "edgeplug_dra_prepare_duration_seconds"
             assert seen[f'{name}_count{{outcome="ok"}}'] == 1, "the one claim, prepared once"
             prepared = seen[f'{name}_sum{{outcome="ok"}}']

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from tests.harness import agent_process as harness
 from tests.harness import cdi
 from tests.harness import dra as h
 from tests.harness.controlplane import ControlPlane, free_port
+from tests.harness.metrics_scrape import scrape
 
 SCHEDULE_DEADLINE = 60.0
 
@@ -79,12 +79,6 @@ def metrics_served(metrics: AgentMetrics) -> Iterator[int]:
         thread.join()
 
 
-def _scrape(port: int) -> dict[str, float]:
-    """Every sample line of ``/metrics`` (comments left out): series → value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text: str = response.read().decode()
-    samples = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
-    return {series: float(value) for series, _, value in samples if series}
 
 
 async def _allocated_claim(kube: AsyncClient, ns: str, pod: str) -> pb.Claim:
@@ -151,7 +145,7 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
         # Each claim's prepare is timed on the agent's /metrics: two answered (the second
         # from the record), one failed (the ghost).
         with metrics_served(metrics) as port:
-            seen = await asyncio.to_thread(_scrape, port)
+            seen = await asyncio.to_thread(scrape, port)
         name = "edgeplug_dra_prepare_duration_seconds"
         assert seen[f'{name}_count{{outcome="ok"}}'] == 2
         assert seen[f'{name}_count{{outcome="failed"}}'] == 1
