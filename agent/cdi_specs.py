@@ -52,9 +52,22 @@ def device_name(cdi_name: str) -> str:
     return cdi_name.partition("=")[2]
 
 
+#: Handler class → whether it is a ``ComposingHandler`` (``isinstance`` against a
+#: runtime-checkable Protocol walks its members each call, as ``node_devices._prepares`` says;
+#: a spec renders every device of its Configuration).
+_COMPOSING: dict[type, bool] = {}
+
+
+def _composes(handler: object) -> bool:
+    known = _COMPOSING.get(type(handler))
+    if known is None:
+        known = _COMPOSING[type(handler)] = isinstance(handler, ComposingHandler)
+    return known
+
+
 def _edits(device: NodeDevice) -> dict[str, Any]:
     edits: dict[str, Any] = {}
-    if not isinstance(device.handler, ComposingHandler):
+    if not _composes(device.handler):
         envs = broker_envs(device.instance, device.properties)
         if envs:
             edits["env"] = [f"{k}={v}" for k, v in sorted(envs.items())]

@@ -203,8 +203,13 @@ class InstancePublisher:
             # This node stops serving every one of them before any API write (each _leave
             # does that for its own first): the plugins go at once, not one API round trip
             # apart each (issue 36).
+            # The CDI spec is written once for all of them (one write per Instance rendered
+            # the remaining devices each time: 200 devices, 20,000 renders).
             for name, _shared in owned:
-                await self._stop_serving(name)
+                self._forget(name)
+            self._write_cdi()
+            for name, _shared in owned:
+                await self._table.remove(self._cfg.namespace, name)
             outcomes = await _bounded([self._leave(name, shared=shared) for name, shared in owned])
             for (name, _shared), outcome in zip(owned, outcomes, strict=True):
                 if isinstance(outcome, Exception):  # the ownerReference still collects it
@@ -366,11 +371,16 @@ class InstancePublisher:
 
     async def _stop_serving(self, name: str) -> None:
         """This node no longer serves ``name`` (its plugin goes); the API is not written."""
-        self._applied.pop(name, None)
-        self._health.forget(name)
-        if self._served.pop(name, None) is not None:
+        if self._forget(name):
             self._write_cdi()
         await self._table.remove(self._cfg.namespace, name)
+
+    def _forget(self, name: str) -> bool:
+        """Drop ``name`` from what this node serves (the table is the caller's); whether it
+        was served (its CDI spec entry must go)."""
+        self._applied.pop(name, None)
+        self._health.forget(name)
+        return self._served.pop(name, None) is not None
 
     async def _leave_shared(self, name: str) -> None:
         for _attempt in range(LEAVE_ATTEMPTS):

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError, AsyncClient, operators
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
@@ -57,10 +57,19 @@ ResourceSliceResource = create_global_resource(
 
 #: After a pass that failed in part (an API error), the next one comes this soon.
 RETRY_SECONDS: Final = 1.0
-#: A pass starts at least this long after the last pass that wrote: a burst of Instance changes
-#: (a Configuration with 200 devices appearing) is written as a few pool rewrites, not one per
-#: Instance, while a change after a quiet spell is written at once.
+#: Passes that write are paced by a bucket of ``PASS_BURST`` credits, one spent per pass that
+#: wrote and one earned back per ``MIN_PASS_INTERVAL``: a burst of Instance changes (a
+#: Configuration with 200 devices appearing) is written as a few pool rewrites per second, not
+#: one per Instance, while changes a few tenths of a second apart (a device going, then coming
+#: back) are written at once. (A plain minimum interval after every writing pass held each of
+#: those back by what was left of it: 0.2 s per change in bench_agent_changes, issue 36.)
 MIN_PASS_INTERVAL: Final = 0.5
+PASS_BURST: Final = 4
+#: API writes of one pass in flight at once (pools are independent; one pool's slices are
+#: written in order, its stale ones deleted after).
+WRITES_IN_FLIGHT: Final = 8
+#: Pools whose generation is looked up in one list (a set-based label selector).
+POOLS_PER_LIST: Final = 40
 #: Instances are listed afresh this often, as a net under missed watch deletions.
 RESYNC_SECONDS: Final = 300.0
 
@@ -124,7 +133,12 @@ class DraPublisher:
         self._relist = asyncio.Event()
         self.writes = 0  # API writes (applies and deletes), for the benchmarks
         self.passes = 0  # reconcile passes completed without error
-        self._last_write = float("-inf")  # start of the last pass that wrote
+        self._credit = float(PASS_BURST)  # writing passes allowed now (MIN_PASS_INTERVAL)
+        self._credit_at = 0.0
+        #: Devices the device table has held while this process ran: one it no longer holds
+        #: has left this node (a Configuration deleted, a device gone), not "not known yet".
+        self._seen: set[tuple[str, str]] = set()
+        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
     def known_instances(self) -> list[Instance]:
         """The Instances this publisher knows of now (for tests and the benchmark)."""
@@ -161,6 +175,7 @@ class DraPublisher:
             key = (instance.namespace, instance.name)
             if kind == "DELETED":
                 self._instances.pop(key, None)
+                self._seen.discard(key)
             else:
                 self._instances[key] = instance
             self._dirty.set()
@@ -194,8 +209,21 @@ class DraPublisher:
             self._dirty.set()
 
     def _served(self) -> slices.Served:
-        return {key: None if d.healthy else d.health.reason
-                for key, d in self._devices.snapshot().items()}
+        served = {key: None if d.healthy else d.health.reason
+                  for key, d in self._devices.snapshot().items()}
+        self._seen.update(served)
+        return served
+
+    def _left(self, instance: Instance, served: slices.Served) -> bool:
+        """This node served the device and no longer does, and no other node's health counts
+        for it (a local device, or a shared one only this node lists): it is withdrawn now
+        rather than when its Instance goes (a deleted Configuration's 200 devices waited on
+        200 Instance deletions). A device not served yet stays held (``plan_node``); a shared
+        device other nodes list waits for its Instance to say who publishes it."""
+        key = (instance.namespace, instance.name)
+        if key in served or key not in self._seen:
+            return False
+        return not instance.spec.shared or set(instance.spec.nodes) == {self._node}
 
     async def _list_instances(self) -> None:
         namespace = self._namespace if self._namespace is not None else "*"
@@ -233,10 +261,9 @@ class DraPublisher:
                     await self._dirty.wait()
             except TimeoutError:
                 self._relist.set()
-            loop = asyncio.get_running_loop()
-            await asyncio.sleep(max(0.0, self._last_write + MIN_PASS_INTERVAL - loop.time()))
+            await self._paced()
             self._dirty.clear()
-            started, writes = loop.time(), self.writes
+            writes = self.writes
             try:
                 if self._relist.is_set():
                     self._relist.clear()
@@ -244,11 +271,23 @@ class DraPublisher:
                 await self.reconcile()
                 self.passes += 1
                 if self.writes != writes:
-                    self._last_write = started
+                    self._credit -= 1.0
             except Exception as error:  # API error or API away: the pass is retried
                 log.warning("ResourceSlice pass failed (%s); retrying", watching.describe(error))
                 await asyncio.sleep(RETRY_SECONDS)
                 self._dirty.set()
+
+    async def _paced(self) -> None:
+        """Wait for a credit (``MIN_PASS_INTERVAL``, ``PASS_BURST``)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            self._credit = min(float(PASS_BURST),
+                               self._credit + (now - self._credit_at) / MIN_PASS_INTERVAL)
+            self._credit_at = now
+            if self._credit >= 1.0:
+                return
+            await asyncio.sleep((1.0 - self._credit) * MIN_PASS_INTERVAL)
 
     def _offered(self) -> list[Instance]:
         """The Instances offered to claims: all but the shared devices of Configurations whose
@@ -261,37 +300,50 @@ class DraPublisher:
         """One pass: publish every pool that changed, withdraw those no longer wanted. A pool
         the API server refuses does not hold back the others; the first error is raised at
         the end, so the pass is retried."""
-        plan = slices.plan_node(self._node, self._offered(), self._served())
+        served = self._served()
+        plan = slices.plan_node(
+            self._node, [i for i in self._offered() if not self._left(i, served)], served)
         for name in sorted(plan.held - self._held):
             log.info("ResourceSlice pool waits for this node to serve all its devices (their "
                      "health is not known yet)", extra={"pool": name})
         self._held = plan.held
+        changed = [pool for pool in plan.pools.values()
+                   if (w := self._written.get(pool.name)) is None or w.key != content_key(pool)]
+        generations = await self._listed_generations(
+            [pool.name for pool in changed if pool.name not in self._written])
+        gone = [p for p in self._written if p not in plan.pools and p not in plan.held]
+        outcomes = await asyncio.gather(
+            *(self._publish(pool, generations.get(pool.name, 0)) for pool in changed),
+            *(self._withdraw(name) for name in gone), return_exceptions=True)
         failed: list[ApiError] = []
-        for pool in plan.pools.values():
-            try:
-                await self._publish(pool)
-            except ApiError as error:
-                failed.append(error)
-        for name in [p for p in self._written if p not in plan.pools and p not in plan.held]:
-            await self._delete(self._written[name].names)
-            self._written.pop(name, None)  # the watch may have dropped it meanwhile
-            log.info("ResourceSlice pool withdrawn", extra={"pool": name})
+        for outcome in outcomes:
+            if isinstance(outcome, ApiError):
+                failed.append(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
         if failed:
             raise failed[0]
 
-    async def _publish(self, plan: slices.PoolPlan) -> None:
+    async def _withdraw(self, name: str) -> None:
+        await self._delete(self._written[name].names)
+        self._written.pop(name, None)  # the watch may have dropped it meanwhile
+        log.info("ResourceSlice pool withdrawn", extra={"pool": name})
+
+    async def _publish(self, plan: slices.PoolPlan, listed: int) -> None:
+        """Write the pool one generation above what this process wrote (``listed``, the
+        newest generation the API server had, for a pool it has not written)."""
         key = content_key(plan)
         before = self._written.get(plan.name)
         if before is not None and before.key == key:
             return
-        generation = (before.generation if before is not None
-                      else await self._listed_generation(plan.name)) + 1
+        generation = (before.generation if before is not None else listed) + 1
         bodies = slices.slice_bodies(plan, generation=generation, publisher=self._node)
         for body in bodies:
-            stored = await self._client.patch(
-                ResourceSliceResource, body["metadata"]["name"], body,
-                patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
-            )
+            async with self._gate:
+                stored = await self._client.patch(
+                    ResourceSliceResource, body["metadata"]["name"], body,
+                    patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
+                )
             self.writes += 1
             self.features.note(dra_features.dropped_by_slice(body, as_dict(stored)),
                                what=f"ResourceSlice {body['metadata']['name']}")
@@ -305,20 +357,30 @@ class DraPublisher:
             "slices": len(bodies), "properties_left_out": left,
         })
 
-    async def _listed_generation(self, pool: str) -> int:
-        newest = 0
-        async for obj in self._client.list(
-            ResourceSliceResource, labels={slices.LABEL_POOL: slices.pool_label(pool)}
-        ):
-            body = as_dict(obj)
-            if body["spec"]["pool"]["name"] == pool:
-                newest = max(newest, int(body["spec"]["pool"]["generation"]))
+    async def _listed_generations(self, pools: list[str]) -> dict[str, int]:
+        """The newest generation the API server holds of each pool (any publisher's; absent:
+        none), ``POOLS_PER_LIST`` pools a list (one list per pool was a round trip before
+        each new pool's write: 200 in a row for a Configuration of 200 shared devices)."""
+        newest: dict[str, int] = {}
+        wanted = set(pools)
+        for start in range(0, len(pools), POOLS_PER_LIST):
+            labels = sorted({slices.pool_label(p) for p in pools[start:start + POOLS_PER_LIST]})
+            async with self._gate:
+                async for obj in self._client.list(
+                    ResourceSliceResource, labels={slices.LABEL_POOL: operators.in_(labels)}
+                ):
+                    body = as_dict(obj)
+                    pool = str(body["spec"]["pool"]["name"])
+                    if pool in wanted:
+                        newest[pool] = max(newest.get(pool, 0),
+                                           int(body["spec"]["pool"]["generation"]))
         return newest
 
     async def _delete(self, names: Iterable[str]) -> None:
         for name in names:
             try:
-                await self._client.delete(ResourceSliceResource, name)
+                async with self._gate:
+                    await self._client.delete(ResourceSliceResource, name)
                 self.writes += 1
             except ApiError as error:
                 if not is_not_found(error):

@@ -1,0 +1,194 @@
+"""How soon and how often the DRA publisher writes (issue 36, the DRA mode of agent_changes).
+
+Real parts: the API server (Instances, ResourceSlices); the publisher and the agent's device
+table run in-process, the table filled as the discovery side fills it (``NodeDeviceTable.put``
+and ``remove``), so what the publisher is told is exactly what the agent tells it.
+
+- A device this node stopped serving is withdrawn at once when no other node's health counts
+  for it (a local device; a shared one only this node lists), not when its Instance goes; a
+  shared device another node lists still waits for its Instance (that node may publish it).
+- New pools' generations are looked up a batch at a time, not one list per pool.
+- Passes that write are paced by a bucket: a change right after a write is written at once,
+  and a run of changes still gets no more than ``PASS_BURST`` passes before the pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from agent.dra import publisher as publisher_module
+from agent.dra import slices
+from agent.dra.publisher import MIN_PASS_INTERVAL, PASS_BURST, DraPublisher
+from agent.node_devices import NodeDevice, NodeDeviceTable
+from discovery_handlers.contract import Device
+from tests.harness import agent_process as harness
+from tests.harness import dra as h
+from tests.harness.agent_nodes import create_instance
+from tests.harness.controlplane import ControlPlane
+
+pytestmark = [pytest.mark.timeout(120)]
+
+NODE, OTHER = "pace-node", "pace-other"
+
+
+class CountingClient(AsyncClient):
+    """The real client, counting its ResourceSlice lists and stamping its slice applies."""
+
+    slice_lists = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied: list[float] = []
+        self.wrote = asyncio.Event()  # set when a slice apply has been answered
+
+    def list(self, res: Any, *args: Any, **kwargs: Any) -> Any:
+        if res is publisher_module.ResourceSliceResource:
+            self.slice_lists += 1
+        return super().list(res, *args, **kwargs)
+
+    async def patch(self, res: Any, *args: Any, **kwargs: Any) -> Any:
+        if res is publisher_module.ResourceSliceResource:
+            self.applied.append(time.monotonic())
+            stored = await super().patch(res, *args, **kwargs)
+            self.wrote.set()
+            return stored
+        return await super().patch(res, *args, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def publishing(cp: ControlPlane, namespace: str
+                     ) -> AsyncIterator[tuple[DraPublisher, NodeDeviceTable, CountingClient]]:
+    client = CountingClient(KubeConfig.from_file(str(cp.kubeconfig)))
+    table = NodeDeviceTable()
+    publisher = DraPublisher(client=client, node_name=NODE, namespace=namespace, devices=table)
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield publisher, table, client
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+async def _instance(kube: AsyncClient, ns: str, table: NodeDeviceTable, configuration: str,
+                    digest: str, *, nodes: list[str], shared: bool, serve: bool = True) -> str:
+    name = await create_instance(kube, ns, configuration=configuration, digest=digest,
+                                 nodes=nodes, capacity=1, shared=shared)
+    if serve:
+        await table.put(NodeDevice(instance=name, namespace=ns, configuration=configuration,
+                                   device=Device(id=digest), shared=shared))
+    return name
+
+
+def _pool(ns: str, configuration: str, name: str, *, shared: bool) -> str:
+    return (slices.shared_pool(ns, configuration, name) if shared
+            else slices.local_pool(ns, configuration, NODE))
+
+
+async def _devices(kube: AsyncClient, pool: str) -> set[str]:
+    return set(h.pool_devices(await h.pool_slices(kube, pool)))
+
+
+async def test_a_device_this_node_stops_serving_is_withdrawn_before_its_instance_goes(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    ns = namespace
+    async with publishing(control_plane, ns) as (_publisher, table, _client):
+        alone = await _instance(kube, ns, table, "cam", "a1", nodes=[NODE], shared=True)
+        both = await _instance(kube, ns, table, "cam", "b2", nodes=[NODE, OTHER], shared=True)
+        usb = [await _instance(kube, ns, table, "usb", d, nodes=[NODE], shared=False)
+               for d in ("c3", "d4")]
+        pools = {n: _pool(ns, c, n, shared=s) for n, c, s in
+                 ((alone, "cam", True), (both, "cam", True), (usb[0], "usb", False))}
+
+        async def all_published() -> bool:
+            return (await _devices(kube, pools[alone]) == {alone}
+                    and await _devices(kube, pools[both]) == {both}
+                    and await _devices(kube, pools[usb[0]]) == set(usb))
+
+        await harness.eventually(all_published, what="every pool published")
+
+        for name in (alone, both, usb[0]):
+            await table.remove(ns, name)
+
+        async def withdrawn() -> bool:
+            return (await _devices(kube, pools[alone]) == set()
+                    and await _devices(kube, pools[usb[0]]) == {usb[1]})
+
+        # Every Instance is still there: nothing here deletes them.
+        await harness.eventually(withdrawn, what="the devices only this node had, withdrawn")
+        assert set(await harness.instances(kube, ns)) == {alone, both, *usb}
+        # The one another node lists too waits for its Instance to say who publishes it.
+        assert await _devices(kube, pools[both]) == {both}
+
+
+async def test_a_device_not_served_yet_is_held_not_withdrawn(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    ns = namespace
+    async with publishing(control_plane, ns) as (publisher, table, _client):
+        waiting = await _instance(kube, ns, table, "cam", "e5", nodes=[NODE], shared=True,
+                                  serve=False)
+        ready = await _instance(kube, ns, table, "cam", "f6", nodes=[NODE], shared=True)
+        await harness.eventually(
+            lambda: _devices(kube, _pool(ns, "cam", ready, shared=True)),
+            what="the served device published")
+        passes = publisher.passes
+        await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > passes or None),
+                                 what="a pass after it")
+        assert await _devices(kube, _pool(ns, "cam", waiting, shared=True)) == set()
+        assert any(i.name == waiting for i in publisher.known_instances())
+
+
+async def test_new_pools_generations_are_listed_a_batch_at_a_time(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    ns = namespace
+    count = publisher_module.POOLS_PER_LIST
+    async with publishing(control_plane, ns) as (publisher, table, client):
+        await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > 0 or None),
+                                 what="the publisher's first pass")
+        before = client.slice_lists
+        names = [await _instance(kube, ns, table, "many", f"{i:04x}", nodes=[NODE],
+                                 shared=True, serve=False) for i in range(count)]
+        # All become served at once (a discovery pass's table puts), so one pass sees them.
+        for name, digest in zip(names, (f"{i:04x}" for i in range(count)), strict=True):
+            await table.put(NodeDevice(instance=name, namespace=ns, configuration="many",
+                                       device=Device(id=digest), shared=True))
+
+        async def published() -> bool:
+            return all([await _devices(kube, _pool(ns, "many", n, shared=True)) == {n}
+                        for n in names])
+
+        await harness.eventually(published, what=f"{count} pools published")
+    # A list per pass that found new pools (a few passes); one per new pool before.
+    lists = client.slice_lists - before
+    assert lists <= count // 4, f"{lists} lists of ResourceSlices for {count} new pools"
+
+
+async def test_a_change_right_after_a_write_is_written_at_once_and_bursts_are_paced(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    ns = namespace
+    async with publishing(control_plane, ns) as (publisher, table, client):
+        await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > 0 or None),
+                                 what="the publisher's first pass")
+        for i in range(PASS_BURST + 2):
+            client.wrote.clear()
+            await _instance(kube, ns, table, "burst", f"{i:04x}", nodes=[NODE], shared=True)
+            async with asyncio.timeout(harness.DEFAULT_DEADLINE):
+                await client.wrote.wait()
+        written = client.applied
+    assert len(written) == PASS_BURST + 2, written  # one new pool, one apply, per change
+    # The second change came right after the first was written: no interval held it back.
+    assert written[1] - written[0] < MIN_PASS_INTERVAL, written
+    # PASS_BURST credits, then one per MIN_PASS_INTERVAL: two changes more than the burst
+    # took at least two intervals' worth of waiting, less what the first passes earned back.
+    assert written[-1] - written[0] >= MIN_PASS_INTERVAL, written
