@@ -57,14 +57,16 @@ ResourceSliceResource = create_global_resource(
 
 #: After a pass that failed in part (an API error), the next one comes this soon.
 RETRY_SECONDS: Final = 1.0
-#: Passes that write are paced by a bucket of ``PASS_BURST`` credits, one spent per pass that
-#: wrote and one earned back per ``MIN_PASS_INTERVAL``: a burst of Instance changes (a
-#: Configuration with 200 devices appearing) is written as a few pool rewrites per second, not
-#: one per Instance, while changes a few tenths of a second apart (a device going, then coming
-#: back) are written at once. (A plain minimum interval after every writing pass held each of
-#: those back by what was left of it: 0.2 s per change in bench_agent_changes, issue 36.)
+#: In a burst of Instance changes (a Configuration with 200 devices appearing: a change comes
+#: within ``QUIET_S`` of the end of the last pass that wrote, or while it runs) a pass starts at
+#: least this long after the last one that wrote, so the burst is written as a few pool
+#: rewrites, not one per Instance.
 MIN_PASS_INTERVAL: Final = 0.5
-PASS_BURST: Final = 4
+#: A change that comes this long after the last writing pass ended is no burst: it is written at
+#: once. (Pacing every change by ``MIN_PASS_INTERVAL`` held each one a few tenths of a second
+#: after the one before back by what was left of it: 0.2 s per change in
+#: bench_agent_changes --mode dra, issue 36.)
+QUIET_S: Final = 0.1
 #: API writes of one pass in flight at once (pools are independent; one pool's slices are
 #: written in order, its stale ones deleted after).
 WRITES_IN_FLIGHT: Final = 8
@@ -133,8 +135,8 @@ class DraPublisher:
         self._relist = asyncio.Event()
         self.writes = 0  # API writes (applies and deletes), for the benchmarks
         self.passes = 0  # reconcile passes completed without error
-        self._credit = float(PASS_BURST)  # writing passes allowed now (MIN_PASS_INTERVAL)
-        self._credit_at = 0.0
+        self._last_write = float("-inf")  # start of the last pass that wrote
+        self._last_write_end = float("-inf")  # and its end
         #: Devices the device table has held while this process ran: one it no longer holds
         #: has left this node (a Configuration deleted, a device gone), not "not known yet".
         self._seen: set[tuple[str, str]] = set()
@@ -261,9 +263,12 @@ class DraPublisher:
                     await self._dirty.wait()
             except TimeoutError:
                 self._relist.set()
-            await self._paced()
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._last_write_end < QUIET_S:  # a burst
+                await asyncio.sleep(
+                    max(0.0, self._last_write + MIN_PASS_INTERVAL - loop.time()))
             self._dirty.clear()
-            writes = self.writes
+            started, writes = loop.time(), self.writes
             try:
                 if self._relist.is_set():
                     self._relist.clear()
@@ -271,23 +276,11 @@ class DraPublisher:
                 await self.reconcile()
                 self.passes += 1
                 if self.writes != writes:
-                    self._credit -= 1.0
+                    self._last_write, self._last_write_end = started, loop.time()
             except Exception as error:  # API error or API away: the pass is retried
                 log.warning("ResourceSlice pass failed (%s); retrying", watching.describe(error))
                 await asyncio.sleep(RETRY_SECONDS)
                 self._dirty.set()
-
-    async def _paced(self) -> None:
-        """Wait for a credit (``MIN_PASS_INTERVAL``, ``PASS_BURST``)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            now = loop.time()
-            self._credit = min(float(PASS_BURST),
-                               self._credit + (now - self._credit_at) / MIN_PASS_INTERVAL)
-            self._credit_at = now
-            if self._credit >= 1.0:
-                return
-            await asyncio.sleep((1.0 - self._credit) * MIN_PASS_INTERVAL)
 
     def _offered(self) -> list[Instance]:
         """The Instances offered to claims: all but the shared devices of Configurations whose

@@ -8,8 +8,8 @@ and ``remove``), so what the publisher is told is exactly what the agent tells i
   for it (a local device; a shared one only this node lists), not when its Instance goes; a
   shared device another node lists still waits for its Instance (that node may publish it).
 - New pools' generations are looked up a batch at a time, not one list per pool.
-- Passes that write are paced by a bucket: a change right after a write is written at once,
-  and a run of changes still gets no more than ``PASS_BURST`` passes before the pace.
+- A change after a quiet spell (``QUIET_S``) is written at once, not what is left of
+  ``MIN_PASS_INTERVAL`` after the last write later; changes in a burst are still paced.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lightkube import AsyncClient, KubeConfig
 
 from agent.dra import publisher as publisher_module
 from agent.dra import slices
-from agent.dra.publisher import MIN_PASS_INTERVAL, PASS_BURST, DraPublisher
+from agent.dra.publisher import MIN_PASS_INTERVAL, QUIET_S, DraPublisher
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from discovery_handlers.contract import Device
 from tests.harness import agent_process as harness
@@ -173,22 +173,45 @@ async def test_new_pools_generations_are_listed_a_batch_at_a_time(
     assert lists <= count // 4, f"{lists} lists of ResourceSlices for {count} new pools"
 
 
-async def test_a_change_right_after_a_write_is_written_at_once_and_bursts_are_paced(
+BURST = 4
+
+
+async def test_a_change_after_a_quiet_spell_is_written_at_once_and_bursts_are_paced(
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
     ns = namespace
     async with publishing(control_plane, ns) as (publisher, table, client):
         await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > 0 or None),
                                  what="the publisher's first pass")
-        for i in range(PASS_BURST + 2):
+        burst = [await _instance(kube, ns, table, "burst", f"b{i:03x}", nodes=[NODE],
+                                 shared=True, serve=False) for i in range(BURST)]
+
+        async def written_after(change: Any) -> float:
+            """When the change was made (the device served); returns once it is written."""
             client.wrote.clear()
-            await _instance(kube, ns, table, "burst", f"{i:04x}", nodes=[NODE], shared=True)
+            await change
+            made = time.monotonic()
             async with asyncio.timeout(harness.DEFAULT_DEADLINE):
                 await client.wrote.wait()
+            return made
+
+        await written_after(_instance(kube, ns, table, "quiet", "q0", nodes=[NODE],
+                                      shared=True))
+        # The scenario's quiet spell (a device going a moment after another came), not a wait
+        # for anything.
+        await asyncio.sleep(2 * QUIET_S)
+        served = await written_after(_instance(kube, ns, table, "quiet", "q1", nodes=[NODE],
+                                               shared=True))
+        # A burst: each device is served the moment the write before it is answered.
+        for name in burst:
+            await written_after(table.put(NodeDevice(
+                instance=name, namespace=ns, configuration="burst",
+                device=Device(id=name.rpartition("-")[2]), shared=True)))
         written = client.applied
-    assert len(written) == PASS_BURST + 2, written  # one new pool, one apply, per change
-    # The second change came right after the first was written: no interval held it back.
-    assert written[1] - written[0] < MIN_PASS_INTERVAL, written
-    # PASS_BURST credits, then one per MIN_PASS_INTERVAL: two changes more than the burst
-    # took at least two intervals' worth of waiting, less what the first passes earned back.
-    assert written[-1] - written[0] >= MIN_PASS_INTERVAL, written
+    assert len(written) == 2 + BURST, written  # one new pool, one apply, per change
+    # The second change came after a quiet spell: its pass starts at once (one list of its
+    # pool's generation, then the apply), not when what is left of the interval has passed
+    # (about 0.3 s here).
+    assert written[1] - served < MIN_PASS_INTERVAL / 4, (served, written)
+    # In the burst each pass came MIN_PASS_INTERVAL after the one before it.
+    assert written[-1] - written[2] >= (BURST - 1) * MIN_PASS_INTERVAL * 0.9, written
