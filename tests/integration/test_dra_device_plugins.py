@@ -33,7 +33,7 @@ from tests.harness.agent_nodes import create_instance, read_instance
 from tests.harness.controller_process import FAST_ARGS
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import DeviceNode
-from tests.harness.kube_waits import wait_allocatable
+from tests.harness.kube_waits import WaitTimedOut, wait_allocatable, wait_until
 from tests.harness.stand_ins import node_dirs, running_node
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -111,7 +111,22 @@ async def _run(cp: ControlPlane, kube: AsyncClient, ns: str, node: DeviceNode, n
     await wait_allocatable(kube, node.node_name, resource, "0")
     withheld = time.monotonic() - allocated
     await wait_allocatable(kube, node.node_name, config_resource, "0")
-    assert node.healthy_device_ids(resource) == []
+    # The agent lowers the Node's count before it withdraws the slot from the kubelet (the
+    # give-away gate, agent/slots/handoff.py), so the count alone does not say the kubelet's
+    # own list is down to nothing yet (read at the count, it could still hold the slot): wait
+    # for the kubelet to say so, as the kubelet-restart test of test_device_plugin_service does.
+    withdrawn: dict[str, list[str]] = {resource: [], config_resource: []}
+
+    def kubelet_view() -> dict[str, list[str]]:
+        return {r: node.healthy_device_ids(r) for r in withdrawn}
+
+    async def kubelet_withdrew() -> bool:
+        return kubelet_view() == withdrawn
+
+    try:
+        await wait_until(kubelet_withdrew, what="the kubelet listing no healthy device")
+    except WaitTimedOut as timed_out:
+        raise WaitTimedOut(f"{timed_out}; the kubelet lists {kubelet_view()}") from None
     instance = (await harness.instances(kube, ns))[name]
     assert instance["status"]["claims"] == 1
     assert instance["spec"].get("deviceUsage", {}).get(slot_id(name, 0), "") == ""
