@@ -37,6 +37,12 @@ How the Instance is written, and why slots are safe:
 - Restart adoption: ``adopt`` lists the Configuration's Instances that already name this node
   and keeps them untouched; reconciliation waits for the first device list, so an agent restart
   deletes and re-creates nothing and every slot (and uid) survives.
+- A local device whose Akri name another node's Instance holds (a digest collision, or a stolen
+  token that created it first: the name is predictable) is published under its fallback name
+  ``<name>.<node>`` (``crds.naming.fallback_instance_name``), which the agents' Instance policy
+  lets no other node create. It stays there while it is served, across restarts too (an owned
+  fallback is preferred to the Akri name), even once the other Instance is gone: moving a
+  served device would end the pods that hold its slots.
 """
 
 from __future__ import annotations
@@ -67,7 +73,13 @@ from agent.node_labels import NodeLabels
 from crds.api import API_VERSION, CONFIGURATION_KIND, INSTANCE_KIND
 from crds.configuration import Configuration
 from crds.instance import Instance
-from crds.naming import cdi_name, instance_digest, instance_name, slot_id
+from crds.naming import (
+    cdi_name,
+    fallback_instance_name,
+    instance_digest,
+    instance_name_from_digest,
+    slot_id,
+)
 from discovery_handlers.contract import Device, DiscoveryHandler, Health, LabellingHandler
 
 log = logging.getLogger(__name__)
@@ -77,7 +89,7 @@ WRITES_IN_FLIGHT = 8
 _T = TypeVar("_T")
 LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under us
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
-#: The Warning Event's reason when a local device's Instance name is another node's.
+#: The Warning Event's reason when a device's Instance name is another node's.
 REASON_NAME_TAKEN = "InstanceNameTaken"
 
 
@@ -144,8 +156,8 @@ class InstancePublisher:
             self._last = (handler, details, devices, shared)
             desired: dict[str, Device] = {}
             for device in devices:
-                name = instance_name(self._cfg.name, device.id, shared=shared, node=self._node)
-                desired[name] = device
+                akri, fallback = self._names(device, shared=shared)
+                desired[fallback if fallback in self._owned else akri] = device
             # Grace timers first, writes after: a write that fails (the API server away) ends
             # the pass, and a shared device gone meanwhile must still leave one grace period
             # after it went, not one grace period after the server came back.
@@ -169,20 +181,22 @@ class InstancePublisher:
                 [self._ensure(name, device, shared=shared) for name, device in desired.items()]
             )
             failed: BaseException | None = None
-            for (name, device), outcome in zip(desired.items(), ensured, strict=True):
+            published: set[str] = set()
+            for device, outcome in zip(desired.values(), ensured, strict=True):
                 if isinstance(outcome, BaseException):
                     failed = failed or outcome
                     continue
-                if not outcome:
-                    continue  # another node's local Instance holds the name (logged once)
-                self._owned[name] = shared
-                self._served[name] = self._node_device(
-                    name, handler, details, device, shared=shared
+                if outcome is None:
+                    continue  # another node's Instance holds the name (logged once)
+                published.add(outcome)
+                self._owned[outcome] = shared
+                self._served[outcome] = self._node_device(
+                    outcome, handler, details, device, shared=shared
                 )
             if failed is not None:
                 raise failed  # as before, a failed write ends the pass
             for name, was_shared in list(self._owned.items()):
-                if name not in desired and not was_shared:
+                if name not in desired and name not in published and not was_shared:
                     await self._leave(name, shared=False)
             await self._serve()
             await self._report()
@@ -253,13 +267,30 @@ class InstancePublisher:
     def _properties(self, device: Device) -> dict[str, str]:
         return {**device.properties, **self._cfg.spec.broker_properties}
 
-    async def _ensure(self, name: str, device: Device, *, shared: bool) -> bool:
-        """Create or apply ``name``; False when the name is another node's local Instance."""
+    def _names(self, device: Device, *, shared: bool) -> tuple[str, str | None]:
+        """The device's Akri name, and its fallback name on this node (local devices only)."""
+        digest = instance_digest(device.id, shared=shared, node=self._node)
+        akri = instance_name_from_digest(self._cfg.name, digest)
+        if shared:
+            return akri, None
+        return akri, fallback_instance_name(self._cfg.name, digest, self._node)
+
+    async def _ensure(self, name: str, device: Device, *, shared: bool) -> str | None:
+        """Create or apply ``name``, or the fallback name when ``name`` is held by another
+        node's Instance; the name published, None when neither could be."""
         body = self._body(name, device, shared=shared)
         if self._applied.get(name) == body:
-            return True
-        if name not in self._owned and not await self._create(name, body, shared=shared):
-            return False
+            return name
+        if name not in self._owned:
+            holder = await self._create(name, body, shared=shared)
+            if holder is not None:
+                fallback = self._names(device, shared=shared)[1]
+                if fallback == name:
+                    fallback = None  # the fallback itself is held: nothing left to try
+                await self._say_taken(name, holder, fallback, shared=shared)
+                if fallback is None:
+                    return None
+                return await self._ensure(fallback, device, shared=shared)
         applied = await self._client.patch(
             InstanceResource, name, body, namespace=self._cfg.namespace,
             patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
@@ -267,13 +298,13 @@ class InstancePublisher:
         await self._fill_slots(as_dict(applied))
         self._applied[name] = body
         self._taken.discard(name)
-        return True
+        return name
 
-    async def _create(self, name: str, body: dict[str, Any], *, shared: bool) -> bool:
+    async def _create(self, name: str, body: dict[str, Any], *, shared: bool) -> str | None:
         """Create ``name``, owned from before the request is sent: a run stopped while the
         create (or the apply after it) is in flight must still withdraw what the API server may
         have made, or a Node relabelled right after a device appeared keeps its Instance.
-        False when a local ``name`` exists naming another node (see ``_held_elsewhere``)."""
+        Who holds ``name`` when it is not this node's to write (``_holder``), else None."""
         # A shared Instance is created without nodes (each agent then owns its own element
         # through its apply); a local one names this node from the start, since the agents'
         # Instance policy lets a node create a local Instance only for itself.
@@ -290,35 +321,50 @@ class InstancePublisher:
             if not is_conflict(exc):
                 self._owned.pop(name, None)  # refused: nothing was made, the next pass creates
                 raise
-            if not shared and await self._held_elsewhere(name):
+            holder = await self._holder(name, shared=shared)
+            if holder is not None:
                 self._owned.pop(name, None)
-                return False
-        return True
+                return holder
+        return None
 
-    async def _held_elsewhere(self, name: str) -> bool:
-        """Whether the local Instance ``name`` that exists already names another node.
+    async def _holder(self, name: str, *, shared: bool) -> str | None:
+        """Who holds ``name`` when it is not this node's to write, else None: an Instance of the
+        other kind (``spec.shared`` is immutable), or a local one naming other nodes.
 
-        Local names are a 3-byte digest of the device id and node (Akri's), so another node's
-        Instance can hold this node's name: a collision, or a node's token that created it
-        first. The agents' Instance policy lets no node write another node's local Instance, so
-        this node serves its other devices and leaves this one unpublished, said once in the
-        log and in a Warning Event on the Configuration, until someone deletes that Instance.
+        Names are a 3-byte digest of the device id (and node, for a local device: Akri's), so
+        another node's Instance can hold this node's name: a collision, or a node's token that
+        created it first. The agents' Instance policy lets no node write another node's local
+        Instance, so this node publishes a local device under its fallback name instead
+        (``_ensure``); a shared one has none (its name must be the same on every node).
         """
         try:
             existing = as_dict(
                 await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
         except ApiError as exc:
             if is_not_found(exc):
-                return False  # gone meanwhile: the apply that follows makes it
+                return None  # gone meanwhile: the apply that follows makes it
             raise
-        nodes = [str(n) for n in (existing.get("spec") or {}).get("nodes") or []]
-        if not nodes or nodes == [self._node]:
-            return False
+        spec = existing.get("spec") or {}
+        nodes = [str(n) for n in spec.get("nodes") or []]
+        if bool(spec.get("shared")) != shared:
+            kind = "shared" if spec.get("shared") else "local"
+            return f"a {kind} Instance of node(s) {', '.join(nodes) or 'none'}"
+        if shared or nodes in ([], [self._node]):
+            return None
+        return f"an Instance of node(s) {', '.join(nodes)}"
+
+    async def _say_taken(self, name: str, holder: str, fallback: str | None, *,
+                         shared: bool) -> None:
+        """Once per name, in the log and a Warning Event on the Configuration: ``name`` is
+        held by ``holder``, and where the device went."""
         if name not in self._taken:
             self._taken.add(name)
-            message = (f"node {self._node}: a local device's Instance name {name} is held by "
-                       f"an Instance of node(s) {', '.join(nodes)}; the device is not published "
-                       f"on this node until that Instance is deleted")
+            where = (f"published as {fallback} instead" if fallback is not None
+                     else "the device is not published on this node until that Instance is "
+                          "deleted")
+            kind = "shared" if shared else "local"
+            message = (f"node {self._node}: a {kind} device's Instance name {name} is held by "
+                       f"{holder}; {where}")
             log.warning("%s", message, extra=self._extra(name))
             cfg = self._cfg
             try:
@@ -329,7 +375,6 @@ class InstancePublisher:
             except Exception as error:  # the log line stands
                 log.warning("could not post the Event: %s", watching.describe(error),
                             extra=self._extra(name))
-        return True
 
     async def _fill_slots(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]

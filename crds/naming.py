@@ -5,6 +5,13 @@ The names are Akri's, so a user who predicted an Akri Instance name (GitOps, pod
 ``<configuration>-<digest>``: the digest is a 3-byte BLAKE2b of the device id, with the node name
 appended to the id first when the device is not shared, so every agent that sees one shared device
 names it alike while two nodes' local devices with equal ids stay apart.
+
+A local device whose Akri name another node's Instance holds (``agent.instance_publisher``) is
+published under a fallback name that carries its node, ``<configuration>-<digest>.<node>``: Akri
+names hold no ``.``, so everything after the first ``.`` is the node, and the agents' Instance
+policy lets only that node's token create it. Within the 63 characters a resource name allows
+after ``edgeplug.io/``, a long configuration name is cut and given a hash (``--`` before the
+digest tells that form apart); a node name too long for any form gets no fallback.
 """
 
 from __future__ import annotations
@@ -53,6 +60,30 @@ def instance_name(configuration: str, device_id: str, *, shared: bool, node: str
     """The name of the Instance for ``device_id`` discovered through ``configuration``."""
     digest = instance_digest(device_id, shared=shared, node=node)
     return instance_name_from_digest(configuration, digest)
+
+
+#: Between an Akri name and the node in a fallback name; never in an Akri name.
+FALLBACK_SEPARATOR: Final = "."
+_CONFIGURATION_HASH_CHARS: Final = 4
+
+
+def fallback_instance_name(configuration: str, digest: str, node: str) -> str | None:
+    """The name a local device takes on ``node`` when its Akri name is another node's.
+
+    ``<configuration>-<digest>.<node>``, or ``<cut configuration>-<hash>--<digest>.<node>`` when
+    that exceeds ``DNS_LABEL_MAX`` (so ``edgeplug.io/<name>`` stays a valid resource name and the
+    name a valid label value); None when ``node`` leaves no room for either.
+    """
+    akri = instance_name_from_digest(configuration, digest)
+    name = f"{akri}{FALLBACK_SEPARATOR}{node}"
+    if len(name) <= DNS_LABEL_MAX:
+        return name
+    tail = f"-{short_hash(configuration, _CONFIGURATION_HASH_CHARS)}--{digest}"
+    room = DNS_LABEL_MAX - len(tail) - len(FALLBACK_SEPARATOR) - len(node)
+    head = _sanitise(configuration)[:max(room, 0)].rstrip("-")
+    if not head:
+        return None
+    return f"{head}{tail}{FALLBACK_SEPARATOR}{node}"
 
 
 def cdi_name(configuration: str, digest: str) -> str:

@@ -10,7 +10,8 @@ DaemonSet pod's token has it), each attempt below is a real request to the real 
   collector would delete it and its brokers), labels, annotations, finalizers;
 - the controller's ``status.claims`` (1024 withholds every slot) and ``status.servedBy``;
 - a local Instance created for another node, or for none (squatting), or dressed up (labels,
-  finalizers, another owner);
+  finalizers, another owner); another node's fallback name (``<name>.<node>``, which a node whose
+  Akri name was squatted publishes under, and serves: its kubelet is offered the slot);
 - ``nodes/status`` carrying metadata: NodeRestriction's labels, node roles, another hostname,
   annotations (the controller's pinned-demand among them);
 - a ResourceSlice in another node's local pool (a newer generation hides the real one), or a
@@ -28,6 +29,7 @@ passes. What stays reachable, and why, is in deploy/README.md, "What a node's ag
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -50,15 +52,30 @@ from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_m
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.node_labels import NodeLabels
+from agent.slots.service import serve_device_plugins
 from controller import status as controller_status
 from crds.configuration import Configuration
-from crds.naming import instance_name
+from crds.naming import (
+    fallback_instance_name,
+    instance_digest,
+    instance_name,
+    instance_resource_name,
+)
 from discovery_handlers.contract import Device
 from discovery_handlers.registry import load_handler
 from tests.harness import controller_process as ctl
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
-from tests.harness.service_accounts import Identity, mint, pod_bound
+from tests.harness.kube_waits import wait_allocatable
+from tests.harness.node_emulator import NodeEmulator
+from tests.harness.service_accounts import (
+    Identity,
+    agent_on,
+    mint,
+    pod_bound,
+    release_agent_pod,
+)
+from tests.harness.stand_ins import node_dirs, running_node
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -332,48 +349,180 @@ def test_a_local_instance_is_created_only_for_the_node_that_creates_it(
     _allowed(_create(w.agent_a, new(nodes=[], shared=True)))
 
 
-async def test_a_squatted_local_name_costs_its_node_that_device_only(
-        control_plane: ControlPlane, enforced: World, caplog: pytest.LogCaptureFixture) -> None:
-    """What stays reachable: local names are Akri's 3-byte digest of device id and node, so
-    node A's token can create, for itself, the local Instance name node B's device will want
-    (node B's agent could not write it; nor can the API server tell the name's node). The
-    real publisher on B's token then publishes B's other devices and says, once, which name
-    is held; before, its first refused write ended every pass, publishing nothing."""
-    cp, w = control_plane, enforced
-    caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
-    cfg_name = f"squat-{uuid.uuid4().hex[:4]}"
-    _apply(cp, debug_echo_configuration(cfg_name, descriptions=["d1", "d2"], shared=False)
+def _to_squat(cp: ControlPlane, w: World, prefix: str, ids: list[str], *, shared: bool
+              ) -> tuple[str, Callable[..., dict[str, Any]]]:
+    """A new debugEcho Configuration of devices ``ids``, and a maker of Instance bodies it owns
+    (as agent/instance_publisher.py creates them)."""
+    cfg_name = f"{prefix}-{uuid.uuid4().hex[:4]}"
+    _apply(cp, debug_echo_configuration(cfg_name, descriptions=ids, shared=shared)
            | {"metadata": {"name": cfg_name, "namespace": w.namespace}})
-    wanted = instance_name(cfg_name, "d1", shared=False, node=w.node_b)
     cfg_obj = _get(cp, "configurations.edgeplug.io", cfg_name, "-n", w.namespace)
     owner = {**w.owner, "name": cfg_name, "uid": cfg_obj["metadata"]["uid"]}
-    squat = _body(w, wanted, nodes=[w.node_a], shared=False)
-    squat["metadata"]["ownerReferences"] = [owner]
-    squat["spec"]["configurationName"] = cfg_name
-    _allowed(_create(w.agent_a, squat))
+
+    def body(name: str, *, nodes: list[str], shared: bool = False) -> dict[str, Any]:
+        made = _body(w, name, nodes=nodes, shared=shared)
+        made["metadata"]["ownerReferences"] = [owner]
+        made["spec"]["configurationName"] = cfg_name
+        return made
+
+    return cfg_name, body
+
+
+async def test_a_squatted_local_name_sends_the_device_to_its_nodes_fallback_name(
+        control_plane: ControlPlane, enforced: World, kube: AsyncClient, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Local names are Akri's 3-byte digest of device id and node, which the API server cannot
+    recompute, so node A's token can still create, for itself, the local Instance name node B's
+    device will want. Node B (a kubelet stand-in, the agent's device-plugin side and its real
+    publisher, all on B's pod-bound token) then publishes that device as ``<name>.<B>``, which
+    A's token may not create, and serves it; said once; kept across a restart of the publisher
+    (no second Instance) and after the squat is deleted (moving a served device is churn)."""
+    cp, w = control_plane, enforced
+    caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
+    cfg_name, body = _to_squat(cp, w, "squat", ["d1", "d2"], shared=False)
+    with node_dirs() as dirs:
+        async with running_node(NodeEmulator, cp.kubeconfig, dirs) as node:
+            b = node.node_name
+            agent_b = await asyncio.to_thread(agent_on, cp, b, tmp_path)
+            client = AsyncClient(KubeConfig.from_file(str(agent_b.kubeconfig)))
+            table = NodeDeviceTable()
+            plugins = asyncio.create_task(serve_device_plugins(
+                client=client, node_name=b, plugin_dir=dirs.plugin_dir,
+                pod_resources_socket=None, devices=table, metrics=AgentMetrics()))
+            try:
+                await _squat_and_fallback(cp, w, kube, client, table, cfg_name, b, body, caplog)
+            finally:
+                plugins.cancel()
+                await asyncio.gather(plugins, return_exceptions=True)
+                await client.close()
+                release_agent_pod(cp, b)
+
+
+async def _squat_and_fallback(
+        cp: ControlPlane, w: World, kube: AsyncClient, client: AsyncClient,
+        table: NodeDeviceTable, cfg_name: str, b: str,
+        body: Callable[..., dict[str, Any]], caplog: pytest.LogCaptureFixture) -> None:
+    digest = instance_digest("d1", shared=False, node=b)
+    wanted = instance_name(cfg_name, "d1", shared=False, node=b)
+    fallback = fallback_instance_name(cfg_name, digest, b)
+    other = instance_name(cfg_name, "d2", shared=False, node=b)
+    assert fallback == f"{wanted}.{b}"
+    # The squat itself still passes (the policy cannot tell whose digest a name is) ...
+    _allowed(_create(w.agent_a, body(wanted, nodes=[w.node_a])))
+    # ... but B's fallback name is B's alone: not local for A, not shared, not with more after
+    # B's name (all after the first '.' is the node, not a suffix of it).
+    fallback_own = "named <name>.<node> (a local device's fallback name) only for its own node"
+    _refused(_create(w.agent_a, body(fallback, nodes=[w.node_a])), fallback_own)
+    _refused(_create(w.agent_a, body(fallback, nodes=[], shared=True)), fallback_own)
+    _refused(_create(w.agent_a, body(f"{fallback}.{w.node_a}", nodes=[w.node_a])),
+             fallback_own)
+    _refused(_create(w.agent_a, body(f"{wanted}.{w.node_a}", nodes=[], shared=True)),
+             fallback_own)
+    # Control: A's own fallback form of that name, local, for A.
+    _allowed(_create(w.agent_a, body(f"{wanted}.{w.node_a}", nodes=[w.node_a])))
+    cp.kubectl("delete", INSTANCES, f"{wanted}.{w.node_a}", "-n", w.namespace)
+
+    devices = [Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d}) for d in ("d1", "d2")]
+
+    async def run_publisher() -> InstancePublisher:
+        """One run of node B's discovery side: adopt, then publish and resync twice."""
+        cfg = Configuration.from_object(as_dict(
+            await client.get(ConfigurationResource, cfg_name, namespace=w.namespace)))
+        publisher = InstancePublisher(
+            client=client, node_name=b, configuration=cfg, devices=table,
+            labels=NodeLabels(client=client, node_name=b), metrics=AgentMetrics())
+        await publisher.adopt()
+        for _ in range(2):
+            await publisher.publish(load_handler("debugEcho"), None, devices, shared=False)
+            await publisher.resync()
+        await publisher.close()
+        return publisher
+
+    def listed() -> dict[str, tuple[list[str], str]]:
+        """``kubectl get instances``: this Configuration's, by name: (nodes, uid)."""
+        found = _get(cp, INSTANCES, "-n", w.namespace)["items"]
+        return {i["metadata"]["name"]: (i["spec"].get("nodes", []), i["metadata"]["uid"])
+                for i in found if i["spec"]["configurationName"] == cfg_name}
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if wanted in r.getMessage()]
+
+    def events() -> list[dict[str, Any]]:
+        found = _get(cp, "events", "-n", w.namespace)["items"]
+        return [e for e in found if e.get("reason") == REASON_NAME_TAKEN
+                and wanted in e.get("message", "")]
+
+    publisher = await run_publisher()
+    assert set(publisher.owned) == {fallback, other}
+    first = listed()
+    assert {n: nodes for n, (nodes, _uid) in first.items()} == {
+        wanted: [w.node_a], fallback: [b], other: [b]}
+    shown = cp.kubectl("get", INSTANCES, "-n", w.namespace).stdout
+    assert fallback in shown, shown
+    # Served: B's kubelet is offered the fallback Instance's slot under its own resource.
+    resource = instance_resource_name(fallback)
+    await wait_allocatable(kube, b, resource, "1")
+    await wait_allocatable(kube, b, instance_resource_name(other), "1")
+    [message] = said()
+    assert f"held by an Instance of node(s) {w.node_a}; published as {fallback} instead" \
+        in message, message
+    [event] = events()
+    assert fallback in event["message"]
+    assert event["reportingInstance"] == b
+
+    # A restart of B's discovery side adopts the fallback: same Instance, nothing new, no word.
+    publisher = await run_publisher()
+    assert set(publisher.owned) == {fallback, other}
+    assert listed() == first
+    assert len(said()) == 1
+
+    # The squat goes: B stays on its fallback (its pods keep their slots); the Akri name stays
+    # free.
+    cp.kubectl("delete", INSTANCES, wanted, "-n", w.namespace)
+    publisher = await run_publisher()
+    assert set(publisher.owned) == {fallback, other}
+    assert listed() == {n: v for n, v in first.items() if n != wanted}
+    await wait_allocatable(kube, b, resource, "1")
+    assert len(said()) == 1
+    assert len(events()) == 1
+
+
+async def test_a_squatted_shared_name_costs_the_other_nodes_that_device_only(
+        control_plane: ControlPlane, enforced: World, caplog: pytest.LogCaptureFixture) -> None:
+    """What stays reachable: a shared device's name is the digest of its id alone, and node A's
+    token may create a local Instance of that name for itself; a shared device has no fallback
+    (every node must name it alike). Node B's real publisher then publishes B's other devices
+    and says, once, which name is held; before, its refused apply (``shared`` is immutable)
+    ended every pass before any device was served."""
+    cp, w = control_plane, enforced
+    caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
+    cfg_name, body = _to_squat(cp, w, "shsq", ["s1", "s2"], shared=True)
+    wanted = instance_name(cfg_name, "s1", shared=True, node=w.node_b)
+    _allowed(_create(w.agent_a, body(wanted, nodes=[w.node_a])))
     client = AsyncClient(KubeConfig.from_file(str(w.agent_b.kubeconfig)))
     try:
         cfg = Configuration.from_object(as_dict(
             await client.get(ConfigurationResource, cfg_name, namespace=w.namespace)))
+        table = NodeDeviceTable()
         publisher = InstancePublisher(
-            client=client, node_name=w.node_b, configuration=cfg, devices=NodeDeviceTable(),
+            client=client, node_name=w.node_b, configuration=cfg, devices=table,
             labels=NodeLabels(client=client, node_name=w.node_b), metrics=AgentMetrics())
-        devices = [Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d}) for d in ("d1", "d2")]
+        devices = [Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d}) for d in ("s1", "s2")]
         for _ in range(2):
-            await publisher.publish(load_handler("debugEcho"), None, devices, shared=False)
+            await publisher.publish(load_handler("debugEcho"), None, devices, shared=True)
             await publisher.resync()
-        other = instance_name(cfg_name, "d2", shared=False, node=w.node_b)
+        other = instance_name(cfg_name, "s2", shared=True, node=w.node_b)
         assert set(publisher.owned) == {other}
+        assert [instance for _namespace, instance in table.snapshot()] == [other]
         assert _get(cp, INSTANCES, other, "-n", w.namespace)["spec"]["nodes"] == [w.node_b]
         assert _get(cp, INSTANCES, wanted, "-n", w.namespace)["spec"]["nodes"] == [w.node_a]
-        said = [r for r in caplog.records if wanted in r.getMessage()]
-        assert len(said) == 1, [r.getMessage() for r in said]
-        assert f"held by an Instance of node(s) {w.node_a}" in said[0].getMessage()
+        said = [r.getMessage() for r in caplog.records if wanted in r.getMessage()]
+        assert len(said) == 1, said
+        assert (f"a shared device's Instance name {wanted} is held by a local Instance of "
+                f"node(s) {w.node_a}; the device is not published") in said[0]
         listed = _get(cp, "events", "-n", w.namespace)["items"]
-        events = [e for e in listed if e.get("reason") == REASON_NAME_TAKEN]
-        assert len(events) == 1
-        assert wanted in events[0]["message"]
-        assert events[0]["reportingInstance"] == w.node_b
+        assert [e["reportingInstance"] for e in listed
+                if e.get("reason") == REASON_NAME_TAKEN and wanted in e["message"]] == [w.node_b]
     finally:
         await client.close()
 

@@ -13,10 +13,13 @@ import pytest
 
 from crds.cli import main as cli_main
 from crds.naming import (
+    DNS_LABEL_MAX,
     cdi_name,
     configuration_resource_name,
+    fallback_instance_name,
     instance_digest,
     instance_name,
+    instance_name_from_digest,
     instance_resource_name,
     slot_id,
     slot_index,
@@ -95,3 +98,37 @@ def test_cli_prints_instance_name(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_refuses_local_device_without_node(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["instance-name", "udev-video", "/dev/video0"]) == 2
     assert "--node" in capsys.readouterr().err
+
+
+_RESOURCE_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def test_fallback_names_carry_the_node_after_the_first_dot_within_resource_name_limits() -> None:
+    """What the agents' Instance policy reads: all after the first '.' is the node (Akri names
+    hold no '.'); what the kubelet needs: 63 characters after edgeplug.io/."""
+    assert fallback_instance_name("cam", "1a2b3c", "node-b") == "cam-1a2b3c.node-b"
+    assert fallback_instance_name("cam.v1", "1a2b3c", "n.b") == "cam-v1-1a2b3c.n.b"
+    seen: set[str] = set()
+    for configuration in ("cam", "c" * 56, "c" * 40 + ".x", "c" * 40 + ".y", "d" * 30):
+        for node in ("n", "ip-10-0-1-23.eu-west-1.compute.internal", "m" * 48):
+            name = fallback_instance_name(configuration, "1a2b3c", node)
+            assert name is not None, (configuration, node)
+            head, _, after = name.partition(".")
+            assert after == node
+            assert "." not in instance_name_from_digest(configuration, "1a2b3c")
+            assert len(name) <= DNS_LABEL_MAX
+            assert _RESOURCE_NAME_PART.match(name)
+            assert head.endswith("-1a2b3c")  # the digest stays last (broker env suffixes)
+            seen.add(name)
+    assert len(seen) == 15  # configurations cut alike stay apart by their hash
+    long = fallback_instance_name("c" * 56, "1a2b3c", "m" * 48)
+    assert long is not None
+    assert long.startswith("c-")
+    assert "--1a2b3c." in long
+    # A cut form never equals a whole one: its digest follows "--", an Akri name's never does.
+    assert fallback_instance_name(long.partition(".")[0].rpartition("--")[0], "1a2b3c",
+                                  "m" * 48) != long
+    assert fallback_instance_name("c" * 56, "1a2b3c", "m" * 49) is None
+    assert fallback_instance_name("cam", "1a2b3c", "m" * 52) is not None
+    assert fallback_instance_name("cam", "1a2b3c", "m" * 53) is None
+    assert fallback_instance_name("cam", "1a2b3c", "m" * 200) is None

@@ -92,6 +92,9 @@ def test_envs_carry_each_property_plain_and_with_the_instance_hash() -> None:
         "UDEV_DEVNODE": "/dev/video0",
         "UDEV_DEVNODE_1A2B3C": "/dev/video0",
     }
+    # A fallback name (crds.naming.fallback_instance_name) keeps the device's digest.
+    for name in ("cam-1a2b3c.node-b", "ca-9f9f--1a2b3c.node-b.example"):
+        assert broker_envs(name, {"P": "v"}) == {"P": "v", "P_1A2B3C": "v"}
 
 
 def test_configuration_devices_follow_available_and_held_slots_with_stable_ids() -> None:
