@@ -372,14 +372,14 @@ async def test_a_squatted_local_name_sends_the_device_to_its_nodes_fallback_name
         control_plane: ControlPlane, enforced: World, kube: AsyncClient, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
     """Local names are Akri's 3-byte digest of device id and node, which the API server cannot
-    recompute, so node A's token can still create, for itself, the local Instance name node B's
-    device will want. Node B (a kubelet stand-in, the agent's device-plugin side and its real
+    recompute, so node A's token can still create the Instance name node B's local device will
+    want (local, for A, or shared, for no node). Node B (a kubelet stand-in, the agent's device-plugin side and its real
     publisher, all on B's pod-bound token) then publishes that device as ``<name>.<B>``, which
     A's token may not create, and serves it; said once; kept across a restart of the publisher
     (no second Instance) and after the squat is deleted (moving a served device is churn)."""
     cp, w = control_plane, enforced
     caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
-    cfg_name, body = _to_squat(cp, w, "squat", ["d1", "d2"], shared=False)
+    cfg_name, body = _to_squat(cp, w, "squat", ["d1", "d2", "d3"], shared=False)
     with node_dirs() as dirs:
         async with running_node(NodeEmulator, cp.kubeconfig, dirs) as node:
             b = node.node_name
@@ -406,9 +406,13 @@ async def _squat_and_fallback(
     wanted = instance_name(cfg_name, "d1", shared=False, node=b)
     fallback = fallback_instance_name(cfg_name, digest, b)
     other = instance_name(cfg_name, "d2", shared=False, node=b)
+    third = instance_name(cfg_name, "d3", shared=False, node=b)
+    third_fallback = f"{third}.{b}"
     assert fallback == f"{wanted}.{b}"
-    # The squat itself still passes (the policy cannot tell whose digest a name is) ...
+    # The squat itself still passes (the policy cannot tell whose digest a name is), as a
+    # local Instance of A's or as a shared one of no node (which B may not make local) ...
     _allowed(_create(w.agent_a, body(wanted, nodes=[w.node_a])))
+    _allowed(_create(w.agent_a, body(third, nodes=[], shared=True)))
     # ... but B's fallback name is B's alone: not local for A, not shared, not with more after
     # B's name (all after the first '.' is the node, not a suffix of it).
     fallback_own = "named <name>.<node> (a local device's fallback name) only for its own node"
@@ -422,7 +426,8 @@ async def _squat_and_fallback(
     _allowed(_create(w.agent_a, body(f"{wanted}.{w.node_a}", nodes=[w.node_a])))
     cp.kubectl("delete", INSTANCES, f"{wanted}.{w.node_a}", "-n", w.namespace)
 
-    devices = [Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d}) for d in ("d1", "d2")]
+    devices = [Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d})
+               for d in ("d1", "d2", "d3")]
 
     async def run_publisher() -> InstancePublisher:
         """One run of node B's discovery side: adopt, then publish and resync twice."""
@@ -444,8 +449,8 @@ async def _squat_and_fallback(
         return {i["metadata"]["name"]: (i["spec"].get("nodes", []), i["metadata"]["uid"])
                 for i in found if i["spec"]["configurationName"] == cfg_name}
 
-    def said() -> list[str]:
-        return [r.getMessage() for r in caplog.records if wanted in r.getMessage()]
+    def said(name: str = wanted) -> list[str]:
+        return [r.getMessage() for r in caplog.records if name in r.getMessage()]
 
     def events() -> list[dict[str, Any]]:
         found = _get(cp, "events", "-n", w.namespace)["items"]
@@ -453,10 +458,11 @@ async def _squat_and_fallback(
                 and wanted in e.get("message", "")]
 
     publisher = await run_publisher()
-    assert set(publisher.owned) == {fallback, other}
+    mine = {fallback, other, third_fallback}
+    assert set(publisher.owned) == mine
     first = listed()
     assert {n: nodes for n, (nodes, _uid) in first.items()} == {
-        wanted: [w.node_a], fallback: [b], other: [b]}
+        wanted: [w.node_a], fallback: [b], other: [b], third: [], third_fallback: [b]}
     shown = cp.kubectl("get", INSTANCES, "-n", w.namespace).stdout
     assert fallback in shown, shown
     # Served: B's kubelet is offered the fallback Instance's slot under its own resource.
@@ -469,10 +475,14 @@ async def _squat_and_fallback(
     [event] = events()
     assert fallback in event["message"]
     assert event["reportingInstance"] == b
+    [message] = said(third)
+    assert f"held by a shared Instance of node(s) none; published as {third_fallback}" \
+        in message, message
+    await wait_allocatable(kube, b, instance_resource_name(third_fallback), "1")
 
     # A restart of B's discovery side adopts the fallback: same Instance, nothing new, no word.
     publisher = await run_publisher()
-    assert set(publisher.owned) == {fallback, other}
+    assert set(publisher.owned) == mine
     assert listed() == first
     assert len(said()) == 1
 
@@ -480,7 +490,7 @@ async def _squat_and_fallback(
     # free.
     cp.kubectl("delete", INSTANCES, wanted, "-n", w.namespace)
     publisher = await run_publisher()
-    assert set(publisher.owned) == {fallback, other}
+    assert set(publisher.owned) == mine
     assert listed() == {n: v for n, v in first.items() if n != wanted}
     await wait_allocatable(kube, b, resource, "1")
     assert len(said()) == 1
