@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller import naming
+from crds.naming import fallback_instance_name, instance_resource_name
 from tests.harness import controller_process as h
 from tests.harness.controlplane import ControlPlane
 
@@ -83,6 +85,29 @@ def test_instance_gets_pinned_owned_brokers_and_services(
     control_plane.kubectl("delete", "instances.edgeplug.io", inst, "-n", namespace)
     h.wait_until(lambda: not pods_by_name(control_plane, namespace), what="no broker pod left")
     h.wait_until(lambda: not services(control_plane, namespace), what="no service left")
+
+
+def test_a_fallback_named_instance_gets_its_broker_and_service_like_any_other(
+    control_plane: ControlPlane, namespace: str, controller: h.ControllerProcess
+) -> None:
+    """A local device whose Akri name was taken is published as ``<name>.<node>``
+    (crds.naming.fallback_instance_name): a '.' no broker pod or Service name may hold."""
+    cfg, node = h.unique("cam"), "edge-7.example.internal"
+    inst = fallback_instance_name(cfg, "a1b2c3", node)
+    assert inst is not None
+    h.apply(control_plane, h.configuration(
+        namespace, cfg, pod_spec=h.broker_pod_spec(), instance_service=True))
+    h.apply(control_plane, h.instance(namespace, inst, configuration_name=cfg, nodes=[node]))
+    pods = h.wait_until(lambda: pods_by_name(control_plane, namespace) or None,
+                        what=f"the broker of {inst}")
+    pod = pods[naming.broker_pod_name(inst, node)]
+    assert pod["metadata"]["labels"]["edgeplug.io/instance"] == inst
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+        instance_resource_name(inst): "1"}
+    svcs = h.wait_until(lambda: services(control_plane, namespace) or None,
+                        what=f"the service of {inst}")
+    assert svcs[naming.instance_service_name(inst)]["spec"]["selector"] == {
+        "edgeplug.io/instance": inst, "app.kubernetes.io/component": "broker"}
 
 
 def jobs_by_name(plane: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
