@@ -36,68 +36,26 @@ from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until, wait_service_account
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
-    END_MARK,
-    ENV_MARK,
     Broker,
+    akri_style_deployment,
     allocates,
+    app_pods,
     broker_log,
     broker_spec,
+    is_running,
+    is_unschedulable,
     logged_env,
     node,
     plane,
+    refusal,
     running_container,
     start_agent,
 )
-from tests.harness.realnode_images import BUSYBOX_IMAGE
 
 __all__ = ["node", "plane"]  # the module fixtures
 
 pytestmark = pytest.mark.timeout(1500)
 CAPACITY = 3
-
-
-def _deployment(name: str, resource: str, replicas: int) -> dict[str, Any]:
-    """An Akri-style Deployment: busybox asking for ``resource`` in its limits, printing env."""
-    script = f"echo {ENV_MARK}; env | sort; echo {END_MARK}; exec sleep 3600"
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", script],
-                        "resources": {"limits": {resource: "1"}},
-                    }],
-                },
-            },
-        },
-    }
-
-
-def _pods(plane: ControlPlane, ns: str, app: str) -> list[dict[str, Any]]:
-    out = plane.kubectl("get", "pods", "-n", ns, "-l", f"app={app}", "-o", "json").stdout
-    return list(json.loads(out)["items"])
-
-
-def _running(pod: dict[str, Any]) -> bool:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return bool(statuses) and "running" in (statuses[0].get("state") or {})
-
-
-def _refused(pod: dict[str, Any]) -> str | None:
-    """The admission refusal a kubelet gave the pod (``UnexpectedAdmissionError`` and kin)."""
-    status = pod.get("status") or {}
-    return str(status.get("reason")) if status.get("phase") == "Failed" else None
-
-
-def _unschedulable(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 async def _first_release(kube: AsyncClient, namespace: str, device: str,
@@ -162,13 +120,13 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
                                       configuration_resource_name("cams", None)}), (
             f"a device plugin advertises the shared device: {advertised}")
 
-        h.apply(plane, ns, _deployment("akri-style", "edgeplug.io/cams", CAPACITY - 1))
+        h.apply(plane, ns, akri_style_deployment("akri-style", "edgeplug.io/cams", CAPACITY - 1))
 
         async def deployment_running() -> list[dict[str, Any]] | None:
-            pods = _pods(plane, ns, "akri-style")
-            refused = [(p["metadata"]["name"], _refused(p)) for p in pods if _refused(p)]
+            pods = app_pods(plane, ns, "akri-style")
+            refused = [(p["metadata"]["name"], refusal(p)) for p in pods if refusal(p)]
             assert not refused, f"refused at admission: {refused}"
-            return pods if len(pods) == CAPACITY - 1 and all(map(_running, pods)) else None
+            return pods if len(pods) == CAPACITY - 1 and all(map(is_running, pods)) else None
 
         pods = await eventually(deployment_running, what="both Deployment pods Running",
                                 deadline=120)
@@ -182,12 +140,12 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
             assert (result["driver"], result["device"]) == (dra.DRIVER, cam)
 
         # A fourth pod: the device's three slots are taken (broker + two), so it waits.
-        h.apply(plane, ns, _deployment("one-too-many", "edgeplug.io/cams", 1))
+        h.apply(plane, ns, akri_style_deployment("one-too-many", "edgeplug.io/cams", 1))
 
         async def waiting() -> dict[str, Any] | None:
-            (extra,) = _pods(plane, ns, "one-too-many") or [{}]
-            assert not _refused(extra), f"refused at admission: {_refused(extra)}"
-            return extra if _unschedulable(extra) else None
+            (extra,) = app_pods(plane, ns, "one-too-many") or [{}]
+            assert not refusal(extra), f"refused at admission: {refusal(extra)}"
+            return extra if is_unschedulable(extra) else None
 
         await eventually(waiting, what="the fourth pod Pending, unschedulable", deadline=60)
         assert allocates(node, broker) == 0, "no device-plugin Allocate for anything"
@@ -199,9 +157,9 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
                       str(CAPACITY - 2))
 
         async def took_the_slot() -> bool:
-            (extra,) = _pods(plane, ns, "one-too-many")
-            assert not _refused(extra), f"refused at admission: {_refused(extra)}"
-            return _running(extra)
+            (extra,) = app_pods(plane, ns, "one-too-many")
+            assert not refusal(extra), f"refused at admission: {refusal(extra)}"
+            return is_running(extra)
 
         await eventually(took_the_slot, what="the waiting pod Running once a slot freed",
                          deadline=120)

@@ -5,12 +5,14 @@ a control plane with the Node authorizer, one started ``RealNode``, the agent as
 the node's mount namespace with its default paths, the controller, and a broker that is a
 busybox shell proving from inside the container what it got (its env, ``/dev``, a device's
 bytes), read back with ``kubectl logs``. A test module asks for ``plane`` and ``node`` (module
-fixtures, offered by tests/e2e/conftest.py) and uses ``deployed``.
+fixtures, offered by tests/e2e/conftest.py) and uses ``deployed``. Akri-style Deployments (a
+plain pod template asking for an ``edgeplug.io/...`` resource) and their pods' states too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -176,3 +178,50 @@ def create_error(plane: ControlPlane, broker: Broker) -> str | None:
         if waiting.get("reason") == "CreateContainerError":
             return str(waiting.get("message", ""))
     return None
+
+
+def akri_style_deployment(name: str, resource: str, replicas: int) -> dict[str, Any]:
+    """A plain Deployment (Akri's "Requesting Akri Resources"): busybox asking for
+    ``resource: 1`` in its limits, no claim, printing its env."""
+    script = f"echo {ENV_MARK}; env | sort; echo {END_MARK}; exec sleep 3600"
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", script],
+                        "resources": {"limits": {resource: "1"}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def app_pods(plane: ControlPlane, namespace: str, app: str) -> list[dict[str, Any]]:
+    """The pods labelled ``app=<app>`` (a Deployment's above)."""
+    out = plane.kubectl("get", "pods", "-n", namespace, "-l", f"app={app}", "-o",
+                        "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def is_running(found: dict[str, Any]) -> bool:
+    statuses = (found.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all("running" in (s.get("state") or {}) for s in statuses)
+
+
+def refusal(found: dict[str, Any]) -> str | None:
+    """The admission refusal a kubelet gave the pod (``UnexpectedAdmissionError`` and kin)."""
+    status = found.get("status") or {}
+    return str(status.get("reason")) if status.get("phase") == "Failed" else None
+
+
+def is_unschedulable(found: dict[str, Any]) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+               for c in (found.get("status") or {}).get("conditions") or [])
