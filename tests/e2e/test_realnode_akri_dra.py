@@ -12,14 +12,14 @@ printing its env, since the node has no registry): ``brokerSpec.brokerPodSpec`` 
 ``{{PLACEHOLDER}}`` in requests and limits beside memory and cpu, ``instanceServiceSpec``,
 ``configurationServiceSpec``, ``brokerProperties: {}``. No edgeplug field is set.
 
-* Shared devices (debugEcho, two descriptions; one asyncua OPC-UA server): the scheduler
-  allocates them. One broker per device runs and gets its own device's env from the claim's
-  CDI spec (Akri's names: ``DEBUG_ECHO_DESCRIPTION``, ``OPCUA_DISCOVERY_URL`` and their
-  ``_<id>`` forms); nothing is ``Allocate``d and no device plugin advertises them. A plain
-  Deployment asking for ``edgeplug.io/<configuration>: 1`` is scheduled through the
-  Configuration's DeviceClass; each replica's container gets the device its claim was
-  allocated (``DEBUG_ECHO_DESCRIPTION_<id>`` of that device). Capacity is counted by the
-  scheduler: a replica beyond it stays Pending, never refused at admission.
+* Shared devices (debugEcho, two descriptions; one open62541 OPC-UA server, its own
+  process): the scheduler allocates them. One broker per device runs and gets its own
+  device's env from the claim's CDI spec (Akri's names: ``DEBUG_ECHO_DESCRIPTION``,
+  ``OPCUA_DISCOVERY_URL`` and their ``_<id>`` forms); nothing is ``Allocate``d and no device
+  plugin advertises them. A plain Deployment asking for ``edgeplug.io/<configuration>: 1`` is
+  scheduled through the Configuration's DeviceClass; each replica's container gets the device
+  its claim was allocated (``DEBUG_ECHO_DESCRIPTION_<id>`` of that device). Capacity is
+  counted by the scheduler: a replica beyond it stays Pending, never refused at admission.
 * A local device (udev: a loop device): the device plugin stays its allocator. The broker and
   an Akri-style Deployment asking for ``edgeplug.io/<configuration>: 1`` are admitted by the
   kubelet through ``Allocate``; the containers get ``UDEV_DEVNODE`` (and ``_<id>``), the block
@@ -56,7 +56,7 @@ from tests.harness.agent_process import eventually
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess, broker_pods
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import until, wait_service_account
-from tests.harness.opcua_servers import TestServer
+from tests.harness.opcua_open62541 import Open62541Server
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
     END_MARK,
@@ -242,7 +242,7 @@ async def test_akri_shared_configurations_and_deployment_through_the_scheduler(
 ) -> None:
     echo_name, plc_name, capacity = "akri-debug-echo-foo", "akri-opcua", 2
     descriptions = ["foo0", "foo1"]
-    server = await TestServer("line-1").start()
+    server = await Open62541Server("line-1").start()  # the C stack, in its own process
     try:
         async with dra_default(plane, node, tmp_path) as (ns, agent_log, _):
             started = time.monotonic()
@@ -315,7 +315,7 @@ async def test_akri_shared_configurations_and_deployment_through_the_scheduler(
             for name in (echo_name, plc_name):
                 assert allocations(node, agent_log, f"edgeplug.io/{name}") == 0
     finally:
-        await server.stop()
+        await server.close()
 
 
 async def test_akri_udev_configuration_and_deployment_through_the_device_plugin(
