@@ -133,6 +133,8 @@ class DraPublisher:
         self._written: dict[str, Written] = {}
         self._dirty = asyncio.Event()
         self._relist = asyncio.Event()
+        #: While a relist is in flight: the Instances the watch delivered meanwhile.
+        self._touched: set[tuple[str, str]] | None = None
         self.writes = 0  # API writes (applies and deletes), for the benchmarks
         self.passes = 0  # reconcile passes completed without error
         self._last_write = float("-inf")  # start of the last pass that wrote
@@ -175,6 +177,8 @@ class DraPublisher:
         ):
             instance = Instance.from_object(as_dict(obj))
             key = (instance.namespace, instance.name)
+            if self._touched is not None:
+                self._touched.add(key)
             if kind == "DELETED":
                 self._instances.pop(key, None)
                 self._seen.discard(key)
@@ -228,12 +232,27 @@ class DraPublisher:
         return not instance.spec.shared or set(instance.spec.nodes) == {self._node}
 
     async def _list_instances(self) -> None:
+        """Relist (at start, after the watch started over, every ``RESYNC_SECONDS``). An
+        Instance the watch delivered while the list was in flight stays as the watch has it
+        (the list's answer may be older; the watch brings every later change): the answer
+        replacing everything dropped an Instance created meanwhile, whose pool then waited for
+        its next change, and brought back one deleted meanwhile."""
         namespace = self._namespace if self._namespace is not None else "*"
-        fresh: dict[tuple[str, str], Instance] = {}
-        async for obj in self._client.list(InstanceResource, namespace=namespace):
-            instance = Instance.from_object(as_dict(obj))
-            fresh[(instance.namespace, instance.name)] = instance
-        self._instances = fresh
+        before = dict(self._instances)
+        self._touched = set()
+        try:
+            listed: dict[tuple[str, str], Instance] = {}
+            async for obj in self._client.list(InstanceResource, namespace=namespace):
+                instance = Instance.from_object(as_dict(obj))
+                listed[(instance.namespace, instance.name)] = instance
+            for key, instance in listed.items():
+                if key not in self._touched:
+                    self._instances[key] = instance
+            for key in before.keys() - listed.keys() - self._touched:
+                self._instances.pop(key, None)
+                self._seen.discard(key)
+        finally:
+            self._touched = None
 
     async def _adopt(self) -> None:
         """Learn the pools this node published before a restart, so none is rewritten

@@ -8,6 +8,8 @@ and ``remove``), so what the publisher is told is exactly what the agent tells i
   for it (a local device; a shared one only this node lists), not when its Instance goes; a
   shared device another node lists still waits for its Instance (that node may publish it).
 - New pools' generations are looked up a batch at a time, not one list per pool.
+- An Instance the watch delivers while a relist is in flight is kept, and one it deletes
+  meanwhile is not brought back by the list's older answer.
 - A change after a quiet spell (``QUIET_S``) is written at once, not what is left of
   ``MIN_PASS_INTERVAL`` after the last write later; changes in a burst are still paced.
 """
@@ -26,6 +28,7 @@ from lightkube import AsyncClient, KubeConfig
 from agent.dra import publisher as publisher_module
 from agent.dra import slices
 from agent.dra.publisher import MIN_PASS_INTERVAL, QUIET_S, DraPublisher
+from agent.kube import InstanceResource
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from discovery_handlers.contract import Device
 from tests.harness import agent_process as harness
@@ -62,10 +65,37 @@ class CountingClient(AsyncClient):
         return await super().patch(res, *args, **kwargs)
 
 
+class HeldListClient(CountingClient):
+    """Hands over its first list of Instances (as the API server answered it) only once
+    ``release`` is set: the watch's events of the meantime reach the publisher first, as they
+    do when a list's answer is slow to arrive or to be read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answered = asyncio.Event()
+        self.release = asyncio.Event()
+        self._held = False
+
+    def list(self, res: Any, *args: Any, **kwargs: Any) -> Any:
+        listing = super().list(res, *args, **kwargs)
+        if res is not InstanceResource or self._held:
+            return listing
+        self._held = True
+        return self._handed_over_later(listing)
+
+    async def _handed_over_later(self, listing: Any) -> AsyncIterator[Any]:
+        answer = [obj async for obj in listing]
+        self.answered.set()
+        await self.release.wait()
+        for obj in answer:
+            yield obj
+
+
 @contextlib.asynccontextmanager
-async def publishing(cp: ControlPlane, namespace: str
+async def publishing(cp: ControlPlane, namespace: str, client_type: type[CountingClient] = (
+                     CountingClient)
                      ) -> AsyncIterator[tuple[DraPublisher, NodeDeviceTable, CountingClient]]:
-    client = CountingClient(KubeConfig.from_file(str(cp.kubeconfig)))
+    client = client_type(KubeConfig.from_file(str(cp.kubeconfig)))
     table = NodeDeviceTable()
     publisher = DraPublisher(client=client, node_name=NODE, namespace=namespace, devices=table)
     task = asyncio.create_task(publisher.run())
@@ -94,6 +124,11 @@ def _pool(ns: str, configuration: str, name: str, *, shared: bool) -> str:
 
 async def _devices(kube: AsyncClient, pool: str) -> set[str]:
     return set(h.pool_devices(await h.pool_slices(kube, pool)))
+
+
+async def _published(kube: AsyncClient, pool: str) -> set[str] | None:
+    """The pool's devices once it has any (None before: a wait for them)."""
+    return await _devices(kube, pool) or None
 
 
 async def test_a_device_this_node_stops_serving_is_withdrawn_before_its_instance_goes(
@@ -129,6 +164,40 @@ async def test_a_device_this_node_stops_serving_is_withdrawn_before_its_instance
         assert await _devices(kube, pools[both]) == {both}
 
 
+async def test_the_watch_outranks_a_relist_answered_meanwhile(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient,
+) -> None:
+    ns = namespace
+    # Listed, then deleted before the list's answer is read.
+    deleted = await create_instance(kube, ns, configuration="relist", digest="a0",
+                                    nodes=[NODE], capacity=1, shared=True)
+    async with publishing(control_plane, ns, HeldListClient) as (publisher, table, client):
+        assert isinstance(client, HeldListClient)
+        await table.put(NodeDevice(instance=deleted, namespace=ns, configuration="relist",
+                                   device=Device(id="a0"), shared=True))
+        await harness.eventually(lambda: asyncio.sleep(0, client.answered.is_set() or None),
+                                 what="the publisher's first list of Instances answered")
+        await kube.delete(InstanceResource, deleted, namespace=ns)
+        # Created after the list was answered.
+        created = await _instance(kube, ns, table, "relist", "b1", nodes=[NODE], shared=True)
+
+        def known() -> set[str]:
+            return {i.name for i in publisher.known_instances()}
+
+        await harness.eventually(
+            lambda: asyncio.sleep(0, (created in known() and deleted not in known()) or None),
+            what="the watch's creation and deletion")
+        client.release.set()
+        pool = _pool(ns, "relist", created, shared=True)
+        await harness.eventually(lambda: _published(kube, pool),
+                                 what="the Instance created during the list, published")
+        assert created in known(), known()
+        assert deleted not in known(), known()
+        # The deleted one's device is still in the table: only a pool planned from the stale
+        # answer would publish it.
+        assert await _devices(kube, _pool(ns, "relist", deleted, shared=True)) == set()
+
+
 async def test_a_device_not_served_yet_is_held_not_withdrawn(
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
@@ -138,7 +207,7 @@ async def test_a_device_not_served_yet_is_held_not_withdrawn(
                                   serve=False)
         ready = await _instance(kube, ns, table, "cam", "f6", nodes=[NODE], shared=True)
         await harness.eventually(
-            lambda: _devices(kube, _pool(ns, "cam", ready, shared=True)),
+            lambda: _published(kube, _pool(ns, "cam", ready, shared=True)),
             what="the served device published")
         passes = publisher.passes
         await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > passes or None),
