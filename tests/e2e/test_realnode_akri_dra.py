@@ -5,7 +5,7 @@ unchanged, get their devices.
 The agent runs beside the kubelet with ``DRA=on`` (its device plugins on, as the chart sets
 it); the controller with ``--dra`` against the harness's API server, which serves a
 DeviceClass's ``extendedResourceName``. The Configurations are what Akri's Helm chart renders
-for its debugEcho, OPC-UA and udev examples (``helm template ... --set
+for its debugEcho, OPC-UA, ONVIF and udev examples (``helm template ... --set
 <handler>.configuration.enabled=true``), with ``apiVersion: edgeplug.io/v1alpha1`` and the
 values a site sets (names, discovery URLs, udev rules, capacity, the broker image: busybox
 printing its env, since the node has no registry): ``brokerSpec.brokerPodSpec`` asking for
@@ -25,6 +25,10 @@ printing its env, since the node has no registry): ``brokerSpec.brokerPodSpec`` 
   kubelet through ``Allocate``; the containers get ``UDEV_DEVNODE`` (and ``_<id>``), the block
   device node, and read its bytes.
 
+* ONVIF (Akri's form discovers by multicast WS-Discovery only): the camera simulator and the
+  agent in the node's network namespace, on a LAN interface of its own there; the broker and
+  an Akri-style Deployment get the camera through the scheduler (``ONVIF_DEVICE_SERVICE_URL``,
+  ``ONVIF_DEVICE_UUID``, ``ONVIF_STREAM_URI`` and the ``_<id>`` forms).
 * Two real nodes seeing one shared debugEcho device of capacity 3: one slice for both, a
   broker on each (Akri's one per node), and of an Akri-style Deployment's two replicas one
   runs and one stays Pending: the scheduler counts the device's capacity once across nodes.
@@ -36,10 +40,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +59,9 @@ from tests.e2e.test_realnode_brokers import loop_device
 from tests.harness import dra as h
 from tests.harness.agent_process import eventually
 from tests.harness.controller_process import FAST_ARGS, ControllerProcess, broker_pods
-from tests.harness.controlplane import ControlPlane
+from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import until, wait_service_account
+from tests.harness.onvif_netns import camera, start_cameras
 from tests.harness.opcua_open62541 import Open62541Server
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
@@ -76,6 +82,8 @@ from tests.harness.realnode_images import BUSYBOX_IMAGE
 
 pytestmark = pytest.mark.timeout(1500)
 DEPLOYMENT_WITHIN_S = 120.0
+#: The node network namespace's own LAN interface, where ONVIF multicast goes (a veth).
+LAN_ADDRESS = "10.79.0.1"
 #: What the chart's values give each broker (Akri's debugEcho/udev defaults).
 BROKER_RESOURCES = {"memoryRequest": "10Mi", "cpuRequest": "10m",
                     "memoryLimit": "30Mi", "cpuLimit": "29m"}
@@ -134,6 +142,15 @@ def opcua(name: str, discovery_urls: list[str], capacity: int) -> dict[str, Any]
                + "".join(f"    - {u}\n" for u in discovery_urls)
                + "applicationNames:\n  action: Exclude\n  items: []\n")
     return _akri(name, "opcua", details, _printing(name), capacity=capacity, port=80)
+
+
+def onvif(name: str, capacity: int) -> dict[str, Any]:
+    """deployment/helm/templates/onvif-configuration.yaml's shape with the chart's default
+    filters (nothing excluded) and discovery timeout."""
+    details = "".join(f"{key}: \n  action: Exclude\n  items: []\n"
+                      for key in ("ipAddresses", "macAddresses", "scopes"))
+    details += "discoveryTimeoutSeconds: 1\n"
+    return _akri(name, "onvif", details, _printing(name), capacity=capacity, port=80)
 
 
 def udev(name: str, rules: list[str], capacity: int, proof: str) -> dict[str, Any]:
@@ -209,10 +226,11 @@ def sharing(plane: ControlPlane, ns: str, configuration: str) -> str | None:
 
 
 @asynccontextmanager
-async def dra_default(plane: ControlPlane, node: RealNode, tmp_path: Path,
-                      ) -> AsyncIterator[tuple[str, str, AsyncClient]]:
-    """A namespace, the agent beside the kubelet with ``DRA=on``, the controller with
-    ``--dra``; yields (namespace, the agent's log name, a client). All stopped after."""
+async def dra_default(plane: ControlPlane, node: RealNode, tmp_path: Path, *,
+                      agent_net: bool = False) -> AsyncIterator[tuple[str, str, AsyncClient]]:
+    """A namespace, the agent beside the kubelet with ``DRA=on`` (``agent_net``: in the node's
+    network namespace), the controller with ``--dra``; yields (namespace, the agent's log
+    name, a client). All stopped after."""
     ns = f"akri-{uuid.uuid4().hex[:6]}"
     plane.kubectl("create", "namespace", ns)
     kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
@@ -221,7 +239,8 @@ async def dra_default(plane: ControlPlane, node: RealNode, tmp_path: Path,
                             extra_args=(*FAST_ARGS, "--dra"))
     try:
         await wait_service_account(kube, ns)
-        start_agent(node, plane, Broker(ns, "", "", agent_log), extra_env={"DRA": "on"})
+        start_agent(node, plane, Broker(ns, "", "", agent_log), extra_env={"DRA": "on"},
+                    net=agent_net)
         ctl.start()
         yield ns, agent_log, kube
     finally:
@@ -416,3 +435,67 @@ async def test_a_shared_devices_capacity_is_counted_once_across_two_real_nodes(
     finally:
         print(f"--- second node's kubelet log ---\n{other.log_tail('kubelet', 20)}")
         other.cleanup()
+
+
+@contextmanager
+def named_netns(node: RealNode) -> Iterator[str]:
+    """The node's network namespace under a name (``ip netns attach``), with a multicast LAN
+    interface of its own (one end of a veth pair, ``LAN_ADDRESS``); both removed after."""
+    name = f"ep-{node.node_name}"
+    subprocess.run(["ip", "netns", "attach", name, str(node.pid("containerd"))], check=True)
+    inside = ["ip", "-n", name]
+    try:
+        subprocess.run([*inside, "link", "add", "lan0", "type", "veth", "peer", "name", "lan1"],
+                       check=True)
+        for end in ("lan1", "lan0"):
+            subprocess.run([*inside, "link", "set", end, "up"], check=True)
+        subprocess.run([*inside, "addr", "add", f"{LAN_ADDRESS}/24", "dev", "lan0"], check=True)
+        yield name
+    finally:
+        subprocess.run([*inside, "link", "del", "lan0"], check=False)
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+async def test_akri_onvif_configuration_finds_a_camera_by_multicast_and_is_scheduled(
+    plane: ControlPlane, node: RealNode, tmp_path: Path,
+) -> None:
+    """Akri's ONVIF Configuration discovers by multicast WS-Discovery only: the simulated
+    camera and the agent both run in the node's network namespace (the agent reaches the API
+    server through ``forward_api``), on a LAN interface of its own there."""
+    name, capacity, http_port = "akri-onvif", 2, free_port()
+    stream = "rtsp://127.0.0.1:8554/main"
+    cam = camera(1, "127.0.0.1", port=http_port,
+                 profiles=[{"token": "main", "name": "Main", "uri": stream}])
+    url = f"http://127.0.0.1:{http_port}/onvif/1/device_service"
+    with named_netns(node) as netns:
+        node.forward_api()
+        cameras = await start_cameras(None, netns, {"http_port": http_port, "cameras": [cam]},
+                                      workdir=tmp_path)
+        try:
+            async with dra_default(plane, node, tmp_path, agent_net=True) as (ns, agent_log, _):
+                started = time.monotonic()
+                h.apply(plane, ns, onvif(name, capacity))
+                inst = instance_name(name, f"{url}-{cam['uuid']}", shared=True,
+                                     node=node.node_name)
+                broker = Broker(ns, inst, f"{inst}-{node.node_name}-pod", agent_log)
+                await running_container(plane, broker)
+                print(f"figure: Akri's ONVIF Configuration applied -> the camera's broker "
+                      f"Running through the scheduler {time.monotonic() - started:.1f} s")
+                env = logged_env(await broker_log(plane, broker))
+                for key, value in (("ONVIF_DEVICE_SERVICE_URL", url),
+                                   ("ONVIF_DEVICE_UUID", cam["uuid"]),
+                                   ("ONVIF_STREAM_URI", stream)):
+                    assert env[key] == env[f"{key}_{akri_id(inst)}"] == value
+                assert sharing(plane, ns, name) == "dra"
+
+                h.apply(plane, ns, akri_style_deployment("viewers", f"edgeplug.io/{name}", 1))
+                (viewer,) = await running_replicas(plane, ns, "viewers", 1)
+                assert claimed_device(plane, viewer) == inst
+                viewer_env = await pod_env(plane, viewer)
+                assert viewer_env[f"ONVIF_DEVICE_SERVICE_URL_{akri_id(inst)}"] == url
+                assert allocations(node, agent_log, f"edgeplug.io/{name}") == 0
+                assert allocations(node, agent_log, f"edgeplug.io/{inst}") == 0
+        finally:
+            await cameras.stop()
+            node.stop_process("api-forward")
+            print(f"--- cameras ---\n{cameras.stderr()}")
