@@ -5,12 +5,17 @@ kubelet's view in line with the API server and with what this node can serve. It
 Instances, reacts to the ``NodeDeviceTable``, and on every change (and, as a safety net,
 every ``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists
 this node, one configuration-level plugin per Configuration with such Instances, advertised
-lists computed by ``agent.slots.rules``, reservations moved through ``agent.slots.ledger``
-(advertising stops before a reservation is released) and steered by the demand of Pending pods
-pinned to this node (``agent.slots.demand``, published as ``status.demand``), this node's usage
-freed when an Instance stops listing it, slots of vanished pods freed by
+lists computed by ``agent.slots.rules``, reservations kept through ``agent.slots.ledger``,
+this node's usage freed when an Instance stops listing it, slots of vanished pods freed by
 ``agent.slots.freeing``, display fields kept by ``agent.slots.display``. The lifecycle
 (sockets, registration, kubelet restarts) is ``PluginManager``'s.
+
+Local devices (one listed node) need nothing more: that node reserves every free slot. The
+first time a pass serves a shared device through device plugins (its Configuration's allocator
+is ``devicePlugin``, or this agent runs without DRA), it loads the compatibility mode's
+cross-node protocol, ``agent.slots.compat``: reservations moved by the demand of Pending pods
+pinned here (published as ``status.demand``), released only once its gate has lowered this
+Node's counts, and those counts kept down. The DRA default never loads it.
 
 At rest the loop sleeps: a pass that failed in part is retried after ``RETRY_SECONDS``, and
 pod-resources is swept every ``SWEEP_SECONDS`` only while this node holds a slot; with nothing
@@ -23,12 +28,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Node
 
 from agent import watching
 from agent.deviceplugin.backend import PluginBackend, PluginSpec
@@ -40,10 +45,9 @@ from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.pod_annotations import PodAnnotator, devices_of
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
-from agent.slots.demand import PendingPods, instance_needs
+from agent.slots.bound_pods import BoundPodsReader
 from agent.slots.display import DisplayFields
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS, SWEEP_AWAITED_SECONDS, OrphanFreer
-from agent.slots.handoff import BoundPodsReader, HandoffGate
 from agent.slots.ledger import InstanceGone, SlotLedger, TooManyConflicts
 from agent.slots.recording import PromiseRecorder
 from agent.slots.rules import (
@@ -58,6 +62,9 @@ from agent.slots.rules import (
 from crds.configuration import Configuration, SharedDeviceAllocation
 from crds.instance import Instance, SlotUsage
 from crds.naming import configuration_resource_name, instance_resource_name
+
+if TYPE_CHECKING:
+    from agent.slots.compat.crossnode import CrossNode
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +152,13 @@ class DevicePluginService:
         #: pass would otherwise be served with a slot a live pod holds showing free.
         self._checked: set[_Key] = set()
         self._recorder = PromiseRecorder(world=self)
-        self._pods = PendingPods(
-            client=client, node=node_name, on_change=self._wake.set,
-            on_node=self._node_seen)
         self._pod_resources = (
             PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
         )
-        self._handoff = HandoffGate(client=client, node=node_name,
-                                    pod_resources=self._pod_resources)
+        #: The compatibility mode's cross-node protocol, loaded the first time this node
+        #: serves a shared device through device plugins (``_cross_node``); None until then.
+        self._cross: CrossNode | None = None
+        self._tasks: asyncio.TaskGroup | None = None
         # Pods holding devices of an AnnotatingHandler get its annotations, from the same
         # pod-resources List the sweep asks.
         self._annotator = PodAnnotator(client=client, resolve=lambda resource, ids: devices_of(
@@ -224,19 +230,31 @@ class DevicePluginService:
     def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
         self._recorder.record_later(namespace, instance, wanted)
 
+    # -- PluginWorld (agent.slots.compat.crossnode) --------------------------------------------
+
+    def feeds(self) -> Mapping[str, DeviceFeed]:
+        return {resource: served.spec.feed for resource, served in self._served.items()}
+
+    def configuration_resource(self, namespace: str, configuration: str) -> str | None:
+        return self._config_resources.get((namespace, configuration))
+
+    def wake(self) -> None:
+        self._wake.set()
+
     # -- running -----------------------------------------------------------------------------
 
     async def run(self) -> None:
         try:
             async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
                 tasks.create_task(self.manager.run(), name="plugin-manager")
                 tasks.create_task(self._watch_instances(), name="watch-instances")
                 tasks.create_task(self._watch_table(), name="watch-node-devices")
                 tasks.create_task(self._reconcile_loop(), name="reconcile-plugins")
-                tasks.create_task(self._pods.run(), name="watch-pending-pods")
                 if self._pod_resources is not None:
                     tasks.create_task(self._annotator.run(), name="annotate-pods")
         finally:
+            self._tasks = None
             # Promises still unrecorded are recorded by the next start's pod-resources sweep.
             await self._recorder.close()
             await self._display.close()
@@ -385,6 +403,8 @@ class DevicePluginService:
             # not answer).
             await self._sweep(adopt=True)
         self._checked = set(served)
+        if self._cross is None and any(i.spec.shared for i in served.values()):
+            self._cross_node()
         self.metrics.set_slots(self.node, slot_counts(served, self.node))
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
@@ -414,6 +434,18 @@ class DevicePluginService:
             await self._sweep()
         else:
             self._sweep_owed = self._freer is not None
+
+    def _cross_node(self) -> None:
+        """Load and start the compatibility mode's cross-node protocol: this node now serves a
+        shared device through device plugins. Once loaded it runs until the agent stops."""
+        from agent.slots.compat.crossnode import CrossNode  # lazily: the seam (docs/slots.md)
+
+        log.info("serving a shared device through device plugins: the cross-node protocol "
+                 "(compatibility mode) starts node=%s", self.node)
+        self._cross = CrossNode(client=self._client, node=self.node, world=self,
+                                pod_resources=self._pod_resources)
+        if self._tasks is not None:
+            self._tasks.create_task(self._cross.run(), name="cross-node-protocol")
 
     async def _ensure_instance_plugin(self, key: _Key, instance: Instance) -> str:
         resource = instance_resource_name(instance.name)
@@ -495,13 +527,10 @@ class DevicePluginService:
         return configuration_resource_name(configuration, override)
 
     async def _move_reservations(self, served: dict[_Key, Instance]) -> None:
-        wanted, holding = instance_needs(
-            served,
-            self.node,
-            config_resources=self._config_resources,
-            wanted=self._pods.wanted(),
-            starting=self._pods.starting(),
-        )
+        # Without the cross-node protocol (local devices only) no pod's demand is followed:
+        # the one listed node reserves every free slot and never gives one away.
+        wanted, holding = (({}, set()) if self._cross is None
+                           else self._cross.needs(served, self._config_resources))
         for count, (key, instance) in enumerate(served.items(), start=1):
             if count % PASS_YIELD_EVERY == 0:
                 await asyncio.sleep(0)
@@ -533,95 +562,29 @@ class DevicePluginService:
                 log.warning("moving reservations of %s/%s failed: %s", *key, error)
 
     async def _give_away_or_retry(self, key: _Key, slots: set[str]) -> bool:
+        """Stop advertising ``slots`` so that their reservations can be released, once the
+        cross-node protocol's gate clears them; False (still advertised) if it does not."""
+        if self._cross is None:
+            return False  # only a shared device moves slots between nodes
         try:
-            return await self._give_away(key, slots)
+            if await self._cross.give_away(key, slots):
+                return True
+            self._retry = self._retry or self._cross.retry
         except ApiError as error:
             self._retry = True
             log.warning("giving slots %s of %s/%s away failed: %s", sorted(slots), *key, error)
-            return False
-
-    async def _give_away(self, key: _Key, slots: set[str]) -> bool:
-        """Stop advertising ``slots`` so that their reservations can be released, once the
-        gate of ``agent.slots.handoff`` clears them; False (still advertised) if it does not."""
-        feeds = self._advertised_without(key, slots)
-        before = {resource: len(_healthy_ids(feed.devices)) for resource, feed, _ in feeds}
-        after = {resource: len(_healthy_ids(devices)) for resource, _, devices in feeds}
-        if before == after:  # nothing the kubelet or the scheduler counts changes
-            return True
-        if not await self._handoff.clear(key[1], slots, before, after):
-            self._retry = self._retry or self._handoff.retry
-            return False
-        advertised = [(feed, feed.devices) for _, feed, _ in feeds]
-        withdrawn = {
-            resource: _healthy_ids(feed.devices) - _healthy_ids(devices)
-            for resource, feed, devices in feeds
-        }
-        for _, feed, devices in feeds:
-            feed.publish(devices)
-        if await self._handoff.settle(withdrawn, after):
-            return True
-        # Kept: advertised again (a pod bound here on the old count is admitted with it).
-        for feed, old in advertised:
-            feed.publish(old)
-        await self._handoff.allocatable.set(before)
-        self._retry = self._retry or self._handoff.retry
         return False
 
-    def _advertised_counts(self) -> dict[str, int]:
-        """Per resource served, the healthy devices advertised: what its kubelet counts."""
-        return {r: len(_healthy_ids(s.spec.feed.devices)) for r, s in self._served.items()}
-
-    def _node_seen(self, node: Node) -> None:
-        # A pass only where the Node shows more than is advertised (keep_down's case): not
-        # for the echo of our own lowering, nor for every kubelet status write.
-        allocatable = self._handoff.allocatable
-        if allocatable.seen(node) and allocatable.above(self._advertised_counts()):
-            self._wake.set()
-
     async def _keep_node_count_down(self) -> None:
-        """The Node's counts no higher than what this node advertises healthy
-        (``HandoffGate.keep_down``)."""
+        """The Node's counts no higher than what this node advertises healthy (compatibility
+        mode only: ``agent.slots.compat.crossnode.CrossNode.keep_down``)."""
+        if self._cross is None:
+            return
         try:
-            await self._handoff.keep_down(self._advertised_counts())
+            await self._cross.keep_down()
         except ApiError as error:
             self._retry = True
             log.warning("lowering the Node's device counts failed: %s", error)
-
-    def _advertised_without(
-        self, key: _Key, slots: set[str]
-    ) -> list[tuple[str, DeviceFeed, list[AdvertisedDevice]]]:
-        """Per plugin that advertises ``slots`` (the Instance's own and its Configuration's):
-        its resource, its feed, and what it advertises once the slots are not this node's."""
-        changed = []
-        resource = instance_resource_name(key[1])
-        served = self._served.get(resource)
-        if served is not None:
-            feed = served.spec.feed
-            changed.append((resource, feed, [
-                AdvertisedDevice(d.id, healthy=d.healthy and d.id not in slots)
-                for d in feed.devices
-            ]))
-        # The configuration plugin's virtual devices count available slots: recount without.
-        instance = self._instances[key]
-        reduced = replace(
-            instance,
-            reservations={s: n for s, n in instance.reservations.items() if s not in slots},
-        )
-        configuration = instance.spec.configuration_name
-        config_resource = self._config_resources.get((key[0], configuration))
-        served_config = self._served.get(config_resource) if config_resource else None
-        if config_resource and served_config is not None:
-            others = [
-                i for i in self.configuration_instances(key[0], configuration) if i.name != key[1]
-            ]
-            healthy = [
-                i.name
-                for i in [*others, reduced]
-                if (d := self._devices.get(key[0], i.name)) is not None and d.healthy
-            ]
-            changed.append((config_resource, served_config.spec.feed, list(configuration_devices(
-                configuration, [*others, reduced], self.node, healthy=healthy))))
-        return changed
 
     async def _withdraw_from_unlisted(self) -> None:
         """Free this node's usage on Instances that no longer list it."""
@@ -637,11 +600,6 @@ class DevicePluginService:
                 ledger = self.ledger(*key)
                 async with ledger.lock:
                     await ledger.free(mine)
-
-
-def _healthy_ids(devices: Iterable[AdvertisedDevice]) -> frozenset[str]:
-    """The devices the kubelet may allocate; their number is the resource's allocatable."""
-    return frozenset(d.id for d in devices if d.healthy)
 
 
 async def serve_device_plugins(

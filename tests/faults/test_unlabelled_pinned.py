@@ -5,7 +5,7 @@ each); six pods pinned by a ``kubernetes.io/hostname`` nodeSelector, three per n
 labelled ``edgeplug.io/target-node``. As running pods are deleted the waiting ones must take the
 freed slots, whichever node freed them. Before the controller counted pinned pods on the Node
 (controller/pinned_demand.py → the ``edgeplug.io/pinned-demand`` annotation →
-agent/slots/demand.py), a slot freed on one node stayed reserved there while the other node's
+agent/slots/compat/demand.py), a slot freed on one node stayed reserved there while the other node's
 pod waited: nothing was admitted for 45 s.
 
 Real parts: two kubelets' device managers (``DeviceNode``), an agent process beside each, the

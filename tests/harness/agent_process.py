@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -173,7 +173,9 @@ class AgentSubprocess(ChildProcess):
     def __init__(self, cp: ControlPlane, *, node_name: str, namespace: str | None,
                  serve_device_plugins: bool = False, plugin_dir: Path | None = None,
                  log_path: Path | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None,
+                 python_args: Sequence[str] = ("-m", "agent.main")) -> None:
+        """``python_args``: what the interpreter runs (another module that runs the agent)."""
         env = dict(os.environ)
         # No CDI specs, pod-resources or handler registration unless a test asks (extra_env):
         # their defaults are this machine's own directories, which the check below refuses.
@@ -190,12 +192,13 @@ class AgentSubprocess(ChildProcess):
         hermetic.refuse_host_environment(env, what=f"the agent of {node_name}")
         self._env = env
         self._log_path = log_path
+        self._python_args = tuple(python_args)
         self.process = None
 
     def start(self) -> None:
         out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agent.main"], env=self._env, stdout=out, stderr=out,
+            [sys.executable, *self._python_args], env=self._env, stdout=out, stderr=out,
             cwd=Path(__file__).resolve().parents[2],
         )
 

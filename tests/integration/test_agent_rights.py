@@ -350,7 +350,7 @@ def _node_status(cp: ControlPlane, node: str, capacity: dict[str, str]) -> None:
 
 
 def _patch_node_status(who: Identity, node: str, patch: dict[str, Any]) -> tuple[bool, str]:
-    """A JSON merge patch of a Node's status, as agent/slots/handoff.py writes it."""
+    """A JSON merge patch of a Node's status, as agent/slots/compat/handoff.py writes it."""
     return _outcome(lambda: _client(who).patch(
         Node.Status, node, patch, patch_type=PatchType.MERGE))
 

@@ -588,7 +588,7 @@ def test_node_status_writes_keep_the_nodes_metadata(control_plane: ControlPlane,
                       "apiVersion": "v1", "kind": "Namespace", "name": w.namespace,
                       "uid": str(uuid.uuid4())}]}}):
         _refused(_node(w.agent_a, w.node_a, patch), "may change only edgeplug.io/ labels")
-    # Controls: what agent/slots/handoff.py and agent/node_labels.py write.
+    # Controls: what agent/slots/compat/handoff.py and agent/node_labels.py write.
     _allowed(_node_status(w.agent_a, w.node_a, {"status": {"allocatable": {device: "1"}}}))
     _allowed(_node_status(w.agent_a, w.node_a, {"status": {"allocatable": {device: "2"}}}))
     _allowed(_node(w.agent_a, w.node_a, {"metadata": {

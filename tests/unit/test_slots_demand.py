@@ -15,7 +15,7 @@ from lightkube import AsyncClient
 from lightkube.models.core_v1 import PodSpec
 from lightkube.resources.core_v1 import Pod
 
-from agent.slots.demand import (
+from agent.slots.compat.demand import (
     BOUND,
     TARGETED,
     PendingPods,

@@ -10,7 +10,7 @@ slot 1 is held by a running pod on node-b, whose pinned pod ``waiting-b`` asks f
 - *allocatable updated*: the kubelets' node status reaches the API (what each advertises now);
 - *reservation moved*: node-a's agent runs a pass, then node-b's (``instance_needs`` and
   ``reservation_plan`` as ``agent.slots.service`` calls them; a slot is given away through the
-  gate of ``agent.slots.handoff``: the Node's count lowered, then, unless a consistent read
+  gate of ``agent.slots.compat.handoff``: the Node's count lowered, then, unless a consistent read
   shows a pod bound here and not started, no longer advertised and released; a reserved one is
   advertised);
 - *watch event delivered*: node-a's agent's pod watch delivers ``p`` as it is now.
@@ -35,7 +35,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.slots.demand import BOUND, TARGETED, PendingPods, instance_needs
+from agent.slots.compat.demand import BOUND, TARGETED, PendingPods, instance_needs
 from agent.slots.rules import (
     Verdict,
     instance_devices,
@@ -139,7 +139,7 @@ class _World:
             wanted=agent.wanted(), starting=agent.starting())
         plan = reservation_plan(self.instance, node, wanted=wanted[key], hold=key in holding)
         if plan.release:
-            # The give-away gate (agent.slots.handoff): the Node's count lowered first (the
+            # The give-away gate (agent.slots.compat.handoff): the Node's count lowered first (the
             # scheduler reads it at once), then a consistent read of the pods bound here.
             before = self.allocatable[node]
             self.allocatable[node] = len(self.healthy(node) - set(plan.release))
@@ -244,7 +244,7 @@ def test_a_pod_pinned_here_is_never_refused_in_any_order(labelled: bool) -> None
     """Labelled, the labelled stream holds the pod from creation to start: unscheduled it is
     node-a's want, bound it holds node-a's reservations, one event between. Unlabelled, the
     controller's count holds it until it starts, less what node-a's bound stream already
-    holds: wanted until the agent sees it bound, held from then on (``agent.slots.demand``)."""
+    holds: wanted until the agent sees it bound, held from then on (``agent.slots.compat.demand``)."""
     for order in ORDERS:
         world = _run(order, _Pod("p", pinned=A, labelled=labelled))
         assert not world.p.refused, f"p refused after {order}"

@@ -23,11 +23,12 @@ from typing import Any
 
 import grpc
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from agent.kube import as_dict, is_conflict, is_forbidden
 from agent.podresources import PodResourcesClient
+from agent.slots.bound_pods import pods_bound_here
 from crds.pinning import extended_requests
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,6 @@ FIRST_POLL_S = 0.005
 MAX_POLL_S = 0.1
 #: Re-read-and-retry rounds after a 409 (the kubelet writes node status concurrently).
 MAX_CONFLICTS = 5
-#: Pod phases after which a pod holds nothing and awaits nothing.
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class NodeAllocatable:
@@ -119,18 +118,6 @@ class NodeAllocatable:
 def _requested(pod: Mapping[str, Any], resources: Iterable[str]) -> bool:
     requests = extended_requests(pod.get("spec") or {})
     return any(requests.get(resource) for resource in resources)
-
-
-async def pods_bound_here(client: AsyncClient, node: str) -> list[dict[str, Any]]:
-    """The pods bound to ``node`` that have not ended, as the API's JSON. A list without
-    ``resourceVersion`` is served consistently (as of now): every binding written before the
-    call is in it."""
-    pods = []
-    async for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
-        obj = as_dict(pod)
-        if (obj.get("status") or {}).get("phase") not in TERMINAL_PHASES:
-            pods.append(obj)
-    return pods
 
 
 async def pods_awaiting_admission(
@@ -265,28 +252,3 @@ class HandoffGate:
         if self.allocatable.permitted and (over := self.allocatable.above(advertised)):
             await self.allocatable.set(over)
 
-
-class BoundPodsReader:
-    """``pods_bound_here`` for the orphan freer's per-pod evidence (``agent.slots.freeing``):
-    None when the read fails (the freer then waits out its grace), and for good once the API
-    server refuses it (an install older than the agent's ``pods list`` grant), with a warning."""
-
-    def __init__(self, *, client: AsyncClient, node: str) -> None:
-        self._client = client
-        self.node = node
-        self.permitted = True
-
-    async def __call__(self) -> list[dict[str, Any]] | None:
-        if not self.permitted:
-            return None
-        try:
-            return await pods_bound_here(self._client, self.node)
-        except ApiError as error:
-            if is_forbidden(error):
-                self.permitted = False
-                log.warning("this agent may not list the pods bound to its node (%s): a slot "
-                            "no pod-resources List saw held is freed after the orphan grace",
-                            error.status.message)
-            else:
-                log.info("reading the pods bound here failed: %s", error)
-            return None
