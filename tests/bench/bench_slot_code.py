@@ -4,8 +4,9 @@ Why this exists: issue 31 asks how much code each way of allocating a shared dev
 A product line is a line of Python that is not blank, not a comment and not part of a
 docstring (read with ``ast``, so a docstring's length does not count). Counted per mode:
 the DRA default (the agent's slices, claims and kubelet plugin, the controller's classes and
-choice) and the compatibility mode (the cross-node device-plugin protocol), each beside the
-device-plugin server both modes share for local devices. Not a timing: no floor needed.
+choice), the device-plugin slot code both modes run for local devices (the default path's slot
+code), and what the compatibility mode adds (the cross-node device-plugin protocol, which the
+default path never imports), beside the device-plugin server. Not a timing: no floor needed.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ MODES: dict[str, tuple[str, ...]] = {
         "agent/dra/*.py", "controller/device_classes.py", "controller/instance_classes.py",
         "controller/shared_allocation.py", "crds/dra.py", "crds/dra_features.py",
     ),
-    "compatibility mode (cross-node device-plugin protocol; local devices run through it too)": (
-        "agent/slots/*.py", "controller/pinned_demand.py", "crds/pinning.py",
+    "device-plugin slots, both modes (local devices: claims, reservations, freeing)": (
+        "agent/slots/*.py", "crds/pinning.py",
     ),
-    "shared by both (kubelet device-plugin server, local devices)": (
+    "compatibility mode only (the cross-node protocol, agent/slots/compat, loaded on demand)": (
+        "agent/slots/compat/*.py", "controller/pinned_demand.py",
+    ),
+    "shared by both (kubelet device-plugin server)": (
         "agent/deviceplugin/*.py",
     ),
 }

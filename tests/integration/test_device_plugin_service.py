@@ -224,9 +224,10 @@ async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
     await wait_pod(kube, ns, "holder", running, "Running")
     # The held slot leaves the configuration-level resource one free virtual device. The agent
     # lowers the Node's count before it withdraws the device from the kubelet (the give-away
-    # gate, agent/slots/compat/handoff.py), so the count alone does not say the kubelet's own list is
-    # down to it: the baseline is taken once the kubelet says so too. Taken at the count, it
-    # once held the device being withdrawn (v0 and v1), which no restarted kubelet lists.
+    # gate, agent/slots/compat/handoff.py), so the count alone does not say the kubelet's own
+    # list is down to it: the baseline is taken once the kubelet says so too. Taken at the
+    # count, it once held the device being withdrawn (v0 and v1), which no restarted kubelet
+    # lists.
     await wait_allocatable(kube, node.name, f"edgeplug.io/{configuration}", "1")
     settled = {f"edgeplug.io/{name}": 2, f"edgeplug.io/{configuration}": 1}
 

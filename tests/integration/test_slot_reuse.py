@@ -44,8 +44,8 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend
-from agent.slots.freeing import OrphanFreer
 from agent.slots.bound_pods import BoundPodsReader
+from agent.slots.freeing import OrphanFreer
 from agent.slots.ledger import SlotLedger
 from agent.slots.rules import SlotRef
 from crds.instance import Instance, SlotUsage

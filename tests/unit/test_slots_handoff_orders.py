@@ -244,7 +244,8 @@ def test_a_pod_pinned_here_is_never_refused_in_any_order(labelled: bool) -> None
     """Labelled, the labelled stream holds the pod from creation to start: unscheduled it is
     node-a's want, bound it holds node-a's reservations, one event between. Unlabelled, the
     controller's count holds it until it starts, less what node-a's bound stream already
-    holds: wanted until the agent sees it bound, held from then on (``agent.slots.compat.demand``)."""
+    holds: wanted until the agent sees it bound, held from then on
+    (``agent.slots.compat.demand``)."""
     for order in ORDERS:
         world = _run(order, _Pod("p", pinned=A, labelled=labelled))
         assert not world.p.refused, f"p refused after {order}"
