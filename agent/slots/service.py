@@ -404,7 +404,11 @@ class DevicePluginService:
             await self._sweep(adopt=True)
         self._checked = set(served)
         if self._cross is None and any(i.spec.shared for i in served.values()):
-            self._cross_node()
+            await self._cross_node()
+        if self._cross is not None:
+            for key, instance in served.items():
+                if instance.spec.shared:
+                    self._cross.serving(key[0], instance.spec.configuration_name)
         self.metrics.set_slots(self.node, slot_counts(served, self.node))
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
@@ -435,15 +439,17 @@ class DevicePluginService:
         else:
             self._sweep_owed = self._freer is not None
 
-    def _cross_node(self) -> None:
+    async def _cross_node(self) -> None:
         """Load and start the compatibility mode's cross-node protocol: this node now serves a
         shared device through device plugins. Once loaded it runs until the agent stops."""
         from agent.slots.compat.crossnode import CrossNode  # lazily: the seam (docs/slots.md)
 
         log.info("serving a shared device through device plugins: the cross-node protocol "
                  "(compatibility mode) starts node=%s", self.node)
-        self._cross = CrossNode(client=self._client, node=self.node, world=self,
-                                pod_resources=self._pod_resources)
+        cross = CrossNode(client=self._client, node=self.node, world=self,
+                          pod_resources=self._pod_resources)
+        await cross.check_rights()
+        self._cross = cross
         if self._tasks is not None:
             self._tasks.create_task(self._cross.run(), name="cross-node-protocol")
 

@@ -18,6 +18,8 @@ TOKEN_DURATION = "2h"
 KUBECTL_TIMEOUT_S = 60
 #: The plain manifests (RBAC, admission policies) and the accounts they name.
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"
+#: The compatibility mode's rights (pods watch, nodes/status), apart from the default install.
+COMPAT = REPO_ROOT / "deploy" / "compat"
 SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
@@ -95,6 +97,12 @@ def apply_manifests(cp: ControlPlane, names: tuple[str, ...]) -> None:
     """Apply these files of deploy/manifests (RBAC, admission policies), in this order."""
     for name in names:
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
+
+
+def apply_compat(cp: ControlPlane) -> None:
+    """``kubectl apply -k deploy/compat``: the compatibility mode's rights, for tests whose
+    agents serve shared devices through device plugins with their own token."""
+    cp.kubectl("apply", "-k", str(COMPAT))
 
 
 def agent_on(cp: ControlPlane, node: str, folder: Path) -> Identity:

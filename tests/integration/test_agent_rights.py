@@ -30,7 +30,7 @@ from lightkube.types import PatchType
 
 from agent.kube import InstanceResource
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
-from tests.harness.service_accounts import Identity, mint, pod_bound
+from tests.harness.service_accounts import Identity, apply_compat, mint, pod_bound
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -69,6 +69,7 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
     cp = control_plane
     for name in POLICY_FILES:
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    apply_compat(cp)  # the node status policy is tried on the compatibility mode's grant
     suffix = uuid.uuid4().hex[:6]
     node_a, node_b = f"rights-a-{suffix}", f"rights-b-{suffix}"
     namespace = f"rights-{suffix}"

@@ -39,7 +39,12 @@ from tests.harness.agent_nodes import (
 )
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import unschedulable, wait_pod, wait_until
-from tests.harness.service_accounts import agent_on, apply_manifests, release_agent_pod
+from tests.harness.service_accounts import (
+    agent_on,
+    apply_compat,
+    apply_manifests,
+    release_agent_pod,
+)
 from tests.integration import test_slot_demand as slot_demand
 from tests.integration.test_slot_demand import assert_quiet, demand_of, fill_from, hand_over
 
@@ -61,6 +66,7 @@ async def token_node(
     """Starts emulated nodes whose device-plugin side uses its own node-bound agent token."""
     cp = control_plane
     apply_manifests(cp, POLICY_FILES)
+    apply_compat(cp)  # shared slots move between the nodes: the compatibility mode
     started: list[tuple[AgentNode, AsyncClient]] = []
     dirs: list[str] = []
 

@@ -71,6 +71,7 @@ from tests.harness.node_emulator import NodeEmulator
 from tests.harness.service_accounts import (
     Identity,
     agent_on,
+    apply_compat,
     mint,
     pod_bound,
     release_agent_pod,
@@ -128,6 +129,9 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
     for path in agent_manifests():
         cp.kubectl("apply", "-f", str(path))
     cp.kubectl("apply", "-k", str(DRA_MANIFESTS))
+    # The nodes/status attacks are tried on the compatibility mode's grant (without it RBAC
+    # alone refuses them: tests/integration/test_agent_rights_modes.py).
+    apply_compat(cp)
     suffix = uuid.uuid4().hex[:6]
     node_a, node_b = f"attack-a-{suffix}", f"attack-b-{suffix}"
     namespace = f"attack-{suffix}"

@@ -303,6 +303,29 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     assert not [o for o in off if "dra" in o["metadata"]["name"]]
     assert "DRA" not in _env(_container(_find(off, "DaemonSet", "edgeplug-agent")))
 
+    # The compatibility mode's rights (deploy/compat): not in the DRA default, with
+    # dra.enabled=false (shared devices then go through device plugins) and with
+    # compat.crossNode=true.
+    link = CHART / "files" / "agent-compat-rbac.yaml"
+    assert link.is_symlink(), f"{link} is a copy, not a link"
+    assert link.resolve() == (REPO_ROOT / "deploy" / "compat" / link.name).resolve()
+    assert not _compat_rules(default)
+    crossed = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                            "--set", "compat.crossNode=true").stdout)
+    for rendered in (off, crossed):
+        assert _compat_rules(rendered) == [(["pods"], ["watch"]), (["nodes/status"], ["patch"])]
+        (binding,) = [o for o in rendered if o["kind"] == "ClusterRoleBinding"
+                      and o["metadata"]["name"] == "edgeplug-agent-compat"]
+        assert binding["subjects"][0]["namespace"] == namespace
+
+
+def _compat_rules(objects: list[dict[str, Any]]) -> list[tuple[list[str], list[str]]]:
+    """The agent's pods-watch and nodes/status rules, whichever of its ClusterRoles holds them."""
+    return [(rule["resources"], rule["verbs"]) for o in objects if o["kind"] == "ClusterRole"
+            and o["metadata"]["name"].startswith("edgeplug-agent") for rule in o["rules"]
+            if rule["resources"] == ["nodes/status"] or ("watch" in rule["verbs"]
+            and rule["resources"] == ["pods"])]
+
 
 # -- install, upgrade, uninstall -------------------------------------------------------------
 

@@ -49,7 +49,7 @@ from tests.harness.agent_process import (
 from tests.harness.aio_process import stop_popen, task_running
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.node_emulator import NodeEmulator
-from tests.harness.service_accounts import Identity, mint, pod_bound
+from tests.harness.service_accounts import Identity, apply_compat, mint, pod_bound
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,6 +93,7 @@ def identities(
                "crd/kopfpeerings.kopf.dev", "crd/clusterkopfpeerings.kopf.dev")
     for name in RBAC_FILES:
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    apply_compat(cp)  # the real agent below serves a shared device through device plugins
     folder = tmp_path_factory.mktemp("rbac")
     return {account: mint(cp, namespace=SYSTEM_NAMESPACE, account=account,
                           path=folder / account)
@@ -251,7 +252,7 @@ def test_a_token_is_refused_by_the_api_server_outside_its_role(
 
 
 @contextlib.asynccontextmanager
-async def _emulated_node(cp: ControlPlane) -> AsyncIterator[NodeEmulator]:
+async def emulated_node(cp: ControlPlane) -> AsyncIterator[NodeEmulator]:
     # Short paths: a Unix socket path must fit in 108 bytes.
     plugin_dir = Path(tempfile.mkdtemp(prefix="ep-rbac-dp-", dir="/tmp"))
     resources_dir = Path(tempfile.mkdtemp(prefix="ep-rbac-pr-", dir="/tmp"))
@@ -270,7 +271,7 @@ async def _emulated_node(cp: ControlPlane) -> AsyncIterator[NodeEmulator]:
 
 
 
-def _refusals(lines: list[str]) -> list[str]:
+def refusals(lines: list[str]) -> list[str]:
     return [line for line in lines
             if any(marker in line for marker in PERMISSION_MARKERS)
             and TERMINATING_NAMESPACE not in line]
@@ -305,7 +306,7 @@ async def test_the_real_agent_works_with_its_token_alone(
             return found.returncode == 0
 
         await eventually(granted, what="the agent's Role for the named Secret")
-        async with _emulated_node(cp) as node, task_running(run_agent(AgentSettings(
+        async with emulated_node(cp) as node, task_running(run_agent(AgentSettings(
             node_name=node.node_name,
             kubeconfig=(agent_identity := _agent_on(cp, node.node_name, tmp_path)).kubeconfig,
             plugin_dir=node.plugin_dir,
@@ -329,7 +330,7 @@ async def test_the_real_agent_works_with_its_token_alone(
                 assert "forbidden" in unnamed.stderr.lower(), unnamed.stderr
                 named = agent_identity.kubectl(cp, "get", "secret", "cam-login", "-n", namespace)
                 assert named.returncode == 0, named.stderr
-                await _assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
+                await assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
                 await _assert_agent_leaves(cp, admin, namespace, node.node_name, agent,
                                            offline=tmp_path / "offline")
                 assert not agent.done(), "the agent stopped"
@@ -341,7 +342,7 @@ async def test_the_real_agent_works_with_its_token_alone(
         access.cancel()
         await asyncio.gather(access, return_exceptions=True)
         await admin.close()
-    complaints = _refusals(
+    complaints = refusals(
         [record.getMessage() for record in caplog.records if record.name.startswith("agent")]
     )
     assert not complaints, f"the agent was refused: {complaints}"
@@ -378,7 +379,7 @@ async def _assert_agent_published(
                      deadline=WAIT_S)
 
 
-async def _assert_pod_got_a_slot(
+async def assert_pod_got_a_slot(
     admin: AsyncClient, namespace: str, node: str, agent: asyncio.Task[None]
 ) -> None:
     """Allocate claims the slot in deviceUsage: the agent's Instance patches are allowed."""
@@ -553,7 +554,7 @@ async def test_the_real_controller_works_with_its_token_alone(
         await admin.close()
         cp.kubectl("delete", "node", node, "--ignore-not-found", check=False)
     text = log.read_text(errors="replace")
-    complaints = _refusals(text.splitlines())
+    complaints = refusals(text.splitlines())
     assert not complaints, "the controller was refused:\n" + "\n".join(complaints)
 
 

@@ -5,12 +5,16 @@ It follows the Pending pods pinned to this node and this Node's object (``demand
 tells the reconcile pass how many slots of each served Instance those pods want and which
 Instances a pod bound here may still need (``needs``), stops advertising slots this node gives
 away only once ``handoff.HandoffGate`` clears them (``give_away``), and lowers this Node's counts
-where they show more than this node advertises healthy (``keep_down``). The plugins' feeds and
-Instances are the service's, reached through ``PluginWorld``.
+where they show more than this node advertises healthy (``keep_down``). At start it asks which
+of the mode's rights it lacks (``rights``): it logs them once, runs without them, and gives each
+Configuration it serves this way one Warning Event naming them (``serving``). The plugins'
+feeds and Instances are the service's, reached through ``PluginWorld``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
@@ -18,16 +22,24 @@ from typing import Protocol
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
+from agent import watching
 from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
+from agent.events import emit_event
 from agent.node_devices import NodeDevice
 from agent.podresources import PodResourcesClient
+from agent.slots.compat import rights
 from agent.slots.compat.demand import PendingPods, instance_needs
 from agent.slots.compat.handoff import HandoffGate
 from agent.slots.rules import configuration_devices
+from crds.api import CONFIGURATION_KIND
 from crds.instance import Instance
 from crds.naming import instance_resource_name
 
+log = logging.getLogger(__name__)
+
 _Key = tuple[str, str]
+#: The Warning Event a Configuration gets from a node that serves it without the mode's rights.
+MISSING_RIGHTS_REASON = "CompatibilityRightsMissing"
 
 
 class PluginWorld(Protocol):
@@ -62,11 +74,64 @@ class CrossNode:
         self._pods = PendingPods(client=client, node=node, on_change=world.wake,
                                  on_node=self._node_seen)
         self._gate = HandoffGate(client=client, node=node, pod_resources=pod_resources)
+        self._client = client
+        #: The mode's rights the API server refuses this agent (``rights``), once asked.
+        self.missing: list[rights.Right] = []
+        #: Configurations served this way, and those whose Event is still to be sent.
+        self._reported: set[_Key] = set()
+        self._to_report: list[_Key] = []
+        self._report_due = asyncio.Event()
         #: The last give-away was kept for a reason that may pass: pass again soon.
         self.retry = False
 
+    async def check_rights(self) -> None:
+        """Ask which of the mode's rights this agent lacks (before the first pass uses them),
+        and say so once: without ``watch`` on pods, ``run`` follows the Node's demand count
+        alone; without ``nodes/status``, the gate is open (as before the gate existed)."""
+        self.missing = await rights.missing_rights(self._client, self.node)
+        if self.missing:
+            log.error("this agent serves shared devices through device plugins (compatibility "
+                      "mode) without rights that mode needs: %s. Grant them (%s). Meanwhile: "
+                      "%s", ", ".join(map(str, self.missing)), rights.GRANTED_BY,
+                      "; ".join(r.without for r in self.missing))
+            if rights.NODE_STATUS in self.missing:
+                self._gate.allocatable.permitted = False
+
     async def run(self) -> None:
-        await self._pods.run()
+        """Follow the pods and the Node (``check_rights`` first), and send the Events."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._pods.run(pods=rights.PODS_WATCH not in self.missing))
+            tasks.create_task(self._report_missing())
+
+    def serving(self, namespace: str, configuration: str) -> None:
+        """This node serves the Configuration's shared devices through device plugins: if this
+        agent lacks the mode's rights, the Configuration gets one Warning Event saying so."""
+        if (namespace, configuration) not in self._reported:
+            self._reported.add((namespace, configuration))
+            self._to_report.append((namespace, configuration))
+            self._report_due.set()
+
+    async def _report_missing(self) -> None:
+        while self.missing:
+            await self._report_due.wait()
+            self._report_due.clear()
+            while self._to_report:
+                namespace, configuration = self._to_report.pop()
+                try:
+                    await self._emit_missing(namespace, configuration)
+                except Exception as error:  # ApiError, or the API server away: the log said it
+                    log.info("the Event on Configuration %s/%s about missing rights failed: %s",
+                             namespace, configuration, watching.describe(error))
+
+    async def _emit_missing(self, namespace: str, configuration: str) -> None:
+        await emit_event(
+            self._client, node=self.node, kind=CONFIGURATION_KIND, name=configuration,
+            namespace=namespace, uid="", reason=MISSING_RIGHTS_REASON, warning=True,
+            message=f"node {self.node} serves this Configuration's shared devices through "
+                    f"device plugins (compatibility mode) without "
+                    f"{', '.join(map(str, self.missing))}: "
+                    f"{'; '.join(r.without for r in self.missing)}. "
+                    f"Grant them: {rights.GRANTED_BY}")
 
     def needs(
         self, served: Mapping[_Key, Instance], config_resources: Mapping[_Key, str]

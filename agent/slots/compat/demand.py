@@ -141,12 +141,13 @@ class PendingPods:
             uid for table in self._streams.values() for uid, (bound, _) in table.items() if bound
         }
 
-    async def run(self) -> None:
+    async def run(self, *, pods: bool = True) -> None:
+        """Follow the streams; ``pods`` False (no ``watch`` on pods granted): the Node's alone."""
         async with asyncio.TaskGroup() as streams:
-            streams.create_task(
-                self._follow(TARGETED, labels={LABEL_TARGET_NODE: target_node_label(self.node)})
-            )
-            streams.create_task(self._follow(BOUND, fields={"spec.nodeName": self.node}))
+            if pods:
+                streams.create_task(self._follow(
+                    TARGETED, labels={LABEL_TARGET_NODE: target_node_label(self.node)}))
+                streams.create_task(self._follow(BOUND, fields={"spec.nodeName": self.node}))
             streams.create_task(self._follow_node())
 
     async def _follow_node(self) -> None:
