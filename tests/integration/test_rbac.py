@@ -269,6 +269,24 @@ async def emulated_node(cp: ControlPlane) -> AsyncIterator[NodeEmulator]:
         shutil.rmtree(resources_dir, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def agent_on_its_token(
+    cp: ControlPlane, folder: Path, name: str
+) -> AsyncIterator[tuple[NodeEmulator, asyncio.Task[None], Identity]]:
+    """The whole agent (``run_agent``) as a task, on an emulated node, with nothing but the
+    token its DaemonSet pod there gets; the pod it is bound to is deleted on leaving."""
+    async with emulated_node(cp) as node:
+        identity = _agent_on(cp, node.node_name, folder)
+        try:
+            async with task_running(run_agent(AgentSettings(
+                node_name=node.node_name, kubeconfig=identity.kubeconfig,
+                plugin_dir=node.plugin_dir, pod_resources_socket=node.pod_resources_socket,
+            )), name=name) as agent:
+                yield node, agent, identity
+        finally:
+            cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+                       f"{AGENT_ACCOUNT}-{node.node_name}", check=False)
+
 
 
 def refusals(lines: list[str]) -> list[str]:
@@ -306,38 +324,29 @@ async def test_the_real_agent_works_with_its_token_alone(
             return found.returncode == 0
 
         await eventually(granted, what="the agent's Role for the named Secret")
-        async with emulated_node(cp) as node, task_running(run_agent(AgentSettings(
-            node_name=node.node_name,
-            kubeconfig=(agent_identity := _agent_on(cp, node.node_name, tmp_path)).kubeconfig,
-            plugin_dir=node.plugin_dir,
-            pod_resources_socket=node.pod_resources_socket,
-        )), name="agent-with-its-token") as agent:
-            try:
-                # Problems are told on the Configuration: Events and status are writable.
-                await _assert_problem_reported(admin, namespace, node.node_name, agent,
-                                               "rbac-bad", REASON_INVALID_DETAILS)
-                await _assert_problem_reported(admin, namespace, node.node_name, agent,
-                                               "rbac-cam", REASON_PROPERTY_UNAVAILABLE)
-                # The Secret appears: only a Secret watch can restart the run.
-                await admin.create(cast(Secret, secret))
-                await _assert_agent_published(admin, namespace, node.node_name, agent)
-                # ... and no other: a Secret no Configuration names stays unreadable.
-                await admin.create(cast(Secret, Secret.from_dict({
-                    "metadata": {"name": "unnamed", "namespace": namespace},
-                    "stringData": {"password": "other"}})))
-                unnamed = agent_identity.kubectl(cp, "get", "secret", "unnamed", "-n", namespace)
-                assert unnamed.returncode != 0
-                assert "forbidden" in unnamed.stderr.lower(), unnamed.stderr
-                named = agent_identity.kubectl(cp, "get", "secret", "cam-login", "-n", namespace)
-                assert named.returncode == 0, named.stderr
-                await assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
-                await _assert_agent_leaves(cp, admin, namespace, node.node_name, agent,
-                                           offline=tmp_path / "offline")
-                assert not agent.done(), "the agent stopped"
-            finally:
-                # The stand-in for the agent's DaemonSet pod that its token is bound to.
-                cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
-                           f"{AGENT_ACCOUNT}-{node.node_name}", check=False)
+        async with agent_on_its_token(cp, tmp_path, "agent-with-its-token") as (
+                node, agent, agent_identity):
+            # Problems are told on the Configuration: Events and status are writable.
+            await _assert_problem_reported(admin, namespace, node.node_name, agent,
+                                           "rbac-bad", REASON_INVALID_DETAILS)
+            await _assert_problem_reported(admin, namespace, node.node_name, agent,
+                                           "rbac-cam", REASON_PROPERTY_UNAVAILABLE)
+            # The Secret appears: only a Secret watch can restart the run.
+            await admin.create(cast(Secret, secret))
+            await _assert_agent_published(admin, namespace, node.node_name, agent)
+            # ... and no other: a Secret no Configuration names stays unreadable.
+            await admin.create(cast(Secret, Secret.from_dict({
+                "metadata": {"name": "unnamed", "namespace": namespace},
+                "stringData": {"password": "other"}})))
+            unnamed = agent_identity.kubectl(cp, "get", "secret", "unnamed", "-n", namespace)
+            assert unnamed.returncode != 0
+            assert "forbidden" in unnamed.stderr.lower(), unnamed.stderr
+            named = agent_identity.kubectl(cp, "get", "secret", "cam-login", "-n", namespace)
+            assert named.returncode == 0, named.stderr
+            await assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
+            await _assert_agent_leaves(cp, admin, namespace, node.node_name, agent,
+                                       offline=tmp_path / "offline")
+            assert not agent.done(), "the agent stopped"
     finally:
         access.cancel()
         await asyncio.gather(access, return_exceptions=True)
