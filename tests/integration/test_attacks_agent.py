@@ -377,10 +377,11 @@ async def test_a_squatted_local_name_sends_the_device_to_its_nodes_fallback_name
         caplog: pytest.LogCaptureFixture) -> None:
     """Local names are Akri's 3-byte digest of device id and node, which the API server cannot
     recompute, so node A's token can still create the Instance name node B's local device will
-    want (local, for A, or shared, for no node). Node B (a kubelet stand-in, the agent's device-plugin side and its real
-    publisher, all on B's pod-bound token) then publishes that device as ``<name>.<B>``, which
-    A's token may not create, and serves it; said once; kept across a restart of the publisher
-    (no second Instance) and after the squat is deleted (moving a served device is churn)."""
+    want (local, for A, or shared, for no node). Node B (a kubelet stand-in, the agent's
+    device-plugin side and its real publisher, all on B's pod-bound token) then publishes that
+    device as ``<name>.<B>``, which A's token may not create, and serves it; said once; kept
+    across a restart of the publisher (no second Instance) and after the squat is deleted
+    (moving a served device is churn)."""
     cp, w = control_plane, enforced
     caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
     cfg_name, body = _to_squat(cp, w, "squat", ["d1", "d2", "d3"], shared=False)
