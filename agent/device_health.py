@@ -6,11 +6,17 @@ its slots Unhealthy; users see why on the Instance (``status.unhealthy.<node>``,
 while this node finds it unhealthy) and in one Event per change, never one per discovery pass.
 A write that fails (the API server away) is not recorded as done, so the next publish or resync
 writes it again.
+
+A shared device's first verdict on this node (after the agent starts, or joins the Instance
+again) is always written, healthy too, with ``status.reported.<node>: true``: the controller
+publishes a shared device's ResourceSlice only on nodes whose verdict it has read
+(``crds.dra_slices.shared_plan``). ``unreport`` takes the mark back before the node leaves.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
@@ -18,6 +24,7 @@ from lightkube.types import PatchType
 from agent.events import emit_event
 from agent.kube import InstanceResource, field_manager, is_not_found
 from crds.api import INSTANCE_KIND
+from crds.instance import STATUS_REPORTED
 from discovery_handlers.contract import HEALTHY, Health
 
 log = logging.getLogger(__name__)
@@ -57,17 +64,26 @@ class HealthReporter:
                 return
         self._warned[instance] = warning
 
-    async def report(self, instance: str, health: Health) -> None:
-        """Write ``health`` for ``instance`` if it differs from what was last written."""
-        last = self._reported.get(instance, HEALTHY)
+    async def report(self, instance: str, health: Health, *, shared: bool = False) -> None:
+        """Write ``health`` for ``instance`` if it differs from what was last written (for a
+        shared device, also the first time, with this node's ``status.reported`` mark)."""
+        last = self._reported.get(instance)
+        if last is None and not shared:
+            last = HEALTHY  # absent from status.unhealthy is healthy
         if last == health:
             return
-        patch = {"status": {"unhealthy": {self._node: None if health.healthy else health.reason}}}
+        status: dict[str, Any] = {
+            "unhealthy": {self._node: None if health.healthy else health.reason}}
+        if shared:
+            status[STATUS_REPORTED] = {self._node: True}
         try:
             written = await self._client.patch(
-                InstanceResource.Status, instance, patch, namespace=self._namespace,
+                InstanceResource.Status, instance, {"status": status}, namespace=self._namespace,
                 patch_type=PatchType.MERGE, field_manager=field_manager(self._node),
             )
+            if last is None and health.healthy:  # a first verdict, not a change: no Event
+                self._reported[instance] = health
+                return
             uid = str(getattr(written.metadata, "uid", "") or "")
             if health.healthy:
                 message = f"device healthy again on node {self._node}"
@@ -93,3 +109,17 @@ class HealthReporter:
             "device %s", "healthy" if health.healthy else f"unhealthy: {health.reason}",
             extra={"instance": f"{self._namespace}/{instance}", "node": self._node},
         )
+
+    async def unreport(self, instance: str) -> None:
+        """Take this node's ``status.reported`` mark off a shared Instance it is leaving: a
+        node that joins again counts for its slice only once it has said again. Raises on API
+        errors but a missing Instance (the leave is retried)."""
+        self.forget(instance)
+        try:
+            await self._client.patch(
+                InstanceResource.Status, instance,
+                {"status": {STATUS_REPORTED: {self._node: None}}}, namespace=self._namespace,
+                patch_type=PatchType.MERGE, field_manager=field_manager(self._node))
+        except ApiError as error:
+            if not is_not_found(error):
+                raise

@@ -428,6 +428,7 @@ class InstancePublisher:
         return self._served.pop(name, None) is not None
 
     async def _leave_shared(self, name: str) -> None:
+        await self._health.unreport(name)
         for _attempt in range(LEAVE_ATTEMPTS):
             try:
                 current = as_dict(
@@ -520,7 +521,7 @@ class InstancePublisher:
         with_cdi = self._write_cdi()
         for name, served in self._served.items():
             await self._table.put(served if with_cdi else replace(served, cdi_name=""))
-            await self._health.report(name, served.health)
+            await self._health.report(name, served.health, shared=served.shared)
             await self._health.warn(name, served.device.warning)
 
     async def _report(self) -> None:

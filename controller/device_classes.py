@@ -20,7 +20,8 @@ two replicas writing at once agree. A cluster whose API server drops ``extendedR
 The class write is also how the controller learns whether the cluster can allocate shared
 devices through the scheduler: each Configuration's ``status.sharedDeviceAllocation`` and
 ``SharedDeviceAllocation`` condition follow from it (``controller.shared_allocation``), and the
-shared Instances of those served by DRA get a class each (``controller.instance_classes``).
+shared Instances of those served by DRA get a class each (``controller.instance_classes``)
+and a ResourceSlice each (``controller.shared_pools``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from controller.instance_classes import (
     delete_class,
     object_key,
 )
+from controller.shared_pools import SharedPools
 from controller.watching import follow_forever
 from crds import dra, dra_features
 from crds.configuration import SharedDeviceAllocation
@@ -81,8 +83,10 @@ class DeviceClasses:
         self._dirty: set[_Key] = set()
         self._wake = asyncio.Event()
         self.features = dra_features.FeatureReport(log)
+        self.pools = SharedPools(client, namespaces=self._namespaces)
         self.instances = InstanceClasses(client, namespaces=self._namespaces,
-                                         on_shared_change=self._shared_changed)
+                                         on_shared_change=self._shared_changed,
+                                         pools=self.pools)
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -97,6 +101,7 @@ class DeviceClasses:
         per-Instance classes of shared devices the scheduler allocates."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.instances.run(), name="instance-classes")
+            tasks.create_task(self.pools.run(), name="shared-pools")
             tasks.create_task(follow_forever(self._follow, what="device classes",
                                              retry_s=RETRY_S), name="device-classes")
             tasks.create_task(self._reapply_forever(), name="device-classes-reapply")
@@ -151,6 +156,9 @@ class DeviceClasses:
         self._written.clear()
         for key in sorted(listed):
             await self._keep(key, listed[key])
+        for key in sorted(set(self.pools.modes()) - set(listed)):
+            self.instances.set_mode(key, None)  # went while the watch was broken
+        self.pools.modes_listed()
         async for op, obj in self._client.watch(ConfigurationResource, namespace="*"):
             data = as_dict(obj)
             key = object_key(data)

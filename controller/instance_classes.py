@@ -11,6 +11,8 @@ Like the Configuration classes (``controller.device_classes``), these are cluste
 cannot be owned by the namespaced Instance: the controller deletes a class with its Instance,
 when its Configuration stops being allocated through DRA, and at every (re)list for classes
 whose Instance went while no controller ran. Writes are idempotent server-side applies.
+
+The same watch feeds ``controller.shared_pools`` (the shared devices' ResourceSlices).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
+from controller.shared_pools import SharedPools
 from controller.watching import follow_forever
 from crds import dra
 from crds.configuration import SharedDeviceAllocation
@@ -47,10 +50,13 @@ class InstanceClasses:
     Configuration's mode, as ``set_mode`` last said, is DRA."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
-                 on_shared_change: Callable[[_Key], None] = lambda key: None) -> None:
+                 on_shared_change: Callable[[_Key], None] = lambda key: None,
+                 pools: SharedPools | None = None) -> None:
         """``on_shared_change(configuration)``: called when a Configuration gets its first
-        shared Instance or loses its last."""
+        shared Instance or loses its last. ``pools``: fed every Instance this watch sees and
+        every mode ``set_mode`` is told (the shared devices' slices)."""
         self._client = client
+        self._pools = pools
         self._on_shared_change = on_shared_change
         self._namespaces = frozenset(namespaces)
         self._modes: dict[_Key, SharedDeviceAllocation] = {}
@@ -64,6 +70,8 @@ class InstanceClasses:
 
     def set_mode(self, configuration: _Key, mode: SharedDeviceAllocation | None) -> None:
         """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
+        if self._pools is not None:
+            self._pools.set_mode(configuration, mode)
         if self._modes.get(configuration) == mode:
             return
         if mode is None:
@@ -95,10 +103,15 @@ class InstanceClasses:
 
     async def _follow(self) -> None:
         listed: dict[_Key, str] = {}
+        bodies = []
         async for obj in self._client.list(InstanceResource, namespace="*"):
-            key, configuration = self._shared_of(as_dict(obj))
+            data = as_dict(obj)
+            key, configuration = self._shared_of(data)
             if configuration is not None:
                 listed[key] = configuration
+                bodies.append(data)
+        if self._pools is not None:
+            self._pools.listed(bodies)
         for key in sorted(set(self._shared) - set(listed)):
             self._set(key, None)
         for key, configuration in listed.items():
@@ -106,8 +119,11 @@ class InstanceClasses:
         self._listed = True
         self._changed.set()
         async for op, obj in self._client.watch(InstanceResource, namespace="*"):
-            key, configuration = self._shared_of(as_dict(obj))
+            data = as_dict(obj)
+            key, configuration = self._shared_of(data)
             self._set(key, None if op == "DELETED" else configuration)
+            if self._pools is not None:
+                self._pools.put(key, None if op == "DELETED" or configuration is None else data)
             self._changed.set()
 
     def _shared_of(self, data: dict[str, Any]) -> tuple[_Key, str | None]:

@@ -7,6 +7,8 @@ device). :class:`SlotUsage` parses and formats those strings so nobody else spli
 ``status.reservations`` maps a slot to the node that holds it in reserve (see the agent's slot
 design), ``status.demand`` maps a node to how many slots its agent still needs for Pending pods
 pinned to it, ``status.unhealthy`` maps a node to why the device is present there but unusable,
+``status.reported`` marks the nodes whose agent has written its health verdict on a shared
+device (so a node missing from ``unhealthy`` is known healthy, not just not heard from yet),
 and ``status.used`` is the count of held slots that ``kubectl get instances`` prints
 (``status.nodes`` the sorted node list its ``-o wide`` prints). ``status.claims``, written by the
 controller with ``--dra``, counts the ResourceClaims allocated the device: the agents' device
@@ -47,6 +49,8 @@ CONFIGURATION_USAGE_PREFIX: Final = "C:"
 #: read by the agents (``Instance.claims``).
 STATUS_SERVED_BY: Final = "servedBy"
 STATUS_CLAIMS: Final = "claims"
+#: ``status.reported.<node>``: true once that node's agent has written its health verdict.
+STATUS_REPORTED: Final = "reported"
 CONTROLLER_STATUS_FIELDS: Final = (STATUS_SERVED_BY, STATUS_CLAIMS)
 
 
@@ -167,6 +171,8 @@ class Instance:
     reservations: Mapping[str, str] = field(default_factory=dict)
     demand: Mapping[str, int] = field(default_factory=dict)
     unhealthy: Mapping[str, str] = field(default_factory=dict)
+    #: ``status.reported``: nodes whose agent has written its health verdict (shared devices).
+    reported: frozenset[str] = frozenset()
     #: ``status.claims``: ResourceClaims allocated this device (the controller's count).
     claims: int = 0
 
@@ -186,6 +192,8 @@ class Instance:
             },
             demand={str(k): int(v) for k, v in (status.get("demand") or {}).items() if v},
             unhealthy={str(k): str(v) for k, v in (status.get("unhealthy") or {}).items()},
+            reported=frozenset(str(k) for k, v in (status.get(STATUS_REPORTED) or {}).items()
+                               if v),
             claims=int(status.get(STATUS_CLAIMS) or 0),  # schema: integer >= 0
         )
 
@@ -210,11 +218,13 @@ class Instance:
 
     def status_to_object(self) -> dict[str, Any]:
         """The ``status`` this Instance should carry: reservations, demand, the nodes that find
-        the device unhealthy (and why), the used-slot count and the sorted node list."""
+        the device unhealthy (and why) and those that said, the used-slot count and the sorted
+        node list."""
         return {
             "reservations": dict(self.reservations),
             "demand": dict(self.demand),
             "unhealthy": dict(self.unhealthy),
+            STATUS_REPORTED: dict.fromkeys(sorted(self.reported), True),
             "used": self.spec.used,
             "nodes": self.spec.nodes_shown,
         }

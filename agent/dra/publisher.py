@@ -1,9 +1,13 @@
-"""Keep this node's ResourceSlices in step with the Instances it serves.
+"""Keep this node's ResourceSlices in step with the local devices it serves.
 
 Why this exists: DRA's scheduler allocates only what ResourceSlices list. The agent already
-writes every fact a slice needs into Instances (properties, capacity, shared, the nodes that
-see the device, ``status.unhealthy``), so this part watches Instances, asks
-``agent.dra.slices`` what this node should publish, and writes the difference.
+writes every fact a slice needs into Instances (properties, capacity, the node, the device
+table's health), so this part watches Instances, asks ``agent.dra.slices`` which local pools
+this node should publish, and writes the difference. Shared devices' pools are the
+controller's (``controller.shared_pools``): the agent publishes, adopts and withdraws only
+slices bound to its node (``spec.nodeName``), and leaves a shared pool's slice an older agent
+wrote to the controller, whose higher generation replaces it (the agents' slice policy refuses
+them any other slice).
 
 Health: this node's verdict on each device comes from the agent's device table
 (``NodeDeviceTable``, put before the Instance's status is written), and a pool waits until the
@@ -16,25 +20,19 @@ How a pool is rewritten: when a pool's devices change, every slice of it is appl
 apply, field manager ``edgeplug-agent-<node>``) with the pool's generation one higher, then the
 slices it no longer needs are deleted. The scheduler reads only the slices of a pool's highest
 generation and only when all ``resourceSliceCount`` of them are there, so it sees the old pool
-or the new one, never a mixture. A pool this process has not written yet (at start, or a shared
-device handed over from another node) first has its slices listed by label, so the generation
-only grows. An unchanged pool is never written: a restart that finds its slices as it left them
-writes nothing. A slice of ours that somebody else deletes (the kubelet, at its start, wipes
-slices of drivers not registered in time) is written again.
-
-Slice names carry the publisher (``slices.slice_name`` over pool and node), so during a
-hand-over the old publisher's delete can never remove the new publisher's slice. Fields the API
-server drops (consumable capacity, taints: gates off, as on 1.35) are reported once
-(``crds.dra_features``).
+or the new one, never a mixture. A pool this process has not written yet first has its slices
+listed by label, so the generation only grows. An unchanged pool is never written: a restart
+that finds its slices as it left them writes nothing. A slice of ours that somebody else
+deletes (the kubelet, at its start, wipes slices of drivers not registered in time) is written
+again. Fields the API server drops (consumable capacity, taints: gates off, as on 1.35) are
+reported once (``crds.dra_features``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Final
 
 from lightkube import ApiError, AsyncClient, operators
@@ -46,7 +44,7 @@ from agent.dra import slices
 from agent.kube import InstanceResource, as_dict, field_manager, is_not_found
 from agent.node_devices import NodeDeviceTable
 from crds import dra_features
-from crds.configuration import SharedDeviceAllocation
+from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
 
 log = logging.getLogger(__name__)
@@ -74,47 +72,6 @@ WRITES_IN_FLIGHT: Final = 8
 POOLS_PER_LIST: Final = 40
 #: Instances are listed afresh this often, as a net under missed watch deletions.
 RESYNC_SECONDS: Final = 300.0
-
-
-@dataclass(frozen=True)
-class Written:
-    """What this process knows it wrote for one pool."""
-
-    generation: int
-    names: tuple[str, ...]
-    key: str  # canonical form of the pool's content, to skip unchanged rewrites
-
-
-def content_key(plan: slices.PoolPlan) -> str:
-    return json.dumps([plan.node_name, list(plan.nodes), list(plan.devices)], sort_keys=True)
-
-
-def _index(name: str) -> int:
-    """The index a slice name ends in (``slices.slice_name``); 0 for a name not ours."""
-    tail = name.rpartition("-")[2]
-    return int(tail) if tail.isdigit() else 0
-
-
-def _key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
-    """(pool name, content key, generation) of one pool's listed slices (one generation).
-    Slice names end in their index, which restores the device order."""
-    ordered = sorted(found, key=lambda s: _index(str(s["metadata"]["name"])))
-    spec0 = ordered[0]["spec"]
-    terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
-    nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
-    devices = tuple(_as_written(d) for s in ordered for d in s["spec"].get("devices", []))
-    plan = slices.PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
-                           nodes=nodes, devices=devices)
-    return plan.name, content_key(plan), int(spec0["pool"]["generation"])
-
-
-def _as_written(device: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed device as this agent writes it: the API server stamps ``timeAdded`` on taints."""
-    body = dict(device)
-    if "taints" in body:
-        body["taints"] = [{k: v for k, v in t.items() if k != "timeAdded"}
-                          for t in body["taints"]]
-    return body
 
 
 class DraPublisher:
@@ -221,15 +178,11 @@ class DraPublisher:
         return served
 
     def _left(self, instance: Instance, served: slices.Served) -> bool:
-        """This node served the device and no longer does, and no other node's health counts
-        for it (a local device, or a shared one only this node lists): it is withdrawn now
-        rather than when its Instance goes (a deleted Configuration's 200 devices waited on
-        200 Instance deletions). A device not served yet stays held (``plan_node``); a shared
-        device other nodes list waits for its Instance to say who publishes it."""
+        """This node served the (local) device and no longer does: it is withdrawn now rather
+        than when its Instance goes (a deleted Configuration's 200 devices waited on 200
+        Instance deletions). A device not served yet stays held (``plan_node``)."""
         key = (instance.namespace, instance.name)
-        if key in served or key not in self._seen:
-            return False
-        return not instance.spec.shared or set(instance.spec.nodes) == {self._node}
+        return key not in served and key in self._seen
 
     async def _list_instances(self) -> None:
         """Relist (at start, after the watch started over, every ``RESYNC_SECONDS``). An
@@ -256,20 +209,20 @@ class DraPublisher:
 
     async def _adopt(self) -> None:
         """Learn the pools this node published before a restart, so none is rewritten
-        needlessly and generations keep growing."""
+        needlessly and generations keep growing. Slices not bound to this node (a shared
+        pool an older agent published) are the controller's to replace and delete."""
         by_pool: dict[str, list[dict[str, Any]]] = {}
         async for obj in self._client.list(
             ResourceSliceResource, labels={slices.LABEL_NODE: slices.node_label(self._node)}
         ):
             body = as_dict(obj)
+            if body["spec"].get("nodeName") != self._node:
+                continue
             by_pool.setdefault(body["spec"]["pool"]["name"], []).append(body)
         for pool, found in by_pool.items():
-            newest = max(int(s["spec"]["pool"]["generation"]) for s in found)
-            current = [s for s in found if int(s["spec"]["pool"]["generation"]) == newest]
-            _, key, _ = _key_of_slices(current)
-            await self._delete(str(s["metadata"]["name"]) for s in found if s not in current)
-            names = tuple(sorted(str(s["metadata"]["name"]) for s in current))
-            self._written[pool] = Written(generation=newest, names=names, key=key)
+            written, stale = adopt(found)
+            await self._delete(stale)
+            self._written[pool] = written
 
     # -- output -----------------------------------------------------------------------------
 
@@ -302,11 +255,9 @@ class DraPublisher:
                 self._dirty.set()
 
     def _offered(self) -> list[Instance]:
-        """The Instances offered to claims: all but the shared devices of Configurations whose
-        allocator is the device plugins (one allocator per device, docs/slots.md)."""
-        return [i for i in self._instances.values()
-                if not i.spec.shared or self._devices.shared_allocator(
-                    i.namespace, i.spec.configuration_name) != SharedDeviceAllocation.DEVICE_PLUGIN]
+        """The Instances this node offers to claims: its local devices (shared devices'
+        pools are the controller's)."""
+        return [i for i in self._instances.values() if not i.spec.shared]
 
     async def reconcile(self) -> None:
         """One pass: publish every pool that changed, withdraw those no longer wanted. A pool

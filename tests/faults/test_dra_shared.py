@@ -4,10 +4,11 @@ API server are restarted; and the controller's pinned demand in that mode.
 
 Real parts: kube-scheduler (DynamicResources with consumable capacity and extended-resource
 mapping), kube-controller-manager (it deallocates and deletes a gone pod's claim), the agents
-as ``python -m agent.main`` with ``DRA=on`` (discovery and the ResourceSlice publisher; no
-kubelet plugin: ``DRA_REGISTRY_DIR`` empty) and their device plugins on (which must leave the
-shared device alone), the controller as ``python -m controller.main --dra`` (the
-Configuration's choice and its DeviceClass mapping ``edgeplug.io/<configuration>``), on a
+as ``python -m agent.main`` with ``DRA=on`` (discovery, the health marks and the local
+ResourceSlice publisher; no kubelet plugin: ``DRA_REGISTRY_DIR`` empty) and their device
+plugins on (which must leave the shared device alone), the controller as
+``python -m controller.main --dra`` (the Configuration's choice, its DeviceClass mapping
+``edgeplug.io/<configuration>`` and the shared device's ResourceSlice), on a
 control plane of this module's own. The nodes are Ready Nodes without a kubelet
 (``tests.harness.dra.ready_nodes``): the scheduler binds pods to them and nothing runs them, so
 "a pod has its slot" is its claim allocated and itself bound. The Configuration does not choose
@@ -16,9 +17,10 @@ an allocator: the default.
 Pods ask for ``edgeplug.io/<configuration>: 1`` in their limits, each pinned to one node by
 ``kubernetes.io/hostname``; two hold the device's two slots and two more wait. Each turn the
 oldest holder is deleted; a waiting pod (on whichever node) must then be given the slot, and a
-new pod is created on the deleted one's node, to wait in turn. Between turns the agent that
-publishes the device's slice is SIGKILLed and, turns later, started again; then the
-controller; then the kube-apiserver is restarted. ``tests.harness.dra_faults.ClaimRecorder``
+new pod is created on the deleted one's node, to wait in turn. Between turns the agent of the
+device's first node (which published its slice before the controller did) is SIGKILLed and,
+turns later, started again; then the controller, which publishes the device's slice; then the
+kube-apiserver is restarted. ``tests.harness.dra_faults.ClaimRecorder``
 watches every ResourceClaim, Pod and Instance throughout: never more than 2 allocations of the
 device (each one ``slots: 1``), no pod failed, waiting pods Pending Unschedulable, no
 ``deviceUsage``/``reservations``/``demand`` on the Instance. The hand-off (the freed claim
@@ -122,7 +124,8 @@ async def _advertised(client: AsyncClient, node: str) -> dict[str, str]:
 
 
 async def _publisher(client: AsyncClient, ns: str, instance: str) -> str:
-    """The node that publishes a shared device: the first of its Instance's nodes."""
+    """The first of a shared Instance's nodes (whose agent published the device's slice
+    before the controller did)."""
     body = as_dict(await client.get(InstanceResource, instance, namespace=ns))
     return str(sorted(body["spec"]["nodes"])[0])
 

@@ -6,7 +6,8 @@ pod's claim from a ResourceClaimTemplate). The scheduler places a pod only on a 
 so the nodes here are ``NodeReporter`` Nodes with a heartbeat and no kubelet: a pod is bound
 (``spec.nodeName``) once its claim is allocated, and nothing runs it. The agents run in-process:
 discovery (``ConfigurationWatch``) plus ``DraPublisher``; the controller's ``DeviceClasses``
-runs in-process too, unless a test runs the controller process with ``--dra``.
+(with the shared devices' pools, ``controller.shared_pools``) runs in-process too, unless a
+test runs the controller process with ``--dra``.
 """
 
 from __future__ import annotations
@@ -97,13 +98,20 @@ async def dra_agents(cp: ControlPlane, nodes: Sequence[str], namespace: str
 @contextlib.asynccontextmanager
 async def device_classes(client: AsyncClient, namespace: str, *,
                          extended_resources: bool = False) -> AsyncIterator[None]:
-    """The controller's DeviceClass keeper for ``namespace``, in-process."""
+    """The controller's DeviceClass keeper for ``namespace``, in-process, with the shared
+    devices' pools it publishes (deleted afterwards)."""
     task = asyncio.create_task(DeviceClasses(client, namespaces=[namespace],
                                              extended_resources=extended_resources).run())
     try:
         yield
     finally:
         await _cancel([task])
+        async for obj in client.list(ResourceSliceResource,
+                                     labels={dra.LABEL_MANAGED_BY: "edgeplug-controller"}):
+            body = as_dict(obj)
+            if str(body["spec"]["pool"]["name"]).startswith(f"{namespace}/"):
+                with contextlib.suppress(ApiError):
+                    await client.delete(ResourceSliceResource, body["metadata"]["name"])
 
 
 async def device_class(client: AsyncClient, namespace: str, configuration: str

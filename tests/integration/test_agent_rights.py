@@ -318,6 +318,19 @@ def test_agent_writes_only_its_own_demand_and_health(control_plane: ControlPlane
     _allowed(_patch(w.agent_a, w, name,
                     {"status": {"demand": {w.node_a: 1}, "unhealthy": {w.node_a: "no signal"},
                                 "used": 0}}, status=True))
+    # The health mark the controller publishes shared devices by (agent/device_health.py).
+    cp.kubectl("patch", "instances.edgeplug.io", name, "-n", w.namespace, "--subresource=status",
+               "--type=merge", "-p", json.dumps({"status": {"reported": {w.node_b: True}}}))
+    reported = "only its own node's status.reported"
+    marks: list[dict[str, Any]] = [{"reported": {w.node_b: None}},
+                                   {"reported": {w.node_b: False}},
+                                   {"reported": {"rights-other": True}}]
+    for mark in marks:
+        _refused(_patch(w.agent_a, w, name, {"status": mark}, status=True), reported)
+    _allowed(_patch(w.agent_a, w, name, {"status": {"reported": {w.node_a: True}}},
+                    status=True))
+    _allowed(_patch(w.agent_a, w, name, {"status": {"reported": {w.node_a: None}}},
+                    status=True))
 
 
 # -- tokens and Nodes ------------------------------------------------------------------------

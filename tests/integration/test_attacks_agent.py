@@ -15,7 +15,8 @@ DaemonSet pod's token has it), each attempt below is a real request to the real 
 - ``nodes/status`` carrying metadata: NodeRestriction's labels, node roles, another hostname,
   annotations (the controller's pinned-demand among them);
 - a ResourceSlice in another node's local pool (a newer generation hides the real one), or a
-  local pool dressed as a shared one;
+  local pool dressed as a shared one; any slice of a shared device's pool (the controller's):
+  a newer generation listing node A, an update or a delete of the controller's slice;
 - every condition of a Configuration's status replaced, another node's condition, the
   controller's fields;
 - Events posing as the controller or another node, or about other objects;
@@ -656,15 +657,68 @@ def test_a_resourceslice_pool_belongs_to_the_node_that_writes_it(
         assert DENIED in outcome[1], f"{name}: {outcome[1]}"
     stored = _get(cp, "resourceslices", "-l", f"edgeplug.io/node={w.node_a}")["items"]
     assert not [x for x in stored if x["metadata"]["name"].endswith(s)], "a refused slice stored"
-    # Controls: agent/dra/slices.py's local pool (short and digested) and a shared pool.
+    # Controls: agent/dra/slices.py's local pool (short and digested).
     for body in (_slice(f"a-{s}", label_node=w.node_a, pool=f"{w.namespace}/cam/node/{w.node_a}",
                         node_name=w.node_a),
                  _slice(f"a2-{s}", label_node=w.node_a,
-                        pool=f"edgeplug/0123abcd/node/{w.node_a}", node_name=w.node_a),
-                 _slice(f"sh-{s}", label_node=w.node_a,
-                        pool=f"{w.namespace}/cam/shared/cam-123456",
-                        selector=[w.node_a, w.node_b])):
+                        pool=f"edgeplug/0123abcd/node/{w.node_a}", node_name=w.node_a)):
         _allowed(_create_slice(w.agent_a, body))
+
+
+def test_a_shared_devices_pool_is_no_agents_to_write(control_plane: ControlPlane,
+                                                     world: World) -> None:
+    """The controller publishes shared devices' pools (controller/shared_pools.py): a node's
+    token can neither publish a newer generation of one that lists itself (the scheduler would
+    read only it), nor rewrite or delete the controller's slice."""
+    cp, w = control_plane, world
+    s = uuid.uuid4().hex[:6]
+    agent = _client(w.agent_a)
+    names: list[str] = []
+    try:
+        for index, pool in enumerate((f"{w.namespace}/cam/shared/cam-{s}",
+                                      f"edgeplug/{s}0123abcd")):
+            theirs = _slice(f"c{index}-{s}", label_node=w.node_b, pool=pool,
+                            selector=[w.node_b])
+            theirs["metadata"]["labels"] = {
+                "app.kubernetes.io/managed-by": "edgeplug-controller"}
+            _apply(cp, theirs)
+            name = theirs["metadata"]["name"]
+            names.append(name)
+            newer = _slice(f"n{index}-{s}", label_node=w.node_a, pool=pool,
+                           selector=[w.node_a, w.node_b], generation=2)
+
+            def publish_newer(body: dict[str, Any] = newer) -> tuple[bool, str]:
+                return _create_slice(w.agent_a, body)
+
+            _refused(_until_refused(publish_newer, "the slice policy"), "bound to its own node")
+            alone = _slice(f"a{index}-{s}", label_node=w.node_a, pool=pool,
+                           selector=[w.node_a], generation=2)
+            _refused(_create_slice(w.agent_a, alone), "bound to its own node")
+            taken = json.loads(json.dumps(theirs))
+            taken["metadata"]["labels"]["edgeplug.io/node"] = w.node_a
+            taken["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"][0][
+                "values"] = [w.node_a]
+
+            def take(body: dict[str, Any] = taken) -> object:
+                return agent.patch(ResourceSliceResource, body["metadata"]["name"], body,
+                                   patch_type=PatchType.APPLY, force=True)
+
+            def delete(slice_name: str = name) -> object:
+                return agent.delete(ResourceSliceResource, slice_name)
+
+            _refused(_outcome(take), "labelled with its own node")
+            _refused(_outcome(delete), "labelled with its own node")
+            # Even labelled as node A's, the controller's slice is not A's to delete.
+            cp.kubectl("label", "resourceslice", name, f"edgeplug.io/node={w.node_a}")
+            _refused(_outcome(delete), "bound to its own node")
+            assert _get(cp, "resourceslices", name)["spec"]["pool"]["generation"] == 1
+        stored = _get(cp, "resourceslices")["items"]
+        assert not [x["metadata"]["name"] for x in stored
+                    if x["metadata"]["name"].endswith(s) and x["metadata"]["name"] not in names
+                    ], "a refused slice stored"
+    finally:
+        if names:
+            cp.kubectl("delete", "resourceslice", *names, check=False)
 
 
 # -- Configuration status --------------------------------------------------------------------

@@ -89,10 +89,12 @@ async def test_a_shared_device_of_capacity_two_seen_by_two_nodes_takes_two_claim
             nodes = term["matchExpressions"][0]["values"]
             return found if nodes == [node_a, node_b] else None
 
-        # One slice, by node A (the first of the Instance's nodes), usable on both.
+        # One slice, by the controller (no node's agent), usable on both.
         (body,) = await harness.eventually(published_for_both, deadline=30.0,
                                            what=f"pool {pool}: one slice for both nodes")
-        assert body["metadata"]["labels"][slices.LABEL_NODE] == node_a
+        assert body["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"
+        assert slices.LABEL_NODE not in body["metadata"]["labels"]
+        assert "nodeName" not in body["spec"]
         (device,) = body["spec"]["devices"]
         assert device["allowMultipleAllocations"] is True
         assert device["capacity"][dra.CAPACITY_SLOTS]["value"] == "2"

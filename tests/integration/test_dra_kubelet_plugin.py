@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc.aio
 from lightkube import AsyncClient
@@ -175,6 +176,50 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
             assert not cl.claim_spec_path(cdi_dir, claim.uid).exists()
             assert restarted.checkpoint.claims == {}
         assert cl.Checkpoint(tmp_path / "plugins" / dra.DRIVER / "claims.json").claims == {}
+
+
+async def test_a_claim_from_the_controllers_shared_pool_is_prepared_on_the_chosen_node(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    """A shared device two nodes see: its slice is the controller's (no node's), the scheduler
+    allocates a claim from it and binds the pod to one of them, and that node's agent prepares
+    the claim: the container's env from the claim's CDI spec."""
+    ns = pod_namespace
+    nodes = sorted([harness.new_node(control_plane), harness.new_node(control_plane)])
+    harness.apply(control_plane, ns, harness.debug_echo_configuration(
+        "cams", descriptions=["cam"], shared=True, capacity=2, broker_properties={"ROOM": "9"}))
+    cam = instance_name("cams", "cam", shared=True, node=nodes[0])
+    pool = slices.shared_pool(ns, "cams", cam)
+    async with (h.ready_nodes(kube, nodes), h.device_classes(kube, ns),
+                h.dra_agents(control_plane, nodes, ns) as agents):
+        async def published() -> list[dict[str, Any]] | None:
+            found = await h.pool_slices(kube, pool)
+            return found if len(found) == 1 and found[0]["spec"]["nodeSelector"][
+                "nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == nodes else None
+
+        (body,) = await harness.eventually(published, what=f"{pool} for both nodes")
+        assert body["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"
+        await harness.eventually(lambda: h.device_class(kube, ns, "cams"), what="class")
+        h.apply(control_plane, ns, h.claim_template("cam", dra.device_class_name(ns, "cams")),
+                h.claim_pod("user", "cam"))
+        claim = await _allocated_claim(kube, ns, "user")
+        chosen = str(as_dict(await kube.get(Pod, "user", namespace=ns))["spec"]["nodeName"])
+        assert chosen in nodes
+        cdi_dir = tmp_path / "cdi"
+        preparer = ClaimPreparer(client=kube, node_name=chosen,
+                                 devices=agents[chosen].agent.devices, cdi_dir=cdi_dir,
+                                 state_dir=tmp_path / "plugins" / dra.DRIVER)
+        async with (plugin_running(preparer, tmp_path) as plugin,
+                    grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):
+            answer = await pb_grpc.DRAPluginStub(channel).NodePrepareResources(
+                pb.NodePrepareResourcesRequest(claims=[claim]))
+        prepared = answer.claims[claim.uid]
+        assert prepared.error == ""
+        (device,) = prepared.devices
+        assert (device.pool_name, device.device_name) == (pool, cam)
+        edits = cdi.resolve([cdi_dir], list(device.cdi_device_ids))
+        assert edits.env["DEBUG_ECHO_DESCRIPTION"] == "cam"
+        assert edits.env["ROOM"] == "9"
 
 
 async def test_the_health_stream_follows_a_device_through_failure_and_recovery(

@@ -1,6 +1,7 @@
 """DRA objects over time: the controller's DeviceClasses follow Configurations (the controller
-process, ``--dra``); an agent restart rewrites no unchanged pool; a shared device handed from
-one publishing node to the next keeps its identity, so a claim allocated before still counts.
+process, ``--dra``); an agent restart rewrites no unchanged pool; the controller's pool of a
+shared device follows its nodes' health and a node leaving, keeping its identity, so a claim
+allocated before still counts.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ async def test_an_agent_restart_rewrites_no_unchanged_pool(
         await h.delete_slices(kube, node)
 
 
-async def test_a_shared_device_handed_to_the_next_node_keeps_its_claims(
+async def test_a_shared_devices_selector_follows_health_and_a_node_leaving_keeps_its_claims(
     control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient
 ) -> None:
     ns = pod_namespace
@@ -104,14 +105,19 @@ async def test_a_shared_device_handed_to_the_next_node_keeps_its_claims(
     pool = slices.shared_pool(ns, "hand", name)
     async with (h.ready_nodes(kube, [node_a, node_b]), h.device_classes(kube, ns),
                 h.dra_agents(control_plane, [node_a, node_b], ns) as agents):
-        async def published_by(node: str) -> int | None:
+        async def selecting(*nodes: str) -> dict[str, Any] | None:
+            """The pool's one slice, the controller's, once it selects exactly ``nodes``."""
             found = await h.pool_slices(kube, pool)
-            mine = [s for s in found if s["metadata"]["labels"][slices.LABEL_NODE] == node]
-            return int(mine[0]["spec"]["pool"]["generation"]) if len(found) == 1 and mine \
-                else None
+            if len(found) != 1:
+                return None
+            (body,) = found
+            (term,) = body["spec"]["nodeSelector"]["nodeSelectorTerms"]
+            return body if term["matchExpressions"][0]["values"] == list(nodes) else None
 
-        await harness.eventually(lambda: published_by(node_a), deadline=30.0,
-                                         what=f"{pool} published by {node_a}")
+        first = await harness.eventually(lambda: selecting(node_a, node_b), deadline=30.0,
+                                         what=f"{pool} published for both nodes")
+        assert first["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"
+        assert slices.LABEL_NODE not in first["metadata"]["labels"]
         await harness.eventually(lambda: h.device_class(kube, ns, "hand"), what="class")
         h.apply(control_plane, ns, h.claim_template("cam", dra.device_class_name(ns, "hand")),
                 h.claim_pod("holder", "cam"))
@@ -119,16 +125,69 @@ async def test_a_shared_device_handed_to_the_next_node_keeps_its_claims(
                                         what="holder bound", deadline=SCHEDULE_DEADLINE)
         assert [r["device"] for r in held.results] == [name]
 
-        # Node A's agent stops discovering it: B, the next node, publishes the same pool.
+        # Node A's agent finds it unhealthy (written as its agent writes it): A leaves the
+        # selector; healthy again, A is back.
+        def health(verdict: str | None) -> None:
+            control_plane.kubectl(
+                "patch", "instances.edgeplug.io", name, "-n", ns, "--subresource=status",
+                "--type=merge", "-p", json.dumps({"status": {"unhealthy": {node_a: verdict}}}))
+
+        health("no answer to SOAP")
+        await harness.eventually(lambda: selecting(node_b), deadline=30.0,
+                                 what=f"{pool} selecting {node_b} alone")
+        health(None)
+        await harness.eventually(lambda: selecting(node_a, node_b), deadline=30.0,
+                                 what=f"{pool} selecting both again")
+
+        # Node A's agent stops discovering it (leaves the Instance): same pool and device,
+        # B alone, one generation up.
         await agents[node_a].agent.watch.runs[(ns, "hand")].stop(withdraw=True)
-        await harness.eventually(lambda: published_by(node_b), deadline=30.0,
-                                 what=f"{pool} published by {node_b} alone")
-        # Capacity 1, held by the claim made before the hand-over: a new claim waits.
+        last = await harness.eventually(lambda: selecting(node_b), deadline=30.0,
+                                        what=f"{pool} selecting {node_b} once {node_a} left")
+        assert [d["name"] for d in last["spec"]["devices"]] == [slices.device_name(name)]
+        assert last["spec"]["pool"]["generation"] > first["spec"]["pool"]["generation"]
+        # Capacity 1, held by the claim made before: a new claim waits.
         h.apply(control_plane, ns, h.claim_pod("second", "cam"))
         why = await harness.eventually(lambda: h.unschedulable(kube, ns, "second"),
                                        what="pod second unschedulable",
                                        deadline=SCHEDULE_DEADLINE)
         assert await h.pod_claim(kube, ns, "second") is None, why
+
+
+async def test_a_shared_pool_an_agent_published_before_is_taken_over_by_the_controller(
+    control_plane: ControlPlane, namespace: str, kube: AsyncClient
+) -> None:
+    """The upgrade: a slice of a shared pool as an older agent left it (its node's label) is
+    replaced by the controller's, one generation up, and deleted by the controller; the new
+    agent neither adopts nor deletes it."""
+    node = harness.new_node(control_plane)
+    harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+        "upgrade", descriptions=["cam"], capacity=2))
+    name = instance_name("upgrade", "cam", shared=True, node=node)
+    pool = slices.shared_pool(namespace, "upgrade", name)
+    old: dict[str, Any] = {"apiVersion": dra.API_VERSION, "kind": "ResourceSlice",
+           "metadata": {"name": slices.slice_name(pool, 0, node),
+                        "labels": {slices.LABEL_POOL: slices.pool_label(pool),
+                                   slices.LABEL_NODE: node,
+                                   dra.LABEL_MANAGED_BY: "edgeplug-agent"}},
+           "spec": {"driver": dra.DRIVER, "pool": {"name": pool, "generation": 7,
+                                                   "resourceSliceCount": 1},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In",
+                         "values": [node]}]}]},
+                    "devices": [{"name": slices.device_name(name)}]}}
+    await kube.create(ResourceSliceResource.from_dict(old))
+    async with (h.ready_nodes(kube, [node]), h.device_classes(kube, namespace),
+                h.dra_agents(control_plane, [node], namespace)):
+        async def taken_over() -> dict[str, Any] | None:
+            found = await h.pool_slices(kube, pool)
+            return found[0] if len(found) == 1 and found[0]["metadata"]["name"] != \
+                old["metadata"]["name"] else None
+
+        body = await harness.eventually(taken_over, deadline=30.0,
+                                        what=f"{pool}: the controller's slice alone")
+        assert body["spec"]["pool"]["generation"] == 8
+        assert body["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"
 
 
 async def test_a_slice_deleted_by_someone_else_is_published_again(

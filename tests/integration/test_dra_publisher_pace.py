@@ -4,9 +4,8 @@ Real parts: the API server (Instances, ResourceSlices); the publisher and the ag
 table run in-process, the table filled as the discovery side fills it (``NodeDeviceTable.put``
 and ``remove``), so what the publisher is told is exactly what the agent tells it.
 
-- A device this node stopped serving is withdrawn at once when no other node's health counts
-  for it (a local device; a shared one only this node lists), not when its Instance goes; a
-  shared device another node lists still waits for its Instance (that node may publish it).
+- A (local) device this node stopped serving is withdrawn at once, not when its Instance goes;
+  a shared device is never the agent's to publish (its pool is the controller's).
 - New pools' generations are looked up a batch at a time, not one list per pool.
 - An Instance the watch delivers while a relist is in flight is kept, and one it deletes
   meanwhile is not brought back by the list's older answer.
@@ -135,33 +134,27 @@ async def test_a_device_this_node_stops_serving_is_withdrawn_before_its_instance
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
     ns = namespace
-    async with publishing(control_plane, ns) as (_publisher, table, _client):
-        alone = await _instance(kube, ns, table, "cam", "a1", nodes=[NODE], shared=True)
-        both = await _instance(kube, ns, table, "cam", "b2", nodes=[NODE, OTHER], shared=True)
+    async with publishing(control_plane, ns) as (publisher, table, _client):
+        shared = await _instance(kube, ns, table, "cam", "b2", nodes=[NODE, OTHER], shared=True)
         usb = [await _instance(kube, ns, table, "usb", d, nodes=[NODE], shared=False)
                for d in ("c3", "d4")]
-        pools = {n: _pool(ns, c, n, shared=s) for n, c, s in
-                 ((alone, "cam", True), (both, "cam", True), (usb[0], "usb", False))}
+        pool = _pool(ns, "usb", usb[0], shared=False)
+        await harness.eventually(lambda: _all(kube, pool, set(usb)), what="both usb devices")
+        # The shared device this node serves is the controller's to publish, never the agent's.
+        passes = publisher.passes
+        await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > passes or None),
+                                 what="a pass after it")
+        assert await _devices(kube, _pool(ns, "cam", shared, shared=True)) == set()
 
-        async def all_published() -> bool:
-            return (await _devices(kube, pools[alone]) == {alone}
-                    and await _devices(kube, pools[both]) == {both}
-                    and await _devices(kube, pools[usb[0]]) == set(usb))
-
-        await harness.eventually(all_published, what="every pool published")
-
-        for name in (alone, both, usb[0]):
-            await table.remove(ns, name)
-
-        async def withdrawn() -> bool:
-            return (await _devices(kube, pools[alone]) == set()
-                    and await _devices(kube, pools[usb[0]]) == {usb[1]})
-
+        await table.remove(ns, usb[0])
         # Every Instance is still there: nothing here deletes them.
-        await harness.eventually(withdrawn, what="the devices only this node had, withdrawn")
-        assert set(await harness.instances(kube, ns)) == {alone, both, *usb}
-        # The one another node lists too waits for its Instance to say who publishes it.
-        assert await _devices(kube, pools[both]) == {both}
+        await harness.eventually(lambda: _all(kube, pool, {usb[1]}),
+                                 what="the device this node stopped serving, withdrawn")
+        assert set(await harness.instances(kube, ns)) == {shared, *usb}
+
+
+async def _all(kube: AsyncClient, pool: str, names: set[str]) -> bool:
+    return await _devices(kube, pool) == names
 
 
 async def test_the_watch_outranks_a_relist_answered_meanwhile(
@@ -169,17 +162,19 @@ async def test_the_watch_outranks_a_relist_answered_meanwhile(
 ) -> None:
     ns = namespace
     # Listed, then deleted before the list's answer is read.
-    deleted = await create_instance(kube, ns, configuration="relist", digest="a0",
-                                    nodes=[NODE], capacity=1, shared=True)
+    # (Local devices, each of a Configuration of its own: a pool each.)
+    deleted = await create_instance(kube, ns, configuration="relist-a", digest="a0",
+                                    nodes=[NODE], capacity=1, shared=False)
     async with publishing(control_plane, ns, HeldListClient) as (publisher, table, client):
         assert isinstance(client, HeldListClient)
-        await table.put(NodeDevice(instance=deleted, namespace=ns, configuration="relist",
-                                   device=Device(id="a0"), shared=True))
+        await table.put(NodeDevice(instance=deleted, namespace=ns, configuration="relist-a",
+                                   device=Device(id="a0"), shared=False))
         await harness.eventually(lambda: asyncio.sleep(0, client.answered.is_set() or None),
                                  what="the publisher's first list of Instances answered")
         await kube.delete(InstanceResource, deleted, namespace=ns)
         # Created after the list was answered.
-        created = await _instance(kube, ns, table, "relist", "b1", nodes=[NODE], shared=True)
+        created = await _instance(kube, ns, table, "relist-b", "b1", nodes=[NODE],
+                                  shared=False)
 
         def known() -> set[str]:
             return {i.name for i in publisher.known_instances()}
@@ -188,14 +183,14 @@ async def test_the_watch_outranks_a_relist_answered_meanwhile(
             lambda: asyncio.sleep(0, (created in known() and deleted not in known()) or None),
             what="the watch's creation and deletion")
         client.release.set()
-        pool = _pool(ns, "relist", created, shared=True)
+        pool = _pool(ns, "relist-b", created, shared=False)
         await harness.eventually(lambda: _published(kube, pool),
                                  what="the Instance created during the list, published")
         assert created in known(), known()
         assert deleted not in known(), known()
         # The deleted one's device is still in the table: only a pool planned from the stale
         # answer would publish it.
-        assert await _devices(kube, _pool(ns, "relist", deleted, shared=True)) == set()
+        assert await _devices(kube, _pool(ns, "relist-a", deleted, shared=False)) == set()
 
 
 async def test_a_device_not_served_yet_is_held_not_withdrawn(
@@ -203,16 +198,16 @@ async def test_a_device_not_served_yet_is_held_not_withdrawn(
 ) -> None:
     ns = namespace
     async with publishing(control_plane, ns) as (publisher, table, _client):
-        waiting = await _instance(kube, ns, table, "cam", "e5", nodes=[NODE], shared=True,
+        waiting = await _instance(kube, ns, table, "cam-w", "e5", nodes=[NODE], shared=False,
                                   serve=False)
-        ready = await _instance(kube, ns, table, "cam", "f6", nodes=[NODE], shared=True)
+        ready = await _instance(kube, ns, table, "cam-r", "f6", nodes=[NODE], shared=False)
         await harness.eventually(
-            lambda: _published(kube, _pool(ns, "cam", ready, shared=True)),
+            lambda: _published(kube, _pool(ns, "cam-r", ready, shared=False)),
             what="the served device published")
         passes = publisher.passes
         await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > passes or None),
                                  what="a pass after it")
-        assert await _devices(kube, _pool(ns, "cam", waiting, shared=True)) == set()
+        assert await _devices(kube, _pool(ns, "cam-w", waiting, shared=False)) == set()
         assert any(i.name == waiting for i in publisher.known_instances())
 
 
@@ -225,16 +220,17 @@ async def test_new_pools_generations_are_listed_a_batch_at_a_time(
         await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > 0 or None),
                                  what="the publisher's first pass")
         before = client.slice_lists
-        names = [await _instance(kube, ns, table, "many", f"{i:04x}", nodes=[NODE],
-                                 shared=True, serve=False) for i in range(count)]
+        # A pool each: one local device of each of ``count`` Configurations.
+        names = [await _instance(kube, ns, table, f"many-{i}", f"{i:04x}", nodes=[NODE],
+                                 shared=False, serve=False) for i in range(count)]
         # All become served at once (a discovery pass's table puts), so one pass sees them.
-        for name, digest in zip(names, (f"{i:04x}" for i in range(count)), strict=True):
-            await table.put(NodeDevice(instance=name, namespace=ns, configuration="many",
-                                       device=Device(id=digest), shared=True))
+        for i, name in enumerate(names):
+            await table.put(NodeDevice(instance=name, namespace=ns, configuration=f"many-{i}",
+                                       device=Device(id=f"{i:04x}"), shared=False))
 
         async def published() -> bool:
-            return all([await _devices(kube, _pool(ns, "many", n, shared=True)) == {n}
-                        for n in names])
+            return all([await _devices(kube, _pool(ns, f"many-{i}", n, shared=False)) == {n}
+                        for i, n in enumerate(names)])
 
         await harness.eventually(published, what=f"{count} pools published")
     # A list per pass that found new pools (a few passes); one per new pool before.
@@ -252,8 +248,8 @@ async def test_a_change_after_a_quiet_spell_is_written_at_once_and_bursts_are_pa
     async with publishing(control_plane, ns) as (publisher, table, client):
         await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > 0 or None),
                                  what="the publisher's first pass")
-        burst = [await _instance(kube, ns, table, "burst", f"b{i:03x}", nodes=[NODE],
-                                 shared=True, serve=False) for i in range(BURST)]
+        burst = [await _instance(kube, ns, table, f"burst-{i}", f"b{i:03x}", nodes=[NODE],
+                                 shared=False, serve=False) for i in range(BURST)]
 
         async def written_after(change: Any) -> float:
             """When the change was made (the device served); returns once it is written."""
@@ -264,18 +260,18 @@ async def test_a_change_after_a_quiet_spell_is_written_at_once_and_bursts_are_pa
                 await client.wrote.wait()
             return made
 
-        await written_after(_instance(kube, ns, table, "quiet", "q0", nodes=[NODE],
-                                      shared=True))
+        await written_after(_instance(kube, ns, table, "quiet-0", "q0", nodes=[NODE],
+                                      shared=False))
         # The scenario's quiet spell (a device going a moment after another came), not a wait
         # for anything.
         await asyncio.sleep(2 * QUIET_S)
-        served = await written_after(_instance(kube, ns, table, "quiet", "q1", nodes=[NODE],
-                                               shared=True))
+        served = await written_after(_instance(kube, ns, table, "quiet-1", "q1", nodes=[NODE],
+                                               shared=False))
         # A burst: each device is served the moment the write before it is answered.
-        for name in burst:
+        for i, name in enumerate(burst):
             await written_after(table.put(NodeDevice(
-                instance=name, namespace=ns, configuration="burst",
-                device=Device(id=name.rpartition("-")[2]), shared=True)))
+                instance=name, namespace=ns, configuration=f"burst-{i}",
+                device=Device(id=name.rpartition("-")[2]), shared=False)))
         written = client.applied
     assert len(written) == 2 + BURST, written  # one new pool, one apply, per change
     # The second change came after a quiet spell: its pass starts at once (one list of its

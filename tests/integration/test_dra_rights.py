@@ -1,6 +1,7 @@
 """DRA's rights (deploy/dra/) on the real API server: the agent's token, bound to its node,
 writes only its own node's ResourceSlices, and the real publisher works with that token alone;
-the controller's token may keep DeviceClasses."""
+the controller's token may keep DeviceClasses and write shared devices' pools of the driver,
+nothing else of ResourceSlices."""
 
 from __future__ import annotations
 
@@ -122,13 +123,14 @@ def test_the_tokens_hold_the_rights_the_code_uses(control_plane: ControlPlane,
     assert not world.agent_a.can(cp, "create", "deviceclasses.resource.k8s.io")
     for verb in ("list", "watch", "create", "patch", "delete"):
         assert world.controller.can(cp, verb, "deviceclasses.resource.k8s.io"), verb
-    assert not world.controller.can(cp, "create", "resourceslices.resource.k8s.io")
+    # Shared devices' pools (controller/shared_pools.py); servedBy (controller/dra_usage.py).
+    for verb in ("list", "watch", "create", "patch", "delete"):
+        assert world.controller.can(cp, verb, "resourceslices.resource.k8s.io"), verb
     # Brokers' claim templates; servedBy and claims of Instances (controller/dra_usage.py).
     assert world.controller.can(cp, "create", "resourceclaimtemplates.resource.k8s.io",
                                 namespace="default")
-    for resource in ("resourceslices", "resourceclaims"):
-        for verb in ("list", "watch"):
-            assert world.controller.can(cp, verb, f"{resource}.resource.k8s.io"), resource
+    for verb in ("list", "watch"):
+        assert world.controller.can(cp, verb, "resourceclaims.resource.k8s.io"), verb
     assert world.controller.can(cp, "patch", "instances.edgeplug.io", namespace="default",
                                 subresource="status")
     assert not world.controller.can(cp, "create", "resourceclaims.resource.k8s.io",
@@ -141,9 +143,9 @@ def test_the_agent_writes_only_its_own_nodes_slices(control_plane: ControlPlane,
     suffix = uuid.uuid4().hex[:6]
     own = _slice(f"own-{suffix}", label_node=w.node_a, node_name=w.node_a)
     assert _as(cp, w.agent_a, "create", body=own) == (True, "")
-    shared = _slice(f"shared-{suffix}", label_node=w.node_a, selector_nodes=[w.node_a, w.node_b])
-    assert _as(cp, w.agent_a, "create", body=shared) == (True, "")
     refused = {
+        "a shared pool listing it": _slice(f"r0-{suffix}", label_node=w.node_a,
+                                           selector_nodes=[w.node_a, w.node_b]),
         "another node's label": _slice(f"r1-{suffix}", label_node=w.node_b, node_name=w.node_b),
         "bound to another node": _slice(f"r2-{suffix}", label_node=w.node_a,
                                         node_name=w.node_b),
@@ -197,3 +199,37 @@ async def test_the_publisher_works_with_the_agents_token_alone(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await client.close()
+
+
+def test_the_controller_writes_only_shared_pools_of_the_driver(control_plane: ControlPlane,
+                                                              enforced: World) -> None:
+    cp, w = control_plane, enforced
+    suffix = uuid.uuid4().hex[:6]
+
+    def controllers(body: dict[str, Any]) -> dict[str, Any]:
+        body["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "edgeplug-controller"}
+        return body
+
+    shared = controllers(_slice(f"cs-{suffix}", label_node="", selector_nodes=[w.node_a]))
+    deadline = time.monotonic() + POLICY_ACTIVE_S
+    refused = {
+        "a node's local pool": controllers(_slice(f"cr1-{suffix}", label_node="",
+                                                  node_name=w.node_a)),
+        "another driver": controllers(_slice(f"cr2-{suffix}", label_node="",
+                                             selector_nodes=[w.node_a],
+                                             driver="gpu.example.com")),
+        "not labelled as the controller's": _slice(f"cr3-{suffix}", label_node=w.node_a,
+                                                   selector_nodes=[w.node_a]),
+    }
+    for what, body in refused.items():
+        while True:  # the policy is loaded asynchronously: the first refusal waits for it
+            ok, err = _as(cp, w.controller, "create", body=body)
+            if not ok or time.monotonic() > deadline:
+                break
+            cp.kubectl("delete", "resourceslice", body["metadata"]["name"], check=False)
+            time.sleep(0.2)  # polling a condition with a deadline, not a synchronisation sleep
+        assert not ok, f"{what}: allowed"
+        assert DENIED in err, f"{what}: {err}"
+    assert _as(cp, w.controller, "create", body=shared) == (True, "")
+    assert _as(cp, w.controller, "delete", "resourceslice", shared["metadata"]["name"]) == (
+        True, "")

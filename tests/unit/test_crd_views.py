@@ -200,12 +200,14 @@ def test_instance_round_trips_every_field() -> None:
                         "resourceVersion": "9"},
            "spec": spec,
            "status": {"reservations": {"cam-bb0879-1": "b"}, "demand": {"a": 1},
-                      "unhealthy": {"b": "no answer to SOAP"}, "used": 1, "nodes": "a,b"}}
+                      "unhealthy": {"b": "no answer to SOAP"}, "reported": {"a": True, "b": True},
+                      "used": 1, "nodes": "a,b"}}
     view = inst.Instance.from_object(obj)
     assert view.spec.nodes == ("b", "a")
     assert view.reservations == {"cam-bb0879-1": "b"}
     assert view.demand == {"a": 1}
     assert view.unhealthy == {"b": "no answer to SOAP"}
+    assert view.reported == {"a", "b"}
     assert view.spec.used == 1
     out = view.spec_to_object()
     assert out == {k: v for k, v in obj.items() if k != "status"} | {

@@ -1,4 +1,5 @@
-"""What a node publishes for DRA, over tables: pools, attributes, limits, health, shared devices."""
+"""What DRA publishes, over tables: a node's pools, the controller's shared pools, attributes,
+limits, health."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import io
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from agent.dra import slices
 from agent.settings import AgentSettings
-from crds import discover, dra
+from crds import discover, dra, dra_slices
 from crds.instance import Instance, InstanceSpec
 from discovery_handlers.contract import Device
 
@@ -20,14 +22,14 @@ from discovery_handlers.contract import Device
 def instance(name: str, *, nodes: tuple[str, ...] = ("n1",), shared: bool = False,
              capacity: int = 1, props: Mapping[str, str] | None = None,
              unhealthy: Mapping[str, str] | None = None, namespace: str = "ns",
-             held: int = 0) -> Instance:
+             held: int = 0, reported: tuple[str, ...] = ()) -> Instance:
     usage = {f"{name}-{i}": ("n9" if i < held else "") for i in range(capacity)}
     return Instance(
         name=name, namespace=namespace,
         spec=InstanceSpec(configuration_name="cam", capacity=capacity, shared=shared,
                           nodes=nodes, broker_properties=dict(props or {}),
                           device_usage=usage),
-        unhealthy=dict(unhealthy or {}),
+        unhealthy=dict(unhealthy or {}), reported=frozenset(reported),
     )
 
 
@@ -79,34 +81,56 @@ def test_local_devices_one_pool_per_configuration_bound_to_the_node() -> None:
     assert plan.tainted == {"cam-000004": "fault 0x80"}
 
 
-def test_shared_device_published_once_by_the_first_node_with_consumable_capacity() -> None:
-    shared = instance("cam-abcdef", nodes=("n2", "n1", "n3"), shared=True, capacity=2,
-                      unhealthy={"n3": "not seen"})
-    assert slices.plan_node("n2", [shared]).pools == {}
-    assert slices.plan_node("n3", [shared]).pools == {}
-    pool = slices.plan_node("n1", [shared]).pools["ns/cam/shared/cam-abcdef"]
-    assert pool.nodes == ("n1", "n2")
+def test_shared_device_one_pool_selecting_the_nodes_known_healthy() -> None:
+    shared = instance("cam-abcdef", nodes=("n2", "n1", "n3", "n4"), shared=True, capacity=2,
+                      unhealthy={"n3": "not seen"}, reported=("n1", "n2"))
+    for node in ("n1", "n2", "n3"):  # no agent publishes it: the controller does
+        assert slices.plan_node(node, [shared]).pools == {}
+    pool = dra_slices.shared_plan(shared)
+    assert pool is not None
+    assert pool.nodes == ("n1", "n2"), "n3 unhealthy, n4 has not said yet"
     (device,) = pool.devices
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"][dra.CAPACITY_SLOTS]["value"] == "2"
     assert device["capacity"][dra.CAPACITY_SLOTS]["requestPolicy"]["default"] == "1"
-    (body,) = slices.slice_bodies(pool, generation=3, publisher="n1")
+    assert "taints" not in device
+    (body,) = dra_slices.slice_bodies(pool, generation=3,
+                                      publisher=dra_slices.CONTROLLER_PUBLISHER)
     assert body["spec"]["nodeSelector"] == {"nodeSelectorTerms": [{"matchExpressions": [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n2"]}]}]}
     assert body["spec"]["pool"] == {"name": "ns/cam/shared/cam-abcdef", "generation": 3,
                                     "resourceSliceCount": 1}
+    assert body["metadata"]["labels"] == {
+        dra_slices.LABEL_POOL: dra_slices.pool_label("ns/cam/shared/cam-abcdef"),
+        dra.LABEL_MANAGED_BY: "edgeplug-controller"}
+    assert "nodeName" not in body["spec"]
+
+
+def test_shared_device_held_until_a_node_has_said() -> None:
+    """No node's verdict known (the Instance is written before its status): no pool."""
+    fresh = instance("cam-abcdef", nodes=("n1", "n2"), shared=True)
+    assert dra_slices.shared_plan(fresh) is None
+    one = dra_slices.shared_plan(instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
+                                          reported=("n2",)))
+    assert one is not None
+    assert one.nodes == ("n2",)
 
 
 def test_shared_device_unhealthy_everywhere_is_tainted_for_every_node() -> None:
     shared = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
                       unhealthy={"n1": "not seen; kept for offlineGracePeriodSeconds",
-                                 "n2": "gone"})
-    plan = slices.plan_node("n1", [shared])
-    pool = plan.pools["ns/cam/shared/cam-abcdef"]
+                                 "n2": "gone"}, reported=("n1", "n2"))
+    pool = dra_slices.shared_plan(shared)
+    assert pool is not None
     assert pool.nodes == ("n1", "n2")
     (device,) = pool.devices
     assert device["taints"][0]["value"] == "not-seen--kept-for-offlineGracePeriodSeconds"
-    assert plan.tainted == {"cam-abcdef": "not seen; kept for offlineGracePeriodSeconds"}
+    # Unhealthy where it was heard, silent elsewhere: tainted, every node listed.
+    half = dra_slices.shared_plan(instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
+                                           unhealthy={"n2": "gone"}))
+    assert half is not None
+    assert half.nodes == ("n1", "n2")
+    assert half.devices[0]["taints"][0]["value"] == "gone"
 
 
 @pytest.mark.parametrize(("reason", "value"), [
@@ -159,11 +183,9 @@ def test_this_nodes_verdict_outranks_the_status_it_has_not_rewritten_yet() -> No
     recovered = instance("cam-000001", unhealthy={"n1": "fault", "n2": "gone"})
     (pool,) = slices.plan_node("n1", [recovered], {("ns", "cam-000001"): None}).pools.values()
     assert "taints" not in pool.devices[0]
-    shared = instance("cam-abcdef", nodes=("n1", "n2"), shared=True, unhealthy={"n2": "gone"})
-    assert slices.plan_node("n1", [shared], {}).held == {"ns/cam/shared/cam-abcdef"}
-    sick_here = slices.plan_node("n1", [shared], {("ns", "cam-abcdef"): "not seen"})
-    (device,) = sick_here.pools["ns/cam/shared/cam-abcdef"].devices
-    assert device["taints"][0]["value"] == "not-seen", "usable nowhere: tainted"
+    sick = instance("cam-000002", unhealthy={"n1": "fault"})
+    (pool,) = slices.plan_node("n1", [sick], {("ns", "cam-000002"): "not seen"}).pools.values()
+    assert pool.devices[0]["taints"][0]["value"] == "not-seen"
     # Another node's device is not this node's to know: never held for it.
     theirs = instance("cam-000009", nodes=("n2",))
     assert slices.plan_node("n1", [theirs], {}) == slices.NodePlan(pools={})
@@ -213,6 +235,11 @@ def test_discover_prints_the_attributes_a_device_would_carry() -> None:
 
 
 def _only_device(inst: Instance) -> dict[str, object]:
+    if inst.spec.shared:
+        shared = dra_slices.shared_plan(replace(inst, reported=frozenset(inst.spec.nodes)))
+        assert shared is not None
+        (device,) = shared.devices
+        return dict(device)
     (pool,) = slices.plan_node("n1", [inst]).pools.values()
     (device,) = pool.devices
     return dict(device)

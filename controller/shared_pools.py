@@ -1,0 +1,258 @@
+"""The ResourceSlices of shared devices the scheduler allocates: one pool each, kept by the
+controller (``--dra``).
+
+For every shared Instance (of the served namespaces) whose Configuration's shared devices are
+allocated by DRA (``controller.shared_allocation``; the mode ``controller.device_classes``
+decides), one pool ``crds.dra_slices.shared_pool`` with one slice: ``nodeSelector``
+``kubernetes.io/hostname In`` the Instance's nodes whose agent found the device healthy, the
+device tainted ``edgeplug.io/unhealthy`` when none does, and held (neither published nor
+withdrawn) while no node's verdict is known (``crds.dra_slices.shared_plan``). The agents
+publish only their nodes' local pools.
+
+Writes: server-side apply (field manager ``FIELD_MANAGER``) with the pool's generation one
+above the newest of any publisher (at start the controller's own slices are adopted by label;
+a pool it has not written yet is listed by its pool label first, so a slice an agent published
+before the upgrade is replaced by a higher generation and then deleted). A pool whose Instance
+goes, or whose Configuration leaves ``dra``, is withdrawn: every slice of it deleted. The
+Instances come from ``controller.instance_classes``' watch, the modes from
+``controller.device_classes``; nothing is written before both were listed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from lightkube import ApiError, AsyncClient, operators
+from lightkube.generic_resource import create_global_resource
+from lightkube.types import PatchType
+
+from crds import dra, dra_features, dra_slices
+from crds.configuration import SharedDeviceAllocation
+from crds.instance import Instance
+
+log = logging.getLogger(__name__)
+
+ResourceSliceResource = create_global_resource(
+    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
+)
+FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
+#: After a pass that failed (an API error), the next one comes this soon.
+RETRY_S: Final = 1.0
+#: A pass waits this long after the change that woke it, so a burst is written once.
+PASS_DELAY_S: Final = 0.05
+#: Pools whose slices are looked up in one list (a set-based label selector).
+POOLS_PER_LIST: Final = 40
+HTTP_NOT_FOUND: Final = 404
+
+_Key = tuple[str, str]
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj if isinstance(obj, dict) else dict(obj.to_dict())
+
+
+def _namespace_of(body: Mapping[str, Any]) -> str:
+    """The namespace a listed slice's devices name (``crds.dra`` attribute ``namespace``)."""
+    for device in body["spec"].get("devices") or ():
+        value = ((device.get("attributes") or {}).get(dra.ATTR_NAMESPACE) or {}).get("string")
+        if value:
+            return str(value)
+    return ""
+
+
+def wanted_pools(instances: Iterable[Instance],
+                 modes: Mapping[_Key, SharedDeviceAllocation]
+                 ) -> tuple[dict[str, dra_slices.PoolPlan], frozenset[str]]:
+    """The pools to publish for ``instances`` (shared ones whose Configuration's mode is DRA),
+    and the pools held: wanted, but with no node's health known yet."""
+    pools: dict[str, dra_slices.PoolPlan] = {}
+    held: set[str] = set()
+    for inst in instances:
+        if not inst.spec.shared or modes.get(
+                (inst.namespace, inst.spec.configuration_name)) != SharedDeviceAllocation.DRA:
+            continue
+        plan = dra_slices.shared_plan(inst)
+        if plan is None:
+            held.add(dra_slices.shared_pool(inst.namespace, inst.spec.configuration_name,
+                                            inst.name))
+        else:
+            pools[plan.name] = plan
+    return pools, frozenset(held)
+
+
+class SharedPools:
+    """Publishes the pools of shared devices allocated by DRA; ``run`` until cancelled.
+    Fed by ``listed``/``put`` (Instances) and ``set_mode``/``modes_listed`` (Configurations)."""
+
+    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
+        self._client = client
+        self._namespaces = frozenset(namespaces)
+        self._instances: dict[_Key, Instance] = {}
+        self._modes: dict[_Key, SharedDeviceAllocation] = {}
+        self._written: dict[str, dra_slices.Written] = {}
+        self._instances_listed = False
+        self._modes_listed = False
+        self._wake = asyncio.Event()
+        self.features = dra_features.FeatureReport(log)
+        self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
+
+    # -- input ------------------------------------------------------------------------------
+
+    def _serves(self, namespace: str) -> bool:
+        return not self._namespaces or namespace in self._namespaces
+
+    def listed(self, instances: Iterable[Mapping[str, Any]]) -> None:
+        """Every Instance, as a (re)list found them."""
+        fresh = {}
+        for data in instances:
+            instance = Instance.from_object(data)
+            if instance.spec.shared and self._serves(instance.namespace):
+                fresh[(instance.namespace, instance.name)] = instance
+        self._instances = fresh
+        self._instances_listed = True
+        self._wake.set()
+
+    def put(self, key: _Key, data: Mapping[str, Any] | None) -> None:
+        """An Instance changed (``data`` None: deleted)."""
+        instance = Instance.from_object(data) if data is not None else None
+        if instance is None or not instance.spec.shared or not self._serves(key[0]):
+            if self._instances.pop(key, None) is not None:
+                self._wake.set()
+            return
+        if self._instances.get(key) != instance:
+            self._instances[key] = instance
+            self._wake.set()
+
+    def set_mode(self, configuration: _Key, mode: SharedDeviceAllocation | None) -> None:
+        """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
+        if self._modes.get(configuration) == mode:
+            return
+        if mode is None:
+            self._modes.pop(configuration, None)
+        else:
+            self._modes[configuration] = mode
+        self._wake.set()
+
+    def modes(self) -> list[_Key]:
+        """The Configurations whose mode is known now."""
+        return list(self._modes)
+
+    def modes_listed(self) -> None:
+        """Every served Configuration's mode has been set once (after a list)."""
+        self._modes_listed = True
+        self._wake.set()
+
+    # -- output -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._adopt()
+                break
+            except Exception as error:  # API away or refusing: wait it out
+                failures += 1
+                log.warning("shared pools: slices not listed yet (%s); retrying", error)
+                await asyncio.sleep(RETRY_S)
+        while True:
+            await self._wake.wait()
+            if not (self._instances_listed and self._modes_listed):
+                self._wake.clear()
+                continue
+            await asyncio.sleep(PASS_DELAY_S)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception as error:  # API error or away: the pass is retried
+                log.warning("shared pools: pass failed (%s); retrying", error)
+                await asyncio.sleep(RETRY_S)
+                self._wake.set()
+
+    async def _adopt(self) -> None:
+        """Learn the pools an earlier controller wrote, so none is rewritten needlessly and
+        generations keep growing."""
+        by_pool: dict[str, list[dict[str, Any]]] = {}
+        async for obj in self._client.list(
+                ResourceSliceResource,
+                labels={dra.LABEL_MANAGED_BY: dra_slices.CONTROLLER_MANAGED_BY}):
+            body = _as_dict(obj)
+            if body["spec"].get("driver") == dra.DRIVER and self._serves(_namespace_of(body)):
+                by_pool.setdefault(str(body["spec"]["pool"]["name"]), []).append(body)
+        for pool, found in by_pool.items():
+            written, stale = dra_slices.adopt(found)
+            await self._delete(stale)
+            self._written[pool] = written
+
+    async def reconcile(self) -> None:
+        """One pass: publish every pool that changed, withdraw those no longer wanted."""
+        wanted, held = wanted_pools(self._instances.values(), self._modes)
+        changed = [plan for plan in wanted.values()
+                   if (w := self._written.get(plan.name)) is None
+                   or w.key != dra_slices.content_key(plan)]
+        others = await self._listed([p.name for p in changed if p.name not in self._written])
+        for plan in changed:
+            await self._publish(plan, others.get(plan.name, []))
+        gone = [pool for pool in self._written if pool not in wanted and pool not in held]
+        if gone:
+            listed = await self._listed(gone)
+            for pool in gone:
+                await self._withdraw(pool, listed.get(pool, []))
+
+    async def _listed(self, pools: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Every slice of each pool (any publisher's, any generation)."""
+        found: dict[str, list[dict[str, Any]]] = {}
+        wanted = set(pools)
+        for start in range(0, len(pools), POOLS_PER_LIST):
+            labels = sorted({dra_slices.pool_label(p) for p in pools[start:start + POOLS_PER_LIST]})
+            async for obj in self._client.list(
+                    ResourceSliceResource,
+                    labels={dra_slices.LABEL_POOL: operators.in_(labels)}):
+                body = _as_dict(obj)
+                pool = str(body["spec"]["pool"]["name"])
+                if pool in wanted and body["spec"].get("driver") == dra.DRIVER:
+                    found.setdefault(pool, []).append(body)
+        return found
+
+    async def _publish(self, plan: dra_slices.PoolPlan, others: list[dict[str, Any]]) -> None:
+        """Write the pool one generation above any of its slices, then delete the rest
+        (this controller's older slices, an agent's from before the upgrade)."""
+        before = self._written.get(plan.name)
+        newest = max([dra_slices.generation(s) for s in others]
+                     + [before.generation if before is not None else 0])
+        generation = newest + 1
+        bodies = dra_slices.slice_bodies(plan, generation=generation,
+                                         publisher=dra_slices.CONTROLLER_PUBLISHER)
+        for body in bodies:
+            stored = await self._client.patch(
+                ResourceSliceResource, body["metadata"]["name"], body,
+                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
+            self.writes += 1
+            self.features.note(dra_features.dropped_by_slice(body, _as_dict(stored)),
+                               what=f"ResourceSlice {body['metadata']['name']}")
+        names = tuple(b["metadata"]["name"] for b in bodies)
+        stale = {str(s["metadata"]["name"]) for s in others} | set(
+            before.names if before is not None else ())
+        await self._delete(sorted(stale - set(names)))
+        self._written[plan.name] = dra_slices.Written(
+            generation=generation, names=names, key=dra_slices.content_key(plan))
+        log.info("ResourceSlice pool published", extra={
+            "pool": plan.name, "generation": generation, "nodes": list(plan.nodes),
+            "tainted": any("taints" in d for d in plan.devices)})
+
+    async def _withdraw(self, pool: str, listed: list[dict[str, Any]]) -> None:
+        names = {str(s["metadata"]["name"]) for s in listed} | set(self._written[pool].names)
+        await self._delete(sorted(names))
+        self._written.pop(pool, None)
+        log.info("ResourceSlice pool withdrawn", extra={"pool": pool})
+
+    async def _delete(self, names: Iterable[str]) -> None:
+        for name in names:
+            try:
+                await self._client.delete(ResourceSliceResource, name)
+                self.writes += 1
+            except ApiError as error:
+                if error.status.code != HTTP_NOT_FOUND:
+                    raise

@@ -1,0 +1,291 @@
+"""ResourceSlice bodies of edgeplug's pools, for the agent and the controller alike. Pure, no I/O.
+
+Both publishers build their slices here: an agent its node's local pools
+(``agent.dra.slices.plan_node``), the controller (``--dra``) every shared device's pool
+(``controller.shared_pools``, from ``shared_plan``). docs/dra.md says what is published and why.
+
+Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``):
+
+- A local device belongs to ``<namespace>/<configuration>/node/<node>``, its slices bound to the
+  node (``nodeName``); the name ends in the node's name even when digested, since the agents'
+  slice policy ties a local pool to the node whose token writes it by that suffix.
+- A shared device has a pool of its own, ``<namespace>/<configuration>/shared/<instance>``, one
+  slice whose ``nodeSelector`` lists (by ``kubernetes.io/hostname``) every node of the Instance
+  whose agent found it healthy, tainted ``edgeplug.io/unhealthy`` when none does.
+- Unhealthy devices stay published with a ``NoSchedule`` taint ``edgeplug.io/unhealthy`` whose
+  value is the reason (made a label value).
+
+Shared devices, and local ones of capacity above 1: ``allowMultipleAllocations: true`` and a
+consumable capacity ``slots`` (the Instance's ``capacity`` less the slots device plugins hold,
+``deviceUsage``); a device whose every slot they hold is tainted
+``edgeplug.io/held=device-plugins:NoSchedule``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from crds import dra
+from crds.instance import Instance
+
+#: The API's limits (k8s.io/api/resource/v1 validation).
+MAX_DEVICES_PER_SLICE: Final = 128
+#: A slice with a tainted device holds at most this many (ResourceSliceMaxDevicesWith
+#: AdvancedFeatures: taints, counters, list attributes).
+MAX_DEVICES_WITH_TAINTS: Final = 64
+MAX_DEVICE_NAME: Final = 63
+MAX_POOL_NAME: Final = 253
+#: The Node label a shared pool's selector matches (well-known, set by the kubelet).
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+#: The taint an unhealthy device carries (DRADeviceTaints: beta, on by default in v1.36).
+TAINT_UNHEALTHY: Final = f"{dra.DRIVER}/unhealthy"
+#: The taint of a device whose every slot a device-plugin allocation holds.
+TAINT_HELD: Final = f"{dra.DRIVER}/held"
+#: A shared device none of whose nodes finds it healthy (and none says why) is tainted so.
+UNHEALTHY_EVERYWHERE: Final = "unhealthy on every node"
+MAX_LABEL_VALUE: Final = 63
+LABEL_POOL: Final = f"{dra.DRIVER}/pool"
+LABEL_NODE: Final = f"{dra.DRIVER}/node"
+#: ``LABEL_MANAGED_BY`` of the agents' slices and of the controller's.
+MANAGED_BY: Final = "edgeplug-agent"
+CONTROLLER_MANAGED_BY: Final = dra.CLASS_MANAGER  # the controller, as on its DeviceClasses
+#: The publisher the controller's slice names are made from (no node can be named so: a node
+#: name is a DNS subdomain, without ``:``).
+CONTROLLER_PUBLISHER: Final = ":controller"
+_NOT_LABEL_VALUE: Final = re.compile(r"[^A-Za-z0-9._-]")
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SHARED_POOL: Final = re.compile(r"^([^/]+/[^/]+/shared/[^/]+|edgeplug/[0-9a-f]+)$")
+
+
+def device_name(instance: str) -> str:
+    """The Instance name when it is a DNS label (Instance names are ``<config>-<hex>``),
+    otherwise a digest form."""
+    if len(instance) <= MAX_DEVICE_NAME and _DNS_LABEL.match(instance):
+        return instance
+    return f"d-{dra.digest(instance)}"
+
+
+def _pool_name(*parts: str) -> str:
+    name = "/".join(parts)
+    return name if len(name) <= MAX_POOL_NAME else f"edgeplug/{dra.digest(name)}"
+
+
+def local_pool(namespace: str, configuration: str, node: str) -> str:
+    """``<namespace>/<configuration>/node/<node>``. Too long, the first part becomes a digest
+    but the node stays at the end: the agent's slice policy
+    (deploy/dra/agent-resourceslice-policy.yaml) ties a local pool to the node whose token
+    writes it by that suffix."""
+    name = _pool_name(namespace, configuration, "node", node)
+    if name.endswith(f"/node/{node}"):
+        return name
+    return f"edgeplug/{dra.digest(f'{namespace}/{configuration}')}/node/{node}"
+
+
+def shared_pool(namespace: str, configuration: str, instance: str) -> str:
+    return _pool_name(namespace, configuration, "shared", instance)
+
+
+def is_shared_pool(pool: str) -> bool:
+    """Whether ``pool`` is named as ``shared_pool`` names them."""
+    return bool(_SHARED_POOL.match(pool))
+
+
+def attributes(instance: Instance, *, reserved: int = 0) -> dra.Attributes:
+    """The attributes of one Instance's device (``crds.dra.attributes``)."""
+    return dra.attributes(namespace=instance.namespace,
+                          configuration=instance.spec.configuration_name,
+                          instance=instance.name, properties=instance.spec.broker_properties,
+                          reserved=reserved)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool to publish: its devices (as API dicts) and where they can be used."""
+
+    name: str
+    node_name: str = ""  # local pools
+    nodes: tuple[str, ...] = ()  # shared pools: the nodeSelector's nodes
+    devices: tuple[Mapping[str, Any], ...] = ()
+    left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def taint_value(reason: str) -> str:
+    """A device taint's value is a label value: at most 63 of ``[A-Za-z0-9._-]``, starting and
+    ending alphanumeric. The full reason stays on the Instance (``status.unhealthy``)."""
+    value = _NOT_LABEL_VALUE.sub("-", reason)[:MAX_LABEL_VALUE].strip("-_.")
+    return value or "unhealthy"
+
+
+def device(instance: Instance, *, shared: bool, unhealthy: str | None
+           ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """One Instance's device as a slice lists it, and the properties left out of it."""
+    capacity = instance.spec.capacity
+    multi = shared or capacity > 1
+    attrs = attributes(instance, reserved=1 if multi else 0)
+    body: dict[str, Any] = {
+        "name": device_name(instance.name),
+        "attributes": {k: {"string": v} for k, v in sorted(attrs.values.items())},
+    }
+    # Slots the device plugins hold (deviceUsage) are not offered to claims as well.
+    free = capacity - instance.spec.used
+    if multi:
+        body["allowMultipleAllocations"] = True
+        body["capacity"] = {dra.CAPACITY_SLOTS: {
+            "value": str(max(free, 1)),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1"}},
+        }}
+    taints = []
+    if unhealthy is not None:
+        # NoSchedule: no new allocation; claims that hold it keep it (NoExecute would evict).
+        taints.append({"key": TAINT_UNHEALTHY, "value": taint_value(unhealthy),
+                       "effect": "NoSchedule"})
+    if free <= 0:
+        taints.append({"key": TAINT_HELD, "value": "device-plugins", "effect": "NoSchedule"})
+    if taints:
+        body["taints"] = taints
+    return body, attrs.left_out
+
+
+def shared_plan(instance: Instance) -> PoolPlan | None:
+    """The pool of one shared Instance's device, or None while no node's health of it is known.
+
+    A node's verdict is known once its agent has written it (``Instance.reported``, or an
+    entry in ``status.unhealthy``): the selector lists the nodes known healthy, never one whose
+    agent has not said yet, so the device is never offered on a node before its health there
+    is known. No node healthy: every node listed, the device tainted with a node's reason.
+    """
+    nodes = sorted(set(instance.spec.nodes))
+    known = [n for n in nodes if n in instance.reported or n in instance.unhealthy]
+    if not known:
+        return None
+    healthy = tuple(n for n in known if n not in instance.unhealthy)
+    reason = None
+    if not healthy:
+        reason = next((instance.unhealthy[n] for n in known if n in instance.unhealthy),
+                      UNHEALTHY_EVERYWHERE)
+    body, left = device(instance, shared=True, unhealthy=reason)
+    return PoolPlan(name=shared_pool(instance.namespace, instance.spec.configuration_name,
+                                     instance.name),
+                    nodes=healthy or tuple(nodes), devices=(body,),
+                    left_out={instance.name: left} if left else {})
+
+
+def slice_name(pool: str, index: int, publisher: str) -> str:
+    """``edgeplug.io-<digest of pool and publisher>-<index>``: stable, so a rewrite is an
+    apply; naming the publisher keeps two publishers' slices of one pool apart."""
+    return f"{dra.DRIVER}-{dra.digest(f'{pool}@{publisher}')}-{index}"
+
+
+def pool_label(pool: str) -> str:
+    """The value of ``LABEL_POOL`` (pool names hold slashes, label values may not)."""
+    return dra.digest(pool)
+
+
+def node_label(node: str) -> str:
+    """The value of ``LABEL_NODE``: the node name, or a digest when it is no label value."""
+    return node if len(node) <= MAX_DEVICE_NAME else dra.digest(node)
+
+
+def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str
+                 ) -> list[dict[str, Any]]:
+    """The pool's ResourceSlices, ``MAX_DEVICES_PER_SLICE`` devices each, or
+    ``MAX_DEVICES_WITH_TAINTS`` when one of the pool's devices is tainted (an empty pool is no
+    slice at all: the caller deletes what was there). ``publisher``: the agent's node (its
+    slices carry ``LABEL_NODE``), or ``CONTROLLER_PUBLISHER``."""
+    limit = (MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in plan.devices)
+             else MAX_DEVICES_PER_SLICE)
+    chunks = [plan.devices[i:i + limit] for i in range(0, len(plan.devices), limit)]
+    if publisher == CONTROLLER_PUBLISHER:
+        labels = {LABEL_POOL: pool_label(plan.name), dra.LABEL_MANAGED_BY: CONTROLLER_MANAGED_BY}
+    else:
+        labels = {LABEL_POOL: pool_label(plan.name), LABEL_NODE: node_label(publisher),
+                  dra.LABEL_MANAGED_BY: MANAGED_BY}
+    result = []
+    for index, chunk in enumerate(chunks):
+        spec: dict[str, Any] = {
+            "driver": dra.DRIVER,
+            "pool": {"name": plan.name, "generation": generation,
+                     "resourceSliceCount": len(chunks)},
+            "devices": [dict(d) for d in chunk],
+        }
+        if plan.node_name:
+            spec["nodeName"] = plan.node_name
+        else:
+            # One term only: the API refuses more at slice level and the scheduler refuses
+            # more per device; a node-name (matchFields) requirement holds one value. So the
+            # nodes are named by their hostname label, which the kubelet sets to the node name
+            # (docs/dra.md says where that does not hold).
+            spec["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": HOSTNAME_LABEL, "operator": "In", "values": list(plan.nodes)}]}]}
+        result.append({
+            "apiVersion": dra.API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(plan.name, index, publisher),
+                         "labels": dict(labels)},
+            "spec": spec,
+        })
+    return result
+
+
+# -- what a publisher finds already written ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a publisher knows it wrote for one pool."""
+
+    generation: int
+    names: tuple[str, ...]
+    key: str  # canonical form of the pool's content, to skip unchanged rewrites
+
+
+def content_key(plan: PoolPlan) -> str:
+    return json.dumps([plan.node_name, list(plan.nodes), list(plan.devices)], sort_keys=True)
+
+
+def _index(name: str) -> int:
+    """The index a slice name ends in (``slice_name``); 0 for a name not ours."""
+    tail = name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _as_written(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A listed device as a publisher writes it: the API server stamps ``timeAdded`` on taints."""
+    result = dict(body)
+    if "taints" in result:
+        result["taints"] = [{k: v for k, v in t.items() if k != "timeAdded"}
+                            for t in result["taints"]]
+    return result
+
+
+def key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
+    """(pool name, content key, generation) of one pool's listed slices (one generation).
+    Slice names end in their index, which restores the device order."""
+    ordered = sorted(found, key=lambda s: _index(str(s["metadata"]["name"])))
+    spec0 = ordered[0]["spec"]
+    terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
+    nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
+    devices = tuple(_as_written(d) for s in ordered for d in s["spec"].get("devices", []))
+    plan = PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
+                    nodes=nodes, devices=devices)
+    return plan.name, content_key(plan), int(spec0["pool"]["generation"])
+
+
+def generation(body: Mapping[str, Any]) -> int:
+    return int(body["spec"]["pool"]["generation"])
+
+
+def adopt(found: Iterable[Mapping[str, Any]]) -> tuple[Written, list[str]]:
+    """What a publisher wrote for one pool before a restart (``found``: its listed slices):
+    the newest generation as ``Written``, and the names of older slices to delete."""
+    found = list(found)
+    newest = max(generation(s) for s in found)
+    current = [s for s in found if generation(s) == newest]
+    _, key, _ = key_of_slices(current)
+    stale = [str(s["metadata"]["name"]) for s in found if generation(s) != newest]
+    names = tuple(sorted(str(s["metadata"]["name"]) for s in current))
+    return Written(generation=newest, names=names, key=key), stale
