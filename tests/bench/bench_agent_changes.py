@@ -16,14 +16,16 @@ sampled over ``--idle-window`` seconds.
   patch of this Node's status (a resource of another domain, which neither the agent nor the
   emulator touches) until the same watch shows it, one Node status write and its event.
 - **dra** (the agent with ``DRA=on``, slices only, no kubelet plugin; the Configurations pin
-  ``spec.sharedDeviceAllocation: dra``, so no device plugin serves them and no controller is
-  needed): each change is timed to the ResourceSlice watch event (this node's slices, by
-  label) that shows it: every device untainted in its pool's newest generation, all of that
-  generation's slices there; the offline device no longer offered (withdrawn: with grace 0 its
-  Instance goes, and ``agent.dra.slices`` withdraws a device that is gone; tainted would count
-  too); offered again; every pool of the Configuration without a slice. The floor: a bare
-  client's server-side apply of a ResourceSlice of another driver carrying this node's label,
-  one generation higher each run, until the same watch shows that generation.
+  ``spec.sharedDeviceAllocation: dra``, so no device plugin serves them; the controller's
+  ``DeviceClasses`` in-process publishes the shared devices' pools from the Instances, as
+  ``--dra`` does): each change is timed to the ResourceSlice watch event (this node's slices
+  and the controller's) that shows it: every device untainted in its pool's newest
+  generation, all of that generation's slices there; the offline device no longer offered
+  (withdrawn: with grace 0 its Instance goes, and the controller withdraws a device that is
+  gone; tainted would count too); offered again; every pool of the Configuration without a
+  slice. The floor: a bare client's server-side apply of a ResourceSlice of another driver
+  carrying this node's label, one generation higher each run, until the same watch shows
+  that generation.
 
 Times run from the API call (or the availability-file write) to the watch event.
 ``--mode dra|devicePlugin|both`` (default both, one after the other on one control plane),
@@ -63,6 +65,8 @@ from lightkube.types import PatchType
 from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
 from agent.kube import ConfigurationResource, as_dict
+from controller.device_classes import DeviceClasses
+from crds import dra
 from crds.naming import instance_name, instance_resource_name
 from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
 from tests.bench.stats import machine_speed_line, summary
@@ -192,11 +196,15 @@ class SliceState:
             future.cancel()
 
     async def follow(self, client: AsyncClient, node: str) -> None:
-        labels: dict[str, Any] = {slices.LABEL_NODE: slices.node_label(node)}
+        """This node's slices (its label) and the controller's (the shared devices' pools)."""
         while True:
             try:
-                async for kind, obj in client.watch(ResourceSliceResource, labels=labels):
+                async for kind, obj in client.watch(ResourceSliceResource):
                     body = as_dict(obj)
+                    labels = body["metadata"].get("labels") or {}
+                    if (labels.get(slices.LABEL_NODE) != slices.node_label(node)
+                            and labels.get(dra.LABEL_MANAGED_BY) != "edgeplug-controller"):
+                        continue
                     if kind == "DELETED":
                         self.slices.pop(body["metadata"]["name"], None)
                     else:
@@ -456,6 +464,9 @@ async def _bench(plane: ControlPlane, mode: str, opts: dict[str, Any]) -> dict[s
             dra = SliceState() if mode == DRA else None
             watch = (asyncio.create_task(dra.follow(node.client, node.name))
                      if dra is not None else None)
+            # The shared devices' pools are the controller's (controller.shared_pools).
+            pools = (asyncio.create_task(DeviceClasses(
+                node.client, namespaces=[node.namespace]).run()) if dra is not None else None)
             try:
                 target = _Target(mode, node, dra)
                 runs = max(opts["runs"], 5) * 2
@@ -478,10 +489,11 @@ async def _bench(plane: ControlPlane, mode: str, opts: dict[str, Any]) -> dict[s
                 if opts["many"]:
                     await _many(target, samples, opts["idle"], profiler)
             finally:
-                if watch is not None:
-                    watch.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watch
+                for task in (watch, pools):
+                    if task is not None:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
     return {"floor": floor, "samples": samples.values, "loads": samples.loads}
 
 

@@ -9,8 +9,9 @@ control plane:
    that follows, and the difference is printed (both watches ride the same API server, so
    their delivery delays cancel out).
 2. 200 devices: one Configuration grows to 200 local devices (one pool, 128 + 72 per slice) and
-   another has 200 shared devices (a pool each): time from the Configuration applied to every
-   device in slices, the slices' size (JSON bytes), and the publisher's API writes.
+   another has 200 shared devices (a pool each, the controller's ``DeviceClasses`` in-process
+   publishing them): time from the Configuration applied to every device in slices, the
+   slices' size (JSON bytes), and the publisher's API writes.
 3. Memory: ``python -m agent.main`` as the DaemonSet runs it, with 200 Instances and their
    plugins, DRA off and DRA on (slices and the kubelet plugin), VmRSS as ``bench_agent_memory``
    reads it.
@@ -35,6 +36,7 @@ from agent import watching
 from agent.dra import slices
 from agent.dra.publisher import MIN_PASS_INTERVAL, ResourceSliceResource
 from agent.kube import InstanceResource, as_dict
+from controller.device_classes import DeviceClasses
 from crds.naming import instance_name
 from tests.bench.bench_agent_memory import INSTANCES, TARGET_MIB, _read_memory, _ready
 from tests.bench.bench_agent_setup import bench_node, daemonset_env, quiet_logs
@@ -116,15 +118,18 @@ async def _two_hundred(plane: ControlPlane, kube: AsyncClient, ns: str, *, share
     node = harness.new_node(plane)
     names = [f"dev{i:03d}" for i in range(DEVICES)]
     conf = "many-shared" if shared else "many-local"
+    # Shared devices' pools are the controller's (controller.shared_pools), run in-process.
+    classes = DeviceClasses(kube, namespaces=[ns])
+    keeper = asyncio.create_task(classes.run()) if shared else None
     try:
         async with h.dra_agents(plane, [node], ns) as agents:
-            publisher = agents[node].publisher
+            publisher = classes.pools if shared else agents[node].publisher
             started = time.monotonic()
             harness.apply(plane, ns, harness.debug_echo_configuration(
                 conf, descriptions=names, shared=shared))
 
             async def all_published() -> list[dict[str, Any]] | None:
-                found = [s async for s in _own_slices(kube, node)
+                found = [s async for s in _slices(kube, node if not shared else None)
                          if s["spec"]["pool"]["name"].startswith(f"{ns}/{conf}/")]
                 count = sum(len(s["spec"]["devices"]) for s in found)
                 return found if count == DEVICES else None
@@ -140,11 +145,16 @@ async def _two_hundred(plane: ControlPlane, kube: AsyncClient, ns: str, *, share
                   f"({size / DEVICES:.0f} B per device); {publisher.writes} API writes "
                   f"(the pool is rewritten as Instances appear)", flush=True)
     finally:
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
         await h.delete_slices(kube, node)
 
 
-async def _own_slices(kube: AsyncClient, node: str) -> Any:
-    async for obj in kube.list(ResourceSliceResource, labels={slices.LABEL_NODE: node}):
+async def _slices(kube: AsyncClient, node: str | None) -> Any:
+    """The node's own slices, or (None) every slice."""
+    labels: dict[str, Any] | None = {slices.LABEL_NODE: node} if node is not None else None
+    async for obj in kube.list(ResourceSliceResource, labels=labels):
         yield as_dict(obj)
 
 
@@ -163,7 +173,7 @@ async def _memory(plane: ControlPlane, *, dra_on: bool) -> None:
         await _ready(node, INSTANCES)
         if dra_on:  # the proof that DRA runs in this agent: its slices hold every device
             async def published() -> bool:
-                found = [s async for s in _own_slices(node.client, node.name)]
+                found = [s async for s in _slices(node.client, node.name)]
                 return sum(len(s["spec"]["devices"]) for s in found) == INSTANCES
 
             await harness.eventually(published, what=f"{INSTANCES} devices in the agent's "
