@@ -26,6 +26,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
+from controller.shared_allocation import put_mode
 from controller.shared_pools import SharedPools
 from controller.watching import follow_forever
 from crds import dra
@@ -72,13 +73,8 @@ class InstanceClasses:
         """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
         if self._pools is not None:
             self._pools.set_mode(configuration, mode)
-        if self._modes.get(configuration) == mode:
-            return
-        if mode is None:
-            self._modes.pop(configuration, None)
-        else:
-            self._modes[configuration] = mode
-        self._changed.set()
+        if put_mode(self._modes, configuration, mode):
+            self._changed.set()
 
     def resources(self) -> frozenset[str]:
         """The Instances' own resources the classes kept now map."""

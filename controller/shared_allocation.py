@@ -110,3 +110,16 @@ def is_current(current: Mapping[str, Any] | None, decision: Decision) -> bool:
             and condition.get("status") == ("True" if decision.ok else "False")
             and condition.get("reason") == decision.reason
             and condition.get("message") == decision.message)
+
+
+def put_mode(modes: dict[tuple[str, str], SharedDeviceAllocation], configuration: tuple[str, str],
+             mode: SharedDeviceAllocation | None) -> bool:
+    """Record ``configuration``'s allocator in ``modes`` (``None``: it is gone); whether that
+    changed anything."""
+    if modes.get(configuration) == mode:
+        return False
+    if mode is None:
+        modes.pop(configuration, None)
+    else:
+        modes[configuration] = mode
+    return True

@@ -26,18 +26,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from lightkube import ApiError, AsyncClient, operators
-from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
+from controller.shared_allocation import put_mode
 from crds import dra, dra_features, dra_slices
 from crds.configuration import SharedDeviceAllocation
 from crds.instance import Instance
+from crds.resources import ResourceSliceResource
 
 log = logging.getLogger(__name__)
 
-ResourceSliceResource = create_global_resource(
-    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
-)
 FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
 #: After a pass that failed (an API error), the next one comes this soon.
 RETRY_S: Final = 1.0
@@ -128,13 +126,8 @@ class SharedPools:
 
     def set_mode(self, configuration: _Key, mode: SharedDeviceAllocation | None) -> None:
         """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
-        if self._modes.get(configuration) == mode:
-            return
-        if mode is None:
-            self._modes.pop(configuration, None)
-        else:
-            self._modes[configuration] = mode
-        self._wake.set()
+        if put_mode(self._modes, configuration, mode):
+            self._wake.set()
 
     def modes(self) -> list[_Key]:
         """The Configurations whose mode is known now."""

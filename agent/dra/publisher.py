@@ -36,7 +36,6 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from lightkube import ApiError, AsyncClient, operators
-from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
 from agent import watching
@@ -46,12 +45,10 @@ from agent.node_devices import NodeDeviceTable
 from crds import dra_features
 from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
+from crds.resources import ResourceSliceResource as ResourceSliceResource
 
 log = logging.getLogger(__name__)
 
-ResourceSliceResource = create_global_resource(
-    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
-)
 
 #: After a pass that failed in part (an API error), the next one comes this soon.
 RETRY_SECONDS: Final = 1.0

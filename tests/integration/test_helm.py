@@ -262,7 +262,8 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     controller runs with --dra, and deploy/dra's rights and ResourceSlice policy come along
     (bound to the release's namespace); all of it by default, and none of it with
     dra.enabled=false."""
-    for name in ("dra-rbac.yaml", "agent-resourceslice-policy.yaml"):  # links: no drift
+    for name in ("dra-rbac.yaml", "agent-resourceslice-policy.yaml",
+                 "controller-resourceslice-policy.yaml"):  # links: no drift
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link"
         assert link.resolve() == (REPO_ROOT / "deploy" / "dra" / name).resolve()
@@ -287,13 +288,18 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     assert controller["args"][-2:] == ["--dra", "--dra-extended-resources"]
     for kind, name in (("ClusterRole", "edgeplug-agent-dra"),
                        ("ClusterRole", "edgeplug-controller-dra"),
-                       ("ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices")):
+                       ("ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices"),
+                       ("ValidatingAdmissionPolicy",
+                        "edgeplug-controller-shared-resourceslices")):
         assert _find(stored, kind, name)
     for binding in (o for o in stored if o["kind"] == "ClusterRoleBinding"):
         assert {s["namespace"] for s in binding["subjects"]} == {namespace}, binding
     policy = _find(stored, "ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices")
     (condition,) = policy["spec"]["matchConditions"]
     assert f"system:serviceaccount:{namespace}:edgeplug-agent" in condition["expression"]
+    ours = _find(stored, "ValidatingAdmissionPolicy", "edgeplug-controller-shared-resourceslices")
+    (condition,) = ours["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{namespace}:edgeplug-controller" in condition["expression"]
 
     default = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace).stdout)
     assert _env(_container(_find(default, "DaemonSet", "edgeplug-agent")))["DRA"] == "on"
