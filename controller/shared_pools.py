@@ -96,6 +96,7 @@ class SharedPools:
         self._wake = asyncio.Event()
         self.features = dra_features.FeatureReport(log)
         self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
+        self._failing = ""  # the error the last pass failed with
 
     # -- input ------------------------------------------------------------------------------
 
@@ -159,8 +160,13 @@ class SharedPools:
             self._wake.clear()
             try:
                 await self.reconcile()
+                self._failing = ""
             except Exception as error:  # API error or away: the pass is retried
-                log.warning("shared pools: pass failed (%s); retrying", error)
+                # Said once per cause (a right missing: deploy/dra not reapplied), not per retry.
+                if str(error) != self._failing:
+                    log.warning("shared pools: pass failed (%s); retrying every %.0f s",
+                                error, RETRY_S)
+                self._failing = str(error)
                 await asyncio.sleep(RETRY_S)
                 self._wake.set()
 
