@@ -140,17 +140,18 @@ async def test_a_device_this_node_stops_serving_is_withdrawn_before_its_instance
                for d in ("c3", "d4")]
         pool = _pool(ns, "usb", usb[0], shared=False)
         await harness.eventually(lambda: _all(kube, pool, set(usb)), what="both usb devices")
-        # The shared device this node serves is the controller's to publish, never the agent's.
-        passes = publisher.passes
-        await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > passes or None),
-                                 what="a pass after it")
-        assert await _devices(kube, _pool(ns, "cam", shared, shared=True)) == set()
+        await harness.eventually(
+            lambda: asyncio.sleep(0, shared in {i.name for i in publisher.known_instances()}
+                                  or None), what="the shared Instance known to the publisher")
 
         await table.remove(ns, usb[0])
         # Every Instance is still there: nothing here deletes them.
         await harness.eventually(lambda: _all(kube, pool, {usb[1]}),
                                  what="the device this node stopped serving, withdrawn")
         assert set(await harness.instances(kube, ns)) == {shared, *usb}
+        # That pass knew the shared device this node serves: the controller's to publish,
+        # never the agent's.
+        assert await _devices(kube, _pool(ns, "cam", shared, shared=True)) == set()
 
 
 async def _all(kube: AsyncClient, pool: str, names: set[str]) -> bool:
