@@ -250,6 +250,7 @@ async def dra_default(plane: ControlPlane, node: RealNode, tmp_path: Path, *,
         print(f"--- controller log ---\n{ctl.log_tail(20)}")
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         await h.delete_slices(kube, node.node_name)
+        await h.delete_controller_slices(kube, ns)
         await kube.close()
 
 

@@ -186,6 +186,7 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
         print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         await h.delete_slices(kube, node.node_name)
+        await h.delete_controller_slices(kube, ns)
         await kube.close()
 
 
@@ -262,6 +263,7 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
         print(f"--- controller log ---\n{ctl.log_tail(20)}")
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         await h.delete_slices(kube, node.node_name)
+        await h.delete_controller_slices(kube, ns)
         await kube.close()
 
 
@@ -366,4 +368,5 @@ async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet
         print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         await h.delete_slices(kube, node.node_name)
+        await h.delete_controller_slices(kube, ns)
         await kube.close()

@@ -176,4 +176,5 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
         print(f"--- controller log ---\n{ctl.log_tail(20)}")
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         await h.delete_slices(kube, node.node_name)
+        await h.delete_controller_slices(kube, ns)
         await kube.close()

@@ -69,6 +69,17 @@ async def delete_slices(client: AsyncClient, node: str) -> None:
             await client.delete(ResourceSliceResource, as_dict(obj)["metadata"]["name"])
 
 
+async def delete_controller_slices(client: AsyncClient, namespace: str) -> None:
+    """The controller's slices of ``namespace``'s shared devices (a stopped controller leaves
+    them; its DeviceClasses too, which would still select them for a later test's claim)."""
+    async for obj in client.list(ResourceSliceResource,
+                                 labels={dra.LABEL_MANAGED_BY: "edgeplug-controller"}):
+        body = as_dict(obj)
+        if str(body["spec"]["pool"]["name"]).startswith(f"{namespace}/"):
+            with contextlib.suppress(ApiError):
+                await client.delete(ResourceSliceResource, body["metadata"]["name"])
+
+
 @dataclass
 class DraAgent:
     agent: agent_process.InProcessAgent
@@ -106,12 +117,7 @@ async def device_classes(client: AsyncClient, namespace: str, *,
         yield
     finally:
         await _cancel([task])
-        async for obj in client.list(ResourceSliceResource,
-                                     labels={dra.LABEL_MANAGED_BY: "edgeplug-controller"}):
-            body = as_dict(obj)
-            if str(body["spec"]["pool"]["name"]).startswith(f"{namespace}/"):
-                with contextlib.suppress(ApiError):
-                    await client.delete(ResourceSliceResource, body["metadata"]["name"])
+        await delete_controller_slices(client, namespace)
 
 
 async def device_class(client: AsyncClient, namespace: str, configuration: str
