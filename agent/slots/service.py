@@ -53,6 +53,7 @@ from agent.slots.recording import PromiseRecorder
 from agent.slots.rules import (
     SlotRef,
     configuration_devices,
+    held_virtual_ids,
     instance_devices,
     is_held_by,
     reservation_plan,
@@ -131,6 +132,11 @@ class DevicePluginService:
         self._ledgers: dict[_Key, SlotLedger] = {}
         self._served: dict[str, _Served] = {}
         self._config_resources: dict[_Key, str] = {}
+        #: Every configuration-level resource this agent has served, kept after its plugin
+        #: goes (its Configuration switched to DRA, its devices left this node): pods the kubelet
+        #: allocated virtual ids of it still hold their slots, and the orphan freer and the pod
+        #: annotator must still read their pod-resources entries as those slots.
+        self._ever_config_resources: dict[_Key, str] = {}
         self._display = DisplayFields(
             ledger=self.ledger,
             served=lambda: [(k, i) for k, i in self._instances.items() if self._serves(k, i)],
@@ -163,7 +169,7 @@ class DevicePluginService:
         # pod-resources List the sweep asks.
         self._annotator = PodAnnotator(client=client, resolve=lambda resource, ids: devices_of(
             resource, ids, node=node_name, instances=self._instances,
-            configuration_resources=self._config_resources, table=devices))
+            configuration_resources=self._ever_config_resources, table=devices))
         if self._pod_resources is not None:
             self._pod_resources.on_pods = self._annotator.offer
         self._freer = (
@@ -357,7 +363,7 @@ class DevicePluginService:
             self._last_sweep = asyncio.get_running_loop().time()
             self._sweep_owed = False
             self._holding = await self._freer.sweep(
-                list(self._instances.values()), self._config_resources, adopt=adopt
+                list(self._instances.values()), self._ever_config_resources, adopt=adopt
             )
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
@@ -397,6 +403,7 @@ class DevicePluginService:
     async def reconcile(self) -> None:
         self._own_writes_first()
         served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
+        await self._learn_held_config_resources()
         if self._freer is not None and not served.keys() <= self._checked:
             # Before a plugin first serves an Instance: slots that live pods hold and a crash
             # left unrecorded are recorded (raises, and is retried, while pod-resources does
@@ -439,6 +446,15 @@ class DevicePluginService:
         else:
             self._sweep_owed = self._freer is not None
 
+    async def _learn_held_config_resources(self) -> None:
+        """The configuration-level resource of every Configuration whose slots this node holds
+        through virtual ids, served or not (an agent restarted after its Configuration moved to
+        DRA): the orphan freer reads its pods' pod-resources entries by that name."""
+        for (namespace, _), instance in list(self._instances.items()):
+            key = (namespace, instance.spec.configuration_name)
+            if key not in self._ever_config_resources and held_virtual_ids([instance], self.node):
+                self._ever_config_resources[key] = await self._configuration_resource(*key)
+
     async def _cross_node(self) -> None:
         """Load and start the compatibility mode's cross-node protocol: this node now serves a
         shared device through device plugins. Once loaded it runs until the agent stops."""
@@ -477,6 +493,7 @@ class DevicePluginService:
         if resource is None:
             resource = await self._configuration_resource(namespace, configuration)
             self._config_resources[(namespace, configuration)] = resource
+            self._ever_config_resources[(namespace, configuration)] = resource
         devices = {i.name: self._devices.get(namespace, i.name) for i in instances}
         advertised = configuration_devices(
             configuration,
