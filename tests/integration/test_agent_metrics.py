@@ -48,16 +48,19 @@ async def test_metrics_count_instances_and_discovery(
     harness.apply(control_plane, namespace,
                   harness.debug_echo_configuration("cams", descriptions=["cam0", "cam1", "cam2"]))
     instances_line = f'edgeplug_instances{{configuration="cams",namespace="{namespace}"}} 3.0'
+    # The pass is observed when its list has been handled, which is after its Instances are
+    # counted: a scrape in between shows the 3 Instances and no pass yet, so wait for both.
+    pass_line = 'edgeplug_discovery_duration_seconds_count{handler="debugEcho"}'
 
     async def counted() -> str | None:
         try:
             text = _scrape(port)
         except OSError:
             return None  # the agent is still starting its metrics server
-        return text if instances_line in text else None
+        return text if instances_line in text and pass_line in text else None
 
-    text = await harness.eventually(counted, what=f"'{instances_line}' on /metrics")
-    assert 'edgeplug_discovery_duration_seconds_count{handler="debugEcho"}' in text
+    text = await harness.eventually(counted, what=f"'{instances_line}' and '{pass_line}' "
+                                    "on /metrics")
     # Every family an operator alerts on is exported, even before it has samples.
     for family, kind in [
         ("edgeplug_discovery_errors_total", "counter"), ("edgeplug_allocations_total", "counter"),
