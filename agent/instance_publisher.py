@@ -519,10 +519,16 @@ class InstancePublisher:
         """Spec on disk first, then the table (CDI names only if the spec was written), then
         each device's health reported where it changed."""
         with_cdi = self._write_cdi()
-        for name, served in self._served.items():
+        for served in self._served.values():
             await self._table.put(served if with_cdi else replace(served, cdi_name=""))
-            await self._health.report(name, served.health, shared=served.shared)
-            await self._health.warn(name, served.device.warning)
+        # Each report and warning handles its own errors; up to WRITES_IN_FLIGHT at once (a
+        # shared device's first verdict is always a write: 200 in a row held 200 devices).
+        await _bounded([self._report_health(name, served)
+                        for name, served in self._served.items()])
+
+    async def _report_health(self, name: str, served: NodeDevice) -> None:
+        await self._health.report(name, served.health, shared=served.shared)
+        await self._health.warn(name, served.device.warning)
 
     async def _report(self) -> None:
         cfg = self._cfg
