@@ -11,9 +11,9 @@ or a pod: an allocation or a slot conflict is counted per Configuration, node an
 resource (``instance``: one Instance's own; ``configuration``: the Configuration's, mapped onto
 any of its Instances), however many Instances the Configuration has.
 
-Watch restarts and API errors are counted per process (``PROCESS``), as the code that sees them
-(``agent.watching``, the API client's hooks) has no agent at hand; each agent's registry
-exports the process's counts.
+Watch restarts, watch events and API errors are counted per process (``PROCESS``), as the
+code that sees them (``agent.watching``, the API client's hooks) has no agent at hand; each
+agent's registry exports the process's counts.
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ class ProcessCounters:
             "Watches of the API server that started over (a reopened connection or 410 Gone), "
             "per resource kind", ["kind"], registry=None,
         )
+        self.watch_events = Counter(
+            "edgeplug_watch_events_total",
+            "Events the API server sent this process's watches, per resource kind (what a "
+            "write elsewhere costs this node: an Instance of another node's sends none)",
+            ["kind"], registry=None,
+        )
         self.api_errors = Counter(
             "edgeplug_api_errors_total",
             "API server answers that were errors (429 or 5xx), per HTTP status code",
@@ -57,6 +63,10 @@ class ProcessCounters:
         """A watch of ``resource`` runs: its restart series exists from now on, at 0, so its
         first restart shows in ``increase()`` (a series born at 1 shows none)."""
         self.watch_restarts.labels(_kind(resource))
+        self.watch_events.labels(_kind(resource))
+
+    def watch_event(self, resource: Any) -> None:
+        self.watch_events.labels(_kind(resource)).inc()
 
     def watch_restarted(self, resource: Any) -> None:
         self.watch_restarts.labels(_kind(resource)).inc()
@@ -92,6 +102,7 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.registry.register(PROCESS.watch_restarts)
+        self.registry.register(PROCESS.watch_events)
         self.registry.register(PROCESS.api_errors)
         self.info = Gauge(
             "edgeplug_agent_info", "1 while this node's agent runs (its node in the label)",

@@ -66,7 +66,7 @@ async def watch(
     what: str,
     namespace: str | None = None,
     fields: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
+    labels: Mapping[str, Any] | None = None,
     on_restart: Callable[[], None] | None = None,
 ) -> AsyncIterator[tuple[str, Any]]:
     """Yield ``(event type, object)`` from a watch of ``resource`` until cancelled."""
@@ -98,6 +98,7 @@ async def watch(
         try:
             async for event in client.watch(resource, **kwargs):
                 failures = 0
+                PROCESS.watch_event(resource)
                 yield event
         except asyncio.CancelledError:
             raise

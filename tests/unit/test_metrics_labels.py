@@ -64,6 +64,7 @@ def test_agent_families_carry_only_bounded_labels() -> None:
         "edgeplug_discovery_duration_seconds": ("handler",),
         "edgeplug_agent_info": ("node",),
         "edgeplug_watch_restarts_total": ("kind",),
+        "edgeplug_watch_events_total": ("kind",),
         "edgeplug_api_errors_total": ("code",),
         "edgeplug_allocations_total": ("namespace", "configuration", "node", "kind", "outcome"),
         "edgeplug_slot_conflicts_total": ("namespace", "configuration", "node", "kind"),
