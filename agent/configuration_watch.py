@@ -18,7 +18,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from agent import watching
+from agent import node_instances, watching
 from agent.cdi_specs import CdiSpecs
 from agent.discovery_run import RESYNC_INTERVAL, DiscoveryRun, RunKey
 from agent.instance_publisher import InstancePublisher
@@ -74,6 +74,8 @@ class ConfigurationWatch:
         self._node_labels: Mapping[str, str] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        #: This node's unlabelled Instances are labelled once per process (agent.node_instances).
+        self._migrated = False
 
     @property
     def runs(self) -> Mapping[RunKey, DiscoveryRun]:
@@ -113,6 +115,11 @@ class ConfigurationWatch:
         while True:
             try:
                 self._node_labels, annotations = await self._read_node()
+                if not self._migrated:
+                    # Before any run adopts: adoption lists only labelled Instances.
+                    await node_instances.label_unlabelled(
+                        self._client, self._node, self._namespace or "*")
+                    self._migrated = True
                 await self._labels.prune(
                     node_labels=self._node_labels,
                     node_annotations=annotations,

@@ -34,7 +34,9 @@ How the Instance is written, and why slots are safe:
 - CDI: before the table hears of a device, the Configuration's CDI spec on this node is
   rewritten to hold it (``agent.cdi_specs``); the record carries its CDI name only if that
   write succeeded.
-- Restart adoption: ``adopt`` lists the Configuration's Instances that already name this node
+- Every Instance this node writes carries its label (``agent.node_instances``), applied with
+  ``nodes``; leaving drops it with the node, or keeps it while this node still holds a slot.
+- Restart adoption: ``adopt`` lists the Configuration's Instances labelled for this node
   and keeps them untouched; reconciliation waits for the first device list, so an agent restart
   deletes and re-creates nothing and every slot (and uid) survives.
 - A local device whose Akri name another node's Instance holds (a digest collision, or a stolen
@@ -56,7 +58,7 @@ from typing import Any, TypeVar
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
-from agent import watching
+from agent import node_instances, watching
 from agent.cdi_specs import CdiSpecs
 from agent.device_health import HealthReporter
 from agent.events import emit_event
@@ -138,8 +140,8 @@ class InstancePublisher:
     async def adopt(self) -> None:
         """Take over the Instances an earlier run or agent left naming this node."""
         cfg = self._cfg
-        async for obj in self._client.list(InstanceResource, namespace=cfg.namespace):
-            instance = Instance.from_object(as_dict(obj))
+        async for obj in node_instances.list_instances(self._client, self._node, cfg.namespace):
+            instance = Instance.from_object(obj)
             spec = instance.spec
             if spec.configuration_name == cfg.name and self._node in spec.nodes:
                 self._owned[instance.name] = spec.shared
@@ -252,6 +254,7 @@ class InstancePublisher:
             "metadata": {
                 "name": name,
                 "namespace": cfg.namespace,
+                "labels": {node_instances.serves_label(self._node): node_instances.LABEL_VALUE},
                 "ownerReferences": [cfg.owner_reference()],
             },
             "spec": {
@@ -310,7 +313,10 @@ class InstancePublisher:
         # Instance policy lets a node create a local Instance only for itself.
         spec = {k: v for k, v in body["spec"].items() if k != "nodes" or not shared}
         spec["deviceUsage"] = {slot_id(name, i): "" for i in range(self._cfg.spec.capacity)}
-        created = {**body, "spec": spec}
+        # Likewise the label of a shared one: created by this manager, the label would stay
+        # after the apply that leaves drops it.
+        metadata = {k: v for k, v in body["metadata"].items() if k != "labels" or not shared}
+        created = {**body, "metadata": metadata, "spec": spec}
         self._owned[name] = shared
         try:
             await self._client.create(
@@ -436,7 +442,11 @@ class InstancePublisher:
                 )
                 # The read resourceVersion makes the apply conditional: it can neither
                 # re-create an Instance deleted meanwhile nor race another writer.
-                body = self._leave_body(name, current["metadata"]["resourceVersion"])
+                # The label stays while this node still holds a slot there: the device-plugin
+                # side frees it, then drops the label (agent.node_instances).
+                body = self._leave_body(
+                    name, current["metadata"]["resourceVersion"],
+                    keep_label=node_instances.holds_usage(current, self._node))
                 left = await self._client.patch(
                     InstanceResource, name, body, namespace=self._cfg.namespace,
                     patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
@@ -447,22 +457,28 @@ class InstancePublisher:
                 if is_conflict(exc):
                     continue
                 raise
-            nodes = as_dict(left).get("spec", {}).get("nodes") or []
+            stored = as_dict(left)
+            nodes = stored.get("spec", {}).get("nodes") or []
             log.info("left Instance %s (nodes now %s)", name, nodes, extra=self._extra(name))
             if not nodes:
                 await self._delete(name)
+            elif (node_instances.is_labelled(stored, self._node)
+                  and not node_instances.wants_label(stored, self._node)):
+                # Labelled by a merge patch too (agent.node_instances.relabel): the apply
+                # does not own it alone.
+                await node_instances.drop_label(self._client, self._node, stored)
             return
         raise LeaveFailed(f"could not leave Instance {name}: it kept changing")
 
-    def _leave_body(self, name: str, resource_version: str) -> dict[str, Any]:
+    def _leave_body(self, name: str, resource_version: str, *, keep_label: bool) -> dict[str, Any]:
         cfg = self._cfg
-        return {
-            "apiVersion": API_VERSION,
-            "kind": INSTANCE_KIND,
-            "metadata": {
-                "name": name, "namespace": cfg.namespace, "resourceVersion": resource_version,
-            },
+        metadata: dict[str, Any] = {
+            "name": name, "namespace": cfg.namespace, "resourceVersion": resource_version,
         }
+        if keep_label:
+            label = node_instances.serves_label(self._node)
+            metadata["labels"] = {label: node_instances.LABEL_VALUE}
+        return {"apiVersion": API_VERSION, "kind": INSTANCE_KIND, "metadata": metadata}
 
     async def _delete(self, name: str) -> None:
         try:

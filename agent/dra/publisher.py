@@ -38,9 +38,9 @@ from typing import Any, Final
 from lightkube import ApiError, AsyncClient, operators
 from lightkube.types import PatchType
 
-from agent import watching
+from agent import node_instances, watching
 from agent.dra import slices
-from agent.kube import InstanceResource, as_dict, field_manager, is_not_found
+from agent.kube import as_dict, field_manager, is_not_found
 from agent.node_devices import NodeDeviceTable
 from crds import dra_features
 from crds.dra_slices import Written, adopt, content_key
@@ -125,11 +125,13 @@ class DraPublisher:
 
     async def _watch(self) -> None:
         namespace = self._namespace if self._namespace is not None else "*"
-        async for kind, obj in watching.watch(
-            self._client, InstanceResource, what="Instances (DRA)", namespace=namespace,
+        # Only the Instances labelled for this node; a label that went is no deletion (the
+        # Instance as read comes instead, agent.node_instances).
+        async for kind, obj in node_instances.watch(
+            self._client, self._node, what="Instances (DRA)", namespace=namespace,
             on_restart=self._relist.set,
         ):
-            instance = Instance.from_object(as_dict(obj))
+            instance = Instance.from_object(obj)
             key = (instance.namespace, instance.name)
             if self._touched is not None:
                 self._touched.add(key)
@@ -192,13 +194,21 @@ class DraPublisher:
         self._touched = set()
         try:
             listed: dict[tuple[str, str], Instance] = {}
-            async for obj in self._client.list(InstanceResource, namespace=namespace):
-                instance = Instance.from_object(as_dict(obj))
+            async for obj in node_instances.list_instances(self._client, self._node, namespace):
+                instance = Instance.from_object(obj)
                 listed[(instance.namespace, instance.name)] = instance
             for key, instance in listed.items():
                 if key not in self._touched:
                     self._instances[key] = instance
             for key in before.keys() - listed.keys() - self._touched:
+                # Not listed may mean only that its label went: read it before dropping it.
+                current = await node_instances.still_there(
+                    self._client, self._node, *key, before[key].uid)
+                if key in self._touched:
+                    continue  # the watch brought it meanwhile
+                if current is not None:
+                    self._instances[key] = Instance.from_object(current)
+                    continue
                 self._instances.pop(key, None)
                 self._seen.discard(key)
         finally:

@@ -2,11 +2,12 @@
 
 Why this exists: ``agent.main`` needs one entry point, ``serve_device_plugins``, that keeps the
 kubelet's view in line with the API server and with what this node can serve. It watches
-Instances, reacts to the ``NodeDeviceTable``, and on every change (and, as a safety net,
-every ``RESYNC_SECONDS``) reconciles: one plugin per Instance that is in the table and lists
-this node, one configuration-level plugin per Configuration with such Instances, advertised
-lists computed by ``agent.slots.rules``, reservations kept through ``agent.slots.ledger``,
-this node's usage freed when an Instance stops listing it, slots of vanished pods freed by
+the Instances labelled for this node (``agent.node_instances``), reacts to the
+``NodeDeviceTable``, and on every change (and, as a safety net, every ``RESYNC_SECONDS``)
+reconciles: one plugin per Instance that is in the table and lists this node, one
+configuration-level plugin per Configuration with such Instances, advertised lists computed by
+``agent.slots.rules``, reservations kept through ``agent.slots.ledger``, this node's usage
+freed when an Instance stops listing it, slots of vanished pods freed by
 ``agent.slots.freeing``, display fields kept by ``agent.slots.display``. The lifecycle
 (sockets, registration, kubelet restarts) is ``PluginManager``'s.
 
@@ -31,15 +32,15 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError, AsyncClient
 
-from agent import watching
+from agent import node_instances, watching
 from agent.deviceplugin.backend import PluginBackend, PluginSpec
 from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
 from agent.deviceplugin.manager import PluginManager
-from agent.kube import ConfigurationResource, InstanceResource, as_dict, is_not_found
+from agent.kube import ConfigurationResource, as_dict, is_not_found
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.pod_annotations import PodAnnotator, devices_of
@@ -128,6 +129,9 @@ class DevicePluginService:
         self._devices = devices
         self.manager = PluginManager(plugin_dir=plugin_dir, metrics=metrics)
         self._instances: dict[_Key, Instance] = {}
+        #: Instances known from a read after this node's label went (agent.node_instances):
+        #: no watch event brings their changes; forgotten once nothing of this node's is left.
+        self._unlabelled: set[_Key] = set()
         self._relists: set[asyncio.Task[None]] = set()
         self._ledgers: dict[_Key, SlotLedger] = {}
         self._served: dict[str, _Served] = {}
@@ -279,41 +283,56 @@ class DevicePluginService:
         before = dict(self._instances)
         try:
             listed = {
-                (i.namespace, i.name)
-                for i in [
-                    Instance.from_object(as_dict(obj))
-                    async for obj in self._client.list(InstanceResource, namespace="*")
-                ]
+                (obj["metadata"].get("namespace") or "", obj["metadata"]["name"])
+                async for obj in node_instances.list_instances(self._client, self.node)
             }
+            missed = watching.missed_deletions(before, self._instances, listed)
+            # Not listed may mean only that the label went: read each before forgetting it.
+            found = {key: await node_instances.still_there(
+                self._client, self.node, *key, before[key].uid) for key in missed}
         except Exception as error:  # ApiError, or the API server unreachable: the next
             # watch restart relists again, and the periodic reconcile carries on meanwhile
             log.warning("relist of Instances failed (%s)", watching.describe(error))
             return
-        for key in watching.missed_deletions(before, self._instances, listed):
-            self._instances.pop(key, None)
-            self._ledgers.pop(key, None)
-            self._display.forget(key)
+        for key, obj in found.items():
+            if self._instances.get(key) is not before[key]:
+                continue  # the watch brought a newer copy meanwhile
+            if obj is None:
+                self._forget(key)
+            else:
+                self._seen(obj)
         self._wake.set()
 
+    def _forget(self, key: _Key) -> None:
+        self._instances.pop(key, None)
+        self._ledgers.pop(key, None)
+        self._display.forget(key)
+        self._unlabelled.discard(key)
+
+    def _seen(self, obj: dict[str, Any]) -> None:
+        instance = Instance.from_object(obj)
+        key = (instance.namespace, instance.name)
+        self._display.seen(key, obj.get("status") or {})
+        if key in self._ledgers:
+            self._ledgers[key].seen(instance)
+        # Older than our own last write while the watch lags it: a pass starts from
+        # that write instead (_own_writes_first).
+        self._instances[key] = instance
+        if node_instances.is_labelled(obj, self.node):
+            self._unlabelled.discard(key)
+        else:  # read after its label went: no watch event brings its changes
+            self._unlabelled.add(key)
+
     async def _watch_instances(self) -> None:
-        stream = watching.watch(
-            self._client, InstanceResource, what="instances", namespace="*",
-            on_restart=self._forget_unseen_later,
+        # Only the Instances labelled for this node: a write to another node's never comes.
+        stream = node_instances.watch(
+            self._client, self.node, what="instances", on_restart=self._forget_unseen_later,
         )
         async for op, obj in stream:
-            instance = Instance.from_object(as_dict(obj))
-            key = (instance.namespace, instance.name)
             if op == "DELETED":
-                self._instances.pop(key, None)
-                self._ledgers.pop(key, None)
-                self._display.forget(key)
+                self._forget((obj["metadata"].get("namespace") or "", obj["metadata"]["name"]))
             else:
-                self._display.seen(key, as_dict(obj).get("status") or {})
-                if key in self._ledgers:
-                    self._ledgers[key].seen(instance)
-                # Older than our own last write while the watch lags it: a pass starts from
-                # that write instead (_own_writes_first).
-                self._instances[key] = instance
+                self._seen(obj)
             self._wake.set()
 
     async def _watch_table(self) -> None:
@@ -610,7 +629,8 @@ class DevicePluginService:
             log.warning("lowering the Node's device counts failed: %s", error)
 
     async def _withdraw_from_unlisted(self) -> None:
-        """Free this node's usage on Instances that no longer list it."""
+        """Free this node's usage on Instances that no longer list it; once none is left,
+        the Instance concerns this node no more: its label goes and it is forgotten."""
         for key, instance in list(self._instances.items()):
             if self.node in instance.spec.nodes:
                 continue
@@ -623,6 +643,18 @@ class DevicePluginService:
                 ledger = self.ledger(*key)
                 async with ledger.lock:
                     await ledger.free(mine)
+                continue
+            if key not in self._unlabelled:
+                meta = {"name": key[1], "namespace": key[0],
+                        "resourceVersion": instance.resource_version}
+                try:
+                    # Refused as stale (409): it changed since, and its event comes.
+                    await node_instances.drop_label(self._client, self.node, {"metadata": meta})
+                except ApiError as error:
+                    self._retry = True
+                    log.warning("dropping this node's label from %s/%s failed: %s", *key, error)
+                    continue
+            self._forget(key)
 
 
 async def serve_device_plugins(

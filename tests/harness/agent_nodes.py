@@ -25,6 +25,7 @@ from lightkube.resources.core_v1 import Pod
 from agent.kube import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.node_instances import LABEL_VALUE, serves_label
 from agent.slots.service import serve_device_plugins
 from crds.instance import Instance
 from crds.naming import LABEL_TARGET_NODE, target_node_label
@@ -178,7 +179,10 @@ async def create_instance(
             {
                 "apiVersion": "edgeplug.io/v1alpha1",
                 "kind": "Instance",
-                "metadata": {"name": name, "namespace": namespace},
+                # Labelled for each node as the agents' publishers label what they list:
+                # an agent's Instance watch selects its node's label (agent.node_instances).
+                "metadata": {"name": name, "namespace": namespace,
+                             "labels": {serves_label(n): LABEL_VALUE for n in nodes}},
                 "spec": {
                     "configurationName": configuration,
                     "cdiName": f"edgeplug.io/{configuration}={digest}",

@@ -32,6 +32,7 @@ from lightkube import AsyncClient
 from lightkube.types import PatchType
 
 from agent.kube import InstanceResource
+from agent.node_instances import LABEL_VALUE, serves_label
 from agent.slots.service import socket_name
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.harness import agent_process as harness
@@ -214,8 +215,10 @@ async def test_an_instance_served_only_after_the_first_pass_gets_its_unrecorded_
         return early_socket.exists()
 
     await wait_until(early_served, what=f"{early} served again: the first pass ran")
-    await kube.patch(InstanceResource, late, {"spec": {"nodes": [node.name]}},
-                     namespace=ns, patch_type=PatchType.MERGE)
+    # Listed again as the publisher's apply lists a node: with its label (agent.node_instances).
+    await kube.patch(InstanceResource, late, {
+        "metadata": {"labels": {serves_label(node.name): LABEL_VALUE}},
+        "spec": {"nodes": [node.name]}}, namespace=ns, patch_type=PatchType.MERGE)
     await wait_until(recorded, what=f"{slot}, which holder still has (pod-resources lists it), "
                                     f"recorded again once {late} lists {node.name}")
     # Nobody else gets it: a pod for the Configuration's resource stays Pending.

@@ -52,6 +52,7 @@ from agent.instance_publisher import REASON_NAME_TAKEN, InstancePublisher
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from agent.node_instances import serves_label
 from agent.node_labels import NodeLabels
 from agent.slots.service import serve_device_plugins
 from controller import status as controller_status
@@ -301,6 +302,43 @@ def test_another_nodes_shared_instance_keeps_its_metadata(control_plane: Control
         field_manager=field_manager(w.node_a), force=True)))
 
 
+def test_a_node_adds_and_removes_only_its_own_instance_label(control_plane: ControlPlane,
+                                                            enforced: World) -> None:
+    """The label that makes the API server send an Instance to a node's agent
+    (agent/node_instances.py): node A cannot hide an Instance from node B (remove B's label)
+    nor show B another one (add B's label), on create or after; its own label it may."""
+    cp, w = control_plane, enforced
+    label_a, label_b = serves_label(w.node_a), serves_label(w.node_b)
+    name = _instance(cp, w, nodes=[w.node_b, w.node_a],
+                     metadata={"labels": {label_b: "true"}})
+    for patch in ({"metadata": {"labels": {label_b: None}}},
+                  {"metadata": {"labels": {label_b: "false"}}},
+                  {"metadata": {"labels": {label_a: "true", label_b: None}}}):
+        _refused(_patch(w.agent_a, w, name, patch), METADATA)
+    _refused(_patch(w.agent_a, w, name, {"metadata": {"labels": {label_a: "yes"}}}),
+             'own Instance label takes the value "true" only')
+    theirs = _instance(cp, w, nodes=[w.node_b])
+    _refused(_patch(w.agent_a, w, theirs, {"metadata": {"labels": {label_b: "true"}}}),
+             METADATA)
+    _refused(_create(w.agent_a, _body(w, f"new-{uuid.uuid4().hex[:6]}", nodes=[w.node_a],
+                                      shared=False, metadata={"labels": {label_b: "true"}})),
+             "only owned by the Configuration it names")
+    # Controls: its own label added and removed (merge patches, as agent/node_instances.py
+    # writes them), through an apply with its node, and on create.
+    _allowed(_patch(w.agent_a, w, name, {"metadata": {"labels": {label_a: "true"}}}))
+    _allowed(_patch(w.agent_a, w, name, {"metadata": {"labels": {label_a: None}}}))
+    body = _body(w, name, nodes=[w.node_a], shared=True,
+                 metadata={"labels": {label_a: "true"}})
+    del body["spec"]["deviceUsage"]
+    _allowed(_outcome(lambda: _client(w.agent_a).patch(
+        InstanceResource, name, body, namespace=w.namespace, patch_type=PatchType.APPLY,
+        field_manager=field_manager(w.node_a), force=True)))
+    stored = _get(cp, INSTANCES, name, "-n", w.namespace)["metadata"]["labels"]
+    assert stored == {label_a: "true", label_b: "true"}
+    _allowed(_create(w.agent_a, _body(w, f"new-{uuid.uuid4().hex[:6]}", nodes=[w.node_a],
+                                      shared=False, metadata={"labels": {label_a: "true"}})))
+
+
 def test_status_fields_the_controller_owns_are_refused(control_plane: ControlPlane,
                                                        enforced: World) -> None:
     cp, w = control_plane, enforced
@@ -337,6 +375,7 @@ def test_a_local_instance_is_created_only_for_the_node_that_creates_it(
     other_owner = {**w.owner, "name": "other", "uid": str(uuid.uuid4())}
     dressings: list[dict[str, Any]] = [
         {"labels": {"edgeplug.io/node": w.node_b}},
+        {"labels": {serves_label(w.node_b): "true"}},
         {"annotations": {"x": "y"}},
         {"finalizers": ["attack.io/stuck"]},
         {"ownerReferences": []},
