@@ -11,7 +11,9 @@ them; the time each takes is printed), reads them at rest again, then under a ch
 patches to those foreign Instances at a fixed rate (``tests/harness/fleet.py``). Beside them:
 the API server's and etcd's CPU, the controller's (cluster-wide, ``--standalone``) CPU and
 memory, and the watch events and bytes the API server sent per Instance write (its own
-/metrics). Medians of several windows; nothing is asserted.
+/metrics) beside the Instance watch events each agent received (the agent's own /metrics);
+last, writes to the agents' own Instances and the events each costs. Medians of several
+windows; nothing is asserted.
 
 ``python -m tests.bench fleet [--small] [--nodes N] [--instances N] [--rate W] [--window S]
 [--windows N] [--no-controller]``
@@ -28,14 +30,16 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
+from lightkube.types import PatchType
 
+from agent.kube import InstanceResource, as_dict
 from tests.bench.bench_agent_setup import WatchedState, daemonset_env, quiet_logs
 from tests.bench.stats import machine_speed_line
 from tests.harness.agent_process import AgentSubprocess, api_client, apply, debug_echo_configuration
@@ -51,6 +55,7 @@ from tests.harness.fleet import (
     received_from,
     watch_events,
 )
+from tests.harness.metrics_scrape import scrape
 from tests.harness.node_emulator import NodeEmulator
 
 AGENTS = 2
@@ -68,6 +73,9 @@ QUIET_DEADLINE_S = 300.0
 #: heartbeats). Sampling, not a wait for a state.
 SETTLE_S = 5.0
 HOUR_S = "3600"
+INSTANCE_EVENTS = 'edgeplug_watch_events_total{kind="Instance"}'
+#: Writes to the agents' own Instances after the churn (the events each one costs).
+OWN_WRITES = 40
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,11 @@ class FleetAgent:
     agent: AgentSubprocess
     emulator: NodeEmulator
     state: WatchedState
+    metrics_port: int
+
+    def instance_events(self) -> float:
+        """The Instance watch events this agent received so far (its own /metrics)."""
+        return scrape(self.metrics_port).get(INSTANCE_EVENTS, 0.0)
 
     @property
     def pid(self) -> int:
@@ -135,13 +148,14 @@ async def _agents(plane: ControlPlane, client: AsyncClient,
             emulator = NodeEmulator(node_name=name, kubeconfig=plane.kubeconfig,
                                     plugin_dir=plugin_dir, labels={AGENT_LABEL: name})
             await emulator.start()
+            env = daemonset_env()
             agent = AgentSubprocess(plane, node_name=name, namespace=None,
                                     serve_device_plugins=True, plugin_dir=plugin_dir,
-                                    log_path=tmp / f"{name}.log", extra_env=daemonset_env())
+                                    log_path=tmp / f"{name}.log", extra_env=env)
             state = WatchedState()
             watches.append(asyncio.create_task(state.follow_node(client, name)))
             agent.start()
-            started.append(FleetAgent(name, agent, emulator, state))
+            started.append(FleetAgent(name, agent, emulator, state, int(env["METRICS_PORT"])))
             apply(plane, OWN_NAMESPACE, debug_echo_configuration(
                   f"own-{index}", descriptions=[f"{name}-d{i}" for i in range(DEVICES)],
                 shared=False, node_selector={"matchLabels": {AGENT_LABEL: name}}))
@@ -169,6 +183,8 @@ class Phase:
     rss_kib: dict[str, int]
     events: WatchEvents | None = None
     writes: int = 0
+    #: Per agent, the Instance watch events it received in the phase (its own /metrics).
+    agent_events: list[float] = field(default_factory=list)
 
 
 def _readings(plane: ControlPlane, pids: Mapping[str, int]) -> dict[str, ProcessReading]:
@@ -227,8 +243,10 @@ def _print_process(name: str, floor: Phase, rest: Phase, churn: Phase, *,
 
 
 async def _churn_phase(plane: ControlPlane, client: AsyncClient, churn: Churn,
-                       pids: Mapping[str, int], options: Options) -> Phase:
+                       pids: Mapping[str, int], options: Options,
+                       agents: list[FleetAgent]) -> Phase:
     before = watch_events(plane)
+    received = [a.instance_events() for a in agents]
     writes_before = churn.writes
     load = asyncio.create_task(churn.run(options.window * options.windows))
     phase = await _measure(plane, pids, window=options.window, windows=options.windows)
@@ -237,7 +255,36 @@ async def _churn_phase(plane: ControlPlane, client: AsyncClient, churn: Churn,
     phase.events = WatchEvents(after.events - before.events, after.bytes - before.bytes,
                                after.watches)
     phase.writes = churn.writes - writes_before
+    phase.agent_events = [a.instance_events() - r for a, r in zip(agents, received, strict=True)]
     return phase
+
+
+async def _own_writes(plane: ControlPlane, client: AsyncClient,
+                      agents: list[FleetAgent]) -> None:
+    """OWN_WRITES annotation patches to the agents' own (local) Instances, one at a time: the
+    events the API server sends per write, and what each agent received (1 per write to an
+    Instance it serves, 0 for the other's)."""
+    own = [as_dict(i)["metadata"]["name"]
+           async for i in client.list(InstanceResource, namespace=OWN_NAMESPACE)]
+    before, received = watch_events(plane), [a.instance_events() for a in agents]
+    for index in range(OWN_WRITES):
+        await client.patch(InstanceResource, own[index % len(own)],
+                           {"metadata": {"annotations": {"bench.edgeplug.io/write": str(index)}}},
+                           namespace=OWN_NAMESPACE, patch_type=PatchType.MERGE)
+    await _until_received(agents, [r + OWN_WRITES / len(agents) for r in received])
+    after = watch_events(plane)
+    print(f"  {OWN_WRITES} writes to the agents' own Instances (each serves {DEVICES}): the API "
+          f"server sent {(after.events - before.events) / OWN_WRITES:.2f} Instance watch "
+          "events per write; received: " + ", ".join(
+              f"{a.name} {a.instance_events() - r:.0f}"
+              for a, r in zip(agents, received, strict=True)))
+
+
+async def _until_received(agents: list[FleetAgent], counts: list[float]) -> None:
+    deadline = time.monotonic() + READY_DEADLINE_S
+    while any(a.instance_events() < c for a, c in zip(agents, counts, strict=True)):
+        assert time.monotonic() < deadline, "the agents did not receive their own writes"
+        await asyncio.sleep(QUIET_SAMPLE_S / 10)  # polling the agents' counters
 
 
 async def _run(plane: ControlPlane, options: Options, tmp: Path) -> None:
@@ -282,7 +329,7 @@ async def _run(plane: ControlPlane, options: Options, tmp: Path) -> None:
             print(f"churn: {options.rate:.0f} merge patches/s to foreign Instances "
                   "(spec.deviceUsage and status.used, alternating)")
             churn = Churn(client, fleet, rate=options.rate)
-            during = await _churn_phase(plane, client, churn, pids, options)
+            during = await _churn_phase(plane, client, churn, pids, options, agents)
             print(f"results ({options.nodes:,} nodes, {options.instances:,} foreign "
                   f"Instances; medians of {options.windows} windows of "
                   f"{options.window:.0f} s; churn {during.writes} writes, "
@@ -299,6 +346,11 @@ async def _run(plane: ControlPlane, options: Options, tmp: Path) -> None:
                   f"write), {during.events.bytes / 1024:.0f} KiB "
                   f"({during.events.bytes / writes:.0f} bytes per write); Instance watches "
                   f"open {during.events.watches:.0f}")
+            print("  Instance watch events each agent received during the churn (its own "
+                  "edgeplug_watch_events_total): " + ", ".join(
+                      f"{a.name} {n:.0f}" for a, n in zip(agents, during.agent_events,
+                                                          strict=True)))
+            await _own_writes(plane, client, agents)
     finally:
         if controller is not None:
             controller.stop()

@@ -30,6 +30,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
 
+from agent.node_instances import LABEL_VALUE, serves_label
 from crds.naming import cdi_name, instance_digest, instance_name_from_digest, slot_id
 from crds.resources import ConfigurationResource, InstanceResource
 from tests.harness.controlplane import ControlPlane
@@ -98,13 +99,15 @@ def _configuration(namespace: str, name: str) -> dict[str, Any]:
 
 
 def _instance(namespace: str, configuration: Any, device: str, node: str) -> dict[str, Any]:
-    """A local Instance as the publisher writes it (owner, CDI name, properties, slots)."""
+    """A local Instance as the publisher writes it (its node's label, owner, CDI name,
+    properties, slots)."""
     meta = configuration.metadata
     digest = instance_digest(device, shared=False, node=node)
     name = instance_name_from_digest(meta.name, digest)
     return {
         "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
-        "metadata": {"name": name, "namespace": namespace, "ownerReferences": [{
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {serves_label(node): LABEL_VALUE}, "ownerReferences": [{
             "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration", "name": meta.name,
             "uid": meta.uid, "controller": True, "blockOwnerDeletion": True}]},
         "spec": {
