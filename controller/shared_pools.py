@@ -25,11 +25,11 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from lightkube import ApiError, AsyncClient, operators
+from lightkube import AsyncClient
 from lightkube.types import PatchType
 
 from controller.shared_allocation import put_mode
-from crds import dra, dra_features, dra_slices
+from crds import dra, dra_features, dra_slices, pool_slices
 from crds.configuration import SharedDeviceAllocation
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource
@@ -41,9 +41,6 @@ FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
 RETRY_S: Final = 1.0
 #: A pass waits this long after the change that woke it, so a burst is written once.
 PASS_DELAY_S: Final = 0.05
-#: Pools whose slices are looked up in one list (a set-based label selector).
-POOLS_PER_LIST: Final = 40
-HTTP_NOT_FOUND: Final = 404
 
 _Key = tuple[str, str]
 
@@ -201,19 +198,10 @@ class SharedPools:
                 await self._withdraw(pool, listed.get(pool, []))
 
     async def _listed(self, pools: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """Every slice of each pool (any publisher's, any generation)."""
-        found: dict[str, list[dict[str, Any]]] = {}
-        wanted = set(pools)
-        for start in range(0, len(pools), POOLS_PER_LIST):
-            labels = sorted({dra_slices.pool_label(p) for p in pools[start:start + POOLS_PER_LIST]})
-            async for obj in self._client.list(
-                    ResourceSliceResource,
-                    labels={dra_slices.LABEL_POOL: operators.in_(labels)}):
-                body = _as_dict(obj)
-                pool = str(body["spec"]["pool"]["name"])
-                if pool in wanted and body["spec"].get("driver") == dra.DRIVER:
-                    found.setdefault(pool, []).append(body)
-        return found
+        """Every slice of the driver's of each pool (any publisher's, any generation)."""
+        listed = await pool_slices.slices_by_pool(self._client, pools)
+        return {pool: mine for pool, found in listed.items()
+                if (mine := [s for s in found if s["spec"].get("driver") == dra.DRIVER])}
 
     async def _publish(self, plan: dra_slices.PoolPlan, others: list[dict[str, Any]]) -> None:
         """Write the pool one generation above any of its slices, then delete the rest
@@ -248,10 +236,4 @@ class SharedPools:
         log.info("ResourceSlice pool withdrawn", extra={"pool": pool})
 
     async def _delete(self, names: Iterable[str]) -> None:
-        for name in names:
-            try:
-                await self._client.delete(ResourceSliceResource, name)
-                self.writes += 1
-            except ApiError as error:
-                if error.status.code != HTTP_NOT_FOUND:
-                    raise
+        self.writes += await pool_slices.delete_slices(self._client, names)

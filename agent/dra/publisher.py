@@ -35,14 +35,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Final
 
-from lightkube import ApiError, AsyncClient, operators
+from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from agent import node_instances, watching
 from agent.dra import slices
-from agent.kube import as_dict, field_manager, is_not_found
+from agent.kube import as_dict, field_manager
 from agent.node_devices import NodeDeviceTable
-from crds import dra_features
+from crds import dra_features, dra_slices, pool_slices
 from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource as ResourceSliceResource
@@ -65,8 +65,6 @@ QUIET_S: Final = 0.1
 #: API writes of one pass in flight at once (pools are independent; one pool's slices are
 #: written in order, its stale ones deleted after).
 WRITES_IN_FLIGHT: Final = 8
-#: Pools whose generation is looked up in one list (a set-based label selector).
-POOLS_PER_LIST: Final = 40
 #: Instances are listed afresh this often, as a net under missed watch deletions.
 RESYNC_SECONDS: Final = 300.0
 
@@ -329,29 +327,10 @@ class DraPublisher:
 
     async def _listed_generations(self, pools: list[str]) -> dict[str, int]:
         """The newest generation the API server holds of each pool (any publisher's; absent:
-        none), ``POOLS_PER_LIST`` pools a list (one list per pool was a round trip before
-        each new pool's write: 200 in a row for a Configuration of 200 shared devices)."""
-        newest: dict[str, int] = {}
-        wanted = set(pools)
-        for start in range(0, len(pools), POOLS_PER_LIST):
-            labels = sorted({slices.pool_label(p) for p in pools[start:start + POOLS_PER_LIST]})
-            async with self._gate:
-                async for obj in self._client.list(
-                    ResourceSliceResource, labels={slices.LABEL_POOL: operators.in_(labels)}
-                ):
-                    body = as_dict(obj)
-                    pool = str(body["spec"]["pool"]["name"])
-                    if pool in wanted:
-                        newest[pool] = max(newest.get(pool, 0),
-                                           int(body["spec"]["pool"]["generation"]))
-        return newest
+        none)."""
+        listed = await pool_slices.slices_by_pool(self._client, pools, gate=self._gate)
+        return {pool: max(dra_slices.generation(s) for s in found)
+                for pool, found in listed.items()}
 
     async def _delete(self, names: Iterable[str]) -> None:
-        for name in names:
-            try:
-                async with self._gate:
-                    await self._client.delete(ResourceSliceResource, name)
-                self.writes += 1
-            except ApiError as error:
-                if not is_not_found(error):
-                    raise
+        self.writes += await pool_slices.delete_slices(self._client, names, gate=self._gate)

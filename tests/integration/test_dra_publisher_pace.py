@@ -29,6 +29,7 @@ from agent.dra import slices
 from agent.dra.publisher import MIN_PASS_INTERVAL, QUIET_S, DraPublisher
 from agent.kube import InstanceResource
 from agent.node_devices import NodeDevice, NodeDeviceTable
+from crds import pool_slices
 from discovery_handlers.contract import Device
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
@@ -216,7 +217,7 @@ async def test_new_pools_generations_are_listed_a_batch_at_a_time(
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
     ns = namespace
-    count = publisher_module.POOLS_PER_LIST
+    count = pool_slices.POOLS_PER_LIST
     async with publishing(control_plane, ns) as (publisher, table, client):
         await harness.eventually(lambda: asyncio.sleep(0, publisher.passes > 0 or None),
                                  what="the publisher's first pass")
