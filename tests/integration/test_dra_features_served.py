@@ -92,8 +92,16 @@ async def test_the_agent_reports_consumable_capacity_as_the_api_server_serves_it
             return next(iter(devices.values()), None)
 
         device = await harness.eventually(published, what=f"the device of pool {pool}")
+        publisher = agents[node].publisher
+
+        async def answered() -> int | None:
+            # The slice is visible once the API server stored it, a moment before the
+            # agent's apply returns and it notes what the server dropped: wait for the answer.
+            return publisher.writes or None
+
+        await harness.eventually(answered, what="the agent's slice apply answered")
         reported = _reports(caplog, dra_features.CONSUMABLE_CAPACITY)
-        missing = agents[node].publisher.features.missing
+        missing = publisher.features.missing
         if served:
             assert device.get("allowMultipleAllocations") is True
             assert reported == []
