@@ -4,9 +4,10 @@ Why this exists: an agent runs on every node, and issue 34 asks that its cost fo
 not the cluster. This starts a real control plane and two ``python -m agent.main`` processes
 (as the DaemonSet runs them: every namespace, device plugins on, metrics served), each on an
 emulated node with its own debugEcho Configuration of a few local devices. It reads each
-agent's CPU seconds per minute, resident memory (``/proc``) and bytes received from the API
-server (``ss``) at rest in that cluster (the floor: only their own Instances), then writes a
-fleet with a bare client (Nodes, Configurations selecting only those Nodes, local Instances on
+agent's CPU seconds per minute (the scheduler's nanoseconds, thread by thread:
+``ProcessReading``), resident memory (``/proc``) and bytes received from the API server
+(``ss``) at rest in that cluster (the floor: only their own Instances), then writes a fleet
+with a bare client (Nodes, Configurations selecting only those Nodes, local Instances on
 them; the time each takes is printed), reads them at rest again, then under a churn of merge
 patches to those foreign Instances at a fixed rate (``tests/harness/fleet.py``). Beside them:
 the API server's and etcd's CPU, the controller's (cluster-wide, ``--standalone``) CPU and
@@ -174,13 +175,15 @@ async def _agents(plane: ControlPlane, client: AsyncClient,
             shutil.rmtree(fleet_agent.emulator.plugin_dir, ignore_errors=True)
 
 
-#: Per process name: the readings of each window of one phase (CPU s/min, bytes received/min), and
-#: its VmRSS at the phase's end.
+#: Per process name: the readings of each window of one phase (CPU s/min, bytes received/min), its
+#: VmRSS at the phase's end, and the threads that ended within a window (their CPU in it is not
+#: counted: ``ProcessReading``).
 @dataclass
 class Phase:
     cpu: dict[str, list[float]]
     read: dict[str, list[float]]
     rss_kib: dict[str, int]
+    ended: dict[str, int] = field(default_factory=dict)
     events: WatchEvents | None = None
     writes: int = 0
     #: Per agent, the Instance watch events it received in the phase (its own /metrics).
@@ -203,6 +206,7 @@ async def _measure(plane: ControlPlane, pids: Mapping[str, int], *, window: floa
             phase.cpu[n].append(after[n].cpu_per_minute(before[n]))
             phase.read[n].append(after[n].received_per_minute(before[n]))
             phase.rss_kib[n] = after[n].rss_kib
+            phase.ended[n] = phase.ended.get(n, 0) + after[n].ended_since(before[n])
     return phase
 
 
@@ -223,7 +227,7 @@ def _median(values: list[float]) -> float:
 
 
 def _ratio(ours: float, floor: float) -> str:
-    return f"{ours / floor:.1f}x" if floor > 0 else "n/a"
+    return f"{ours / floor:.2f}x" if floor > 0 else "n/a"
 
 
 def _print_process(name: str, floor: Phase, rest: Phase, churn: Phase, *,
@@ -233,9 +237,16 @@ def _print_process(name: str, floor: Phase, rest: Phase, churn: Phase, *,
     print(f"  {name}: VmRSS floor {f_rss:.1f} MiB, fleet {r_rss:.1f} MiB "
           f"({_ratio(r_rss, f_rss)}), during churn {churn.rss_kib[name] / 1024:.1f} MiB")
     per_write = (c_cpu - r_cpu) / max(writes_per_minute, 1) * 1000
-    print(f"    CPU s per 60 s: floor at rest {f_cpu:.3f}, fleet at rest {r_cpu:.3f} "
-          f"({_ratio(r_cpu, f_cpu)}), during churn {c_cpu:.3f} ({_ratio(c_cpu, f_cpu)} the "
-          f"floor; {per_write:.2f} ms per foreign write that succeeded, above the fleet at rest)")
+    print(f"    CPU s per 60 s: floor at rest {f_cpu:.4f}, fleet at rest {r_cpu:.4f} "
+          f"({_ratio(r_cpu, f_cpu)}), during churn {c_cpu:.4f} ({_ratio(c_cpu, f_cpu)} the "
+          f"floor; {per_write:.3f} ms per foreign write that succeeded, above the fleet at rest)")
+    print("    each window's CPU s per 60 s: " + "; ".join(
+        f"{what} " + ", ".join(f"{v:.4f}" for v in p.cpu[name])
+        for what, p in (("floor", floor), ("fleet at rest", rest), ("churn", churn))))
+    ended = [p.ended.get(name, 0) for p in (floor, rest, churn)]
+    if any(ended):
+        print("    threads that ended within a window (their CPU in it not counted): floor "
+              f"{ended[0]}, fleet at rest {ended[1]}, during churn {ended[2]}")
     if bytes_read:
         f_rd, r_rd, c_rd = (_median(p.read[name]) / 1024 for p in (floor, rest, churn))
         print(f"    KiB received from the API server per 60 s: floor {f_rd:.0f}, fleet at rest "
@@ -319,7 +330,7 @@ async def _run(plane: ControlPlane, options: Options, tmp: Path) -> None:
                   f"in {fleet.instances_s:.1f} s "
                   f"({options.instances / fleet.instances_s:.0f}/s)")
             print("  CPU s spent meanwhile: " + ", ".join(
-                f"{n} {after[n].cpu_s - before[n].cpu_s:.1f}" for n in pids))
+                f"{n} {after[n].cpu_since(before[n]):.1f}" for n in pids))
             print("  KiB received meanwhile: " + ", ".join(
                 f"{a.name} {(after[a.name].received - before[a.name].received) / 1024:.0f}"
                 for a in agents))

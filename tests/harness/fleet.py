@@ -6,9 +6,10 @@ Configuration per group of nodes (selecting only nodes labelled ``FOREIGN_LABEL`
 under test runs their discovery) and local Instances on those nodes, as agents there would have
 published them; ``Churn`` then merge-patches those Instances at a fixed rate (a slot taken or
 freed in ``spec.deviceUsage``, as an Allocate does, alternating with ``status.used`` on the
-status subresource); ``ProcessReading`` reads a process's CPU time and resident memory from
-``/proc`` and the bytes it received from the API server (``ss``); ``watch_events`` reads what
-the API server sent its Instance watchers, and how many Instance watches it holds open.
+status subresource); ``ProcessReading`` reads a process's CPU time (nanoseconds, thread by
+thread: ``thread_cpu_ns``) and resident memory from ``/proc`` and the bytes it received from the
+API server (``ss``); ``watch_events`` reads what the API server sent its Instance watchers, and
+how many Instance watches it holds open.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ FIELD_MANAGER: Final = "edgeplug-bench-fleet"
 CREATE_CONCURRENCY: Final = 24
 #: Each fleet Instance's capacity (slots in spec.deviceUsage).
 CAPACITY: Final = 2
-_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 _PID: Final = re.compile(r"pid=(\d+),")
 _RECEIVED: Final = re.compile(r"bytes_received:(\d+)")
 
@@ -197,31 +197,69 @@ class Churn:
         await asyncio.gather(*self._inflight)
 
 
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Per thread of ``pid`` (its id): the nanoseconds it has run on a CPU so far, the first
+    field of ``/proc/<pid>/task/<tid>/schedstat`` (the scheduler's own count, brought up to
+    date whenever the thread leaves a CPU and at each scheduler tick while it runs; utime and
+    stime in ``/proc/<pid>/stat`` count 10 ms clock ticks: too coarse for a process that
+    spends a few of them a minute). ``/proc/<pid>/schedstat`` alone is the main thread's; the
+    agent's gRPC and executor threads run beside it, so every thread is read. A thread that
+    ends before its line is read is left out."""
+    found: dict[int, int] = {}
+    for task in os.scandir(f"/proc/{pid}/task"):
+        try:
+            with open(f"{task.path}/schedstat", encoding="ascii") as schedstat:
+                found[int(task.name)] = int(schedstat.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended between the listing and the read
+    return found
+
+
 @dataclass(frozen=True)
 class ProcessReading:
-    """One reading of a process: CPU seconds (all threads), VmRSS KiB, and the bytes it has
-    received from the API server over its open TCP connections (``ss``'s bytes_received: the
-    watch streams are long-lived, so a window's difference is what the process was sent)."""
+    """One reading of a process: each thread's nanoseconds on a CPU (``thread_cpu_ns``), VmRSS
+    KiB, and the bytes it has received from the API server over its open TCP connections
+    (``ss``'s bytes_received: the watch streams are long-lived, so a window's difference is
+    what the process was sent).
+
+    The CPU of a window is taken thread by thread (``cpu_since``), not as the difference of
+    two sums: a thread that ended between the readings would otherwise take its whole
+    lifetime's CPU out of the window, and the sum could fall. Such a thread's CPU from the
+    earlier reading to its end is not counted (the kernel keeps it only in the clock-tick
+    totals of ``/proc/<pid>/stat``), so a window with ended threads (``ended_since``) reads
+    low by at most what they spent in it; a thread that started within the window counts
+    whole."""
 
     at: float
-    cpu_s: float
+    threads: Mapping[int, int]
     rss_kib: int
     received: int
 
     @classmethod
     def of(cls, pid: int, received: Mapping[int, int]) -> ProcessReading:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rpartition(")")[2].split()
+        threads = thread_cpu_ns(pid)
         rss = 0
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
                     rss = int(line.split()[1])
-        return cls(time.monotonic(), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, rss,
-                   received.get(pid, 0))
+        return cls(time.monotonic(), threads, rss, received.get(pid, 0))
+
+    def cpu_since(self, earlier: ProcessReading) -> float:
+        """CPU seconds of the threads alive now since ``earlier`` (a thread id not in it, or
+        one whose count went down, a reused id, is a new thread: counted whole)."""
+        spent = 0
+        for tid, ns in self.threads.items():
+            before = earlier.threads.get(tid, 0)
+            spent += ns - before if ns >= before else ns
+        return spent / 1e9
+
+    def ended_since(self, earlier: ProcessReading) -> int:
+        """Threads of ``earlier`` gone now (their last CPU is not in ``cpu_since``)."""
+        return len(earlier.threads.keys() - self.threads.keys())
 
     def cpu_per_minute(self, earlier: ProcessReading) -> float:
-        return (self.cpu_s - earlier.cpu_s) * 60 / (self.at - earlier.at)
+        return self.cpu_since(earlier) * 60 / (self.at - earlier.at)
 
     def received_per_minute(self, earlier: ProcessReading) -> float:
         """Bytes a minute (0 when connections closed meanwhile took more than came)."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from tests.harness.fleet import ProcessReading, received_from_port
 
 PAYLOAD = 200_000
-#: Bound on the CPU-spending loop (about 10 s of work; 0.05 s of CPU is enough).
-SPIN_ROUNDS = 50_000
+#: CPU seconds a thread spends before a reading (a few scheduler ticks: the count of a running
+#: thread is brought up to date at each).
+THREAD_CPU_S = 0.05
 
 
 def test_bytes_received_on_a_loopback_connection_count_for_its_process() -> None:
@@ -37,11 +39,34 @@ def test_bytes_received_on_a_loopback_connection_count_for_its_process() -> None
 
 def test_a_reading_shows_cpu_spent_and_resident_memory() -> None:
     first = ProcessReading.of(os.getpid(), {})
-    for _ in range(SPIN_ROUNDS):  # spend CPU until the kernel's clock ticks count some
+    started = time.thread_time()
+    while time.thread_time() - started < THREAD_CPU_S:
         sum(range(10_000))
-        if ProcessReading.of(os.getpid(), {}).cpu_s - first.cpu_s >= 0.05:
-            break
     second = ProcessReading.of(os.getpid(), {os.getpid(): 123})
     assert second.cpu_per_minute(first) > 0
     assert second.rss_kib > 1024
     assert second.received == 123
+
+
+def test_the_cpu_of_every_thread_counts_and_an_ended_thread_takes_none_away() -> None:
+    """A thread beside the main one spends CPU and waits: the reading counts it; once it has
+    ended the next window's CPU is not negative and says a thread ended."""
+    spent, done = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        while time.thread_time() < THREAD_CPU_S:
+            sum(range(10_000))
+        spent.set()
+        done.wait()
+
+    first = ProcessReading.of(os.getpid(), {})
+    worker = threading.Thread(target=spin)
+    worker.start()
+    assert spent.wait(timeout=60)
+    second = ProcessReading.of(os.getpid(), {})
+    done.set()
+    worker.join()
+    third = ProcessReading.of(os.getpid(), {})
+    assert second.cpu_since(first) >= THREAD_CPU_S
+    assert third.cpu_since(second) >= 0
+    assert third.ended_since(second) == 1
