@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 from tests.harness.fleet import ProcessReading, received_from_port
 
@@ -18,6 +19,7 @@ PAYLOAD = 200_000
 #: CPU seconds a thread spends before a reading (a few scheduler ticks: the count of a running
 #: thread is brought up to date at each).
 THREAD_CPU_S = 0.05
+ENDED_DEADLINE_S = 10.0
 
 
 def test_bytes_received_on_a_loopback_connection_count_for_its_process() -> None:
@@ -66,6 +68,12 @@ def test_the_cpu_of_every_thread_counts_and_an_ended_thread_takes_none_away() ->
     second = ProcessReading.of(os.getpid(), {})
     done.set()
     worker.join()
+    # join returns once Python has let go of the thread, a moment before the kernel's task ends
+    task = Path(f"/proc/{os.getpid()}/task/{worker.native_id}")
+    deadline = time.monotonic() + ENDED_DEADLINE_S
+    while task.exists():
+        assert time.monotonic() < deadline, f"{task} still there"
+        time.sleep(0.001)  # polling for the task's end
     third = ProcessReading.of(os.getpid(), {})
     assert second.cpu_since(first) >= THREAD_CPU_S
     assert third.cpu_since(second) >= 0
