@@ -14,6 +14,10 @@ process) against a real control plane and times API watch events seen by this pr
   the realistic case beside its floor (``controller_floor``: the same pinned pods created by a
   bare client, no controller or agent), "last pod Running after the last create", as a ratio;
 - steady state: controller CPU and writes over 25 s with nothing changing;
+- restart, after the scale run's steady state: the controller stopped and started again with
+  every broker in place, an Instance created at once → its broker (workers start once every
+  watch holds its listing, ``controller/engine.py``: the time to list and look at the whole
+  cluster again), with the new process's CPU, RSS and writes until then;
 - outage: the API server stopped for N seconds → a new Instance's broker after it returns;
 - failover: the active replica SIGKILLed → a new Instance's broker from the standby.
 
@@ -166,6 +170,8 @@ async def scale_run(
     steady_cpu = cpu_s(ctl.pid)
     await asyncio.sleep(STEADY_WATCH_S)  # the measurement window itself, not a wait for a result
     steady_events = watch.events - steady_events
+    steady_writes, steady_cpu_s = writes(ctl) - steady_from, cpu_s(ctl.pid) - steady_cpu
+    restarted = await restart_run(client, ctl, watch, namespace, cfg, node_names(nodes)[0])
     await watch.stop()
     return {
         "created_s": created_at - start,
@@ -181,11 +187,29 @@ async def scale_run(
         "settle_s": settle_s,
         "cluster_settle_s": cluster_settle_s,
         "steady_pod_events": steady_events,
-        "steady_writes": writes(ctl) - steady_from,
-        "steady_cpu_s": cpu_s(ctl.pid) - steady_cpu,
+        "steady_writes": steady_writes,
+        "steady_cpu_s": steady_cpu_s,
+        **restarted,
         **running_lag,
         **{f"cpu_s:{name}": used for name, used in others_used.items()},
     }
+
+
+async def restart_run(client: AsyncClient, ctl: ControllerProcess, watch: PodWatch,
+                      namespace: str, cfg: str, node: str) -> dict[str, float]:
+    """The controller stopped (SIGTERM) and started again, an Instance created at once: seconds
+    from the start to its broker, and the new process's CPU, RSS and API writes until then."""
+    ctl.stop()
+    name = f"{cfg}-restart"
+    pod = naming.broker_pod_name(name, node)
+    writes_before = writes(ctl)
+    start = time.monotonic()
+    ctl.start()
+    await client.create(from_dict(instance(namespace, name, configuration_name=cfg,
+                                           nodes=[node], shared=False)))
+    seen = await watch.wait(watch.added, pod, timeout_s=CONVERGE_TIMEOUT_S)
+    return {"restart_broker_s": seen - start, "restart_cpu_s": cpu_s(ctl.pid),
+            "restart_rss_mib": rss_mib(ctl.pid), "restart_writes": writes(ctl) - writes_before}
 
 
 def describe(mode: str, nodes: int, instances: int, f: dict[str, float]) -> str:
@@ -202,6 +226,9 @@ def describe(mode: str, nodes: int, instances: int, f: dict[str, float]) -> str:
         f"broker pod {f['cluster_settle_s']:.1f} s after that; steady "
         f"{STEADY_WATCH_S:.0f} s: {f['steady_cpu_s']:.2f} s CPU, "
         f"{f['steady_writes']:.0f} writes, {f['steady_pod_events']:.0f} broker pod events; "
+        f"restarted: a new Instance's broker {f['restart_broker_s']:.1f} s after the start "
+        f"(the new process then: {f['restart_cpu_s']:.1f} s CPU, RSS "
+        f"{f['restart_rss_mib']:.0f} MiB, {f['restart_writes']:.0f} writes); "
         f"CPU until the last broker: controller {f['cpu_s']:.1f} s, "
         + ", ".join(f"{k.removeprefix('cpu_s:')} {v:.1f} s"
                     for k, v in f.items() if k.startswith("cpu_s:"))
@@ -273,7 +300,8 @@ def medians(mode: str, runs: list[dict[str, float]]) -> None:
     if len(runs) < 2:
         return
     keys = ("lag_s", "cpu_ms_per_instance", "requests_per_instance", "rss_mib", "create_rate",
-            "broker_rate", "steady_cpu_s", "steady_writes", "steady_pod_events")
+            "broker_rate", "steady_cpu_s", "steady_writes", "steady_pod_events",
+            "restart_broker_s", "restart_cpu_s")
     text = ", ".join(f"{k} {statistics.median(r[k] for r in runs):.3g}" for k in keys)
     print(f"scale {mode}, median of {len(runs)} runs: {text}", flush=True)
 
