@@ -7,7 +7,9 @@
 // failure rejects the pod with the reason and message admission gives (UnexpectedAdmissionError).
 // An admitted pod's containers are then "created": GetDeviceRunContainerOptions (which makes the
 // PreStartContainer call), then CDI resolution as a CDI-enabled runtime does it. Pods are
-// handled one at a time in watch order, as the kubelet admits them serially.
+// handled one at a time in watch order, as the kubelet's sync loop takes its pod updates
+// (podEvents): a pod deleted before another was bound here releases its devices before that
+// one is admitted.
 package main
 
 import (
@@ -27,7 +29,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
@@ -94,10 +95,10 @@ func (p *podAdmitter) run(ctx context.Context) error {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", p.node).String()
 		}))
 	p.informer = factory.Core().V1().Pods().Informer()
-	queue := workqueue.NewTyped[string]()
+	queue := newPodEvents()
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			queue.Add(key)
+			queue.add(key)
 		}
 	}
 	_, err := p.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -113,16 +114,63 @@ func (p *podAdmitter) run(ctx context.Context) error {
 	p.readmit(ctx)
 	go func() {
 		<-ctx.Done()
-		queue.ShutDown()
+		queue.shutDown()
 	}()
 	for {
-		key, shutdown := queue.Get()
+		key, shutdown := queue.next()
 		if shutdown {
 			return nil
 		}
 		p.handle(ctx, key)
-		queue.Done(key)
 	}
+}
+
+// podEvents is a FIFO of pod keys, one entry per watch event, kept in the order the watch
+// delivered them. client-go's workqueue would not do: it holds a key once, and a key added
+// while it is being handled goes to the back, so a pod's deletion could be handled after
+// the binding of a pod the scheduler placed on the devices that deletion freed, and that pod
+// refused for devices the kubelet had already freed (a refusal the kubelet's ordered sync loop
+// never makes). Each entry is handled against the pod's latest state in the informer's store,
+// so a repeated key costs a no-op.
+type podEvents struct {
+	mu      sync.Mutex
+	ready   *sync.Cond
+	keys    []string
+	stopped bool
+}
+
+func newPodEvents() *podEvents {
+	q := &podEvents{}
+	q.ready = sync.NewCond(&q.mu)
+	return q
+}
+
+func (q *podEvents) add(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.keys = append(q.keys, key)
+	q.ready.Signal()
+}
+
+// next waits for the oldest key; shutdown is true once shutDown was called.
+func (q *podEvents) next() (key string, shutdown bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.keys) == 0 && !q.stopped {
+		q.ready.Wait()
+	}
+	if q.stopped {
+		return "", true
+	}
+	key, q.keys = q.keys[0], q.keys[1:]
+	return key, false
+}
+
+func (q *podEvents) shutDown() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.stopped = true
+	q.ready.Broadcast()
 }
 
 // readmit runs admission again for the pods the runtime still runs, as a restarted kubelet
