@@ -77,11 +77,15 @@ async def test_shared_and_local_devices_become_instances(
         table = agent.devices.snapshot()
         assert table[(namespace, name)].properties["DEBUG_ECHO_DESCRIPTION"] == "foo0"
 
-        # The instances gauge counts them per Configuration.
-        gauge = agent.metrics.registry.get_sample_value(
-            "edgeplug_instances", {"namespace": namespace, "configuration": "echo-shared"}
-        )
-        assert gauge == 2
+        # The instances gauge counts them per Configuration. The publisher sets it after the
+        # table and the devices' health reports (API writes), so it is awaited, not read at once.
+        async def counted() -> float | None:
+            gauge = agent.metrics.registry.get_sample_value(
+                "edgeplug_instances", {"namespace": namespace, "configuration": "echo-shared"}
+            )
+            return gauge if gauge == 2 else None
+
+        await harness.eventually(counted, what="edgeplug_instances of echo-shared at 2")
 
         # The node is labelled with both Configurations.
         async def labelled() -> dict[str, str] | None:
