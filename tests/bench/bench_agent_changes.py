@@ -72,6 +72,7 @@ from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
 from tests.bench.stats import machine_speed_line, summary
 from tests.harness.agent_process import api_client, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
+from tests.harness.proc_cpu import cpu_seconds_between, thread_cpu_ns
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,6 @@ FLOOR_RESOURCE = "example.com/bench-floor"
 FLOOR_DRIVER = "bench-floor.example.com"
 FLOOR_MANAGER = "edgeplug-bench-floor"
 MANY = 200
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: How long py-spy is given to attach before a profiled part starts.
 PROFILER_ATTACH_S = 1.0
 #: Quiet time before an idle reading, as bench_agent_idle's SETTLE_S (sampling, not a wait).
@@ -143,11 +143,6 @@ def _options(argv: list[str]) -> dict[str, Any]:
 
 def _load() -> float:
     return os.getloadavg()[0]
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _instances(configuration: str, descriptions: list[str], node: str) -> list[str]:
@@ -363,9 +358,9 @@ async def _delete(node: BenchNode, name: str) -> float:
 async def _idle(node: BenchNode, window: float) -> float:
     """The agent's CPU seconds per 60 s over ``window`` seconds of nothing changing."""
     await asyncio.sleep(IDLE_SETTLE_S)
-    before = _cpu_seconds(node.pid)
+    before = thread_cpu_ns(node.pid)
     await asyncio.sleep(window)
-    return (_cpu_seconds(node.pid) - before) * 60.0 / window
+    return cpu_seconds_between(before, thread_cpu_ns(node.pid)) * 60.0 / window
 
 
 class _Samples:

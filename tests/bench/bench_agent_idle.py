@@ -37,6 +37,7 @@ from tests.bench.bench_agent_setup import (
 from tests.bench.stats import CALIBRATION_LOOPS, machine_speed
 from tests.harness.agent_process import apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
+from tests.harness.proc_cpu import cpu_seconds_between, thread_cpu_ns
 
 #: Seconds of each CPU reading, and how many are taken per device count.
 WINDOW_S = 20.0
@@ -50,14 +51,6 @@ TARGET_CPU_S = 0.05
 #: The fixed loop whose duration shows the machine's speed at the time of the reading.
 #: With ``--smaps``: how many mappings to list by resident size.
 SMAPS_TOP = 15
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def _rss_by_mapping(pid: int, top: int) -> list[tuple[int, str]]:
@@ -108,9 +101,10 @@ async def _idle(plane: ControlPlane, count: int, *, window: float, windows: int,
         await asyncio.sleep(SETTLE_S)
         per_minute, speeds = [], []
         for _ in range(windows):
-            before, started = _cpu_seconds(node.pid), time.monotonic()
+            before, started = thread_cpu_ns(node.pid), time.monotonic()
             await asyncio.sleep(window)  # the reading itself: the agent is left alone
-            used, elapsed = _cpu_seconds(node.pid) - before, time.monotonic() - started
+            used = cpu_seconds_between(before, thread_cpu_ns(node.pid))
+            elapsed = time.monotonic() - started
             per_minute.append(used * 60 / elapsed)
             speeds.append(machine_speed() * 1000)
         memory = _status_kib(node.pid)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from tests.harness.onvif_netns import (
     start_cameras,
     start_runner,
 )
+from tests.harness.proc_cpu import cpu_seconds_between, thread_cpu_ns
 
 CAMERAS = 200
 RUNS = 3
@@ -62,13 +62,6 @@ def import_cost() -> tuple[float, int]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     seconds, kib = out.stdout.split()
     return float(seconds), int(kib)
-
-
-def _cpu_s(pid: int) -> float:
-    """User plus system CPU seconds the process has used so far."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _hwm_kib(pid: int) -> int:
@@ -114,13 +107,13 @@ async def _bench(bed: NetnsBed, runs: int) -> None:
             try:
                 started = await runner.wait_for(lambda line: "started" in line, what="start",
                                                 within=DEADLINE_S)
-                cpu_at_start = _cpu_s(runner.proc.pid)
+                cpu_at_start = thread_cpu_ns(runner.proc.pid)
                 full = await runner.wait_for(
                     lambda line: len(line.get("devices", [])) >= CAMERAS,
                     what=f"{CAMERAS} cameras", within=DEADLINE_S,
                 )
                 complete.append(full["t"] - started["started"])
-                cpu.append(_cpu_s(runner.proc.pid) - cpu_at_start)
+                cpu.append(cpu_seconds_between(cpu_at_start, thread_cpu_ns(runner.proc.pid)))
                 rss.append(runner.rss_kib())
                 hwm.append(_hwm_kib(runner.proc.pid))
                 if run == runs - 1:

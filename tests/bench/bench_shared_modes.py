@@ -31,6 +31,7 @@ from tests.harness.controller_process import FAST_ARGS, ControllerProcess, insta
 from tests.harness.controlplane import ControlPlane, free_port, running
 from tests.harness.kube_waits import wait_service_account
 from tests.harness.metrics_scrape import scrape
+from tests.harness.proc_cpu import cpu_seconds_between, thread_cpu_ns
 from tests.harness.realnode import API_SERVER_ARGS, RealNode
 from tests.harness.realnode_brokers import Broker, broker_spec, running_container, start_agent
 from tests.harness.realnode_images import BUSYBOX_IMAGE
@@ -39,7 +40,6 @@ RUNS = 3
 CAPACITY = 2
 IDLE_S = 20.0
 MODES = ("dra", "devicePlugin")
-CLOCK_TICKS = 100  # USER_HZ on Linux
 
 
 def _pod(name: str, resource: str | None) -> dict[str, Any]:
@@ -80,11 +80,6 @@ def _mean_of(samples: dict[str, float], histogram: str) -> float | None:
     total = sum(v for k, v in samples.items() if k.startswith(f"{histogram}_sum"))
     count = sum(v for k, v in samples.items() if k.startswith(f"{histogram}_count"))
     return total / count if count else None
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _rss_mib(pid: int) -> float:
@@ -133,9 +128,10 @@ async def _one_run(plane: ControlPlane, node: RealNode, mode: str, tmp: Path
             if mean is not None and mean > 0:
                 figures[name] = mean
         pid = node.pid(broker.agent_log)
-        before = _cpu_seconds(pid)
+        before = thread_cpu_ns(pid)
         await asyncio.sleep(IDLE_S)  # measuring idle CPU: the wait is the measurement
-        figures["idle_cpu_per_min"] = (_cpu_seconds(pid) - before) * 60.0 / IDLE_S
+        idle_cpu = cpu_seconds_between(before, thread_cpu_ns(pid))
+        figures["idle_cpu_per_min"] = idle_cpu * 60.0 / IDLE_S
         figures["rss_mib"] = _rss_mib(pid)
     finally:
         ctl.stop()

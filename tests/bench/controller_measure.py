@@ -118,7 +118,9 @@ def rss_mib(pid: int) -> float:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used."""
+    """User + system CPU seconds the process has used (clock ticks: its figures are lifetime
+    totals of seconds, which must include threads that ended; tests/harness/proc_cpu.py is for
+    short windows)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

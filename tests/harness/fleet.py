@@ -15,7 +15,6 @@ how many Instance watches it holds open.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import ssl
@@ -35,6 +34,7 @@ from agent.node_instances import LABEL_VALUE, serves_label
 from crds.naming import cdi_name, instance_digest, instance_name_from_digest, slot_id
 from crds.resources import ConfigurationResource, InstanceResource
 from tests.harness.controlplane import ControlPlane
+from tests.harness.proc_cpu import cpu_seconds_between, thread_cpu_ns
 
 #: The label every fleet Node carries; the fleet's Configurations select it.
 FOREIGN_LABEL: Final = "fleet.edgeplug.io/foreign"
@@ -197,24 +197,6 @@ class Churn:
         await asyncio.gather(*self._inflight)
 
 
-def thread_cpu_ns(pid: int) -> dict[int, int]:
-    """Per thread of ``pid`` (its id): the nanoseconds it has run on a CPU so far, the first
-    field of ``/proc/<pid>/task/<tid>/schedstat`` (the scheduler's own count, brought up to
-    date whenever the thread leaves a CPU and at each scheduler tick while it runs; utime and
-    stime in ``/proc/<pid>/stat`` count 10 ms clock ticks: too coarse for a process that
-    spends a few of them a minute). ``/proc/<pid>/schedstat`` alone is the main thread's; the
-    agent's gRPC and executor threads run beside it, so every thread is read. A thread that
-    ends before its line is read is left out."""
-    found: dict[int, int] = {}
-    for task in os.scandir(f"/proc/{pid}/task"):
-        try:
-            with open(f"{task.path}/schedstat", encoding="ascii") as schedstat:
-                found[int(task.name)] = int(schedstat.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the thread ended between the listing and the read
-    return found
-
-
 @dataclass(frozen=True)
 class ProcessReading:
     """One reading of a process: each thread's nanoseconds on a CPU (``thread_cpu_ns``), VmRSS
@@ -248,11 +230,7 @@ class ProcessReading:
     def cpu_since(self, earlier: ProcessReading) -> float:
         """CPU seconds of the threads alive now since ``earlier`` (a thread id not in it, or
         one whose count went down, a reused id, is a new thread: counted whole)."""
-        spent = 0
-        for tid, ns in self.threads.items():
-            before = earlier.threads.get(tid, 0)
-            spent += ns - before if ns >= before else ns
-        return spent / 1e9
+        return cpu_seconds_between(earlier.threads, self.threads)
 
     def ended_since(self, earlier: ProcessReading) -> int:
         """Threads of ``earlier`` gone now (their last CPU is not in ``cpu_since``)."""
