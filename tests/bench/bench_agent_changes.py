@@ -34,7 +34,10 @@ Times run from the API call (or the availability-file write) to the watch event.
 part (DIR/MODE/paths.raw, many-applied.raw, idle-2.raw, idle-many.raw, many-deleted.raw;
 summarise one with ``python -m tests.bench.profile_summary FILE``), ``--record`` writes the
 medians of the modes run to ``recorded_agent_changes.json`` beside this module (a mode not run
-keeps what was recorded for it). It prints; it asserts nothing.
+keeps what was recorded for it), ``--agent-tree DIR`` runs the agent of another checkout (a
+``git worktree`` of the commit to compare: the bench, harness and control plane stay this
+one's; its commit is printed beside the figures; ``--record`` is refused with it). It prints;
+it asserts nothing.
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ for _labels in LABELS.values():
 
 def _options(argv: list[str]) -> dict[str, Any]:
     opts: dict[str, Any] = {"runs": 5, "idle": 20.0, "many": True, "profile": None,
-                            "record": False, "modes": MODES}
+                            "record": False, "modes": MODES, "agent_tree": None}
     args = iter(argv)
     for arg in args:
         if arg == "--runs":
@@ -131,6 +134,10 @@ def _options(argv: list[str]) -> dict[str, Any]:
             opts["profile"] = Path(next(args))
         elif arg == "--record":
             opts["record"] = True
+        elif arg == "--agent-tree":
+            opts["agent_tree"] = Path(next(args)).resolve()
+            if not (opts["agent_tree"] / "agent" / "main.py").is_file():
+                raise SystemExit(f"--agent-tree {opts['agent_tree']}: no agent/main.py there")
         elif arg == "--mode":
             mode = next(args)
             if mode not in (*MODES, "both"):
@@ -138,6 +145,8 @@ def _options(argv: list[str]) -> dict[str, Any]:
             opts["modes"] = MODES if mode == "both" else (mode,)
         else:
             raise SystemExit(f"unknown option {arg}")
+    if opts["record"] and opts["agent_tree"] is not None:
+        raise SystemExit("--record records this checkout's figures: not with --agent-tree")
     return opts
 
 
@@ -455,7 +464,8 @@ def _mode_env(mode: str) -> Iterator[dict[str, str]]:
 async def _bench(plane: ControlPlane, mode: str, opts: dict[str, Any]) -> dict[str, Any]:
     samples = _Samples(mode)
     with _mode_env(mode) as env:
-        async with bench_node(plane, label="chg", pod_resources=True, env=env) as node:
+        async with bench_node(plane, label="chg", pod_resources=True, env=env,
+                              agent_source=opts["agent_tree"]) as node:
             dra = SliceState() if mode == DRA else None
             watch = (asyncio.create_task(dra.follow(node.client, node.name))
                      if dra is not None else None)
@@ -518,9 +528,9 @@ class _Profiler:
             await asyncio.to_thread(process.wait, 30)
 
 
-def _commit() -> str:
+def _commit(tree: Path | None = None) -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, check=False, cwd=Path(__file__).resolve().parents[2])
+                         text=True, check=False, cwd=tree or Path(__file__).resolve().parents[2])
     return out.stdout.strip() or "?"
 
 
@@ -533,11 +543,12 @@ def recorded_modes(recorded: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {DEVICE_PLUGIN: recorded} if recorded else {}
 
 
-def _report(mode: str, result: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
+def _report(mode: str, result: dict[str, Any], recorded: dict[str, Any],
+            tree: Path | None) -> dict[str, Any]:
     floor = statistics.median(result["floor"])
     what = ("bare client's Node status patch → Node watch event" if mode == DEVICE_PLUGIN
             else "bare client's ResourceSlice apply → slice watch event")
-    print(f"-- mode {mode}")
+    print(f"-- mode {mode}, agent of {_commit(tree)}" + (f" ({tree})" if tree else ""))
     print(summary(f"floor: {what}", result["floor"]))
     last = recorded.get("figures", {})
     if recorded:
@@ -560,7 +571,7 @@ def _report(mode: str, result: dict[str, Any], recorded: dict[str, Any]) -> dict
               f"  (n={len(values)})")
         figures[figure] = {"median_s": round(median, 4), "n": len(values),
                            "load": round(load, 1)}
-    return {"commit": _commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    return {"commit": _commit(tree), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "floor_ms": round(floor * 1000, 2), "figures": figures}
 
 
@@ -575,7 +586,7 @@ def main(argv: list[str]) -> None:
             print(f"mode {mode} ...", flush=True)
             results[mode] = asyncio.run(_bench(plane, mode, opts))
     recorded = recorded_modes(json.loads(RECORDED.read_text()) if RECORDED.exists() else {})
-    now = {mode: _report(mode, result, recorded.get(mode, {}))
+    now = {mode: _report(mode, result, recorded.get(mode, {}), opts["agent_tree"])
            for mode, result in results.items()}
     if opts["record"]:
         merged = {**recorded, **now}

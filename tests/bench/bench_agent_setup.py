@@ -192,10 +192,12 @@ DAEMONSET_SETTINGS = ("POD_RESOURCES_SOCKET (the emulator's), METRICS_PORT on 12
 @contextlib.asynccontextmanager
 async def bench_node(plane: ControlPlane, *, label: str, trace_out: Path | None = None,
                      pod_resources: bool = False,
-                     env: Mapping[str, str] | None = None) -> AsyncIterator[BenchNode]:
+                     env: Mapping[str, str] | None = None,
+                     agent_source: Path | None = None) -> AsyncIterator[BenchNode]:
     """A fresh namespace, an emulated node, the agent as ``python -m agent.main`` (traced by
     tracemalloc when ``trace_out`` is given; sweeping the emulator's pod-resources socket when
-    ``pod_resources``; with ``env`` added to its environment), and two watches."""
+    ``pod_resources``; with ``env`` added to its environment; from the checkout
+    ``agent_source`` when given), and two watches."""
     suffix = uuid.uuid4().hex[:6]
     name, namespace = f"bench-{label}-{suffix}", f"bench-{label}-{suffix}"
     plane.kubectl("create", "namespace", namespace)
@@ -209,7 +211,8 @@ async def bench_node(plane: ControlPlane, *, label: str, trace_out: Path | None 
     extra_env.update(env or {})
     agent = (
         AgentSubprocess(plane, node_name=name, namespace=namespace, serve_device_plugins=True,
-                        plugin_dir=plugin_dir, log_path=log_path, extra_env=extra_env)
+                        plugin_dir=plugin_dir, log_path=log_path, extra_env=extra_env,
+                        source=agent_source)
         if trace_out is None else
         TracedAgentSubprocess(plane, node_name=name, namespace=namespace,
                               serve_device_plugins=True, plugin_dir=plugin_dir,

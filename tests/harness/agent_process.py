@@ -174,8 +174,11 @@ class AgentSubprocess(ChildProcess):
                  serve_device_plugins: bool = False, plugin_dir: Path | None = None,
                  log_path: Path | None = None,
                  extra_env: Mapping[str, str] | None = None,
-                 python_args: Sequence[str] = ("-m", "agent.main")) -> None:
-        """``python_args``: what the interpreter runs (another module that runs the agent)."""
+                 python_args: Sequence[str] = ("-m", "agent.main"),
+                 source: Path | None = None) -> None:
+        """``python_args``: what the interpreter runs (another module that runs the agent);
+        ``source``: the checkout it runs from (its packages come first on ``sys.path``), by
+        default this one; a benchmark sets another commit's worktree to compare the two."""
         env = dict(os.environ)
         # No CDI specs, pod-resources or handler registration unless a test asks (extra_env):
         # their defaults are this machine's own directories, which the check below refuses.
@@ -193,12 +196,13 @@ class AgentSubprocess(ChildProcess):
         self._env = env
         self._log_path = log_path
         self._python_args = tuple(python_args)
+        self._source = source or Path(__file__).resolve().parents[2]
         self.process = None
 
     def start(self) -> None:
         out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, *self._python_args], env=self._env, stdout=out, stderr=out,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=self._source,
         )
 
