@@ -329,8 +329,8 @@ async def bench_allocate(node: BenchNode, *, configuration: str, fast: bool) -> 
         print(f"  ratio Allocate({label}) / floor: p50 {p50:.1f}x, p99 {p99:.1f}x")
 
 
-async def _latency(plane: ControlPlane) -> None:
-    async with bench_node(plane, label="lat", pod_resources=True) as node:
+async def _latency(plane: ControlPlane, tree: Path | None) -> None:
+    async with bench_node(plane, label="lat", pod_resources=True, agent_source=tree) as node:
         availability = node.plugin_dir / "echo-offline"
         extra = [f"dev{i}" for i in range(EXTRA_DEVICES)]
         apply(plane, node.namespace,
@@ -348,20 +348,27 @@ async def _latency(plane: ControlPlane) -> None:
         print(f"3. Allocate round trip (n={ALLOCATE_CALLS} each), fast path (pod-resources on)",
               flush=True)
         await bench_allocate(node, configuration="alloc", fast=True)
-    async with bench_node(plane, label="cnd") as node:
+    async with bench_node(plane, label="cnd", agent_source=tree) as node:
         print(f"3b. Allocate round trip (n={ALLOCATE_CALLS} each), conditioned writes "
               "(no pod-resources: fast path off)", flush=True)
         await bench_allocate(node, configuration="cond", fast=False)
 
 
 def main(argv: list[str]) -> None:
-    """All agent benchmarks; ``--no-memory`` skips part 4, ``--tracemalloc`` adds a traced run."""
+    """All agent benchmarks; ``--no-memory`` skips part 4, ``--tracemalloc`` adds a traced run,
+    ``--agent-tree DIR`` runs parts 1-3 on the agent of another checkout (a ``git worktree`` of
+    the commit to compare; part 4 measures this one's)."""
+    tree = Path(argv[argv.index("--agent-tree") + 1]).resolve() if "--agent-tree" in argv else None
+    if tree is not None and not (tree / "agent" / "main.py").is_file():
+        raise SystemExit(f"--agent-tree {tree}: no agent/main.py there")
     quiet_logs()
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)
     with ControlPlane() as plane:
         plane.apply_crds()
-        asyncio.run(_latency(plane))
+        if tree is not None:
+            print(f"agent of {tree}", flush=True)
+        asyncio.run(_latency(plane, tree))
         if "--no-memory" not in argv:
             bench_agent_memory.run(plane, trace="--tracemalloc" in argv)
 
