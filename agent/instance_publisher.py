@@ -77,6 +77,7 @@ from crds.configuration import Configuration
 from crds.instance import Instance
 from crds.naming import (
     cdi_name,
+    configuration_resource_name,
     fallback_instance_name,
     instance_digest,
     instance_name_from_digest,
@@ -522,6 +523,8 @@ class InstancePublisher:
             device=device,
             broker_properties=self._cfg.spec.broker_properties,
             cdi_name=cdi_name(self._cfg.name, digest),
+            configuration_resource=configuration_resource_name(
+                self._cfg.name, self._cfg.spec.resource_name),
             health=device.health,
             shared=shared,
             handler=handler,

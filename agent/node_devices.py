@@ -34,7 +34,9 @@ class NodeDevice:
     several nodes, not this node's own. ``cdi_name`` is set only once a CDI spec naming
     the device is on disk. ``handler`` and ``details`` serve the hooks (compose, rank,
     prepare); records compare equal when nothing a plugin uses changed, so re-publishing an
-    unchanged list wakes nobody.
+    unchanged list wakes nobody. ``configuration_resource`` is the Configuration's own extended
+    resource (``edgeplug.io/<configuration>`` or its ``spec.resourceName``), as the discovery
+    side read it, so the slot service need not read the Configuration again; "" when unknown.
     """
 
     instance: str
@@ -43,6 +45,7 @@ class NodeDevice:
     device: Device
     broker_properties: Mapping[str, str] = field(default_factory=dict)
     cdi_name: str = ""
+    configuration_resource: str = ""
     health: Health = HEALTHY
     shared: bool = False
     handler: DiscoveryHandler | None = None

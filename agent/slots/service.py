@@ -508,12 +508,17 @@ class DevicePluginService:
     async def _ensure_configuration_plugin(
         self, namespace: str, configuration: str, instances: list[Instance]
     ) -> str:
+        devices = {i.name: self._devices.get(namespace, i.name) for i in instances}
         resource = self._config_resources.get((namespace, configuration))
         if resource is None:
-            resource = await self._configuration_resource(namespace, configuration)
+            # The discovery side read the Configuration to publish these devices: its resource
+            # name comes with them (a GET only for a device recorded without it).
+            known = {d.configuration_resource for d in devices.values() if d is not None}
+            known.discard("")
+            resource = (known.pop() if len(known) == 1
+                        else await self._configuration_resource(namespace, configuration))
             self._config_resources[(namespace, configuration)] = resource
             self._ever_config_resources[(namespace, configuration)] = resource
-        devices = {i.name: self._devices.get(namespace, i.name) for i in instances}
         advertised = configuration_devices(
             configuration,
             instances,

@@ -82,3 +82,51 @@ async def test_pod_requesting_an_instance_gets_its_properties(
     finally:
         await emulator.stop(delete_node=True)
         await client.close()
+
+
+async def test_a_configurations_own_resource_name_is_served_and_allocated(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path
+) -> None:
+    """``spec.resourceName`` renames the configuration-level resource (Huawei's
+    ``huawei.com/Ascend910`` style): the Node offers the devices under that name, not
+    ``edgeplug.io/<configuration>``, and a pod asking for it gets a device."""
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                            plugin_dir=plugin_dir)
+    client = api_client(control_plane)
+    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
+                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             namespace=namespace)
+    renamed = "example.com/echo-cams"
+    await emulator.start()
+    try:
+        async with task_running(run_agent(settings), name=f"agent-{node}"):
+            cfg = debug_echo_configuration("cams", descriptions=["c0", "c1"], shared=False)
+            cfg["spec"]["resourceName"] = renamed
+            apply(control_plane, namespace, cfg)
+
+            async def offered() -> dict[str, str] | None:
+                got = await client.get(Node, node)
+                alloc = (got.status.allocatable if got.status else None) or {}
+                return dict(alloc) if alloc.get(renamed) == "2" else None
+
+            alloc = await eventually(offered, what=f"{renamed}=2 allocatable on Node {node}")
+            assert "edgeplug.io/cams" not in alloc, alloc
+            pod = {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "renamed"},
+                "spec": {"containers": [{
+                    "name": "c", "image": "busybox:1.36",
+                    "resources": {"limits": {renamed: "1"}, "requests": {renamed: "1"}},
+                }]},
+            }
+            apply(control_plane, namespace, pod)
+
+            async def allocated() -> bool:
+                return bool(emulator.allocations(namespace, "renamed"))
+
+            await eventually(allocated, what="pod renamed allocated by the emulated kubelet")
+            [allocation] = emulator.allocations(namespace, "renamed")
+            assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] in {"c0", "c1"}
+    finally:
+        await emulator.stop(delete_node=True)
+        await client.close()
