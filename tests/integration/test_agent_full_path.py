@@ -24,7 +24,28 @@ from tests.harness.agent_process import (
 )
 from tests.harness.aio_process import task_running
 from tests.harness.controlplane import ControlPlane
-from tests.harness.node_emulator import NodeEmulator
+from tests.harness.node_emulator import ContainerAllocation, NodeEmulator
+
+
+async def _pod_allocated(control_plane: ControlPlane, emulator: NodeEmulator, namespace: str,
+                         name: str, resource: str) -> ContainerAllocation:
+    """A pod asking for one ``resource`` is applied; what the emulated kubelet's Allocate gave
+    it. (pod_admitted turns True when the emulator first sees the pod, before Allocate has
+    answered, so the wait is for the recorded allocation itself.)"""
+    apply(control_plane, namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{
+            "name": "c", "image": "busybox:1.36",
+            "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
+        }]},
+    })
+
+    async def allocated() -> bool:
+        return bool(emulator.allocations(namespace, name))
+
+    await eventually(allocated, what=f"pod {name} allocated by the emulated kubelet")
+    [allocation] = emulator.allocations(namespace, name)
+    return allocation
 
 
 async def test_pod_requesting_an_instance_gets_its_properties(
@@ -55,22 +76,8 @@ async def test_pod_requesting_an_instance_gets_its_properties(
             await eventually(allocatable, what=f"{resource}=2 allocatable on Node {node}")
             assert name in await instances(client, namespace)
 
-            pod = {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "broker"},
-                "spec": {"containers": [{
-                    "name": "c", "image": "busybox:1.36",
-                    "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
-                }]},
-            }
-            apply(control_plane, namespace, pod)
-
-            async def allocated() -> bool:
-                # (pod_admitted turns True when the emulator first sees the pod, before Allocate
-                # has answered, so wait for the recorded allocation itself.)
-                return bool(emulator.allocations(namespace, "broker"))
-
-            await eventually(allocated, what="pod broker allocated by the emulated kubelet")
-            [allocation] = emulator.allocations(namespace, "broker")
+            allocation = await _pod_allocated(control_plane, emulator, namespace, "broker",
+                                              resource)
             assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
             assert allocation.envs["MODE"] == "test"
             async def running() -> bool:
@@ -112,20 +119,8 @@ async def test_a_configurations_own_resource_name_is_served_and_allocated(
 
             alloc = await eventually(offered, what=f"{renamed}=2 allocatable on Node {node}")
             assert "edgeplug.io/cams" not in alloc, alloc
-            pod = {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "renamed"},
-                "spec": {"containers": [{
-                    "name": "c", "image": "busybox:1.36",
-                    "resources": {"limits": {renamed: "1"}, "requests": {renamed: "1"}},
-                }]},
-            }
-            apply(control_plane, namespace, pod)
-
-            async def allocated() -> bool:
-                return bool(emulator.allocations(namespace, "renamed"))
-
-            await eventually(allocated, what="pod renamed allocated by the emulated kubelet")
-            [allocation] = emulator.allocations(namespace, "renamed")
+            allocation = await _pod_allocated(control_plane, emulator, namespace, "renamed",
+                                              renamed)
             assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] in {"c0", "c1"}
     finally:
         await emulator.stop(delete_node=True)
