@@ -6,10 +6,14 @@ Real control plane and scheduler, the node emulator as the kubelet, and the whol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from agent.main import run_agent
@@ -25,6 +29,34 @@ from tests.harness.agent_process import (
 from tests.harness.aio_process import task_running
 from tests.harness.controlplane import ControlPlane
 from tests.harness.node_emulator import ContainerAllocation, NodeEmulator
+
+
+@dataclass(frozen=True)
+class _AgentNode:
+    name: str
+    emulator: NodeEmulator
+    client: AsyncClient
+
+
+@contextlib.asynccontextmanager
+async def _agent_node(control_plane: ControlPlane, namespace: str,
+                      plugin_dir: Path) -> AsyncIterator[_AgentNode]:
+    """A new node: the emulated kubelet and the whole agent (``run_agent``) serving
+    ``namespace``, and a client; the Node is deleted afterwards."""
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
+                            plugin_dir=plugin_dir)
+    client = api_client(control_plane)
+    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
+                             plugin_dir=plugin_dir, pod_resources_socket=None,
+                             namespace=namespace)
+    await emulator.start()
+    try:
+        async with task_running(run_agent(settings), name=f"agent-{node}"):
+            yield _AgentNode(node, emulator, client)
+    finally:
+        await emulator.stop(delete_node=True)
+        await client.close()
 
 
 async def _pod_allocated(control_plane: ControlPlane, emulator: NodeEmulator, namespace: str,
@@ -51,44 +83,33 @@ async def _pod_allocated(control_plane: ControlPlane, emulator: NodeEmulator, na
 async def test_pod_requesting_an_instance_gets_its_properties(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path
 ) -> None:
-    node = f"node-{uuid.uuid4().hex[:8]}"
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
-    client = api_client(control_plane)
-    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
-                             plugin_dir=plugin_dir, pod_resources_socket=None,
-                             namespace=namespace)
-    name = instance_name("echo", "foo0", shared=False, node=node)
-    resource = instance_resource_name(name)
-    await emulator.start()
-    try:
-        async with task_running(run_agent(settings), name=f"agent-{node}"):
-            apply(control_plane, namespace, debug_echo_configuration(
-                "echo", descriptions=["foo0"], shared=False, capacity=2,
-                broker_properties={"MODE": "test"},
-            ))
+    async with _agent_node(control_plane, namespace, plugin_dir) as node:
+        name = instance_name("echo", "foo0", shared=False, node=node.name)
+        resource = instance_resource_name(name)
+        apply(control_plane, namespace, debug_echo_configuration(
+            "echo", descriptions=["foo0"], shared=False, capacity=2,
+            broker_properties={"MODE": "test"},
+        ))
 
-            async def allocatable() -> str | None:
-                got = await client.get(Node, node)
-                alloc = (got.status.allocatable if got.status else None) or {}
-                return alloc.get(resource) if alloc.get(resource) == "2" else None
+        async def allocatable() -> str | None:
+            got = await node.client.get(Node, node.name)
+            alloc = (got.status.allocatable if got.status else None) or {}
+            return alloc.get(resource) if alloc.get(resource) == "2" else None
 
-            await eventually(allocatable, what=f"{resource}=2 allocatable on Node {node}")
-            assert name in await instances(client, namespace)
+        await eventually(allocatable, what=f"{resource}=2 allocatable on Node {node.name}")
+        assert name in await instances(node.client, namespace)
 
-            allocation = await _pod_allocated(control_plane, emulator, namespace, "broker",
-                                              resource)
-            assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
-            assert allocation.envs["MODE"] == "test"
-            async def running() -> bool:
-                pod = json.loads(control_plane.kubectl(
-                    "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)
-                return bool(pod["status"].get("phase") == "Running")
+        allocation = await _pod_allocated(control_plane, node.emulator, namespace, "broker",
+                                          resource)
+        assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] == "foo0"
+        assert allocation.envs["MODE"] == "test"
 
-            await eventually(running, what="pod broker Running")
-    finally:
-        await emulator.stop(delete_node=True)
-        await client.close()
+        async def running() -> bool:
+            pod = json.loads(control_plane.kubectl(
+                "get", "pod", "broker", "-n", namespace, "-o", "json").stdout)
+            return bool(pod["status"].get("phase") == "Running")
+
+        await eventually(running, what="pod broker Running")
 
 
 async def test_a_configurations_own_resource_name_is_served_and_allocated(
@@ -97,31 +118,19 @@ async def test_a_configurations_own_resource_name_is_served_and_allocated(
     """``spec.resourceName`` renames the configuration-level resource (Huawei's
     ``huawei.com/Ascend910`` style): the Node offers the devices under that name, not
     ``edgeplug.io/<configuration>``, and a pod asking for it gets a device."""
-    node = f"node-{uuid.uuid4().hex[:8]}"
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
-    client = api_client(control_plane)
-    settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
-                             plugin_dir=plugin_dir, pod_resources_socket=None,
-                             namespace=namespace)
     renamed = "example.com/echo-cams"
-    await emulator.start()
-    try:
-        async with task_running(run_agent(settings), name=f"agent-{node}"):
-            cfg = debug_echo_configuration("cams", descriptions=["c0", "c1"], shared=False)
-            cfg["spec"]["resourceName"] = renamed
-            apply(control_plane, namespace, cfg)
+    async with _agent_node(control_plane, namespace, plugin_dir) as node:
+        cfg = debug_echo_configuration("cams", descriptions=["c0", "c1"], shared=False)
+        cfg["spec"]["resourceName"] = renamed
+        apply(control_plane, namespace, cfg)
 
-            async def offered() -> dict[str, str] | None:
-                got = await client.get(Node, node)
-                alloc = (got.status.allocatable if got.status else None) or {}
-                return dict(alloc) if alloc.get(renamed) == "2" else None
+        async def offered() -> dict[str, str] | None:
+            got = await node.client.get(Node, node.name)
+            alloc = (got.status.allocatable if got.status else None) or {}
+            return dict(alloc) if alloc.get(renamed) == "2" else None
 
-            alloc = await eventually(offered, what=f"{renamed}=2 allocatable on Node {node}")
-            assert "edgeplug.io/cams" not in alloc, alloc
-            allocation = await _pod_allocated(control_plane, emulator, namespace, "renamed",
-                                              renamed)
-            assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] in {"c0", "c1"}
-    finally:
-        await emulator.stop(delete_node=True)
-        await client.close()
+        alloc = await eventually(offered, what=f"{renamed}=2 allocatable on Node {node.name}")
+        assert "edgeplug.io/cams" not in alloc, alloc
+        allocation = await _pod_allocated(control_plane, node.emulator, namespace, "renamed",
+                                          renamed)
+        assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] in {"c0", "c1"}
