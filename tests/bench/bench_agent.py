@@ -28,7 +28,7 @@ from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.slots.service import socket_name
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.bench import bench_agent_memory
-from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
+from tests.bench.bench_agent_setup import BenchNode, agent_tree, bench_node, quiet_logs
 from tests.bench.stats import percentile, summary
 from tests.harness.agent_process import api_client, apply, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
@@ -358,9 +358,7 @@ def main(argv: list[str]) -> None:
     """All agent benchmarks; ``--no-memory`` skips part 4, ``--tracemalloc`` adds a traced run,
     ``--agent-tree DIR`` runs parts 1-3 on the agent of another checkout (a ``git worktree`` of
     the commit to compare; part 4 measures this one's)."""
-    tree = Path(argv[argv.index("--agent-tree") + 1]).resolve() if "--agent-tree" in argv else None
-    if tree is not None and not (tree / "agent" / "main.py").is_file():
-        raise SystemExit(f"--agent-tree {tree}: no agent/main.py there")
+    tree = agent_tree(argv[argv.index("--agent-tree") + 1]) if "--agent-tree" in argv else None
     quiet_logs()
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"{os.cpu_count()} CPUs, load average {load} (1, 5, 15 min) at start", flush=True)

@@ -71,7 +71,7 @@ from agent.kube import ConfigurationResource, as_dict
 from controller.device_classes import DeviceClasses
 from crds import dra
 from crds.naming import instance_name, instance_resource_name
-from tests.bench.bench_agent_setup import BenchNode, bench_node, quiet_logs
+from tests.bench.bench_agent_setup import BenchNode, agent_tree, bench_node, quiet_logs
 from tests.bench.stats import machine_speed_line, summary
 from tests.harness.agent_process import api_client, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
@@ -135,9 +135,7 @@ def _options(argv: list[str]) -> dict[str, Any]:
         elif arg == "--record":
             opts["record"] = True
         elif arg == "--agent-tree":
-            opts["agent_tree"] = Path(next(args)).resolve()
-            if not (opts["agent_tree"] / "agent" / "main.py").is_file():
-                raise SystemExit(f"--agent-tree {opts['agent_tree']}: no agent/main.py there")
+            opts["agent_tree"] = agent_tree(next(args))
         elif arg == "--mode":
             mode = next(args)
             if mode not in (*MODES, "both"):

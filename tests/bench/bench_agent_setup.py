@@ -173,6 +173,15 @@ class TracedAgentSubprocess(AgentSubprocess):
         )
 
 
+def agent_tree(value: str) -> Path:
+    """The checkout named by a benchmark's ``--agent-tree`` (whose agent it runs, to compare
+    another commit with this one), refused unless it holds an agent."""
+    tree = Path(value).resolve()
+    if not (tree / "agent" / "main.py").is_file():
+        raise SystemExit(f"--agent-tree {tree}: no agent/main.py there")
+    return tree
+
+
 def daemonset_env() -> dict[str, str]:
     """The settings the DaemonSet gives the agent beyond the node's paths
     (``deploy/manifests/agent-daemonset.yaml``): its metrics endpoint, served here on loopback.

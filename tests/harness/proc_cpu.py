@@ -4,7 +4,8 @@ Why this exists: ``/proc/<pid>/stat``'s utime and stime count 10 ms clock ticks,
 agent that spends a few milliseconds a minute reads 0, 0.03 or 0.06 s per minute over a 20 s
 window by chance of where the ticks fall, and a target such as "idle CPU ≤ 0.04 s per minute"
 cannot be judged. The scheduler's own count in ``/proc/<pid>/task/<tid>/schedstat`` is in
-nanoseconds. Every benchmark that reads a process's CPU uses these two functions.
+nanoseconds. Every benchmark that reads a process's CPU over a window uses these two
+functions (lifetime totals, which must count ended threads, stay in clock ticks).
 """
 
 from __future__ import annotations
