@@ -3,8 +3,9 @@
 Why this exists: the scheduler places pods only on a Node that is Ready, untainted and has the
 requested resources in ``status.allocatable``; the real kube-controller-manager marks a Node
 NotReady (and taints it) when its kubelet stops renewing its Lease in ``kube-node-lease`` or its
-Ready condition. ``NodeReporter`` creates or adopts the Node, renews both often enough, and
-writes device counts into capacity/allocatable whenever the device manager says they changed.
+Ready condition. ``NodeReporter`` creates or adopts the Node, renews the Lease often enough,
+writes device counts into capacity/allocatable whenever the device manager says they changed,
+and otherwise writes the status as seldom as the kubelet does (``NODE_STATUS_REPORT_S``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ from tests.harness.kubebin import KUBE_VERSION
 
 log = logging.getLogger(__name__)
 
-#: How often the Lease and the Ready condition are renewed. The node-lifecycle controller's
-#: grace period is 40 s or more, so 5 s leaves a wide margin on a busy machine.
+#: How often the Lease is renewed. The node-lifecycle controller's grace period is 40 s or more,
+#: so 5 s leaves a wide margin on a busy machine.
 HEARTBEAT_INTERVAL_S = 5.0
+#: With nothing changed, the Node's status (its conditions' heartbeat times) is written again
+#: this often: the kubelet's ``nodeStatusReportFrequency`` default. As the kubelet does since
+#: its Lease took over the heartbeat, a status write comes on a change or after this long, so
+#: whatever watches the Node (the agent) sees an idle node as quiet as a real one.
+NODE_STATUS_REPORT_S = 300.0
 #: After a failed status write, try again this soon.
 STATUS_RETRY_S = 0.5
 LEASE_NAMESPACE = "kube-node-lease"
@@ -115,14 +121,18 @@ class NodeReporter:
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
         next_lease = loop.time() + HEARTBEAT_INTERVAL_S
+        next_report = loop.time() + NODE_STATUS_REPORT_S
         while True:
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(next_lease):
+                async with asyncio.timeout_at(min(next_lease, next_report)):
                     await self._changed.wait()
+            changed = self._changed.is_set()
             self._changed.clear()
             try:
-                await self._write_status()
+                if changed or loop.time() >= next_report:
+                    await self._write_status()
+                    next_report = loop.time() + NODE_STATUS_REPORT_S
                 if loop.time() >= next_lease:
                     await self._renew_lease()
                     next_lease = loop.time() + HEARTBEAT_INTERVAL_S

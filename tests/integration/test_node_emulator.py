@@ -461,6 +461,30 @@ async def test_node_is_ready_labelled_and_heartbeats_through_its_lease(
     await wait_until(renewed, what="the node's Lease to be renewed")
 
 
+async def test_an_idle_node_renews_its_lease_without_rewriting_its_status(
+    emulator: NodeEmulator, kube: AsyncClient,
+) -> None:
+    # As the kubelet since its Lease took the heartbeat over (nodeStatusReportFrequency):
+    # whatever watches the Node, an agent among them, sees an idle node stay quiet.
+    def ready_heartbeat(node: Node) -> str | None:
+        assert node.status is not None
+        [ready] = [c for c in node.status.conditions or [] if c.type == "Ready"]
+        return str(ready.lastHeartbeatTime)
+
+    before = ready_heartbeat(await kube.get(Node, emulator.node_name))
+    renewals: list[object] = []
+
+    async def renewed_twice() -> bool:
+        lease = await kube.get(Lease, emulator.node_name, namespace="kube-node-lease")
+        assert lease.spec is not None
+        if not renewals or renewals[-1] != lease.spec.renewTime:
+            renewals.append(lease.spec.renewTime)
+        return len(renewals) >= 3  # the first read, then two renewals after it
+
+    await wait_until(renewed_twice, what="two renewals of the node's Lease")
+    assert ready_heartbeat(await kube.get(Node, emulator.node_name)) == before
+
+
 async def test_stop_can_delete_the_node_and_a_new_emulator_adopts_a_kept_one(
     control_plane: ControlPlane, plugin_dir: Path, kube: AsyncClient,
 ) -> None:
