@@ -21,8 +21,10 @@ from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import FALLBACK_SEPARATOR, slot_id
 
 #: Instances whose slot ids are kept computed, and distinct ``deviceUsage`` values kept parsed:
-#: every reconcile pass and Allocate asks for them again, on the event loop.
-SLOT_ID_CACHE = 64
+#: every reconcile pass and Allocate asks for them again, on the event loop. A pass walks every
+#: served Instance in the same order, so a cache smaller than a node's Instances misses on
+#: every one of them (least recently used is always the next asked): sized for thousands.
+SLOT_ID_CACHE = 4096
 USAGE_CACHE = 1024
 
 

@@ -309,12 +309,21 @@ class DevicePluginService:
         self._display.forget(key)
         self._unlabelled.discard(key)
 
-    def _seen(self, obj: dict[str, Any]) -> None:
+    def _seen(self, obj: dict[str, Any]) -> bool:
+        """Take in a copy of an Instance; whether it tells a pass anything new.
+
+        A copy that differs from the one kept only in its ``resourceVersion`` (the echo of
+        this agent's own slot write a pass already started from, or of a display write:
+        ``status.used`` and ``status.nodes`` are not part of ``Instance``) changes no
+        decision: it is kept, for the next conditioned write, but wakes no pass.
+        """
         instance = Instance.from_object(obj)
         key = (instance.namespace, instance.name)
         self._display.seen(key, obj.get("status") or {})
         if key in self._ledgers:
             self._ledgers[key].seen(instance)
+        known = self._instances.get(key)
+        was_unlabelled = key in self._unlabelled
         # Older than our own last write while the watch lags it: a pass starts from
         # that write instead (_own_writes_first).
         self._instances[key] = instance
@@ -322,6 +331,8 @@ class DevicePluginService:
             self._unlabelled.discard(key)
         else:  # read after its label went: no watch event brings its changes
             self._unlabelled.add(key)
+        return (known is None or was_unlabelled != (key in self._unlabelled)
+                or replace(known, resource_version=instance.resource_version) != instance)
 
     async def _watch_instances(self) -> None:
         # Only the Instances labelled for this node: a write to another node's never comes.
@@ -331,8 +342,8 @@ class DevicePluginService:
         async for op, obj in stream:
             if op == "DELETED":
                 self._forget((obj["metadata"].get("namespace") or "", obj["metadata"]["name"]))
-            else:
-                self._seen(obj)
+            elif not self._seen(obj):
+                continue
             self._wake.set()
 
     async def _watch_table(self) -> None:
@@ -607,6 +618,11 @@ class DevicePluginService:
             except (ApiError, TooManyConflicts, InstanceGone) as error:
                 self._retry = True
                 log.warning("moving reservations of %s/%s failed: %s", *key, error)
+            else:
+                # This pass's plugins advertised from the copy before the move: the next pass
+                # advertises from the write itself (_own_writes_first) without waiting for its
+                # watch event, whose echo then wakes nothing (_seen).
+                self._wake.set()
 
     async def _give_away_or_retry(self, key: _Key, slots: set[str]) -> bool:
         """Stop advertising ``slots`` so that their reservations can be released, once the

@@ -1,0 +1,72 @@
+"""Which Instance watch events wake the device-plugin service's reconcile pass.
+
+A pass walks every Instance the node serves; at 200 devices each display write
+(``status.used``, ``status.nodes``) used to bring one back as a watch event that woke a pass
+deciding nothing new (issue 36's idle CPU). The echo must be kept (its resourceVersion is what
+the next conditioned write needs) without waking; every change a pass decides from must wake.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, cast
+
+from lightkube import AsyncClient
+
+from agent.metrics import AgentMetrics
+from agent.node_devices import NodeDeviceTable
+from agent.node_instances import serves_label
+from agent.slots.service import DevicePluginService
+
+NODE = "node-a"
+
+
+def _service(tmp_path: Path) -> DevicePluginService:
+    # No call reaches the client: _seen only reads the object it is given.
+    return DevicePluginService(
+        client=cast(AsyncClient, object()), node_name=NODE, plugin_dir=tmp_path,
+        pod_resources_socket=None, devices=NodeDeviceTable(), metrics=AgentMetrics(),
+    )
+
+
+def _instance(version: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "cam-1a2b3c", "namespace": "ns", "uid": "u1",
+                     "resourceVersion": version,
+                     "labels": {serves_label(NODE): "true"}},
+        "spec": {"configurationName": "cam", "shared": True, "nodes": [NODE],
+                 "capacity": 2, "deviceUsage": {"cam-1a2b3c-0": "", "cam-1a2b3c-1": ""}},
+        "status": status,
+    }
+
+
+def test_the_echo_of_a_display_write_is_kept_but_wakes_no_pass(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    assert service._seen(_instance("1"))  # first sight: a pass must serve it
+    assert not service._seen(_instance("2", used=0, nodes=NODE))
+    # The newer resourceVersion is what the next conditioned write is made on.
+    assert service.instance("ns", "cam-1a2b3c").resource_version == "2"  # type: ignore[union-attr]
+
+
+def test_every_change_a_pass_decides_from_wakes_it(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    base = _instance("1")
+    service._seen(base)
+    changes: dict[str, dict[str, dict[str, Any]]] = {
+        "a reservation": {"status": {"reservations": {"cam-1a2b3c-0": NODE}}},
+        "another node's demand": {"status": {"demand": {"node-b": 1}}},
+        "a slot taken": {"spec": {"deviceUsage": {"cam-1a2b3c-0": "node-b"}}},
+        "a node listed": {"spec": {"nodes": [NODE, "node-b"]}},
+        "claims counted": {"status": {"claims": 1}},
+    }
+    for version, (what, change) in enumerate(changes.items(), start=2):
+        changed = copy.deepcopy(base)
+        changed["metadata"]["resourceVersion"] = str(version)
+        for part, fields in change.items():
+            changed[part] = {**changed[part], **fields}
+        assert service._seen(changed), what
+        service._seen(base)  # back to the base for the next change (itself a change)
+    unlabelled = copy.deepcopy(base)
+    unlabelled["metadata"]["labels"] = {}
+    assert service._seen(unlabelled), "this node's label gone"
