@@ -82,6 +82,9 @@ SWEEP_SECONDS = 1.0
 #: A reconcile pass lets waiting calls (Allocate) run after this many Instances, and between
 #: its phases.
 PASS_YIELD_EVERY = 16
+#: New Instances' reservations written at once before their plugins start (as many as the
+#: discovery side keeps Instance writes in flight).
+RESERVE_IN_FLIGHT = 8
 #: Socket names longer than this are replaced by a digest (Unix socket paths are short).
 MAX_SOCKET_NAME = 60
 
@@ -447,6 +450,7 @@ class DevicePluginService:
                 if instance.spec.shared:
                     self._cross.serving(key[0], instance.spec.configuration_name)
         self.metrics.set_slots(self.node, slot_counts(served, self.node))
+        await self._reserve_before_serving(served)
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
         for count, (key, instance) in enumerate(served.items(), start=1):
@@ -584,19 +588,60 @@ class DevicePluginService:
                 raise
         return configuration_resource_name(configuration, override)
 
-    async def _move_reservations(self, served: dict[_Key, Instance]) -> None:
-        # Without the cross-node protocol (local devices only) no pod's demand is followed:
-        # the one listed node reserves every free slot and never gives one away.
-        wanted, holding = (({}, set()) if self._cross is None
-                           else self._cross.needs(served, self._config_resources))
-        for count, (key, instance) in enumerate(served.items(), start=1):
+    async def _reserve_before_serving(self, served: dict[_Key, Instance]) -> None:
+        """Reservations for Instances no plugin serves yet, written before their plugins
+        start, so that a new device's first ``ListAndWatch`` already offers the slots reserved
+        for this node (issue 36: one pass and its watch round trip fewer per new device).
+        Only reservations: nothing is advertised yet that a release would have to take back;
+        releases and demand stay with ``_move_reservations``, after the plugins. ``served``
+        takes the copies written."""
+        new = {key: instance for key, instance in served.items()
+               if instance_resource_name(instance.name) not in self._served}
+        if not new:
+            return
+        # Each Instance's write is its own (its ledger's lock, conditioned on its copy): up to
+        # RESERVE_IN_FLIGHT of them at once, as the discovery side writes the Instances.
+        # What pinned pods want is split over all of a Configuration's Instances: judged on
+        # the whole pass, not on each lane's share of it.
+        needs = self._needs(served)
+        keys = list(new)
+        await asyncio.gather(*(
+            self._move_reservations({key: new[key] for key in keys[lane::RESERVE_IN_FLIGHT]},
+                                    reserve_only=True, needs=needs)
+            for lane in range(min(RESERVE_IN_FLIGHT, len(keys)))
+        ))
+        for key in new:
+            if (current := self._instances.get(key)) is not None:
+                served[key] = self.ledger(*key).latest or current
+
+    def _needs(self, served: Mapping[_Key, Instance]) -> tuple[dict[_Key, int], set[_Key]]:
+        """Slots pinned pods want of each Instance, and Instances a starting pod may need.
+        Without the cross-node protocol (local devices only) no pod's demand is followed: the
+        one listed node reserves every free slot and never gives one away."""
+        if self._cross is None:
+            return {}, set()
+        return self._cross.needs(served, self._config_resources)
+
+    async def _move_reservations(
+        self, served: dict[_Key, Instance], *, reserve_only: bool = False,
+        needs: tuple[dict[_Key, int], set[_Key]] | None = None,
+    ) -> None:
+        wanted, holding = needs if needs is not None else self._needs(served)
+        for count, key in enumerate(served, start=1):
             if count % PASS_YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            if key not in self._instances:
+            # The newest copy known, not the pass's: the watch (or a write of ours) may have
+            # brought a newer one since the pass began, and the write is conditioned on it.
+            if (watched := self._instances.get(key)) is None:
                 continue  # deleted while the pass yielded: nothing left to move
+            instance = self.ledger(*key).latest or watched
             plan = reservation_plan(
                 instance, self.node, wanted=wanted.get(key, 0), hold=key in holding
             )
+            if reserve_only:
+                if not plan.reserve:
+                    continue
+                plan = replace(plan, release=(), demand=instance.demand.get(self.node, 0))
             published = instance.demand.get(self.node, 0)
             if not plan and published == plan.demand:
                 continue
@@ -619,10 +664,11 @@ class DevicePluginService:
                 self._retry = True
                 log.warning("moving reservations of %s/%s failed: %s", *key, error)
             else:
-                # This pass's plugins advertised from the copy before the move: the next pass
-                # advertises from the write itself (_own_writes_first) without waiting for its
-                # watch event, whose echo then wakes nothing (_seen).
-                self._wake.set()
+                if not reserve_only:
+                    # This pass's plugins advertised from the copy before the move: the next
+                    # pass advertises from the write itself (_own_writes_first) without waiting
+                    # for its watch event, whose echo then wakes nothing (_seen).
+                    self._wake.set()
 
     async def _give_away_or_retry(self, key: _Key, slots: set[str]) -> bool:
         """Stop advertising ``slots`` so that their reservations can be released, once the

@@ -87,6 +87,7 @@ class PluginEndpoint:
         self.pre_start_required = False
         self.preferred_allocation_available = False
         self.streaming = False  # True once the first ListAndWatch response arrived
+        self.first_healthy: list[str] | None = None  # that first response's healthy ids
         self._channel = plugin_channel(socket_path)
         self._stub = pb_grpc.DevicePluginStub(self._channel)
         self.task: asyncio.Task[None] | None = None
@@ -108,6 +109,8 @@ class PluginEndpoint:
         stream = self._stub.ListAndWatch(pb.Empty())
         async for response in stream:
             self.devices = {device.ID: device.health for device in response.devices}
+            if self.first_healthy is None:
+                self.first_healthy = self.healthy_ids()
             self.streaming = True
             log.debug("%s: %d devices, %d healthy", self.resource_name,
                       len(self.devices), len(self.healthy_ids()))

@@ -79,6 +79,12 @@ class NodeEmulator(NodeStandIn):
         """Every registration kubelet.sock accepted, oldest first."""
         return self._devices.registrations
 
+    def first_offered(self, resource_name: str) -> list[str] | None:
+        """The healthy device ids of the first ListAndWatch response the current plugin of
+        ``resource_name`` sent (None before one): what the kubelet was first offered."""
+        endpoint = self._devices.endpoint(resource_name)
+        return endpoint.first_healthy if endpoint is not None else None
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:

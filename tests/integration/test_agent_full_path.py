@@ -28,7 +28,7 @@ from tests.harness.agent_process import (
 )
 from tests.harness.aio_process import task_running
 from tests.harness.controlplane import ControlPlane
-from tests.harness.node_emulator import ContainerAllocation, NodeEmulator
+from tests.harness.node_emulator import ContainerAllocation, NodeEmulator, PythonNodeEmulator
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,15 @@ class _AgentNode:
 
 
 @contextlib.asynccontextmanager
-async def _agent_node(control_plane: ControlPlane, namespace: str,
-                      plugin_dir: Path) -> AsyncIterator[_AgentNode]:
-    """A new node: the emulated kubelet and the whole agent (``run_agent``) serving
+async def _agent_node(control_plane: ControlPlane, namespace: str, plugin_dir: Path, *,
+                      python_kubelet: bool = False) -> AsyncIterator[_AgentNode]:
+    """A new node: the emulated kubelet (``PythonNodeEmulator`` with ``python_kubelet``,
+    whatever EDGEPLUG_KUBELET says) and the whole agent (``run_agent``) serving
     ``namespace``, and a client; the Node is deleted afterwards."""
     node = f"node-{uuid.uuid4().hex[:8]}"
-    emulator = NodeEmulator(node_name=node, kubeconfig=control_plane.kubeconfig,
-                            plugin_dir=plugin_dir)
+    kubelet = PythonNodeEmulator if python_kubelet else NodeEmulator
+    emulator = kubelet(node_name=node, kubeconfig=control_plane.kubeconfig,
+                       plugin_dir=plugin_dir)
     client = api_client(control_plane)
     settings = AgentSettings(node_name=node, kubeconfig=control_plane.kubeconfig,
                              plugin_dir=plugin_dir, pod_resources_socket=None,
@@ -134,3 +136,24 @@ async def test_a_configurations_own_resource_name_is_served_and_allocated(
         allocation = await _pod_allocated(control_plane, node.emulator, namespace, "renamed",
                                           renamed)
         assert allocation.envs["DEBUG_ECHO_DESCRIPTION"] in {"c0", "c1"}
+
+
+async def test_a_new_devices_first_listandwatch_already_offers_its_slots(
+    control_plane: ControlPlane, namespace: str, plugin_dir: Path
+) -> None:
+    """The slots reserved for this node are written before the device's plugin starts, so
+    the kubelet's first ListAndWatch response offers them (issue 36: before, the first
+    offered none and a second pass, after the reservation's watch event, offered them)."""
+    async with _agent_node(control_plane, namespace, plugin_dir, python_kubelet=True) as node:
+        assert isinstance(node.emulator, PythonNodeEmulator)
+        name = instance_name("first", "f0", shared=False, node=node.name)
+        resource = instance_resource_name(name)
+        apply(control_plane, namespace, debug_echo_configuration(
+            "first", descriptions=["f0"], shared=False, capacity=2))
+        emulator = node.emulator
+
+        async def first_offered() -> list[str] | None:
+            return emulator.first_offered(resource)
+
+        first = await eventually(first_offered, what=f"the first ListAndWatch of {resource}")
+        assert len(first) == 2, f"first offered {first}, not both slots"
