@@ -8,7 +8,9 @@ agent as ``python -m agent.main`` with device plugins and pod-resources, the emu
 the real control plane) goes through, per run and mode: a Configuration of 2 shared debugEcho
 devices created, one device offline, back online, the Configuration deleted; and once, 200
 devices in one Configuration applied and deleted. Idle CPU of the agent at 2 and 200 devices is
-sampled over ``--idle-window`` seconds.
+sampled over ``--idle-window`` seconds, beside its floor over the same windows: a bare process
+serving one idle gRPC server (``grpc_idle_floor``: grpcio's own threads, which any device
+plugin pays).
 
 - **devicePlugin** (the agent without DRA, its device plugins serve the shared devices): each
   change is timed to the Node watch event that shows the count (both Instances' resources 1;
@@ -72,6 +74,7 @@ from controller.device_classes import DeviceClasses
 from crds import dra
 from crds.naming import instance_name, instance_resource_name
 from tests.bench.bench_agent_setup import BenchNode, agent_tree, bench_node, quiet_logs
+from tests.bench.grpc_idle_floor import idle_grpc_server
 from tests.bench.stats import machine_speed_line, summary
 from tests.harness.agent_process import api_client, debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
@@ -117,6 +120,7 @@ LABELS: dict[str, dict[str, str]] = {
 for _labels in LABELS.values():
     _labels["idle-2"] = "idle CPU per 60 s, 2 devices"
     _labels["idle-many"] = f"idle CPU per 60 s, {MANY} devices"
+    _labels["idle-floor"] = "idle CPU per 60 s, floor: a bare gRPC server"
 
 
 def _options(argv: list[str]) -> dict[str, Any]:
@@ -362,12 +366,16 @@ async def _delete(node: BenchNode, name: str) -> float:
     return started
 
 
-async def _idle(node: BenchNode, window: float) -> float:
-    """The agent's CPU seconds per 60 s over ``window`` seconds of nothing changing."""
-    await asyncio.sleep(IDLE_SETTLE_S)
-    before = thread_cpu_ns(node.pid)
-    await asyncio.sleep(window)
-    return cpu_seconds_between(before, thread_cpu_ns(node.pid)) * 60.0 / window
+async def _idle(node: BenchNode, window: float, samples: _Samples, key: str) -> None:
+    """The agent's CPU seconds per 60 s over ``window`` seconds of nothing changing, as
+    ``key``, and over the same window the floor's (``grpc_idle_floor``), as ``idle-floor``."""
+    async with idle_grpc_server() as floor_pid:
+        await asyncio.sleep(IDLE_SETTLE_S)
+        before, floor_before = thread_cpu_ns(node.pid), thread_cpu_ns(floor_pid)
+        await asyncio.sleep(window)
+        samples.add(key, cpu_seconds_between(before, thread_cpu_ns(node.pid)) * 60.0 / window)
+        samples.add("idle-floor", cpu_seconds_between(
+            floor_before, thread_cpu_ns(floor_pid)) * 60.0 / window)
 
 
 class _Samples:
@@ -436,7 +444,7 @@ async def _many(target: _Target, samples: _Samples, idle: float,
     samples.add("many-applied", seen - started)
     if idle:
         async with profiler.part("idle-many"):
-            samples.add("idle-many", await _idle(node, idle))
+            await _idle(node, idle, samples, "idle-many")
     async with profiler.part("many-deleted"):
         started = await _delete(node, "many")
         seen = await target.until(target.gone("many", instances), what=f"{MANY} gone",
@@ -483,7 +491,7 @@ async def _bench(plane: ControlPlane, mode: str, opts: dict[str, Any]) -> dict[s
                     await target.until(target.offered(idle_instances),
                                        what="idle devices offered")
                     async with profiler.part("idle-2"):
-                        samples.add("idle-2", await _idle(node, opts["idle"]))
+                        await _idle(node, opts["idle"], samples, "idle-2")
                     await _delete(node, "idle")
                     await target.until(target.gone("idle", idle_instances),
                                        what="idle devices gone")
