@@ -48,6 +48,11 @@ class HealthReporter:
         self._reported.pop(instance, None)
         self._warned.pop(instance, None)
 
+    def first_verdict_due(self, instance: str, *, shared: bool) -> bool:
+        """Whether ``report`` will write this shared device's first verdict (its
+        ``status.reported`` mark): nothing was written for it yet."""
+        return shared and instance not in self._reported
+
     async def warn(self, instance: str, warning: str) -> None:
         """One Warning Event each time a device's warning changes to a new one."""
         if self._warned.get(instance, "") == warning:

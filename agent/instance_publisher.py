@@ -536,14 +536,21 @@ class InstancePublisher:
 
     async def _serve(self) -> None:
         """Spec on disk first, then the table (CDI names only if the spec was written), then
-        each device's health reported where it changed."""
+        each device's health reported where it changed; a shared device's first verdict is
+        written before the table hears of it."""
         with_cdi = self._write_cdi()
-        for served in self._served.values():
-            await self._table.put(served if with_cdi else replace(served, cdi_name=""))
+        # A new shared device's first verdict (status.reported) is a status write the slot
+        # service's first reservation write would otherwise race, and lose (a 409 and a
+        # re-read, issue 36): the table, which starts that service's pass, comes after it.
+        first = {name: served for name, served in self._served.items()
+                 if self._health.first_verdict_due(name, shared=served.shared)}
         # Each report and warning handles its own errors; up to WRITES_IN_FLIGHT at once (a
         # shared device's first verdict is always a write: 200 in a row held 200 devices).
+        await _bounded([self._report_health(name, served) for name, served in first.items()])
+        for served in self._served.values():
+            await self._table.put(served if with_cdi else replace(served, cdi_name=""))
         await _bounded([self._report_health(name, served)
-                        for name, served in self._served.items()])
+                        for name, served in self._served.items() if name not in first])
 
     async def _report_health(self, name: str, served: NodeDevice) -> None:
         await self._health.report(name, served.health, shared=served.shared)

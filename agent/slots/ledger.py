@@ -64,6 +64,9 @@ class SlotLedger:
         #: that version yet (None once it has).
         self.latest: Instance | None = None
         self._seen: deque[str] = deque(maxlen=SEEN_VERSIONS)
+        #: The newest copy the watch delivered: after a 409 it may already be the version that
+        #: refused the write, and a reservation move retries on it instead of reading.
+        self._watched: Instance | None = None
         #: Slots answered to the kubelet by the fast path and not yet recorded, with the usage.
         self.promised: dict[str, SlotUsage] = {}
         #: Slots whose reservation a release in flight gives back, and slots a free in flight
@@ -91,6 +94,7 @@ class SlotLedger:
     def seen(self, instance: Instance) -> None:
         """The watch delivered ``instance``; from our last write on, its copies are current."""
         self._seen.append(instance.resource_version)
+        self._watched = instance
         if self.latest is not None and instance.resource_version == self.latest.resource_version:
             self.latest = None
 
@@ -273,6 +277,7 @@ class SlotLedger:
                 changes = self._reservation_changes(instance, slots, release=release)
             if not changes:
                 return
+            version = instance.resource_version
             status: dict[str, Any] = {"reservations": changes}
             if demand is not None:
                 status["demand"] = {self.node: demand or None}
@@ -286,6 +291,10 @@ class SlotLedger:
             except ApiError as error:
                 if not is_conflict(error):
                     raise
+            # Refused as stale: a copy the watch has delivered since is newer, and judging on it
+            # costs no read (the write stays conditioned on it).
+            if self._watched is not None and self._watched.resource_version != version:
+                known = self._watched
         raise TooManyConflicts(f"moving reservations {slots} on {self.namespace}/{self.name}")
 
     async def _patch_status(self, version: str, status: dict[str, Any]) -> Instance:

@@ -323,8 +323,9 @@ class DevicePluginService:
         instance = Instance.from_object(obj)
         key = (instance.namespace, instance.name)
         self._display.seen(key, obj.get("status") or {})
-        if key in self._ledgers:
-            self._ledgers[key].seen(instance)
+        # Every Instance's ledger hears of each copy: a first reservation write refused as
+        # stale retries on the newest one without a read (SlotLedger.seen).
+        self.ledger(*key).seen(instance)
         known = self._instances.get(key)
         was_unlabelled = key in self._unlabelled
         # Older than our own last write while the watch lags it: a pass starts from
@@ -346,8 +347,17 @@ class DevicePluginService:
             if op == "DELETED":
                 self._forget((obj["metadata"].get("namespace") or "", obj["metadata"]["name"]))
             elif not self._seen(obj):
+                self._correct_display(obj)
                 continue
             self._wake.set()
+
+    def _correct_display(self, obj: dict[str, Any]) -> None:
+        """A copy that wakes no pass may still carry display fields someone else wrote wrong:
+        those are put right as a pass would (DisplayFields.correct), without the pass."""
+        key = (obj["metadata"].get("namespace") or "", obj["metadata"]["name"])
+        instance = self._instances.get(key)
+        if instance is not None and self._serves(key, instance):
+            self._display.correct({key: instance})
 
     async def _watch_table(self) -> None:
         version = self._devices.version

@@ -144,3 +144,40 @@ async def test_a_promised_slot_is_neither_given_to_a_configuration_claim_nor_rel
         recorded = await ledger.claim({slot: SlotUsage.by_node("node-a")}, known=after)
     assert recorded.spec.device_usage[slot] == "node-a"
     assert ledger.current(after) == recorded, "the ledger knows its write before the watch"
+
+
+async def test_a_reservation_refused_as_stale_retries_on_the_watched_copy_and_takes_nothing_held(
+    kube: AsyncClient, namespace: str
+) -> None:
+    """A reservation move on a stale copy is refused (409) and retried on the newest copy the
+    watch delivered, without a read; that copy can itself be stale, and the write stays
+    conditioned, so a slot another node reserved since is never taken."""
+    name = await _instance(kube, namespace, ["node-a", "node-b"], capacity=2)
+    first, second = f"{name}-0", f"{name}-1"
+    stale = await read_instance(kube, namespace, name)  # both slots free and unreserved
+    other = SlotLedger(client=kube, node="node-b", namespace=namespace, name=name)
+    async with other.lock:
+        await other.reserve([first])
+    watched = await read_instance(kube, namespace, name)  # what the watch then delivers
+
+    mine = SlotLedger(client=kube, node="node-a", namespace=namespace, name=name)
+    mine.seen(watched)
+    async with mine.lock:
+        await mine.reserve([first, second], known=stale)
+    after = await read_instance(kube, namespace, name)
+    assert after.reservations == {first: "node-b", second: "node-a"}
+
+    # The watched copy lags too (node-b reserved the second slot after it): refused again,
+    # then read, and nothing of node-b's taken.
+    async with other.lock:
+        await other.release([first])
+    lagging = await read_instance(kube, namespace, name)
+    async with mine.lock:
+        await mine.release([second])
+    mine.seen(lagging)
+    async with other.lock:
+        await other.reserve([second])
+    async with mine.lock:
+        await mine.reserve([first, second], known=stale)
+    final = await read_instance(kube, namespace, name)
+    assert final.reservations == {first: "node-a", second: "node-b"}
