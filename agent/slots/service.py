@@ -132,6 +132,9 @@ class DevicePluginService:
         self._devices = devices
         self.manager = PluginManager(plugin_dir=plugin_dir, metrics=metrics)
         self._instances: dict[_Key, Instance] = {}
+        #: The copies the last reconcile pass started from (``_seen`` wakes a pass only for a
+        #: copy that says something else).
+        self._passed: dict[_Key, Instance] = {}
         #: Instances known from a read after this node's label went (agent.node_instances):
         #: no watch event brings their changes; forgotten once nothing of this node's is left.
         self._unlabelled: set[_Key] = set()
@@ -308,6 +311,7 @@ class DevicePluginService:
 
     def _forget(self, key: _Key) -> None:
         self._instances.pop(key, None)
+        self._passed.pop(key, None)
         self._ledgers.pop(key, None)
         self._display.forget(key)
         self._unlabelled.discard(key)
@@ -315,10 +319,12 @@ class DevicePluginService:
     def _seen(self, obj: dict[str, Any]) -> bool:
         """Take in a copy of an Instance; whether it tells a pass anything new.
 
-        A copy that differs from the one kept only in its ``resourceVersion`` (the echo of
-        this agent's own slot write a pass already started from, or of a display write:
+        A copy that differs only in its ``resourceVersion`` from the one the last pass started
+        from (the echo of a slot write that pass already decided from, or of a display write:
         ``status.used`` and ``status.nodes`` are not part of ``Instance``) changes no
-        decision: it is kept, for the next conditioned write, but wakes no pass.
+        decision: it is kept, for the next conditioned write, but wakes no pass. The echo of a
+        write no pass has started from (an Allocate's recording, kept by ``remember``) wakes
+        one.
         """
         instance = Instance.from_object(obj)
         key = (instance.namespace, instance.name)
@@ -326,7 +332,7 @@ class DevicePluginService:
         # Every Instance's ledger hears of each copy: a first reservation write refused as
         # stale retries on the newest one without a read (SlotLedger.seen).
         self.ledger(*key).seen(instance)
-        known = self._instances.get(key)
+        known = self._passed.get(key)
         was_unlabelled = key in self._unlabelled
         # Older than our own last write while the watch lags it: a pass starts from
         # that write instead (_own_writes_first).
@@ -443,8 +449,13 @@ class DevicePluginService:
             if key in self._instances and ledger.latest is not None:
                 self._instances[key] = ledger.latest
 
-    async def reconcile(self) -> None:
+    def _pass_starts(self) -> None:
+        """The copies this pass decides from: an echo of one of them wakes no later pass."""
         self._own_writes_first()
+        self._passed = dict(self._instances)
+
+    async def reconcile(self) -> None:
+        self._pass_starts()
         served = {k: i for k, i in self._instances.items() if self._serves(k, i)}
         await self._learn_held_config_resources()
         if self._freer is not None and not served.keys() <= self._checked:

@@ -18,6 +18,7 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.node_instances import serves_label
 from agent.slots.service import DevicePluginService
+from crds.instance import Instance
 
 NODE = "node-a"
 
@@ -44,6 +45,7 @@ def _instance(version: str, **status: Any) -> dict[str, Any]:
 def test_the_echo_of_a_display_write_is_kept_but_wakes_no_pass(tmp_path: Path) -> None:
     service = _service(tmp_path)
     assert service._seen(_instance("1"))  # first sight: a pass must serve it
+    service._pass_starts()
     assert not service._seen(_instance("2", used=0, nodes=NODE))
     # The newer resourceVersion is what the next conditioned write is made on.
     assert service.instance("ns", "cam-1a2b3c").resource_version == "2"  # type: ignore[union-attr]
@@ -53,6 +55,7 @@ def test_every_change_a_pass_decides_from_wakes_it(tmp_path: Path) -> None:
     service = _service(tmp_path)
     base = _instance("1")
     service._seen(base)
+    service._pass_starts()
     changes: dict[str, dict[str, dict[str, Any]]] = {
         "a reservation": {"status": {"reservations": {"cam-1a2b3c-0": NODE}}},
         "another node's demand": {"status": {"demand": {"node-b": 1}}},
@@ -70,3 +73,15 @@ def test_every_change_a_pass_decides_from_wakes_it(tmp_path: Path) -> None:
     unlabelled = copy.deepcopy(base)
     unlabelled["metadata"]["labels"] = {}
     assert service._seen(unlabelled), "this node's label gone"
+
+
+def test_the_echo_of_a_write_no_pass_started_from_wakes_one(tmp_path: Path) -> None:
+    # An Allocate's recording is kept (remember) ahead of its watch event, and no pass is run
+    # for the write itself: its echo is what brings the pass that offers the rest anew.
+    service = _service(tmp_path)
+    service._seen(_instance("1"))
+    service._pass_starts()
+    recorded = _instance("2")
+    recorded["spec"]["deviceUsage"] = {"cam-1a2b3c-0": NODE, "cam-1a2b3c-1": ""}
+    service.remember(Instance.from_object(recorded))
+    assert service._seen(recorded)
