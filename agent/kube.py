@@ -28,14 +28,17 @@ def field_manager(node_name: str) -> str:
     return f"edgeplug-agent-{node_name}"
 
 
-def make_client(kubeconfig: Path | None) -> AsyncClient:
-    """A client from ``kubeconfig``, or in-cluster (service account) when it is None."""
+def load_config(kubeconfig: Path | None) -> KubeConfig:
+    """``kubeconfig``, or in-cluster (service account) when it is None."""
     if kubeconfig is not None:
-        config = KubeConfig.from_file(str(kubeconfig))
-    else:
-        config = KubeConfig.from_service_account()
+        return KubeConfig.from_file(str(kubeconfig))
+    return KubeConfig.from_service_account()
+
+
+def counted_client(config: KubeConfig) -> AsyncClient:
+    """A client of ``config`` whose 429 and 5xx answers count in edgeplug_api_errors_total."""
     client = AsyncClient(config)
-    PROCESS.hook(client)  # its 429 and 5xx answers count in edgeplug_api_errors_total
+    PROCESS.hook(client)
     return client
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from agent.cdi_specs import CdiSpecs
 from agent.configuration_watch import ConfigurationWatch, FatalStartError
 from agent.discovery_run import RESYNC_INTERVAL
-from agent.kube import make_client
+from agent.kube import counted_client, load_config
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.settings import AgentSettings, SettingsError, help_text
@@ -60,7 +60,8 @@ async def run_agent(
     metrics.info.labels(settings.node_name).set(1)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, settings.metrics_address)
-    client = make_client(settings.kubeconfig)
+    config = load_config(settings.kubeconfig)
+    client = counted_client(config)
     watch = ConfigurationWatch(
         client=client, node_name=settings.node_name, namespace=settings.namespace,
         devices=devices, metrics=metrics, resync_interval=resync_interval,
@@ -94,7 +95,9 @@ async def run_agent(
         parts.append(serve_dra(
             client=client, node_name=settings.node_name, namespace=settings.namespace,
             devices=devices, cdi_dir=settings.cdi_spec_dir, plugins_dir=settings.dra_plugins_dir,
-            registry_dir=settings.dra_registry_dir, metrics=metrics,
+            registry_dir=settings.dra_registry_dir, config=config,
+            kubelet_cert=settings.kubelet_client_cert, kubelet_key=settings.kubelet_client_key,
+            metrics=metrics,
         ))
     log.info("agent starting", extra={"node": settings.node_name})
     try:

@@ -33,6 +33,8 @@ DEFAULT_EXTERNAL_HANDLER_GRACE = 300.0
 #: The kubelet's DRA plugin directories (used only with DRA=on).
 DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+#: Where a kubelet that rotates its client certificate keeps the current one (key included).
+DEFAULT_KUBELET_CLIENT_CERT = Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
 HELP_WIDTH = 96
 _VARIABLE: Final = "environment_variable"
 
@@ -170,6 +172,15 @@ class AgentSettings:
             "DRA_REGISTRY_DIR", DEFAULT_DRA_REGISTRY_DIR,
             "with DRA=on: the kubelet's plugins_registry directory; empty: no kubelet DRA "
             "plugin (slices only)"))
+    #: In-process default None: claims are read with the agent's own client.
+    kubelet_client_cert: Path | None = field(default=None, metadata=path_unless_empty(
+        "KUBELET_CLIENT_CERT", DEFAULT_KUBELET_CLIENT_CERT,
+        "with the DRA plugin: the kubelet's client certificate, with which the claims the "
+        "kubelet asks to prepare are read (the Node authorizer allows only those of pods bound "
+        "here); empty: read with the agent's own token (deploy/README.md)"))
+    kubelet_client_key: Path | None = field(default=None, metadata=optional(
+        "KUBELET_CLIENT_KEY", "(in the certificate file)",
+        "the key of KUBELET_CLIENT_CERT, where it is a file of its own", Path))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:

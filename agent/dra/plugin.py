@@ -10,7 +10,8 @@ through its plugin watcher: a socket in ``/var/lib/kubelet/plugins_registry`` se
 health services ``agent.dra.health`` serves on the same socket (``v1.DRAResourceHealth``,
 ``v1alpha1.DRAResourceHealth``: the devices' health, shown in the pods holding them).
 
-Prepare, per claim: read the claim (its allocation is in its status), find each allocated
+Prepare, per claim: read the claim (its allocation is in its status; ``agent.dra.claim_reads``
+says with whose credential), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
 hook, write the claim's CDI spec, record the claim, and answer the CDI ids. A claim already
 recorded answers from the record (the kubelet calls again after its own restart, and after
@@ -31,12 +32,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from grpc import aio
-from lightkube import ApiError, AsyncClient
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube import ApiError
 
 from agent.dra import claims as cl
 from agent.dra import health
-from agent.kube import as_dict
+from agent.dra.claim_reads import ClaimReads
 from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from agent.kubeletapi import dra_v1_pb2 as pb
@@ -49,10 +49,6 @@ from crds import dra
 from discovery_handlers.contract import PreparingHandler
 
 log = logging.getLogger(__name__)
-
-ResourceClaimResource = create_namespaced_resource(
-    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
-)
 
 PLUGIN_TYPE: Final = "DRAPlugin"
 SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin", *health.SERVICES)
@@ -69,9 +65,9 @@ def registration_socket(registry_dir: Path) -> Path:
 class ClaimPreparer:
     """Prepares and unprepares claims on this node; the gRPC layer only translates."""
 
-    def __init__(self, *, client: AsyncClient, node_name: str, devices: NodeDeviceTable,
+    def __init__(self, *, claims: ClaimReads, node_name: str, devices: NodeDeviceTable,
                  cdi_dir: Path | None, state_dir: Path) -> None:
-        self._client = client
+        self._claims = claims
         self.node_name = node_name
         self.devices = devices
         self._cdi_dir = cdi_dir
@@ -121,11 +117,10 @@ class ClaimPreparer:
 
     async def _read_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         try:
-            claim = as_dict(await self._client.get(ResourceClaimResource, name,
-                                                   namespace=namespace))
+            claim = await self._claims.get(namespace, name)
         except ApiError as error:
-            raise cl.PrepareError(f"cannot read claim {namespace}/{name}: "
-                                  f"{error.status.message}") from error
+            raise cl.PrepareError(f"cannot read claim {namespace}/{name} as "
+                                  f"{self._claims.identity}: {error.status.message}") from error
         if claim["metadata"].get("uid") != uid:
             raise cl.PrepareError(f"claim {namespace}/{name} has another uid now (re-created)")
         return claim

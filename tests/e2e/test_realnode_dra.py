@@ -4,7 +4,8 @@ The agent runs beside the kubelet with ``DRA=on`` and default paths: it publishe
 ResourceSlice and registers its DRA plugin in the node's ``/var/lib/kubelet/plugins_registry``.
 A pod asks for a device through a ResourceClaimTemplate selecting it by attribute: the real
 kube-controller-manager makes the claim, the real kube-scheduler allocates it, the real
-kubelet's DRA manager calls the agent's ``NodePrepareResources`` over the registered socket and
+kubelet's DRA manager calls the agent's ``NodePrepareResources`` over the registered socket (the
+agent reads the claim with the kubelet's own certificate, through the Node authorizer) and
 hands the returned CDI id to containerd, which resolves it from the agent's claim spec in the
 node's ``/var/run/cdi``. What the container got is read from inside it (``kubectl logs`` of a
 busybox printing its env). The device goes: its slice loses it, the pod runs on and a new
@@ -131,6 +132,8 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
             specs = list(node.host_path("/var/run/cdi").glob("edgeplug.io_claim-*.json"))
             assert len(specs) == 1, "one CDI spec for the one claim, in the node's /var/run/cdi"
             assert "claim prepared" in node.log_tail(agent_log, 1000)
+            # Read with the kubelet's own certificate, from the node's kubelet directory.
+            assert "claims are read as the kubelet" in node.log_tail(agent_log, 1000)
 
             # The lamp goes: its pool's slice loses it, the pod holding it runs on, and a new
             # claim for it waits (Unschedulable, no admission failure).

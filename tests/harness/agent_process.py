@@ -180,11 +180,12 @@ class AgentSubprocess(ChildProcess):
         ``source``: the checkout it runs from (its packages come first on ``sys.path``), by
         default this one; a benchmark sets another commit's worktree to compare the two."""
         env = dict(os.environ)
-        # No CDI specs, pod-resources or handler registration unless a test asks (extra_env):
-        # their defaults are this machine's own directories, which the check below refuses.
+        # No CDI specs, pod-resources, handler registration or kubelet certificate unless a
+        # test asks (extra_env): their defaults are this machine's own directories, which the
+        # check below refuses.
         env.update({"NODE_NAME": node_name, "KUBECONFIG": str(cp.kubeconfig),
                     "POD_RESOURCES_SOCKET": "", "CDI_SPEC_DIR": "",
-                    "DISCOVERY_HANDLERS_DIRECTORY": ""})
+                    "DISCOVERY_HANDLERS_DIRECTORY": "", "KUBELET_CLIENT_CERT": ""})
         if namespace:
             env["WATCH_NAMESPACE"] = namespace
         if plugin_dir is not None:

@@ -26,6 +26,7 @@ from lightkube.resources.core_v1 import Pod
 
 from agent.dra.publisher import DraPublisher, ResourceSliceResource
 from agent.kube import as_dict
+from agent.kubeletapi import dra_v1_pb2 as pb
 from controller.device_classes import DeviceClasses
 from controller.instance_classes import DeviceClassResource
 from crds import dra
@@ -36,6 +37,8 @@ from tests.harness.kubelet_node import NodeReporter
 ResourceClaimResource = create_namespaced_resource(
     "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
 )
+#: How long the scheduler gets to allocate a pod's claim and bind the pod.
+SCHEDULE_DEADLINE = 60.0
 
 
 async def _cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
@@ -224,6 +227,17 @@ async def pod_claim(client: AsyncClient, namespace: str, pod: str) -> PodClaim |
     if allocation is None:
         return None
     return PodClaim(node=node, results=tuple(allocation["devices"]["results"]))
+
+
+async def allocated_claim(client: AsyncClient, namespace: str, pod: str) -> pb.Claim:
+    """The pod's claim once allocated and the pod bound, as the kubelet names it to the
+    plugin's ``NodePrepareResources``."""
+    await agent_process.eventually(lambda: pod_claim(client, namespace, pod),
+                                   what=f"pod {pod} bound", deadline=SCHEDULE_DEADLINE)
+    body = as_dict(await client.get(Pod, pod, namespace=namespace))
+    name = body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = as_dict(await client.get(ResourceClaimResource, name, namespace=namespace))
+    return pb.Claim(namespace=namespace, name=name, uid=claim["metadata"]["uid"])
 
 
 async def unschedulable(client: AsyncClient, namespace: str, pod: str) -> str | None:

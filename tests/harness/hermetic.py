@@ -48,6 +48,7 @@ ONLY_WITH: Final[Mapping[str, tuple[str, ...]]] = {
     "pod_resources_socket": ("serve_device_plugins",),
     "dra_plugins_dir": ("serve_dra", "dra_registry_dir"),
     "dra_registry_dir": ("serve_dra",),
+    "kubelet_client_cert": ("serve_dra", "dra_registry_dir"),
 }
 
 

@@ -15,7 +15,8 @@ on this machine, as root, without touching the host's node paths:
   harness API server on loopback);
 * the kubelet joins with a client certificate signed by the harness CA (``system:node:<name>``
   in ``system:nodes``), so start the control plane with ``API_SERVER_ARGS`` for the Node
-  authorizer and NodeRestriction to apply;
+  authorizer and NodeRestriction to apply; the same certificate and key lie in the node's
+  ``/var/lib/kubelet/pki/kubelet-client-current.pem``, where the agent reads claims with it;
 * the pause and busybox images are imported from local OCI archives (no registry);
 * every cgroup the node makes is under ``/edgeplug-<name>``, removed when it stops.
 
@@ -158,6 +159,12 @@ class RealNode:
         creds = config.node_credentials(pki / "ca.crt", pki / "ca.key", self.node_name,
                                         self.root / "pki")
         config.kubeconfig(self.cp.server, self.cp.ca_cert, creds, self.root / "kubeconfig")
+        # Where a kubelet that rotates its certificate keeps the current one with its key (the
+        # agent's KUBELET_CLIENT_CERT default): the agent reads the claims it prepares with it.
+        current = self.host_path("/var/lib/kubelet/pki/kubelet-client-current.pem")
+        current.parent.mkdir(parents=True, exist_ok=True)
+        current.write_bytes(creds.client_cert.read_bytes() + creds.client_key.read_bytes())
+        current.chmod(0o600)
         self.kubelet_port = free_port()
         config.kubelet_config(path=self.root / "kubelet.yaml", ca_cert=self.cp.ca_cert,
                               creds=creds, port=self.kubelet_port, healthz_port=free_port(),

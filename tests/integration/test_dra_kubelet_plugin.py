@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 
 from agent.dra import claims as cl
 from agent.dra import health, slices
+from agent.dra.claim_reads import ClaimReads
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.kube import as_dict
 from agent.kubeletapi import dra_health_v1_pb2 as health_v1
@@ -44,8 +45,6 @@ from tests.harness import cdi
 from tests.harness import dra as h
 from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.metrics_scrape import scrape
-
-SCHEDULE_DEADLINE = 60.0
 
 
 @contextlib.asynccontextmanager
@@ -82,15 +81,6 @@ def metrics_served(metrics: AgentMetrics) -> Iterator[int]:
 
 
 
-async def _allocated_claim(kube: AsyncClient, ns: str, pod: str) -> pb.Claim:
-    await harness.eventually(lambda: h.pod_claim(kube, ns, pod), what=f"pod {pod} bound",
-                             deadline=SCHEDULE_DEADLINE)
-    body = as_dict(await kube.get(Pod, pod, namespace=ns))
-    name = body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    claim = as_dict(await kube.get(h.ResourceClaimResource, name, namespace=ns))
-    return pb.Claim(namespace=ns, name=name, uid=claim["metadata"]["uid"])
-
-
 async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
     control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
 ) -> None:
@@ -104,14 +94,14 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
                 h.dra_agents(control_plane, [node], ns) as agents):
         devices = agents[node].agent.devices
         metrics = agents[node].agent.metrics
-        preparer = ClaimPreparer(client=kube, node_name=node, devices=devices, cdi_dir=cdi_dir,
-                                 state_dir=tmp_path / "plugins" / dra.DRIVER)
+        preparer = ClaimPreparer(claims=ClaimReads(own=kube), node_name=node, devices=devices,
+                                 cdi_dir=cdi_dir, state_dir=tmp_path / "plugins" / dra.DRIVER)
         cel = f'device.attributes["{dra.DRIVER}"].description == "lamp"'
         await harness.eventually(lambda: h.device_class(kube, ns, "echo"), what="class")
         h.apply(control_plane, ns,
                 h.claim_template("lamp", dra.device_class_name(ns, "echo"), cel),
                 h.claim_pod("user", "lamp"))
-        claim = await _allocated_claim(kube, ns, "user")
+        claim = await h.allocated_claim(kube, ns, "user")
 
         async with plugin_running(preparer, tmp_path, metrics) as plugin:
             # The plugin watcher's side: what the driver says about itself.
@@ -161,8 +151,9 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
                              "lamp", "ROOM": "7", f"ROOM_{suffix}": "7"}
 
         # An agent restart with an empty device table: the record answers, unprepare cleans.
-        restarted = ClaimPreparer(client=kube, node_name=node, devices=NodeDeviceTable(),
-                                  cdi_dir=cdi_dir, state_dir=tmp_path / "plugins" / dra.DRIVER)
+        restarted = ClaimPreparer(claims=ClaimReads(own=kube), node_name=node,
+                                  devices=NodeDeviceTable(), cdi_dir=cdi_dir,
+                                  state_dir=tmp_path / "plugins" / dra.DRIVER)
         async with (plugin_running(restarted, tmp_path) as plugin,
                     grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):
             stub = pb_grpc.DRAPluginStub(channel)
@@ -202,11 +193,11 @@ async def test_a_claim_from_the_controllers_shared_pool_is_prepared_on_the_chose
         await harness.eventually(lambda: h.device_class(kube, ns, "cams"), what="class")
         h.apply(control_plane, ns, h.claim_template("cam", dra.device_class_name(ns, "cams")),
                 h.claim_pod("user", "cam"))
-        claim = await _allocated_claim(kube, ns, "user")
+        claim = await h.allocated_claim(kube, ns, "user")
         chosen = str(as_dict(await kube.get(Pod, "user", namespace=ns))["spec"]["nodeName"])
         assert chosen in nodes
         cdi_dir = tmp_path / "cdi"
-        preparer = ClaimPreparer(client=kube, node_name=chosen,
+        preparer = ClaimPreparer(claims=ClaimReads(own=kube), node_name=chosen,
                                  devices=agents[chosen].agent.devices, cdi_dir=cdi_dir,
                                  state_dir=tmp_path / "plugins" / dra.DRIVER)
         async with (plugin_running(preparer, tmp_path) as plugin,
@@ -239,7 +230,7 @@ async def test_the_health_stream_follows_a_device_through_failure_and_recovery(
     async with (h.ready_nodes(kube, [node]), h.dra_agents(control_plane, [node], ns) as agents):
         devices = agents[node].agent.devices
         await harness.eventually(lambda: _served(devices, ns, lamp), what="the lamp served")
-        preparer = ClaimPreparer(client=kube, node_name=node, devices=devices,
+        preparer = ClaimPreparer(claims=ClaimReads(own=kube), node_name=node, devices=devices,
                                  cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state")
         async with (plugin_running(preparer, tmp_path) as plugin,
                     grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):

@@ -21,6 +21,7 @@ import yaml
 from agent.settings import (
     DEFAULT_CDI_SPEC_DIR,
     DEFAULT_DISCOVERY_HANDLERS_DIR,
+    DEFAULT_KUBELET_CLIENT_CERT,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
     AgentSettings,
@@ -127,6 +128,7 @@ def test_daemonset_environment_gives_the_agent_the_node_defaults() -> None:
         serve_device_plugins=True,
         cdi_spec_dir=DEFAULT_CDI_SPEC_DIR,
         discovery_handlers_dir=DEFAULT_DISCOVERY_HANDLERS_DIR,
+        kubelet_client_cert=DEFAULT_KUBELET_CLIENT_CERT,  # read only with the DRA plugin
     )
 
 

@@ -22,6 +22,19 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   value: {{ .Values.dra.pluginsDir | quote }}
 - name: DRA_REGISTRY_DIR
   value: {{ .Values.dra.registryDir | quote }}
+# Claims are read as the kubelet (agent/dra/claim_reads.py); empty: with the agent's token.
+- name: KUBELET_CLIENT_CERT
+  value: {{ include "edgeplug.kubeletClientCert" . | quote }}
+{{- if and .Values.dra.kubeletCertDir .Values.dra.kubeletClientKey }}
+- name: KUBELET_CLIENT_KEY
+  value: {{ printf "%s/%s" .Values.dra.kubeletCertDir .Values.dra.kubeletClientKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "edgeplug.kubeletClientCert" -}}
+{{- if .Values.dra.kubeletCertDir }}
+{{- printf "%s/%s" .Values.dra.kubeletCertDir .Values.dra.kubeletClientCert }}
 {{- end }}
 {{- end }}
 
@@ -31,6 +44,13 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   mountPath: {{ printf "%s/edgeplug.io" .Values.dra.pluginsDir }}
 - name: dra-registry
   mountPath: {{ .Values.dra.registryDir }}
+{{- with .Values.dra.kubeletCertDir }}
+# The whole directory, at its own path: the kubelet rotates its certificate by pointing
+# kubelet-client-current.pem at a new file there (an absolute link).
+- name: kubelet-pki
+  mountPath: {{ . }}
+  readOnly: true
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -44,5 +64,11 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   hostPath:
     path: {{ .Values.dra.registryDir }}
     type: DirectoryOrCreate
+{{- with .Values.dra.kubeletCertDir }}
+- name: kubelet-pki
+  hostPath:
+    path: {{ . }}
+    type: Directory
+{{- end }}
 {{- end }}
 {{- end }}
