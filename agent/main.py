@@ -22,6 +22,7 @@ from agent.discovery_run import RESYNC_INTERVAL
 from agent.kube import counted_client, load_config
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from agent.node_reads import node_reads
 from agent.settings import AgentSettings, SettingsError, help_text
 
 log = logging.getLogger("agent")
@@ -68,6 +69,12 @@ async def run_agent(
         cdi=CdiSpecs(settings.cdi_spec_dir),
     )
     parts: list[Coroutine[Any, Any, None]] = [watch.run()]
+    # The pods bound here (device plugins) and the claims to prepare (DRA), as the kubelet.
+    reads = node_reads(
+        own=client, base=config, node_name=settings.node_name,
+        cert=settings.kubelet_client_cert, key=settings.kubelet_client_key,
+    ) if settings.serve_device_plugins or (settings.serve_dra and settings.dra_registry_dir) \
+        else None
     if settings.discovery_handlers_dir is not None:
         from agent.akri_registration import HandlerRegistration
 
@@ -84,7 +91,7 @@ async def run_agent(
             serve_device_plugins(
                 client=client, node_name=settings.node_name, plugin_dir=settings.plugin_dir,
                 pod_resources_socket=settings.pod_resources_socket, devices=devices,
-                metrics=metrics, dra=settings.serve_dra,
+                metrics=metrics, dra=settings.serve_dra, reads=reads,
             )
         )
     if settings.serve_dra:
@@ -95,9 +102,7 @@ async def run_agent(
         parts.append(serve_dra(
             client=client, node_name=settings.node_name, namespace=settings.namespace,
             devices=devices, cdi_dir=settings.cdi_spec_dir, plugins_dir=settings.dra_plugins_dir,
-            registry_dir=settings.dra_registry_dir, config=config,
-            kubelet_cert=settings.kubelet_client_cert, kubelet_key=settings.kubelet_client_key,
-            metrics=metrics,
+            registry_dir=settings.dra_registry_dir, reads=reads, metrics=metrics,
         ))
     log.info("agent starting", extra={"node": settings.node_name})
     try:
@@ -105,6 +110,8 @@ async def run_agent(
             for part in parts:
                 group.create_task(part)
     finally:
+        if reads is not None:
+            await reads.close()
         await client.close()
         log.info("agent stopped", extra={"node": settings.node_name})
 

@@ -172,12 +172,12 @@ class AgentSettings:
             "DRA_REGISTRY_DIR", DEFAULT_DRA_REGISTRY_DIR,
             "with DRA=on: the kubelet's plugins_registry directory; empty: no kubelet DRA "
             "plugin (slices only)"))
-    #: In-process default None: claims are read with the agent's own client.
+    #: In-process default None: this node's pods and claims are read with the agent's client.
     kubelet_client_cert: Path | None = field(default=None, metadata=path_unless_empty(
         "KUBELET_CLIENT_CERT", DEFAULT_KUBELET_CLIENT_CERT,
-        "with the DRA plugin: the kubelet's client certificate, with which the claims the "
-        "kubelet asks to prepare are read (the Node authorizer allows only those of pods bound "
-        "here); empty: read with the agent's own token (deploy/README.md)"))
+        "the kubelet's client certificate, with which the pods bound here and the claims the "
+        "kubelet asks to prepare are read (the Node authorizer allows only this node's); "
+        "empty: read with the agent's own token (deploy/README.md)"))
     kubelet_client_key: Path | None = field(default=None, metadata=optional(
         "KUBELET_CLIENT_KEY", "(in the certificate file)",
         "the key of KUBELET_CLIENT_CERT, where it is a file of its own", Path))

@@ -10,8 +10,8 @@ through its plugin watcher: a socket in ``/var/lib/kubelet/plugins_registry`` se
 health services ``agent.dra.health`` serves on the same socket (``v1.DRAResourceHealth``,
 ``v1alpha1.DRAResourceHealth``: the devices' health, shown in the pods holding them).
 
-Prepare, per claim: read the claim (its allocation is in its status; ``agent.dra.claim_reads``
-says with whose credential), find each allocated
+Prepare, per claim: read the claim (its allocation is in its status; as the kubelet where its
+certificate is given, ``agent.node_reads``), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
 hook, write the claim's CDI spec, record the claim, and answer the CDI ids. A claim already
 recorded answers from the record (the kubelet calls again after its own restart, and after
@@ -33,10 +33,11 @@ from typing import Any, Final
 
 from grpc import aio
 from lightkube import ApiError
+from lightkube.generic_resource import create_namespaced_resource
 
 from agent.dra import claims as cl
 from agent.dra import health
-from agent.dra.claim_reads import ClaimReads
+from agent.kube import as_dict
 from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from agent.kubeletapi import dra_v1_pb2 as pb
@@ -45,10 +46,15 @@ from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.node_reads import NodeReads
 from crds import dra
 from discovery_handlers.contract import PreparingHandler
 
 log = logging.getLogger(__name__)
+
+ResourceClaimResource = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
 
 PLUGIN_TYPE: Final = "DRAPlugin"
 SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin", *health.SERVICES)
@@ -65,9 +71,9 @@ def registration_socket(registry_dir: Path) -> Path:
 class ClaimPreparer:
     """Prepares and unprepares claims on this node; the gRPC layer only translates."""
 
-    def __init__(self, *, claims: ClaimReads, node_name: str, devices: NodeDeviceTable,
+    def __init__(self, *, reads: NodeReads, node_name: str, devices: NodeDeviceTable,
                  cdi_dir: Path | None, state_dir: Path) -> None:
-        self._claims = claims
+        self._reads = reads
         self.node_name = node_name
         self.devices = devices
         self._cdi_dir = cdi_dir
@@ -117,10 +123,11 @@ class ClaimPreparer:
 
     async def _read_claim(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         try:
-            claim = await self._claims.get(namespace, name)
+            client = await self._reads.client()
+            claim = as_dict(await client.get(ResourceClaimResource, name, namespace=namespace))
         except ApiError as error:
             raise cl.PrepareError(f"cannot read claim {namespace}/{name} as "
-                                  f"{self._claims.identity}: {error.status.message}") from error
+                                  f"{self._reads.identity}: {error.status.message}") from error
         if claim["metadata"].get("uid") != uid:
             raise cl.PrepareError(f"claim {namespace}/{name} has another uid now (re-created)")
         return claim

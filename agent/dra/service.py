@@ -10,40 +10,30 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 
-from agent.dra.claim_reads import ClaimReads, claim_reads
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.dra.publisher import DraPublisher
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from agent.node_reads import NodeReads
 from crds import dra
 
 
 async def serve_dra(*, client: AsyncClient, node_name: str, namespace: str | None,
                     devices: NodeDeviceTable, cdi_dir: Path | None, plugins_dir: Path,
-                    registry_dir: Path | None, config: KubeConfig,
-                    kubelet_cert: Path | None, kubelet_key: Path | None,
+                    registry_dir: Path | None, reads: NodeReads | None = None,
                     metrics: AgentMetrics | None = None) -> None:
     """Publish this node's pools; serve the kubelet plugin unless ``registry_dir`` is None,
-    reading claims as the kubelet when ``kubelet_cert`` is given (``config``: the agent's own
-    kubeconfig, whose server and CA those reads use)."""
+    reading claims with ``reads`` (by default the agent's own client)."""
     async with asyncio.TaskGroup() as group:
         group.create_task(
             DraPublisher(client=client, node_name=node_name, namespace=namespace,
                          devices=devices).run())
         if registry_dir is not None:
-            reads = claim_reads(own=client, base=config, node_name=node_name,
-                                cert=kubelet_cert, key=kubelet_key)
-            preparer = ClaimPreparer(claims=reads, node_name=node_name, devices=devices,
-                                     cdi_dir=cdi_dir, state_dir=plugins_dir / dra.DRIVER)
+            preparer = ClaimPreparer(reads=reads or NodeReads(client), node_name=node_name,
+                                     devices=devices, cdi_dir=cdi_dir,
+                                     state_dir=plugins_dir / dra.DRIVER)
             plugin = DraKubeletPlugin(preparer=preparer, plugins_dir=plugins_dir,
                                       registry_dir=registry_dir, metrics=metrics)
-            group.create_task(_serving(plugin, reads))
-
-
-async def _serving(plugin: DraKubeletPlugin, reads: ClaimReads) -> None:
-    try:
-        await plugin.run()
-    finally:
-        await reads.close()
+            group.create_task(plugin.run())

@@ -43,6 +43,7 @@ from agent.deviceplugin.manager import PluginManager
 from agent.kube import ConfigurationResource, as_dict, is_not_found
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.node_reads import NodeReads
 from agent.pod_annotations import PodAnnotator, devices_of
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
@@ -121,10 +122,13 @@ class DevicePluginService:
         metrics: AgentMetrics,
         orphan_grace: float = ORPHAN_GRACE_SECONDS,
         dra: bool = False,
+        reads: NodeReads | None = None,
     ) -> None:
         """``dra``: this agent also serves DRA, so shared devices whose Configuration has no
-        allocator yet wait for one instead of being served by device plugins meanwhile."""
+        allocator yet wait for one instead of being served by device plugins meanwhile.
+        ``reads``: how the pods bound here are listed (by default with ``client``)."""
         self.node = node_name
+        self._reads = reads or NodeReads(client)
         self._dra = dra
         self._warned_no_dra: set[_Key] = set()
         self.metrics = metrics
@@ -185,7 +189,7 @@ class DevicePluginService:
         self._freer = (
             OrphanFreer(
                 client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace,
-                bound_pods=BoundPodsReader(client=client, node=node_name),
+                bound_pods=BoundPodsReader(reads=self._reads, node=node_name),
                 on_listed=lambda ok: metrics.pod_resources_lists.labels(
                     outcome="ok" if ok else "error").inc(),
             )
@@ -518,7 +522,7 @@ class DevicePluginService:
         log.info("serving a shared device through device plugins: the cross-node protocol "
                  "(compatibility mode) starts node=%s", self.node)
         cross = CrossNode(client=self._client, node=self.node, world=self,
-                          pod_resources=self._pod_resources)
+                          pod_resources=self._pod_resources, reads=self._reads)
         await cross.check_rights()
         self._cross = cross
         if self._tasks is not None:
@@ -755,6 +759,7 @@ async def serve_device_plugins(
     metrics: AgentMetrics,
     orphan_grace: float = ORPHAN_GRACE_SECONDS,
     dra: bool = False,
+    reads: NodeReads | None = None,
 ) -> None:
     """Serve a kubelet device plugin for every Instance this node can serve; runs until
     cancelled, then removes every plugin socket."""
@@ -767,5 +772,6 @@ async def serve_device_plugins(
         metrics=metrics,
         orphan_grace=orphan_grace,
         dra=dra,
+        reads=reads,
     )
     await service.run()

@@ -34,7 +34,7 @@ from tests.bench.bench_devicenode import (
 from tests.bench.stats import machine_speed_line
 from tests.harness.controlplane import ControlPlane
 from tests.harness.devicenode import DeviceNode
-from tests.harness.realnode import API_SERVER_ARGS, RealNode
+from tests.harness.realnode import RealNode
 from tests.harness.realnode_images import BUSYBOX_IMAGE
 from tests.harness.testplugin import TestPlugin
 
@@ -101,5 +101,5 @@ def main(argv: list[str]) -> None:
     del argv
     logging.basicConfig(level=logging.WARNING)
     print(machine_speed_line())
-    with ControlPlane(apiserver_args=API_SERVER_ARGS) as plane:
+    with ControlPlane() as plane:
         asyncio.run(measure_both(plane))

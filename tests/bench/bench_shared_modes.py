@@ -32,7 +32,7 @@ from tests.harness.controlplane import ControlPlane, free_port, running
 from tests.harness.kube_waits import wait_service_account
 from tests.harness.metrics_scrape import scrape
 from tests.harness.proc_cpu import cpu_seconds_between, thread_cpu_ns
-from tests.harness.realnode import API_SERVER_ARGS, RealNode
+from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import Broker, broker_spec, running_container, start_agent
 from tests.harness.realnode_images import BUSYBOX_IMAGE
 
@@ -149,7 +149,7 @@ async def _floor(plane: ControlPlane, ns: str) -> float:
 
 
 async def _bench(tmp: Path) -> None:
-    with running(apiserver_args=API_SERVER_ARGS) as plane:
+    with running() as plane:
         install_peering_crds(plane)
         node = RealNode(plane, node_name=f"bench-{uuid.uuid4().hex[:6]}")
         node.start()

@@ -198,7 +198,10 @@ class ControlPlane:
                 f"--tls-private-key-file={certs.serving_key}",
                 f"--client-ca-file={certs.ca_cert}",
                 f"--token-auth-file={tokens}",
-                "--authorization-mode=RBAC",
+                # As every real cluster: kubelets' identities confined to their own node
+                # (the Node authorizer, NodeRestriction) beside RBAC for everyone else.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={certs.service_account_key}",

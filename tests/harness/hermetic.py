@@ -42,13 +42,15 @@ from controller.webhook_settings import DEFAULT_NAMESPACE
 
 _PROBE_NODE: Final = "hermetic-probe"
 _PROBE_PATH: Final = Path("/edgeplug-hermetic-probe")
-#: Fields the agent reads only while other settings are on (each listed field truthy).
-ONLY_WITH: Final[Mapping[str, tuple[str, ...]]] = {
-    "plugin_dir": ("serve_device_plugins",),
-    "pod_resources_socket": ("serve_device_plugins",),
-    "dra_plugins_dir": ("serve_dra", "dra_registry_dir"),
-    "dra_registry_dir": ("serve_dra",),
-    "kubelet_client_cert": ("serve_dra", "dra_registry_dir"),
+#: Fields the agent reads only while other settings are on: one of the groups listed, each
+#: field of that group truthy.
+ONLY_WITH: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
+    "plugin_dir": (("serve_device_plugins",),),
+    "pod_resources_socket": (("serve_device_plugins",),),
+    "dra_plugins_dir": (("serve_dra", "dra_registry_dir"),),
+    "dra_registry_dir": (("serve_dra",),),
+    # The pods bound here (device plugins) and the claims to prepare (the DRA plugin).
+    "kubelet_client_cert": (("serve_device_plugins",), ("serve_dra", "dra_registry_dir")),
 }
 
 
@@ -103,7 +105,8 @@ def on_host(path: Path) -> bool:
 
 
 def _used(settings: AgentSettings, field_name: str) -> bool:
-    return all(getattr(settings, switch) for switch in ONLY_WITH.get(field_name, ()))
+    return any(all(getattr(settings, switch) for switch in group)
+               for group in ONLY_WITH.get(field_name, ((),)))
 
 
 def host_paths(settings: AgentSettings) -> list[tuple[PathSetting, Path]]:

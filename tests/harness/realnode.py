@@ -14,8 +14,8 @@ on this machine, as root, without touching the host's node paths:
   namespace), the kubelet and the agent in the mount namespace only (the kubelet reaches the
   harness API server on loopback);
 * the kubelet joins with a client certificate signed by the harness CA (``system:node:<name>``
-  in ``system:nodes``), so start the control plane with ``API_SERVER_ARGS`` for the Node
-  authorizer and NodeRestriction to apply; the same certificate and key lie in the node's
+  in ``system:nodes``), which the harness API server's Node authorizer and NodeRestriction
+  confine to the node; the same certificate and key lie in the node's
   ``/var/lib/kubelet/pki/kubelet-client-current.pem``, where the agent reads claims with it;
 * the pause and busybox images are imported from local OCI archives (no registry);
 * every cgroup the node makes is under ``/edgeplug-<name>``, removed when it stops.
@@ -50,10 +50,6 @@ from tests.harness.kube_waits import until
 
 log = logging.getLogger(__name__)
 
-#: What the harness API server needs for a real node: the Node authorizer beside RBAC (the
-#: harness already passes --authorization-mode=RBAC; the flag adds to the list) and the
-#: NodeRestriction admission plugin.
-API_SERVER_ARGS = ("--authorization-mode=Node", "--enable-admission-plugins=NodeRestriction")
 CGROUP_FS = Path("/sys/fs/cgroup")
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0

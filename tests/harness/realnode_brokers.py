@@ -33,7 +33,7 @@ from tests.harness.controller_process import (
 )
 from tests.harness.controlplane import REPO_ROOT, ControlPlane, running
 from tests.harness.kube_waits import until
-from tests.harness.realnode import API_SERVER_ARGS, RealNode
+from tests.harness.realnode import RealNode
 from tests.harness.realnode_images import BUSYBOX_IMAGE
 
 #: The agent's path settings: unset, so it uses a node's defaults (the node's own paths: the
@@ -45,7 +45,7 @@ ENV_MARK, END_MARK = "edgeplug-broker-env", "edgeplug-broker-end"
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    with running(apiserver_args=API_SERVER_ARGS) as cp:
+    with running() as cp:
         install_peering_crds(cp)
         yield cp
 

@@ -1,5 +1,7 @@
 """ServiceAccount identities for tests: a token minted through the TokenRequest API, in a
-kubeconfig of its own, optionally bound to a pod on a node as a DaemonSet pod's token is.
+kubeconfig of its own, optionally bound to a pod on a node as a DaemonSet pod's token is; and
+a node's kubelet client certificate, which the agent beside that kubelet reads its node's pods
+and claims with (``kubelet_certificate``).
 
 Why this exists: tests that prove RBAC (tests/integration/test_rbac.py), and any test that wants
 a part to run as it does in a cluster, need the part's own token rather than the admin's.
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.realnode_config import node_credentials
 
 TOKEN_DURATION = "2h"
 KUBECTL_TIMEOUT_S = 60
@@ -110,6 +113,17 @@ def agent_on(cp: ControlPlane, node: str, folder: Path) -> Identity:
     ``release_agent_pod`` when done."""
     return pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node,
                      folder=folder)
+
+
+def kubelet_certificate(cp: ControlPlane, node: str, folder: Path) -> Path:
+    """Node ``node``'s kubelet client certificate (``system:node:<node>`` in ``system:nodes``,
+    signed by the cluster CA) and its key in one PEM file, as a rotating kubelet keeps
+    ``kubelet-client-current.pem``."""
+    creds = node_credentials(cp.ca_cert, cp.ca_cert.parent / "ca.key", node, folder / node)
+    pem = folder / f"kubelet-client-{node}.pem"
+    pem.write_bytes(creds.client_cert.read_bytes() + creds.client_key.read_bytes())
+    pem.chmod(0o600)
+    return pem
 
 
 def release_agent_pod(cp: ControlPlane, node: str) -> None:

@@ -3,8 +3,10 @@ and node A's pod-bound agent token.
 
 The default install (``deploy/manifests`` and ``deploy/dra``) grants neither of the
 compatibility mode's rights: RBAC refuses the agent a ``nodes/status`` patch and a pods
-``watch``, while the one pod read both modes need (a ``list`` of the pods bound to its node, for
-the orphan freer, docs/slots.md C10) is allowed. ``deploy/compat`` grants both. And an agent of
+``watch``; the one pod read both modes need (a ``list`` of the pods bound to its node, for the
+orphan freer, docs/slots.md C10) is refused to the token too, since the agent makes it with the
+kubelet's certificate (tests/integration/test_kubelet_reads.py). ``deploy/compat`` grants both,
+and ``deploy/token-reads`` the list. And an agent of
 the default install that serves a shared device pinned to ``devicePlugin`` says once what it
 lacks (its log and a Warning Event on the Configuration), retries nothing refused, and still
 hands its slot out.
@@ -140,8 +142,10 @@ def test_the_default_install_refuses_the_compatibility_modes_rights(
     assert 'cannot patch resource "nodes/status"' in message, message
     code, message = _watch_pods(w.agent, w.node)
     assert code == 403, (code, message)
-    # The one pod read both modes make.
-    assert _list_pods(w.agent, w.node) == (200, "")
+    # The one pod read both modes make goes as the kubelet, not with the token.
+    code, message = _list_pods(w.agent, w.node)
+    assert code == 403, (code, message)
+    assert 'cannot list resource "pods"' in message, message
     # Control: deploy/compat grants both; the node policy still judges the write.
     apply_compat(cp)
     try:

@@ -5,7 +5,8 @@ lets an agent write only its own node's slots, reservations and demand. Moving a
 node whose pinned pods wait takes writes by both nodes' agents: the waiting node publishes its
 demand, the idle node gives its reservation back, the waiting node reserves and claims it, and
 later frees it. Here two emulated nodes each run the agent's device-plugin side with its own
-ServiceAccount token bound to a pod on that node (as its DaemonSet pod's token is), the real
+ServiceAccount token bound to a pod on that node (as its DaemonSet pod's token is) and that
+node's kubelet certificate for the pods bound there, the real
 scheduler places pinned pods, and the scenario of tests/integration/test_slot_demand.py must
 still end with every pod Running on its node and no write refused.
 """
@@ -27,6 +28,7 @@ from lightkube import AsyncClient, KubeConfig
 
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from agent.node_reads import NodeReads, node_reads
 from agent.slots.service import serve_device_plugins
 from tests.harness.agent_nodes import (
     STOP_WAIT_S,
@@ -43,6 +45,7 @@ from tests.harness.service_accounts import (
     agent_on,
     apply_compat,
     apply_manifests,
+    kubelet_certificate,
     release_agent_pod,
 )
 from tests.integration import test_slot_demand as slot_demand
@@ -67,7 +70,7 @@ async def token_node(
     cp = control_plane
     apply_manifests(cp, POLICY_FILES)
     apply_compat(cp)  # shared slots move between the nodes: the compatibility mode
-    started: list[tuple[AgentNode, AsyncClient]] = []
+    started: list[tuple[AgentNode, AsyncClient, NodeReads]] = []
     dirs: list[str] = []
 
     async def start() -> AgentNode:
@@ -80,28 +83,33 @@ async def token_node(
         )
         await emulator.start()
         identity = await asyncio.to_thread(agent_on, cp, emulator.node_name, tmp_path)
-        client = AsyncClient(KubeConfig.from_file(str(identity.kubeconfig)))
+        config = KubeConfig.from_file(str(identity.kubeconfig))
+        client = AsyncClient(config)
+        # The node's own reads (the pods bound here) as its kubelet, as the DaemonSet has it.
+        reads = node_reads(own=client, base=config, node_name=emulator.node_name, cert=(
+            kubelet_certificate(cp, emulator.node_name, tmp_path)), key=None)
         table, metrics = NodeDeviceTable(), AgentMetrics()
         def serve() -> Coroutine[Any, Any, None]:
             return serve_device_plugins(
                 client=client, node_name=emulator.node_name, plugin_dir=plugin_dir,
                 pod_resources_socket=resources_dir / "kubelet.sock", devices=table,
-                metrics=metrics, orphan_grace=TEST_ORPHAN_GRACE_S,
+                metrics=metrics, orphan_grace=TEST_ORPHAN_GRACE_S, reads=reads,
             )
 
         node = AgentNode(emulator=emulator, table=table, metrics=metrics,
                          task=asyncio.create_task(serve()), serve=serve)
-        started.append((node, client))
+        started.append((node, client, reads))
         return node
 
     try:
         yield start
     finally:
-        for node, client in started:
+        for node, client, reads in started:
             node.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(node.task, STOP_WAIT_S)
             await node.emulator.stop(delete_node=True)
+            await reads.close()
             await client.close()
             release_agent_pod(cp, node.name)
         for folder in dirs:

@@ -25,7 +25,6 @@ from prometheus_client import start_http_server
 
 from agent.dra import claims as cl
 from agent.dra import health, slices
-from agent.dra.claim_reads import ClaimReads
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.kube import as_dict
 from agent.kubeletapi import dra_health_v1_pb2 as health_v1
@@ -38,6 +37,7 @@ from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
+from agent.node_reads import NodeReads
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
@@ -94,7 +94,7 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
                 h.dra_agents(control_plane, [node], ns) as agents):
         devices = agents[node].agent.devices
         metrics = agents[node].agent.metrics
-        preparer = ClaimPreparer(claims=ClaimReads(own=kube), node_name=node, devices=devices,
+        preparer = ClaimPreparer(reads=NodeReads(kube), node_name=node, devices=devices,
                                  cdi_dir=cdi_dir, state_dir=tmp_path / "plugins" / dra.DRIVER)
         cel = f'device.attributes["{dra.DRIVER}"].description == "lamp"'
         await harness.eventually(lambda: h.device_class(kube, ns, "echo"), what="class")
@@ -151,7 +151,7 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
                              "lamp", "ROOM": "7", f"ROOM_{suffix}": "7"}
 
         # An agent restart with an empty device table: the record answers, unprepare cleans.
-        restarted = ClaimPreparer(claims=ClaimReads(own=kube), node_name=node,
+        restarted = ClaimPreparer(reads=NodeReads(kube), node_name=node,
                                   devices=NodeDeviceTable(), cdi_dir=cdi_dir,
                                   state_dir=tmp_path / "plugins" / dra.DRIVER)
         async with (plugin_running(restarted, tmp_path) as plugin,
@@ -197,7 +197,7 @@ async def test_a_claim_from_the_controllers_shared_pool_is_prepared_on_the_chose
         chosen = str(as_dict(await kube.get(Pod, "user", namespace=ns))["spec"]["nodeName"])
         assert chosen in nodes
         cdi_dir = tmp_path / "cdi"
-        preparer = ClaimPreparer(claims=ClaimReads(own=kube), node_name=chosen,
+        preparer = ClaimPreparer(reads=NodeReads(kube), node_name=chosen,
                                  devices=agents[chosen].agent.devices, cdi_dir=cdi_dir,
                                  state_dir=tmp_path / "plugins" / dra.DRIVER)
         async with (plugin_running(preparer, tmp_path) as plugin,
@@ -230,7 +230,7 @@ async def test_the_health_stream_follows_a_device_through_failure_and_recovery(
     async with (h.ready_nodes(kube, [node]), h.dra_agents(control_plane, [node], ns) as agents):
         devices = agents[node].agent.devices
         await harness.eventually(lambda: _served(devices, ns, lamp), what="the lamp served")
-        preparer = ClaimPreparer(claims=ClaimReads(own=kube), node_name=node, devices=devices,
+        preparer = ClaimPreparer(reads=NodeReads(kube), node_name=node, devices=devices,
                                  cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state")
         async with (plugin_running(preparer, tmp_path) as plugin,
                     grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):

@@ -117,7 +117,7 @@ def test_the_tokens_hold_the_rights_the_code_uses(control_plane: ControlPlane,
     cp = control_plane
     for verb in ("get", "list", "watch", "create", "patch", "delete"):
         assert world.agent_a.can(cp, verb, "resourceslices.resource.k8s.io"), verb
-    # Claims are read with the kubelet's certificate (tests/integration/test_dra_claim_reads.py).
+    # Claims are read with the kubelet's certificate (tests/integration/test_kubelet_reads.py).
     assert not world.agent_a.can(cp, "get", "resourceclaims.resource.k8s.io",
                                  namespace="default")
     assert not world.agent_a.can(cp, "update", "resourceclaims.resource.k8s.io",

@@ -148,7 +148,8 @@ async def test_without_the_pods_list_grant_the_gate_stays_open_and_says_so(
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1, warnings
         assert "may not list the pods" in warnings[0]
-        assert "agent-rbac.yaml" in warnings[0]
+        assert "KUBELET_CLIENT_CERT" in warnings[0]
+        assert "deploy/token-reads" in warnings[0]
         # What the scheduler reads: the count without the slot given away.
         assert (await _allocatable(kube, node))[INSTANCE] == "1"
     finally:

@@ -263,8 +263,7 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     (bound to the release's namespace); all of it by default, and none of it with
     dra.enabled=false."""
     for name in ("dra-rbac.yaml", "agent-resourceslice-policy.yaml",
-                 "controller-resourceslice-policy.yaml",
-                 "agent-claims-by-token.yaml"):  # links: no drift
+                 "controller-resourceslice-policy.yaml"):  # links: no drift
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link"
         assert link.resolve() == (REPO_ROOT / "deploy" / "dra" / name).resolve()
@@ -285,14 +284,8 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
                        ("dra-registry", "/var/lib/kubelet/plugins_registry"),
                        ("cdi", "/var/run/cdi")):
         assert (mounts[name], volumes[name]) == (path, path), name
-    # Claims are read as the kubelet: its certificate directory, read-only at its own path
-    # (the rotated file is a link there), and no claim right for the agent's token.
-    assert env["KUBELET_CLIENT_CERT"] == "/var/lib/kubelet/pki/kubelet-client-current.pem"
-    assert "KUBELET_CLIENT_KEY" not in env
-    (pki,) = [m for m in agent["volumeMounts"] if m["name"] == "kubelet-pki"]
-    assert (pki["mountPath"], pki["readOnly"], volumes["kubelet-pki"]) == (
-        "/var/lib/kubelet/pki", True, "/var/lib/kubelet/pki")
-    assert not _claim_rules(stored)
+    # Claims are read as the kubelet (test_the_kubelets_certificate_makes_the_nodes_reads).
+    assert not _read_rules(stored)
     controller = _container(_find(stored, "Deployment", "edgeplug-controller"))
     assert controller["args"][-2:] == ["--dra", "--dra-extended-resources"]
     for kind, name in (("ClusterRole", "edgeplug-agent-dra"),
@@ -318,14 +311,6 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     assert not [o for o in off if "dra" in o["metadata"]["name"]]
     assert "DRA" not in _env(_container(_find(off, "DaemonSet", "edgeplug-agent")))
 
-    # A kubelet without a client certificate: its token is granted claim reads instead.
-    by_token = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace,
-                             "--set", "dra.kubeletCertDir=").stdout)
-    token_agent = _container(_find(by_token, "DaemonSet", "edgeplug-agent"))
-    assert _env(token_agent)["KUBELET_CLIENT_CERT"] == ""
-    assert "kubelet-pki" not in {m["name"] for m in token_agent["volumeMounts"]}
-    assert _claim_rules(by_token) == [["get"]]
-
     # The compatibility mode's rights (deploy/compat): not in the DRA default, with
     # dra.enabled=false (shared devices then go through device plugins) and with
     # compat.crossNode=true.
@@ -342,11 +327,51 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
         assert binding["subjects"][0]["namespace"] == namespace
 
 
-def _claim_rules(objects: list[dict[str, Any]]) -> list[list[str]]:
-    """The verbs of the agent's ResourceClaim rules, whichever of its ClusterRoles holds them."""
-    return [rule["verbs"] for o in objects if o["kind"] == "ClusterRole"
+def _read_rules(objects: list[dict[str, Any]]) -> list[tuple[list[str], list[str]]]:
+    """The agent's rules on ResourceClaims and its pods ``list``, whichever of its ClusterRoles
+    holds them (the reads the kubelet's certificate makes)."""
+    return [(rule["resources"], rule["verbs"]) for o in objects if o["kind"] == "ClusterRole"
             and o["metadata"]["name"].startswith("edgeplug-agent") for rule in o["rules"]
-            if "resourceclaims" in rule["resources"]]
+            if "resourceclaims" in rule["resources"]
+            or ("pods" in rule["resources"] and "list" in rule["verbs"])]
+
+
+def test_the_kubelets_certificate_makes_the_nodes_reads(
+    helm: Callable[..., subprocess.CompletedProcess[str]], namespace: str,
+) -> None:
+    """Both agent DaemonSets mount the kubelet's certificate directory read-only at its own path
+    (the rotated file is a link there) and name the file; the token gets no pods list and no
+    claim read. Without the directory (a kubelet with no certificate), deploy/token-reads'
+    grant comes instead."""
+    link = CHART / "files" / "agent-token-reads.yaml"
+    assert link.is_symlink(), f"{link} is a copy, not a link"
+    assert link.resolve() == (REPO_ROOT / "deploy" / "token-reads" / link.name).resolve()
+    default = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                            "--set", "ascend.enabled=true").stdout)
+    for name in ("edgeplug-agent", "edgeplug-agent-npu"):
+        daemonset = _find(default, "DaemonSet", name)
+        agent = _container(daemonset)
+        env = _env(agent)
+        assert env["KUBELET_CLIENT_CERT"] == "/var/lib/kubelet/pki/kubelet-client-current.pem"
+        assert "KUBELET_CLIENT_KEY" not in env
+        (pki,) = [m for m in agent["volumeMounts"] if m["name"] == "kubelet-pki"]
+        (volume,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"]
+                     if v["name"] == "kubelet-pki"]
+        assert (pki["mountPath"], pki.get("readOnly"), volume["hostPath"]["path"]) == (
+            "/var/lib/kubelet/pki", True, "/var/lib/kubelet/pki"), name
+    assert not _read_rules(default)
+    keyed = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                          "--set", "agent.kubeletClientCert=kubelet.crt",
+                          "--set", "agent.kubeletClientKey=kubelet.key").stdout)
+    env = _env(_container(_find(keyed, "DaemonSet", "edgeplug-agent")))
+    assert (env["KUBELET_CLIENT_CERT"], env["KUBELET_CLIENT_KEY"]) == (
+        "/var/lib/kubelet/pki/kubelet.crt", "/var/lib/kubelet/pki/kubelet.key")
+    by_token = _objects(helm("template", RELEASE, str(CHART), "--namespace", namespace,
+                             "--set", "agent.kubeletCertDir=").stdout)
+    agent = _container(_find(by_token, "DaemonSet", "edgeplug-agent"))
+    assert _env(agent)["KUBELET_CLIENT_CERT"] == ""
+    assert "kubelet-pki" not in {m["name"] for m in agent["volumeMounts"]}
+    assert _read_rules(by_token) == [(["pods"], ["list"]), (["resourceclaims"], ["get"])]
 
 
 def _compat_rules(objects: list[dict[str, Any]]) -> list[tuple[list[str], list[str]]]:

@@ -49,7 +49,13 @@ from tests.harness.agent_process import (
 from tests.harness.aio_process import stop_popen, task_running
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.node_emulator import NodeEmulator
-from tests.harness.service_accounts import Identity, apply_compat, mint, pod_bound
+from tests.harness.service_accounts import (
+    Identity,
+    apply_compat,
+    kubelet_certificate,
+    mint,
+    pod_bound,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -137,8 +143,10 @@ AGENT_NEEDS = [
 AGENT_MUST_NOT = [
     ("create", "pods", None),
     # Pods are read by watch (Pending ones) and by an empty patch the pod policy confines to
-    # the agent's node (agent/pod_annotations.py), never by a get on any pod.
+    # the agent's node (agent/pod_annotations.py), never by a get on any pod; the pods bound
+    # to its node are listed with the kubelet's certificate (agent/node_reads.py).
     ("get", "pods", None),
+    ("list", "pods", None),
     ("patch", "pods", "status"),
     # Only the Secrets and ConfigMaps Configurations name, granted per namespace by the
     # controller (controller/agent_access.py); nothing cluster-wide.
@@ -274,13 +282,15 @@ async def agent_on_its_token(
     cp: ControlPlane, folder: Path, name: str
 ) -> AsyncIterator[tuple[NodeEmulator, asyncio.Task[None], Identity]]:
     """The whole agent (``run_agent``) as a task, on an emulated node, with nothing but the
-    token its DaemonSet pod there gets; the pod it is bound to is deleted on leaving."""
+    token its DaemonSet pod there gets and the node's kubelet certificate (the node's own
+    reads); the pod it is bound to is deleted on leaving."""
     async with emulated_node(cp) as node:
         identity = _agent_on(cp, node.node_name, folder)
         try:
             async with task_running(run_agent(AgentSettings(
                 node_name=node.node_name, kubeconfig=identity.kubeconfig,
                 plugin_dir=node.plugin_dir, pod_resources_socket=node.pod_resources_socket,
+                kubelet_client_cert=kubelet_certificate(cp, node.node_name, folder),
             )), name=name) as agent:
                 yield node, agent, identity
         finally:

@@ -42,6 +42,7 @@ from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice
+from agent.node_reads import NodeReads
 from agent.podresources import PodResourcesClient
 from agent.slots.backends import ConfigurationBackend
 from agent.slots.bound_pods import BoundPodsReader
@@ -333,7 +334,7 @@ async def test_a_slot_another_node_awaits_is_freed_once_every_pod_here_is_accoun
     one = await OneVirtualId.create(kube, namespace, socket, digest="4d5e6f", nodes=(NODE, OTHER))
     one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
                                   grace=GRACE_S, clock=Clock(),
-                                  bound_pods=BoundPodsReader(client=kube, node=NODE))
+                                  bound_pods=BoundPodsReader(reads=NodeReads(kube), node=NODE))
     await kube.patch(InstanceResource.Status, one.name, {"status": {"demand": {OTHER: 1}}},
                      namespace=namespace, patch_type=PatchType.MERGE)
     first, second = (f"short-{uuid.uuid4().hex[:6]}" for _ in range(2))
@@ -384,7 +385,7 @@ async def test_a_restarted_kubelet_frees_no_slot_of_a_pod_it_has_not_admitted_ag
     clock = Clock()
     one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
                                   grace=GRACE_S, clock=clock,
-                                  bound_pods=BoundPodsReader(client=kube, node=NODE))
+                                  bound_pods=BoundPodsReader(reads=NodeReads(kube), node=NODE))
     holder = f"holder-{uuid.uuid4().hex[:6]}"
     try:
         await kube.create(cast(Pod, Pod.from_dict({
@@ -447,7 +448,7 @@ async def test_a_list_the_old_kubelet_answered_as_the_new_one_started_frees_noth
     clock = Clock()
     one.world.freer = OrphanFreer(client=one.client, node=NODE, ledger=one.world.ledger,
                                   grace=GRACE_S, clock=clock,
-                                  bound_pods=BoundPodsReader(client=kube, node=NODE))
+                                  bound_pods=BoundPodsReader(reads=NodeReads(kube), node=NODE))
     holder = f"holder-{uuid.uuid4().hex[:6]}"
     try:
         await kube.create(cast(Pod, Pod.from_dict({

@@ -144,7 +144,8 @@ def test_every_daemonset_variable_is_one_the_agent_reads() -> None:
         except SettingsError:
             required.append(name)
             continue
-        if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET", "DISCOVERY_HANDLERS_DIRECTORY"):
+        if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET", "DISCOVERY_HANDLERS_DIRECTORY",
+                    "KUBELET_CLIENT_CERT"):
             # These restate the defaults (explicit for operators); the value is what is read.
             changed = AgentSettings.from_env({**rest, name: "/elsewhere/x.sock"})
             assert changed != full, f"{name} is not read by AgentSettings.from_env"
@@ -179,6 +180,11 @@ def test_daemonset_mounts_the_kubelet_paths_the_settings_name() -> None:
     handlers_dir = str(settings.discovery_handlers_dir)
     assert host_paths[mounts[handlers_dir]["name"]] == handlers_dir
     assert sorted(writable_host) == sorted([str(settings.plugin_dir), cdi_dir, handlers_dir])
+    # The kubelet's certificate: its directory, read-only at its own path (a rotation's link).
+    assert settings.kubelet_client_cert is not None
+    pki = str(settings.kubelet_client_cert.parent)
+    assert host_paths[mounts[pki]["name"]] == pki
+    assert mounts[pki].get("readOnly") is True
 
 
 def test_agent_memory_limit_leaves_a_margin_above_its_target() -> None:

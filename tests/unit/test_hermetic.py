@@ -38,13 +38,15 @@ def _daemonset_env() -> dict[str, str]:
 def test_every_path_setting_of_the_agent_is_known() -> None:
     variables = {s.variable for s in hermetic.PATH_SETTINGS}
     assert {"PLUGIN_DIR", "POD_RESOURCES_SOCKET", "CDI_SPEC_DIR",
-            "DISCOVERY_HANDLERS_DIRECTORY", "DRA_PLUGINS_DIR", "DRA_REGISTRY_DIR"} <= variables
+            "DISCOVERY_HANDLERS_DIRECTORY", "DRA_PLUGINS_DIR", "DRA_REGISTRY_DIR",
+            "KUBELET_CLIENT_CERT"} <= variables
     defaults = AgentSettings.from_env({"NODE_NAME": "n"})
     paths = {f.name for f in fields(AgentSettings)
              if isinstance(getattr(defaults, f.name), Path)}
     assert {s.field for s in hermetic.PATH_SETTINGS} == paths
     names = {f.name for f in fields(AgentSettings)}
-    for field_name, switches in hermetic.ONLY_WITH.items():
+    for field_name, groups in hermetic.ONLY_WITH.items():
+        switches = {switch for group in groups for switch in group}
         assert {field_name, *switches} <= names, "ONLY_WITH names a field the agent lacks"
     assert Path("/var/lib/akri") in hermetic.HOST_DIRECTORIES
 
@@ -75,6 +77,22 @@ def test_a_dra_agent_without_its_plugin_directory_is_refused() -> None:
     with pytest.raises(hermetic.NotHermetic, match="DRA_PLUGINS_DIR=/var/lib/kubelet/plugins"):
         hermetic.refuse_host_environment(env, what="the agent")
     hermetic.refuse_host_environment({**env, "DRA_REGISTRY_DIR": ""}, what="slices only")
+
+
+def test_the_kubelets_certificate_is_refused_where_the_agent_reads_with_it() -> None:
+    """Device plugins (the pods bound here) or the DRA plugin (claims) read it; slices alone
+    do not."""
+    base = {"NODE_NAME": "n", "CDI_SPEC_DIR": "", "DISCOVERY_HANDLERS_DIRECTORY": "",
+            "POD_RESOURCES_SOCKET": "", "PLUGIN_DIR": "/tmp/x/plugins"}
+    refused = "KUBELET_CLIENT_CERT=/var/lib/kubelet/pki/kubelet-client-current.pem"
+    with pytest.raises(hermetic.NotHermetic, match=refused):
+        hermetic.refuse_host_environment(base, what="device plugins")
+    dra = {**base, "DEVICE_PLUGINS": "off", "DRA": "on", "DRA_PLUGINS_DIR": "/tmp/x/p",
+           "DRA_REGISTRY_DIR": "/tmp/x/reg"}
+    with pytest.raises(hermetic.NotHermetic, match=refused):
+        hermetic.refuse_host_environment(dra, what="the DRA plugin")
+    hermetic.refuse_host_environment({**dra, "DRA_REGISTRY_DIR": ""}, what="slices only")
+    hermetic.refuse_host_environment({**base, "KUBELET_CLIENT_CERT": ""}, what="turned off")
 
 
 def test_the_guard_sees_a_record_read_and_a_socket_made_and_gone_but_no_empty_directory(

@@ -26,6 +26,7 @@ from agent import watching
 from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
 from agent.events import emit_event
 from agent.node_devices import NodeDevice
+from agent.node_reads import NodeReads
 from agent.podresources import PodResourcesClient
 from agent.slots.compat import rights
 from agent.slots.compat.demand import PendingPods, instance_needs
@@ -67,13 +68,14 @@ class CrossNode:
 
     def __init__(
         self, *, client: AsyncClient, node: str, world: PluginWorld,
-        pod_resources: PodResourcesClient | None,
+        pod_resources: PodResourcesClient | None, reads: NodeReads | None = None,
     ) -> None:
         self.node = node
         self._world = world
         self._pods = PendingPods(client=client, node=node, on_change=world.wake,
                                  on_node=self._node_seen)
-        self._gate = HandoffGate(client=client, node=node, pod_resources=pod_resources)
+        self._gate = HandoffGate(client=client, node=node, pod_resources=pod_resources,
+                                 reads=reads)
         self._client = client
         #: The mode's rights the API server refuses this agent (``rights``), once asked.
         self.missing: list[rights.Right] = []

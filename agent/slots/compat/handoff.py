@@ -27,6 +27,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from agent.kube import as_dict, is_conflict, is_forbidden
+from agent.node_reads import NodeReads
 from agent.podresources import PodResourcesClient
 from agent.slots.bound_pods import pods_bound_here
 from crds.pinning import extended_requests
@@ -140,9 +141,12 @@ class HandoffGate:
     """The gate itself, and the watch on this Node's counts that keeps them down."""
 
     def __init__(
-        self, *, client: AsyncClient, node: str, pod_resources: PodResourcesClient | None = None
+        self, *, client: AsyncClient, node: str, pod_resources: PodResourcesClient | None = None,
+        reads: NodeReads | None = None,
     ) -> None:
+        """``reads``: how the pods bound here are listed (by default with ``client``)."""
         self._client = client
+        self._reads = reads or NodeReads(client)
         self.node = node
         self.allocatable = NodeAllocatable(client=client, node=node)
         self._pod_resources = pod_resources
@@ -184,15 +188,17 @@ class HandoffGate:
             self.retry = self.allocatable.permitted
             return None
         try:
-            return await pods_awaiting_admission(self._client, self.node, after)
+            return await pods_awaiting_admission(await self._reads.client(), self.node, after)
         except ApiError as error:
             if not is_forbidden(error):
                 raise
             # Granted the Node's count but not the pods (a partial install): the gate cannot
             # see a binding, so it stays open, as without the grant, and says so once.
-            log.warning("this agent may not list the pods bound to its node (%s): slots are "
-                        "given away without the check for a pod being admitted; apply "
-                        "deploy/manifests/agent-rbac.yaml of this release", error.status.message)
+            log.warning("this agent may not list the pods bound to its node as %s (%s): slots "
+                        "are given away without the check for a pod being admitted; give it the "
+                        "kubelet's certificate (KUBELET_CLIENT_CERT) or apply "
+                        "deploy/token-reads of this release", self._reads.identity,
+                        error.status.message)
             self.allocatable.permitted = False
             return []
 

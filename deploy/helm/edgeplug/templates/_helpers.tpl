@@ -22,19 +22,42 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   value: {{ .Values.dra.pluginsDir | quote }}
 - name: DRA_REGISTRY_DIR
   value: {{ .Values.dra.registryDir | quote }}
-# Claims are read as the kubelet (agent/dra/claim_reads.py); empty: with the agent's token.
+{{- end }}
+{{- end }}
+
+{{- define "edgeplug.agentKubeletEnv" -}}
+# This node's pods and claims are read as the kubelet (agent/node_reads.py); empty: with the
+# agent's token (deploy/token-reads).
 - name: KUBELET_CLIENT_CERT
   value: {{ include "edgeplug.kubeletClientCert" . | quote }}
-{{- if and .Values.dra.kubeletCertDir .Values.dra.kubeletClientKey }}
+{{- if and .Values.agent.kubeletCertDir .Values.agent.kubeletClientKey }}
 - name: KUBELET_CLIENT_KEY
-  value: {{ printf "%s/%s" .Values.dra.kubeletCertDir .Values.dra.kubeletClientKey | quote }}
-{{- end }}
+  value: {{ printf "%s/%s" .Values.agent.kubeletCertDir .Values.agent.kubeletClientKey | quote }}
 {{- end }}
 {{- end }}
 
 {{- define "edgeplug.kubeletClientCert" -}}
-{{- if .Values.dra.kubeletCertDir }}
-{{- printf "%s/%s" .Values.dra.kubeletCertDir .Values.dra.kubeletClientCert }}
+{{- if .Values.agent.kubeletCertDir }}
+{{- printf "%s/%s" .Values.agent.kubeletCertDir .Values.agent.kubeletClientCert }}
+{{- end }}
+{{- end }}
+
+{{- define "edgeplug.agentKubeletMounts" -}}
+{{- with .Values.agent.kubeletCertDir }}
+# The whole directory, at its own path: the kubelet rotates its certificate by pointing
+# kubelet-client-current.pem at a new file there (an absolute link).
+- name: kubelet-pki
+  mountPath: {{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "edgeplug.agentKubeletVolumes" -}}
+{{- with .Values.agent.kubeletCertDir }}
+- name: kubelet-pki
+  hostPath:
+    path: {{ . }}
+    type: Directory
 {{- end }}
 {{- end }}
 
@@ -44,13 +67,6 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   mountPath: {{ printf "%s/edgeplug.io" .Values.dra.pluginsDir }}
 - name: dra-registry
   mountPath: {{ .Values.dra.registryDir }}
-{{- with .Values.dra.kubeletCertDir }}
-# The whole directory, at its own path: the kubelet rotates its certificate by pointing
-# kubelet-client-current.pem at a new file there (an absolute link).
-- name: kubelet-pki
-  mountPath: {{ . }}
-  readOnly: true
-{{- end }}
 {{- end }}
 {{- end }}
 
@@ -64,11 +80,5 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   hostPath:
     path: {{ .Values.dra.registryDir }}
     type: DirectoryOrCreate
-{{- with .Values.dra.kubeletCertDir }}
-- name: kubelet-pki
-  hostPath:
-    path: {{ . }}
-    type: Directory
-{{- end }}
 {{- end }}
 {{- end }}

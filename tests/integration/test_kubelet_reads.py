@@ -1,15 +1,15 @@
-"""The claims the DRA plugin prepares are read as the kubelet: node A's certificate reads the
-claim of a pod bound to A and is refused the claim of a pod bound to B, the agent's own token
-reads no claim at all, and a rotated certificate is used from the next read on.
+"""The agent's reads of its own node are made as the kubelet: node A's certificate lists the
+pods bound to A and reads the claim of a pod bound to A, and is refused B's pods and B's claim;
+the agent's own token may do neither; a rotated certificate is used from the next read on.
 
-Why this exists: issue 32 ("no cluster-wide reads an agent does not need"). The control plane
-here runs the Node authorizer and NodeRestriction, as every real cluster does (the suite's
-shared one runs RBAC alone). The agent runs as its process with deploy/manifests' and
-deploy/dra's rights through its pod-bound token, plus node A's kubelet client certificate
-(signed by the cluster CA, ``system:node:A`` in ``system:nodes``, one PEM file with its key as
-the kubelet's rotated ``kubelet-client-current.pem`` is); the kubelet's NodePrepareResources is
-called over the agent's own socket, and the claims are real: made by the kube-controller-manager
-from a template and allocated by the kube-scheduler from the agents' slices.
+Why this exists: issue 32 ("no cluster-wide reads an agent does not need"). The harness API
+server runs the Node authorizer and NodeRestriction, as every real cluster does. The agent runs
+as its process with deploy/manifests' and deploy/dra's rights through its pod-bound token, plus
+node A's kubelet client certificate (signed by the cluster CA, ``system:node:A`` in
+``system:nodes``, one PEM file with its key as the kubelet's rotated
+``kubelet-client-current.pem`` is); the kubelet's NodePrepareResources is called over the
+agent's own socket, and the claims are real: made by the kube-controller-manager from a template
+and allocated by the kube-scheduler from the agents' slices.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -30,19 +31,21 @@ import grpc.aio
 import pytest
 import yaml
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Pod
 
 from agent.dra import plugin as dra_plugin
-from agent.dra.claim_reads import ClaimReads, KubeletCertificate
+from agent.dra.plugin import ResourceClaimResource
+from agent.kube import as_dict
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
+from agent.node_reads import KubeletCertificate, NodeReads
+from agent.slots.bound_pods import BoundPodsReader, pods_bound_here
 from crds import dra, dra_slices
 from tests.harness import agent_process as harness
 from tests.harness import cdi
 from tests.harness import dra as h
-from tests.harness.controlplane import REPO_ROOT, ControlPlane, running
-from tests.harness.realnode import API_SERVER_ARGS
-from tests.harness.realnode_config import node_credentials
-from tests.harness.service_accounts import Identity, pod_bound
+from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.service_accounts import Identity, kubelet_certificate, pod_bound
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -56,25 +59,17 @@ KUBECTL_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def plane() -> Iterator[ControlPlane]:
-    """A control plane with the Node authorizer and NodeRestriction, and the agent's rights
-    applied as a user applies them (deploy/manifests' agent files, deploy/dra)."""
-    with running(apiserver_args=API_SERVER_ARGS) as cp:
-        listed = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
-        for name in listed:
-            if name == "namespace.yaml" or (name.startswith("agent-")
-                                            and name != "agent-daemonset.yaml"):
-                cp.kubectl("apply", "-f", str(MANIFESTS / name))
-        cp.kubectl("apply", "-k", str(DRA_MANIFESTS))
-        yield cp
-
-
-def _kubelet_pem(cp: ControlPlane, node: str, folder: Path) -> Path:
-    """Node ``node``'s kubelet client certificate and key in one PEM file."""
-    creds = node_credentials(cp.ca_cert, cp.ca_cert.parent / "ca.key", node, folder / node)
-    pem = folder / f"kubelet-client-{node}.pem"
-    pem.write_bytes(creds.client_cert.read_bytes() + creds.client_key.read_bytes())
-    return pem
+def plane(control_plane: ControlPlane) -> ControlPlane:
+    """The agent's rights applied as a user applies them (deploy/manifests' agent files,
+    deploy/dra)."""
+    cp = control_plane
+    listed = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
+    for name in listed:
+        if name == "namespace.yaml" or (name.startswith("agent-")
+                                        and name != "agent-daemonset.yaml"):
+            cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    cp.kubectl("apply", "-k", str(DRA_MANIFESTS))
+    return cp
 
 
 def _get_as(cp: ControlPlane, who: Identity, namespace: str, claim: str) -> tuple[bool, str]:
@@ -114,12 +109,21 @@ async def _exists(path: Path) -> Path | None:
     return path if await asyncio.to_thread(path.exists) else None
 
 
+def _names(plane: ControlPlane, prefix: str, *, nodes: bool) -> tuple[str, str, str]:
+    """A fresh namespace and two node names (the Nodes made too when ``nodes``)."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, node_a, node_b = f"{prefix}-{suffix}", f"{prefix}-a-{suffix}", f"{prefix}-b-{suffix}"
+    plane.kubectl("create", "namespace", ns)
+    for node in (node_a, node_b) if nodes else ():
+        plane.kubectl("apply", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    return ns, node_a, node_b
+
+
 async def test_the_agent_prepares_its_nodes_claims_as_the_kubelet_and_reads_no_other(
     plane: ControlPlane, tmp_path: Path
 ) -> None:
-    suffix = uuid.uuid4().hex[:6]
-    ns, node_a, node_b = f"claims-{suffix}", f"claims-a-{suffix}", f"claims-b-{suffix}"
-    plane.kubectl("create", "namespace", ns)
+    ns, node_a, node_b = _names(plane, "claims", nodes=False)  # ready_nodes makes them
     harness.apply(plane, ns, harness.debug_echo_configuration(
         "echo", descriptions=["lamp"], shared=False, broker_properties={"ROOM": "7"}))
     token_a = pod_bound(plane, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_a,
@@ -133,7 +137,7 @@ async def test_the_agent_prepares_its_nodes_claims_as_the_kubelet_and_reads_no_o
                        "DRA_PLUGINS_DIR": str(dirs / "plugins"),
                        "DRA_REGISTRY_DIR": str(dirs / "registry"),
                        "CDI_SPEC_DIR": str(cdi_dir),
-                       "KUBELET_CLIENT_CERT": str(_kubelet_pem(plane, node_a, tmp_path))})
+                       "KUBELET_CLIENT_CERT": str(kubelet_certificate(plane, node_a, tmp_path))})
         async with (admin(plane) as kube, h.ready_nodes(kube, [node_a, node_b]),
                     h.device_classes(kube, ns), h.dra_agents(plane, [node_b], ns)):
             agent.start()
@@ -166,7 +170,7 @@ async def test_the_agent_prepares_its_nodes_claims_as_the_kubelet_and_reads_no_o
     refused = theirs.claims[claim_b.uid]
     assert f"system:node:{node_a}" in refused.error, refused.error
     assert NO_RELATIONSHIP in refused.error, refused.error
-    assert "claims are read as the kubelet" in log
+    assert "this node's pods and claims are read as the kubelet" in log
     # The agent's own token holds no claim right, not even of its own node's pod.
     for claim in (claim_a, claim_b):
         allowed, message = _get_as(plane, token_a, ns, claim.name)
@@ -204,25 +208,26 @@ def _point(link: Path, target: Path) -> None:
 async def test_a_rotated_kubelet_certificate_is_used_from_the_next_read(
     plane: ControlPlane, tmp_path: Path
 ) -> None:
-    suffix = uuid.uuid4().hex[:6]
-    ns, node_a, node_b = f"rotate-{suffix}", f"rotate-a-{suffix}", f"rotate-b-{suffix}"
-    plane.kubectl("create", "namespace", ns)
-    for node in (node_a, node_b):
-        plane.kubectl("apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    ns, node_a, node_b = _names(plane, "rotate", nodes=True)
     h.apply(plane, ns, _claim("lamp-a"), _bound_pod("user-a", "lamp-a", node_a))
     current = tmp_path / "kubelet-client-current.pem"
-    _point(current, _kubelet_pem(plane, node_b, tmp_path))
-    pem_a = _kubelet_pem(plane, node_a, tmp_path)
+    _point(current, kubelet_certificate(plane, node_b, tmp_path))
+    pem_a = kubelet_certificate(plane, node_a, tmp_path)
     async with admin(plane) as own:
-        reads = ClaimReads(own=own, base=KubeConfig.from_file(str(plane.kubeconfig)),
-                           kubelet=KubeletCertificate(current), node_name=node_a)
+        reads = NodeReads.as_kubelet(own, base=KubeConfig.from_file(str(plane.kubeconfig)),
+                                     certificate=KubeletCertificate(current), node_name=node_a)
+
+        async def read() -> dict[str, Any]:
+            client = await reads.client()
+            found: dict[str, Any] = as_dict(
+                await client.get(ResourceClaimResource, "lamp-a", namespace=ns))
+            return found
+
         try:
             with pytest.raises(ApiError) as refused:
-                await reads.get(ns, "lamp-a")
+                await read()
             _point(current, pem_a)
-            claim = await harness.eventually(lambda: reads.get(ns, "lamp-a"),
-                                             what="the claim read with the new certificate")
+            claim = await harness.eventually(read, what="the claim read with the new certificate")
         finally:
             await reads.close()
     assert refused.value.status.code == 403
@@ -230,4 +235,56 @@ async def test_a_rotated_kubelet_certificate_is_used_from_the_next_read(
     assert NO_RELATIONSHIP in str(refused.value.status.message)
     assert claim["metadata"]["name"] == "lamp-a"
     plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    plane.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
+
+
+def _plain_pod(name: str, node: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "busybox:1.36"}]}}
+
+
+async def test_the_kubelets_certificate_lists_the_pods_bound_to_its_node_and_no_other(
+    plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the orphan freer and the hand-off gate read (agent/slots/bound_pods.py): as the
+    kubelet, the pods bound to its node; another node's, or every pod, is refused by the Node
+    authorizer; the agent's token is refused the list, and the reader says so once."""
+    ns, node_a, node_b = _names(plane, "pods", nodes=True)
+    h.apply(plane, ns, _plain_pod("on-a", node_a), _plain_pod("on-b", node_b))
+    token_a = pod_bound(plane, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_a,
+                        folder=tmp_path)
+    caplog.set_level(logging.WARNING, logger="agent.slots.bound_pods")
+    async with admin(plane) as own:
+        reads = NodeReads.as_kubelet(
+            own, base=KubeConfig.from_file(str(plane.kubeconfig)),
+            certificate=KubeletCertificate(kubelet_certificate(plane, node_a, tmp_path)),
+            node_name=node_a)
+        token = AsyncClient(KubeConfig.from_file(str(token_a.kubeconfig)))
+        try:
+            bound = await BoundPodsReader(reads=reads, node=node_a)()
+            kubelet = await reads.client()
+            with pytest.raises(ApiError) as theirs:
+                await pods_bound_here(kubelet, node_b)
+            with pytest.raises(ApiError) as every:
+                [pod async for pod in kubelet.list(Pod, namespace="*")]
+            by_token = BoundPodsReader(reads=NodeReads(token), node=node_a)
+            refused = await by_token()
+        finally:
+            await token.close()
+            await reads.close()
+    assert bound is not None
+    assert {p["metadata"]["name"] for p in bound if p["metadata"]["namespace"] == ns} == {"on-a"}
+    for error in (theirs.value, every.value):
+        assert error.status.code == 403
+        assert f"system:node:{node_a}" in str(error.status.message)
+        assert "spec.nodeName field selector" in str(error.status.message)
+    assert refused is None
+    assert not by_token.permitted
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "the agent's own token" in warning
+    assert "KUBELET_CLIENT_CERT" in warning
+    plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    plane.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
+                  f"{AGENT_ACCOUNT}-{node_a}", check=False)
     plane.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
