@@ -29,7 +29,6 @@ from typing import Any
 
 import grpc.aio
 import pytest
-import yaml
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
@@ -45,14 +44,18 @@ from tests.harness import agent_process as harness
 from tests.harness import cdi
 from tests.harness import dra as h
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
-from tests.harness.service_accounts import Identity, kubelet_certificate, pod_bound
+from tests.harness.service_accounts import (
+    AGENT_ACCOUNT,
+    SYSTEM_NAMESPACE,
+    Identity,
+    kubelet_certificate,
+    pod_bound,
+)
+from tests.integration.test_attacks_agent import agent_manifests
 
 pytestmark = pytest.mark.timeout(240)
 
-MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
-SYSTEM_NAMESPACE = "edgeplug-system"
-AGENT_ACCOUNT = "edgeplug-agent"
 #: The Node authorizer's words when a node asks for an object none of its pods references.
 NO_RELATIONSHIP = "no relationship found between node"
 KUBECTL_TIMEOUT_S = 60
@@ -63,11 +66,8 @@ def plane(control_plane: ControlPlane) -> ControlPlane:
     """The agent's rights applied as a user applies them (deploy/manifests' agent files,
     deploy/dra)."""
     cp = control_plane
-    listed = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
-    for name in listed:
-        if name == "namespace.yaml" or (name.startswith("agent-")
-                                        and name != "agent-daemonset.yaml"):
-            cp.kubectl("apply", "-f", str(MANIFESTS / name))
+    for path in agent_manifests():
+        cp.kubectl("apply", "-f", str(path))
     cp.kubectl("apply", "-k", str(DRA_MANIFESTS))
     return cp
 
