@@ -366,7 +366,8 @@ class Reconciler:
         refusal = self.refusals.get(key)
         if refusal is None or refusal[0] != cfg.generation:
             return False
-        return time.monotonic() - self._refused_at.get(key, 0.0) < REFUSAL_RETRY_S
+        refused_at = self._refused_at.get(key)
+        return refused_at is not None and time.monotonic() - refused_at < REFUSAL_RETRY_S
 
     def _refused(self, config: ConfigurationRecord, *, kind: str, name: str, message: str) -> None:
         cfg = config.configuration

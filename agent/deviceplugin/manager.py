@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ class _Plugin:
     server: PluginServer
     registered_with: _Identity | None = None
     ever_registered: bool = False
-    retry_after: float = 0.0
+    #: When a registration may be tried again (monotonic); -inf: at once, whatever the clock.
+    retry_after: float = -math.inf
     #: Registrations failed in a row (the kubelet down): only the first is a warning.
     failures: int = 0
     #: When the kubelet ended the plugin's last stream (monotonic), while it stays served.
@@ -141,7 +143,7 @@ class PluginManager:
     async def run(self) -> None:
         """Watch for kubelet restarts until cancelled; then stop every plugin."""
         watch = DirectoryWatch(self.plugin_dir, self._changed)
-        next_watch_try = 0.0
+        next_watch_try = -math.inf
         try:
             while True:
                 if not watch.alive and time.monotonic() >= next_watch_try:
@@ -243,7 +245,7 @@ class PluginManager:
             log.info("registered after %d failed attempts", plugin.failures,
                      extra={"resource": spec.resource_name})
         plugin.failures = 0
-        plugin.retry_after = 0.0
+        plugin.retry_after = -math.inf
         plugin.hung_up_at = None  # a hang-up from here on is about this registration
         kind = "re" if plugin.ever_registered else "first"
         plugin.registered_with = kubelet

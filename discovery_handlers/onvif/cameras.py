@@ -71,15 +71,16 @@ class Camera:
     source: str  # the address its last WS-Discovery message came from
     last_seen: float
     description: Description | None = None
-    described_at: float = 0.0
+    #: when its description was last read (monotonic seconds); None: never, or to be re-read
+    described_at: float | None = None
     healthy: bool = True
     reason: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     #: the XAddr chosen when first seen; kept while the camera still lists it, so a dual-stack
     #: camera heard over IPv4 and IPv6 does not flip its id (and Instance) between them
     pinned_url: str = ""
-    #: when a check last found it healthy (monotonic seconds)
-    checked_at: float = 0.0
+    #: when a check last found it healthy (monotonic seconds); None: never
+    checked_at: float | None = None
     #: the failure reasons logged at warning level since it last answered (each is logged
     #: once, then at debug level)
     warned: set[str] = field(default_factory=set)

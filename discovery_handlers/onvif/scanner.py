@@ -50,6 +50,13 @@ OLD_PROBE_IDS = 4  # our last Probes, so a late answer is told from a stray one
 MAX_WARNED_CAUSES = 8  # per camera; past that the set starts again (a camera failing anew)
 
 
+def description_due(described_at: float | None, now: float) -> bool:
+    """Whether a camera's full description is to be read: never read (or marked stale), or
+    read more than ``DESCRIBE_REFRESH_S`` ago. Monotonic clocks start anywhere (near 0 after
+    boot), so "never" is ``None``, never a time."""
+    return described_at is None or now - described_at > DESCRIBE_REFRESH_S
+
+
 class Scanner:
     """Runs discovery for one Configuration's details; ``devices()`` streams the lists."""
 
@@ -61,7 +68,7 @@ class Scanner:
         self._pass_checks: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
         self._probe_id = ""
-        self._pass_started = 0.0
+        self._pass_started: float | None = None  # monotonic; None before the first pass
         self._first_pass_done = False
         self._gathering = False  # a pass is gathering answers to its Probe
         self._checks = asyncio.Semaphore(MAX_CONCURRENT_CHECKS)
@@ -114,7 +121,7 @@ class Scanner:
     async def _one_pass(self) -> None:
         """Probe, then check every camera: each as soon as it answers, the rest after the wait."""
         self._probe_id = wsd_messages.new_message_id()
-        self._pass_started = time.monotonic()
+        started = self._pass_started = time.monotonic()
         self._pass_checks = {}
         self._gathering = True
         message = wsd_messages.probe(self._probe_id)
@@ -124,7 +131,7 @@ class Scanner:
         await asyncio.sleep(max(0.0, self._details.discovery_timeout_s - PROBE_REPEAT_DELAY_S))
         self._gathering = False  # from now on an answer is checked and published at once
         missed = MISSED_PASSES_BEFORE_GONE * self._details.discovery_interval_s
-        horizon = self._pass_started - missed
+        horizon = started - missed
         for uuid in [u for u, c in self._cameras.items() if c.last_seen < horizon]:
             self._forget(uuid)
         for camera in list(self._cameras.values()):
@@ -145,7 +152,8 @@ class Scanner:
         healthy since the pass began."""
         if camera.match.uuid in self._pass_checks:
             return
-        fresh = camera.description is not None and camera.checked_at >= self._pass_started
+        fresh = (camera.description is not None and camera.checked_at is not None
+                 and self._pass_started is not None and camera.checked_at >= self._pass_started)
         if late and fresh and camera.healthy:
             return
         task = asyncio.create_task(self._check_and_publish(camera))
@@ -210,7 +218,7 @@ class Scanner:
             camera.match, camera.source = match, sender
             camera.pin_url()
             if stale:
-                camera.described_at = 0.0  # re-read the description on the next check
+                camera.described_at = None  # re-read the description on the next check
         camera.last_seen = now
         return camera
 
@@ -229,7 +237,7 @@ class Scanner:
             try:
                 was_locked = session.locked
                 await session.check_clock()
-                due = time.monotonic() - camera.described_at > DESCRIBE_REFRESH_S
+                due = description_due(camera.described_at, time.monotonic())
                 if due or session.locked != was_locked:
                     description = await session.describe()
                     self._note_profiles(camera, description)

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid as uuid_module
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -264,15 +265,23 @@ def camera(index: int, host: str, **fields: Any) -> dict[str, Any]:
     }
 
 
+def clock_near_boot() -> list[str]:
+    """The command prefix that runs a process in a new time namespace whose monotonic clock
+    reads about one second, as it does just after a host boots (``unshare --time``)."""
+    return ["unshare", "--time", f"--monotonic=-{max(int(time.monotonic()) - 1, 0)}", "--fork"]
+
+
 async def edgeplug_discover(
-    bed: NetnsBed, configuration: str, *arguments: str
+    bed: NetnsBed, configuration: str, *arguments: str, near_boot: bool = False
 ) -> tuple[int, str, str]:
-    """``edgeplug discover -o json`` of a Configuration's YAML, run in the handler's namespace:
-    exit status, standard output, standard error."""
+    """``edgeplug discover -o json`` of a Configuration's YAML, run in the handler's namespace
+    (with its monotonic clock near its origin when ``near_boot``): exit status, standard output,
+    standard error."""
     path = bed.workdir / f"configuration-{uuid_module.uuid4().hex[:6]}.yaml"
     path.write_text(configuration, encoding="utf-8")
+    clock = clock_near_boot() if near_boot else []
     proc = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", bed.handler_ns, sys.executable, "-m", "crds.cli", "discover",
+        "ip", "netns", "exec", bed.handler_ns, *clock, sys.executable, "-m", "crds.cli", "discover",
         "-f", str(path), "-o", "json", "--timeout", "20", *arguments,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
     )

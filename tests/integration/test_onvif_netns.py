@@ -174,9 +174,12 @@ spec:
 """
 
 
-async def edgeplug_discover(bed: NetnsBed, extra: str) -> tuple[int, str, str]:
+async def edgeplug_discover(
+    bed: NetnsBed, extra: str, *, near_boot: bool = False
+) -> tuple[int, str, str]:
     configuration = CONFIGURATION.format(extra=extra)
-    return await discover_in_ns(bed, configuration, "--property", f"password_default={PASSWORD}")
+    return await discover_in_ns(bed, configuration, "--property", f"password_default={PASSWORD}",
+                                near_boot=near_boot)
 
 
 async def test_edgeplug_discover_lists_the_simulated_cameras(
@@ -202,3 +205,20 @@ async def test_edgeplug_discover_lists_the_simulated_cameras(
     status, out, err = await edgeplug_discover(bed, "scopes: {items: [x], action: Sometimes}")
     assert status == 2
     assert "scopes.action" in err
+
+
+async def test_a_camera_is_described_at_once_when_the_clock_has_just_started(
+    bed: NetnsBed, processes: list[LineProcess]
+) -> None:
+    """An agent starts with its node: its monotonic clock reads a second or two. The camera is
+    found and described on the first pass, not once the clock passes the description refresh
+    interval."""
+    ns = bed.add_camera_ns(14)
+    processes.append(await start_cameras(bed, ns, {"cameras": [camera(2, f"{LAN_V4}.14")]}))
+    status, out, err = await edgeplug_discover(
+        bed, f"ipAddresses: {{items: [{LAN_V4}.14], action: Include}}", near_boot=True
+    )
+    assert status == 0, err
+    listing = json.loads(out.splitlines()[0])
+    (device,) = listing["devices"]
+    assert device["properties"]["ONVIF_DEVICE_IP_ADDRESS"] == f"{LAN_V4}.14"

@@ -6,6 +6,7 @@ import pytest
 
 from discovery_handlers.onvif import cameras as c
 from discovery_handlers.onvif import handler
+from discovery_handlers.onvif.scanner import description_due
 from discovery_handlers.onvif.wsd_messages import Match
 
 UUID = "3fa1fe68-b915-4053-a3e1-ac15a21f5f91"
@@ -213,3 +214,16 @@ def test_auth_warning_names_the_camera(description: c.Description, words: str | 
     else:
         assert words in warning
         assert f"{cam.service_url} (uuid {cam.match.uuid})" in warning
+
+
+@pytest.mark.parametrize(("described_at", "now", "due"), [
+    (None, 0.5, True),  # never described, the clock just started (a host that just booted)
+    (None, 1e6, True),
+    (0.0, 0.5, False),  # described a moment ago, near the clock's origin
+    (10.0, 300.0, False),
+    (10.0, 310.5, True),
+])
+def test_a_description_is_due_when_never_read_whatever_the_clock_reads(
+    described_at: float | None, now: float, due: bool
+) -> None:
+    assert description_due(described_at, now) is due

@@ -31,6 +31,7 @@ def records(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
 def scanner() -> Scanner:
     found = Scanner(parse_details("", {}))
     found._probe_id = "urn:uuid:p"  # as if a pass had just sent this Probe
+    found._pass_started = time.monotonic()
     return found
 
 
