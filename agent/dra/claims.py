@@ -13,9 +13,11 @@ environment of several devices (``ComposingHandler``) the composed environment o
 claim's devices goes in the spec-wide edits and none in the devices', so one device's value
 never overrides the composed one.
 
-The record (``Checkpoint``) is one JSON file rewritten atomically after every change: a claim
-prepared before a restart answers with the same CDI ids even if its device has since gone, and
-unprepare after a restart still removes the spec.
+The record (``Checkpoint``) is one JSON file on disk, rewritten atomically after every change,
+holding each claim's CDI ids and its whole spec: a claim prepared before a restart answers
+with the same CDI ids even if its device has since gone, its spec is written again where a
+reboot emptied the CDI directory (a tmpfs under ``/run``), and unprepare after a restart
+still removes the spec.
 """
 
 from __future__ import annotations
@@ -126,6 +128,21 @@ def claim_spec_path(directory: Path, uid: str) -> Path:
     return directory / f"{CLAIM_FILE_PREFIX}{uid}.json"
 
 
+def write_claim_spec(directory: Path, uid: str, spec: Mapping[str, Any]) -> None:
+    """Keys sorted, as the record keeps them: a spec written again from it is the same bytes."""
+    write_atomically(claim_spec_path(directory, uid),
+                     json.dumps(spec, indent=1, sort_keys=True))
+
+
+def read_claim_spec(directory: Path, uid: str) -> dict[str, Any] | None:
+    """The claim's spec as the runtime would find it; None if missing or not a claim spec."""
+    try:
+        found = json.loads(claim_spec_path(directory, uid).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):  # ValueError: not JSON, or not UTF-8
+        return None
+    return found if isinstance(found, dict) and found.get("kind") == CDI_KIND else None
+
+
 def write_atomically(path: Path, text: str) -> None:
     """``text`` at ``path`` through a temporary file and a rename: a reader (the runtime, the
     next agent) sees the old file or the new one, never half of one."""
@@ -155,6 +172,8 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    #: The CDI spec written for the claim; None in a record an older agent wrote.
+    cdi_spec: dict[str, Any] | None = None
 
 
 class Checkpoint:
@@ -189,7 +208,8 @@ class Checkpoint:
                 namespace=c["namespace"], name=c["name"],
                 devices=tuple(PreparedDevice(request=d["request"], pool=d["pool"],
                                              device=d["device"], cdi_ids=tuple(d["cdi_ids"]))
-                              for d in c["devices"]))
+                              for d in c["devices"]),
+                cdi_spec=_spec_field(c.get("cdi_spec")))
             for uid, c in data["claims"].items()
         }
 
@@ -205,3 +225,10 @@ class Checkpoint:
         body = {"version": self.VERSION,
                 "claims": {uid: asdict(c) for uid, c in sorted(self.claims.items())}}
         write_atomically(self.path, json.dumps(body, indent=1, sort_keys=True))
+
+
+def _spec_field(value: Any) -> dict[str, Any] | None:
+    """A record's ``cdi_spec``: absent (an older agent's record, same version) or a spec."""
+    if value is None or (isinstance(value, dict) and value.get("kind") == CDI_KIND):
+        return value
+    raise TypeError(f"cdi_spec is not a {CDI_KIND} spec")

@@ -13,9 +13,12 @@ health services ``agent.dra.health`` serves on the same socket (``v1.DRAResource
 Prepare, per claim: read the claim (its allocation is in its status; as the kubelet where its
 certificate is given, ``agent.node_reads``), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
-hook, write the claim's CDI spec, record the claim, and answer the CDI ids. A claim already
-recorded answers from the record (the kubelet calls again after its own restart, and after
-ours). Unprepare removes the spec and the record; an unknown claim is already unprepared.
+hook, write the claim's CDI spec, record the claim with its spec, and answer the CDI ids. A
+claim already recorded answers from the record (the kubelet calls again after its own restart,
+and after ours), once its spec is in the CDI directory as recorded: written again if not. A
+reboot empties that directory (``/var/run/cdi`` is a tmpfs) and keeps the record (on disk), so
+before the plugin registers every recorded claim's spec is written again where it is missing
+or differs. Unprepare removes the spec and the record; an unknown claim is already unprepared.
 A failure of one claim is reported in that claim's ``error`` and leaves the others alone.
 Each claim's prepare is timed into ``edgeplug_dra_prepare_duration_seconds`` (by outcome).
 """
@@ -24,10 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -80,13 +83,59 @@ class ClaimPreparer:
         self.checkpoint = cl.Checkpoint(state_dir / CHECKPOINT_FILE)
         self._lock = asyncio.Lock()
 
+    def restore(self) -> None:
+        """Write every recorded claim's spec again where it is missing or differs (after a
+        reboot, before the kubelet asks); a spec that cannot be made yet (an older agent's
+        record, its device not served yet) is logged and made at the kubelet's next prepare."""
+        for uid, known in list(self.checkpoint.claims.items()):
+            try:
+                self._spec_in_place(uid, known)
+            except (cl.PrepareError, OSError) as error:
+                log.warning("prepared claim's CDI spec not restored yet; the kubelet's next "
+                            "prepare tries again", extra={
+                                "claim": f"{known.namespace}/{known.name}", "uid": uid,
+                                "error": str(error)})
+
+    def _spec_dir(self) -> Path:
+        if self._cdi_dir is None:
+            raise cl.PrepareError("this agent writes no CDI specs (CDI_SPEC_DIR is empty)")
+        return self._cdi_dir
+
+    def _spec_in_place(self, uid: str, known: cl.PreparedClaim) -> cl.PreparedClaim:
+        """``known`` once its spec is in the CDI directory as recorded; a record without the
+        spec (an older agent's) takes the one on disk, or one made from the served devices."""
+        directory = self._spec_dir()
+        on_disk = cl.read_claim_spec(directory, uid)
+        spec = known.cdi_spec or on_disk or self._rebuilt_spec(uid, known)
+        if on_disk != spec:
+            cl.write_claim_spec(directory, uid, spec)
+            log.info("claim spec written again", extra={
+                "claim": f"{known.namespace}/{known.name}", "uid": uid})
+        if known.cdi_spec is None:
+            known = replace(known, cdi_spec=spec)
+            self.checkpoint.put(uid, known)
+        return known
+
+    def _rebuilt_spec(self, uid: str, known: cl.PreparedClaim) -> dict[str, Any]:
+        table = self.devices.snapshot().values()
+        found: list[NodeDevice] = []
+        for recorded in known.devices:
+            device = cl.find_device(table, self.node_name, cl.AllocatedDevice(
+                request=recorded.request, pool=recorded.pool, device=recorded.device))
+            if device is None:
+                raise cl.PrepareError(
+                    f"the CDI spec of claim {known.namespace}/{known.name} is gone and its "
+                    f"device {recorded.device} of pool {recorded.pool} is not served on node "
+                    f"{self.node_name} yet")
+            found.append(device)
+        return cl.claim_spec(uid, found)
+
     async def prepare(self, namespace: str, name: str, uid: str) -> cl.PreparedClaim:
         async with self._lock:
             known = self.checkpoint.claims.get(uid)
             if known is not None:
-                return known
-            if self._cdi_dir is None:
-                raise cl.PrepareError("this agent writes no CDI specs (CDI_SPEC_DIR is empty)")
+                return self._spec_in_place(uid, known)
+            directory = self._spec_dir()
             claim = await self._read_claim(namespace, name, uid)
             wanted = cl.results_for_driver(claim)
             table = self.devices.snapshot().values()
@@ -101,12 +150,12 @@ class ClaimPreparer:
                                           f"{device.health.reason}")
                 found.append(device)
             await _run_prepare_hook(found)
-            cl.write_atomically(cl.claim_spec_path(self._cdi_dir, uid),
-                                json.dumps(cl.claim_spec(uid, found), indent=1))
+            spec = cl.claim_spec(uid, found)
+            cl.write_claim_spec(directory, uid, spec)
             prepared = cl.PreparedClaim(namespace=namespace, name=name, devices=tuple(
                 cl.PreparedDevice(request=r.request, pool=r.pool, device=r.device,
                                   cdi_ids=(cl.cdi_id(uid, i),))
-                for i, r in enumerate(wanted)))
+                for i, r in enumerate(wanted)), cdi_spec=spec)
             self.checkpoint.put(uid, prepared)
             log.info("claim prepared", extra={"claim": f"{namespace}/{name}", "uid": uid,
                                               "devices": [r.device for r in wanted]})
@@ -230,6 +279,7 @@ class DraKubeletPlugin:
                                            devices=preparer.devices)
 
     async def run(self) -> None:
+        self.preparer.restore()  # before the kubelet can ask: it registers us only below
         servers: list[tuple[aio.Server, Path]] = []
         try:
             service = aio.server()

@@ -1,14 +1,21 @@
-"""A claim's devices found by pool and name, its CDI spec (per device, or composed), the record."""
+"""A claim's devices found by pool and name, its CDI spec (per device, or composed), the record,
+and the spec written again from the record where a reboot emptied the CDI directory."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from lightkube import AsyncClient
 
 from agent.dra import claims as cl
 from agent.dra import slices
-from agent.node_devices import NodeDevice
+from agent.dra.plugin import CHECKPOINT_FILE, ClaimPreparer
+from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.node_reads import NodeReads
 from discovery_handlers.contract import Device, DeviceSpec, Mount
 from tests.harness.echo_handlers import EchoDetails, ExtendedEcho
 
@@ -78,13 +85,114 @@ def test_checkpoint_round_trip_and_an_unreadable_one_set_aside(tmp_path: Path) -
     record = cl.Checkpoint(path)
     prepared = cl.PreparedClaim(namespace="ns", name="c", devices=(
         cl.PreparedDevice(request="r", pool="p", device="d", cdi_ids=("edgeplug.io/claim=u-0",)),
-    ))
+    ), cdi_spec=cl.claim_spec("u", [node_device("npu-00000a")]))
+    older = cl.PreparedClaim(namespace="ns", name="old", devices=prepared.devices)
     record.put("u", prepared)
-    assert cl.Checkpoint(path).claims == {"u": prepared}
+    record.put("v", older)  # an older agent's claim: no spec recorded
+    assert cl.Checkpoint(path).claims == {"u": prepared, "v": older}
     record.drop("u")
+    record.drop("v")
     assert cl.Checkpoint(path).claims == {}
-    for garbage in ('{"version": 99, "claims": {}}', "{not json", '{"version": 1}'):
+    not_a_spec = ('{"version": 1, "claims": {"u": {"namespace": "ns", "name": "c", '
+                  '"devices": [], "cdi_spec": {"kind": "other"}}}}')
+    for garbage in ('{"version": 99, "claims": {}}', "{not json", '{"version": 1}', not_a_spec):
         path.write_text(garbage)
         assert cl.Checkpoint(path).claims == {}
         assert not path.exists()
         assert (tmp_path / "claims.json.unreadable").read_text() == garbage
+
+
+class _NoReads(NodeReads):
+    """Reads nothing: a claim the record answers is never read from the API again."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(AsyncClient, None))
+
+    async def client(self) -> AsyncClient:
+        raise AssertionError("a recorded claim was read from the API")
+
+
+def _allocated(uid: str, pool: str, device: str) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [
+        {"request": "dev", "driver": "edgeplug.io", "pool": pool, "device": device}]}}}}
+
+
+async def _table(*devices: NodeDevice) -> NodeDeviceTable:
+    table = NodeDeviceTable()
+    for device in devices:
+        await table.put(device)
+    return table
+
+
+async def test_a_reboot_empties_the_cdi_directory_and_the_record_writes_the_spec_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prepared, then the node reboots: ``/var/run/cdi`` emptied, the record on disk kept, the
+    agent started again before discovery found anything. The spec is back, the same, before
+    the kubelet asks; and where it goes again, the kubelet's prepare writes it again."""
+    cdi_dir, state = tmp_path / "run" / "cdi", tmp_path / "plugins" / "edgeplug.io"
+    device = node_device("npu-00000a")
+    pool = slices.local_pool("ns", "npu", "n1")
+    first = ClaimPreparer(reads=_NoReads(), node_name="n1", devices=await _table(device),
+                          cdi_dir=cdi_dir, state_dir=state)
+
+    async def read(namespace: str, name: str, uid: str) -> dict[str, Any]:
+        return _allocated(uid, pool, slices.device_name(device.instance))
+
+    monkeypatch.setattr(first, "_read_claim", read)
+    prepared = await first.prepare("ns", "c", "u1")
+    spec = cl.claim_spec_path(cdi_dir, "u1")
+    written = spec.read_text()
+
+    shutil.rmtree(cdi_dir)  # the reboot: /run is a tmpfs
+    second = ClaimPreparer(reads=_NoReads(), node_name="n1", devices=NodeDeviceTable(),
+                           cdi_dir=cdi_dir, state_dir=state)
+    second.restore()  # what the plugin does before it registers with the kubelet
+    assert spec.read_text() == written
+    spec.unlink()
+    assert await second.prepare("ns", "c", "u1") == prepared
+    assert spec.read_text() == written, "the kubelet is told only what is on disk"
+    spec.write_text("{}")  # a spec that is not the one recorded is replaced
+    await second.prepare("ns", "c", "u1")
+    assert spec.read_text() == written
+
+    await second.unprepare("ns", "c", "u1")
+    await second.unprepare("ns", "c", "u1")
+    assert not spec.exists()
+    assert cl.Checkpoint(state / CHECKPOINT_FILE).claims == {}
+
+
+async def test_an_older_agents_record_takes_the_spec_on_disk_or_the_served_device(
+    tmp_path: Path,
+) -> None:
+    """A record without specs (an older agent's): at start a claim whose spec is still on
+    disk records it; one whose spec is gone and whose device is not served yet is logged, its
+    prepare refused (the kubelet asks again), and made from the device once it is served."""
+    cdi_dir, state = tmp_path / "cdi", tmp_path / "state"
+    device = node_device("npu-00000a")
+    pool = slices.local_pool("ns", "npu", "n1")
+    recorded = (cl.PreparedDevice(request="dev", pool=pool,
+                                  device=slices.device_name(device.instance),
+                                  cdi_ids=(cl.cdi_id("kept", 0),)),)
+    record = cl.Checkpoint(state / CHECKPOINT_FILE)
+    record.put("kept", cl.PreparedClaim(namespace="ns", name="kept", devices=recorded))
+    record.put("lost", cl.PreparedClaim(namespace="ns", name="lost", devices=recorded))
+    on_disk = cl.claim_spec("kept", [device])
+    cl.write_claim_spec(cdi_dir, "kept", on_disk)
+
+    table = NodeDeviceTable()
+    preparer = ClaimPreparer(reads=_NoReads(), node_name="n1", devices=table, cdi_dir=cdi_dir,
+                             state_dir=state)
+    preparer.restore()
+    claims = cl.Checkpoint(state / CHECKPOINT_FILE).claims
+    assert claims["kept"].cdi_spec == on_disk
+    assert claims["lost"].cdi_spec is None
+    assert not cl.claim_spec_path(cdi_dir, "lost").exists()
+    with pytest.raises(cl.PrepareError, match="not served on node n1 yet"):
+        await preparer.prepare("ns", "lost", "lost")
+
+    await table.put(device)
+    await preparer.prepare("ns", "lost", "lost")
+    made = cl.claim_spec("lost", [device])
+    assert json.loads(cl.claim_spec_path(cdi_dir, "lost").read_text()) == made
+    assert cl.Checkpoint(state / CHECKPOINT_FILE).claims["lost"].cdi_spec == made
