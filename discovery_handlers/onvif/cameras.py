@@ -61,6 +61,9 @@ class Description:
     auth_refused: bool = False
     #: it refused what we asked without credentials, and none are configured for it
     credentials_missing: bool = False
+    #: a call ONVIF makes mandatory (GetDeviceInformation) answered with this SOAP fault: the
+    #: camera is listed, unhealthy, with this reason
+    mandatory_fault: str = ""
 
 
 @dataclass

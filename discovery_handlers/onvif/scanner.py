@@ -240,6 +240,9 @@ class Scanner:
                 due = description_due(camera.described_at, time.monotonic())
                 if due or session.locked != was_locked:
                     description = await session.describe()
+                    if description.mandatory_fault:
+                        self._keep_faulted(camera, description)
+                        raise CameraError(description.mandatory_fault)
                     self._note_profiles(camera, description)
                     camera.description = description
                     camera.described_at = time.monotonic()
@@ -253,6 +256,14 @@ class Scanner:
             camera.healthy, camera.reason = True, ""
             camera.warned.clear()
             camera.checked_at = time.monotonic()
+
+    @staticmethod
+    def _keep_faulted(camera: Camera, description: Description) -> None:
+        """A camera whose mandatory call faulted keeps what it last said in full; one that never
+        did is listed with what it says now (it answers SOAP: it is a camera, unhealthy). Its
+        description stays due, so the next check asks again."""
+        if camera.description is None or camera.description.mandatory_fault:
+            camera.description = description
 
     def _note_failure(self, camera: Camera, exc: CameraError) -> None:
         """Log a failed check: once per cause at warning level, then at debug level."""

@@ -78,17 +78,18 @@ class CameraError(Exception):
 
     ``malformed``: the reply was not a well-formed SOAP envelope (cut, garbage, a DTD). Unlike
     a fault or a refusal that is no answer at all, so it fails the description even where a
-    fault would only leave a property out.
+    fault would only leave a property out. ``fault``: the camera answered with a SOAP fault.
     """
 
     def __init__(
         self, reason: str, *, auth_refused: bool = False, malformed: bool = False,
-        cause: str = "",
+        fault: bool = False, cause: str = "",
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.auth_refused = auth_refused
         self.malformed = malformed
+        self.fault = fault
         #: what went wrong without the details that vary from one try to the next (where a
         #: reply was cut, an OS error's text): the same cause is logged once, not every pass
         self.cause = cause or reason
@@ -300,15 +301,20 @@ class CameraSession:
         authless = self.credential is None
         refused = False
         info: Any = None
+        mandatory_fault = ""
         try:
             info = await _call(self._op("devicemgmt", self.xaddr, "GetDeviceInformation", authless))
         except CameraError as exc:
-            if not exc.auth_refused:
+            if exc.auth_refused:
+                if authless:  # it wants credentials and none are configured
+                    return Description(credentials_missing=True)
+                refused, authless = True, True
+                info = await _optional(
+                    self._op("devicemgmt", self.xaddr, "GetDeviceInformation", True))
+            elif exc.fault:  # it speaks SOAP: described, and unhealthy while the fault lasts
+                mandatory_fault = exc.reason
+            else:
                 raise
-            if authless:  # it wants credentials and none are configured
-                return Description(credentials_missing=True)
-            refused, authless = True, True
-            info = await _optional(self._op("devicemgmt", self.xaddr, "GetDeviceInformation", True))
         interfaces = await _optional(
             self._op("devicemgmt", self.xaddr, "GetNetworkInterfaces", authless)
         )
@@ -321,6 +327,7 @@ class CameraSession:
             streams=streams,
             profiles_left_out=left_out,
             auth_refused=refused,
+            mandatory_fault=mandatory_fault,
         )
 
     async def _streams(
@@ -390,7 +397,7 @@ async def _call(op: _Operation, params: dict[str, Any] | None = None) -> Any:
         raise CameraError(reason, malformed=True, cause=f"{name}: malformed reply") from None
     except zeep.exceptions.Fault as exc:
         reason = f"{name}: SOAP fault {_fault_text(exc)}"
-        raise CameraError(reason, auth_refused=_is_auth_fault(exc)) from None
+        raise CameraError(reason, auth_refused=_is_auth_fault(exc), fault=True) from None
     except zeep.exceptions.TransportError as exc:
         if exc.status_code == 200:  # zeep's way of saying the reply was not XML
             raise CameraError(f"{name}: unreadable reply (not XML)") from None

@@ -9,7 +9,7 @@ datagrams, and ProbeMatches for message ids nobody sent.
 
 Run as ``python -m tests.harness.onvif_camera CONFIG.json`` (inside a network namespace for
 multicast); it prints ``READY`` once listening and takes JSON commands on stdin, one a line:
-``{"cmd": "hello"|"bye"|"silence"|"revive"|"fault"|"add"|"stats", ...}``.
+``{"cmd": "hello"|"bye"|"silence"|"revive"|"fault"|"fault_operations"|"add"|"stats", ...}``.
 """
 
 from __future__ import annotations
@@ -241,6 +241,8 @@ class CameraProcess:
             camera.silent = False
         elif cmd == "fault":
             camera.fault = line["fault"]
+        elif cmd == "fault_operations":
+            camera.faulted_operations = list(line["operations"])
         else:
             raise ValueError(cmd)
         return {"ok": True}

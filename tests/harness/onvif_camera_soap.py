@@ -62,6 +62,8 @@ class CameraSpec:
     #: deployed cameras and third-party implementations lock it too)
     clock_auth: bool = False
     fault: str | None = None  # one of FAULTS
+    #: operations answered with a SOAP fault (as a firmware that lacks one does), the rest as usual
+    faulted_operations: list[str] = field(default_factory=list)
     silent: bool = False  # answers neither probes nor SOAP (unplugged)
     metadata_version: int = 1
 
@@ -128,7 +130,7 @@ class SoapResponder:
         if request is None or len(request) == 0:
             return 400, fault("ter:WellFormed", "no body")
         operation = etree.QName(request[0]).localname
-        if camera.fault == "soap_fault":
+        if camera.fault == "soap_fault" or operation in camera.faulted_operations:
             return 500, fault("ter:ActionNotSupported", "simulated fault")
         open_to_all = operation in UNAUTHENTICATED_OPERATIONS and not camera.clock_auth
         if camera.username is not None and not open_to_all:

@@ -90,6 +90,37 @@ async def test_silent_camera_goes_and_soap_failure_is_unhealthy(
     )
 
 
+async def test_a_camera_faulting_get_device_information_is_listed_unhealthy_until_it_answers(
+    bed: NetnsBed, processes: list[LineProcess]
+) -> None:
+    """ONVIF makes GetDeviceInformation mandatory: a camera that answers it with a SOAP fault is
+    listed (an operator sees it, and why) but unhealthy; it turns healthy, described, once it
+    answers. A fault of an optional call (GetNetworkInterfaces) only leaves its property out."""
+    faulty = camera(1, f"{LAN_V4}.23", faulted_operations=["GetDeviceInformation"])
+    no_nics = camera(2, f"{LAN_V4}.23", faulted_operations=["GetNetworkInterfaces"])
+    cameras, runner = await cameras_and_runner(bed, processes, 23,
+                                               {"cameras": [faulty, no_nics]}, FAST)
+    first = await runner.wait_for(
+        lambda line: state(line) == {faulty["uuid"]: False, no_nics["uuid"]: True},
+        what="the faulting camera listed unhealthy beside the other")
+    by_uuid = {d["properties"]["ONVIF_DEVICE_UUID"]: d for d in first["devices"]}
+    listed = by_uuid[faulty["uuid"]]
+    assert listed["reason"].startswith("GetDeviceInformation: SOAP fault")
+    assert listed["properties"]["ONVIF_DEVICE_IP_ADDRESS"] == f"{LAN_V4}.23"
+    assert "ONVIF_DEVICE_MANUFACTURER" not in listed["properties"]
+    assert "ONVIF_DEVICE_MAC_ADDRESS" not in by_uuid[no_nics["uuid"]]["properties"]
+    assert by_uuid[no_nics["uuid"]]["properties"]["ONVIF_DEVICE_MANUFACTURER"] == "SimCam"
+    assert "GetDeviceInformation: SOAP fault" in runner.stderr()
+
+    await cameras.command(cmd="fault_operations", uuid=faulty["uuid"], operations=[])
+    healed = await runner.wait_for(
+        newer_than(first, lambda s: s == {faulty["uuid"]: True, no_nics["uuid"]: True}),
+        what="the camera described once it answers")
+    (device,) = (d for d in healed["devices"]
+                 if d["properties"]["ONVIF_DEVICE_UUID"] == faulty["uuid"])
+    assert device["properties"]["ONVIF_DEVICE_MANUFACTURER"] == "SimCam"
+
+
 async def test_hostile_peers_publish_nothing_and_cost_bounded_memory(
     bed: NetnsBed, processes: list[LineProcess]
 ) -> None:
