@@ -7,7 +7,8 @@ directory is ``/var/lib/akri``). The agent serves Akri's ``v0.Registration`` the
 node's registrations in a ``Registrations`` table and routes the handler registry through
 ``ExternalHandlers``, so a Configuration naming a registered handler runs it (see
 ``discovery_handlers.external.handler``). The metric ``edgeplug_discovery_handlers_registered``
-shows which names are registered on the node.
+shows which names are registered on the node, ``edgeplug_discovery_handler_registrations_total``
+how many registrations each name received.
 
 The registry's resolver is process-wide: one agent per process hosts registrations (the
 DaemonSet runs one; in-process test agents leave it off unless a test asks).
@@ -21,7 +22,7 @@ import os
 from pathlib import Path
 
 import grpc
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from agent.metrics import AgentMetrics
 from discovery_handlers.external.akriapi import discovery_pb2 as pb
@@ -46,8 +47,9 @@ RECORD_NAME = "edgeplug-registrations.json"
 
 
 class _RegistrationService(pb_grpc.RegistrationServicer):
-    def __init__(self, registrations: Registrations) -> None:
+    def __init__(self, registrations: Registrations, received: Counter) -> None:
         self._registrations = registrations
+        self._received = received
 
     async def RegisterDiscoveryHandler(
         self,
@@ -65,6 +67,7 @@ class _RegistrationService(pb_grpc.RegistrationServicer):
                         request.name, exc, extra={"handler": request.name})
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raises; this line is for readers and type checkers
+        self._received.labels(registration.name).inc()
         log.info(
             "discovery handler %r registered at %s (%s, %s devices)", registration.name,
             registration.endpoint, registration.endpoint_type.name,
@@ -86,6 +89,12 @@ class HandlerRegistration:
             "Out-of-process discovery handlers registered on this node (Akri's protocol), "
             "1 per registered name", ["handler"], registry=metrics.registry,
         )
+        self._received = Counter(
+            "edgeplug_discovery_handler_registrations",
+            "Registrations the agent accepted from out-of-process discovery handlers (Akri's "
+            "protocol), the same endpoint registering again included", ["handler"],
+            registry=metrics.registry,
+        )
         self._shown: set[str] = set()
         self.record = directory / RECORD_NAME
         self.registrations.on_change(self._count)
@@ -101,8 +110,7 @@ class HandlerRegistration:
     def _save(self) -> None:
         entries = []
         for name in self.registrations.names():
-            registration = self.registrations.get(name)
-            if registration is not None:
+            for registration in self.registrations.endpoints(name):
                 entries.append({
                     "name": name, "endpoint": registration.endpoint,
                     "endpointType": registration.endpoint_type.name,
@@ -161,7 +169,7 @@ class HandlerRegistration:
         ))
         server = grpc.aio.server()
         pb_grpc.add_RegistrationServicer_to_server(
-            _RegistrationService(self.registrations), server
+            _RegistrationService(self.registrations, self._received), server
         )
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()

@@ -1,23 +1,28 @@
-"""A name served by a registered out-of-process handler: the contract adapter.
+"""A name served by registered out-of-process handlers: the contract adapter.
 
 Why this exists: Akri runs every discovery handler (its own and its users') as a process that
 registers with the agent over gRPC. ``ExternalHandler`` is what a discovery run of such a name
-runs: while a handler is registered under the name it streams that handler's lists; while none
-is, it serves the built-in of that name (Akri's handler names ``debugEcho``, ``udev``, ``onvif``
-and ``opcua`` are built-ins here too) or, for a name with no built-in, says it waits for a
-registration. So an Akri user's handler DaemonSet takes its name over on its node, as in Akri.
+runs: while endpoints are registered under the name it discovers through every one of them, as
+Akri's agent does, and lists their devices together (``merging``: a device two endpoints report
+is listed once); while none is, it serves the built-in of that name (Akri's handler names
+``debugEcho``, ``udev``, ``onvif`` and ``opcua`` are built-ins here too) or, for a name with no
+built-in, says it waits for a registration. So an Akri user's handler DaemonSet takes its name
+over on its node, as in Akri.
 
-It takes it over once it has answered: a registered handler that has not yet answered a run's
-``Discover`` (it refuses, it cannot be dialled) leaves the built-in serving that run, devices
-and Instances as they were, and the run's lists carry a discovery warning saying why (this
-node's ``DiscoveryHealthy`` condition on the Configuration, a Warning Event, one log line); it
-is tried meanwhile with bounded backoff (``retries``). A run that serves nothing yet gives it
-``HEAD_START`` to answer before the built-in serves meanwhile.
+A newly registered endpoint adds its devices once it has answered, and takes nothing away
+before: an endpoint that has not answered (it refuses, it cannot be dialled) leaves the run's
+devices and Instances as they were, whether the built-in or other endpoints serve them, and the
+run's lists carry a discovery warning saying why (this node's ``DiscoveryHealthy`` condition on
+the Configuration, a Warning Event, one log line); it is tried meanwhile with bounded backoff
+(``retries``). A run that serves nothing yet gives the endpoints ``HEAD_START`` to answer
+before the built-in serves meanwhile.
 
-A handler that served, then breaks its stream or whose endpoint vanishes, is dialled again with
-bounded backoff; meanwhile its devices are reported gone (an empty list), so their Instances
-follow the offline-grace rules, and they come back under the same names when it does. A handler
-away for longer than ``grace`` loses its registration, and the built-in (if any) serves again.
+An endpoint that served, then breaks its stream or vanishes, is dialled again with bounded
+backoff; meanwhile its devices are gone from the run's list (those another endpoint reports
+stay), so their Instances follow the offline-grace rules, and they come back under the same
+names when it does. Each endpoint's failures are its own: the others' streams go on. An
+endpoint away for longer than ``grace`` loses its registration; when a name has none left, the
+built-in (if any) serves again.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +43,7 @@ from discovery_handlers.contract import (
     is_shared,
     warnings_of,
 )
-from discovery_handlers.external import retries, steps, stream
+from discovery_handlers.external import merging, retries, steps, stream
 from discovery_handlers.external.registrations import Registration, Registrations
 from discovery_handlers.external.status import HandlerStatus
 from discovery_handlers.registry import known_handler_names
@@ -57,13 +62,13 @@ DEFAULT_GRACE = 300.0
 
 @dataclass
 class _Serving:
-    """What one run gets from the built-in: its stream while it serves, its last list, the note
-    its lists carry while it stands in for a handler that has not answered, and whether its
-    next list says that it serves again (``announce``: why)."""
+    """What one run gets from the built-in: its stream while it serves, its last list, the
+    notes its lists carry while it stands in for handlers that have not answered, and whether
+    its next list says that it serves again (``announce``: why)."""
 
     builtin: steps.Steps[Sequence[Device]] | None = None
     last: Sequence[Device] | None = None
-    standing_in: str | None = None
+    standing_in: tuple[str, ...] = ()
     announce: str | None = None
     #: A registered handler served the run since the built-in last did.
     served_external: bool = False
@@ -74,22 +79,20 @@ class _Serving:
         self.last = self.builtin.take()
         return self.last
 
-    def note(self, note: str | None) -> bool:
-        """Set the stand-in note; True where it changed."""
-        changed = note != self.standing_in
-        self.standing_in = note
+    def note(self, notes: tuple[str, ...]) -> bool:
+        """Set the stand-in notes; True where they changed."""
+        changed = notes != self.standing_in
+        self.standing_in = notes
         return changed
 
     def listed(self, devices: Sequence[Device], name: str) -> Sequence[Device]:
         """``devices`` as the run gets them: with the note, and the announcement once."""
-        warnings = warnings_of(devices)
-        if self.standing_in is not None:
-            warnings = (*warnings, self.standing_in)
+        warnings = (*warnings_of(devices), *self.standing_in)
         if self.announce is not None:
             why, self.announce = self.announce, None
             return HandlerStatus(devices, warnings, ready=True,
                                  message=f"built-in handler {name!r} serves again ({why})")
-        return DeviceList(devices, warnings) if self.standing_in is not None else devices
+        return DeviceList(devices, warnings) if self.standing_in else devices
 
     async def stop_builtin(self) -> None:
         builtin, self.builtin = self.builtin, None
@@ -116,6 +119,25 @@ class ExternalDetails:
     shared: bool = True
 
 
+class _Silent:
+    """An endpoint took the call and has sent no list ``HEAD_START`` after it."""
+
+
+SILENT = _Silent()
+#: What an endpoint's own stream within a run brings: a list, a failed try (it is tried
+#: again after a backoff), or its silence.
+_Event = list[Device] | retries.Failure | _Silent
+
+
+@dataclass
+class _Endpoint:
+    """One registered endpoint within a run: how it stands, and its stream of events."""
+
+    standing: merging.Standing
+    events: steps.Steps[_Event]
+    silent: bool = False
+
+
 class ExternalHandler:
     """The handler a discovery run gets for ``name`` while the agent hosts registrations."""
 
@@ -130,14 +152,15 @@ class ExternalHandler:
         self._grace = grace
         self._waiting_on = waiting_on
         self._taken_over = False
-        #: The generation of the registration that last answered a Discover on this node.
-        self._answered: int | None = None
+        #: Generations of the registrations that answered a Discover on this node, the latest
+        #: to answer last.
+        self._answered: list[int] = []
 
     def parse_details(
         self, details: str, properties: Mapping[str, PropertyValue]
     ) -> ExternalDetails:
         parsed = ExternalDetails(raw=details, properties=dict(properties))
-        registration = self._registrations.get(self.name)
+        registrations = self._registrations.endpoints(self.name)
         builtin_serves = False
         if self._builtin is not None:
             try:
@@ -145,58 +168,232 @@ class ExternalHandler:
                 parsed.shared = is_shared(self._builtin, parsed.builtin)
                 builtin_serves = True
             except InvalidDetails as exc:
-                if registration is None:
+                if not registrations:
                     raise  # nothing else could make sense of them
                 parsed.builtin_error = exc
-        # A registration that has not answered yet leaves the built-in serving (``_stand_in``).
-        if registration is not None and not (
-            builtin_serves and self._answered != registration.generation
-        ):
-            parsed.shared = registration.shared
+        # Endpoints that have not answered yet leave the built-in serving (it stands in).
+        answered = self._latest_answered(registrations)
+        if answered is not None:
+            parsed.shared = answered.shared
+        elif registrations and not builtin_serves:
+            parsed.shared = registrations[0].shared
         return parsed
 
+    def _latest_answered(self, registrations: Sequence[Registration]) -> Registration | None:
+        by_generation = {r.generation: r for r in registrations}
+        for generation in reversed(self._answered):
+            if generation in by_generation:
+                return by_generation[generation]
+        return None
+
+    def _note_answer(self, registration: Registration) -> None:
+        if registration.generation in self._answered:
+            self._answered.remove(registration.generation)
+        self._answered.append(registration.generation)
+
     async def discover(self, details: Any) -> AsyncGenerator[Sequence[Device], None]:
+        """Discover through every endpoint registered under the name (``merging``), with the
+        built-in standing in until one has answered, or serving while none is registered."""
         assert isinstance(details, ExternalDetails)
         serving = _Serving()
+        endpoints: dict[Registration, _Endpoint] = {}
+        loop = asyncio.get_running_loop()
+        builtin_at = loop.time() + HEAD_START
+        shown: merging.Verdict | None = None
         try:
             while True:
                 changed = self._registrations.changed(self.name)
-                registration = self._registrations.get(self.name)
-                if registration is None and self._builtin is None:
-                    yield HandlerStatus([], ready=False, message=(
-                        f"discovery handler {self.name!r} is not registered on this node: "
-                        f"waiting for it to register on {self._waiting_on} (installed "
-                        f"handlers: {', '.join(known_handler_names()) or 'none'})"
-                    ))
-                    await changed.wait()
-                    continue
-                if registration is None:
+                current = self._registrations.endpoints(self.name)
+                lost = await self._follow(endpoints, current, details)
+                if not current:
+                    shown = None
+                    if self._builtin is None:
+                        yield HandlerStatus([], ready=False, message=(
+                            f"discovery handler {self.name!r} is not registered on this node: "
+                            f"waiting for it to register on {self._waiting_on} (installed "
+                            f"handlers: {', '.join(known_handler_names()) or 'none'})"
+                        ))
+                        await changed.wait()
+                        continue
+                    serving.note(())
                     lists = self._serve_builtin(serving, details, changed)
-                elif self._can_stand_in(details, registration):
-                    lists = self._stand_in(serving, registration, details)
-                else:
+                    async with contextlib.aclosing(lists):
+                        async for devices in lists:
+                            yield devices
+                    continue
+                standing_in = self._can_stand_in(details) and not serving.served_external
+                if not standing_in:
                     await serving.stop_builtin()
-                    _check_sharing(details, registration.shared, f"handler registered at "
-                                   f"{registration.endpoint}")
-                    lists = self._take_over(serving, registration, details, None)
-                async with contextlib.aclosing(lists):
-                    async for devices in lists:
-                        yield devices
+                    if all(r.shared != details.shared for r in current):
+                        _check_sharing(details, current[0].shared,
+                                       f"handler registered at {current[0].endpoint}")
+                if lost and not standing_in:  # an endpoint gone took its devices along
+                    standings = [e.standing for e in endpoints.values()]
+                    listed, shown = self._listed(standings, details, shown)
+                    yield listed if listed is not None else merging.devices(standings)
+                now = loop.time()
+                if standing_in and serving.builtin is None and (now >= builtin_at or any(
+                        e.standing.failure is not None for e in endpoints.values())):
+                    self._start_builtin(serving, details, "no registered handler has answered")
+                reads: list[asyncio.Future[Any]] = [e.events.next() for e in endpoints.values()]
+                if serving.builtin is not None:
+                    reads.append(serving.builtin.next())
+                timer = (max(0.0, builtin_at - now)
+                         if standing_in and serving.builtin is None else None)
+                await steps.wait_any(reads, [changed], timer)
+                heard = False
+                for endpoint in list(endpoints.values()):
+                    if endpoint.events.ready():
+                        heard |= await self._hear(endpoint, endpoints, serving, details)
+                if standing_in and not serving.served_external:
+                    noted = serving.note(tuple(
+                        self._unanswered(e) for e in endpoints.values() if
+                        e.standing.devices is None and (e.standing.failure or e.silent)))
+                    if serving.builtin is not None and serving.builtin.ready():
+                        yield serving.listed(serving.take(), self.name)
+                    elif noted and serving.last is not None:
+                        yield serving.listed(serving.last, self.name)  # the note, at once
+                    continue
+                if heard:
+                    listed, shown = self._listed(
+                        [e.standing for e in endpoints.values()], details, shown)
+                    if listed is not None:
+                        yield listed
         except steps.Ended:
             return  # the built-in ended its stream: nothing more will come
         finally:
+            for endpoint in endpoints.values():
+                await endpoint.events.close()
             await serving.stop_builtin()
 
-    def _can_stand_in(self, details: ExternalDetails, registration: Registration) -> bool:
-        """Whether the built-in can serve the run while ``registration`` has not answered: it
-        parsed the details and names Instances as the run does (after a handler of another
-        sharing answered, the run restarted with its naming: the built-in's would differ)."""
+    async def _follow(self, endpoints: dict[Registration, _Endpoint],
+                      current: Sequence[Registration], details: ExternalDetails) -> bool:
+        """Open a stream to each endpoint newly registered, close those of endpoints gone;
+        True where one gone had devices listed."""
+        lost = False
+        for registration in [r for r in endpoints if r not in current]:
+            gone = endpoints.pop(registration)
+            await gone.events.close()
+            lost |= gone.standing.devices is not None
+        for registration in current:
+            if registration not in endpoints:
+                endpoints[registration] = _Endpoint(
+                    merging.Standing(registration),
+                    steps.Steps(self._endpoint_events(registration, details)))
+        return lost
+
+    async def _hear(self, endpoint: _Endpoint, endpoints: dict[Registration, _Endpoint],
+                    serving: _Serving, details: ExternalDetails) -> bool:
+        """Take ``endpoint``'s event into its standing; True where the run's list or verdict
+        may have changed."""
+        standing = endpoint.standing
+        registration = standing.registration
+        try:
+            event = endpoint.events.take()
+        except steps.Ended:  # it was dropped after the grace
+            endpoints.pop(registration, None)
+            return standing.devices is not None
+        if isinstance(event, _Silent):
+            endpoint.silent = True
+            return False
+        if isinstance(event, retries.Failure):
+            if standing.devices is not None:
+                state = "failed" if event.kind == retries.REFUSED else "is unreachable"
+                log.warning("discovery handler %s %s (%s); its devices are offline, retrying",
+                            standing.where, state, event.problem, extra={"handler": self.name})
+            changed = standing.devices is not None or standing.failure != event
+            standing.devices, standing.failure = None, event
+            return changed
+        self._note_answer(registration)
+        if registration.shared != details.shared:
+            if not any(e.standing.serving for e in endpoints.values()):
+                raise SharingChanged(
+                    f"the handler registered at {registration.endpoint} answered; it serves "
+                    f"{'shared' if registration.shared else 'local'} devices; restarting "
+                    "discovery"
+                )
+            changed = not standing.left_out
+            standing.left_out, standing.devices, standing.failure = True, event, None
+            return changed
+        standing.devices, standing.failure, endpoint.silent = event, None, False
+        if not serving.served_external:
+            await serving.stop_builtin()
+            serving.served_external = True
+            self._note_takeover(registration)
+        return True
+
+    def _listed(self, standings: Sequence[merging.Standing], details: ExternalDetails,
+                shown: merging.Verdict | None
+                ) -> tuple[Sequence[Device] | None, merging.Verdict | None]:
+        """The run's list from the endpoints' standings (None: nothing to say yet), and the
+        verdict it carries: a ``HandlerStatus`` where the verdict changed."""
+        verdict = merging.verdict(standings)
+        if verdict is None:
+            return None, shown
+        notes = merging.warnings(standings, shared=details.shared)
+        serving = [s.registration.endpoint for s in standings if s.serving]
+        if self._builtin is not None and serving:
+            notes = (*notes, f"discovery handler {self.name!r} registered at "
+                     f"{', '.join(serving)} serves in place of the built-in {self.name!r} "
+                     "on this node")
+        devices = merging.devices(standings)
+        if verdict != shown:
+            return HandlerStatus(devices, notes, ready=verdict.ready,
+                                 message=verdict.message), verdict
+        return (DeviceList(devices, notes) if notes else devices), verdict
+
+    async def _endpoint_events(
+        self, registration: Registration, details: ExternalDetails,
+    ) -> AsyncGenerator[_Event, None]:
+        """``registration``'s lists, its failed tries and its silence, dialling again after
+        each failure with backoff (``retries``), until it has been lost for longer than the
+        grace: then its registration is dropped and this ends."""
+        where = f"{registration.name!r} at {registration.endpoint}"
+        tries = retries.Tries(self._grace)
+        while True:
+            again = self._registrations.registered_again(self.name)
+            lists = steps.Steps(stream.discover(registration, details.raw, details.properties))
+            failure = retries.Failure("it ended its stream", retries.ENDED)
+            heard = False
+            try:
+                while True:
+                    await steps.wait_any([lists.next()], (), None if heard else HEAD_START)
+                    if not lists.ready():
+                        heard = True  # connected, and no list yet: said once
+                        yield SILENT
+                        continue
+                    try:
+                        devices = lists.take()
+                    except steps.Ended:
+                        break
+                    heard = True
+                    tries.succeeded()
+                    yield devices
+            except stream.HandlerUnreachable as exc:
+                failure = retries.Failure(str(exc), retries.UNREACHABLE)
+            except stream.HandlerFailed as exc:  # it is there, and said why it cannot serve
+                failure = retries.Failure(str(exc), retries.REFUSED)
+            finally:
+                await lists.close()
+            delay = tries.failed(failure)
+            if delay is None:
+                if self._registrations.drop(registration):
+                    log.warning("discovery handler %s unreachable for %.0fs (grace %.0fs): "
+                                "registration dropped", where, tries.away, self._grace,
+                                extra={"handler": self.name})
+                return
+            yield failure
+            if tries.wakes_on_register:  # it could not be reached: its registering is news
+                await steps.any_of(again, within=delay)
+            else:
+                await asyncio.sleep(delay)
+
+    def _can_stand_in(self, details: ExternalDetails) -> bool:
+        """Whether the built-in can serve the run while no endpoint has answered: it parsed
+        the details and names Instances as the run does."""
         if self._builtin is None or details.builtin_error is not None:
             return False
-        if is_shared(self._builtin, details.builtin) != details.shared:
-            return False
-        return not (self._answered == registration.generation
-                    and registration.shared != details.shared)
+        return is_shared(self._builtin, details.builtin) == details.shared
 
     def _start_builtin(self, serving: _Serving, details: ExternalDetails, why: str) -> None:
         """Start the built-in's stream; ``why`` it serves, for the run's condition where a
@@ -227,181 +424,12 @@ class ExternalHandler:
                 return
             yield serving.listed(serving.take(), self.name)
 
-    async def _stand_in(
-        self, serving: _Serving, registration: Registration, details: ExternalDetails
-    ) -> AsyncGenerator[Sequence[Device], None]:
-        """``registration`` has not answered this run's ``Discover`` yet: it is tried, with
-        backoff, while the built-in serves (from the start where the run served nothing yet
-        and the handler refused or could not be dialled; otherwise after ``HEAD_START``).
-        Once it answers, it serves (``_take_over``); until then the built-in's lists carry a
-        note saying why (a discovery warning: this node's ``DiscoveryHealthy`` condition)."""
-        where = f"{registration.name!r} at {registration.endpoint}"
-        loop = asyncio.get_running_loop()
-        tries = retries.Tries(self._grace)
-        trial: steps.Steps[list[Device]] | None = None
-        silent_at = retry_at = loop.time()  # when a pending call counts as not answering
-        builtin_at = loop.time() + (0.0 if serving.builtin is not None else HEAD_START)
-        try:
-            while True:
-                changed = self._registrations.changed(self.name)
-                again = self._registrations.registered_again(self.name)
-                if self._registrations.get(self.name) != registration:
-                    return  # another endpoint registered, or dropped: the caller looks again
-                now = loop.time()
-                if trial is None and now >= retry_at:
-                    trial = steps.Steps(
-                        stream.discover(registration, details.raw, details.properties)
-                    )
-                    silent_at = now + HEAD_START
-                if serving.builtin is None and now >= builtin_at:
-                    self._start_builtin(serving, details, f"the handler registered at "
-                                        f"{registration.endpoint} has not answered")
-                reads = [s.next() for s in (trial, serving.builtin) if s is not None]
-                timers = [at for at, waiting in (
-                    (retry_at, trial is None), (builtin_at, serving.builtin is None),
-                    (silent_at, trial is not None and serving.standing_in is None)) if waiting]
-                wakes = [changed, again] if trial is None and tries.wakes_on_register else [changed]
-                await steps.wait_any(reads, wakes, max(0.0, min(timers) - now) if timers else None)
-                if trial is None and again.is_set() and tries.wakes_on_register:
-                    retry_at = loop.time()  # it is back: dial it now
-                if trial is not None and trial.ready():
-                    try:
-                        first = trial.take()
-                    except stream.HandlerUnreachable as exc:
-                        failure = retries.Failure(str(exc), retries.UNREACHABLE)
-                    except stream.HandlerFailed as exc:
-                        failure = retries.Failure(str(exc), retries.REFUSED)
-                    except steps.Ended:
-                        failure = retries.Failure("it ended its stream without a list",
-                                                  retries.ENDED)
-                    else:
-                        answered = trial.detach()
-                        trial = None
-                        self._answered = registration.generation
-                        if registration.shared != details.shared:
-                            await steps.close_quietly(answered)
-                            raise SharingChanged(
-                                f"the handler registered at {registration.endpoint} answered; "
-                                f"it serves {'shared' if registration.shared else 'local'} "
-                                "devices; restarting discovery"
-                            )
-                        await serving.stop_builtin()
-                        lists = self._take_over(serving, registration, details, (first, answered))
-                        async with contextlib.aclosing(lists):
-                            async for devices in lists:
-                                yield devices
-                        return
-                    await trial.close()
-                    trial = None
-                    delay = tries.failed(failure)
-                    if delay is None:
-                        self._drop(registration, where, tries)
-                        return
-                    retry_at = loop.time() + delay
-                    builtin_at = min(builtin_at, now)
-                    noted = serving.note(self._unanswered(where, failure.problem))
-                    if noted and serving.last is not None:
-                        yield serving.listed(serving.last, self.name)  # the note, at once
-                    continue
-                if (trial is not None and serving.standing_in is None
-                        and loop.time() >= silent_at):  # connected, and no list yet
-                    serving.note(self._unanswered(where, f"no list {HEAD_START:g}s after the call"))
-                    if serving.last is not None:
-                        yield serving.listed(serving.last, self.name)
-                if serving.builtin is not None and serving.builtin.ready():
-                    yield serving.listed(serving.take(), self.name)
-        finally:
-            if trial is not None:
-                await trial.close()
-            serving.note(None)
-
-    def _unanswered(self, where: str, problem: str) -> str:
-        return (f"discovery handler {where} has not answered Discover ({problem}); the "
-                f"built-in {self.name!r} serves on this node until it does")
-
-    async def _take_over(
-        self, serving: _Serving, registration: Registration, details: ExternalDetails,
-        answered: tuple[list[Device], AsyncIterator[list[Device]]] | None,
-    ) -> AsyncGenerator[Sequence[Device], None]:
-        self._note_takeover(registration)
-        serving.served_external = True
-        served = self._serve_registered(registration, details, answered)
-        async with contextlib.aclosing(served):
-            async for devices in served:
-                yield self._noting_takeover(devices, registration)
-
-    async def _serve_registered(
-        self, registration: Registration, details: ExternalDetails,
-        answered: tuple[list[Device], AsyncIterator[list[Device]]] | None,
-    ) -> AsyncGenerator[Sequence[Device], None]:
-        """Stream ``registration``'s lists (from a stream that ``answered`` already, where
-        given), dialling again after a loss, until it is replaced or dropped (away for longer
-        than the grace)."""
-        where = f"{registration.name!r} at {registration.endpoint}"
-        tries = retries.Tries(self._grace)
-        announce = True
-        while self._registrations.get(self.name) == registration:
-            changed = self._registrations.changed(self.name)
-            again = self._registrations.registered_again(self.name)
-            opened = (steps.prepended(*answered) if answered is not None
-                      else stream.discover(registration, details.raw, details.properties))
-            answered = None
-            failure = retries.Failure("it ended its stream", retries.ENDED)
-            try:
-                lists = steps.until(opened, changed)
-                async with contextlib.aclosing(lists):
-                    async for devices in lists:
-                        tries.succeeded()
-                        if announce:
-                            announce = False
-                            yield HandlerStatus(devices, ready=True, message=(
-                                f"served by discovery handler {where} "
-                                f"({registration.endpoint_type.name}, "
-                                f"{'shared' if registration.shared else 'local'} devices)"
-                            ))
-                        else:
-                            yield devices
-            except stream.HandlerUnreachable as exc:
-                failure = retries.Failure(str(exc), retries.UNREACHABLE)
-            except stream.HandlerFailed as exc:  # it is there, and said why it cannot serve
-                failure = retries.Failure(str(exc), retries.REFUSED)
-            if changed.is_set():
-                return  # another endpoint registered, or dropped: the caller looks again
-            delay = tries.failed(failure)
-            if delay is None:
-                self._drop(registration, where, tries)
-                return
-            if tries.failures == 1:
-                state = "failed" if failure.kind == retries.REFUSED else "is unreachable"
-                log.warning("discovery handler %s %s (%s); its devices are offline, "
-                            "retrying", where, state, failure.problem,
-                            extra={"handler": self.name})
-                announce = True
-                yield HandlerStatus([], ready=False, message=(
-                    f"discovery handler {where} {state} ({failure.problem}); retrying"
-                ))
-            wakes = [changed, again] if tries.wakes_on_register else [changed]
-            await steps.any_of(*wakes, within=delay)
-
-    def _drop(self, registration: Registration, where: str, tries: retries.Tries) -> None:
-        if self._registrations.drop(registration):
-            log.warning("discovery handler %s unreachable for %.0fs (grace %.0fs): "
-                        "registration dropped", where, tries.away, self._grace,
-                        extra={"handler": self.name})
-
-    def _noting_takeover(
-        self, devices: Sequence[Device], registration: Registration
-    ) -> Sequence[Device]:
-        """While a registered handler stands in for the built-in, every list says so (a
-        discovery warning: posted once as an Event on the Configuration, logged when over)."""
-        if self._builtin is None:
-            return devices
-        note = (f"discovery handler {self.name!r} registered at {registration.endpoint} serves "
-                f"in place of the built-in {self.name!r} on this node")
-        if isinstance(devices, HandlerStatus):
-            return HandlerStatus(devices, (*devices.warnings, note), ready=devices.ready,
-                                 message=devices.message)
-        return DeviceList(devices, (note,))
+    def _unanswered(self, endpoint: _Endpoint) -> str:
+        failure = endpoint.standing.failure
+        problem = (failure.problem if failure is not None
+                   else f"no list {HEAD_START:g}s after the call")
+        return (f"discovery handler {endpoint.standing.where} has not answered Discover "
+                f"({problem}); the built-in {self.name!r} serves on this node until it does")
 
     def _note_takeover(self, registration: Registration) -> None:
         if self._builtin is not None and not self._taken_over:

@@ -1,10 +1,11 @@
 """The node's table of registered out-of-process discovery handlers (Akri's protocol).
 
 Why this exists: the agent's registration service writes into it and every discovery run of a
-registered name reads it, so a handler that registers again (it restarted, it moved to another
-endpoint) is picked up at once by every run serving its name. One entry per name, as in Akri: a
-new registration replaces the old one. Plain asyncio, no gRPC, no Kubernetes: the service that
-fills it lives in the agent.
+registered name reads it, so a handler that registers (a new one, one that restarted or moved)
+is picked up at once by every run serving its name. As in Akri's agent, a name keeps every
+endpoint registered under it: a registration at another endpoint adds one, and an endpoint
+leaves only when it is dropped (unreachable for longer than the grace). Plain asyncio, no gRPC,
+no Kubernetes: the service that fills it lives in the agent.
 """
 
 from __future__ import annotations
@@ -64,11 +65,12 @@ def check(name: str, endpoint: str, endpoint_type: EndpointType) -> None:
 
 
 class Registrations:
-    """Current registration per name, and wake-ups for whoever waits on a name: ``changed``
-    (another endpoint, or dropped) and ``registered_again`` (any registration, the same too)."""
+    """Every registered endpoint per name, in the order they registered, and wake-ups for
+    whoever waits on a name: ``changed`` (an endpoint added, replaced or dropped) and
+    ``registered_again`` (any registration, the same endpoint too)."""
 
     def __init__(self) -> None:
-        self._current: dict[str, Registration] = {}
+        self._current: dict[str, dict[tuple[str, EndpointType], Registration]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._again: dict[str, asyncio.Event] = {}
         self._generations = itertools.count(1)
@@ -77,44 +79,53 @@ class Registrations:
     def register(
         self, *, name: str, endpoint: str, endpoint_type: EndpointType, shared: bool
     ) -> Registration:
-        """Record (or replace) ``name``'s registration; raises ``BadRegistration``.
+        """Record an endpoint of ``name``; raises ``BadRegistration``.
 
-        The same endpoint registered again (Akri's handlers register again whenever the agent
-        closes one of their streams, and after a restart) keeps the current registration, so
-        the streams that work go on; it only wakes runs waiting to dial the handler again.
+        Another endpoint is added beside those registered. The same endpoint registered again
+        (Akri's handlers register again whenever the agent closes one of their streams, and
+        after a restart) keeps its registration, so the streams that work go on; it only wakes
+        runs waiting to dial the handler. The same endpoint with another sharing replaces it.
         """
         check(name, endpoint, endpoint_type)
         _set(self._again, name)
-        current = self._current.get(name)
-        if current is not None and (current.endpoint, current.endpoint_type, current.shared) == (
-            endpoint, endpoint_type, shared
-        ):
+        endpoints = self._current.setdefault(name, {})
+        current = endpoints.get((endpoint, endpoint_type))
+        if current is not None and current.shared == shared:
             return current
         registration = Registration(
             name=name, endpoint=endpoint, endpoint_type=endpoint_type, shared=shared,
             generation=next(self._generations),
         )
-        self._current[name] = registration
+        endpoints[(endpoint, endpoint_type)] = registration
         self._wake(name)
         return registration
 
     def drop(self, registration: Registration) -> bool:
         """Forget ``registration`` unless a newer one replaced it; True when it was dropped."""
-        if self._current.get(registration.name) != registration:
+        endpoints = self._current.get(registration.name, {})
+        key = (registration.endpoint, registration.endpoint_type)
+        if endpoints.get(key) != registration:
             return False
-        del self._current[registration.name]
+        del endpoints[key]
+        if not endpoints:
+            del self._current[registration.name]
         self._wake(registration.name)
         return True
 
+    def endpoints(self, name: str) -> tuple[Registration, ...]:
+        """``name``'s endpoints, the earliest registered first."""
+        return tuple(self._current.get(name, {}).values())
+
     def get(self, name: str) -> Registration | None:
-        return self._current.get(name)
+        """``name``'s latest registered endpoint, None when it has none."""
+        return max(self.endpoints(name), key=lambda r: r.generation, default=None)
 
     def names(self) -> list[str]:
         return sorted(self._current)
 
     def changed(self, name: str) -> asyncio.Event:
-        """An event set at the next change of ``name``'s registration (fetch it before reading
-        the registration, so a change in between is not missed)."""
+        """An event set at the next change of ``name``'s endpoints (fetch it before reading
+        them, so a change in between is not missed)."""
         return _event(self._changed, name)
 
     def registered_again(self, name: str) -> asyncio.Event:
@@ -122,7 +133,7 @@ class Registrations:
         return _event(self._again, name)
 
     def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every registration and drop (the agent's metric)."""
+        """Call ``listener`` after every change of an endpoint (the agent's metric)."""
         self._listeners.append(listener)
 
     def _wake(self, name: str) -> None:

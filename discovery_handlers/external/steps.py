@@ -1,17 +1,16 @@
 """Reading several async streams at once: the plumbing of ``handler``, no gRPC, no devices.
 
-Why this exists: while a newly registered handler is on trial, one discovery run reads two
-streams together (the built-in's lists and the handler's first answer) and waits on
-registration events and retry timers besides. ``Steps`` reads a stream one item at a time with
-its pending read kept across those waits, so neither stream is restarted by a wake-up of the
-other; ``until`` reads one stream until an event; ``any_of`` waits on events with a bound.
+Why this exists: one discovery run reads several streams together (every registered endpoint's
+and the built-in's lists) and waits on registration events and timers besides. ``Steps`` reads
+a stream one item at a time with its pending read kept across those waits, so no stream is
+restarted by a wake-up of another; ``any_of`` waits on events with a bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Generic, TypeVar
 
 _T = TypeVar("_T")
@@ -24,7 +23,7 @@ class Ended(Exception):
 class Steps(Generic[_T]):
     """``items`` read one at a time: ``next`` starts (or returns the pending) read, ``ready``
     says whether it finished, ``take`` collects it. ``close`` cancels a pending read and closes
-    ``items``; ``detach`` hands ``items`` over, open, once nothing is pending."""
+    ``items``."""
 
     def __init__(self, items: AsyncIterator[_T]) -> None:
         self._items = items
@@ -47,10 +46,6 @@ class Steps(Generic[_T]):
             return step.result()
         except StopAsyncIteration:
             raise Ended from None
-
-    def detach(self) -> AsyncIterator[_T]:
-        assert self._step is None, "a read is pending"
-        return self._items
 
     async def close(self) -> None:
         step, self._step = self._step, None
@@ -85,32 +80,3 @@ async def wait_any(steps: Iterable[asyncio.Future[Any]], events: Iterable[asynci
 async def any_of(*events: asyncio.Event, within: float) -> None:
     """Return once one of ``events`` is set, or after ``within`` seconds."""
     await wait_any((), events, within)
-
-
-async def until(items: AsyncIterator[_T], stop: asyncio.Event) -> AsyncGenerator[_T, None]:
-    """Items of ``items`` until it ends or ``stop`` is set; ``items`` is closed either way."""
-    steps = Steps(items)
-    try:
-        while True:
-            await wait_any([steps.next()], [stop], None)
-            if not steps.ready():
-                return
-            try:
-                item = steps.take()
-            except Ended:
-                return
-            yield item
-    finally:
-        # Collected, whatever they ended with (a stream broken meanwhile included), so nothing
-        # is left as "Task exception was never retrieved".
-        await steps.close()
-
-
-async def prepended(first: _T, rest: AsyncIterator[_T]) -> AsyncGenerator[_T, None]:
-    """``first``, then the items of ``rest`` (closed at the end, however it comes)."""
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        await close_quietly(rest)

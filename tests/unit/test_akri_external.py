@@ -80,7 +80,8 @@ def test_the_request_carries_details_and_every_property_as_bytes() -> None:
         "site": b"lab", "key": b"\x00\xff"}
 
 
-def test_a_registration_replaces_the_last_and_wakes_its_waiters() -> None:
+def test_another_endpoint_is_added_beside_the_first_and_wakes_its_waiters() -> None:
+    """As in Akri's agent, a name keeps every endpoint registered under it."""
     table = Registrations()
     seen: list[list[str]] = []
     table.on_change(lambda: seen.append(table.names()))
@@ -90,12 +91,15 @@ def test_a_registration_replaces_the_last_and_wakes_its_waiters() -> None:
     second = table.register(name="h", endpoint="/run/h2.sock", endpoint_type=EndpointType.UDS,
                             shared=False)
     assert changed.is_set()
+    assert table.endpoints("h") == (first, second)
     assert table.get("h") == second
     assert second.generation > first.generation
-    assert not table.drop(first), "an old registration must not drop its successor"
+    assert table.drop(first), "each endpoint leaves on its own"
+    assert table.endpoints("h") == (second,)
+    assert not table.drop(first)
     assert table.drop(second)
     assert table.get("h") is None
-    assert seen == [["h"], ["h"], []]
+    assert seen == [["h"], ["h"], ["h"], []]
 
 
 def test_the_same_endpoint_registered_again_keeps_the_registration() -> None:

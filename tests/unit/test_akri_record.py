@@ -33,3 +33,19 @@ def test_an_unreadable_record_is_ignored(tmp_path: Path) -> None:
     service = HandlerRegistration(directory=tmp_path, grace=1.0, metrics=AgentMetrics())
     service.restore()
     assert service.registrations.names() == []
+
+
+def test_every_endpoint_of_a_name_is_recorded_and_brought_back(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.sock", tmp_path / "second.sock"
+    first.touch()
+    second.touch()
+    entries = [{"name": "h", "endpoint": str(path), "endpointType": "UDS", "shared": False}
+               for path in (first, second)]
+    (tmp_path / RECORD_NAME).write_text(json.dumps(entries))
+    service = HandlerRegistration(directory=tmp_path, grace=1.0, metrics=AgentMetrics())
+    service.restore()
+    assert [r.endpoint for r in service.registrations.endpoints("h")] == [str(first),
+                                                                          str(second)]
+    (tmp_path / RECORD_NAME).unlink()
+    service._save()
+    assert json.loads((tmp_path / RECORD_NAME).read_text()) == entries
