@@ -58,16 +58,23 @@ def binary() -> Path:
 
 class RustHandler(ChildProcess):
     """One run of the handler: ``start``, ``kill`` (SIGKILL, as a crashed pod), ``stop``.
-    ``refuse`` makes it answer every ``Discover`` with that error (INVALID_ARGUMENT)."""
+    ``refuse`` makes it answer every ``Discover`` with that error (INVALID_ARGUMENT); ``socket``
+    serves on that path instead of ``<directory>/<name>.sock``; ``prefix`` goes before every
+    device id."""
 
     grace_s = EXIT_TIMEOUT_S
 
     def __init__(self, directory: Path, *, name: str = "debugEcho", shared: bool = True,
-                 refuse: str | None = None, log_path: Path | None = None) -> None:
+                 refuse: str | None = None, socket: Path | None = None, prefix: str = "",
+                 log_path: Path | None = None) -> None:
         self.directory = directory
         self.args = [f"-name={name}", f"-shared={'true' if shared else 'false'}"]
         if refuse is not None:
             self.args.append(f"-refuse={refuse}")
+        if socket is not None:
+            self.args.append(f"-socket={socket}")
+        if prefix:
+            self.args.append(f"-prefix={prefix}")
         self.log_path = log_path
         self.process = None
 

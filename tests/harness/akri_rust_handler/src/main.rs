@@ -18,6 +18,9 @@
 //! details: a handler that is there and never serves (a Configuration's details it
 //! cannot take, or a bug of its own).
 //!
+//! `-socket=PATH` serves on PATH instead of `<directory>/<name>.sock` (a second handler of one
+//! name); `-prefix=P` puts P before every device id (its devices differ from another's).
+//!
 //! Each device carries DEBUG_ECHO_DESCRIPTION and HANDLER_STACK=rust-tonic, so a test can tell
 //! whose list the agent serves.
 
@@ -69,6 +72,7 @@ fn parse(text: &str) -> Result<Details, String> {
 struct Handler {
     dropped: Arc<Notify>, // a Discover stream ended: register again, as Akri's handlers do
     refuse: Option<String>,
+    prefix: String,
 }
 
 type Lists = ReceiverStream<Result<DiscoverResponse, Status>>;
@@ -94,7 +98,7 @@ impl DiscoveryHandler for Handler {
             .descriptions
             .iter()
             .map(|desc| v0::Device {
-                id: desc.clone(),
+                id: format!("{}{desc}", self.prefix),
                 properties: [
                     ("DEBUG_ECHO_DESCRIPTION".to_string(), desc.clone()),
                     ("HANDLER_STACK".to_string(), "rust-tonic".to_string()),
@@ -151,6 +155,8 @@ async fn main() {
     let mut name = "debugEcho".to_string();
     let mut shared = true;
     let mut refuse = None;
+    let mut socket = None;
+    let mut prefix = String::new();
     for arg in std::env::args().skip(1) {
         if let Some(value) = arg.strip_prefix("-name=") {
             name = value.to_string();
@@ -158,8 +164,13 @@ async fn main() {
             shared = value == "true";
         } else if let Some(value) = arg.strip_prefix("-refuse=") {
             refuse = Some(value.to_string());
+        } else if let Some(value) = arg.strip_prefix("-socket=") {
+            socket = Some(PathBuf::from(value));
+        } else if let Some(value) = arg.strip_prefix("-prefix=") {
+            prefix = value.to_string();
         } else {
-            eprintln!("unknown argument {arg:?} (takes -name= -shared=true|false -refuse=)");
+            eprintln!("unknown argument {arg:?} (takes -name= -shared=true|false -refuse= \
+                       -socket= -prefix=)");
             std::process::exit(2);
         }
     }
@@ -170,14 +181,14 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    let path = dir.join(format!("{name}.sock"));
+    let path = socket.unwrap_or_else(|| dir.join(format!("{name}.sock")));
     let _ = std::fs::remove_file(&path); // a previous run's socket
     let listener = UnixListener::bind(&path).unwrap_or_else(|e| {
         eprintln!("listen on {}: {e}", path.display());
         std::process::exit(1);
     });
     let dropped = Arc::new(Notify::new());
-    let handler = Handler { dropped: dropped.clone(), refuse };
+    let handler = Handler { dropped: dropped.clone(), refuse, prefix };
     tokio::spawn(async move {
         let served = Server::builder()
             .add_service(DiscoveryHandlerServer::new(handler))
