@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -150,16 +151,26 @@ async def test_prepare_writes_a_cdi_spec_per_claim_idempotently_across_restarts(
         assert edits.env == {"DEBUG_ECHO_DESCRIPTION": "lamp", f"DEBUG_ECHO_DESCRIPTION_{suffix}":
                              "lamp", "ROOM": "7", f"ROOM_{suffix}": "7"}
 
-        # An agent restart with an empty device table: the record answers, unprepare cleans.
+        # A reboot: the CDI directory (a tmpfs) emptied, the record on disk kept, the agent
+        # started again with an empty device table. The spec is back, the same, before the
+        # plugin registers; gone again, the kubelet's prepare writes it again; the record
+        # answers, and the runtime resolves the same edits; unprepare cleans.
+        spec = cl.claim_spec_path(cdi_dir, claim.uid)
+        written = spec.read_text()
+        shutil.rmtree(cdi_dir)
         restarted = ClaimPreparer(reads=NodeReads(kube), node_name=node,
                                   devices=NodeDeviceTable(), cdi_dir=cdi_dir,
                                   state_dir=tmp_path / "plugins" / dra.DRIVER)
         async with (plugin_running(restarted, tmp_path) as plugin,
                     grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):
+            assert spec.read_text() == written, "written again before registering"
+            spec.unlink()
             stub = pb_grpc.DRAPluginStub(channel)
             after = await stub.NodePrepareResources(
                 pb.NodePrepareResourcesRequest(claims=[claim]))
             assert after.claims[claim.uid] == mine
+            assert spec.read_text() == written, "the kubelet is told only what is on disk"
+            assert cdi.resolve([cdi_dir], ids) == edits
             for _ in range(2):  # the second time: already unprepared, still no error
                 gone = await stub.NodeUnprepareResources(
                     pb.NodeUnprepareResourcesRequest(claims=[claim]))
