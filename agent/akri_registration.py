@@ -149,8 +149,9 @@ class HandlerRegistration:
                 )
             except (KeyError, TypeError, BadRegistration) as exc:
                 log.warning("ignored a recorded registration %r (%s)", entry, exc)
-        log.info("restored %d discovery-handler registrations from %s",
-                 len(self.registrations.names()), self.record)
+        log.info("restored %d discovery-handler registrations from %s", sum(
+            len(self.registrations.endpoints(n)) for n in self.registrations.names()),
+            self.record)
 
     async def run(self) -> None:
         """Install the resolver at once (before any discovery run loads a handler: ``main``
