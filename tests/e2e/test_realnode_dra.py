@@ -16,7 +16,7 @@ agent's device plugin for the other device gives the figure to compare with. A C
 with ``brokerDeviceAccess: dra`` gets its broker the same way, through the controller's claim
 template (no ``Allocate``), and its Instance shows the claim. A claimed device that fails and
 comes back shows so in its pod's ``allocatedResourcesStatus`` (the kubelet's DRA health
-stream, KEP-4680).
+stream, KEP-4680). The node reboots while pods hold claims: each runs again with its device.
 """
 
 from __future__ import annotations
@@ -185,12 +185,7 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
             await until(lambda: "claim unprepared" in node.log_tail(agent_log, 1000),
                         what="the agent saying it unprepared the claim", within=30)
     finally:
-        node.stop_process(agent_log)
-        print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
-        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        await h.delete_slices(kube, node.node_name)
-        await h.delete_controller_slices(kube, ns)
-        await kube.close()
+        await _clean_up(plane, node, kube, ns, agent_log)
 
 
 def _logs(plane: ControlPlane, ns: str, pod: str) -> str | None:
@@ -367,9 +362,99 @@ async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet
             assert "Error receiving from WatchResources" not in kubelet
             assert "Unimplemented" not in kubelet
     finally:
-        node.stop_process(agent_log)
-        print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
-        plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        await h.delete_slices(kube, node.node_name)
-        await h.delete_controller_slices(kube, ns)
-        await kube.close()
+        await _clean_up(plane, node, kube, ns, agent_log)
+
+
+async def test_pods_holding_claims_run_again_after_the_node_reboots(
+    plane: ControlPlane, node: RealNode,
+) -> None:
+    """The node reboots (``RealNode.reboot``: every process ends, ``/run`` emptied with the
+    claims' CDI specs in ``/var/run/cdi``, the disk kept with the agent's prepared-claims
+    record) while pods hold claims on a local device and on a shared one (two through claim
+    templates, one Akri-style by resource name). The agent starts again: it writes the
+    recorded specs again before its plugin registers, the kubelet has it prepare the claims
+    again, and every pod runs again in a new container that got its device (its env, read
+    from inside it). None failed, none is left in CreateContainerError, and the runtime never
+    found a claim's CDI device missing. Last in this module: the node it leaves has rebooted."""
+    ns = f"drr-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", ns)
+    agent_log = f"agent-{ns}"
+    kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
+    lamp = instance_name("echo", "lamp", shared=False, node=node.node_name)
+    devices = {"local": "lamp", "shared-1": "cam", "shared-2": "cam", "akri": "cam"}
+    cdi_dir = node.host_path("/var/run/cdi")
+    try:
+        await wait_service_account(kube, ns)
+        start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={"DRA": "on"})
+        async with h.device_classes(kube, ns):
+            cams = debug_echo_configuration("cams", descriptions=["cam"], shared=True,
+                                            capacity=3)
+            cams["spec"]["sharedDeviceAllocation"] = "dra"
+            h.apply(plane, ns, debug_echo_configuration("echo", descriptions=["lamp"],
+                                                        shared=False), cams)
+            await until(lambda: REGISTERED in node.log_tail(agent_log, 1000),
+                        what="the agent's DRA plugin registered with the kubelet", within=60)
+            h.apply(plane, ns, h.claim_template("lamp", dra.device_class_name(ns, "echo")),
+                    h.claim_template("cam", dra.device_class_name(ns, "cams")),
+                    _pod("local", "lamp"), _pod("shared-1", "cam"), _pod("shared-2", "cam"),
+                    _plugin_pod("akri", "edgeplug.io/cams"))
+            first = {name: await _runs_with(plane, ns, name, device, None)
+                     for name, device in devices.items()}
+            specs = {p.name: p.read_text() for p in cdi_dir.glob("edgeplug.io_claim-*.json")}
+            assert len(specs) == len(devices), "one CDI spec per claim"
+
+            kubelet_log = node.log_path("kubelet")
+            kubelet_from = kubelet_log.stat().st_size
+            started = time.monotonic()
+            node.reboot()
+            ready = time.monotonic()
+            assert not any(cdi_dir.iterdir()), "the reboot emptied /var/run/cdi"
+            agent_log = f"{agent_log}-rebooted"
+            start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={"DRA": "on"})
+            for name, device in devices.items():
+                await _runs_with(plane, ns, name, device, first[name])
+            print(f"figure: node reboot -> {len(devices)} pods holding claims Running again "
+                  f"{time.monotonic() - started:.1f} s (node start -> Ready "
+                  f"{ready - started:.1f} s, Ready -> pods Running "
+                  f"{time.monotonic() - ready:.1f} s)")
+            assert {p.name: p.read_text()
+                    for p in cdi_dir.glob("edgeplug.io_claim-*.json")} == specs, (
+                "the same specs written again")
+            for name in devices:
+                found = _phase(plane, ns, name) or {}
+                assert found["status"]["phase"] == "Running", found["status"]
+                waiting = [s["state"]["waiting"] for s in found["status"]["containerStatuses"]
+                           if "waiting" in s["state"]]
+                assert not waiting, f"{name}: {waiting}"
+            with kubelet_log.open("rb") as log:
+                log.seek(kubelet_from)
+                assert b"unresolvable CDI devices" not in log.read()
+            assert "claim spec written again" in node.log_tail(agent_log, 1000)
+    finally:
+        await _clean_up(plane, node, kube, ns, agent_log)
+
+
+async def _runs_with(plane: ControlPlane, ns: str, pod: str, device: str,
+                     replaced: str | None) -> str:
+    """The pod's container once it runs, is not ``replaced`` and printed ``device``'s
+    description in its env (what the claim's CDI spec gave it)."""
+
+    def running() -> str | None:
+        container = _running(plane, ns, pod)
+        return container if container is not None and container != replaced else None
+
+    container = await until(running, what=f"pod {pod} Running in a new container", within=180)
+    out = await until(lambda: _logs(plane, ns, pod), what=f"{pod}'s env in its log")
+    assert logged_env(out)["DEBUG_ECHO_DESCRIPTION"] == device, out
+    return container
+
+
+async def _clean_up(plane: ControlPlane, node: RealNode, kube: AsyncClient, ns: str,
+                    agent_log: str) -> None:
+    """The agent stopped (its log's end printed), the namespace and the slices deleted."""
+    node.stop_process(agent_log)
+    print(f"--- agent log ---\n{node.log_tail(agent_log, 40)}")
+    plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    await h.delete_slices(kube, node.node_name)
+    await h.delete_controller_slices(kube, ns)
+    await kube.close()
