@@ -41,6 +41,7 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
     "shared": "shared",
     "nodes": "nodes",
     "deviceUsage": "device_usage",
+    "deviceDigest": "device_digest",
 }
 
 CONFIGURATION_USAGE_PREFIX: Final = "C:"
@@ -123,6 +124,9 @@ class InstanceSpec:
     shared: bool = False
     nodes: tuple[str, ...] = ()
     device_usage: Mapping[str, str] = field(default_factory=dict)
+    #: Which device this is (``crds.naming.device_digest``); ``""`` in an Instance written
+    #: before it was recorded, which stands for whatever device its holders publish there.
+    device_digest: str = ""
 
     @classmethod
     def from_object(cls, spec: Mapping[str, Any]) -> InstanceSpec:
@@ -137,10 +141,11 @@ class InstanceSpec:
             shared=bool(spec.get("shared", False)),
             nodes=tuple(str(n) for n in spec.get("nodes") or ()),
             device_usage={str(k): str(v) for k, v in (spec.get("deviceUsage") or {}).items()},
+            device_digest=str(spec.get("deviceDigest") or ""),
         )
 
     def to_object(self) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "configurationName": self.configuration_name,
             "cdiName": self.cdi_name,
             "capacity": self.capacity,
@@ -149,6 +154,9 @@ class InstanceSpec:
             "nodes": list(self.nodes),
             "deviceUsage": dict(self.device_usage),
         }
+        if self.device_digest:
+            spec["deviceDigest"] = self.device_digest
+        return spec
 
     @property
     def used(self) -> int:

@@ -12,12 +12,24 @@ names hold no ``.``, so everything after the first ``.`` is the node, and the ag
 policy lets only that node's token create it. Within the 63 characters a resource name allows
 after ``edgeplug.io/``, a long configuration name is cut and given a hash (``--`` before the
 digest tells that form apart); a node name too long for any form gets no fallback.
+
+Two devices of one Configuration can share an Akri name (3 bytes: likely from about 1,000
+devices on, where Akri publishes one of them and drops the other). The device an Instance
+publishes is recorded in it (``spec.deviceDigest``, an 8-byte BLAKE2b of the same material:
+``device_digest``); a device whose Akri name holds another device is published under its
+collision name ``<configuration>-<deviceDigest>`` (``collision_instance_name``), which depends on
+the device alone, so every node that sees a shared device computes the same one.
+``instance_names`` lists, in order, the names a device may take; ``plan_names`` assigns them to
+one device list as the agent does (``agent.instance_publisher``, where the API server's copy
+of each name also counts).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from crds.api import GROUP
@@ -67,6 +79,20 @@ FALLBACK_SEPARATOR: Final = "."
 _CONFIGURATION_HASH_CHARS: Final = 4
 
 
+def _fitted(configuration: str, digest: str, after: str) -> str | None:
+    """``<configuration>-<digest><after>``, or ``<cut configuration>-<hash>--<digest><after>``
+    when that exceeds ``DNS_LABEL_MAX``; None when ``after`` leaves no room for either."""
+    name = f"{instance_name_from_digest(configuration, digest)}{after}"
+    if len(name) <= DNS_LABEL_MAX:
+        return name
+    tail = f"-{short_hash(configuration, _CONFIGURATION_HASH_CHARS)}--{digest}"
+    room = DNS_LABEL_MAX - len(tail) - len(after)
+    head = _sanitise(configuration)[:max(room, 0)].rstrip("-")
+    if not head:
+        return None
+    return f"{head}{tail}{after}"
+
+
 def fallback_instance_name(configuration: str, digest: str, node: str) -> str | None:
     """The name a local device takes on ``node`` when its Akri name is another node's.
 
@@ -74,16 +100,93 @@ def fallback_instance_name(configuration: str, digest: str, node: str) -> str | 
     that exceeds ``DNS_LABEL_MAX`` (so ``edgeplug.io/<name>`` stays a valid resource name and the
     name a valid label value); None when ``node`` leaves no room for either.
     """
-    akri = instance_name_from_digest(configuration, digest)
-    name = f"{akri}{FALLBACK_SEPARATOR}{node}"
-    if len(name) <= DNS_LABEL_MAX:
-        return name
-    tail = f"-{short_hash(configuration, _CONFIGURATION_HASH_CHARS)}--{digest}"
-    room = DNS_LABEL_MAX - len(tail) - len(FALLBACK_SEPARATOR) - len(node)
-    head = _sanitise(configuration)[:max(room, 0)].rstrip("-")
-    if not head:
-        return None
-    return f"{head}{tail}{FALLBACK_SEPARATOR}{node}"
+    return _fitted(configuration, digest, f"{FALLBACK_SEPARATOR}{node}")
+
+
+DEVICE_DIGEST_BYTES: Final = 8
+
+
+def device_digest(device_id: str, *, shared: bool, node: str) -> str:
+    """The 16 hex characters that tell a device from every other of its Configuration
+    (``spec.deviceDigest``): the material of ``instance_digest``, hashed longer."""
+    material = device_id if shared else f"{device_id}{node}"
+    return hashlib.blake2b(material.encode("utf-8"), digest_size=DEVICE_DIGEST_BYTES).hexdigest()
+
+
+def collision_instance_name(configuration: str, digest: str) -> str:
+    """The name a device takes when its Akri name is another device's: ``<configuration>-
+    <device digest>`` (cut as ``fallback_instance_name`` cuts, never longer than
+    ``DNS_LABEL_MAX``). Never an Akri name: its digest is 16 hex characters, not 6."""
+    name = _fitted(configuration, digest, "")
+    return name if name is not None else instance_name_from_digest(configuration, digest)
+
+
+def instance_names(configuration: str, device_id: str, *, shared: bool,
+                   node: str) -> tuple[str, ...]:
+    """The names a device may take, in order of preference: its Akri name, then (a local
+    device) its fallback name, then its collision name, then (a local device) the collision
+    name's fallback. A shared device's are the same on every node."""
+    short = instance_digest(device_id, shared=shared, node=node)
+    long = device_digest(device_id, shared=shared, node=node)
+    akri = instance_name_from_digest(configuration, short)
+    collision = collision_instance_name(configuration, long)
+    if shared:
+        return akri, collision
+    names = (akri, fallback_instance_name(configuration, short, node), collision,
+             fallback_instance_name(configuration, long, node))
+    return tuple(name for name in names if name is not None)
+
+
+def name_digest(instance: str) -> str:
+    """The digest an Instance name ends in (before a fallback name's node): 6 hex characters
+    for an Akri name, 16 for a collision name. Its CDI name and broker variables carry it."""
+    return instance.partition(FALLBACK_SEPARATOR)[0].rpartition("-")[2]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Where ``plan_names`` puts one device: ``name`` (None: every name it may take is held),
+    and the device that holds its Akri name instead (``""``: none, or not a known device)."""
+
+    device_id: str
+    digest: str
+    name: str | None
+    akri_name: str
+    akri_holder: str = ""
+
+
+def plan_names(configuration: str, device_ids: Iterable[str], *, shared: bool, node: str,
+               held: Mapping[str, str] | None = None) -> dict[str, Planned]:
+    """Names for one device list, by device id. ``held`` maps names the API server already
+    has to the ``deviceDigest`` recorded there (``""``: another Instance, no device of ours).
+
+    A device takes the first of its ``instance_names`` that is free or records it, and that no
+    device before it took. Devices holding a name come first, then by ``device_digest``:
+    within one list the smaller digest keeps a shared Akri name, so every node decides alike
+    and a restart keeps what it had.
+    """
+    held = held or {}
+    ids = list(dict.fromkeys(device_ids))
+    digests = {d: device_digest(d, shared=shared, node=node) for d in ids}
+    candidates = {d: instance_names(configuration, d, shared=shared, node=node) for d in ids}
+
+    def holds(device: str) -> bool:
+        return any(held.get(n) == digests[device] for n in candidates[device])
+
+    taken: dict[str, str] = {}  # name -> digest of the device given it
+    plan: dict[str, Planned] = {}
+    for device in sorted(ids, key=lambda d: (not holds(d), digests[d])):
+        mine = digests[device]
+        names = candidates[device]
+        own = [n for n in names if held.get(n) == mine and n not in taken]
+        free = [n for n in names if n not in held and n not in taken]
+        chosen = next(iter(own or free), None)
+        akri = names[0]
+        holder = taken.get(akri) or held.get(akri, "")
+        plan[device] = Planned(device, mine, chosen, akri, "" if holder == mine else holder)
+        if chosen is not None:
+            taken[chosen] = mine
+    return plan
 
 
 def cdi_name(configuration: str, digest: str) -> str:

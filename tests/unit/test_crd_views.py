@@ -80,7 +80,7 @@ def full_configuration_spec() -> dict[str, Any]:
         "offlineGracePeriodSeconds": 10,
         "resourceName": "huawei.com/Ascend910",
         "brokerDeviceAccess": "dra",
-        "sharedDeviceAllocation": "devicePlugin",
+        "allocator": "devicePlugin",
         "nodeSelector": {
             "matchLabels": {"zone": "dock"},
             "matchExpressions": [
@@ -169,7 +169,8 @@ def test_property_name_rule_is_the_same_everywhere() -> None:
 
 def test_configuration_round_trips_every_field() -> None:
     spec = full_configuration_spec()
-    assert wire_paths(CONFIG_SPEC) <= {
+    earlier_names = {"sharedDeviceAllocation"}  # read as the field it was renamed to
+    assert wire_paths(CONFIG_SPEC) - earlier_names <= {
         *spec, *(f"brokerSpec.{k}" for k in ("brokerPodSpec", "brokerJobSpec"))}
     obj = {"apiVersion": API_VERSION, "kind": CONFIGURATION_KIND,
            "metadata": {"name": "cam", "namespace": "ns", "uid": "u-1", "generation": 4,
@@ -188,12 +189,16 @@ def test_configuration_round_trips_every_field() -> None:
     assert job_view.broker_job_spec == {"template": {"spec": {}}}
     assert job_view.to_object() == job
     assert view.owner_reference()["uid"] == "u-1"
+    earlier = {k: v for k, v in spec.items() if k != "allocator"}
+    earlier["sharedDeviceAllocation"] = "devicePlugin"
+    assert cfg.ConfigurationSpec.from_object(earlier).to_object() == spec
 
 
 def test_instance_round_trips_every_field() -> None:
     spec = {"configurationName": "cam", "cdiName": "edgeplug.io/cam=bb0879", "capacity": 2,
             "brokerProperties": {"ONVIF_DEVICE_IP_ADDRESS": "10.0.0.5"}, "shared": True,
-            "nodes": ["b", "a"], "deviceUsage": {"cam-bb0879-0": "a", "cam-bb0879-1": ""}}
+            "nodes": ["b", "a"], "deviceUsage": {"cam-bb0879-0": "a", "cam-bb0879-1": ""},
+            "deviceDigest": "0123456789abcdef"}
     assert set(spec) == set(INSTANCE_SPEC["properties"])
     obj = {"apiVersion": API_VERSION, "kind": INSTANCE_KIND,
            "metadata": {"name": "cam-bb0879", "namespace": "ns", "uid": "u",
@@ -204,6 +209,12 @@ def test_instance_round_trips_every_field() -> None:
                       "used": 1, "nodes": "a,b"}}
     view = inst.Instance.from_object(obj)
     assert view.spec.nodes == ("b", "a")
+    assert view.spec.device_digest == "0123456789abcdef"
+    # An Instance written before devices were recorded has none, and writes none back.
+    unrecorded = inst.InstanceSpec.from_object({k: v for k, v in spec.items()
+                                                if k != "deviceDigest"})
+    assert unrecorded.device_digest == ""
+    assert "deviceDigest" not in unrecorded.to_object()
     assert view.reservations == {"cam-bb0879-1": "b"}
     assert view.demand == {"a": 1}
     assert view.unhealthy == {"b": "no answer to SOAP"}

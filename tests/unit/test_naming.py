@@ -3,6 +3,8 @@
 The first two rows are names Akri's own documentation prints (the debugEcho Configuration
 ``akri-debug-echo-foo`` with shared devices ``foo0`` and ``foo1``); the others pin the rule for
 local devices (node appended to the id before hashing) and Akri's ``.``/``/`` replacement.
+Akri's 3-byte digest collides (``COLLIDING``: pairs found among 3,000 and 10,000 ids); the
+device digest and collision names keep both devices of such a pair, as the tables below say.
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ import pytest
 from crds.cli import main as cli_main
 from crds.naming import (
     DNS_LABEL_MAX,
+    Planned,
     cdi_name,
+    collision_instance_name,
     configuration_resource_name,
+    device_digest,
     fallback_instance_name,
     instance_digest,
     instance_name,
     instance_name_from_digest,
+    instance_names,
     instance_resource_name,
+    name_digest,
+    plan_names,
     slot_id,
     slot_index,
 )
@@ -132,3 +140,128 @@ def test_fallback_names_carry_the_node_after_the_first_dot_within_resource_name_
     assert fallback_instance_name("cam", "1a2b3c", "m" * 52) is not None
     assert fallback_instance_name("cam", "1a2b3c", "m" * 53) is None
     assert fallback_instance_name("cam", "1a2b3c", "m" * 200) is None
+
+
+COLLIDING = [
+    # configuration, two device ids, shared, node, their one Akri name, their device digests
+    ("cams", "d2318", "d2629", True, "", "cams-6db282",
+     ("a254a46d30284e12", "3b808b732b3924ae")),  # the report's pair, debugEcho ids
+    ("cams", "/dev/video7496", "/dev/video9815", False, "edge-1", "cams-772f72",
+     ("", "")),
+    ("udev-video", "d3491", "d5658", False, "worker-a", "udev-video-0558f2", ("", "")),
+]
+
+
+@pytest.mark.parametrize(("configuration", "first", "second", "shared", "node", "akri",
+                          "digests"), COLLIDING)
+def test_colliding_devices_share_an_akri_name_and_differ_in_their_device_digest(
+        configuration: str, first: str, second: str, shared: bool, node: str, akri: str,
+        digests: tuple[str, str]) -> None:
+    assert instance_name(configuration, first, shared=shared, node=node) == akri
+    assert instance_name(configuration, second, shared=shared, node=node) == akri
+    long = [device_digest(d, shared=shared, node=node) for d in (first, second)]
+    assert long[0] != long[1]
+    for digest in long:
+        assert re.fullmatch(r"[0-9a-f]{16}", digest), digest
+    if digests != ("", ""):
+        assert tuple(long) == digests
+    plan = plan_names(configuration, [second, first], shared=shared, node=node)
+    names = {plan[first].name, plan[second].name}
+    assert None not in names
+    assert len(names) == 2
+    assert akri in names
+    # The smaller device digest keeps the Akri name; the other is told whose it is.
+    keeper, other = sorted((first, second), key=lambda d: device_digest(d, shared=shared,
+                                                                        node=node))
+    assert plan[keeper].name == akri
+    assert plan[keeper].akri_holder == ""
+    assert plan[other].akri_holder == plan[keeper].digest
+    assert plan[other].akri_name == akri
+    # Whatever order the handler lists them in.
+    assert plan_names(configuration, [first, second], shared=shared, node=node) == plan
+
+
+def test_shared_collision_names_are_the_devices_own_on_every_node() -> None:
+    a = instance_names("cams", "d2318", shared=True, node="node-a")
+    b = instance_names("cams", "d2318", shared=True, node="node-b")
+    assert a == b == ("cams-6db282", "cams-a254a46d30284e12")
+    assert instance_names("cams", "d2629", shared=True, node="") == (
+        "cams-6db282", "cams-3b808b732b3924ae")
+    local = instance_names("cams", "/dev/video7496", shared=False, node="edge-1")
+    digest = device_digest("/dev/video7496", shared=False, node="edge-1")
+    assert local == ("cams-772f72", "cams-772f72.edge-1", f"cams-{digest}",
+                     f"cams-{digest}.edge-1")
+    assert instance_names("cams", "/dev/video7496", shared=False, node="edge-2")[0] \
+        != local[0]
+
+
+#: plan_names over one device list and what the API server already holds (name → recorded
+#: deviceDigest, "" for an Instance of no device of ours): device id → name given.
+D2318, D2629 = "a254a46d30284e12", "3b808b732b3924ae"
+PLANS = [
+    # nothing held: the smaller digest (d2629's) keeps the Akri name
+    ({}, {"d2318": "cams-a254a46d30284e12", "d2629": "cams-6db282"}),
+    # another node's create won the Akri name for d2318: the API server's word stands
+    ({"cams-6db282": D2318}, {"d2318": "cams-6db282", "d2629": "cams-3b808b732b3924ae"}),
+    # each already published (a restart): kept
+    ({"cams-6db282": D2318, "cams-3b808b732b3924ae": D2629},
+     {"d2318": "cams-6db282", "d2629": "cams-3b808b732b3924ae"}),
+    # the Akri name is another Instance's (a squat, or a device gone): both take their own
+    ({"cams-6db282": ""},
+     {"d2318": "cams-a254a46d30284e12", "d2629": "cams-3b808b732b3924ae"}),
+    # ... and a collision name squatted too leaves that device unpublished
+    ({"cams-6db282": "", "cams-a254a46d30284e12": ""},
+     {"d2318": None, "d2629": "cams-3b808b732b3924ae"}),
+]
+
+
+@pytest.mark.parametrize(("held", "expected"), PLANS)
+def test_plan_names(held: dict[str, str], expected: dict[str, str | None]) -> None:
+    plan = plan_names("cams", ["d2318", "d2629", "d2318"], shared=True, node="n1", held=held)
+    assert {d: p.name for d, p in plan.items()} == expected
+
+
+def test_a_local_collision_keeps_the_node_in_the_second_name() -> None:
+    plan = plan_names("cams", ["/dev/video7496", "/dev/video9815"], shared=False, node="edge-1")
+    assert sorted(p.name or "" for p in plan.values()) == ["cams-772f72", "cams-772f72.edge-1"]
+    # With the Akri name another node's, the fallback goes to one, the collision name to the
+    # other (whose fallback is held by the first).
+    held = plan_names("cams", ["/dev/video7496", "/dev/video9815"], shared=False,
+                      node="edge-1", held={"cams-772f72": ""})
+    names = sorted(p.name or "" for p in held.values())
+    assert names[1] == "cams-772f72.edge-1"
+    assert re.fullmatch(r"cams-[0-9a-f]{16}", names[0]), names
+
+
+def test_collision_names_fit_resource_names_and_never_equal_an_akri_name() -> None:
+    digest = device_digest("d2318", shared=True, node="")
+    assert collision_instance_name("cams", digest) == f"cams-{digest}"
+    assert collision_instance_name("cam.v1", digest) == f"cam-v1-{digest}"
+    seen = set()
+    for configuration in ("c" * 46, "c" * 47, "c" * 62, "c" * 61 + ".x", "c" * 61 + ".y"):
+        name = collision_instance_name(configuration, digest)
+        assert len(name) <= DNS_LABEL_MAX, name
+        assert _RESOURCE_NAME_PART.match(name)
+        assert name.endswith(f"-{digest}")
+        assert name_digest(name) == digest
+        seen.add(name)
+    assert len(seen) == 5
+    assert len(collision_instance_name("c" * 46, digest)) == DNS_LABEL_MAX
+    # An Akri name ends in "-" and 6 hex characters, a collision name in 16 hex characters.
+    for configuration in ("cams", f"cams-{digest[:9]}", "a" * 60):
+        akri = instance_name(configuration, "x", shared=True, node="")
+        assert not re.search(r"[0-9a-f]{7}$", akri), akri
+    assert name_digest("cams-6db282") == "6db282"
+    assert name_digest("cams-6db282.node-a") == "6db282"
+    assert name_digest(f"cams-{digest}.node-a") == digest
+
+
+def test_the_cdi_names_of_colliding_devices_differ() -> None:
+    plan = plan_names("cams", ["d2318", "d2629"], shared=True, node="")
+    cdi = {cdi_name("cams", name_digest(p.name or "")) for p in plan.values()}
+    assert cdi == {"edgeplug.io/cams=6db282", "edgeplug.io/cams=a254a46d30284e12"}
+
+
+def test_planned_reads_as_a_row() -> None:
+    assert plan_names("cams", ["d2629"], shared=True, node="") == {
+        "d2629": Planned("d2629", D2629, "cams-6db282", "cams-6db282")}
