@@ -39,12 +39,23 @@ How the Instance is written, and why slots are safe:
 - Restart adoption: ``adopt`` lists the Configuration's Instances labelled for this node
   and keeps them untouched; reconciliation waits for the first device list, so an agent restart
   deletes and re-creates nothing and every slot (and uid) survives.
-- A local device whose Akri name another node's Instance holds (a digest collision, or a stolen
-  token that created it first: the name is predictable) is published under its fallback name
-  ``<name>.<node>`` (``crds.naming.fallback_instance_name``), which the agents' Instance policy
-  lets no other node create. It stays there while it is served, across restarts too (an owned
-  fallback is preferred to the Akri name), even once the other Instance is gone: moving a
-  served device would end the pods that hold its slots.
+- Every Instance records its device (``spec.deviceDigest``, ``crds.naming.device_digest``; the
+  CRD keeps it once set), so the API server settles which device a name is: the device whose
+  create won it. A device takes the first of its ``crds.naming.instance_names`` that is free or
+  records it: its Akri name; for a local device, its fallback name ``<name>.<node>``, which the
+  agents' Instance policy lets no other node create (a stolen token can squat an Akri name:
+  it is predictable); then its collision name ``<configuration>-<deviceDigest>``, the same
+  on every node for a shared device (and its fallback, for a local one). Two devices of one
+  list with one Akri name are placed one after the other: the one publishing a name already
+  first, then the smaller digest (``crds.naming.plan_names``). A shared device not published
+  here yet first joins an Instance another node made under a later name of its own (one GET),
+  so a node that sees it after its Akri name was freed does not publish it twice. An
+  Instance without a record is taken for the device of this list that may take its name.
+- A name once published stays while the device is served, across restarts too (an owned
+  name is preferred to an earlier one), even once the other Instance is gone: moving a served
+  device would end the pods that hold its slots. Each collision is said once (a Warning Event
+  on the Configuration naming both devices' digests and names); the
+  ``edgeplug_instance_name_collisions`` gauge counts the devices served under another name.
 """
 
 from __future__ import annotations
@@ -52,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from lightkube import ApiError, AsyncClient
@@ -78,9 +89,10 @@ from crds.instance import Instance
 from crds.naming import (
     cdi_name,
     configuration_resource_name,
-    fallback_instance_name,
-    instance_digest,
-    instance_name_from_digest,
+    device_digest,
+    instance_name,
+    instance_names,
+    name_digest,
     slot_id,
 )
 from discovery_handlers.contract import Device, DiscoveryHandler, Health, LabellingHandler
@@ -94,6 +106,27 @@ LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under 
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
 #: The Warning Event's reason when a device's Instance name is another node's.
 REASON_NAME_TAKEN = "InstanceNameTaken"
+#: The Warning Event's reason when two devices would share one Instance name.
+REASON_NAME_COLLISION = "InstanceNameCollision"
+HTTP_UNPROCESSABLE = 422  # the CRD's rules refused a write (another device's deviceDigest)
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """Who holds a name this device may not take: said in words, and the device it records
+    (``""``: none recorded, or not a device of this Configuration's kind)."""
+
+    description: str
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """One device of a list, with what names it by: its digest and its names in order."""
+
+    device: Device
+    digest: str
+    names: tuple[str, ...]
 
 
 class LeaveFailed(Exception):
@@ -122,6 +155,8 @@ class InstancePublisher:
         self._metrics = metrics
         self._manager = field_manager(node_name)
         self._owned: dict[str, bool] = {}  # Instance name → shared, for Instances naming us
+        #: Instance name → the deviceDigest it records (``""``: none), for those owned.
+        self._records: dict[str, str] = {}
         self._applied: dict[str, dict[str, Any]] = {}  # last body applied per Instance
         self._grace: dict[str, asyncio.Task[None]] = {}
         self._last: tuple[DiscoveryHandler, Any, Sequence[Device], bool] | None = None
@@ -131,7 +166,7 @@ class InstancePublisher:
             client=client, node_name=node_name, namespace=configuration.namespace
         )
         self._lock = asyncio.Lock()
-        #: Local names found held by another node's Instance (logged once each).
+        #: Akri names found held by another node's Instance or device (said once each).
         self._taken: set[str] = set()
 
     @property
@@ -146,6 +181,7 @@ class InstancePublisher:
             spec = instance.spec
             if spec.configuration_name == cfg.name and self._node in spec.nodes:
                 self._owned[instance.name] = spec.shared
+                self._records[instance.name] = spec.device_digest
         log.info(
             "adopted %d Instances", len(self._owned),
             extra={"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node},
@@ -157,10 +193,8 @@ class InstancePublisher:
         """Make the API and the table say what the latest full device list says."""
         async with self._lock:
             self._last = (handler, details, devices, shared)
-            desired: dict[str, Device] = {}
-            for device in devices:
-                akri, fallback = self._names(device, shared=shared)
-                desired[fallback if fallback in self._owned else akri] = device
+            groups = self._groups(devices, shared=shared)
+            desired = {name for group in groups for name in self._kept(group)}
             # Grace timers first, writes after: a write that fails (the API server away) ends
             # the pass, and a shared device gone meanwhile must still leave one grace period
             # after it went, not one grace period after the server came back.
@@ -179,23 +213,24 @@ class InstancePublisher:
                         self._leave_after_grace(name), name=f"grace-{name}"
                     )
             # Several Instances in flight at once: one at a time, 200 devices waited on 400
-            # API round trips in a row before the first plugin (issue 36).
-            ensured = await _bounded(
-                [self._ensure(name, device, shared=shared) for name, device in desired.items()]
-            )
+            # API round trips in a row before the first plugin. The devices of one Akri name
+            # go one after the other (each takes a name the one before did not).
+            placed = await _bounded([self._place_group(group, shared=shared) for group in groups])
             failed: BaseException | None = None
             published: set[str] = set()
-            for device, outcome in zip(desired.values(), ensured, strict=True):
+            for outcome in placed:
                 if isinstance(outcome, BaseException):
                     failed = failed or outcome
                     continue
-                if outcome is None:
-                    continue  # another node's Instance holds the name (logged once)
-                published.add(outcome)
-                self._owned[outcome] = shared
-                self._served[outcome] = self._node_device(
-                    outcome, handler, details, device, shared=shared
-                )
+                for wanted, placed_as in outcome:
+                    if placed_as is None:
+                        continue  # every name it may take is held (said once)
+                    published.add(placed_as)
+                    self._owned[placed_as] = shared
+                    self._records[placed_as] = wanted.digest
+                    self._served[placed_as] = self._node_device(
+                        placed_as, handler, details, wanted.device, shared=shared
+                    )
             if failed is not None:
                 raise failed  # as before, a failed write ends the pass
             for name, was_shared in list(self._owned.items()):
@@ -246,9 +281,8 @@ class InstancePublisher:
 
     # -- writing -------------------------------------------------------------------------
 
-    def _body(self, name: str, device: Device, *, shared: bool) -> dict[str, Any]:
+    def _body(self, name: str, wanted: _Wanted, *, shared: bool) -> dict[str, Any]:
         cfg = self._cfg
-        digest = instance_digest(device.id, shared=shared, node=self._node)
         return {
             "apiVersion": API_VERSION,
             "kind": INSTANCE_KIND,
@@ -260,51 +294,137 @@ class InstancePublisher:
             },
             "spec": {
                 "configurationName": cfg.name,
-                "cdiName": cdi_name(cfg.name, digest),
+                "cdiName": cdi_name(cfg.name, name_digest(name)),
                 "capacity": cfg.spec.capacity,
-                "brokerProperties": self._properties(device),
+                "brokerProperties": self._properties(wanted.device),
                 "shared": shared,
                 "nodes": [self._node],
+                "deviceDigest": wanted.digest,
             },
         }
 
     def _properties(self, device: Device) -> dict[str, str]:
         return {**device.properties, **self._cfg.spec.broker_properties}
 
-    def _names(self, device: Device, *, shared: bool) -> tuple[str, str | None]:
-        """The device's Akri name, and its fallback name on this node (local devices only)."""
-        digest = instance_digest(device.id, shared=shared, node=self._node)
-        akri = instance_name_from_digest(self._cfg.name, digest)
-        if shared:
-            return akri, None
-        return akri, fallback_instance_name(self._cfg.name, digest, self._node)
+    def _groups(self, devices: Sequence[Device], *, shared: bool) -> list[list[_Wanted]]:
+        """The list's devices by Akri name, each group in the order its devices are placed:
+        those this node publishes under one of their names first, then by digest."""
+        groups: dict[str, list[_Wanted]] = {}
+        seen: set[str] = set()
+        for device in devices:
+            if device.id in seen:
+                continue
+            seen.add(device.id)
+            wanted = _Wanted(
+                device, device_digest(device.id, shared=shared, node=self._node),
+                instance_names(self._cfg.name, device.id, shared=shared, node=self._node))
+            groups.setdefault(wanted.names[0], []).append(wanted)
+        return [sorted(group, key=lambda w: (not self._kept([w]), w.digest))
+                for group in groups.values()]
 
-    async def _ensure(self, name: str, device: Device, *, shared: bool) -> str | None:
-        """Create or apply ``name``, or the fallback name when ``name`` is held by another
-        node's Instance; the name published, None when neither could be."""
-        body = self._body(name, device, shared=shared)
+    def _kept(self, group: Sequence[_Wanted]) -> list[str]:
+        """Names this node publishes that the group's devices keep (one each, first first)."""
+        kept: list[str] = []
+        for wanted in group:
+            for name in wanted.names:
+                if name not in kept and self._is_mine(name, wanted):
+                    kept.append(name)
+                    break
+        return kept
+
+    def _is_mine(self, name: str, wanted: _Wanted) -> bool:
+        """This node publishes ``name`` for ``wanted`` (or for a device it did not record)."""
+        return name in self._owned and self._records.get(name, "") in ("", wanted.digest)
+
+    async def _place_group(self, group: Sequence[_Wanted], *,
+                           shared: bool) -> list[tuple[_Wanted, str | None]]:
+        """Each device of one Akri name with the name it is published under (None: none)."""
+        taken: dict[str, str] = {}  # name → digest of the device of this list given it
+        placed: list[tuple[_Wanted, str | None]] = []
+        for wanted in group:
+            name = await self._place(wanted, taken, shared=shared)
+            if name is not None:
+                taken[name] = wanted.digest
+            placed.append((wanted, name))
+        return placed
+
+    async def _place(self, wanted: _Wanted, taken: Mapping[str, str], *,
+                     shared: bool) -> str | None:
+        """Publish ``wanted`` under the first of its names that is this node's already, or
+        (shared) another node's for this device, or free; the name, or None."""
+        for name in wanted.names:
+            if name in taken or not self._is_mine(name, wanted):
+                continue
+            refused = await self._ensure(name, wanted, shared=shared)
+            if refused is None:
+                return name
+            # Another device's Instance (an Instance made before digests were recorded, which
+            # a node with that device recorded first): this node leaves it.
+            log.warning("Instance %s is %s: leaving it", name, refused.description,
+                        extra=self._extra(name))
+            await self._leave(name, shared=shared)
+        if shared:
+            for name in wanted.names[1:]:
+                if (name not in taken and await self._records_device(name, wanted.digest)
+                        and await self._ensure(name, wanted, shared=shared) is None):
+                    return name
+        akri = wanted.names[0]
+        why: _Holder | None = None
+        for name in wanted.names:
+            if name in taken:
+                holder = _Holder("in this node's list too", taken[name])
+            else:
+                held = await self._ensure(name, wanted, shared=shared)
+                if held is None:
+                    if why is not None:
+                        await self._say_taken(akri, wanted, why, name, shared=shared)
+                    return name
+                holder = held
+            if name == akri:
+                why = holder
+        if why is not None:
+            await self._say_taken(akri, wanted, why, None, shared=shared)
+        return None
+
+    async def _records_device(self, name: str, digest: str) -> bool:
+        """Whether the API server's ``name`` records the device ``digest`` (one GET)."""
+        try:
+            existing = as_dict(
+                await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
+        except ApiError as exc:
+            if is_not_found(exc):
+                return False
+            raise
+        return bool((existing.get("spec") or {}).get("deviceDigest") == digest)
+
+    async def _ensure(self, name: str, wanted: _Wanted, *, shared: bool) -> _Holder | None:
+        """Create or apply ``name`` for ``wanted``; who holds it instead when it is not this
+        device's to write, else None."""
+        body = self._body(name, wanted, shared=shared)
         if self._applied.get(name) == body:
-            return name
+            return None
         if name not in self._owned:
-            holder = await self._create(name, body, shared=shared)
+            holder = await self._create(name, body, wanted.digest, shared=shared)
             if holder is not None:
-                fallback = self._names(device, shared=shared)[1]
-                if fallback == name:
-                    fallback = None  # the fallback itself is held: nothing left to try
-                await self._say_taken(name, holder, fallback, shared=shared)
-                if fallback is None:
-                    return None
-                return await self._ensure(fallback, device, shared=shared)
-        applied = await self._client.patch(
-            InstanceResource, name, body, namespace=self._cfg.namespace,
-            patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
-        )
+                return holder
+        try:
+            applied = await self._client.patch(
+                InstanceResource, name, body, namespace=self._cfg.namespace,
+                patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
+            )
+        except ApiError as exc:
+            if exc.status.code != HTTP_UNPROCESSABLE:
+                raise
+            holder = await self._holder(name, wanted.digest, shared=shared)
+            if holder is None or not holder.digest:
+                raise  # refused for another reason
+            return holder
         await self._fill_slots(as_dict(applied))
         self._applied[name] = body
-        self._taken.discard(name)
-        return name
+        return None
 
-    async def _create(self, name: str, body: dict[str, Any], *, shared: bool) -> str | None:
+    async def _create(self, name: str, body: dict[str, Any], digest: str, *,
+                      shared: bool) -> _Holder | None:
         """Create ``name``, owned from before the request is sent: a run stopped while the
         create (or the apply after it) is in flight must still withdraw what the API server may
         have made, or a Node relabelled right after a device appeared keeps its Instance.
@@ -328,21 +448,20 @@ class InstancePublisher:
             if not is_conflict(exc):
                 self._owned.pop(name, None)  # refused: nothing was made, the next pass creates
                 raise
-            holder = await self._holder(name, shared=shared)
+            holder = await self._holder(name, digest, shared=shared)
             if holder is not None:
                 self._owned.pop(name, None)
                 return holder
         return None
 
-    async def _holder(self, name: str, *, shared: bool) -> str | None:
+    async def _holder(self, name: str, digest: str, *, shared: bool) -> _Holder | None:
         """Who holds ``name`` when it is not this node's to write, else None: an Instance of the
         other kind (``spec.shared`` is immutable), or a local one naming other nodes.
 
         Names are a 3-byte digest of the device id (and node, for a local device: Akri's), so
-        another node's Instance can hold this node's name: a collision, or a node's token that
-        created it first. The agents' Instance policy lets no node write another node's local
-        Instance, so this node publishes a local device under its fallback name instead
-        (``_ensure``); a shared one has none (its name must be the same on every node).
+        another device's Instance can hold this device's name: a collision (the holder records
+        another ``deviceDigest``), or a node's token that created it first. The device then
+        takes its next name (``_place``).
         """
         try:
             existing = as_dict(
@@ -353,35 +472,49 @@ class InstancePublisher:
             raise
         spec = existing.get("spec") or {}
         nodes = [str(n) for n in spec.get("nodes") or []]
+        listed = ", ".join(nodes) or "none"
         if bool(spec.get("shared")) != shared:
             kind = "shared" if spec.get("shared") else "local"
-            return f"a {kind} Instance of node(s) {', '.join(nodes) or 'none'}"
+            return _Holder(f"a {kind} Instance of node(s) {listed}")
+        recorded = str(spec.get("deviceDigest") or "")
+        if recorded and recorded != digest:
+            return _Holder(f"listing node(s) {listed}", recorded)
         if shared or nodes in ([], [self._node]):
             return None
-        return f"an Instance of node(s) {', '.join(nodes)}"
+        return _Holder(f"an Instance of node(s) {listed}")
 
-    async def _say_taken(self, name: str, holder: str, fallback: str | None, *,
-                         shared: bool) -> None:
-        """Once per name, in the log and a Warning Event on the Configuration: ``name`` is
-        held by ``holder``, and where the device went."""
-        if name not in self._taken:
-            self._taken.add(name)
-            where = (f"published as {fallback} instead" if fallback is not None
-                     else "the device is not published on this node until that Instance is "
-                          "deleted")
-            kind = "shared" if shared else "local"
-            message = (f"node {self._node}: a {kind} device's Instance name {name} is held by "
-                       f"{holder}; {where}")
-            log.warning("%s", message, extra=self._extra(name))
-            cfg = self._cfg
-            try:
-                await emit_event(
-                    self._client, node=self._node, kind=CONFIGURATION_KIND, name=cfg.name,
-                    namespace=cfg.namespace, uid=cfg.uid, reason=REASON_NAME_TAKEN,
-                    message=message, warning=True)
-            except Exception as error:  # the log line stands
-                log.warning("could not post the Event: %s", watching.describe(error),
-                            extra=self._extra(name))
+    async def _say_taken(self, akri: str, wanted: _Wanted, holder: _Holder,
+                         published: str | None, *, shared: bool) -> None:
+        """Once per Akri name and device, in the log and a Warning Event on the Configuration:
+        ``akri`` is held by ``holder``, and where the device went."""
+        key = f"{akri}/{wanted.digest}"
+        if key in self._taken:
+            return
+        self._taken.add(key)
+        where = (f"published as {published} instead" if published is not None
+                 else "the device is not published on this node until that Instance is "
+                      "deleted")
+        kind = "shared" if shared else "local"
+        if holder.digest:
+            reason = REASON_NAME_COLLISION
+            message = (f"node {self._node}: {kind} devices {holder.digest} and {wanted.digest} "
+                       f"(spec.deviceDigest) share the Instance name {akri}: {akri} stays "
+                       f"{holder.digest}'s ({holder.description}); {wanted.digest} is "
+                       f"{where}")
+        else:
+            reason = REASON_NAME_TAKEN
+            message = (f"node {self._node}: a {kind} device's Instance name {akri} is held by "
+                       f"{holder.description}; {where}")
+        log.warning("%s", message, extra=self._extra(akri))
+        cfg = self._cfg
+        try:
+            await emit_event(
+                self._client, node=self._node, kind=CONFIGURATION_KIND, name=cfg.name,
+                namespace=cfg.namespace, uid=cfg.uid, reason=reason, message=message,
+                warning=True)
+        except Exception as error:  # the log line stands
+            log.warning("could not post the Event: %s", watching.describe(error),
+                        extra=self._extra(akri))
 
     async def _fill_slots(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -416,10 +549,10 @@ class InstancePublisher:
         await self._stop_serving(name)
         if not shared:
             await self._delete(name)
-            self._owned.pop(name, None)
-            return
-        await self._leave_shared(name)
+        else:
+            await self._leave_shared(name)
         self._owned.pop(name, None)
+        self._records.pop(name, None)
 
     async def _stop_serving(self, name: str) -> None:
         """This node no longer serves ``name`` (its plugin goes); the API is not written."""
@@ -515,14 +648,13 @@ class InstancePublisher:
     def _node_device(
         self, name: str, handler: DiscoveryHandler, details: Any, device: Device, *, shared: bool
     ) -> NodeDevice:
-        digest = instance_digest(device.id, shared=shared, node=self._node)
         return NodeDevice(
             instance=name,
             namespace=self._cfg.namespace,
             configuration=self._cfg.name,
             device=device,
             broker_properties=self._cfg.spec.broker_properties,
-            cdi_name=cdi_name(self._cfg.name, digest),
+            cdi_name=cdi_name(self._cfg.name, name_digest(name)),
             configuration_resource=configuration_resource_name(
                 self._cfg.name, self._cfg.spec.resource_name),
             health=device.health,
@@ -561,6 +693,10 @@ class InstancePublisher:
         self._metrics.instances.labels(cfg.namespace, cfg.name).set(len(self._owned))
         self._metrics.set_devices(cfg.namespace, cfg.name, self._node,
                                   [d.healthy for d in self._served.values()])
+        renamed = sum(1 for name, served in self._served.items() if name != instance_name(
+            cfg.name, served.device.id, shared=served.shared, node=self._node))
+        self._metrics.instance_name_collisions.labels(cfg.namespace, cfg.name, self._node).set(
+            renamed)
         handler_labels: Mapping[str, str] = {}
         if self._last is not None and self._owned:
             handler, details = self._last[0], self._last[1]

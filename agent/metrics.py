@@ -112,6 +112,13 @@ class AgentMetrics:
             "edgeplug_instances", "Instances this node serves, per Configuration",
             ["namespace", "configuration"], registry=self.registry,
         )
+        self.instance_name_collisions = Gauge(
+            "edgeplug_instance_name_collisions",
+            "Devices this node serves under another name than their Akri name, because another "
+            "device's Instance (two devices' names alike) or another node's holds it, per "
+            "Configuration and node", ["namespace", "configuration", "node"],
+            registry=self.registry,
+        )
         self.devices = Gauge(
             "edgeplug_devices",
             "Devices this node's discovery found, per Configuration and health (healthy or "
@@ -224,6 +231,7 @@ class AgentMetrics:
             (self.devices, (namespace, configuration, node, "healthy")),
             (self.devices, (namespace, configuration, node, "unhealthy")),
             (self.instances, (namespace, configuration)),
+            (self.instance_name_collisions, (namespace, configuration, node)),
         ):
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)

@@ -48,7 +48,11 @@ from lightkube.types import PatchType
 
 from agent.dra.publisher import ResourceSliceResource
 from agent.events import ConfigurationReporter, emit_event
-from agent.instance_publisher import REASON_NAME_TAKEN, InstancePublisher
+from agent.instance_publisher import (
+    REASON_NAME_COLLISION,
+    REASON_NAME_TAKEN,
+    InstancePublisher,
+)
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
@@ -58,9 +62,11 @@ from agent.slots.service import serve_device_plugins
 from controller import status as controller_status
 from crds.configuration import Configuration
 from crds.naming import (
+    device_digest,
     fallback_instance_name,
     instance_digest,
     instance_name,
+    instance_names,
     instance_resource_name,
 )
 from discovery_handlers.contract import Device
@@ -544,16 +550,18 @@ async def _squat_and_fallback(
 
 async def test_a_squatted_shared_name_costs_the_other_nodes_that_device_only(
         control_plane: ControlPlane, enforced: World, caplog: pytest.LogCaptureFixture) -> None:
-    """What stays reachable: a shared device's name is the digest of its id alone, and node A's
-    token may create a local Instance of that name for itself; a shared device has no fallback
-    (every node must name it alike). Node B's real publisher then publishes B's other devices
-    and says, once, which name is held; before, its refused apply (``shared`` is immutable)
-    ended every pass before any device was served."""
+    """What stays reachable: a shared device's names (its Akri name and its collision name,
+    both digests of its id alone, the same on every node) can be created by node A's token as
+    local Instances of A's. With both held, node B's real publisher publishes B's other
+    devices and says, once, which name is held; before, its refused apply (``shared`` is
+    immutable) ended every pass before any device was served. Once the collision name is free,
+    B publishes the device there (every node that sees it computes the same name)."""
     cp, w = control_plane, enforced
     caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
     cfg_name, body = _to_squat(cp, w, "shsq", ["s1", "s2"], shared=True)
-    wanted = instance_name(cfg_name, "s1", shared=True, node=w.node_b)
+    wanted, second = instance_names(cfg_name, "s1", shared=True, node=w.node_b)
     _allowed(_create(w.agent_a, body(wanted, nodes=[w.node_a])))
+    _allowed(_create(w.agent_a, body(second, nodes=[w.node_a])))
     client = AsyncClient(KubeConfig.from_file(str(w.agent_b.kubeconfig)))
     try:
         cfg = Configuration.from_object(as_dict(
@@ -571,15 +579,107 @@ async def test_a_squatted_shared_name_costs_the_other_nodes_that_device_only(
         assert [instance for _namespace, instance in table.snapshot()] == [other]
         assert _get(cp, INSTANCES, other, "-n", w.namespace)["spec"]["nodes"] == [w.node_b]
         assert _get(cp, INSTANCES, wanted, "-n", w.namespace)["spec"]["nodes"] == [w.node_a]
-        said = [r.getMessage() for r in caplog.records if wanted in r.getMessage()]
-        assert len(said) == 1, said
+
+        def said() -> list[str]:
+            return [r.getMessage() for r in caplog.records if wanted in r.getMessage()]
+
+        assert len(said()) == 1, said()
         assert (f"a shared device's Instance name {wanted} is held by a local Instance of "
-                f"node(s) {w.node_a}; the device is not published") in said[0]
+                f"node(s) {w.node_a}; the device is not published") in said()[0]
         listed = _get(cp, "events", "-n", w.namespace)["items"]
         assert [e["reportingInstance"] for e in listed
                 if e.get("reason") == REASON_NAME_TAKEN and wanted in e["message"]] == [w.node_b]
+        # The collision name's squat goes: B publishes s1 there, and says nothing more.
+        cp.kubectl("delete", INSTANCES, second, "-n", w.namespace)
+        await publisher.resync()
+        assert set(publisher.owned) == {other, second}
+        moved = _get(cp, INSTANCES, second, "-n", w.namespace)["spec"]
+        assert (moved["nodes"], moved["shared"], moved["brokerProperties"]) == (
+            [w.node_b], True, {"DEBUG_ECHO_DESCRIPTION": "s1"})
+        assert len(said()) == 1, said()
+        await publisher.close()
     finally:
         await client.close()
+
+
+def _colliding_pair(configuration: str) -> tuple[str, str]:
+    """Two debugEcho ids whose shared Akri names under ``configuration`` are alike, the one
+    with the larger device digest first (alone, the smaller would take the Akri name)."""
+    seen: dict[str, str] = {}
+    for index in range(100_000):
+        device = f"d{index}"
+        name = instance_name(configuration, device, shared=True, node="")
+        if name in seen:
+            pair = sorted((seen[name], device),
+                          key=lambda d: device_digest(d, shared=True, node=""))
+            return pair[1], pair[0]
+        seen[name] = device
+    raise AssertionError(f"no colliding ids under {configuration}")
+
+
+async def test_colliding_shared_devices_two_nodes_agree_and_a_digest_is_kept(
+        control_plane: ControlPlane, enforced: World) -> None:
+    """Two devices of one Akri name, published by both nodes' real publishers on their
+    pod-bound tokens: every write they make passes the Instance policy. Node A, seeing only the
+    first, wins the Akri name for it; node B, seeing both, agrees (the API server's record
+    counts, not its own order) and publishes the second under its collision name, a name
+    without '.' any node may create, which A joins once it sees that device too. What the
+    record protects: a node that does not hold an Instance may not write its deviceDigest, and
+    no holder may change it once set (the CRD's rule)."""
+    cp, w = control_plane, enforced
+    # The publishers are handed the device lists; the Configuration's own list is not read.
+    cfg_name, _ = _to_squat(cp, w, "coll", ["unread"], shared=True)
+    first, second = _colliding_pair(cfg_name)
+    akri, _ = instance_names(cfg_name, first, shared=True, node="")
+    _, other = instance_names(cfg_name, second, shared=True, node="")
+    devices = {d: Device(id=d, properties={"DEBUG_ECHO_DESCRIPTION": d}) for d in (first, second)}
+    clients = {n: AsyncClient(KubeConfig.from_file(str(who.kubeconfig)))
+               for n, who in ((w.node_a, w.agent_a), (w.node_b, w.agent_b))}
+    try:
+        cfg = Configuration.from_object(as_dict(
+            await clients[w.node_a].get(ConfigurationResource, cfg_name, namespace=w.namespace)))
+        publishers = {n: InstancePublisher(
+            client=c, node_name=n, configuration=cfg, devices=NodeDeviceTable(),
+            labels=NodeLabels(client=c, node_name=n), metrics=AgentMetrics())
+            for n, c in clients.items()}
+        seen = {w.node_a: [first], w.node_b: [second, first]}
+        for node in (w.node_a, w.node_b, w.node_a):
+            await publishers[node].publish(
+                load_handler("debugEcho"), None, [devices[d] for d in seen[node]], shared=True)
+            seen[w.node_a] = [first, second]
+        for publisher in publishers.values():
+            assert set(publisher.owned) == {akri, other}
+        both = sorted([w.node_a, w.node_b])
+        for name, device in ((akri, first), (other, second)):
+            spec = _get(cp, INSTANCES, name, "-n", w.namespace)["spec"]
+            assert sorted(spec["nodes"]) == both
+            assert spec["deviceDigest"] == device_digest(device, shared=True, node="")
+            assert spec["brokerProperties"] == {"DEBUG_ECHO_DESCRIPTION": device}
+        # Said by B, which placed the second device first; A joined B's Instance of it.
+        listed = _get(cp, "events", "-n", w.namespace)["items"]
+        said = [e for e in listed if e.get("reason") == REASON_NAME_COLLISION
+                and akri in e["message"] and other in e["message"]]
+        assert [e["reportingInstance"] for e in said] == [w.node_b]
+
+        # Only a holder writes the record of an Instance written before records were kept ...
+        unrecorded = _instance(cp, w, nodes=[w.node_b])
+        record = {"spec": {"deviceDigest": "0123456789abcdef"}}
+        _refused(_patch(w.agent_a, w, unrecorded, record),
+                 "may change an Instance's device fields only where its node holds it")
+        _allowed(_patch(w.agent_b, w, unrecorded, record))
+        # ... and nobody changes it once written.
+        for who in (w.agent_a, w.agent_b):
+            allowed, message = _patch(who, w, akri, {"spec": {"deviceDigest": "f" * 16}})
+            assert not allowed
+            assert "spec.deviceDigest is immutable" in message, message
+        # Both leave (their nodes' Configuration labels go with their last Instance).
+        for publisher in publishers.values():
+            await publisher.withdraw()
+        assert not [i for i in _get(cp, INSTANCES, "-n", w.namespace)["items"]
+                    if i["spec"]["configurationName"] == cfg_name]
+    finally:
+        for client in clients.values():
+            await client.close()
 
 
 # -- Nodes -----------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ def test_agent_families_carry_only_bounded_labels() -> None:
         "edgeplug_api_errors_total": ("code",),
         "edgeplug_allocations_total": ("namespace", "configuration", "node", "kind", "outcome"),
         "edgeplug_slot_conflicts_total": ("namespace", "configuration", "node", "kind"),
+        "edgeplug_instance_name_collisions": ("namespace", "configuration", "node"),
     }
     names = label_names(metrics.registry)
     for name, labels in expected.items():
@@ -107,8 +108,10 @@ def test_devices_count_health_and_a_withdrawn_run_leaves_no_series() -> None:
     assert get("edgeplug_devices", {**labels, "health": "unhealthy"}) == 1
     metrics.set_discovery_failing("ns", "cams", "n1", "debugEcho", True)
     assert get("edgeplug_discovery_failing", {**labels, "handler": "debugEcho"}) == 1
+    metrics.instance_name_collisions.labels("ns", "cams", "n1").set(1)
     metrics.forget_run("ns", "cams", "n1", "debugEcho")
     assert get("edgeplug_devices", {**labels, "health": "healthy"}) is None
+    assert get("edgeplug_instance_name_collisions", labels) is None
     assert get("edgeplug_discovery_failing", {**labels, "handler": "debugEcho"}) is None
     metrics.forget_run("ns", "cams", "n1", "debugEcho")  # twice: nothing left to remove
 
@@ -186,6 +189,7 @@ def _fleet_series(instances: int = INSTANCES) -> tuple[int, int, int]:
             mine = [inst for (_, _), inst in served.items() if inst.spec.configuration_name == cfg]
             metrics.set_devices(ns, cfg, node, [True] * (len(mine) - 1) + [False])
             metrics.instances.labels(ns, cfg).set(len(mine))
+            metrics.instance_name_collisions.labels(ns, cfg, node).set(0)
             metrics.set_discovery_failing(ns, cfg, node, handler, False)
             metrics.discovery_duration.labels(handler).observe(0.5)
             metrics.discovery_errors.labels(handler, "TimeoutError").inc()
@@ -214,7 +218,7 @@ def test_series_of_a_10000_instance_fleet_stay_bounded() -> None:
     assert one_agent <= 12 * CONFIGURATIONS + 150, one_agent
     assert controller <= 12 * CONFIGURATIONS + NODES + 40, controller
     # Not an exact count: the per-process API-error and watch-restart counters carry what
-    # earlier tests in the same process did (this test alone sees the 305 docs/operations.md
+    # earlier tests in the same process did (this test alone sees the 325 docs/operations.md
     # states).
     assert agents == NODES * one_agent
     # Twice the Instances, every one allocated from: not one series more.
