@@ -3,9 +3,10 @@
 Why this exists: before applying a Configuration a user wants to know what it finds: does the
 udev rule match the radio, does the camera filter keep the right cameras? This runs the named
 handler here, with no cluster, and prints each device as the agent would publish it: device id,
-Instance name, CDI name, properties (the Configuration's ``brokerProperties`` merged; any value
-carrying a Secret's value masked), device nodes, mounts, health and the DRA attributes the
-device would carry with DRA on (``crds.dra.attributes``). ``--watch`` prints every
+Instance name (two devices of the list whose Akri names are alike named as the agent names them,
+``crds.naming.plan_names``), CDI name, properties (the Configuration's ``brokerProperties``
+merged; any value carrying a Secret's value masked), device nodes, mounts, health and the DRA
+attributes the device would carry with DRA on (``crds.dra.attributes``). ``--watch`` prints every
 change. Bad ``discoveryDetails`` exit with status 2 and the handler's message naming the field.
 
 Discovery properties read from Secrets or ConfigMaps (``valueFrom``) cannot be read without a
@@ -30,7 +31,7 @@ import yaml
 from crds import dra
 from crds.api import CONFIGURATION_KIND
 from crds.configuration import Configuration, ValueSourceKind
-from crds.naming import cdi_name, instance_digest, instance_name
+from crds.naming import cdi_name, name_digest, plan_names
 from discovery_handlers.contract import (
     Device,
     InvalidDetails,
@@ -106,18 +107,22 @@ def describe(
 ) -> list[dict[str, Any]]:
     """Each device as the agent would publish it (secrets masked)."""
     rows = []
+    plan = plan_names(configuration.name, [d.id for d in devices], shared=shared, node=node)
     for device in devices:
-        digest = instance_digest(device.id, shared=shared, node=node)
+        planned = plan[device.id]
+        name = planned.name or planned.akri_name  # nothing is held without a cluster
         properties = {**device.properties, **configuration.spec.broker_properties}
-        name = instance_name(configuration.name, device.id, shared=shared, node=node)
         shown = {k: _masked(v, secrets) for k, v in properties.items()}
         attrs = dra.attributes(namespace=configuration.namespace or "default",
                                configuration=configuration.name, instance=name,
                                properties=shown, reserved=1 if shared else 0)
         rows.append({
             "id": device.id,
-            "instance": instance_name(configuration.name, device.id, shared=shared, node=node),
-            "cdiName": cdi_name(configuration.name, digest),
+            "instance": name,
+            "deviceDigest": planned.digest,
+            # The device of this list that keeps the Akri name this one would share ("": none).
+            "akriNameOf": planned.akri_holder,
+            "cdiName": cdi_name(configuration.name, name_digest(name)),
             "healthy": device.health.healthy,
             "reason": device.health.reason,
             "properties": {k: _masked(v, secrets) for k, v in sorted(properties.items())},
@@ -149,6 +154,9 @@ def print_text(out: TextIO, header: str, rows: Sequence[Mapping[str, Any]]) -> N
         health = "healthy" if row["healthy"] else f"UNHEALTHY: {row['reason']}"
         print(f"- device {row['id']} ({health})", file=out)
         print(f"    instance: {row['instance']}", file=out)
+        if row["akriNameOf"]:
+            print(f"    (its Akri name is device {row['akriNameOf']}'s: this list has both; "
+                  f"device digest {row['deviceDigest']})", file=out)
         print(f"    cdi name: {row['cdiName']}", file=out)
         for key, value in row["properties"].items():
             print(f"    property {key}={value}", file=out)

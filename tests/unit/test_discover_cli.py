@@ -104,3 +104,25 @@ def test_watch_prints_each_change(tmp_path: Path) -> None:
             assert [d["id"] for d in second["devices"]] == ["foo0"]
         finally:
             process.kill()
+
+
+def test_two_devices_of_one_akri_name_are_shown_as_the_agent_names_them(tmp_path: Path) -> None:
+    """d2318 and d2629 share Akri's name cams-6db282 (3 bytes of digest): the one with the
+    smaller device digest keeps it, the other shows its collision name and CDI name."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+        "metadata": {"name": "cams"},
+        "spec": {"discoveryHandler": {"name": "debugEcho", "discoveryDetails": yaml.safe_dump(
+            {"descriptions": ["d2318", "d2629"], "shared": True})}}}))
+    done = _discover("-f", str(cfg), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    rows = {d["id"]: d for d in json.loads(done.stdout)["devices"]}
+    assert {i: (r["instance"], r["cdiName"], r["akriNameOf"]) for i, r in rows.items()} == {
+        "d2629": ("cams-6db282", "edgeplug.io/cams=6db282", ""),
+        "d2318": ("cams-a254a46d30284e12", "edgeplug.io/cams=a254a46d30284e12",
+                  "3b808b732b3924ae"),
+    }
+    text = _discover("-f", str(cfg))
+    assert "instance: cams-a254a46d30284e12" in text.stdout
+    assert "its Akri name is device 3b808b732b3924ae's" in text.stdout
