@@ -50,7 +50,8 @@ How the Instance is written, and why slots are safe:
   first, then the smaller digest (``crds.naming.plan_names``). A shared device not published
   here yet first joins an Instance another node made under a later name of its own (one GET),
   so a node that sees it after its Akri name was freed does not publish it twice. An
-  Instance without a record is taken for the device of this list that may take its name.
+  Instance without a record (written before records were kept) is taken for the device of
+  this list whose properties it carries, else for any that may take its name.
 - A name once published stays while the device is served, across restarts too (an owned
   name is preferred to an earlier one), even once the other Instance is gone: moving a served
   device would end the pods that hold its slots. Each collision is said once (a Warning Event
@@ -157,6 +158,9 @@ class InstancePublisher:
         self._owned: dict[str, bool] = {}  # Instance name → shared, for Instances naming us
         #: Instance name → the deviceDigest it records (``""``: none), for those owned.
         self._records: dict[str, str] = {}
+        #: Owned Instances that record no device (written before records were kept) → their
+        #: brokerProperties, which tell which device of a colliding pair they were.
+        self._unrecorded: dict[str, dict[str, str]] = {}
         self._applied: dict[str, dict[str, Any]] = {}  # last body applied per Instance
         self._grace: dict[str, asyncio.Task[None]] = {}
         self._last: tuple[DiscoveryHandler, Any, Sequence[Device], bool] | None = None
@@ -182,6 +186,8 @@ class InstancePublisher:
             if spec.configuration_name == cfg.name and self._node in spec.nodes:
                 self._owned[instance.name] = spec.shared
                 self._records[instance.name] = spec.device_digest
+                if not spec.device_digest:
+                    self._unrecorded[instance.name] = dict(spec.broker_properties)
         log.info(
             "adopted %d Instances", len(self._owned),
             extra={"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node},
@@ -228,6 +234,7 @@ class InstancePublisher:
                     published.add(placed_as)
                     self._owned[placed_as] = shared
                     self._records[placed_as] = wanted.digest
+                    self._unrecorded.pop(placed_as, None)
                     self._served[placed_as] = self._node_device(
                         placed_as, handler, details, wanted.device, shared=shared
                     )
@@ -319,7 +326,8 @@ class InstancePublisher:
                 device, device_digest(device.id, shared=shared, node=self._node),
                 instance_names(self._cfg.name, device.id, shared=shared, node=self._node))
             groups.setdefault(wanted.names[0], []).append(wanted)
-        return [sorted(group, key=lambda w: (not self._kept([w]), w.digest))
+        return [sorted(group, key=lambda w: (not any(self._is_mine(n, w, group)
+                                                     for n in w.names), w.digest))
                 for group in groups.values()]
 
     def _kept(self, group: Sequence[_Wanted]) -> list[str]:
@@ -327,14 +335,24 @@ class InstancePublisher:
         kept: list[str] = []
         for wanted in group:
             for name in wanted.names:
-                if name not in kept and self._is_mine(name, wanted):
+                if name not in kept and self._is_mine(name, wanted, group):
                     kept.append(name)
                     break
         return kept
 
-    def _is_mine(self, name: str, wanted: _Wanted) -> bool:
-        """This node publishes ``name`` for ``wanted`` (or for a device it did not record)."""
-        return name in self._owned and self._records.get(name, "") in ("", wanted.digest)
+    def _is_mine(self, name: str, wanted: _Wanted, group: Sequence[_Wanted]) -> bool:
+        """This node publishes ``name`` for ``wanted``. An Instance that records no device is
+        the device of ``group`` with its properties, else any that may take its name."""
+        if name not in self._owned:
+            return False
+        record = self._records.get(name, "")
+        if record:
+            return record == wanted.digest
+        properties = self._unrecorded.get(name)
+        if properties is None or properties == self._properties(wanted.device):
+            return True
+        return not any(properties == self._properties(w.device) for w in group
+                       if name in w.names)
 
     async def _place_group(self, group: Sequence[_Wanted], *,
                            shared: bool) -> list[tuple[_Wanted, str | None]]:
@@ -342,18 +360,18 @@ class InstancePublisher:
         taken: dict[str, str] = {}  # name → digest of the device of this list given it
         placed: list[tuple[_Wanted, str | None]] = []
         for wanted in group:
-            name = await self._place(wanted, taken, shared=shared)
+            name = await self._place(wanted, taken, group, shared=shared)
             if name is not None:
                 taken[name] = wanted.digest
             placed.append((wanted, name))
         return placed
 
-    async def _place(self, wanted: _Wanted, taken: Mapping[str, str], *,
-                     shared: bool) -> str | None:
+    async def _place(self, wanted: _Wanted, taken: Mapping[str, str],
+                     group: Sequence[_Wanted], *, shared: bool) -> str | None:
         """Publish ``wanted`` under the first of its names that is this node's already, or
         (shared) another node's for this device, or free; the name, or None."""
         for name in wanted.names:
-            if name in taken or not self._is_mine(name, wanted):
+            if name in taken or not self._is_mine(name, wanted, group):
                 continue
             refused = await self._ensure(name, wanted, shared=shared)
             if refused is None:
@@ -553,6 +571,7 @@ class InstancePublisher:
             await self._leave_shared(name)
         self._owned.pop(name, None)
         self._records.pop(name, None)
+        self._unrecorded.pop(name, None)
 
     async def _stop_serving(self, name: str) -> None:
         """This node no longer serves ``name`` (its plugin goes); the API is not written."""

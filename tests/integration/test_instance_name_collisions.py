@@ -18,6 +18,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Event
 
 from agent.instance_publisher import REASON_NAME_COLLISION
+from agent.node_instances import LABEL_VALUE, serves_label
 from crds.naming import collision_instance_name, device_digest, instance_name
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
@@ -183,3 +184,41 @@ async def test_nodes_with_different_views_agree_through_the_api_server(
     finally:
         await client.close()
 
+
+async def test_an_instance_written_before_records_keeps_its_device_after_an_upgrade(
+        control_plane: ControlPlane, namespace: str) -> None:
+    """An install older than ``spec.deviceDigest`` published d2318 under the Akri name (the
+    device its agent wrote last) and dropped d2629. The upgraded agent adopts that Instance for
+    d2318, whose properties it carries (by digest alone d2629 would take the name), records
+    it, and publishes d2629 under its collision name: same uid, no device swapped under a
+    served Instance."""
+    cp = control_plane
+    node = harness.new_node(cp)
+    harness.apply(cp, namespace, harness.debug_echo_configuration(
+        CFG, descriptions=[D2318, D2629]))
+    uid = cp.kubectl("get", "configurations.edgeplug.io", CFG, "-n", namespace,
+                     "-o", "jsonpath={.metadata.uid}").stdout.strip()
+    harness.apply(cp, namespace, {
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
+        "metadata": {"name": AKRI, "labels": {serves_label(node): LABEL_VALUE},
+                     "ownerReferences": [{
+                         "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+                         "name": CFG, "uid": uid, "controller": True,
+                         "blockOwnerDeletion": True}]},
+        "spec": {"configurationName": CFG, "cdiName": f"edgeplug.io/{CFG}=6db282",
+                 "capacity": 1, "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": D2318},
+                 "shared": True, "nodes": [node], "deviceUsage": {f"{AKRI}-0": ""}}})
+    client = harness.api_client(cp)
+    try:
+        before = (await harness.instances(client, namespace))[AKRI]["metadata"]["uid"]
+        other = _collision_name(D2629)
+        async with harness.agent_in_process(cp, node_name=node, namespace=namespace) as agent:
+            found = await _published(client, namespace,
+                                     {AKRI: (D2318, [node]), other: (D2629, [node])})
+            await _gauge_is_one(agent, namespace, node)
+        assert found[AKRI]["metadata"]["uid"] == before
+        # Recorded by the apply that kept it, before d2629 was placed.
+        assert found[AKRI]["spec"]["deviceDigest"] == _digest(D2318)
+        assert found[other]["spec"]["deviceDigest"] == _digest(D2629)
+    finally:
+        await client.close()
