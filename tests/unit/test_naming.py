@@ -103,6 +103,15 @@ def test_cli_prints_instance_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == "udev-video-46ee11\n"
 
 
+def test_cli_prints_every_name_a_device_may_take(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["instance-name", "cams", "d2318", "--shared", "--all"]) == 0
+    assert capsys.readouterr().out == "cams-6db282\ncams-a254a46d30284e12\n"
+    assert cli_main(["instance-name", "cams", "/dev/video7496", "--node", "edge-1", "--all"]) == 0
+    digest = device_digest("/dev/video7496", shared=False, node="edge-1")
+    assert capsys.readouterr().out.split() == [
+        "cams-772f72", "cams-772f72.edge-1", f"cams-{digest}", f"cams-{digest}.edge-1"]
+
+
 def test_cli_refuses_local_device_without_node(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["instance-name", "udev-video", "/dev/video0"]) == 2
     assert "--node" in capsys.readouterr().err
