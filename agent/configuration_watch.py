@@ -32,7 +32,7 @@ from agent.properties import (
     ReferenceWatch,
     resolve_properties,
 )
-from crds.configuration import Configuration, shared_device_allocation
+from crds.configuration import Configuration, allocator_of
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ class ConfigurationWatch:
                         self._configurations.pop(key, None)
                     else:
                         self._configurations[key] = cfg
-                    await self._devices.set_shared_allocator(
-                        *key, None if op == "DELETED" else shared_device_allocation(body))
+                    await self._devices.set_allocator(
+                        *key, None if op == "DELETED" else allocator_of(body))
                     await self._reconcile(key)
         finally:
             await self._shutdown()
@@ -228,7 +228,7 @@ class ConfigurationWatch:
                     log.info("Configuration gone (missed by the watch)",
                              extra={"configuration": "/".join(key)})
                     del self._configurations[key]
-                    await self._devices.set_shared_allocator(*key, None)
+                    await self._devices.set_allocator(*key, None)
                     await self._reconcile(key)
 
     async def _on_reference_change(self, ref: Reference) -> None:

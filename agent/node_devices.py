@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crds.configuration import SharedDeviceAllocation
+from crds.configuration import Allocator
 from discovery_handlers.contract import (
     HEALTHY,
     Device,
@@ -85,9 +85,9 @@ class NodeDeviceTable:
 
     def __init__(self) -> None:
         self._devices: dict[tuple[str, str], NodeDevice] = {}
-        #: (namespace, configuration) → the allocator of its shared devices, as the
-        #: Configuration says (``crds.configuration.shared_device_allocation``).
-        self._allocators: dict[tuple[str, str], SharedDeviceAllocation] = {}
+        #: (namespace, configuration) → the allocator of its devices, as the Configuration
+        #: says (``crds.configuration.allocator_of``).
+        self._allocators: dict[tuple[str, str], Allocator] = {}
         self._version = 0
         self._changed = asyncio.Condition()
 
@@ -101,14 +101,13 @@ class NodeDeviceTable:
     def snapshot(self) -> dict[tuple[str, str], NodeDevice]:
         return dict(self._devices)
 
-    def shared_allocator(self, namespace: str, configuration: str
-                         ) -> SharedDeviceAllocation | None:
-        """Who allocates the Configuration's shared devices, as the Configuration (its spec,
-        or the controller in its status) says; ``None`` while it does not say."""
+    def allocator(self, namespace: str, configuration: str) -> Allocator | None:
+        """Who allocates the Configuration's devices, as the Configuration (its spec, or the
+        controller in its status) says; ``None`` while it does not say."""
         return self._allocators.get((namespace, configuration))
 
-    async def set_shared_allocator(self, namespace: str, configuration: str,
-                                   allocator: SharedDeviceAllocation | None) -> None:
+    async def set_allocator(self, namespace: str, configuration: str,
+                            allocator: Allocator | None) -> None:
         """Record the Configuration's allocator (``None``: undecided, or it is gone)."""
         key = (namespace, configuration)
         if self._allocators.get(key) == allocator:

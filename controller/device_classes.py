@@ -17,11 +17,11 @@ only touches classes of those namespaces. Every write is an idempotent server-si
 two replicas writing at once agree. A cluster whose API server drops ``extendedResourceName``
 (DRAExtendedResource off, as on 1.35) is reported once (``crds.dra_features``).
 
-The class write is also how the controller learns whether the cluster can allocate shared
-devices through the scheduler: each Configuration's ``status.sharedDeviceAllocation`` and
-``SharedDeviceAllocation`` condition follow from it (``controller.shared_allocation``), and the
-shared Instances of those served by DRA get a class each (``controller.instance_classes``)
-and a ResourceSlice each (``controller.shared_pools``).
+The class write is also how the controller learns whether the cluster can allocate devices
+through the scheduler: each Configuration's ``status.allocator`` and ``Allocator``
+condition follow from it (``controller.shared_allocation``), the Instances of those served by
+DRA get a class each (``controller.instance_classes``), and their shared Instances a
+ResourceSlice each (``controller.shared_pools``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from controller.instance_classes import (
 from controller.shared_pools import SharedPools
 from controller.watching import follow_forever
 from crds import dra, dra_features
-from crds.configuration import SharedDeviceAllocation
+from crds.configuration import Allocator, asked_allocator
 from crds.naming import configuration_resource_name
 from crds.resources import ConfigurationResource
 
@@ -64,7 +64,7 @@ _Key = tuple[str, str]
 
 class DeviceClasses:
     """Keeps the DeviceClasses equal to the Configurations of ``namespaces`` (empty: all), and
-    each Configuration's ``status.sharedDeviceAllocation`` equal to what the cluster serves."""
+    each Configuration's ``status.allocator`` equal to what the cluster serves."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
                  extended_resources: bool = False) -> None:
@@ -80,13 +80,9 @@ class DeviceClasses:
         #: What the API server lacks for DRA's extended-resource mapping (None: nothing), from
         #: the probe at every (re)list.
         self._missing: shared_allocation.Missing | None = None
-        self._dirty: set[_Key] = set()
-        self._wake = asyncio.Event()
         self.features = dra_features.FeatureReport(log)
         self.pools = SharedPools(client, namespaces=self._namespaces)
-        self.instances = InstanceClasses(client, namespaces=self._namespaces,
-                                         on_shared_change=self._shared_changed,
-                                         pools=self.pools)
+        self.instances = InstanceClasses(client, namespaces=self._namespaces, pools=self.pools)
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -98,27 +94,24 @@ class DeviceClasses:
 
     async def run(self) -> None:
         """Forever: list, sync, follow the watch; start over if it breaks. Beside it, the
-        per-Instance classes of shared devices the scheduler allocates."""
+        per-Instance classes of devices the scheduler allocates, and the shared pools."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.instances.run(), name="instance-classes")
             tasks.create_task(self.pools.run(), name="shared-pools")
             tasks.create_task(follow_forever(self._follow, what="device classes",
                                              retry_s=RETRY_S), name="device-classes")
-            tasks.create_task(self._reapply_forever(), name="device-classes-reapply")
 
     def _decision(self, data: dict[str, Any]) -> shared_allocation.Decision:
-        asked = (data.get("spec") or {}).get("sharedDeviceAllocation")
-        return shared_allocation.decide(SharedDeviceAllocation(asked) if asked else None,
+        return shared_allocation.decide(asked_allocator(data.get("spec") or {}),
                                         missing=self._missing)
 
     def _body(self, key: _Key, data: dict[str, Any]) -> dict[str, Any]:
         """The class; it maps the configuration-level resource where the scheduler allocates
-        the Configuration's shared devices (a local device's resource stays the device
+        the Configuration's devices (where the kubelets do, the resource is their device
         plugins' alone), or everywhere with ``extended_resources``; notes which
         Configurations the scheduler allocates for (``scheduler_resources``)."""
         spec = data.get("spec") or {}
-        through_dra = (self._decision(data).mode == SharedDeviceAllocation.DRA
-                       and self.instances.has_shared(key))
+        through_dra = self._decision(data).mode == Allocator.DRA
         resource = configuration_resource_name(key[1], spec.get("resourceName") or None)
         if through_dra:
             self._through_dra[key] = resource
@@ -170,28 +163,6 @@ class DeviceClasses:
             else:
                 self._configurations[key] = data
                 await self._keep(key, data)
-
-    def _shared_changed(self, key: _Key) -> None:
-        """A Configuration got its first shared Instance or lost its last: its class may map
-        its resource now, or no longer."""
-        self._dirty.add(key)
-        self._wake.set()
-
-    async def _reapply_forever(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._dirty:
-                key = self._dirty.pop()
-                data = self._configurations.get(key)
-                if data is None:
-                    continue
-                try:
-                    await self._keep(key, data)
-                except ApiError as error:
-                    log.warning("DeviceClass of %s/%s: %s; retrying", *key, error)
-                    self._dirty.add(key)
-                    await asyncio.sleep(RETRY_S)
 
     async def _keep(self, key: _Key, data: dict[str, Any]) -> None:
         """The class as the Configuration wants it, then its allocator in its status."""

@@ -1,25 +1,24 @@
-"""One DeviceClass per shared Instance whose Configuration the scheduler allocates (DRA mode).
+"""One DeviceClass per Instance whose Configuration the scheduler allocates (DRA mode).
 
-Why this exists: Akri-style brokers and pods ask for one device by its Instance's resource,
+Akri-style brokers and pods ask for one device by its Instance's resource,
 ``edgeplug.io/<instance>``, in ``resources.limits``. When the scheduler allocates a
-Configuration's shared devices, no device plugin advertises that name, so a class selecting
-only that Instance's device maps it (``extendedResourceName``, KEP-5004) and the scheduler
-serves such a pod from the device's ResourceSlice, counting its ``slots`` capacity once across
-every node that sees it. Local Instances keep their device plugins and get no class.
+Configuration's devices, no device plugin advertises that name, so a class selecting only that
+Instance's device maps it (``extendedResourceName``) and the scheduler serves such a pod from the
+device's ResourceSlice: a local device's from its node's pool, a shared one's from its own pool,
+counting its ``slots`` capacity once across every node that sees it.
 
-Like the Configuration classes (``controller.device_classes``), these are cluster-scoped and
-cannot be owned by the namespaced Instance: the controller deletes a class with its Instance,
-when its Configuration stops being allocated through DRA, and at every (re)list for classes
-whose Instance went while no controller ran. Writes are idempotent server-side applies.
-
-The same watch feeds ``controller.shared_pools`` (the shared devices' ResourceSlices).
+These classes are cluster-scoped and cannot be owned by the namespaced Instance: the controller
+deletes a class with its Instance, when its Configuration stops being allocated through DRA,
+and at every (re)list for classes whose Instance went while no controller ran. Writes are
+idempotent server-side applies. The same watch feeds ``controller.shared_pools`` (the shared
+devices' ResourceSlices).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Final, cast
 
 from lightkube import ApiError, AsyncClient
@@ -30,7 +29,7 @@ from controller.shared_allocation import put_mode
 from controller.shared_pools import SharedPools
 from controller.watching import follow_forever
 from crds import dra
-from crds.configuration import SharedDeviceAllocation
+from crds.configuration import Allocator
 from crds.naming import instance_resource_name
 from crds.resources import InstanceResource
 
@@ -47,30 +46,25 @@ _Key = tuple[str, str]
 
 
 class InstanceClasses:
-    """Keeps a class for every shared Instance (of ``namespaces``; empty: all) whose
-    Configuration's mode, as ``set_mode`` last said, is DRA."""
+    """Keeps a class for every Instance (of ``namespaces``; empty: all) whose Configuration's
+    mode, as ``set_mode`` last said, is DRA."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
-                 on_shared_change: Callable[[_Key], None] = lambda key: None,
                  pools: SharedPools | None = None) -> None:
-        """``on_shared_change(configuration)``: called when a Configuration gets its first
-        shared Instance or loses its last. ``pools``: fed every Instance this watch sees and
-        every mode ``set_mode`` is told (the shared devices' slices)."""
+        """``pools``: fed every shared Instance this watch sees and every mode ``set_mode`` is
+        told (the shared devices' slices)."""
         self._client = client
         self._pools = pools
-        self._on_shared_change = on_shared_change
         self._namespaces = frozenset(namespaces)
-        self._modes: dict[_Key, SharedDeviceAllocation] = {}
-        #: Shared Instances seen: (namespace, instance) → their Configuration's name.
-        self._shared: dict[_Key, str] = {}
-        #: (namespace, configuration) → how many of its Instances are shared.
-        self._per_configuration: dict[_Key, int] = {}
+        self._modes: dict[_Key, Allocator] = {}
+        #: Instances seen: (namespace, instance) → their Configuration's name.
+        self._instances: dict[_Key, str] = {}
         self._written: set[_Key] = set()
         self._changed = asyncio.Event()
         self._listed = False
 
-    def set_mode(self, configuration: _Key, mode: SharedDeviceAllocation | None) -> None:
-        """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
+    def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
+        """The allocator of ``configuration``'s devices (``None``: it is gone)."""
         if self._pools is not None:
             self._pools.set_mode(configuration, mode)
         if put_mode(self._modes, configuration, mode):
@@ -80,13 +74,9 @@ class InstanceClasses:
         """The Instances' own resources the classes kept now map."""
         return frozenset(instance_resource_name(key[1]) for key in self._written)
 
-    def has_shared(self, configuration: _Key) -> bool:
-        """Whether the Configuration has a shared Instance (as last listed or watched)."""
-        return self._per_configuration.get(configuration, 0) > 0
-
     def _wanted(self) -> set[_Key]:
-        return {key for key, cfg in self._shared.items()
-                if self._modes.get((key[0], cfg)) == SharedDeviceAllocation.DRA}
+        return {key for key, cfg in self._instances.items()
+                if self._modes.get((key[0], cfg)) == Allocator.DRA}
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -99,56 +89,37 @@ class InstanceClasses:
 
     async def _follow(self) -> None:
         listed: dict[_Key, str] = {}
-        bodies = []
+        shared = []
         async for obj in self._client.list(InstanceResource, namespace="*"):
             data = as_dict(obj)
-            key, configuration = self._shared_of(data)
+            key, configuration = self._configuration_of(data)
             if configuration is not None:
                 listed[key] = configuration
-                bodies.append(data)
+                if _is_shared(data):
+                    shared.append(data)
         if self._pools is not None:
-            self._pools.listed(bodies)
-        for key in sorted(set(self._shared) - set(listed)):
-            self._set(key, None)
-        for key, configuration in listed.items():
-            self._set(key, configuration)
+            self._pools.listed(shared)
+        self._instances = listed
         self._listed = True
         self._changed.set()
         async for op, obj in self._client.watch(InstanceResource, namespace="*"):
             data = as_dict(obj)
-            key, configuration = self._shared_of(data)
-            self._set(key, None if op == "DELETED" else configuration)
+            key, configuration = self._configuration_of(data)
+            if op == "DELETED" or configuration is None:
+                self._instances.pop(key, None)
+            else:
+                self._instances[key] = configuration
             if self._pools is not None:
-                self._pools.put(key, None if op == "DELETED" or configuration is None else data)
+                gone = op == "DELETED" or configuration is None or not _is_shared(data)
+                self._pools.put(key, None if gone else data)
             self._changed.set()
 
-    def _shared_of(self, data: dict[str, Any]) -> tuple[_Key, str | None]:
-        """The Instance's key, and its Configuration's name if it is a shared one we serve."""
+    def _configuration_of(self, data: dict[str, Any]) -> tuple[_Key, str | None]:
+        """The Instance's key, and its Configuration's name if it is of a namespace we serve."""
         key = object_key(data)
-        spec = data.get("spec") or {}
-        if not self._serves(key[0]) or not spec.get("shared"):
+        if not self._serves(key[0]):
             return key, None
-        return key, str(spec.get("configurationName") or "")
-
-    def _set(self, key: _Key, configuration: str | None) -> None:
-        before = self._shared.get(key)
-        if before == configuration:
-            return
-        if before is not None:
-            del self._shared[key]
-            self._count((key[0], before), -1)
-        if configuration is not None:
-            self._shared[key] = configuration
-            self._count((key[0], configuration), +1)
-
-    def _count(self, configuration: _Key, change: int) -> None:
-        count = self._per_configuration.get(configuration, 0) + change
-        if count > 0:
-            self._per_configuration[configuration] = count
-        else:
-            self._per_configuration.pop(configuration, None)
-        if count in (0, 1) and (count == 1) == (change > 0):
-            self._on_shared_change(configuration)
+        return key, str((data.get("spec") or {}).get("configurationName") or "")
 
     async def _keep(self) -> None:
         swept = False
@@ -170,15 +141,14 @@ class InstanceClasses:
     async def _sync(self) -> None:
         wanted = self._wanted()
         for key in sorted(wanted - self._written):
-            cfg = self._shared[key]
+            cfg = self._instances[key]
             body = dra.instance_class(key[0], cfg, key[1],
                                       extended_resource=instance_resource_name(key[1]))
             await self._client.patch(DeviceClassResource, body["metadata"]["name"], body,
                                      patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
                                      force=True)
             self._written.add(key)
-            log.info("DeviceClass %s kept for shared Instance %s/%s",
-                     body["metadata"]["name"], *key)
+            log.info("DeviceClass %s kept for Instance %s/%s", body["metadata"]["name"], *key)
         for key in sorted(self._written - wanted):
             await self._delete(key)
 
@@ -199,7 +169,11 @@ class InstanceClasses:
         self._written.discard(key)
         name = dra.instance_class_name(*key)
         if await delete_class(self._client, name):
-            log.info("DeviceClass %s deleted (shared Instance %s/%s)", name, *key)
+            log.info("DeviceClass %s deleted (Instance %s/%s)", name, *key)
+
+
+def _is_shared(data: dict[str, Any]) -> bool:
+    return bool((data.get("spec") or {}).get("shared"))
 
 
 async def delete_class(client: AsyncClient, name: str) -> bool:

@@ -461,11 +461,11 @@ class Reconciler:
         )
         if not self.settings.dra:
             # No DeviceClasses, so nothing maps extended resources: the device plugins allocate
-            # shared devices, and the status says so (with --dra, DeviceClasses writes it).
-            asked = cfg.spec.shared_device_allocation
+            # the devices, and the status says so (with --dra, DeviceClasses writes it).
+            asked = cfg.spec.allocator
             decision = shared_allocation.decide(
                 asked, missing=shared_allocation.CONTROLLER_WITHOUT_DRA)
-            new["sharedDeviceAllocation"] = decision.mode.value
+            new.update(shared_allocation.mode_fields(decision))
             new["conditions"].append(shared_allocation.condition(
                 decision, generation=cfg.generation, current=current, now=_now()))
         if status.needs_write(current, new):

@@ -1,14 +1,14 @@
-"""Which allocator serves a Configuration's shared devices, and the status that says so.
+"""Which allocator serves a Configuration's devices, and the status that says so.
 
-Why this exists: a shared device (seen by several nodes) must have exactly one allocator. The
-scheduler is one (DRA: a ResourceSlice per device with a consumable ``slots`` capacity, and a
-DeviceClass mapping ``edgeplug.io/<name>`` so unchanged pods are served from it); the agents'
-device plugins with their cross-node slot protocol are the other, kept for clusters whose API
-server does not serve extended-resource mapping and for Configurations that ask for it
-(``spec.sharedDeviceAllocation: devicePlugin``). The controller decides, because it writes the
-DeviceClasses and so is the one that sees whether the API server keeps
-``extendedResourceName``; it writes the choice to ``status.sharedDeviceAllocation`` with the
-``SharedDeviceAllocation`` condition, and every agent follows it (docs/slots.md).
+Every device has one allocator, local and shared alike (docs/slots.md): the scheduler (DRA:
+ResourceSlices with a consumable ``slots`` capacity, and DeviceClasses mapping
+``edgeplug.io/<name>`` so unchanged pods are served from them) or the kubelets through the
+agents' device plugins (the compatibility mode, for clusters without extended-resource mapping
+and Configurations that ask for it with ``spec.allocator: devicePlugin``). The controller
+decides, because it writes the DeviceClasses and so sees whether the API server keeps
+``extendedResourceName``; it writes the choice to ``status.allocator`` (and, for agents of the
+previous release, ``status.sharedDeviceAllocation``) with the ``Allocator`` condition, and every
+agent follows it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Final
 
 from controller.status import format_time
 from crds.api import API_VERSION
-from crds.configuration import SharedDeviceAllocation
+from crds.configuration import Allocator
 
-CONDITION: Final = "SharedDeviceAllocation"
+CONDITION: Final = "Allocator"
 #: Field manager of the two status fields written here (server-side apply keeps them apart from
 #: the reconciler's and the agents' fields).
 FIELD_MANAGER: Final = "edgeplug-controller/shared-allocation"
@@ -36,7 +36,7 @@ REASON_CONTROLLER_WITHOUT_DRA: Final = "ControllerWithoutDRA"
 
 @dataclass(frozen=True)
 class Decision:
-    mode: SharedDeviceAllocation
+    mode: Allocator
     ok: bool
     reason: str
     message: str
@@ -56,27 +56,27 @@ CONTROLLER_WITHOUT_DRA: Final[Missing] = (
     REASON_CONTROLLER_WITHOUT_DRA, "the controller runs without --dra (no DeviceClasses)")
 
 
-def decide(asked: SharedDeviceAllocation | None, *, missing: Missing | None) -> Decision:
+def decide(asked: Allocator | None, *, missing: Missing | None) -> Decision:
     """The allocator for a Configuration that ``asked`` for one (``None``: the cluster's best),
     given what the cluster lacks for DRA (``missing``: ``None`` when it serves everything)."""
-    if asked == SharedDeviceAllocation.DEVICE_PLUGIN:
-        return Decision(SharedDeviceAllocation.DEVICE_PLUGIN, True, REASON_CHOSEN,
-                        "spec.sharedDeviceAllocation is devicePlugin: the agents' device plugins "
-                        "allocate shared devices (the compatibility mode)")
+    if asked == Allocator.DEVICE_PLUGIN:
+        return Decision(Allocator.DEVICE_PLUGIN, True, REASON_CHOSEN,
+                        "spec.allocator is devicePlugin: the kubelets allocate the devices "
+                        "through the agents' device plugins (the compatibility mode)")
     if missing is None:
-        return Decision(SharedDeviceAllocation.DRA, True, REASON_DRA,
-                        "the scheduler allocates shared devices from ResourceSlices; pods ask "
+        return Decision(Allocator.DRA, True, REASON_DRA,
+                        "the scheduler allocates the devices from ResourceSlices; pods ask "
                         "for them in resources.limits as before")
     reason, what = missing
-    wanted = "spec.sharedDeviceAllocation is dra, but " if asked else ""
-    return Decision(SharedDeviceAllocation.DEVICE_PLUGIN, asked is None, reason,
-                    f"{wanted}{what}: the agents' device plugins allocate shared devices "
-                    "meanwhile (the compatibility mode)")
+    wanted = "spec.allocator is dra, but " if asked else ""
+    return Decision(Allocator.DEVICE_PLUGIN, asked is None, reason,
+                    f"{wanted}{what}: the kubelets allocate the devices through the agents' "
+                    "device plugins meanwhile (the compatibility mode)")
 
 
 def condition(decision: Decision, *, generation: int, current: Mapping[str, Any] | None,
               now: datetime) -> dict[str, Any]:
-    """The ``SharedDeviceAllocation`` condition, keeping ``lastTransitionTime`` while its
+    """The ``Allocator`` condition, keeping ``lastTransitionTime`` while its
     status stays."""
     status = "True" if decision.ok else "False"
     previous = next((c for c in (current or {}).get("conditions") or []
@@ -89,13 +89,19 @@ def condition(decision: Decision, *, generation: int, current: Mapping[str, Any]
             "observedGeneration": generation}
 
 
+def mode_fields(decision: Decision) -> dict[str, str]:
+    """The status fields that name the allocator: ``allocator``, and the same value under its
+    earlier name ``sharedDeviceAllocation``, which agents of the previous release read."""
+    return {"allocator": decision.mode.value, "sharedDeviceAllocation": decision.mode.value}
+
+
 def status_patch(namespace: str, name: str, decision: Decision, *, generation: int,
                  current: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
     """The server-side apply body for ``configurations/status``: the mode and its condition."""
     return {
         "apiVersion": API_VERSION, "kind": "Configuration",
         "metadata": {"name": name, "namespace": namespace},
-        "status": {"sharedDeviceAllocation": decision.mode.value, "conditions": [
+        "status": {**mode_fields(decision), "conditions": [
             condition(decision, generation=generation, current=current, now=now)]},
     }
 
@@ -105,15 +111,15 @@ def is_current(current: Mapping[str, Any] | None, decision: Decision) -> bool:
     status = current or {}
     condition = next((c for c in status.get("conditions") or []
                       if isinstance(c, Mapping) and c.get("type") == CONDITION), None)
-    return (status.get("sharedDeviceAllocation") == decision.mode.value
+    return (all(status.get(name) == value for name, value in mode_fields(decision).items())
             and condition is not None
             and condition.get("status") == ("True" if decision.ok else "False")
             and condition.get("reason") == decision.reason
             and condition.get("message") == decision.message)
 
 
-def put_mode(modes: dict[tuple[str, str], SharedDeviceAllocation], configuration: tuple[str, str],
-             mode: SharedDeviceAllocation | None) -> bool:
+def put_mode(modes: dict[tuple[str, str], Allocator], configuration: tuple[str, str],
+             mode: Allocator | None) -> bool:
     """Record ``configuration``'s allocator in ``modes`` (``None``: it is gone); whether that
     changed anything."""
     if modes.get(configuration) == mode:

@@ -30,7 +30,7 @@ from lightkube.types import PatchType
 
 from controller.shared_allocation import put_mode
 from crds import dra, dra_features, dra_slices, pool_slices
-from crds.configuration import SharedDeviceAllocation
+from crds.configuration import Allocator
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource
 
@@ -59,7 +59,7 @@ def _namespace_of(body: Mapping[str, Any]) -> str:
 
 
 def wanted_pools(instances: Iterable[Instance],
-                 modes: Mapping[_Key, SharedDeviceAllocation]
+                 modes: Mapping[_Key, Allocator]
                  ) -> tuple[dict[str, dra_slices.PoolPlan], frozenset[str]]:
     """The pools to publish for ``instances`` (shared ones whose Configuration's mode is DRA),
     and the pools held: wanted, but with no node's health known yet."""
@@ -67,7 +67,7 @@ def wanted_pools(instances: Iterable[Instance],
     held: set[str] = set()
     for inst in instances:
         if not inst.spec.shared or modes.get(
-                (inst.namespace, inst.spec.configuration_name)) != SharedDeviceAllocation.DRA:
+                (inst.namespace, inst.spec.configuration_name)) != Allocator.DRA:
             continue
         plan = dra_slices.shared_plan(inst)
         if plan is None:
@@ -86,7 +86,7 @@ class SharedPools:
         self._client = client
         self._namespaces = frozenset(namespaces)
         self._instances: dict[_Key, Instance] = {}
-        self._modes: dict[_Key, SharedDeviceAllocation] = {}
+        self._modes: dict[_Key, Allocator] = {}
         self._written: dict[str, dra_slices.Written] = {}
         self._instances_listed = False
         self._modes_listed = False
@@ -122,7 +122,7 @@ class SharedPools:
             self._instances[key] = instance
             self._wake.set()
 
-    def set_mode(self, configuration: _Key, mode: SharedDeviceAllocation | None) -> None:
+    def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
         """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
         if put_mode(self._modes, configuration, mode):
             self._wake.set()

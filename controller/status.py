@@ -148,8 +148,8 @@ def needs_write(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -
     for key in ("observedGeneration", "instanceCount", "brokers"):
         if current.get(key) != desired.get(key):
             return True
-    if "sharedDeviceAllocation" in desired and (
-            current.get("sharedDeviceAllocation") != desired["sharedDeviceAllocation"]):
+    if any(name in desired and current.get(name) != desired[name]
+           for name in ("allocator", "sharedDeviceAllocation")):
         return True  # written here only without --dra (controller.shared_allocation)
     have = _by_type(current)
     wanted = {str(c["type"]) for c in desired.get("conditions") or []}

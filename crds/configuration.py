@@ -51,7 +51,8 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
     "resourceName": "resource_name",
     "nodeSelector": "node_selector",
     "brokerDeviceAccess": "broker_device_access",
-    "sharedDeviceAllocation": "shared_device_allocation",
+    "allocator": "allocator",
+    "sharedDeviceAllocation": "allocator",
 }
 
 
@@ -64,26 +65,40 @@ class BrokerDeviceAccess(enum.StrEnum):
     DRA = "dra"
 
 
-class SharedDeviceAllocation(enum.StrEnum):
-    """Which allocator serves a Configuration's shared devices (``spec.sharedDeviceAllocation``,
-    an edgeplug addition; docs/slots.md): the scheduler, from ResourceSlices (DRA), or the
-    agents' device plugins with their cross-node slot protocol (the compatibility mode)."""
+class Allocator(enum.StrEnum):
+    """Which allocator serves every device of a Configuration, local and shared
+    (``spec.allocator``, an edgeplug addition; docs/slots.md): the scheduler, from
+    ResourceSlices (DRA), or the kubelets through the agents' device plugins (the compatibility
+    mode). Never both at once."""
 
     DRA = "dra"
     DEVICE_PLUGIN = "devicePlugin"
 
 
-def shared_device_allocation(obj: Mapping[str, Any]) -> SharedDeviceAllocation | None:
-    """The allocator a Configuration object's shared devices have now: its spec's choice,
-    else the controller's (``status.sharedDeviceAllocation``); ``None`` while neither says."""
-    for part in ("spec", "status"):
-        chosen = (obj.get(part) or {}).get("sharedDeviceAllocation")
+#: Where a Configuration object names its allocator, first match wins: the user's choice
+#: (``allocator``, or its earlier name ``sharedDeviceAllocation``), then the controller's.
+_ALLOCATOR_FIELDS: Final = (("spec", "allocator"), ("spec", "sharedDeviceAllocation"),
+                            ("status", "allocator"), ("status", "sharedDeviceAllocation"))
+
+
+def allocator_of(obj: Mapping[str, Any]) -> Allocator | None:
+    """The allocator a Configuration object's devices have now: its spec's choice, else the
+    controller's (``status.allocator``); ``None`` while neither says."""
+    for part, name in _ALLOCATOR_FIELDS:
+        chosen = (obj.get(part) or {}).get(name)
         if chosen:
             try:
-                return SharedDeviceAllocation(chosen)
+                return Allocator(chosen)
             except ValueError:
                 return None
     return None
+
+
+def asked_allocator(spec: Mapping[str, Any]) -> Allocator | None:
+    """The allocator a Configuration's spec asks for (``allocator``, or the earlier
+    ``sharedDeviceAllocation``, which means the same); ``None``: the cluster's best."""
+    chosen = spec.get("allocator") or spec.get("sharedDeviceAllocation")
+    return Allocator(chosen) if chosen else None
 
 
 class ValueSourceKind(enum.StrEnum):
@@ -188,7 +203,7 @@ class ConfigurationSpec:
     resource_name: str | None = None
     node_selector: LabelSelector | None = None
     broker_device_access: BrokerDeviceAccess = BrokerDeviceAccess.DEVICE_PLUGIN
-    shared_device_allocation: SharedDeviceAllocation | None = None
+    allocator: Allocator | None = None
 
     @property
     def has_broker(self) -> bool:
@@ -217,9 +232,7 @@ class ConfigurationSpec:
             node_selector=LabelSelector.from_object(selector) if selector is not None else None,
             broker_device_access=BrokerDeviceAccess(
                 spec.get("brokerDeviceAccess") or BrokerDeviceAccess.DEVICE_PLUGIN),
-            shared_device_allocation=(
-                SharedDeviceAllocation(spec["sharedDeviceAllocation"])
-                if spec.get("sharedDeviceAllocation") else None),
+            allocator=asked_allocator(spec),
         )
 
     def to_object(self) -> dict[str, Any]:
@@ -248,8 +261,8 @@ class ConfigurationSpec:
             out["nodeSelector"] = self.node_selector.to_object()
         if self.broker_device_access != BrokerDeviceAccess.DEVICE_PLUGIN:
             out["brokerDeviceAccess"] = self.broker_device_access.value
-        if self.shared_device_allocation is not None:
-            out["sharedDeviceAllocation"] = self.shared_device_allocation.value
+        if self.allocator is not None:
+            out["allocator"] = self.allocator.value
         return out
 
 

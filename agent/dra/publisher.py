@@ -43,6 +43,7 @@ from agent.dra import slices
 from agent.kube import as_dict, field_manager
 from agent.node_devices import NodeDeviceTable
 from crds import dra_features, dra_slices, pool_slices
+from crds.configuration import Allocator
 from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource as ResourceSliceResource
@@ -260,9 +261,13 @@ class DraPublisher:
                 self._dirty.set()
 
     def _offered(self) -> list[Instance]:
-        """The Instances this node offers to claims: its local devices (shared devices'
-        pools are the controller's)."""
-        return [i for i in self._instances.values() if not i.spec.shared]
+        """The Instances this node offers to the scheduler: its local devices whose
+        Configuration's allocator is DRA (one allocator per device: those of a Configuration
+        the kubelets allocate, or one not decided yet, are in no slice; shared devices' pools
+        are the controller's)."""
+        return [i for i in self._instances.values() if not i.spec.shared
+                and self._devices.allocator(i.namespace, i.spec.configuration_name)
+                == Allocator.DRA]
 
     async def reconcile(self) -> None:
         """One pass: publish every pool that changed, withdraw those no longer wanted. A pool

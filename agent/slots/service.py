@@ -62,7 +62,7 @@ from agent.slots.rules import (
     slot_counts,
     usage_of,
 )
-from crds.configuration import Configuration, SharedDeviceAllocation
+from crds.configuration import Allocator, Configuration
 from crds.instance import Instance, SlotUsage
 from crds.naming import configuration_resource_name, instance_resource_name
 
@@ -421,29 +421,28 @@ class DevicePluginService:
 
     def _serves(self, key: _Key, instance: Instance) -> bool:
         """Whether a device plugin of this node serves the Instance: it lists this node, this
-        node finds it, and it is not a shared device the scheduler allocates (one allocator
-        per device: such a device is served through DRA alone, docs/slots.md)."""
+        node finds it, and its Configuration's allocator is the kubelets' (one allocator per
+        device, local or shared: a device the scheduler allocates is served through DRA
+        alone, docs/slots.md)."""
         if self.node not in instance.spec.nodes or self._devices.get(*key) is None:
             return False
-        if not instance.spec.shared:
-            return True
         configuration = instance.spec.configuration_name
-        allocator = self._devices.shared_allocator(key[0], configuration)
+        allocator = self._devices.allocator(key[0], configuration)
         if allocator is None:
             # Undecided (the controller has not said yet): an agent that can serve DRA waits
             # rather than hand out slots it may have to take back; one that cannot serves
             # the only way it can.
             return not self._dra
-        if allocator == SharedDeviceAllocation.DRA and not self._dra:
+        if allocator == Allocator.DRA and not self._dra:
             self._warn_no_dra((key[0], configuration))
-        return allocator == SharedDeviceAllocation.DEVICE_PLUGIN
+        return allocator == Allocator.DEVICE_PLUGIN
 
     def _warn_no_dra(self, configuration: _Key) -> None:
         if configuration not in self._warned_no_dra:
             self._warned_no_dra.add(configuration)
-            log.error("Configuration %s/%s: its shared devices are allocated through DRA, but "
-                      "this agent runs with DRA=off: this node serves them to nobody (turn DRA "
-                      "on, or pin spec.sharedDeviceAllocation: devicePlugin)", *configuration)
+            log.error("Configuration %s/%s: its devices are allocated through DRA, but this "
+                      "agent runs with DRA=off: this node serves them to nobody (turn DRA on, "
+                      "or pin spec.allocator: devicePlugin)", *configuration)
 
     def _own_writes_first(self) -> None:
         """Instances as this agent's own last slot write left them, where the watch has not

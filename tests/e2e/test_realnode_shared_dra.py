@@ -104,7 +104,7 @@ async def test_shared_devices_go_through_the_scheduler_by_default_on_the_real_no
         status = json.loads(plane.kubectl("get", "configuration", "cams", "-n", ns, "-o",
                                           "json").stdout)["status"]
         (condition,) = [c for c in status["conditions"]
-                        if c["type"] == "SharedDeviceAllocation"]
+                        if c["type"] == "Allocator"]
         assert (condition["status"], condition["reason"]) == ("True", "ServedByScheduler")
 
         await running_container(plane, broker)

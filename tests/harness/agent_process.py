@@ -74,7 +74,10 @@ def debug_echo_configuration(
     discovery_properties: list[dict[str, Any]] | None = None,
     node_selector: dict[str, Any] | None = None,
     raw_details: str | None = None,
+    allocator: str | None = None,
 ) -> dict[str, Any]:
+    """A debugEcho Configuration; ``allocator`` pins ``spec.allocator`` (``dra`` where no
+    controller runs to choose one)."""
     details: dict[str, Any] = {"descriptions": descriptions, "shared": shared}
     if availability_file is not None:
         details["availabilityFile"] = str(availability_file)
@@ -93,6 +96,8 @@ def debug_echo_configuration(
         spec["discoveryHandler"]["discoveryProperties"] = discovery_properties
     if node_selector is not None:
         spec["nodeSelector"] = node_selector
+    if allocator is not None:
+        spec["allocator"] = allocator
     return {
         "apiVersion": "edgeplug.io/v1alpha1",
         "kind": "Configuration",

@@ -182,8 +182,10 @@ def claim_pod(name: str, template: str) -> dict[str, Any]:
 def extended_echo_configuration(name: str, descriptions: list[str], state: Path
                                 ) -> dict[str, Any]:
     """A local-device Configuration of ``debugEchoExtended`` (``tests.harness.echo_handlers``,
-    installed by the test), whose devices' health the test sets in ``state``."""
-    cfg = agent_process.debug_echo_configuration(name, descriptions=descriptions, shared=False)
+    installed by the test), whose devices' health the test sets in ``state``; the scheduler
+    allocates its devices (``spec.allocator: dra``)."""
+    cfg = agent_process.debug_echo_configuration(name, descriptions=descriptions, shared=False,
+                                                 allocator="dra")
     cfg["spec"]["discoveryHandler"] = {"name": echo_handlers.NAME, "discoveryDetails": json.dumps(
         {"descriptions": descriptions, "stateFile": str(state)})}
     return cfg

@@ -1,6 +1,6 @@
 """The seam: an agent in the DRA default never loads the compatibility mode's cross-node
-protocol (``agent.slots.compat``), and loads it once a Configuration pins its shared devices to
-device plugins.
+protocol (``agent.slots.compat``), and loads it once a Configuration pins its devices to device
+plugins.
 
 Real parts: the agent as its own process (``python -m tests.harness.modules_at_exit``, which
 runs ``agent.main`` unchanged and writes the names of every module it loaded at its exit), with
@@ -43,12 +43,14 @@ def controller_args() -> tuple[str, ...]:
 
 async def _allocator(kube: AsyncClient, ns: str, name: str) -> str | None:
     body = as_dict(await kube.get(ConfigurationResource, name, namespace=ns))
-    return (body.get("status") or {}).get("sharedDeviceAllocation") or None
+    return (body.get("status") or {}).get("allocator") or None
 
 
-async def _in_slice(kube: AsyncClient, ns: str, configuration: str, instance: str
-                    ) -> dict[str, Any] | None:
-    pool = slices.shared_pool(ns, configuration, instance)
+async def _in_slice(kube: AsyncClient, ns: str, configuration: str, instance: str,
+                    node: str | None = None) -> dict[str, Any] | None:
+    """The Instance's device in its shared pool, or in ``node``'s pool of its Configuration."""
+    pool = (slices.shared_pool(ns, configuration, instance) if node is None
+            else slices.local_pool(ns, configuration, node))
     return h.pool_devices(await h.pool_slices(kube, pool)).get(slices.device_name(instance))
 
 
@@ -91,19 +93,20 @@ async def test_a_dra_default_agent_never_loads_the_cross_node_protocol(
                 assert modules.exists(), log.read_text()[-3000:]
                 return _loaded(modules)
 
-            # The DRA default: the local device through its plugin, the shared one in a slice.
+            # The DRA default: the local device in its node's pool, the shared one in its own.
             loaded = await run_agent(
                 "dra",
-                lambda: wait_allocatable(kube, node.node_name, instance_resource_name(local), "2"),
+                lambda: harness.eventually(
+                    lambda: _in_slice(kube, ns, "loc", local, node.node_name),
+                    what=f"{local} in its node's ResourceSlice"),
                 lambda: harness.eventually(lambda: _in_slice(kube, ns, "cam", shared),
                                            what=f"{shared} in its ResourceSlice"))
-            assert "agent.slots.service" in loaded  # the plugins ran in this process
             assert not {m for m in loaded if m.startswith(COMPAT)}, sorted(loaded)
 
             # A Configuration pinned to device plugins: its shared device is served the
             # compatible way, and only then is the protocol loaded.
             pinned = harness.debug_echo_configuration("old", descriptions=["old0"], capacity=1)
-            pinned["spec"]["sharedDeviceAllocation"] = "devicePlugin"
+            pinned["spec"]["allocator"] = "devicePlugin"
             harness.apply(control_plane, ns, pinned)
             old = instance_name("old", "old0", shared=True, node=node.node_name)
             loaded = await run_agent(

@@ -85,7 +85,7 @@ async def test_the_agent_reports_consumable_capacity_as_the_api_server_serves_it
     async with (h.ready_nodes(kube, [node]),
                 h.dra_agents(control_plane, [node], namespace) as agents):
         harness.apply(control_plane, namespace, harness.debug_echo_configuration(
-            "pair", descriptions=["p0"], shared=False, capacity=2))
+            "pair", descriptions=["p0"], shared=False, capacity=2, allocator="dra"))
 
         async def published() -> dict[str, Any] | None:
             devices = h.pool_devices(await h.pool_slices(kube, pool))

@@ -71,7 +71,7 @@ async def test_an_agent_restart_rewrites_no_unchanged_pool(
 ) -> None:
     node = harness.new_node(control_plane)
     harness.apply(control_plane, namespace, harness.debug_echo_configuration(
-        "keep", descriptions=["a", "b"], shared=False))
+        "keep", descriptions=["a", "b"], shared=False, allocator="dra"))
     pool = slices.local_pool(namespace, "keep", node)
     try:
         async with h.dra_agents(control_plane, [node], namespace) as agents:
@@ -196,7 +196,7 @@ async def test_a_slice_deleted_by_someone_else_is_published_again(
     """As the kubelet does at its start for drivers that have not registered in time."""
     node = harness.new_node(control_plane)
     harness.apply(control_plane, namespace, harness.debug_echo_configuration(
-        "wiped", descriptions=["a"], shared=False))
+        "wiped", descriptions=["a"], shared=False, allocator="dra"))
     pool = slices.local_pool(namespace, "wiped", node)
     try:
         async with h.dra_agents(control_plane, [node], namespace):

@@ -30,6 +30,7 @@ from agent.dra.publisher import MIN_PASS_INTERVAL, QUIET_S, DraPublisher
 from agent.kube import InstanceResource
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from crds import pool_slices
+from crds.configuration import Allocator
 from discovery_handlers.contract import Device
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
@@ -91,12 +92,20 @@ class HeldListClient(CountingClient):
             yield obj
 
 
+class DraChosenTable(NodeDeviceTable):
+    """The device table with every Configuration's allocator the scheduler, as the controller
+    says on a cluster with DRA (no Configuration watch runs here to record it)."""
+
+    def allocator(self, namespace: str, configuration: str) -> Allocator | None:
+        return Allocator.DRA
+
+
 @contextlib.asynccontextmanager
 async def publishing(cp: ControlPlane, namespace: str, client_type: type[CountingClient] = (
                      CountingClient)
                      ) -> AsyncIterator[tuple[DraPublisher, NodeDeviceTable, CountingClient]]:
     client = client_type(KubeConfig.from_file(str(cp.kubeconfig)))
-    table = NodeDeviceTable()
+    table = DraChosenTable()
     publisher = DraPublisher(client=client, node_name=NODE, namespace=namespace, devices=table)
     task = asyncio.create_task(publisher.run())
     try:

@@ -179,7 +179,7 @@ async def test_the_publisher_works_with_the_agents_token_alone(
 ) -> None:
     w = enforced
     harness.apply(control_plane, namespace, harness.debug_echo_configuration(
-        "rights", descriptions=["a"], shared=False))
+        "rights", descriptions=["a"], shared=False, allocator="dra"))
     # The Instance as node A's agent makes it (discovery runs as admin here: only the
     # publisher's rights are under test).
     async with harness.agent_in_process(control_plane, node_name=w.node_a,

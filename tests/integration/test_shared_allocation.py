@@ -4,12 +4,13 @@ compatibility run on the oldest, where DRAExtendedResource is off).
 
 Each test first asks the API server itself (a dry-run apply of a DeviceClass mapping an
 extended resource) whether it keeps ``extendedResourceName``; the Configuration's
-``status.sharedDeviceAllocation``, its ``SharedDeviceAllocation`` condition and the per-Instance
+``status.sharedDeviceAllocation``, its ``Allocator`` condition and the per-Instance
 DeviceClasses must then follow: ``dra`` where it is kept, the compatibility mode (with a
 condition naming the gate) where it is dropped, and always what the spec pins."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from agent.dra import slices
 from agent.kube import as_dict
 from controller.instance_classes import DeviceClassResource
 from crds import dra
-from crds.naming import instance_name
+from crds.naming import instance_name, instance_resource_name
 from crds.resources import ConfigurationResource
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
@@ -39,14 +40,15 @@ async def _serves_extended_resources(kube: AsyncClient, namespace: str) -> bool:
 
 async def _allocation(kube: AsyncClient, namespace: str, name: str
                       ) -> tuple[str, dict[str, Any]] | None:
-    """The Configuration's ``status.sharedDeviceAllocation`` and its condition, once written."""
+    """The Configuration's ``status.allocator`` and its condition, once written."""
     body = as_dict(await kube.get(ConfigurationResource, name, namespace=namespace))
     status = body.get("status") or {}
     conditions = [c for c in status.get("conditions") or []
-                  if c["type"] == "SharedDeviceAllocation"]
-    if not status.get("sharedDeviceAllocation") or not conditions:
+                  if c["type"] == "Allocator"]
+    if not status.get("allocator") or not conditions:
         return None
-    return str(status["sharedDeviceAllocation"]), conditions[0]
+    assert status.get("sharedDeviceAllocation") == status["allocator"]  # for older agents
+    return str(status["allocator"]), conditions[0]
 
 
 async def _instance_class(kube: AsyncClient, namespace: str, instance: str
@@ -171,28 +173,44 @@ async def test_asking_for_dra_where_it_is_missing_is_reported_and_served_compati
             assert "DRAExtendedResource" in condition["message"]
 
 
-async def test_a_local_devices_class_leaves_its_resource_to_the_device_plugins(
+async def test_a_local_devices_resources_are_mapped_only_where_the_scheduler_allocates_it(
     control_plane: ControlPlane, namespace: str, kube: AsyncClient,
 ) -> None:
-    """Local devices keep one allocator, their kubelet: the class of a Configuration with
-    no shared device maps no extended resource (a pod asking for ``edgeplug.io/<name>`` is
-    never served through DRA behind the device plugins' back)."""
+    """Local devices have one allocator too: where the scheduler allocates a Configuration's
+    devices, its class maps ``edgeplug.io/<configuration>`` and each Instance's class
+    ``edgeplug.io/<instance>``; a Configuration pinned to device plugins gets no mapping, so
+    nothing serves those names through DRA behind the kubelet's back."""
+    served = await _serves_extended_resources(kube, namespace)
+    usb = instance_name("usb", "u0", shared=False, node="n1")
+    old = instance_name("old", "o0", shared=False, node="n1")
+    pinned = harness.debug_echo_configuration("old", descriptions=["o0"], shared=False,
+                                              allocator="devicePlugin")
     async with h.device_classes(kube, namespace), h.dra_agents(control_plane, ["n1"],
                                                                 namespace):
         harness.apply(control_plane, namespace, harness.debug_echo_configuration(
-            "usb", descriptions=["u0"], shared=False))
-        await harness.eventually(lambda: _allocation(kube, namespace, "usb"),
-                                 what="the controller's choice")
-        body = await harness.eventually(lambda: h.device_class(kube, namespace, "usb"),
-                                        what="the Configuration's class")
-        assert "extendedResourceName" not in body["spec"]
+            "usb", descriptions=["u0"], shared=False), pinned)
+        for name in ("usb", "old"):
+            await harness.eventually(functools.partial(_allocation, kube, namespace, name),
+                                     what=f"the controller's choice for {name}")
+        await harness.eventually(lambda: h.device_class(kube, namespace, "old"),
+                                 what="the pinned Configuration's class")
+        assert await _mapped(kube, namespace, "old") is None
+        if not served:
+            assert await _mapped(kube, namespace, "usb") is None
+            return
+        assert await harness.eventually(lambda: _mapped(kube, namespace, "usb"),
+                                        what="usb's class mapping") == "edgeplug.io/usb"
+        body = await harness.eventually(lambda: _instance_class(kube, namespace, usb),
+                                        what=f"{usb}'s class")
+        assert body["spec"]["extendedResourceName"] == instance_resource_name(usb)
+        assert await _instance_class(kube, namespace, old) is None
 
 
 async def test_a_controller_without_dra_reports_the_compatibility_mode(
     peering: ControlPlane, namespace: str, kube: AsyncClient, tmp_path: Path,
 ) -> None:
     """Without ``--dra`` no DeviceClass maps ``edgeplug.io/<name>``: the controller says the
-    device plugins allocate shared devices, and why, so an agent with DRA on does not wait."""
+    device plugins allocate the devices, and why, so an agent with DRA on does not wait."""
     control_plane = peering
     controller = ControllerProcess(control_plane, namespaces=[namespace],
                                    log_path=tmp_path / "ctl.log", extra_args=FAST_ARGS)

@@ -80,7 +80,7 @@ def full_configuration_spec() -> dict[str, Any]:
         "offlineGracePeriodSeconds": 10,
         "resourceName": "huawei.com/Ascend910",
         "brokerDeviceAccess": "dra",
-        "sharedDeviceAllocation": "devicePlugin",
+        "allocator": "devicePlugin",
         "nodeSelector": {
             "matchLabels": {"zone": "dock"},
             "matchExpressions": [
@@ -169,7 +169,8 @@ def test_property_name_rule_is_the_same_everywhere() -> None:
 
 def test_configuration_round_trips_every_field() -> None:
     spec = full_configuration_spec()
-    assert wire_paths(CONFIG_SPEC) <= {
+    earlier_names = {"sharedDeviceAllocation"}  # read as the field it was renamed to
+    assert wire_paths(CONFIG_SPEC) - earlier_names <= {
         *spec, *(f"brokerSpec.{k}" for k in ("brokerPodSpec", "brokerJobSpec"))}
     obj = {"apiVersion": API_VERSION, "kind": CONFIGURATION_KIND,
            "metadata": {"name": "cam", "namespace": "ns", "uid": "u-1", "generation": 4,
@@ -188,6 +189,9 @@ def test_configuration_round_trips_every_field() -> None:
     assert job_view.broker_job_spec == {"template": {"spec": {}}}
     assert job_view.to_object() == job
     assert view.owner_reference()["uid"] == "u-1"
+    earlier = {k: v for k, v in spec.items() if k != "allocator"}
+    earlier["sharedDeviceAllocation"] = "devicePlugin"
+    assert cfg.ConfigurationSpec.from_object(earlier).to_object() == spec
 
 
 def test_instance_round_trips_every_field() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from controller.shared_pools import wanted_pools
 from crds import dra_slices
-from crds.configuration import SharedDeviceAllocation
+from crds.configuration import Allocator
 from crds.instance import Instance, InstanceSpec
 
-DRA, PLUGINS = SharedDeviceAllocation.DRA, SharedDeviceAllocation.DEVICE_PLUGIN
+DRA, PLUGINS = Allocator.DRA, Allocator.DEVICE_PLUGIN
 
 
 def _instance(name: str, configuration: str, *, shared: bool = True,
