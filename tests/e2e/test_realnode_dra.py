@@ -365,17 +365,19 @@ async def test_a_claimed_devices_health_reaches_its_pod_through_the_real_kubelet
         await _clean_up(plane, node, kube, ns, agent_log)
 
 
+@pytest.mark.parametrize("agent_first", [False, True], ids=["kubelet-first", "agent-first"])
 async def test_pods_holding_claims_run_again_after_the_node_reboots(
-    plane: ControlPlane, node: RealNode,
+    plane: ControlPlane, node: RealNode, agent_first: bool,
 ) -> None:
     """The node reboots (``RealNode.reboot``: every process ends, ``/run`` emptied with the
     claims' CDI specs in ``/var/run/cdi``, the disk kept with the agent's prepared-claims
     record) while pods hold claims on a local device and on a shared one (two through claim
-    templates, one Akri-style by resource name). The agent starts again: it writes the
-    recorded specs again before its plugin registers, the kubelet has it prepare the claims
-    again, and every pod runs again in a new container that got its device (its env, read
-    from inside it). None failed, none is left in CreateContainerError, and the runtime never
-    found a claim's CDI device missing. Last in this module: the node it leaves has rebooted."""
+    templates, one Akri-style by resource name). The agent starts again, after the kubelet is
+    Ready or before the kubelet starts: it writes the recorded specs again before its plugin
+    registers, the kubelet has it prepare the claims again, and every pod runs again in a new
+    container that got its device (its env, read from inside it). None failed, none is left
+    in CreateContainerError, and the runtime never found a claim's CDI device missing. Last in
+    this module: the node it leaves has rebooted."""
     ns = f"drr-{uuid.uuid4().hex[:6]}"
     plane.kubectl("create", "namespace", ns)
     agent_log = f"agent-{ns}"
@@ -407,15 +409,22 @@ async def test_pods_holding_claims_run_again_after_the_node_reboots(
 
             kubelet_log = node.log_path("kubelet")
             kubelet_from = kubelet_log.stat().st_size
-            started = time.monotonic()
-            node.reboot()
-            ready = time.monotonic()
-            assert not any(cdi_dir.iterdir()), "the reboot emptied /var/run/cdi"
             agent_log = f"{agent_log}-rebooted"
-            start_agent(node, plane, Broker(ns, lamp, "", agent_log), extra_env={"DRA": "on"})
+
+            def agent_again() -> None:
+                assert not any(cdi_dir.iterdir()), "the reboot emptied /var/run/cdi"
+                start_agent(node, plane, Broker(ns, lamp, "", agent_log),
+                            extra_env={"DRA": "on"})
+
+            started = time.monotonic()
+            node.reboot(before_kubelet=agent_again if agent_first else None)
+            ready = time.monotonic()
+            if not agent_first:
+                agent_again()
             for name, device in devices.items():
                 await _runs_with(plane, ns, name, device, first[name])
-            print(f"figure: node reboot -> {len(devices)} pods holding claims Running again "
+            print(f"figure: node reboot ({'agent' if agent_first else 'kubelet'} first) -> "
+                  f"{len(devices)} pods holding claims Running again "
                   f"{time.monotonic() - started:.1f} s (node start -> Ready "
                   f"{ready - started:.1f} s, Ready -> pods Running "
                   f"{time.monotonic() - ready:.1f} s)")

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -120,29 +120,34 @@ class RealNode:
         self._write_files(runc)
         self._boot(import_images=True)
 
-    def _boot(self, *, import_images: bool) -> None:
+    def _boot(self, *, import_images: bool,
+              before_kubelet: Callable[[], None] | None = None) -> None:
         try:
             self._make_cgroup_root()
             self._start_holder()
             self.start_containerd()
             if import_images:
                 self._import_images()
+            if before_kubelet is not None:
+                before_kubelet()
             self.start_kubelet()
         except BaseException:
             self.stop()
             raise
 
-    def reboot(self) -> None:
+    def reboot(self, *, before_kubelet: Callable[[], None] | None = None) -> None:
         """A node reboot: every process of the node ends (its containers, and the processes
         ``spawn`` started: the test starts its agent again), ``/run`` is emptied as a tmpfs is
         (containerd's state, the CDI specs in ``/var/run/cdi``), the disk keeps what it holds
         (the kubelet's device checkpoint, containerd's images and metadata); then containerd
-        and the kubelet start again and the Node is Ready."""
+        and the kubelet start again and the Node is Ready. ``before_kubelet`` runs once the
+        node's namespaces and containerd are up, before the kubelet starts (an agent that
+        comes up first)."""
         self.stop()
         for tmpfs in ("/run/containerd", "/var/run/cdi"):
             shutil.rmtree(self.host_path(tmpfs))
             self.host_path(tmpfs).mkdir()
-        self._boot(import_images=False)
+        self._boot(import_images=False, before_kubelet=before_kubelet)
 
     def _write_files(self, runc: Path) -> None:
         for mount in config.NODE_PATHS:
