@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent.container_devices import broker_envs
 from agent.node_devices import NodeDevice
-from agent.slots.rules import broker_envs
 from crds.api import GROUP
 from discovery_handlers.contract import ComposingHandler
 

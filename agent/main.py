@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.cdi_specs import CdiSpecs
 from agent.configuration_watch import ConfigurationWatch, FatalStartError
+from agent.device_plugin_seam import serve_when_wanted
 from agent.discovery_run import RESYNC_INTERVAL
 from agent.kube import counted_client, load_config
 from agent.metrics import AgentMetrics
@@ -84,16 +85,22 @@ async def run_agent(
         )
         parts.insert(0, registration.run())  # first: it routes handler look-ups before runs
     if settings.serve_device_plugins:
-        # Imported here so the discovery side runs (and is tested) on its own.
-        from agent.slots.service import serve_device_plugins
 
-        parts.append(
-            serve_device_plugins(
+        async def serve_plugins() -> None:
+            # Imported only once wanted: an agent whose devices the scheduler allocates carries
+            # none of the device-plugin allocator (agent.device_plugin_seam).
+            from agent.slots.service import serve_device_plugins
+
+            gc.freeze()  # its modules out of the collector's sight too (settle_heap)
+            await serve_device_plugins(
                 client=client, node_name=settings.node_name, plugin_dir=settings.plugin_dir,
                 pod_resources_socket=settings.pod_resources_socket, devices=devices,
                 metrics=metrics, dra=settings.serve_dra, reads=reads,
             )
-        )
+
+        parts.append(serve_when_wanted(client=client, node_name=settings.node_name,
+                                       devices=devices, dra=settings.serve_dra,
+                                       serve=serve_plugins))
     if settings.serve_dra:
         # Imported only when on: an agent without DRA carries none of it (docs/benchmarks.md,
         # "Memory").
@@ -145,7 +152,7 @@ def settle_heap(settings: AgentSettings) -> None:
     reference counting; only cycles among the frozen ones would stay, and module-level objects
     never die.
     """
-    if settings.serve_device_plugins:
+    if settings.serve_device_plugins and not settings.serve_dra:
         import agent.slots.service  # noqa: F401  (run_agent imports it; here before freezing)
     if settings.serve_dra:
         from agent.dra.service import serve_dra  # noqa: F401  (likewise)

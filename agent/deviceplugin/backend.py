@@ -9,25 +9,14 @@ about real changes), and ``PluginError`` carries the gRPC status a refusal maps 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
+from agent.container_devices import ContainerAllocation as ContainerAllocation
 from agent.deviceplugin.feed import DeviceFeed
-from discovery_handlers.contract import DeviceSpec, Mount
-
-
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """What one container gets for the devices allocated to it."""
-
-    envs: Mapping[str, str] = field(default_factory=dict)
-    mounts: tuple[Mount, ...] = ()
-    device_specs: tuple[DeviceSpec, ...] = ()
-    cdi_devices: tuple[str, ...] = ()
-    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 class PluginError(Exception):

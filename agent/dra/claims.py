@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from agent.cdi_specs import CDI_VERSION
+from agent.container_devices import container_allocation
 from agent.dra import slices
 from agent.node_devices import NodeDevice
-from agent.slots.backends import container_allocation
 from crds import dra
 from discovery_handlers.contract import ComposingHandler
 

@@ -19,7 +19,8 @@ from typing import Protocol
 
 import grpc
 
-from agent.deviceplugin.backend import ContainerAllocation, PluginError
+from agent.container_devices import ContainerAllocation, container_allocation
+from agent.deviceplugin.backend import PluginError
 from agent.deviceplugin.feed import DeviceFeed
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice
@@ -28,16 +29,12 @@ from agent.slots.rules import (
     SlotRef,
     Verdict,
     available_slots,
-    broker_envs,
     held_virtual_ids,
     judge_claim,
     slot_ids,
 )
 from crds.instance import Instance, SlotUsage
 from discovery_handlers.contract import (
-    ComposingHandler,
-    DeviceSpec,
-    Mount,
     PreparingHandler,
     RankingHandler,
 )
@@ -90,36 +87,6 @@ class Counted:
 
     def labels(self, world: SlotWorld) -> tuple[str, str, str, str]:
         return (self.namespace, self.configuration, world.node, self.kind)
-
-
-def container_allocation(devices: Sequence[NodeDevice]) -> ContainerAllocation:
-    """What one container gets for ``devices`` (in allocation order).
-
-    The environment is the handler's to compose when it can (``ComposingHandler``: e.g.
-    ``ASCEND_VISIBLE_DEVICES=0,1``), with the Configuration's ``brokerProperties`` on top; else
-    every device's properties as ``NAME_<HASH>`` and ``NAME`` (Akri's way). Mounts and device
-    nodes are the union; a CDI name is given for each device whose spec is on disk.
-    """
-    envs: dict[str, str] = {}
-    first = devices[0] if devices else None
-    if first is not None and isinstance(first.handler, ComposingHandler):
-        envs.update(first.handler.compose(first.details, [d.device for d in devices]))
-        for device in devices:
-            envs.update(device.broker_properties)
-    else:
-        for device in devices:
-            envs.update(broker_envs(device.instance, device.properties))
-    mounts: list[Mount] = []
-    specs: list[DeviceSpec] = []
-    cdi: list[str] = []
-    for device in devices:
-        mounts.extend(m for m in device.device.mounts if m not in mounts)
-        specs.extend(s for s in device.device.device_specs if s not in specs)
-        if device.cdi_name and device.cdi_name not in cdi:
-            cdi.append(device.cdi_name)
-    return ContainerAllocation(
-        envs=envs, mounts=tuple(mounts), device_specs=tuple(specs), cdi_devices=tuple(cdi)
-    )
 
 
 def _usable_device(world: SlotWorld, namespace: str, instance: str) -> NodeDevice:

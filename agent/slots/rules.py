@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent.deviceplugin.feed import AdvertisedDevice
 from crds.instance import Instance, SlotUsage, SlotUsageKind
-from crds.naming import FALLBACK_SEPARATOR, slot_id
+from crds.naming import slot_id
 
 #: Instances whose slot ids are kept computed, and distinct ``deviceUsage`` values kept parsed:
 #: every reconcile pass and Allocate asks for them again, on the event loop. A pass walks every
@@ -270,22 +270,6 @@ def judge_claim(instance: Instance, slot: str, want: SlotUsage) -> Verdict:
     if slot in claims_withheld(instance):
         return Verdict.HELD_BY_CLAIMS
     return Verdict.CLAIM if holder == want.node else Verdict.RESERVE_AND_CLAIM
-
-
-def instance_hash(instance_name: str) -> str:
-    """The digest suffix of an Instance name (``<configuration>-<digest>``, or a fallback
-    name's part before its node: ``crds.naming.fallback_instance_name``), upper case."""
-    return instance_name.partition(FALLBACK_SEPARATOR)[0].rpartition("-")[2].upper()
-
-
-def broker_envs(instance_name: str, properties: Mapping[str, str]) -> dict[str, str]:
-    """Every property as ``KEY`` and ``KEY_<HASH>`` (two devices of a kind don't collide)."""
-    suffix = instance_hash(instance_name)
-    envs: dict[str, str] = {}
-    for key, value in properties.items():
-        envs[key] = value
-        envs[f"{key}_{suffix}"] = value
-    return envs
 
 
 # --- the configuration-level plugin's virtual devices ---------------------------------------

@@ -1,6 +1,6 @@
-"""The seam: an agent in the DRA default never loads the compatibility mode's cross-node
-protocol (``agent.slots.compat``), and loads it once a Configuration pins its devices to device
-plugins.
+"""The seam: an agent in the DRA default never loads the device-plugin allocator (its slot
+service, its servers, the cross-node protocol), and loads it once a Configuration pins its
+devices to device plugins.
 
 Real parts: the agent as its own process (``python -m tests.harness.modules_at_exit``, which
 runs ``agent.main`` unchanged and writes the names of every module it loaded at its exit), with
@@ -34,6 +34,9 @@ from tests.harness.stand_ins import node_dirs, running_node
 pytestmark = [pytest.mark.timeout(150)]
 
 COMPAT = "agent.slots.compat"
+#: The device-plugin allocator's modules (the kubelet's gRPC stubs for it included).
+DEVICE_PLUGIN_ALLOCATOR = ("agent.slots", "agent.deviceplugin", "agent.podresources",
+                           "agent.pod_annotations", "agent.kubeletapi.deviceplugin")
 
 
 @pytest.fixture
@@ -101,7 +104,7 @@ async def test_a_dra_default_agent_never_loads_the_cross_node_protocol(
                     what=f"{local} in its node's ResourceSlice"),
                 lambda: harness.eventually(lambda: _in_slice(kube, ns, "cam", shared),
                                            what=f"{shared} in its ResourceSlice"))
-            assert not {m for m in loaded if m.startswith(COMPAT)}, sorted(loaded)
+            assert not {m for m in loaded if m.startswith(DEVICE_PLUGIN_ALLOCATOR)}, sorted(loaded)
 
             # A Configuration pinned to device plugins: its shared device is served the
             # compatible way, and only then is the protocol loaded.
@@ -113,3 +116,4 @@ async def test_a_dra_default_agent_never_loads_the_cross_node_protocol(
                 "devicePlugin",
                 lambda: wait_allocatable(kube, node.node_name, instance_resource_name(old), "1"))
             assert f"{COMPAT}.crossnode" in loaded
+            assert "agent.slots.service" in loaded

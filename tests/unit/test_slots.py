@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from agent.container_devices import broker_envs
 from agent.slots.rules import (
     Verdict,
     available_slots,
-    broker_envs,
     configuration_devices,
     instance_devices,
     judge_claim,
