@@ -96,13 +96,27 @@ def instance_class(namespace: str, configuration: str, instance: str, *, extende
     return {"apiVersion": API_VERSION, "kind": "DeviceClass", "metadata": meta, "spec": spec}
 
 
+def _attribute_is(name: str, value: str) -> str:
+    """``device.attributes["edgeplug.io"].<name>`` is the string ``value``: false, never a CEL
+    error, when the device has no such attribute or one of another type. The scheduler
+    evaluates every class on every device of every pool a candidate node reaches, and an error
+    there (``no such key``; a version compared with a string, ``no such overload``) fails the
+    whole pod's scheduling, so one device a node publishes without edgeplug's attributes would
+    break every claim. So: ``in`` first (CEL's ``&&`` is false once one side is false, whatever
+    the other side's error), and the literal on the left of ``==``, whose string equality is
+    false on any other type (a version on the left would raise). ``type(x) == string`` would
+    say it too, but the API server's cost estimate refuses it in a DeviceClass."""
+    attr = f'device.attributes["{DRIVER}"]'
+    return f"({json.dumps(name)} in {attr} && {json.dumps(value)} == {attr}.{name})"
+
+
 def device_selector(namespace: str, configuration: str) -> str:
-    """The CEL expression that selects one Configuration's devices."""
-    attrs = f'device.attributes["{DRIVER}"]'
+    """The CEL expression that selects one Configuration's devices: false, never an error, on
+    any other device (another driver's, or one of this driver without these attributes)."""
     return (
         f"device.driver == {json.dumps(DRIVER)}"
-        f" && {attrs}.{ATTR_NAMESPACE} == {json.dumps(namespace)}"
-        f" && {attrs}.{ATTR_CONFIGURATION} == {json.dumps(configuration)}"
+        f" && {_attribute_is(ATTR_NAMESPACE, namespace)}"
+        f" && {_attribute_is(ATTR_CONFIGURATION, configuration)}"
     )
 
 
@@ -132,8 +146,9 @@ def device_class(namespace: str, configuration: str, *, extended_resource: str |
 
 def instance_selector(instance: str) -> str:
     """The CEL expression that selects one Instance's device (within its Configuration's
-    class, which already pins the namespace and the Configuration)."""
-    return f'device.attributes["{DRIVER}"].{ATTR_INSTANCE} == {json.dumps(instance)}'
+    class, which already pins the namespace and the Configuration); false, never an error, on
+    a device without an ``instance`` string attribute."""
+    return _attribute_is(ATTR_INSTANCE, instance)
 
 
 #: The claim a broker pod gets its device through (``spec.brokerDeviceAccess: dra``): the name

@@ -60,6 +60,7 @@ from agent.node_instances import serves_label
 from agent.node_labels import NodeLabels
 from agent.slots.service import serve_device_plugins
 from controller import status as controller_status
+from crds import dra
 from crds.configuration import Configuration
 from crds.naming import (
     device_digest,
@@ -71,7 +72,9 @@ from crds.naming import (
 )
 from discovery_handlers.contract import Device
 from discovery_handlers.registry import load_handler
+from tests.harness import agent_process as harness
 from tests.harness import controller_process as ctl
+from tests.harness import dra as h
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.kube_waits import wait_allocatable
@@ -763,6 +766,17 @@ def _create_slice(who: Identity, body: dict[str, Any]) -> tuple[bool, str]:
     return _outcome(lambda: _client(who).create(ResourceSliceResource.from_dict(body)))
 
 
+def _until_allowed(call: Callable[[], tuple[bool, str]]) -> tuple[bool, str]:
+    """A token bound to a pod just created may be refused for a moment (the policy reads the
+    node name the API server bound into it): the first outcome that is not a refusal."""
+    deadline = time.monotonic() + POLICY_ACTIVE_S
+    while True:
+        outcome = call()
+        if outcome[0] or time.monotonic() > deadline:
+            return outcome
+        time.sleep(POLL_S)  # polling a condition with a deadline, not a synchronisation sleep
+
+
 def test_a_resourceslice_pool_belongs_to_the_node_that_writes_it(
         control_plane: ControlPlane, world: World) -> None:
     cp, w = control_plane, world
@@ -858,6 +872,71 @@ def test_a_shared_devices_pool_is_no_agents_to_write(control_plane: ControlPlane
     finally:
         if names:
             cp.kubectl("delete", "resourceslice", *names, check=False)
+
+
+# -- DeviceClasses -------------------------------------------------------------------------
+
+
+def _device(name: str, attributes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "attributes": attributes}
+
+
+def _local_slice(namespace: str, node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A slice of ``node``'s local pool of ``cam``, as agent/dra/slices.py names it."""
+    body = _slice(f"{node}-cam", label_node=node, pool=f"{namespace}/cam/node/{node}",
+                  node_name=node)
+    body["spec"]["devices"] = devices
+    return body
+
+
+async def test_a_device_without_edgeplugs_attributes_breaks_no_class(
+        control_plane: ControlPlane, world: World, pod_namespace: str, kube: AsyncClient,
+        tmp_path: Path) -> None:
+    """Issue 47: the scheduler evaluates a claim's class on every device of every pool a
+    candidate node reaches, and a CEL error there (not a false) fails the pod's scheduling on
+    every node. Node A's own token publishes, in its own local pool (the slice policy admits
+    it: its node, its pool, the driver edgeplug.io), a device without edgeplug's attributes and
+    one whose attributes have the wrong types (a version, an int, a bool: a version compared
+    with a string is CEL's "no such overload"). A claim for the Configuration's class, whose one
+    real device is on node B, is still allocated there."""
+    cp, ns = control_plane, pod_namespace
+    node_a, node_b = harness.new_node(cp), harness.new_node(cp)
+    async with h.ready_nodes(kube, [node_a, node_b]):
+        agent_a = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_a,
+                            folder=tmp_path)
+        agent_b = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_b,
+                            folder=tmp_path)
+        try:
+            made = cp.kubectl("apply", "-f", "-", stdin=json.dumps(dra.device_class(ns, "cam")),
+                              check=False)
+            assert made.returncode == 0, made.stderr
+            real = dra.attributes(namespace=ns, configuration="cam", instance="cam-b",
+                                  properties={"DEBUG_ECHO_DESCRIPTION": "c0"}).values
+            _allowed(_until_allowed(lambda: _create_slice(agent_b, _local_slice(ns, node_b, [
+                _device("cam-b", {k: {"string": v} for k, v in real.items()})]))))
+            lure = _local_slice(ns, node_a, [
+                _device("bare", {}),
+                _device("typed", {dra.ATTR_NAMESPACE: {"version": "1.0.0"},
+                                  dra.ATTR_CONFIGURATION: {"int": 7},
+                                  dra.ATTR_INSTANCE: {"bool": True}}),
+                _device("foreign", {"example.com/namespace": {"string": ns}}),
+            ])
+            _allowed(_create_slice(agent_a, lure))
+            h.apply(cp, ns, h.claim_template("cam", dra.device_class_name(ns, "cam")),
+                    h.claim_pod("user", "cam"))
+            try:
+                got = await harness.eventually(lambda: h.pod_claim(kube, ns, "user"),
+                                               what="pod user bound with its claim allocated",
+                                               deadline=h.SCHEDULE_DEADLINE)
+            except AssertionError as error:
+                raise AssertionError(f"{error}\n{await h.describe(kube, ns)}") from None
+            assert got.node == node_b
+            (result,) = got.results
+            assert (result["pool"], result["device"]) == (f"{ns}/cam/node/{node_b}", "cam-b")
+        finally:
+            cp.kubectl("delete", "deviceclass", dra.device_class_name(ns, "cam"), check=False)
+            release_agent_pod(cp, node_a)
+            release_agent_pod(cp, node_b)
 
 
 # -- Configuration status --------------------------------------------------------------------
