@@ -20,10 +20,12 @@ printing its env, since the node has no registry): ``brokerSpec.brokerPodSpec`` 
   scheduled through the Configuration's DeviceClass; each replica's container gets the device
   its claim was allocated (``DEBUG_ECHO_DESCRIPTION_<id>`` of that device). Capacity is
   counted by the scheduler: a replica beyond it stays Pending, never refused at admission.
-* A local device (udev: a loop device): the device plugin stays its allocator. The broker and
-  an Akri-style Deployment asking for ``edgeplug.io/<configuration>: 1`` are admitted by the
-  kubelet through ``Allocate``; the containers get ``UDEV_DEVNODE`` (and ``_<id>``), the block
-  device node, and read its bytes.
+* A local device (udev: a loop device): the scheduler allocates it too (one allocator per
+  device). The broker and an Akri-style Deployment asking for ``edgeplug.io/<configuration>:
+  1`` each get a claim the scheduler makes (``extendedResourceClaimStatus``), prepared by the
+  agent's DRA plugin; the containers get ``UDEV_DEVNODE`` (and ``_<id>``) and the block device
+  node from the claim's CDI spec and read its bytes. No device plugin advertises it and
+  nothing is ``Allocate``d.
 
 * ONVIF (Akri's form discovers by multicast WS-Discovery only): the camera simulator and the
   agent in the node's network namespace, on a LAN interface of its own there; the broker and
@@ -74,6 +76,7 @@ from tests.harness.realnode_brokers import (
     is_running,
     is_unschedulable,
     logged_env,
+    pod,
     refusal,
     running_container,
     start_agent,
@@ -217,11 +220,11 @@ def allocations(node: RealNode, log: str, resource: str) -> int:
     return sum(1 for line in node.log_tail(log, 100_000).splitlines() if pattern.search(line))
 
 
-def sharing(plane: ControlPlane, ns: str, configuration: str) -> str | None:
-    """Who allocates the Configuration's shared devices, as its status says."""
+def allocator(plane: ControlPlane, ns: str, configuration: str) -> str | None:
+    """Who allocates the Configuration's devices, as its status says (``status.allocator``)."""
     body = json.loads(plane.kubectl("get", "configuration", configuration, "-n", ns, "-o",
                                     "json").stdout)
-    found = (body.get("status") or {}).get("sharedDeviceAllocation")
+    found = (body.get("status") or {}).get("allocator")
     return str(found) if found else None
 
 
@@ -291,7 +294,7 @@ async def test_akri_shared_configurations_and_deployment_through_the_scheduler(
             assert len(brokers) == len(descriptions), "one broker per device (one node)"
 
             for name in (echo_name, plc_name):
-                assert sharing(plane, ns, name) == "dra"
+                assert allocator(plane, ns, name) == "dra"
             shared = {*map(instance_resource_name, (*echoes.values(), plc)),
                       configuration_resource_name(echo_name, None),
                       configuration_resource_name(plc_name, None)}
@@ -338,38 +341,57 @@ async def test_akri_shared_configurations_and_deployment_through_the_scheduler(
         await server.close()
 
 
-async def test_akri_udev_configuration_and_deployment_through_the_device_plugin(
+async def test_akri_udev_configuration_and_deployment_through_the_scheduler(
     plane: ControlPlane, node: RealNode, tmp_path: Path,
 ) -> None:
+    """A local device (a loop device, udev, capacity 2) in the DRA default: the scheduler
+    allocates it too. The broker (``{{PLACEHOLDER}}``: ``edgeplug.io/<instance>``) and an
+    Akri-style Deployment asking for ``edgeplug.io/<configuration>`` run unchanged, each
+    through a claim the scheduler made; no device plugin is advertised and nothing is
+    ``Allocate``d. Each container reads the block device node its claim's CDI spec gave it."""
     name = "akri-udev"
     marker = f"edgeplug-akri-{uuid.uuid4().hex[:12]}".encode()
     proof = 'ls -l "$UDEV_DEVNODE"; echo edgeplug-read:$(head -c 32 "$UDEV_DEVNODE")'
+
+    def reads_the_device(out: str, device: str) -> None:
+        [listing] = [line for line in out.splitlines() if line.endswith(f" {device}")]
+        assert listing.startswith("b"), f"a block device node in the container: {listing}"
+        assert f"edgeplug-read:{marker.decode()}" in out, "the container read the device"
+
     with loop_device(tmp_path / "disk.img", marker) as device:
         kernel = Path(device).name
         inst = instance_name(name, f"/devices/virtual/block/{kernel}", shared=False,
                              node=node.node_name)
         async with dra_default(plane, node, tmp_path) as (ns, agent_log, _):
+            started = time.monotonic()
             h.apply(plane, ns, udev(name, [f'SUBSYSTEM=="block", KERNEL=="{kernel}"'], 2,
                                     proof))
             broker = Broker(ns, inst, f"{inst}-{node.node_name}-pod", agent_log)
             await running_container(plane, broker)
+            print(f"figure: Akri's udev Configuration applied -> its broker Running through "
+                  f"the scheduler {time.monotonic() - started:.1f} s")
+            assert allocator(plane, ns, name) == "dra", "the DRA default covers local devices"
+            assert claimed_device(plane, pod(plane, broker) or {}) == inst, \
+                "the broker's claim, made by the scheduler, was allocated the device"
             out = await broker_log(plane, broker)
             env = logged_env(out)
             assert env["UDEV_DEVNODE"] == env[f"UDEV_DEVNODE_{akri_id(inst)}"] == device
-            [listing] = [line for line in out.splitlines() if line.endswith(f" {device}")]
-            assert listing.startswith("b"), f"a block device node in the container: {listing}"
-            assert f"edgeplug-read:{marker.decode()}" in out, "the broker read the device"
-            assert allocations(node, agent_log, f"edgeplug.io/{inst}") == 1, \
-                "the kubelet allocated the local device through the device plugin"
+            reads_the_device(out, device)
 
-            h.apply(plane, ns, akri_style_deployment("udev-users", f"edgeplug.io/{name}", 1))
+            h.apply(plane, ns, akri_style_deployment("udev-users", f"edgeplug.io/{name}", 1,
+                                                     proof=proof))
             (user,) = await running_replicas(plane, ns, "udev-users", 1)
-            assert "extendedResourceClaimStatus" not in user["status"], \
-                "no claim: the kubelet's device plugin served it"
+            assert claimed_device(plane, user) == inst, \
+                "the claim the scheduler made for edgeplug.io/<configuration>, allocated the device"
             env = await pod_env(plane, user)
-            assert env[f"UDEV_DEVNODE_{akri_id(inst)}"] == device
-            assert allocations(node, agent_log, f"edgeplug.io/{name}") == 1
-            assert {f"edgeplug.io/{inst}", f"edgeplug.io/{name}"} <= advertised(plane, node)
+            assert env["UDEV_DEVNODE"] == env[f"UDEV_DEVNODE_{akri_id(inst)}"] == device
+            reads_the_device(plane.kubectl("logs", "-n", ns, user["metadata"]["name"]).stdout,
+                             device)
+            for resource in (f"edgeplug.io/{inst}", f"edgeplug.io/{name}"):
+                assert allocations(node, agent_log, resource) == 0, \
+                    f"no device plugin allocated {resource}"
+            assert advertised(plane, node) == set(), \
+                "no device plugin advertises the local device"
 
 
 async def test_a_shared_devices_capacity_is_counted_once_across_two_real_nodes(
@@ -487,7 +509,7 @@ async def test_akri_onvif_configuration_finds_a_camera_by_multicast_and_is_sched
                                    ("ONVIF_DEVICE_UUID", cam["uuid"]),
                                    ("ONVIF_STREAM_URI", stream)):
                     assert env[key] == env[f"{key}_{akri_id(inst)}"] == value
-                assert sharing(plane, ns, name) == "dra"
+                assert allocator(plane, ns, name) == "dra"
 
                 h.apply(plane, ns, akri_style_deployment("viewers", f"edgeplug.io/{name}", 1))
                 (viewer,) = await running_replicas(plane, ns, "viewers", 1)

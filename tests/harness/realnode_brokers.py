@@ -182,10 +182,12 @@ def create_error(plane: ControlPlane, broker: Broker) -> str | None:
     return None
 
 
-def akri_style_deployment(name: str, resource: str, replicas: int) -> dict[str, Any]:
+def akri_style_deployment(name: str, resource: str, replicas: int, *,
+                          proof: str = "true") -> dict[str, Any]:
     """A plain Deployment (Akri's "Requesting Akri Resources"): busybox asking for
-    ``resource: 1`` in its limits, no claim, printing its env."""
-    script = f"echo {ENV_MARK}; env | sort; echo {END_MARK}; exec sleep 3600"
+    ``resource: 1`` in its limits, no claim, printing its env, then running ``proof``
+    (shell: e.g. reading the device it was given)."""
+    script = f"echo {ENV_MARK}; env | sort; {proof}; echo {END_MARK}; exec sleep 3600"
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {
