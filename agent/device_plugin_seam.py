@@ -11,12 +11,13 @@ when their pods end). Once started, the allocator runs until the agent stops.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from lightkube import AsyncClient
 
-from agent import node_instances
+from agent import node_instances, watching
 from agent.node_devices import NodeDeviceTable
 from crds.configuration import Allocator
 from crds.instance import Instance, SlotUsage
@@ -46,8 +47,7 @@ async def serve_when_wanted(*, client: AsyncClient, node_name: str, devices: Nod
                             dra: bool, serve: Callable[[], Awaitable[None]]) -> None:
     """Run ``serve`` (which imports and runs the device-plugin allocator) once this node has a
     device to serve through it or holds a device-plugin slot; never before."""
-    listed = [Instance.from_object(obj)
-              async for obj in node_instances.list_instances(client, node_name)]
+    listed = await _node_instances(client, node_name)
     if holds_slots(node_name, listed):
         log.info("device plugins start: this node holds device-plugin slots")
     else:
@@ -56,3 +56,21 @@ async def serve_when_wanted(*, client: AsyncClient, node_name: str, devices: Nod
             version = await devices.wait_changed(version)
         log.info("device plugins start: a device of this node is the kubelets' to allocate")
     await serve()
+
+
+async def _node_instances(client: AsyncClient, node_name: str) -> list[Instance]:
+    """This node's Instances, the list retried with the watches' backoff until it answers: a
+    429 (the API server (re)initialising the Instances' storage, as right after the CRD is
+    installed), a 5xx or an API server away must not end the agent."""
+    failures = 0
+    while True:
+        try:
+            return [Instance.from_object(obj)
+                    async for obj in node_instances.list_instances(client, node_name)]
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            failures += 1
+            log.warning("listing this node's Instances failed (%s); retrying",
+                        watching.describe(error))
+            await asyncio.sleep(watching.retry_delay(failures))

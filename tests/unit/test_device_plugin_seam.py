@@ -3,9 +3,15 @@ or for device-plugin slots this node still holds (a switch to the scheduler, the
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from collections.abc import AsyncIterator
 
-from agent.device_plugin_seam import holds_slots, wants_device_plugins
+import httpx2 as httpx
+import pytest
+from lightkube import ApiError
+
+from agent import watching
+from agent.device_plugin_seam import holds_slots, serve_when_wanted, wants_device_plugins
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from crds.configuration import Allocator
 from crds.naming import slot_id
@@ -52,3 +58,40 @@ def test_a_slot_this_node_holds_through_device_plugins_is_found(
     usage: dict[str, str], held: bool,
 ) -> None:
     assert holds_slots("node-a", [slot_instance(usage=usage)]) is held
+
+
+class _FlakyList:
+    """A client whose first list of Instances is refused with 429 (the API server
+    (re)initialising the CRD's storage), then lists none."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    def list(self, *_: object, **__: object) -> AsyncIterator[object]:
+        self.lists += 1
+        return self._listed(refused=self.lists == 1)
+
+    async def _listed(self, *, refused: bool) -> AsyncIterator[object]:
+        if refused:
+            response = httpx.Response(429, request=httpx.Request("GET", "https://api/"), json={
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+                "reason": "TooManyRequests", "message": "storage is (re)initializing"})
+            raise ApiError(response=response)
+        nothing: tuple[object, ...] = ()
+        for found in nothing:
+            yield found
+
+
+async def test_a_refused_first_list_is_retried_not_the_end_of_the_agent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watching, "retry_delay", lambda failures: 0.0)
+    client, served = _FlakyList(), asyncio.Event()
+
+    async def serve() -> None:
+        served.set()
+
+    await serve_when_wanted(client=client, node_name="node-a",  # type: ignore[arg-type]
+                            devices=await _table({"usb": PLUGINS}), dra=True, serve=serve)
+    assert served.is_set()
+    assert client.lists == 2, "the refused list was sent again"
