@@ -12,7 +12,8 @@ busybox printing its env). The device goes: its slice loses it, the pod runs on 
 claim for it waits. The kubelet restarts (the plugin registers again, the container
 runs on); the agent restarts (the claim's spec stays); the pod is deleted (the kubelet
 unprepares the claim through the new agent process and the spec goes). A pod asking the same
-agent's device plugin for the other device gives the figure to compare with. A Configuration
+agent's device plugin for a device of a Configuration pinned to ``devicePlugin`` (a device has
+one allocator) gives the figure to compare with. A Configuration
 with ``brokerDeviceAccess: dra`` gets its broker the same way, through the controller's claim
 template (no ``Allocate``), and its Instance shows the claim. A claimed device that fails and
 comes back shows so in its pod's ``allocatedResourcesStatus`` (the kubelet's DRA health
@@ -150,9 +151,12 @@ async def test_a_pod_gets_its_device_through_dra_on_the_real_node(
                                      what="pod second unschedulable", deadline=60.0)
             assert _running(plane, ns, "user") == container, "the lamp's pod ran on"
 
-            # The same agent's device plugin, for the other device, same node: the figure to
-            # compare with (the plugin is registered, as the DRA plugin was above).
-            fan = instance_name("echo", "fan", shared=False, node=node.node_name)
+            # The same agent's device plugin, same node: the figure to compare with (the
+            # plugin is registered, as the DRA plugin was above). A device has one allocator,
+            # so it is another Configuration's device, pinned to device plugins.
+            h.apply(plane, ns, debug_echo_configuration(
+                "plug", descriptions=["fan"], shared=False, allocator="devicePlugin"))
+            fan = instance_name("plug", "fan", shared=False, node=node.node_name)
             await until(lambda: node.resource_registered(f"edgeplug.io/{fan}"),
                         what=f"edgeplug.io/{fan} registered", within=60)
             started = time.monotonic()
@@ -199,7 +203,8 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
     """``brokerDeviceAccess: dra``: the controller's broker names the Instance's claim
     template; the controller-manager makes its claim, the scheduler allocates the lamp, the
     kubelet has the agent prepare it, and the broker's env comes from the claim's CDI spec —
-    no Allocate. ``kubectl get instances`` then shows one claim, served both ways."""
+    no Allocate. ``kubectl get instances`` then shows one claim, served by DRA only (one
+    allocator per device: no device plugin offers it)."""
     ns = f"drb-{uuid.uuid4().hex[:6]}"
     plane.kubectl("create", "namespace", ns)
     kube = AsyncClient(KubeConfig.from_file(str(plane.kubeconfig)))
@@ -237,16 +242,17 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
             out = plane.kubectl("get", "instance", lamp, "-n", ns, "-o",
                                 "custom-columns=CLAIMS:.status.claims,SERVED:.status.servedBy",
                                 "--no-headers").stdout.split()
-            return (out[0], out[1]) if out == ["1", "both"] else None
+            return (out[0], out[1]) if out == ["1", dra.SERVED_BY_DRA] else None
 
-        await until(shown, what="the Instance showing 1 claim, served both ways", within=30)
+        await until(shown, what="the Instance showing 1 claim, served by DRA only", within=30)
         assert container_id(pod(plane, broker)) == container
 
         # The figure to compare with: a device-plugin Configuration's broker, same agent,
         # controller and node, timed the same way.
         fan = instance_name("plug", "fan", shared=False, node=node.node_name)
         classic = Broker(ns, fan, f"{fan}-{node.node_name}-pod", broker.agent_log)
-        plugin_cfg = debug_echo_configuration("plug", descriptions=["fan"], shared=False)
+        plugin_cfg = debug_echo_configuration("plug", descriptions=["fan"], shared=False,
+                                              allocator="devicePlugin")
         plugin_cfg["spec"]["brokerSpec"] = {"brokerPodSpec": broker_spec("true")}
         started = time.monotonic()
         h.apply(plane, ns, plugin_cfg)
