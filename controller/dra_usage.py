@@ -17,9 +17,15 @@ the cheap record watches of ``controller.watching`` (a few fields decoded per ev
 - the served namespaces' Instances: their nodes, and the two fields as last written.
 
 After any change, one pass at most every ``PASS_DELAY_S`` recomputes every Instance (a dict
-lookup each) and merge-patches the status of those whose fields differ. Nothing decides
-anything on these fields, so a lost write is left to the next change. Two replicas write the
-same values; the second write changes nothing, and the API server stores nothing for it.
+lookup each) and merge-patches the status of those whose fields differ, ``WRITES_IN_FLIGHT``
+at a time. Nothing decides anything on these fields, so a lost write is left to the next
+change. Two replicas write the same values; the second write changes nothing, and the API
+server stores nothing for it.
+
+Writes the next moment makes obsolete are not made (issue 48): an Instance whose fields were
+never written and would read as they read unwritten (served by nothing, no claim: a new
+device before its slice or plugin) is left unwritten until it is served; and the watch event
+of a write of this controller's own (the Instance's fields now what it wrote) wakes no pass.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: A pass waits this long after the change that woke it, so a burst is summed up once.
 PASS_DELAY_S: Final = 0.5
+#: Status writes of one pass in flight at once.
+WRITES_IN_FLIGHT: Final = 16
 _RESOURCE_PREFIX: Final = f"{GROUP}/"
 _DRA_PREFIX: Final = "/apis/resource.k8s.io/v1"
 
@@ -210,6 +218,13 @@ def decode_node(raw: bytes) -> tuple[AdvertisingNode, str]:
 # -- what the fields should read --------------------------------------------------------------
 
 
+def unwritten_reads_so(inst: InstanceUsage, fields: tuple[str, int]) -> bool:
+    """Whether ``inst``'s fields were never written and ``fields`` would read as they do now
+    (nothing serves it, no claim holds it): writing them is left to when it is served."""
+    return inst.served_by is None and inst.claims is None and fields == (
+        dra.served_by(device_plugin=False, dra=False), 0)
+
+
 def desired_fields(
     instances: Iterable[InstanceUsage], *, slices: Iterable[PublishedSlice],
     claims: Iterable[AllocatedClaim], nodes: dict[str, AdvertisingNode],
@@ -239,11 +254,14 @@ class DraUsage:
     def __init__(self, *, http: Rest, kube: Kube, namespaces: Iterable[str] = ()) -> None:
         self._kube = kube
         self._wake = asyncio.Event()
+        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        #: What this controller last wrote to each Instance (its own write's event wakes nothing).
+        self._wrote: dict[_Key, tuple[str, int]] = {}
         self.writes = 0
         scopes: list[str | None] = list(namespaces) or [None]
         crd_prefix = f"/apis/{GROUP}/{VERSION}"
         self._instances: list[Watcher[_Key, InstanceUsage]] = [
-            Watcher(http=http, on_change=self._changed, kind=Kind(
+            Watcher(http=http, on_change=self._instance_changed, kind=Kind(
                 name=f"dra usage: instances@{ns or '*'}", decode=decode_instance,
                 path=namespaced_path(crd_prefix, INSTANCE_PLURAL, ns),
                 key=lambda r: (r.namespace, r.name)))
@@ -269,6 +287,16 @@ class DraUsage:
     def _changed(self, _key: object, _old: object, _new: object) -> None:
         self._wake.set()
 
+    def _instance_changed(self, key: _Key, old: InstanceUsage | None,
+                          new: InstanceUsage | None) -> None:
+        """Wakes a pass unless only the two fields changed, to what this controller wrote."""
+        if new is None:
+            self._wrote.pop(key, None)
+        elif old is not None and old.nodes == new.nodes and \
+                self._wrote.get(key) == (new.served_by, new.claims):
+            return
+        self._wake.set()
+
     async def run(self) -> None:
         """Follow the four kinds and write the fields until cancelled."""
         tasks = [asyncio.create_task(w.run(), name=w.kind.name) for w in self._watchers()]
@@ -289,15 +317,22 @@ class DraUsage:
         instances = [r for w in self._instances for r in w.store.values()]
         wanted = desired_fields(instances, slices=self._slices.store.values(),
                                 claims=self._claims.store.values(), nodes=self._nodes.store)
-        for inst in instances:
-            served_by, claims = wanted[(inst.namespace, inst.name)]
-            if (inst.served_by, inst.claims) == (served_by, claims):
-                continue
-            try:
+        stale = [(inst, wanted[(inst.namespace, inst.name)]) for inst in instances]
+        await asyncio.gather(*(self._write(inst, fields) for inst, fields in stale
+                               if (inst.served_by, inst.claims) != fields
+                               and not unwritten_reads_so(inst, fields)))
+
+    async def _write(self, inst: InstanceUsage, fields: tuple[str, int]) -> None:
+        key = (inst.namespace, inst.name)
+        try:
+            async with self._gate:
+                # Noted first: the write's watch event may come before its reply.
+                self._wrote[key] = fields
                 await self._kube.patch_instance_status(
-                    inst.namespace, inst.name, {STATUS_SERVED_BY: served_by,
-                                                STATUS_CLAIMS: claims})
-                self.writes += 1
-            except Exception as error:  # display only: the next change writes it again
-                log.info("status.servedBy/claims of Instance %s/%s not written: %s",
-                         inst.namespace, inst.name, error)
+                    inst.namespace, inst.name, {STATUS_SERVED_BY: fields[0],
+                                                STATUS_CLAIMS: fields[1]})
+            self.writes += 1
+        except Exception as error:  # display only: the next change writes it again
+            self._wrote.pop(key, None)
+            log.info("status.servedBy/claims of Instance %s/%s not written: %s",
+                     inst.namespace, inst.name, error)

@@ -40,6 +40,11 @@ DeviceClassResource = create_global_resource(
 )
 FIELD_MANAGER: Final = "edgeplug-controller/instance-classes"
 RETRY_S: Final = 5.0
+#: A sync waits this long after the change that woke it, so a burst is written at once.
+PASS_DELAY_S: Final = 0.05
+#: Class applies and deletes in flight at once (issue 48: one at a time left the API server
+#: idle between round trips).
+WRITES_IN_FLIGHT: Final = 16
 HTTP_NOT_FOUND: Final = 404
 
 _Key = tuple[str, str]
@@ -47,7 +52,12 @@ _Key = tuple[str, str]
 
 class InstanceClasses:
     """Keeps a class for every Instance (of ``namespaces``; empty: all) whose Configuration's
-    mode, as ``set_mode`` last said, is DRA."""
+    mode, as ``set_mode`` last said, is DRA.
+
+    Work follows what changed (issue 48): a watch event marks its Instance only when the
+    Configuration it belongs to (or its being there at all) changed, a mode change marks that
+    Configuration's Instances, and a sync looks only at the marked ones (every one after a
+    (re)list), ``WRITES_IN_FLIGHT`` API calls at a time."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
                  pools: SharedPools | None = None) -> None:
@@ -59,27 +69,61 @@ class InstanceClasses:
         self._modes: dict[_Key, Allocator] = {}
         #: Instances seen: (namespace, instance) → their Configuration's name.
         self._instances: dict[_Key, str] = {}
+        #: (namespace, configuration) → its Instances seen.
+        self._by_configuration: dict[_Key, set[_Key]] = {}
         self._written: set[_Key] = set()
+        self._resources: frozenset[str] | None = None  # resources() of ``_written``, cached
+        #: Instances to look at in the next sync; ``_everything``: all of them (a (re)list).
+        self._marked: set[_Key] = set()
+        self._everything = True
         self._changed = asyncio.Event()
         self._listed = False
+        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
 
     def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
         """The allocator of ``configuration``'s devices (``None``: it is gone)."""
         if self._pools is not None:
             self._pools.set_mode(configuration, mode)
         if put_mode(self._modes, configuration, mode):
+            self._marked |= self._by_configuration.get(configuration, set())
             self._changed.set()
 
     def resources(self) -> frozenset[str]:
         """The Instances' own resources the classes kept now map."""
-        return frozenset(instance_resource_name(key[1]) for key in self._written)
+        if self._resources is None:
+            self._resources = frozenset(instance_resource_name(key[1])
+                                        for key in self._written)
+        return self._resources
+
+    def _wants(self, key: _Key) -> bool:
+        cfg = self._instances.get(key)
+        return cfg is not None and self._modes.get((key[0], cfg)) == Allocator.DRA
 
     def _wanted(self) -> set[_Key]:
-        return {key for key, cfg in self._instances.items()
-                if self._modes.get((key[0], cfg)) == Allocator.DRA}
+        return {key for key in self._instances if self._wants(key)}
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
+
+    def _set(self, key: _Key, configuration: str | None) -> None:
+        """Note the Instance ``key`` of ``configuration`` (None: gone); mark it if that is a
+        change."""
+        before = self._instances.get(key)
+        if before == configuration:
+            return
+        if before is not None:
+            keys = self._by_configuration.get((key[0], before), set())
+            keys.discard(key)
+            if not keys:
+                self._by_configuration.pop((key[0], before), None)
+        if configuration is None:
+            del self._instances[key]
+        else:
+            self._instances[key] = configuration
+            self._by_configuration.setdefault((key[0], configuration), set()).add(key)
+        self._marked.add(key)
+        self._changed.set()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -99,20 +143,20 @@ class InstanceClasses:
                     shared.append(data)
         if self._pools is not None:
             self._pools.listed(shared)
-        self._instances = listed
+        self._instances = {}
+        self._by_configuration = {}
+        for key, configuration in listed.items():
+            self._set(key, configuration)
         self._listed = True
+        self._everything = True
         self._changed.set()
         async for op, obj in self._client.watch(InstanceResource, namespace="*"):
             data = as_dict(obj)
             key, configuration = self._configuration_of(data)
-            if op == "DELETED" or configuration is None:
-                self._instances.pop(key, None)
-            else:
-                self._instances[key] = configuration
+            self._set(key, None if op == "DELETED" else configuration)
             if self._pools is not None:
                 gone = op == "DELETED" or configuration is None or not _is_shared(data)
                 self._pools.put(key, None if gone else data)
-            self._changed.set()
 
     def _configuration_of(self, data: dict[str, Any]) -> tuple[_Key, str | None]:
         """The Instance's key, and its Configuration's name if it is of a namespace we serve."""
@@ -125,9 +169,11 @@ class InstanceClasses:
         swept = False
         while True:
             await self._changed.wait()
-            self._changed.clear()
             if not self._listed:
+                self._changed.clear()
                 continue
+            await asyncio.sleep(PASS_DELAY_S)
+            self._changed.clear()
             try:
                 if not swept:
                     await self._sweep()
@@ -138,19 +184,39 @@ class InstanceClasses:
                 await asyncio.sleep(RETRY_S)
                 self._changed.set()
 
+    def _taken(self) -> set[_Key]:
+        if self._everything:
+            self._everything = False
+            self._marked.clear()
+            return set(self._instances) | self._written
+        taken, self._marked = self._marked, set()
+        return taken
+
     async def _sync(self) -> None:
-        wanted = self._wanted()
-        for key in sorted(wanted - self._written):
-            cfg = self._instances[key]
-            body = dra.instance_class(key[0], cfg, key[1],
-                                      extended_resource=instance_resource_name(key[1]))
+        keys = self._taken()
+        apply = sorted(k for k in keys if self._wants(k) and k not in self._written)
+        delete = sorted(k for k in keys if not self._wants(k) and k in self._written)
+        results = await asyncio.gather(*(self._apply(k) for k in apply),
+                                       *(self._delete(k) for k in delete),
+                                       return_exceptions=True)
+        failed = [(k, r) for k, r in zip(apply + delete, results, strict=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            self._marked.update(k for k, _ in failed)
+            raise failed[0][1]
+
+    async def _apply(self, key: _Key) -> None:
+        cfg = self._instances[key]
+        body = dra.instance_class(key[0], cfg, key[1],
+                                  extended_resource=instance_resource_name(key[1]))
+        async with self._gate:
             await self._client.patch(DeviceClassResource, body["metadata"]["name"], body,
                                      patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
                                      force=True)
-            self._written.add(key)
-            log.info("DeviceClass %s kept for Instance %s/%s", body["metadata"]["name"], *key)
-        for key in sorted(self._written - wanted):
-            await self._delete(key)
+        self.writes += 1
+        self._written.add(key)
+        self._resources = None
+        log.info("DeviceClass %s kept for Instance %s/%s", body["metadata"]["name"], *key)
 
     async def _sweep(self) -> None:
         """Delete classes of Instances that are gone or no longer allocated through DRA."""
@@ -162,13 +228,18 @@ class InstanceClasses:
             if namespace and self._serves(namespace):
                 if (namespace, name) in wanted:
                     self._written.add((namespace, name))
+                    self._resources = None
                 else:
                     await self._delete((namespace, name))
 
     async def _delete(self, key: _Key) -> None:
-        self._written.discard(key)
         name = dra.instance_class_name(*key)
-        if await delete_class(self._client, name):
+        async with self._gate:
+            deleted = await delete_class(self._client, name)
+        self._written.discard(key)
+        self._resources = None
+        if deleted:
+            self.writes += 1
             log.info("DeviceClass %s deleted (Instance %s/%s)", name, *key)
 
 

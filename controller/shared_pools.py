@@ -16,13 +16,20 @@ before the upgrade is replaced by a higher generation and then deleted). A pool 
 goes, or whose Configuration leaves ``dra``, is withdrawn: every slice of it deleted. The
 Instances come from ``controller.instance_classes``' watch, the modes from
 ``controller.device_classes``; nothing is written before both were listed once.
+
+Work follows what changed (issue 48): each Instance's plan is made when its watch event comes
+and kept; an event whose plan equals the one kept (a status write of the controller's own, a
+slot record, anything a pool is not built from) wakes nothing. A pass looks only at the pools
+marked since the last one (every pool after a (re)list), and writes them
+``WRITES_IN_FLIGHT`` API calls at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from lightkube import AsyncClient
@@ -41,6 +48,10 @@ FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
 RETRY_S: Final = 1.0
 #: A pass waits this long after the change that woke it, so a burst is written once.
 PASS_DELAY_S: Final = 0.05
+#: API calls (applies, deletes, lists) of one pass in flight at once: pools are independent,
+#: and one call at a time left the API server idle between round trips (issue 48: 36 slices a
+#: second). One pool's own calls stay in order (apply, then delete the stale).
+WRITES_IN_FLIGHT: Final = 16
 
 _Key = tuple[str, str]
 
@@ -69,13 +80,32 @@ def wanted_pools(instances: Iterable[Instance],
         if not inst.spec.shared or modes.get(
                 (inst.namespace, inst.spec.configuration_name)) != Allocator.DRA:
             continue
-        plan = dra_slices.shared_plan(inst)
-        if plan is None:
-            held.add(dra_slices.shared_pool(inst.namespace, inst.spec.configuration_name,
-                                            inst.name))
+        device = SharedDevice.of(inst)
+        if device.plan is None:
+            held.add(device.pool)
         else:
-            pools[plan.name] = plan
+            pools[device.pool] = device.plan
     return pools, frozenset(held)
+
+
+@dataclass(frozen=True)
+class SharedDevice:
+    """What one shared Instance's pool is built from, made once per watch event that changes
+    it: its Configuration, its pool's name, and the pool's plan and content key (None: held,
+    no node's verdict known yet)."""
+
+    configuration: str
+    pool: str
+    plan: dra_slices.PoolPlan | None
+    key: str | None
+
+    @classmethod
+    def of(cls, instance: Instance) -> SharedDevice:
+        plan = dra_slices.shared_plan(instance)
+        return cls(configuration=instance.spec.configuration_name,
+                   pool=dra_slices.shared_pool(instance.namespace,
+                                               instance.spec.configuration_name, instance.name),
+                   plan=plan, key=dra_slices.content_key(plan) if plan is not None else None)
 
 
 class SharedPools:
@@ -85,14 +115,21 @@ class SharedPools:
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
         self._client = client
         self._namespaces = frozenset(namespaces)
-        self._instances: dict[_Key, Instance] = {}
+        self._devices: dict[_Key, SharedDevice] = {}
+        self._by_pool: dict[str, _Key] = {}
+        self._by_configuration: dict[_Key, set[_Key]] = {}
         self._modes: dict[_Key, Allocator] = {}
         self._written: dict[str, dra_slices.Written] = {}
+        #: Pools to look at in the next pass; ``_everything``: every pool known (a (re)list).
+        self._dirty: set[str] = set()
+        self._everything = True
         self._instances_listed = False
         self._modes_listed = False
         self._wake = asyncio.Event()
+        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
         self.features = dra_features.FeatureReport(log)
         self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
+        self.passes = 0  # passes done, for tests and benchmarks
         self._failing = ""  # the error the last pass failed with
 
     # -- input ------------------------------------------------------------------------------
@@ -100,32 +137,61 @@ class SharedPools:
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
 
+    def _mark(self, *pools: str) -> None:
+        self._dirty.update(pools)
+        self._wake.set()
+
+    def _forget(self, key: _Key) -> SharedDevice | None:
+        device = self._devices.pop(key, None)
+        if device is not None:
+            self._by_pool.pop(device.pool, None)
+            keys = self._by_configuration.get((key[0], device.configuration))
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_configuration[(key[0], device.configuration)]
+        return device
+
+    def _keep(self, key: _Key, device: SharedDevice) -> None:
+        self._devices[key] = device
+        self._by_pool[device.pool] = key
+        self._by_configuration.setdefault((key[0], device.configuration), set()).add(key)
+
     def listed(self, instances: Iterable[Mapping[str, Any]]) -> None:
-        """Every Instance, as a (re)list found them."""
-        fresh = {}
+        """Every Instance, as a (re)list found them: every pool is looked at next pass."""
+        for key in list(self._devices):
+            self._forget(key)
         for data in instances:
             instance = Instance.from_object(data)
             if instance.spec.shared and self._serves(instance.namespace):
-                fresh[(instance.namespace, instance.name)] = instance
-        self._instances = fresh
+                self._keep((instance.namespace, instance.name), SharedDevice.of(instance))
         self._instances_listed = True
+        self._everything = True
         self._wake.set()
 
     def put(self, key: _Key, data: Mapping[str, Any] | None) -> None:
-        """An Instance changed (``data`` None: deleted)."""
+        """An Instance changed (``data`` None: deleted). Only a change of what its pool is
+        built from marks the pool."""
         instance = Instance.from_object(data) if data is not None else None
         if instance is None or not instance.spec.shared or not self._serves(key[0]):
-            if self._instances.pop(key, None) is not None:
-                self._wake.set()
+            gone = self._forget(key)
+            if gone is not None:
+                self._mark(gone.pool)
             return
-        if self._instances.get(key) != instance:
-            self._instances[key] = instance
-            self._wake.set()
+        device = SharedDevice.of(instance)
+        before = self._devices.get(key)
+        if before == device:
+            return
+        if before is not None:
+            self._forget(key)
+        self._keep(key, device)
+        self._mark(device.pool, *([before.pool] if before is not None else []))
 
     def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
         """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
         if put_mode(self._modes, configuration, mode):
-            self._wake.set()
+            keys = self._by_configuration.get(configuration, ())
+            self._mark(*(self._devices[k].pool for k in keys))
 
     def modes(self) -> list[_Key]:
         """The Configurations whose mode is known now."""
@@ -134,6 +200,7 @@ class SharedPools:
     def modes_listed(self) -> None:
         """Every served Configuration's mode has been set once (after a list)."""
         self._modes_listed = True
+        self._everything = True
         self._wake.set()
 
     # -- output -----------------------------------------------------------------------------
@@ -181,27 +248,71 @@ class SharedPools:
             written, stale = dra_slices.adopt(found)
             await self._delete(stale)
             self._written[pool] = written
+        self._everything = True
+
+    def _taken(self) -> set[str]:
+        """The pools this pass looks at, taken from the marks."""
+        if self._everything:
+            self._everything = False
+            self._dirty.clear()
+            return set(self._by_pool) | set(self._written)
+        taken, self._dirty = self._dirty, set()
+        return taken
+
+    def _wanted(self, pool: str) -> SharedDevice | None:
+        """The device of ``pool`` if it is to be published or held (its Configuration is
+        allocated through DRA), else None."""
+        key = self._by_pool.get(pool)
+        device = self._devices.get(key) if key is not None else None
+        if device is None or key is None or \
+                self._modes.get((key[0], device.configuration)) != Allocator.DRA:
+            return None
+        return device
 
     async def reconcile(self) -> None:
-        """One pass: publish every pool that changed, withdraw those no longer wanted."""
-        wanted, held = wanted_pools(self._instances.values(), self._modes)
-        changed = [plan for plan in wanted.values()
-                   if (w := self._written.get(plan.name)) is None
-                   or w.key != dra_slices.content_key(plan)]
-        others = await self._listed([p.name for p in changed if p.name not in self._written])
-        for plan in changed:
-            await self._publish(plan, others.get(plan.name, []))
-        gone = [pool for pool in self._written if pool not in wanted and pool not in held]
-        if gone:
+        """One pass: publish every marked pool that changed, withdraw those no longer wanted
+        (held ones are left as they are)."""
+        pools = self._taken()
+        changed: list[dra_slices.PoolPlan] = []
+        gone: list[str] = []
+        for pool in sorted(pools):
+            device = self._wanted(pool)
+            if device is None:
+                if pool in self._written:
+                    gone.append(pool)
+            elif device.plan is not None and (
+                    (w := self._written.get(pool)) is None or w.key != device.key):
+                changed.append(device.plan)
+        try:
+            others = await self._listed([p.name for p in changed if p.name not in self._written])
             listed = await self._listed(gone)
-            for pool in gone:
-                await self._withdraw(pool, listed.get(pool, []))
+            results = await asyncio.gather(
+                *(self._publish(plan, others.get(plan.name, [])) for plan in changed),
+                *(self._withdraw(pool, listed.get(pool, [])) for pool in gone),
+                return_exceptions=True)
+        except BaseException:
+            self._dirty |= pools
+            raise
+        failed = [(pool, r) for pool, r in zip([p.name for p in changed] + gone, results,
+                                               strict=True) if isinstance(r, BaseException)]
+        self.passes += 1
+        if failed:
+            self._dirty.update(pool for pool, _ in failed)
+            raise failed[0][1]
+
+    async def _gated(self, call: Awaitable[Any]) -> Any:
+        async with self._gate:
+            return await call
 
     async def _listed(self, pools: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """Every slice of the driver's of each pool (any publisher's, any generation)."""
-        listed = await pool_slices.slices_by_pool(self._client, pools)
-        return {pool: mine for pool, found in listed.items()
-                if (mine := [s for s in found if s["spec"].get("driver") == dra.DRIVER])}
+        """Every slice of the driver's of each pool (any publisher's, any generation); the
+        lists (``pool_slices.POOLS_PER_LIST`` pools each) in flight at once, gated."""
+        chunk = pool_slices.POOLS_PER_LIST
+        found = await asyncio.gather(*(
+            pool_slices.slices_by_pool(self._client, pools[i:i + chunk], gate=self._gate)
+            for i in range(0, len(pools), chunk)))
+        return {pool: mine for listed in found for pool, slices in listed.items()
+                if (mine := [s for s in slices if s["spec"].get("driver") == dra.DRIVER])}
 
     async def _publish(self, plan: dra_slices.PoolPlan, others: list[dict[str, Any]]) -> None:
         """Write the pool one generation above any of its slices, then delete the rest
@@ -213,9 +324,9 @@ class SharedPools:
         bodies = dra_slices.slice_bodies(plan, generation=generation,
                                          publisher=dra_slices.CONTROLLER_PUBLISHER)
         for body in bodies:
-            stored = await self._client.patch(
+            stored = await self._gated(self._client.patch(
                 ResourceSliceResource, body["metadata"]["name"], body,
-                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
+                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True))
             self.writes += 1
             self.features.note(dra_features.dropped_by_slice(body, _as_dict(stored)),
                                what=f"ResourceSlice {body['metadata']['name']}")
@@ -236,4 +347,4 @@ class SharedPools:
         log.info("ResourceSlice pool withdrawn", extra={"pool": pool})
 
     async def _delete(self, names: Iterable[str]) -> None:
-        self.writes += await pool_slices.delete_slices(self._client, names)
+        self.writes += await pool_slices.delete_slices(self._client, names, gate=self._gate)

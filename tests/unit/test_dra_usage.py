@@ -4,9 +4,11 @@ from the API's JSON and the servedBy/claims each Instance should show."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from controller import dra_usage as u
+from controller.kube import Kube
+from controller.rest import Rest
 from controller.watching import Kind, Watcher
 
 
@@ -98,3 +100,22 @@ def test_a_claim_deallocated_then_deleted_stops_counting() -> None:
         watcher._event(line)
         assert claims() == (1 if results else 0), kind_of_event
     assert watcher.store == {}
+
+
+def test_no_write_before_a_device_is_served_and_none_woken_by_its_own() -> None:
+    fresh = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by=None,
+                            claims=None)
+    # Unwritten and served by nothing: written once it is served, not before (issue 48).
+    assert u.unwritten_reads_so(fresh, ("", 0))
+    assert not u.unwritten_reads_so(fresh, ("dra", 0))
+    written = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by="dra",
+                              claims=0)
+    assert not u.unwritten_reads_so(written, ("", 0))  # taken back: written
+    usage = u.DraUsage(http=cast(Rest, None), kube=cast(Kube, None))
+    usage._wrote[("ns", "cam-a")] = ("dra", 0)
+    usage._instance_changed(("ns", "cam-a"), fresh, written)  # its own write comes back
+    assert not usage._wake.is_set()
+    moved = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1", "n2"), served_by="dra",
+                            claims=0)
+    usage._instance_changed(("ns", "cam-a"), written, moved)
+    assert usage._wake.is_set()

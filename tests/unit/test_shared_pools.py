@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from controller.shared_pools import wanted_pools
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from lightkube import AsyncClient
+
+from controller.shared_pools import SharedPools, wanted_pools
 from crds import dra_slices
 from crds.configuration import Allocator
 from crds.instance import Instance, InstanceSpec
@@ -27,3 +32,77 @@ def test_only_shared_devices_of_configurations_the_scheduler_allocates() -> None
     assert pools["ns/cam/shared/cam-000001"].nodes == ("n1",)
     # Wanted, but no node's verdict known yet: held, not withdrawn.
     assert held == {dra_slices.shared_pool("ns", "cam", "cam-000005")}
+
+
+# -- work follows what changed (issue 48) ------------------------------------------------------
+
+
+class _Client:
+    """Records the applies and deletes a pass makes; lists find nothing."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+        self.deleted: list[str] = []
+
+    async def patch(self, _resource: object, name: str, body: dict[str, Any],
+                    **_: object) -> dict[str, Any]:
+        self.applied.append(body["spec"]["pool"]["name"])
+        return body
+
+    async def delete(self, _resource: object, name: str, **_: object) -> None:
+        self.deleted.append(name)
+
+    def list(self, *_: object, **__: object) -> AsyncIterator[dict[str, Any]]:
+        async def nothing() -> AsyncIterator[dict[str, Any]]:
+            found: list[dict[str, Any]] = []
+            for item in found:
+                yield item
+        return nothing()
+
+
+def _object(name: str, *, reported: tuple[str, ...] = ("n1",), version: str = "1",
+            status: dict[str, Any] | None = None, nodes: tuple[str, ...] = ("n1", "n2"),
+            ) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version},
+            "spec": {"configurationName": "cam", "shared": True, "nodes": list(nodes),
+                     "capacity": 2},
+            "status": {"reported": dict.fromkeys(reported, True), **(status or {})}}
+
+
+async def _pools_of(count: int) -> tuple[SharedPools, _Client]:
+    client = _Client()
+    pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
+    pools.listed([_object(f"cam-{i:06x}") for i in range(count)])
+    pools.set_mode(("ns", "cam"), DRA)
+    pools.modes_listed()
+    await pools.reconcile()
+    return pools, client
+
+
+async def test_a_write_that_changes_nothing_a_pool_is_built_from_marks_nothing() -> None:
+    pools, client = await _pools_of(3)
+    assert len(client.applied) == 3
+    pools._wake.clear()
+    # The controller's own display fields, a new resourceVersion, a slot record: no pool input.
+    pools.put(("ns", "cam-000001"), _object("cam-000001", version="2",
+                                            status={"servedBy": "dra", "claims": 1}))
+    assert not pools._wake.is_set()
+    await pools.reconcile()
+    assert len(client.applied) == 3
+
+
+async def test_a_pass_rewrites_only_the_pools_whose_inputs_changed() -> None:
+    pools, client = await _pools_of(50)
+    client.applied.clear()
+    pools.put(("ns", "cam-000007"), _object("cam-000007", reported=("n1", "n2")))
+    assert pools._wake.is_set()
+    await pools.reconcile()
+    assert client.applied == [dra_slices.shared_pool("ns", "cam", "cam-000007")]
+    pools.put(("ns", "cam-000008"), None)
+    await pools.reconcile()
+    assert client.applied == [dra_slices.shared_pool("ns", "cam", "cam-000007")]
+    assert len(client.deleted) == 1
+    # A mode change looks at that Configuration's pools: every one withdrawn.
+    pools.set_mode(("ns", "cam"), PLUGINS)
+    await pools.reconcile()
+    assert len(client.deleted) == 50
