@@ -1,5 +1,5 @@
 """On a real node, a Configuration's allocator switched while its slots are held:
-``spec.sharedDeviceAllocation`` from the DRA default to ``devicePlugin`` and back.
+``spec.allocator`` from the DRA default to ``devicePlugin`` and back.
 
 The agent runs beside the kubelet with ``DRA=on`` and its device plugins on; the controller with
 ``--dra``. One shared debugEcho device of capacity 2. Pods (busybox printing its env, then
@@ -137,13 +137,13 @@ async def test_switching_the_allocator_while_slots_are_held_gives_no_slot_twice(
         def said() -> bool | None:
             body = json.loads(plane.kubectl("get", "configuration", CONFIGURATION, "-n", ns,
                                             "-o", "json").stdout)
-            return (body.get("status") or {}).get("sharedDeviceAllocation") == expected or None
+            return (body.get("status") or {}).get("allocator") == expected or None
 
         await until(said, what=f"the Configuration served by {expected}", within=WITHIN_S)
 
     async def pin(value: str) -> None:
         await kube.patch(ConfigurationResource, CONFIGURATION,
-                         {"spec": {"sharedDeviceAllocation": value}}, namespace=ns,
+                         {"spec": {"allocator": value}}, namespace=ns,
                          patch_type=PatchType.MERGE)
         await allocator(value)
 
