@@ -42,7 +42,7 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingWebhookConfiguration,
 )
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret, Service
 from lightkube.resources.rbac_authorization_v1 import (
     ClusterRole,
     ClusterRoleBinding,
@@ -52,15 +52,25 @@ from lightkube.resources.rbac_authorization_v1 import (
 from lightkube.types import PatchType
 
 from controller.agent_access import ROLE_NAME, AgentAccess
+from controller.eventbatch import event_object
+from controller.instance_classes import DeviceClassResource
 from controller.kube import Kube
+from controller.main import REPORTING_COMPONENT
 from controller.rest import Rest
 from controller.webhook import CertificateKeeper
 from controller.webhook_certs import plan
 from controller.webhook_settings import WebhookSettings
-from tests.harness.agent_process import debug_echo_configuration, eventually
+from crds import dra
+from tests.harness import dra as h
+from tests.harness.agent_process import debug_echo_configuration, eventually, new_node
 from tests.harness.aio_process import task_running
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
-from tests.harness.service_accounts import Identity, apply_manifests, mint
+from tests.harness.service_accounts import (
+    Identity,
+    apply_manifests,
+    kubelet_certificate,
+    mint,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -601,6 +611,21 @@ POD_ATTACKS: dict[str, tuple[dict[str, Any], str]] = {
                        "containers": [_container()]}, "only Pod Security's safe sysctls"),
     "SELinux spc_t": ({"containers": [_container(securityContext={
         "seLinuxOptions": {"type": "spc_t"}})]}, "SELinux type only"),
+    # Issue 47: what a broker never needs.
+    "another workload's claim": ({"resourceClaims": [{"name": "gpu",
+                                                      "resourceClaimName": "their-gpu"}],
+                                  "containers": [_container()]},
+                                 "never another workload's ResourceClaim"),
+    "token Secret volume": ({"containers": [_container(volumeMounts=[
+        {"name": "t", "mountPath": "/t"}])], "volumes": [
+        {"name": "t", "secret": {"secretName": "admin-token"}}]}, "no Secret"),
+    "token Secret projected": ({"containers": [_container()], "volumes": [
+        {"name": "t", "projected": {"sources": [{"secret": {"name": "admin-token"}}]}}]},
+        "no Secret"),
+    "token Secret env": ({"containers": [_container(env=[{"name": "T", "valueFrom": {
+        "secretKeyRef": {"name": "admin-token", "key": "token"}}}])]}, "no Secret"),
+    "token Secret envFrom": ({"containers": [_container(envFrom=[
+        {"secretRef": {"name": "admin-token"}}])]}, "no Secret"),
 }
 
 
@@ -664,13 +689,24 @@ def test_a_cluster_admin_widens_the_broker_policy_per_namespace(
     net_admin = _broker_configuration("net-admin", {"containers": [_container(
         securityContext={"capabilities": {"add": ["NET_ADMIN"]}})]})
     privileged = _broker_configuration("privileged", POD_ATTACKS["privileged"][0])
+
+    def secret_volume(name: str) -> dict[str, Any]:
+        return _broker_configuration(f"secret-{name}", {"containers": [_container()],
+                                                        "volumes": [{"name": "s", "secret": {
+                                                            "secretName": name}}]})
+
     try:
         refused(lambda dry: create(usb, dry), because="no hostPath volumes")
+        refused(lambda dry: create(secret_volume("cam-login"), dry), because="no Secret")
         cp.kubectl("annotate", "namespace", namespace,
                    "edgeplug.io/broker-host-paths=/dev/bus/usb, /dev/serial/by-id",
                    "edgeplug.io/broker-service-accounts=camera-broker",
-                   "edgeplug.io/broker-capabilities=NET_ADMIN")
+                   "edgeplug.io/broker-capabilities=NET_ADMIN",
+                   "edgeplug.io/broker-secrets=cam-login")
         admitted_eventually(lambda: create(usb), what="a host path under an allowed one")
+        admitted_eventually(lambda: create(secret_volume("cam-login")),
+                            what="a Secret the namespace names")
+        refused(functools.partial(create, secret_volume("admin-token")), because="no Secret")
         admitted_eventually(lambda: create(account), what="an allowed ServiceAccount")
         admitted_eventually(lambda: create(net_admin), what="an allowed capability")
         for wrong in (beside, climbing):
@@ -725,6 +761,12 @@ CONTROLLER_POD_ATTACKS: dict[str, tuple[dict[str, Any], str]] = {
     "host network": ({"hostNetwork": True}, "no hostNetwork, hostPID or hostIPC"),
     "another account": ({"serviceAccountName": "deployer"},
                         "run as the namespace's default ServiceAccount"),
+    "another workload's claim": ({"resourceClaims": [{"name": "gpu",
+                                                      "resourceClaimName": "their-gpu"}]},
+                                 "never another workload's ResourceClaim"),
+    "token Secret volume": ({"volumes": [{"name": "t",
+                                          "secret": {"secretName": "admin-token"}}]},
+                            "no Secret"),
 }
 
 
@@ -814,3 +856,241 @@ async def test_controller_still_makes_brokers_services_and_finalizers(
     assert stored is not None
     assert not cast(dict[str, Any], stored["metadata"]).get("finalizers")
 
+
+
+# -- issue 47: Nodes, DRA objects, Events ----------------------------------------------------
+
+
+DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
+NODE_ONLY = "may change only the edgeplug.io/pinned-demand annotation"
+ClaimTemplateResource = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates")
+
+
+@pytest.fixture(scope="module")
+def dra_installed(installed: ControlPlane) -> ControlPlane:
+    """``kubectl apply -k deploy/dra`` beside deploy/manifests, as the DRA default installs."""
+    installed.kubectl("apply", "-k", str(DRA_MANIFESTS))
+    return installed
+
+
+def test_controller_token_changes_nothing_on_a_node_but_its_annotation(
+    installed: ControlPlane, ctl: Client
+) -> None:
+    """A dangling owner reference on a Node has the garbage collector delete it; a finalizer
+    holds its deletion. The controller's Node patch (pinned_demand.py through
+    Kube.annotate_node) sets one annotation and nothing else."""
+    cp = installed
+    node = f"ctl-attack-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+
+    def patch(body: dict[str, Any]) -> Callable[[bool], object]:
+        return lambda dry: ctl.patch(Node, node, body, patch_type=PatchType.MERGE, dry_run=dry)
+
+    try:
+        gone = {"apiVersion": "v1", "kind": "Namespace", "name": f"gone-{node}",
+                "uid": str(uuid.uuid4())}
+        refused(patch({"metadata": {"ownerReferences": [gone]}}), because=NODE_ONLY)
+        refused(patch({"metadata": {"finalizers": ["example.com/hold"]}}), because=NODE_ONLY)
+        refused(patch({"metadata": {"annotations": {"example.com/other": "x"}}}),
+                because=NODE_ONLY)
+        # The control: the patch Kube.annotate_node makes.
+        patch({"metadata": {"annotations": {"edgeplug.io/pinned-demand": "{}"}}})(False)
+        stored = cp.get_json(f"/api/v1/nodes/{node}")
+        assert stored is not None
+        meta = cast(dict[str, Any], stored["metadata"])
+        assert not meta.get("ownerReferences"), meta
+        assert not meta.get("finalizers"), meta
+        assert meta["annotations"]["edgeplug.io/pinned-demand"] == "{}"
+    finally:
+        cp.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
+def _device_class(name: str, expression: str, **labels: str) -> Any:
+    return DeviceClassResource.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]}})
+
+
+def test_controller_token_writes_only_its_own_device_classes(
+    dra_installed: ControlPlane, ctl: Client, namespace: str
+) -> None:
+    """Another vendor's class is neither rewritten (a selector ``true`` would hand its
+    claims any device) nor deleted, no class of another name is created, and the controller's
+    own classes select only edgeplug.io devices; the classes crds/dra.py writes (a
+    Configuration's, an Instance's, the extended-resource probe's dry run) still pass."""
+    cp = dra_installed
+    s = uuid.uuid4().hex[:6]
+    theirs = f"gpu-{s}.example.com"
+    cp.kubectl("apply", "-f", "-", stdin=json.dumps(_device_class(
+        theirs, 'device.driver == "gpu.example.com"').to_dict()))
+    ours = {dra.LABEL_MANAGED_BY: dra.CLASS_MANAGER}
+    only_ours = "only its own DeviceClasses"
+    try:
+        refused(lambda dry: ctl.patch(DeviceClassResource, theirs, {"spec": {"selectors": [
+            {"cel": {"expression": "true"}}]}}, patch_type=PatchType.MERGE, dry_run=dry),
+            because=only_ours)
+        refused(lambda dry: ctl.delete(DeviceClassResource, theirs, dry_run=dry),
+                because=only_ours)
+        refused(lambda dry: ctl.create(_device_class(f"x-{s}.example.com", "true", **ours),
+                                       dry_run=dry), because=only_ours)
+        refused(lambda dry: ctl.create(_device_class(f"x-{s}.edgeplug.io",
+                                                     dra.device_selector(namespace, "x")),
+                                       dry_run=dry), because=only_ours)
+        select_only = "select only devices of the driver edgeplug.io"
+        for expression in ("true", dra.device_selector(namespace, "x") + " || true",
+                           'device.driver == "gpu.example.com"'):
+            forged = _device_class(f"x-{s}.edgeplug.io", expression, **ours)
+            refused(functools.partial(_create, ctl, forged), because=select_only)
+        # The controls: what controller/device_classes.py and instance_classes.py apply.
+        bodies = [dra.device_class(namespace, "cam", extended_resource="edgeplug.io/cam"),
+                  dra.instance_class(namespace, "cam", "cam-0a0b0c",
+                                     extended_resource="edgeplug.io/cam-0a0b0c")]
+        probe = dra.device_class("", "probe", extended_resource=f"{dra.DRIVER}/probe")
+        probe["metadata"]["name"] = "edgeplug-probe.edgeplug.io"
+        ctl.patch(DeviceClassResource, probe["metadata"]["name"], probe,
+                  patch_type=PatchType.APPLY, force=True, dry_run=True)
+        for body in bodies:
+            ctl.patch(DeviceClassResource, body["metadata"]["name"], body,
+                      patch_type=PatchType.APPLY, force=True)
+        for body in bodies:
+            ctl.delete(DeviceClassResource, body["metadata"]["name"])
+        assert cp.kubectl("get", "deviceclass", theirs, check=False).returncode == 0
+    finally:
+        cp.kubectl("delete", "deviceclass", theirs, check=False)
+
+
+def _claim_template(namespace: str, name: str, exactly: dict[str, Any]) -> Any:
+    return ClaimTemplateResource.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": dra.BROKER_CLAIM,
+                                                    "exactly": exactly}]}}}})
+
+
+def test_controller_token_makes_claim_templates_for_edgeplug_devices_only(
+    dra_installed: ControlPlane, ctl: Client, namespace: str
+) -> None:
+    """A broker's claim template (controller/broker_claims.py) asks for its Configuration's
+    class and one Instance: never another vendor's class, never adminAccess."""
+    cp = dra_installed
+    cp.kubectl("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
+    ours = dra.device_class_name(namespace, "cam")
+    refused(lambda dry: ctl.create(_claim_template(namespace, "admin", {
+        "deviceClassName": ours, "adminAccess": True}), dry_run=dry),
+        because="ask for no adminAccess")
+    refused(lambda dry: ctl.create(_claim_template(namespace, "gpu", {
+        "deviceClassName": "gpu.example.com"}), dry_run=dry),
+        because="ask only for edgeplug DeviceClasses")
+    refused(lambda dry: ctl.create(_claim_template("kube-system", "x", {
+        "deviceClassName": ours}), dry_run=dry), because="no ResourceClaimTemplate in kube-system")
+    # The control: the template broker_claims.render_claim_template writes.
+    ctl.create(_claim_template(namespace, "cam-0a0b0c", {
+        "deviceClassName": ours,
+        "selectors": [{"cel": {"expression": dra.instance_selector("cam-0a0b0c")}}]}))
+
+
+def test_controller_token_posts_events_only_about_its_own_objects(
+    installed: ControlPlane, ctl: Client, namespace: str
+) -> None:
+    """Its Events (controller/eventbatch.py's event_object) are about Configurations and
+    Instances, as edgeplug-controller; none about a Node or a pod, none in a node's name."""
+    configuration = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+                     "metadata": {"name": "cam", "namespace": namespace,
+                                  "uid": str(uuid.uuid4())}}
+    own = event_object(configuration, warning=True, reason="BrokerRefused", message="m",
+                       component=REPORTING_COMPONENT)
+
+    def event(change: Callable[[dict[str, Any]], None]) -> Callable[[bool], object]:
+        body = copy.deepcopy(own)
+        change(body)
+        return functools.partial(_create, ctl, cast(Event, Event.from_dict(body)))
+
+    def about_node(e: dict[str, Any]) -> None:
+        e["metadata"]["namespace"] = "default"  # where a cluster-scoped object's Events go
+        e["involvedObject"] = {"apiVersion": "v1", "kind": "Node", "name": "node-a",
+                               "uid": str(uuid.uuid4())}
+
+    def about_pod(e: dict[str, Any]) -> None:
+        e["involvedObject"] = {"apiVersion": "v1", "kind": "Pod", "name": "victim",
+                               "namespace": namespace, "uid": str(uuid.uuid4())}
+
+    def as_kubelet(e: dict[str, Any]) -> None:
+        e["source"] = {"component": "kubelet", "host": "node-a"}
+
+    def in_a_nodes_name(e: dict[str, Any]) -> None:
+        e["source"]["host"] = "node-a"
+
+    own_objects = "only about a Configuration or an Instance"
+    refused(event(about_node), because=own_objects)
+    refused(event(about_pod), because=own_objects)
+    refused(event(as_kubelet), because="only as itself")
+    refused(event(in_a_nodes_name), because="only as itself")
+    event(lambda e: None)(False)
+
+
+# -- issue 47: where the controller runs -----------------------------------------------------
+
+
+CONTROLLER_NODE_LABEL = "node-restriction.kubernetes.io/edgeplug-controller"
+
+
+def _placement_pod(namespace: str, name: str) -> dict[str, Any]:
+    """A pod placed as the controller's Deployment places its replicas (its nodeSelector,
+    tolerations and affinity as shipped), running as the namespace's default account."""
+    deployment = _docs("controller-deployment.yaml")[0]
+    template = deployment["spec"]["template"]["spec"]
+    spec = {k: template[k] for k in ("nodeSelector", "tolerations", "affinity") if k in template}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {**spec, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "registry.invalid/controller:1"}]}}
+
+
+def _kubelet_kubeconfig(cp: ControlPlane, node: str, folder: Path) -> Path:
+    pem = kubelet_certificate(cp, node, folder)
+    path = folder / f"kubelet-{node}.kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cp.server, "certificate-authority": str(cp.ca_cert)}}],
+        "users": [{"name": "kubelet", "user": {"client-certificate": str(pem),
+                                               "client-key": str(pem)}}],
+        "contexts": [{"name": "kubelet", "context": {"cluster": "local", "user": "kubelet"}}],
+        "current-context": "kubelet"}))
+    return path
+
+
+async def test_the_controllers_placement_fails_closed(
+    installed: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    """Issue 47: a node not labelled as an edge node got a controller replica, and its kubelet
+    could then mint the controller's token. The shipped placement requires a label only an admin
+    can set: on a cluster of unlabelled Ready nodes the replica stays Pending; a node's own
+    kubelet cannot give itself the label (NodeRestriction); labelled by the admin, the node
+    gets the replica."""
+    cp, ns = installed, pod_namespace
+    nodes = sorted([new_node(cp), new_node(cp)])
+    async with h.ready_nodes(kube, nodes):
+        h.apply(cp, ns, _placement_pod(ns, "controller-0"))
+        why = await eventually(lambda: h.unschedulable(kube, ns, "controller-0"),
+                               what="the controller's replica unschedulable",
+                               deadline=h.SCHEDULE_DEADLINE)
+        assert "affinity" in why or "selector" in why, why
+        pending = await kube.get(Pod, "controller-0", namespace=ns)
+        assert pending.spec is not None
+        assert not pending.spec.nodeName
+        kubelet = _kubelet_kubeconfig(cp, nodes[0], tmp_path)
+        done = cp.kubectl(f"--kubeconfig={kubelet}", "label", "node", nodes[0],
+                          f"{CONTROLLER_NODE_LABEL}=true", check=False)
+        assert done.returncode != 0, "a kubelet gave its own node the controller's label"
+        assert "node-restriction.kubernetes.io" in done.stderr, done.stderr
+        cp.kubectl("label", "node", nodes[1], f"{CONTROLLER_NODE_LABEL}=true")
+
+        async def placed() -> str | None:
+            pod = await kube.get(Pod, "controller-0", namespace=ns)
+            return pod.spec.nodeName if pod.spec else None
+
+        assert await eventually(placed, what="the replica placed on the labelled node",
+                                deadline=h.SCHEDULE_DEADLINE) == nodes[1]

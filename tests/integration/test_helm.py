@@ -60,8 +60,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
 #: controller can do"), installed by default.
 CONTROLLER_POLICIES = ("edgeplug-controller-agent-access", "edgeplug-controller-webhook",
                        "edgeplug-controller-secrets", "edgeplug-controller-configurations",
-                       "edgeplug-controller-workloads", "edgeplug-configuration-references",
-                       "edgeplug-broker-pod-policy")
+                       "edgeplug-controller-workloads", "edgeplug-controller-events",
+                       "edgeplug-configuration-references", "edgeplug-broker-pod-policy")
 
 T = TypeVar("T")
 
@@ -204,8 +204,8 @@ def test_default_values_render_what_the_api_server_accepts(
     assert (pod_spec["hostNetwork"], pod_spec["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     for binding in (o for o in stored if o["kind"] == "ClusterRoleBinding"):
         assert {s["namespace"] for s in binding["subjects"]} == {namespace}, binding
-    # The controller's policies name the release's accounts and namespace; it stays off edge
-    # nodes.
+    # The controller's policies name the release's accounts and namespace; it runs only on a
+    # node an admin labelled for it, never on an edge node.
     for name in CONTROLLER_POLICIES:
         policy = _find(stored, "ValidatingAdmissionPolicy", name)
         assert _find(stored, "ValidatingAdmissionPolicyBinding", name)
@@ -218,6 +218,8 @@ def test_default_values_render_what_the_api_server_accepts(
     [term] = required["nodeSelectorTerms"]
     assert {"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"} in (
         term["matchExpressions"])
+    assert {"key": "node-restriction.kubernetes.io/edgeplug-controller",
+            "operator": "Exists"} in term["matchExpressions"]
     assert placement["tolerations"][0]["key"] == "node-role.kubernetes.io/control-plane"
 
 
@@ -292,8 +294,13 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
                        ("ClusterRole", "edgeplug-controller-dra"),
                        ("ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices"),
                        ("ValidatingAdmissionPolicy",
-                        "edgeplug-controller-shared-resourceslices")):
+                        "edgeplug-controller-shared-resourceslices"),
+                       ("ValidatingAdmissionPolicy", "edgeplug-controller-device-classes"),
+                       ("ValidatingAdmissionPolicy", "edgeplug-controller-claim-templates")):
         assert _find(stored, kind, name)
+    for name in ("edgeplug-controller-device-classes", "edgeplug-controller-claim-templates"):
+        (condition,) = _find(stored, "ValidatingAdmissionPolicy", name)["spec"]["matchConditions"]
+        assert f"system:serviceaccount:{namespace}:edgeplug-controller" in condition["expression"]
     for binding in (o for o in stored if o["kind"] == "ClusterRoleBinding"):
         assert {s["namespace"] for s in binding["subjects"]} == {namespace}, binding
     policy = _find(stored, "ValidatingAdmissionPolicy", "edgeplug-agent-own-resourceslices")
