@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from crds import dra
 from discovery_handlers.debug_echo import DESCRIPTION_PROPERTY
 from tests.harness import helmbin, hermetic
 from tests.harness.agent_process import apply, create_node, debug_echo_configuration
@@ -562,6 +563,10 @@ def test_install_upgrade_uninstall_on_the_local_control_plane(
         broker = _poll(lambda: _broker_pod(cp, workload, instance),
                        what=f"the controller's broker pod for {instance} (log: {controller.log})")
         _poll(lambda: _observed(cp, workload, configuration), what="the Configuration's status")
+        # Its DeviceClass (--dra), written on its own token under the chart's DeviceClass
+        # policy (dra/controller-deviceclass-policy.yaml).
+        _poll(lambda: _get(cp, "deviceclass", dra.device_class_name(workload, configuration)),
+              what=f"the Configuration's DeviceClass (log: {controller.log})")
         # The chart's node policy lets the agent label its own node.
         _poll(lambda: ((_get(cp, "node", "node-a") or {})["metadata"].get("labels") or {}).get(
             f"edgeplug.io/{configuration}") == "true", what="the agent's label on its node")
