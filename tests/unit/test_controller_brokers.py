@@ -193,7 +193,8 @@ def test_the_claim_template_selects_the_instance_device_and_goes_with_the_instan
     assert request["name"] == "edgeplug-device"
     assert request["exactly"]["deviceClassName"] == "cam.ns.edgeplug.io"
     assert request["exactly"]["selectors"] == [{"cel": {
-        "expression": 'device.attributes["edgeplug.io"].instance == "cam-abcdef"'}}]
+        "expression": '("instance" in device.attributes["edgeplug.io"]'
+                      ' && "cam-abcdef" == device.attributes["edgeplug.io"].instance)'}}]
     # The claims made from it carry the brokers' labels.
     assert template["spec"]["metadata"]["labels"][naming.LABEL_INSTANCE] == "cam-abcdef"
 
