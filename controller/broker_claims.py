@@ -8,7 +8,7 @@ device plugins' slots, counts who holds a shared device. Pure rendering, no I/O.
 
 One ResourceClaimTemplate per Instance (same name, in its namespace, owned by it: it goes with
 the Instance), one request ``edgeplug-device`` of the Configuration's DeviceClass with the CEL
-selector ``device.attributes["edgeplug.io"].instance == "<instance>"``. Each broker pod names
+selector ``crds.dra.instance_selector`` writes (the Instance's device only). Each broker pod names
 the template in ``spec.resourceClaims``, and each container that had the ``{{PLACEHOLDER}}``
 resource lists the claim in ``resources.claims`` instead. The kube-controller-manager's
 resourceclaim controller then makes one ResourceClaim per broker pod, owned by that pod (its
