@@ -128,7 +128,7 @@ async def test_a_configuration_pinned_to_device_plugins_keeps_them(
         await harness.eventually(known, what="the publisher knowing the device")
         # A local device's pool, published by a pass that already knew the pinned device.
         harness.apply(control_plane, namespace, harness.debug_echo_configuration(
-            "usb", descriptions=["u0"], shared=False))
+            "usb", descriptions=["u0"], shared=False, allocator="dra"))
         local = slices.local_pool(namespace, "usb", "n1")
 
         async def published() -> bool:
@@ -169,7 +169,7 @@ async def test_asking_for_dra_where_it_is_missing_is_reported_and_served_compati
         else:
             assert (mode, condition["status"], condition["reason"]) == (
                 "devicePlugin", "False", "DRAExtendedResourcesUnavailable")
-            assert condition["message"].startswith("spec.sharedDeviceAllocation is dra, but")
+            assert condition["message"].startswith("spec.allocator is dra, but")
             assert "DRAExtendedResource" in condition["message"]
 
 
