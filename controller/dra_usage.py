@@ -22,7 +22,7 @@ at a time. Nothing decides anything on these fields, so a lost write is left to 
 change. Two replicas write the same values; the second write changes nothing, and the API
 server stores nothing for it.
 
-Writes the next moment makes obsolete are not made (issue 48): an Instance whose fields were
+Writes the next moment makes obsolete are not made: an Instance whose fields were
 never written and would read as they read unwritten (served by nothing, no claim: a new
 device before its slice or plugin) is left unwritten until it is served; and the watch event
 of a write of this controller's own (the Instance's fields now what it wrote) wakes no pass.

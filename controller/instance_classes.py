@@ -42,8 +42,8 @@ FIELD_MANAGER: Final = "edgeplug-controller/instance-classes"
 RETRY_S: Final = 5.0
 #: A sync waits this long after the change that woke it, so a burst is written at once.
 PASS_DELAY_S: Final = 0.05
-#: Class applies and deletes in flight at once (issue 48: one at a time left the API server
-#: idle between round trips).
+#: Class applies and deletes in flight at once (one at a time leaves the API server idle
+#: between round trips).
 WRITES_IN_FLIGHT: Final = 16
 HTTP_NOT_FOUND: Final = 404
 
@@ -54,7 +54,7 @@ class InstanceClasses:
     """Keeps a class for every Instance (of ``namespaces``; empty: all) whose Configuration's
     mode, as ``set_mode`` last said, is DRA.
 
-    Work follows what changed (issue 48): a watch event marks its Instance only when the
+    Work follows what changed: a watch event marks its Instance only when the
     Configuration it belongs to (or its being there at all) changed, a mode change marks that
     Configuration's Instances, and a sync looks only at the marked ones (every one after a
     (re)list), ``WRITES_IN_FLIGHT`` API calls at a time."""

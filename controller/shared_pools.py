@@ -17,7 +17,7 @@ goes, or whose Configuration leaves ``dra``, is withdrawn: every slice of it del
 Instances come from ``controller.instance_classes``' watch, the modes from
 ``controller.device_classes``; nothing is written before both were listed once.
 
-Work follows what changed (issue 48): each Instance's plan is made when its watch event comes
+Work follows what changed: each Instance's plan is made when its watch event comes
 and kept; an event whose plan equals the one kept (a status write of the controller's own, a
 slot record, anything a pool is not built from) wakes nothing. A pass looks only at the pools
 marked since the last one (every pool after a (re)list), and writes them
@@ -49,8 +49,8 @@ RETRY_S: Final = 1.0
 #: A pass waits this long after the change that woke it, so a burst is written once.
 PASS_DELAY_S: Final = 0.05
 #: API calls (applies, deletes, lists) of one pass in flight at once: pools are independent,
-#: and one call at a time left the API server idle between round trips (issue 48: 36 slices a
-#: second). One pool's own calls stay in order (apply, then delete the stale).
+#: and one call at a time leaves the API server idle between round trips. One pool's own calls
+#: stay in order (apply, then delete the stale).
 WRITES_IN_FLIGHT: Final = 16
 
 _Key = tuple[str, str]

@@ -75,29 +75,25 @@ class Allocator(enum.StrEnum):
     DEVICE_PLUGIN = "devicePlugin"
 
 
-#: Where a Configuration object names its allocator, first match wins: the user's choice
-#: (``allocator``, or its earlier name ``sharedDeviceAllocation``), then the controller's.
-_ALLOCATOR_FIELDS: Final = (("spec", "allocator"), ("spec", "sharedDeviceAllocation"),
-                            ("status", "allocator"), ("status", "sharedDeviceAllocation"))
-
-
 def allocator_of(obj: Mapping[str, Any]) -> Allocator | None:
     """The allocator a Configuration object's devices have now: its spec's choice, else the
-    controller's (``status.allocator``); ``None`` while neither says."""
-    for part, name in _ALLOCATOR_FIELDS:
-        chosen = (obj.get(part) or {}).get(name)
-        if chosen:
-            try:
-                return Allocator(chosen)
-            except ValueError:
-                return None
+    controller's (``status.allocator``, or the same under its earlier name); ``None`` while
+    neither says, or says something unknown."""
+    for part in ("spec", "status"):
+        try:
+            chosen = asked_allocator(obj.get(part) or {})
+        except ValueError:
+            return None
+        if chosen is not None:
+            return chosen
     return None
 
 
-def asked_allocator(spec: Mapping[str, Any]) -> Allocator | None:
-    """The allocator a Configuration's spec asks for (``allocator``, or the earlier
-    ``sharedDeviceAllocation``, which means the same); ``None``: the cluster's best."""
-    chosen = spec.get("allocator") or spec.get("sharedDeviceAllocation")
+def asked_allocator(fields: Mapping[str, Any]) -> Allocator | None:
+    """The allocator a Configuration's spec (or status) names: ``allocator``, or its earlier
+    name ``sharedDeviceAllocation``, which means the same; ``None``: the cluster's best. Raises
+    ``ValueError`` for a value that is neither."""
+    chosen = fields.get("allocator") or fields.get("sharedDeviceAllocation")
     return Allocator(chosen) if chosen else None
 
 
