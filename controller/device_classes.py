@@ -69,13 +69,13 @@ class DeviceClasses:
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
                  extended_resources: bool = False) -> None:
         """``extended_resources``: every class maps its Configuration's configuration-level
-        resource (by default only those whose shared devices the scheduler allocates do)."""
+        resource (by default only those whose devices the scheduler allocates do)."""
         self._client = client
         self._namespaces = frozenset(namespaces)
         self._extended = extended_resources
         self._written: dict[_Key, dict[str, Any]] = {}
         self._configurations: dict[_Key, dict[str, Any]] = {}
-        #: Configurations whose shared devices the scheduler allocates → the resource mapped.
+        #: Configurations whose devices the scheduler allocates → the resource mapped.
         self._through_dra: dict[_Key, str] = {}
         #: What the API server lacks for DRA's extended-resource mapping (None: nothing), from
         #: the probe at every (re)list.
@@ -89,7 +89,7 @@ class DeviceClasses:
 
     def scheduler_resources(self) -> frozenset[str]:
         """The extended resources the scheduler allocates through the classes kept now: the
-        Configurations' mapped resources and the shared Instances' own."""
+        Configurations' mapped resources and their Instances' own."""
         return frozenset(self._through_dra.values()) | self.instances.resources()
 
     async def run(self) -> None:
