@@ -82,6 +82,7 @@ from agent.kube import (
     is_not_found,
 )
 from agent.metrics import AgentMetrics
+from agent.name_records import LIST_FROM, recorded_digests
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.node_labels import NodeLabels
 from crds.api import API_VERSION, CONFIGURATION_KIND, INSTANCE_KIND
@@ -100,8 +101,13 @@ from discovery_handlers.contract import Device, DiscoveryHandler, Health, Labell
 
 log = logging.getLogger(__name__)
 
-#: Instance writes a publish (or a withdrawal) has in flight at once.
-WRITES_IN_FLIGHT = 8
+#: Instance writes a publish (or a withdrawal) has in flight at once (the controller's too).
+WRITES_IN_FLIGHT = 16
+#: Seconds a publish gathers reported devices before one CDI write hands them to the table.
+SERVE_BATCH_S = 0.25
+#: ... and until they are at least this share of the devices served (each CDI write renders
+#: every device served: batches of a fixed size made the writes quadratic in the devices).
+SERVE_BATCH_SHARE = 0.25
 _T = TypeVar("_T")
 LEAVE_ATTEMPTS = 5  # conditional leave retries when the Instance changes under us
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
@@ -172,6 +178,9 @@ class InstancePublisher:
         self._lock = asyncio.Lock()
         #: Akri names found held by another node's Instance or device (said once each).
         self._taken: set[str] = set()
+        #: Devices of the running publish whose first verdict is written, not yet in the table.
+        self._ready: list[NodeDevice] = []
+        self._batch_started = 0.0
 
     @property
     def owned(self) -> Mapping[str, bool]:
@@ -220,25 +229,23 @@ class InstancePublisher:
                     )
             # Several Instances in flight at once: one at a time, 200 devices waited on 400
             # API round trips in a row before the first plugin. The devices of one Akri name
-            # go one after the other (each takes a name the one before did not).
-            placed = await _bounded([self._place_group(group, shared=shared) for group in groups])
+            # go one after the other (each takes a name the one before did not). Each device's
+            # first verdict follows its own Instance, not the last one's.
+            records = await self._lookups(groups) if shared else None
+            self._ready = []
+            self._batch_started = asyncio.get_running_loop().time()
+            placed = await _bounded([
+                self._place_and_report(group, handler, details, shared=shared, records=records)
+                for group in groups])
             failed: BaseException | None = None
             published: set[str] = set()
             for outcome in placed:
                 if isinstance(outcome, BaseException):
                     failed = failed or outcome
                     continue
-                for wanted, placed_as in outcome:
-                    if placed_as is None:
-                        continue  # every name it may take is held (said once)
-                    published.add(placed_as)
-                    self._owned[placed_as] = shared
-                    self._records[placed_as] = wanted.digest
-                    self._unrecorded.pop(placed_as, None)
-                    self._served[placed_as] = self._node_device(
-                        placed_as, handler, details, wanted.device, shared=shared
-                    )
+                published.update(name for _wanted, name in outcome if name is not None)
             if failed is not None:
+                await self._serve_ready(now=True)  # those reported are served all the same
                 raise failed  # as before, a failed write ends the pass
             for name, was_shared in list(self._owned.items()):
                 if name not in desired and name not in published and not was_shared:
@@ -354,20 +361,71 @@ class InstancePublisher:
         return not any(properties == self._properties(w.device) for w in group
                        if name in w.names)
 
-    async def _place_group(self, group: Sequence[_Wanted], *,
-                           shared: bool) -> list[tuple[_Wanted, str | None]]:
+    async def _lookups(self, groups: Sequence[Sequence[_Wanted]]) -> Mapping[str, str] | None:
+        """The digests the API server's Instances of this list's later names record, read in
+        one list when at least ``LIST_FROM`` devices are new to this node (else None: each
+        new device's ``_place`` reads its own)."""
+        new = [w for group in groups for w in group
+               if not any(self._is_mine(n, w, group) for n in w.names)]
+        if len(new) < LIST_FROM:
+            return None
+        later = {name for group in groups for w in group for name in w.names[1:]}
+        found = await recorded_digests(self._client, self._cfg.namespace, later)
+        return {name: found.get(name, "") for name in later}
+
+    async def _place_and_report(
+        self, group: Sequence[_Wanted], handler: DiscoveryHandler, details: Any, *,
+        shared: bool, records: Mapping[str, str] | None,
+    ) -> list[tuple[_Wanted, str | None]]:
+        """Place one Akri name's devices, record each as this node's, write each new shared
+        device's first verdict at once and hand it to the table with the next batch."""
+        placed = await self._place_group(group, shared=shared, records=records)
+        for wanted, name in placed:
+            if name is None:
+                continue  # every name it may take is held (said once)
+            self._owned[name] = shared
+            self._records[name] = wanted.digest
+            self._unrecorded.pop(name, None)
+            served = self._node_device(name, handler, details, wanted.device, shared=shared)
+            self._served[name] = served
+            if self._health.first_verdict_due(name, shared=shared):
+                await self._report_health(name, served)
+                self._ready.append(served)
+        await self._serve_ready()
+        return placed
+
+    async def _serve_ready(self, *, now: bool = False) -> None:
+        """Put the devices whose first verdict is written in the table, after one CDI write
+        for all of them: a batch at least ``SERVE_BATCH_S`` long and ``SERVE_BATCH_SHARE`` of
+        the devices served (``now``: at once)."""
+        loop = asyncio.get_running_loop()
+        if not self._ready:
+            return
+        if not now and (loop.time() - self._batch_started < SERVE_BATCH_S
+                        or len(self._ready) < SERVE_BATCH_SHARE * len(self._served)):
+            return
+        ready, self._ready = self._ready, []
+        self._batch_started = loop.time()
+        with_cdi = self._write_cdi()
+        for served in ready:
+            await self._table.put(served if with_cdi else replace(served, cdi_name=""))
+
+    async def _place_group(self, group: Sequence[_Wanted], *, shared: bool,
+                           records: Mapping[str, str] | None = None,
+                           ) -> list[tuple[_Wanted, str | None]]:
         """Each device of one Akri name with the name it is published under (None: none)."""
         taken: dict[str, str] = {}  # name → digest of the device of this list given it
         placed: list[tuple[_Wanted, str | None]] = []
         for wanted in group:
-            name = await self._place(wanted, taken, group, shared=shared)
+            name = await self._place(wanted, taken, group, shared=shared, records=records)
             if name is not None:
                 taken[name] = wanted.digest
             placed.append((wanted, name))
         return placed
 
     async def _place(self, wanted: _Wanted, taken: Mapping[str, str],
-                     group: Sequence[_Wanted], *, shared: bool) -> str | None:
+                     group: Sequence[_Wanted], *, shared: bool,
+                     records: Mapping[str, str] | None = None) -> str | None:
         """Publish ``wanted`` under the first of its names that is this node's already, or
         (shared) another node's for this device, or free; the name, or None."""
         for name in wanted.names:
@@ -383,7 +441,8 @@ class InstancePublisher:
             await self._leave(name, shared=shared)
         if shared:
             for name in wanted.names[1:]:
-                if (name not in taken and await self._records_device(name, wanted.digest)
+                if (name not in taken
+                        and await self._records_device(name, wanted.digest, records)
                         and await self._ensure(name, wanted, shared=shared) is None):
                     return name
         akri = wanted.names[0]
@@ -404,8 +463,12 @@ class InstancePublisher:
             await self._say_taken(akri, wanted, why, None, shared=shared)
         return None
 
-    async def _records_device(self, name: str, digest: str) -> bool:
-        """Whether the API server's ``name`` records the device ``digest`` (one GET)."""
+    async def _records_device(self, name: str, digest: str,
+                              records: Mapping[str, str] | None = None) -> bool:
+        """Whether the API server's ``name`` records the device ``digest``: as ``records``
+        (this pass's list, ``_lookups``) says where it has the name, else one GET."""
+        if records is not None and name in records:
+            return records[name] == digest
         try:
             existing = as_dict(
                 await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
@@ -689,10 +752,13 @@ class InstancePublisher:
         """Spec on disk first, then the table (CDI names only if the spec was written), then
         each device's health reported where it changed; a shared device's first verdict is
         written before the table hears of it."""
+        self._ready = []  # the table gets every device below
         with_cdi = self._write_cdi()
         # A new shared device's first verdict (status.reported) is a status write the slot
         # service's first reservation write would otherwise race, and lose (a 409 and a
         # re-read, issue 36): the table, which starts that service's pass, comes after it.
+        # ``_place_and_report`` wrote those of the devices this pass placed; these are the
+        # ones whose write failed before.
         first = {name: served for name, served in self._served.items()
                  if self._health.first_verdict_due(name, shared=served.shared)}
         # Each report and warning handles its own errors; up to WRITES_IN_FLIGHT at once (a
