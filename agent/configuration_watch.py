@@ -18,7 +18,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from agent import node_instances, watching
+from agent import node_instances, offer_wait, watching
 from agent.cdi_specs import CdiSpecs
 from agent.discovery_run import RESYNC_INTERVAL, DiscoveryRun, RunKey
 from agent.instance_publisher import InstancePublisher
@@ -185,6 +185,15 @@ class ConfigurationWatch:
             resync_interval=self._resync_interval,
         )
         self._runs[run.key] = run
+        self._in_background(self._start_once_granted(run), f"grant-{cfg.name}")
+
+    async def _start_once_granted(self, run: DiscoveryRun) -> None:
+        """Start ``run`` once this node may offer its devices, unless it was replaced or
+        stopped meanwhile (``agent.offer_wait``)."""
+        cfg = run.configuration
+        await offer_wait.wait_until_granted(self._client, cfg.namespace, cfg.name, self._node)
+        if self._runs.get(run.key) is not run:
+            return
         log.info(
             "starting discovery (generation %d)", cfg.generation,
             extra={"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node},

@@ -32,9 +32,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from lightkube import ApiError, AsyncClient
-from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
+from lightkube import AsyncClient
 
+from controller import agent_roles
 from controller.watching import follow_forever
 from crds.configuration import Configuration, ValueSourceKind
 from crds.resources import ConfigurationResource
@@ -42,8 +42,6 @@ from crds.resources import ConfigurationResource
 log = logging.getLogger(__name__)
 
 ROLE_NAME = "edgeplug-agent-properties"
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGER = "edgeplug-controller"
 FIELD_MANAGER = "edgeplug-controller/agent-access"
 AGENT_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
@@ -101,22 +99,7 @@ def role_body(namespace: str, kinds: Mapping[str, set[str]]) -> dict[str, Any]:
          "resourceNames": sorted(names)}
         for resource, names in sorted(kinds.items()) if names
     ]
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": ROLE_NAME, "namespace": namespace,
-                     "labels": {MANAGED_BY: MANAGER}},
-        "rules": rules,
-    }
-
-
-def binding_body(namespace: str, *, account: tuple[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": ROLE_NAME, "namespace": namespace,
-                     "labels": {MANAGED_BY: MANAGER}},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE_NAME},
-        "subjects": [{"kind": "ServiceAccount", "namespace": account[0], "name": account[1]}],
-    }
+    return agent_roles.role_body(ROLE_NAME, namespace, rules)
 
 
 class AgentAccess:
@@ -156,13 +139,7 @@ class AgentAccess:
         wanted = self._grantable(merged(self._by_configuration.values()))
         stale = set(self._granted) - set(wanted)
         if full:
-            # By name: the controller may list only Roles of that name (RBAC by resourceNames).
-            async for role in self._client.list(Role, namespace="*",
-                                                fields={"metadata.name": ROLE_NAME},
-                                                labels={MANAGED_BY: MANAGER}):
-                namespace = role.metadata.namespace if role.metadata else None
-                if namespace and namespace not in wanted:
-                    stale.add(namespace)
+            stale |= await agent_roles.namespaces_holding(self._client, ROLE_NAME) - set(wanted)
         for namespace, kinds in wanted.items():
             if full or self._granted.get(namespace) != kinds:
                 await self._grant(namespace, kinds)
@@ -181,28 +158,14 @@ class AgentAccess:
         return {ns: kinds for ns, kinds in wanted.items() if ns not in self._refused}
 
     async def _grant(self, namespace: str, kinds: Mapping[str, set[str]]) -> None:
-        try:
-            await self._client.apply(cast(Role, Role.from_dict(role_body(namespace, kinds))),
-                                     field_manager=FIELD_MANAGER, force=True)
-            await self._client.apply(
-                cast(RoleBinding,
-                     RoleBinding.from_dict(binding_body(namespace, account=self._account))),
-                field_manager=FIELD_MANAGER, force=True)
-        except ApiError as error:  # a namespace being deleted: its Configurations go too
-            log.warning("agent access: cannot grant reads in %s: %s", namespace,
-                        error.status.message)
-            return
-        log.info("agent may read %s in %s",
-                 {r: len(n) for r, n in kinds.items()}, namespace)
+        if await agent_roles.grant(self._client, ROLE_NAME, namespace,
+                                   role_body(namespace, kinds)["rules"], account=self._account,
+                                   field_manager=FIELD_MANAGER):
+            log.info("agent may read %s in %s",
+                     {r: len(n) for r, n in kinds.items()}, namespace)
 
     async def _revoke(self, namespace: str) -> None:
-        for kind in (RoleBinding, Role):
-            try:
-                await self._client.delete(kind, ROLE_NAME, namespace=namespace)
-            except ApiError as error:
-                if error.status.code != 404:
-                    log.warning("agent access: cannot revoke reads in %s: %s", namespace,
-                                error.status.message)
+        await agent_roles.revoke(self._client, ROLE_NAME, namespace)
         log.info("agent reads nothing in %s any more", namespace)
 
 

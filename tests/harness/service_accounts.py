@@ -126,6 +126,21 @@ def kubelet_certificate(cp: ControlPlane, node: str, folder: Path) -> Path:
     return pem
 
 
+def kubelet_kubeconfig(cp: ControlPlane, node: str, folder: Path) -> Path:
+    """A kubeconfig holding node ``node``'s kubelet client certificate (``kubelet_certificate``)."""
+    pem = kubelet_certificate(cp, node, folder)
+    path = folder / f"kubelet-{node}.kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cp.server, "certificate-authority": str(cp.ca_cert)}}],
+        "users": [{"name": "kubelet", "user": {"client-certificate": str(pem),
+                                               "client-key": str(pem)}}],
+        "contexts": [{"name": "kubelet", "context": {"cluster": "local", "user": "kubelet"}}],
+        "current-context": "kubelet"}))
+    return path
+
+
 def release_agent_pod(cp: ControlPlane, node: str) -> None:
     """Delete the stand-in for the agent's DaemonSet pod on ``node`` that its token is bound to."""
     cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",

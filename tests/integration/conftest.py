@@ -22,6 +22,7 @@ from tests.harness.controller_process import FAST_ARGS, ControllerProcess, insta
 from tests.harness.controlplane import ControlPlane, free_port
 from tests.harness.kube_waits import wait_service_account
 from tests.harness.node_emulator import KUBELET_ENV
+from tests.harness.offer_grants import offer_grants
 from tests.harness.onvif_netns import NetnsBed
 
 
@@ -113,3 +114,13 @@ async def processes() -> AsyncIterator[list[Stoppable]]:
     yield started
     for process in started:
         await process.stop()
+
+
+@pytest.fixture(scope="module")
+def offers(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[None]:
+    """The controller's offer grants, kept on its own token while the module runs, for modules
+    whose agents write with their own token and run no controller
+    (tests/harness/offer_grants.py)."""
+    with offer_grants(control_plane, tmp_path_factory.mktemp("offers")):
+        yield

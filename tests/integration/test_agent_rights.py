@@ -29,7 +29,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from agent.kube import InstanceResource
+from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.offer_grants import offer_grants, wait_offer
 from tests.harness.service_accounts import Identity, apply_compat, mint, pod_bound
 
 pytestmark = pytest.mark.timeout(180)
@@ -81,8 +83,13 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
                         folder=folder)
     unbound = mint(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT,
                    path=folder / "unbound")
+    # The Configuration the Instances name, which every node may offer (no nodeSelector).
+    _apply(cp, debug_echo_configuration("cam", descriptions=["c0"]) | {
+        "metadata": {"name": "cam", "namespace": namespace}})
     try:
-        yield World(namespace, node_a, node_b, agent_a, unbound)
+        with offer_grants(cp, folder):
+            wait_offer(cp, namespace, "cam", node_a)
+            yield World(namespace, node_a, node_b, agent_a, unbound)
     finally:
         cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
                    f"{AGENT_ACCOUNT}-{node_a}", check=False)

@@ -14,6 +14,7 @@ hands its slot out.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from lightkube.types import PatchType
 from agent.slots.compat.crossnode import MISSING_RIGHTS_REASON
 from tests.harness.agent_process import api_client, apply, debug_echo_configuration, eventually
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
+from tests.harness.offer_grants import wait_offer
 from tests.harness.service_accounts import (
     COMPAT,
     Identity,
@@ -42,7 +44,8 @@ from tests.harness.service_accounts import (
 )
 from tests.integration import test_rbac as rbac
 
-pytestmark = pytest.mark.timeout(240)
+# The agents write with their own token: the offer grants name their Configurations.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("offers")]
 
 DEFAULT_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
                  "agent-instance-policy.yaml", "agent-pod-policy.yaml",
@@ -169,6 +172,7 @@ async def test_an_agent_without_the_rights_says_so_once_and_still_serves(
     pinned["spec"]["sharedDeviceAllocation"] = "devicePlugin"
     try:
         apply(cp, namespace, pinned)
+        await asyncio.to_thread(wait_offer, cp, namespace, "rbac-cam", world.node)
         async with rbac.agent_on_its_token(cp, tmp_path, "agent-without-compat-rights") as (
                 node, agent, _):
             event = await eventually(lambda: _missing_rights_event(admin, namespace),

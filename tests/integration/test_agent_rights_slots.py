@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
+from agent.kube import ConfigurationResource
 from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDeviceTable
 from agent.node_reads import NodeReads, node_reads
@@ -39,8 +40,10 @@ from tests.harness.agent_nodes import (
     read_instance,
     share_instance,
 )
+from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kube_waits import unschedulable, wait_pod, wait_until
+from tests.harness.offer_grants import wait_offer
 from tests.harness.service_accounts import (
     agent_on,
     apply_compat,
@@ -51,7 +54,8 @@ from tests.harness.service_accounts import (
 from tests.integration import test_slot_demand as slot_demand
 from tests.integration.test_slot_demand import assert_quiet, demand_of, fill_from, hand_over
 
-pytestmark = pytest.mark.timeout(240)
+# The agents write with their own token: the offer grants name their Configurations.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("offers")]
 
 POLICY_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-instance-policy.yaml")
 #: Log text of a write the API server refused (RBAC or the admission policy).
@@ -117,6 +121,7 @@ async def token_node(
 
 
 async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
+    control_plane: ControlPlane,
     kube: AsyncClient,
     pod_namespace: str,
     token_node: StartNode,
@@ -125,6 +130,11 @@ async def test_a_slot_moves_to_the_waiting_node_under_node_rights(
 ) -> None:
     caplog.set_level(logging.INFO)
     ns, configuration = pod_namespace, f"cam{uuid.uuid4().hex[:6]}"
+    # The Configuration the Instance names, which every node may offer (the offer grants).
+    await kube.apply(ConfigurationResource.from_dict(debug_echo_configuration(
+        configuration, descriptions=[]) | {"metadata": {"name": configuration, "namespace": ns}}),
+        field_manager="test")
+    await asyncio.to_thread(wait_offer, control_plane, ns, configuration, "any-node")
     a, b = await token_node(), await token_node()
     # Fair share: each agent reserves one slot (its own status.reservations entry).
     name, resource = await share_instance(

@@ -79,10 +79,12 @@ from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.kube_waits import wait_allocatable
 from tests.harness.node_emulator import NodeEmulator
+from tests.harness.offer_grants import may_offer, offer_grants, wait_offer
 from tests.harness.service_accounts import (
     Identity,
     agent_on,
     apply_compat,
+    kubelet_kubeconfig,
     mint,
     pod_bound,
     release_agent_pod,
@@ -164,7 +166,9 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
     unbound = mint(cp, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT,
                    path=folder / "unbound")
     try:
-        yield World(namespace, node_a, node_b, agent_a, agent_b, unbound, owner)
+        with offer_grants(cp, folder):
+            wait_offer(cp, namespace, "cam", node_a)
+            yield World(namespace, node_a, node_b, agent_a, agent_b, unbound, owner)
     finally:
         cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
                    f"{AGENT_ACCOUNT}-{node_a}", f"{AGENT_ACCOUNT}-{node_b}", check=False)
@@ -226,15 +230,17 @@ def _create(who: Identity, body: dict[str, Any]) -> tuple[bool, str]:
 
 def _instance(cp: ControlPlane, w: World, *, nodes: list[str], shared: bool = True,
               status: dict[str, Any] | None = None, name: str = "",
-              metadata: dict[str, Any] | None = None) -> str:
-    """An Instance of ``cam`` as the agents of ``nodes`` would have left it (written by the
-    admin), owned by the Configuration."""
+              metadata: dict[str, Any] | None = None, configuration: str = "cam",
+              owner: dict[str, Any] | None = None) -> str:
+    """An Instance of ``configuration`` (owned by it: ``owner``, ``cam``'s by default) as the
+    agents of ``nodes`` would have left it (written by the admin)."""
     name = name or f"cam-{uuid.uuid4().hex[:6]}"
     _apply(cp, {
         "apiVersion": "edgeplug.io/v1alpha1", "kind": "Instance",
-        "metadata": {"name": name, "namespace": w.namespace, "ownerReferences": [w.owner],
-                     **(metadata or {})},
-        "spec": {"configurationName": "cam", "cdiName": f"edgeplug.io/cam={name[-6:]}",
+        "metadata": {"name": name, "namespace": w.namespace,
+                     "ownerReferences": [owner or w.owner], **(metadata or {})},
+        "spec": {"configurationName": configuration,
+                 "cdiName": f"edgeplug.io/{configuration}={name[-6:]}",
                  "capacity": 2, "shared": shared, "nodes": nodes,
                  "brokerProperties": {"URL": "rtsp://cam"},
                  "deviceUsage": {f"{name}-0": "", f"{name}-1": ""}},
@@ -749,7 +755,9 @@ def test_node_status_writes_keep_the_nodes_metadata(control_plane: ControlPlane,
 
 def _slice(name: str, *, label_node: str, pool: str, node_name: str | None = None,
            selector: list[str] | None = None, generation: int = 1) -> dict[str, Any]:
-    spec: dict[str, Any] = {"driver": "edgeplug.io", "devices": [{"name": "d"}],
+    # No device: what these slices try is where they sit, not what they offer (an offer is
+    # tried in test_a_node_offers_only_what_a_configuration_selects_it_for).
+    spec: dict[str, Any] = {"driver": "edgeplug.io", "devices": [],
                             "pool": {"name": pool, "generation": generation,
                                      "resourceSliceCount": 1}}
     if node_name is not None:
@@ -874,6 +882,87 @@ def test_a_shared_devices_pool_is_no_agents_to_write(control_plane: ControlPlane
             cp.kubectl("delete", "resourceslice", *names, check=False)
 
 
+# -- Offers: only what a Configuration selects the node for ---------------------------------
+
+
+OFFER = "may not offer devices of Configuration"
+
+
+def _offered(namespace: str, configuration: str, instance: str) -> dict[str, Any]:
+    """A device as crds/dra_slices.py lists one of ``configuration``'s."""
+    values = dra.attributes(namespace=namespace, configuration=configuration, instance=instance,
+                            properties={"DEBUG_ECHO_DESCRIPTION": "c0"}).values
+    return _device(instance, {k: {"string": v} for k, v in values.items()})
+
+
+def test_a_node_offers_only_what_a_configuration_selects_it_for(
+        control_plane: ControlPlane, world: World, tmp_path: Path) -> None:
+    """Issue 47: node A publishes, in its own local pool, a device carrying the attributes of a
+    Configuration whose nodeSelector selects only node B: that Configuration's DeviceClass
+    would match it and the scheduler would place B's tenant's pod on A. Refused at write, with
+    A's agent token and with A's kubelet certificate; so is joining or creating that
+    Configuration's shared Instance (the controller would list A in the device's pool) and
+    writing its health. B may do all of it, until B is no longer selected."""
+    cp, w = control_plane, world
+    s = uuid.uuid4().hex[:6]
+    cfg = f"only-b-{s}"
+    _apply(cp, debug_echo_configuration(cfg, descriptions=["c0"], node_selector={
+        "matchLabels": {"site": w.node_b}}) | {"metadata": {"name": cfg, "namespace": w.namespace}})
+    wait_offer(cp, w.namespace, cfg, w.node_b)
+    assert not may_offer(cp, w.namespace, cfg, w.node_a)
+
+    def local(node: str, devices: list[dict[str, Any]], tag: str) -> dict[str, Any]:
+        body = _slice(f"{tag}-{s}", label_node=node, pool=f"{w.namespace}/{cfg}/node/{node}",
+                      node_name=node)
+        body["spec"]["devices"] = devices
+        return body
+
+    lure = local(w.node_a, [_offered(w.namespace, cfg, f"{cfg}-x")], "lure")
+    _refused(_create_slice(w.agent_a, lure), OFFER)
+    kubelet_a = Identity("kubelet", kubelet_kubeconfig(cp, w.node_a, tmp_path))
+    _refused(_create_slice(kubelet_a, lure), "a kubelet may write no ResourceSlice")
+    # The same attributes in the edgeplug.io domain read the same to a class: refused as such.
+    qualified = _device("q", {f"edgeplug.io/{k}": v for k, v in
+                              _offered(w.namespace, cfg, "q")["attributes"].items()})
+    _refused(_create_slice(w.agent_a, local(w.node_a, [qualified], "qa")), "no attribute named")
+    # One pool is one Configuration's: a selected device cannot carry an unselected one along.
+    mixed = local(w.node_a, [_offered(w.namespace, "cam", "cam-m"),
+                             _offered(w.namespace, cfg, f"{cfg}-m")], "mixed")
+    _refused(_create_slice(w.agent_a, mixed), "of the one Configuration of its pool")
+    # Instances of that Configuration: created, joined, or their health written by A.
+    owner = w.owner | {"name": cfg, "uid": cp.kubectl(
+        "get", "configurations.edgeplug.io", cfg, "-n", w.namespace,
+        "-o", "jsonpath={.metadata.uid}").stdout.strip()}
+    squat = _body(w, f"{cfg}-sq", nodes=[w.node_a], shared=True)
+    squat["metadata"]["ownerReferences"] = [owner]
+    squat["spec"]["configurationName"] = cfg
+    _refused(_create(w.agent_a, squat), OFFER)
+    theirs = _instance(cp, w, nodes=[w.node_b], name=f"{cfg}-b", configuration=cfg,
+                       owner=owner)
+    _refused(_patch(w.agent_a, w, theirs, {"spec": {"nodes": [w.node_b, w.node_a]}}), OFFER)
+    _refused(_patch(w.agent_a, w, theirs, {"spec": {"nodes": [w.node_b, w.node_a]},
+                                           "status": {"reported": {w.node_a: True}}},
+                    status=True), OFFER)
+    # Controls: node B, which the Configuration selects, does what its agent does.
+    _allowed(_until_allowed(lambda: _create_slice(
+        w.agent_b, local(w.node_b, [_offered(w.namespace, cfg, f"{cfg}-x")], "own"))))
+    _allowed(_patch(w.agent_b, w, theirs, {"status": {"reported": {w.node_b: True}}},
+                    status=True))
+    # B leaves the selection (the label the selector reads changes): its grant goes with it.
+    cp.kubectl("label", "node", w.node_b, "site=elsewhere", "--overwrite")
+    try:
+        wait_offer(cp, w.namespace, cfg, w.node_b, granted=False)
+        _refused(_create_slice(w.agent_b, local(
+            w.node_b, [_offered(w.namespace, cfg, f"{cfg}-y")], "late")), OFFER)
+        _refused(_patch(w.agent_b, w, theirs, {"status": {"unhealthy": {w.node_b: "gone"}}},
+                        status=True), OFFER)
+        # It may still leave the Instance, as its agent does when no longer selected.
+        _allowed(_patch(w.agent_b, w, theirs, {"spec": {"nodes": []}}))
+    finally:
+        cp.kubectl("label", "node", w.node_b, f"site={w.node_b}", "--overwrite")
+        cp.kubectl("delete", "resourceslice", f"own-{s}", check=False)
+
+
 # -- DeviceClasses -------------------------------------------------------------------------
 
 
@@ -894,11 +983,12 @@ async def test_a_device_without_edgeplugs_attributes_breaks_no_class(
         tmp_path: Path) -> None:
     """Issue 47: the scheduler evaluates a claim's class on every device of every pool a
     candidate node reaches, and a CEL error there (not a false) fails the pod's scheduling on
-    every node. Node A's own token publishes, in its own local pool (the slice policy admits
-    it: its node, its pool, the driver edgeplug.io), a device without edgeplug's attributes and
-    one whose attributes have the wrong types (a version, an int, a bool: a version compared
-    with a string is CEL's "no such overload"). A claim for the Configuration's class, whose one
-    real device is on node B, is still allocated there."""
+    every node. Node A's own token may not publish, in its own local pool, a device without
+    edgeplug's attributes or one whose attributes have the wrong types (a version, an int, a
+    bool: a version compared with a string is CEL's "no such overload"): the slice policy
+    refuses them. Such a slice can still exist (written before the policy was installed, or
+    by an admin): a claim for the Configuration's class, whose one real device is on node B,
+    is still allocated there."""
     cp, ns = control_plane, pod_namespace
     node_a, node_b = harness.new_node(cp), harness.new_node(cp)
     async with h.ready_nodes(kube, [node_a, node_b]):
@@ -910,6 +1000,9 @@ async def test_a_device_without_edgeplugs_attributes_breaks_no_class(
             made = cp.kubectl("apply", "-f", "-", stdin=json.dumps(dra.device_class(ns, "cam")),
                               check=False)
             assert made.returncode == 0, made.stderr
+            _apply(cp, debug_echo_configuration("cam", descriptions=["c0"]) | {
+                "metadata": {"name": "cam", "namespace": ns}})
+            wait_offer(cp, ns, "cam", node_b)
             real = dra.attributes(namespace=ns, configuration="cam", instance="cam-b",
                                   properties={"DEBUG_ECHO_DESCRIPTION": "c0"}).values
             _allowed(_until_allowed(lambda: _create_slice(agent_b, _local_slice(ns, node_b, [
@@ -921,7 +1014,9 @@ async def test_a_device_without_edgeplugs_attributes_breaks_no_class(
                                   dra.ATTR_INSTANCE: {"bool": True}}),
                 _device("foreign", {"example.com/namespace": {"string": ns}}),
             ])
-            _allowed(_create_slice(agent_a, lure))
+            _refused(_until_refused(lambda: _create_slice(agent_a, lure), "the slice policy"),
+                     "carries the string attributes namespace and configuration")
+            _apply(cp, lure)
             h.apply(cp, ns, h.claim_template("cam", dra.device_class_name(ns, "cam")),
                     h.claim_pod("user", "cam"))
             try:
@@ -1058,8 +1153,9 @@ async def test_a_node_listed_but_not_selected_gets_no_broker_and_is_shown(
         control_plane: ControlPlane, enforced: World, namespace: str,
         controller: ctl.ControllerProcess) -> None:
     """The controller makes brokers only where the Configuration's nodeSelector selects: node
-    A's token adds node A to a shared Instance of a Configuration that selects only node B,
-    and creates one of its own; neither gets a broker on A (no pod, so no ServiceAccount token
+    A listed in a shared Instance of a Configuration that selects only node B, and in one of
+    its own (A's token is refused both; an Instance written while A was selected has them);
+    neither gets a broker on A (no pod, so no ServiceAccount token
     or Secret volume there), and the status names both. Relabelled to be selected, A gets one."""
     cp, w = control_plane, enforced
     cfg_name = f"b-only-{uuid.uuid4().hex[:4]}"
@@ -1072,10 +1168,17 @@ async def test_a_node_listed_but_not_selected_gets_no_broker_and_is_shown(
     ctl.apply(cp, ctl.instance(namespace, joined, configuration_name=cfg_name,
                                nodes=[w.node_b]))
     ns_world = World(namespace, w.node_a, w.node_b, w.agent_a, w.agent_b, w.unbound, owner)
-    _allowed(_patch(w.agent_a, ns_world, joined, {"spec": {"nodes": [w.node_b, w.node_a]}}))
+    # A's token is refused both writes (test_a_node_offers_only_what_a_configuration_selects_it
+    # _for); the admin makes them, as A's agent could have while A was selected: the
+    # controller, too, acts only where the Configuration selects.
+    _refused(_patch(w.agent_a, ns_world, joined, {"spec": {"nodes": [w.node_b, w.node_a]}}),
+             OFFER)
+    cp.kubectl("patch", INSTANCES, joined, "-n", namespace, "--type=merge", "-p",
+               json.dumps({"spec": {"nodes": [w.node_b, w.node_a]}}))
     made = _body(ns_world, f"{cfg_name}-0b0b0b", nodes=[w.node_a], shared=True)
     made["spec"]["configurationName"] = cfg_name
-    _allowed(_create(w.agent_a, made))
+    _refused(_create(w.agent_a, made), OFFER)
+    _apply(cp, made)
 
     def pods_on(node: str) -> list[dict[str, Any]]:
         return [p for p in ctl.broker_pods(cp, namespace)

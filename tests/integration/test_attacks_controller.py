@@ -68,7 +68,7 @@ from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.service_accounts import (
     Identity,
     apply_manifests,
-    kubelet_certificate,
+    kubelet_kubeconfig,
     mint,
 )
 
@@ -430,7 +430,7 @@ def test_controller_cannot_hand_its_rights_to_another_account(
     # Its one name: RBAC lets it bind a role whose rights it holds; the policy does not.
     refused(lambda dry: ctl.apply(_binding(namespace, own_rights, anyone), force=True,
                                   dry_run=dry),
-            because="may bind only its Role edgeplug-agent-properties")
+            because="may bind only its Role of the same name")
     refused(lambda dry: ctl.apply(_binding(
         namespace, {"kind": "Role", "name": ROLE_NAME},
         [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": SYSTEM_NAMESPACE}]),
@@ -460,6 +460,42 @@ def test_controller_cannot_grant_more_than_named_reads(
     refused(lambda dry: ctl.apply(_role(namespace, ROLE_WIDENINGS[widening]), force=True,
                                   dry_run=dry),
             because="may grant only get and watch on Secrets and ConfigMaps named")
+
+
+OFFER_WIDENINGS: dict[str, list[dict[str, Any]]] = {
+    "named Secrets": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                       "resourceNames": ["cam-login"]}],
+    "every offer": [{"apiGroups": ["edgeplug.io"], "resources": ["nodeoffers"],
+                     "verbs": ["offer"]}],
+    "another verb": [{"apiGroups": ["edgeplug.io"], "resources": ["nodeoffers"],
+                      "verbs": ["offer", "get"], "resourceNames": ["cam/*"]}],
+    "Instances": [{"apiGroups": ["edgeplug.io"], "resources": ["instances"],
+                   "verbs": ["offer"], "resourceNames": ["cam/*"]}],
+}
+
+
+@pytest.mark.parametrize("widening", sorted(OFFER_WIDENINGS))
+def test_controllers_offer_role_grants_nothing_but_named_offers(
+    installed: ControlPlane, ctl: Client, namespace: str, widening: str
+) -> None:
+    """Issue 47: the Role controller/offer_grants.py keeps names which nodes may offer which
+    Configuration's devices; written with RBAC's escalate, it may say nothing else, in any
+    namespace, and bind nobody but the agent."""
+    offers = "edgeplug-agent-offers"
+    refused(lambda dry: ctl.apply(_role(namespace, OFFER_WIDENINGS[widening], name=offers),
+                                  force=True, dry_run=dry),
+            because="may grant only the verb offer on nodeoffers.edgeplug.io named")
+    refused(lambda dry: ctl.apply(_binding(
+        namespace, {"kind": "Role", "name": offers},
+        [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": SYSTEM_NAMESPACE}],
+        name=offers), force=True, dry_run=dry), because="to the agent's ServiceAccount")
+    refused(lambda dry: ctl.apply(_binding(
+        namespace, {"kind": "Role", "name": ROLE_NAME}, _agent_subject(), name=offers),
+        force=True, dry_run=dry), because="may bind only its Role of the same name")
+    # Control: what offer_grants.py writes.
+    allowed = [{"apiGroups": ["edgeplug.io"], "resources": ["nodeoffers"], "verbs": ["offer"],
+                "resourceNames": ["cam/*", "cam2/node-a"]}]
+    ctl.apply(_role(namespace, allowed, name=offers), force=True, dry_run=True)
 
 
 def test_controller_writes_no_role_of_another_name(ctl: Client, namespace: str) -> None:
@@ -1048,20 +1084,6 @@ def _placement_pod(namespace: str, name: str) -> dict[str, Any]:
                      "containers": [{"name": "c", "image": "registry.invalid/controller:1"}]}}
 
 
-def _kubelet_kubeconfig(cp: ControlPlane, node: str, folder: Path) -> Path:
-    pem = kubelet_certificate(cp, node, folder)
-    path = folder / f"kubelet-{node}.kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {
-            "server": cp.server, "certificate-authority": str(cp.ca_cert)}}],
-        "users": [{"name": "kubelet", "user": {"client-certificate": str(pem),
-                                               "client-key": str(pem)}}],
-        "contexts": [{"name": "kubelet", "context": {"cluster": "local", "user": "kubelet"}}],
-        "current-context": "kubelet"}))
-    return path
-
-
 async def test_the_controllers_placement_fails_closed(
     installed: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
 ) -> None:
@@ -1081,7 +1103,7 @@ async def test_the_controllers_placement_fails_closed(
         pending = await kube.get(Pod, "controller-0", namespace=ns)
         assert pending.spec is not None
         assert not pending.spec.nodeName
-        kubelet = _kubelet_kubeconfig(cp, nodes[0], tmp_path)
+        kubelet = kubelet_kubeconfig(cp, nodes[0], tmp_path)
         done = cp.kubectl(f"--kubeconfig={kubelet}", "label", "node", nodes[0],
                           f"{CONTROLLER_NODE_LABEL}=true", check=False)
         assert done.returncode != 0, "a kubelet gave its own node the controller's label"

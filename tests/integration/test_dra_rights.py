@@ -24,6 +24,9 @@ from tests.harness import dra as h
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.service_accounts import Identity, mint, pod_bound
 
+# The agent writes with its own token: the offer grants name its Configurations.
+pytestmark = pytest.mark.usefixtures("offers")
+
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
 SYSTEM_NAMESPACE = "edgeplug-system"
@@ -76,7 +79,7 @@ def _slice(name: str, *, label_node: str, node_name: str | None = None,
     pool = f"ns/{name}/node/{node_name}" if node_name is not None else f"ns/c/shared/{name}"
     spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool, "generation": 1,
                                                       "resourceSliceCount": 1},
-                            "devices": [{"name": "d"}]}
+                            "devices": []}  # where it sits is tried, not what it offers
     if node_name is not None:
         spec["nodeName"] = node_name
     else:

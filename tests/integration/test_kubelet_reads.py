@@ -53,7 +53,8 @@ from tests.harness.service_accounts import (
 )
 from tests.integration.test_attacks_agent import agent_manifests
 
-pytestmark = pytest.mark.timeout(240)
+# The agents write with their own token: the offer grants name their Configurations.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("offers")]
 
 DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
 #: The Node authorizer's words when a node asks for an object none of its pods references.

@@ -49,6 +49,7 @@ from tests.harness.agent_process import (
 from tests.harness.aio_process import stop_popen, task_running
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.node_emulator import NodeEmulator
+from tests.harness.offer_grants import offer_grants, wait_offer
 from tests.harness.service_accounts import (
     Identity,
     apply_compat,
@@ -92,7 +93,7 @@ def _agent_on(cp: ControlPlane, node: str, folder: Path) -> Identity:
 @pytest.fixture(scope="module")
 def identities(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Identity]:
+) -> Iterator[dict[str, Identity]]:
     cp = control_plane
     cp.kubectl("apply", "-f", str(PEERING_CRDS))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
@@ -101,9 +102,11 @@ def identities(
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
     apply_compat(cp)  # the real agent below serves a shared device through device plugins
     folder = tmp_path_factory.mktemp("rbac")
-    return {account: mint(cp, namespace=SYSTEM_NAMESPACE, account=account,
-                          path=folder / account)
-            for account in (AGENT_ACCOUNT, CONTROLLER_ACCOUNT)}
+    # The agents' writes name Configurations the controller's offer grants must name.
+    with offer_grants(cp, folder):
+        yield {account: mint(cp, namespace=SYSTEM_NAMESPACE, account=account,
+                             path=folder / account)
+               for account in (AGENT_ACCOUNT, CONTROLLER_ACCOUNT)}
 
 
 # -- the manifests themselves --------------------------------------------------------------
@@ -334,6 +337,9 @@ async def test_the_real_agent_works_with_its_token_alone(
             return found.returncode == 0
 
         await eventually(granted, what="the agent's Role for the named Secret")
+        # And the controller's offer grant (tests/harness/offer_grants.py, kept by the
+        # identities fixture): before it, the agent's first writes would be refused.
+        await asyncio.to_thread(wait_offer, cp, namespace, "rbac-cam", "any-node")
         async with agent_on_its_token(cp, tmp_path, "agent-with-its-token") as (
                 node, agent, agent_identity):
             # Problems are told on the Configuration: Events and status are writable.

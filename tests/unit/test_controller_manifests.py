@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 
 from controller.agent_access import ROLE_NAME, SYSTEM_NAMESPACES, VERBS
+from controller.offer_grants import ROLE_NAME as OFFER_ROLE
+from crds.offers import OFFER_GROUP, OFFER_RESOURCE, OFFER_VERB
 from tests.harness.controlplane import REPO_ROOT
 
 MANIFESTS = REPO_ROOT / "deploy" / "manifests"
@@ -82,9 +84,9 @@ def test_controller_holds_no_secret_read_and_no_rbac_right_beyond_its_role_name(
         assert "*" not in rule["verbs"], rule
         assert "*" not in resources, rule
         if "rbac.authorization.k8s.io" in rule["apiGroups"]:
-            assert rule["resourceNames"] == [ROLE_NAME], rule
+            assert rule["resourceNames"] == [ROLE_NAME, OFFER_ROLE], rule
         if {"escalate", "bind", "impersonate"} & set(rule["verbs"]):
-            assert rule.get("resourceNames") == [ROLE_NAME], rule
+            assert rule.get("resourceNames") == [ROLE_NAME, OFFER_ROLE], rule
         if "admissionregistration.k8s.io" in rule["apiGroups"]:
             assert rule["verbs"] == ["get", "update"], rule
             assert rule["resourceNames"], rule
@@ -97,9 +99,13 @@ def test_the_agent_access_policy_allows_exactly_what_agent_access_writes() -> No
     spec = _policies("controller-policy.yaml")["edgeplug-controller-agent-access"]
     [system] = [v["expression"] for v in spec["variables"] if v["name"] == "systemNamespaces"]
     assert set(yaml.safe_load(system)) == SYSTEM_NAMESPACES | {"edgeplug-system"}
-    text = yaml.safe_dump(spec["validations"])
+    text = yaml.safe_dump(spec["validations"]) + yaml.safe_dump(spec["variables"])
     assert f"'{ROLE_NAME}'" in text
     assert all(f"v == '{verb}'" in text for verb in VERBS)
+    assert f"'{OFFER_ROLE}'" in text
+    assert f"['{OFFER_GROUP}']" in text
+    assert f"['{OFFER_RESOURCE}']" in text
+    assert f"['{OFFER_VERB}']" in text
 
 
 def test_controller_is_kept_off_edge_nodes_and_the_chart_defaults_agree() -> None:

@@ -1,0 +1,65 @@
+"""Before a Configuration's discovery starts on this node: wait until the node may offer it.
+
+The API server refuses this node's Instance and ResourceSlice writes for a Configuration the
+controller has not granted it (``crds.offers``; deploy/manifests/agent-instance-policy.yaml).
+A new Configuration reaches the agents and the controller at once, so without waiting every
+node's first writes would race the grant and be refused (a warning per node per
+Configuration). The agent asks RBAC itself (a SelfSubjectAccessReview, which every
+authenticated identity may make) and starts the run once the answer is yes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Final, cast
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
+
+from crds.offers import EVERY_NODE, OFFER_GROUP, OFFER_RESOURCE, OFFER_VERB, offer_name
+
+log = logging.getLogger(__name__)
+
+#: The first wait between two questions; it doubles up to ``MAX_WAIT_S``.
+FIRST_WAIT_S: Final = 0.1
+MAX_WAIT_S: Final = 5.0
+#: Waiting this long is worth a warning (the controller down, or not selecting this node).
+WARN_AFTER_S: Final = 30.0
+
+
+async def may_offer(client: AsyncClient, namespace: str, configuration: str, node: str) -> bool:
+    """Whether RBAC lets this identity offer ``configuration``'s devices on ``node``."""
+    for name in (offer_name(configuration, node), offer_name(configuration, EVERY_NODE)):
+        review = await client.create(cast(Any, SelfSubjectAccessReview.from_dict({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {
+                "group": OFFER_GROUP, "resource": OFFER_RESOURCE, "verb": OFFER_VERB,
+                "namespace": namespace, "name": name}}})))
+        if review.status is not None and review.status.allowed:
+            return True
+    return False
+
+
+async def wait_until_granted(client: AsyncClient, namespace: str, configuration: str,
+                             node: str) -> None:
+    """Return once ``node`` may offer the Configuration's devices (at once, mostly)."""
+    started = time.monotonic()
+    wait, warned = FIRST_WAIT_S, False
+    while True:
+        try:
+            if await may_offer(client, namespace, configuration, node):
+                if wait > FIRST_WAIT_S:
+                    log.info("offer of %s/%s granted after %.1f s", namespace, configuration,
+                             time.monotonic() - started)
+                return
+        except ApiError as error:  # the API server away: ask again
+            log.debug("access review failed: %s", error.status.message)
+        if not warned and time.monotonic() - started > WARN_AFTER_S:
+            log.warning("node %s may not offer the devices of %s/%s yet (the controller grants"
+                        " it for a Configuration whose nodeSelector selects the node);"
+                        " discovery starts once it does", node, namespace, configuration)
+            warned = True
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, MAX_WAIT_S)
