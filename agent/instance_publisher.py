@@ -25,8 +25,9 @@ How the Instance is written, and why slots are safe:
   of overwriting a claim made in between, and names only missing keys.
 - Leaving a shared Instance is an apply of the same body without ``nodes``: the API server drops
   the element this manager owned and nothing else. The node that finds ``nodes`` empty
-  afterwards deletes the Instance. (Between that read and the delete another agent can join; it
-  re-creates the Instance at its next resync, ``RESYNC_INTERVAL`` in ``discovery_run``.)
+  afterwards deletes the Instance; a node that reads itself alone in ``nodes`` deletes it at
+  once. (Between that read and the delete another agent can join; it re-creates the Instance
+  at its next resync, ``RESYNC_INTERVAL`` in ``discovery_run``.)
 - A local device that goes is deleted at once; a shared one keeps this node (marked unhealthy in
   the table) for ``offlineGracePeriodSeconds`` and is left only if it does not come back. A
   device the handler reports present but unhealthy keeps its Instance (local or shared): only
@@ -34,6 +35,9 @@ How the Instance is written, and why slots are safe:
 - CDI: before the table hears of a device, the Configuration's CDI spec on this node is
   rewritten to hold it (``agent.cdi_specs``); the record carries its CDI name only if that
   write succeeded.
+- Pace: ``WRITES_IN_FLIGHT`` Instances at once, each new shared device's first verdict written
+  as soon as its own Instance is (the controller builds its slice from that), and the devices
+  handed to the table in batches, one CDI write each.
 - Every Instance this node writes carries its label (``agent.node_instances``), applied with
   ``nodes``; leaving drops it with the node, or keeps it while this node still holds a slot.
 - Restart adoption: ``adopt`` lists the Configuration's Instances labelled for this node
@@ -48,8 +52,9 @@ How the Instance is written, and why slots are safe:
   on every node for a shared device (and its fallback, for a local one). Two devices of one
   list with one Akri name are placed one after the other: the one publishing a name already
   first, then the smaller digest (``crds.naming.plan_names``). A shared device not published
-  here yet first joins an Instance another node made under a later name of its own (one GET),
-  so a node that sees it after its Akri name was freed does not publish it twice. An
+  here yet first joins an Instance another node made under a later name of its own (one GET;
+  one list for all of a list's new devices, ``agent.name_records``), so a node that sees it
+  after its Akri name was freed does not publish it twice. An
   Instance without a record (written before records were kept) is taken for the device of
   this list whose properties it carries, else for any that may take its name.
 - A name once published stays while the device is served, across restarts too (an owned
@@ -650,6 +655,9 @@ class InstancePublisher:
         return self._served.pop(name, None) is not None
 
     async def _leave_shared(self, name: str) -> None:
+        if await self._delete_if_alone(name):
+            self._health.forget(name)
+            return
         await self._health.unreport(name)
         for _attempt in range(LEAVE_ATTEMPTS):
             try:
@@ -685,6 +693,23 @@ class InstancePublisher:
                 await node_instances.drop_label(self._client, self._node, stored)
             return
         raise LeaveFailed(f"could not leave Instance {name}: it kept changing")
+
+    async def _delete_if_alone(self, name: str) -> bool:
+        """Delete ``name`` at once where this node alone is listed (its verdict's mark taken
+        back, then the leave, then the delete: three writes where one does); whether it is
+        gone. Another node that joins between the read and the delete re-creates it, as after
+        a leave."""
+        try:
+            current = as_dict(
+                await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
+        except ApiError as exc:
+            if is_not_found(exc):
+                return True
+            raise
+        if (current.get("spec") or {}).get("nodes") != [self._node]:
+            return False
+        await self._delete(name)
+        return True
 
     def _leave_body(self, name: str, resource_version: str, *, keep_label: bool) -> dict[str, Any]:
         cfg = self._cfg

@@ -6,6 +6,7 @@ list (not a GET per device) from ``LIST_FROM`` new devices on, and by a GET each
 device costs its create, its apply and its first verdict (``status.reported``), and the first
 verdicts do not wait for the last Instance; a device reaches the table only after its verdict
 (issue 36's order). A device another node publishes under its collision name is joined there.
+Withdrawn, an Instance the node alone is listed on costs a read and a delete.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _record(client: AsyncClient, calls: list[Call], monkeypatch: pytest.MonkeyPa
 
         monkeypatch.setattr(client, method, recorded)
 
-    for method in ("get", "create", "patch", "list"):
+    for method in ("get", "create", "patch", "list", "delete"):
         wrap(method)
 
 
@@ -171,6 +172,20 @@ async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
             writes = [w for w, _n in calls if w in ("create", "status")]
             last_create = len(writes) - 1 - writes[::-1].index("create")
             assert writes.index("status") < last_create, "verdicts wait for no other Instance"
+
+        # Withdrawn: an Instance this node alone is listed on is read and deleted (no mark
+        # taken back, no leave first); the one shared with another node is left.
+        calls.clear()
+        _record(client, calls, monkeypatch)
+        await publisher.withdraw()
+        monkeypatch.undo()
+        left = await harness.instances(observer, namespace)
+        assert set(left) == {joined}
+        assert left[joined]["spec"]["nodes"] == ["elsewhere"]
+        assert node not in ((left[joined].get("status") or {}).get(STATUS_REPORTED) or {})
+        for name in names.values():
+            if name != joined:
+                assert [w for w, n in calls if n == name] == ["get", "delete"], name
     finally:
         await client.close()
         await observer.close()
