@@ -474,14 +474,18 @@ class InstancePublisher:
         (this pass's list, ``_lookups``) says where it has the name, else one GET."""
         if records is not None and name in records:
             return records[name] == digest
+        existing = await self._read(name)
+        return existing is not None and (existing.get("spec") or {}).get("deviceDigest") == digest
+
+    async def _read(self, name: str) -> dict[str, Any] | None:
+        """The API server's Instance ``name``; None where there is none."""
         try:
-            existing = as_dict(
+            return as_dict(
                 await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
         except ApiError as exc:
             if is_not_found(exc):
-                return False
+                return None
             raise
-        return bool((existing.get("spec") or {}).get("deviceDigest") == digest)
 
     async def _ensure(self, name: str, wanted: _Wanted, *, shared: bool) -> _Holder | None:
         """Create or apply ``name`` for ``wanted``; who holds it instead when it is not this
@@ -549,13 +553,9 @@ class InstancePublisher:
         another ``deviceDigest``), or a node's token that created it first. The device then
         takes its next name (``_place``).
         """
-        try:
-            existing = as_dict(
-                await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
-        except ApiError as exc:
-            if is_not_found(exc):
-                return None  # gone meanwhile: the apply that follows makes it
-            raise
+        existing = await self._read(name)
+        if existing is None:
+            return None  # gone meanwhile: the apply that follows makes it
         spec = existing.get("spec") or {}
         nodes = [str(n) for n in spec.get("nodes") or []]
         listed = ", ".join(nodes) or "none"
@@ -699,13 +699,9 @@ class InstancePublisher:
         back, then the leave, then the delete: three writes where one does); whether it is
         gone. Another node that joins between the read and the delete re-creates it, as after
         a leave."""
-        try:
-            current = as_dict(
-                await self._client.get(InstanceResource, name, namespace=self._cfg.namespace))
-        except ApiError as exc:
-            if is_not_found(exc):
-                return True
-            raise
+        current = await self._read(name)
+        if current is None:
+            return True
         if (current.get("spec") or {}).get("nodes") != [self._node]:
             return False
         await self._delete(name)
