@@ -46,7 +46,7 @@ from controller.instance_classes import (
 from controller.shared_pools import SharedPools
 from controller.watching import follow_forever
 from crds import dra, dra_features
-from crds.configuration import Allocator, asked_allocator
+from crds.configuration import Allocator, asked_allocator, eviction_grace
 from crds.naming import configuration_resource_name
 from crds.resources import ConfigurationResource
 
@@ -151,6 +151,7 @@ class DeviceClasses:
             await self._keep(key, listed[key])
         for key in sorted(set(self.pools.modes()) - set(listed)):
             self.instances.set_mode(key, None)  # went while the watch was broken
+            self.pools.set_eviction_grace(key, None)
         self.pools.modes_listed()
         async for op, obj in self._client.watch(ConfigurationResource, namespace="*"):
             data = as_dict(obj)
@@ -168,6 +169,7 @@ class DeviceClasses:
         """The class as the Configuration wants it, then its allocator in its status."""
         decision = self._decision(data)
         self.instances.set_mode(key, decision.mode)
+        self.pools.set_eviction_grace(key, eviction_grace(data.get("spec") or {}))
         body = self._body(key, data)
         served = self._missing != shared_allocation.NO_RESOURCE_API
         if served and self._written.get(key) != body:
@@ -221,6 +223,7 @@ class DeviceClasses:
         self._written.pop(key, None)
         self._through_dra.pop(key, None)
         self.instances.set_mode(key, None)
+        self.pools.set_eviction_grace(key, None)
         name = dra.device_class_name(*key)
         if await delete_class(self._client, name):
             log.info("DeviceClass %s deleted with Configuration %s/%s", name, *key)

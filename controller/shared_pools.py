@@ -22,12 +22,22 @@ and kept; an event whose plan equals the one kept (a status write of the control
 slot record, anything a pool is not built from) wakes nothing. A pass looks only at the pools
 marked since the last one (every pool after a (re)list), and writes them
 ``WRITES_IN_FLIGHT`` API calls at a time.
+
+Eviction: where the Configuration sets ``spec.unhealthyDevices.evictAfterSeconds``
+(``set_eviction_grace``, from ``controller.device_classes``), a device unhealthy on every node
+for that long is tainted ``NoExecute`` rather than ``NoSchedule``, so the device taint eviction
+controller evicts the pods holding it. The grace is timed from when this controller first saw
+the device unhealthy everywhere (a restart, or a failover, starts it again); a timer marks the
+pool at the end of it. A device unhealthy on some nodes only is not tainted at all (a shared
+pool's slice is one for every node: the node is dropped from its selector, and pods there
+keep it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -98,14 +108,22 @@ class SharedDevice:
     pool: str
     plan: dra_slices.PoolPlan | None
     key: str | None
+    #: Unhealthy on every node: the same pool with the taint ``NoExecute``, for once the
+    #: Configuration's eviction grace is over (None: healthy somewhere, or held).
+    evicting: dra_slices.PoolPlan | None = None
+    evicting_key: str | None = None
 
     @classmethod
     def of(cls, instance: Instance) -> SharedDevice:
         plan = dra_slices.shared_plan(instance)
+        evicting = (dra_slices.shared_plan(instance, evict=True)
+                    if plan is not None and dra_slices.unhealthy_everywhere(instance) else None)
         return cls(configuration=instance.spec.configuration_name,
                    pool=dra_slices.shared_pool(instance.namespace,
                                                instance.spec.configuration_name, instance.name),
-                   plan=plan, key=dra_slices.content_key(plan) if plan is not None else None)
+                   plan=plan, key=dra_slices.content_key(plan) if plan is not None else None,
+                   evicting=evicting,
+                   evicting_key=dra_slices.content_key(evicting) if evicting else None)
 
 
 class SharedPools:
@@ -131,6 +149,11 @@ class SharedPools:
         self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
         self.passes = 0  # passes done, for tests and benchmarks
         self._failing = ""  # the error the last pass failed with
+        #: (namespace, configuration) → ``spec.unhealthyDevices.evictAfterSeconds``, where set.
+        self._graces: dict[_Key, int] = {}
+        #: Instance → when this controller first saw it unhealthy on every node (monotonic).
+        self._unhealthy_since: dict[_Key, float] = {}
+        self._grace_timer: asyncio.TimerHandle | None = None
 
     # -- input ------------------------------------------------------------------------------
 
@@ -153,6 +176,10 @@ class SharedPools:
         return device
 
     def _keep(self, key: _Key, device: SharedDevice) -> None:
+        if device.evicting is None:
+            self._unhealthy_since.pop(key, None)
+        else:
+            self._unhealthy_since.setdefault(key, time.monotonic())
         self._devices[key] = device
         self._by_pool[device.pool] = key
         self._by_configuration.setdefault((key[0], device.configuration), set()).add(key)
@@ -165,6 +192,8 @@ class SharedPools:
             instance = Instance.from_object(data)
             if instance.spec.shared and self._serves(instance.namespace):
                 self._keep((instance.namespace, instance.name), SharedDevice.of(instance))
+        for key in set(self._unhealthy_since) - set(self._devices):
+            del self._unhealthy_since[key]
         self._instances_listed = True
         self._everything = True
         self._wake.set()
@@ -175,6 +204,7 @@ class SharedPools:
         instance = Instance.from_object(data) if data is not None else None
         if instance is None or not instance.spec.shared or not self._serves(key[0]):
             gone = self._forget(key)
+            self._unhealthy_since.pop(key, None)
             if gone is not None:
                 self._mark(gone.pool)
             return
@@ -192,6 +222,48 @@ class SharedPools:
         if put_mode(self._modes, configuration, mode):
             keys = self._by_configuration.get(configuration, ())
             self._mark(*(self._devices[k].pool for k in keys))
+
+    def set_eviction_grace(self, configuration: _Key, grace: int | None) -> None:
+        """``configuration``'s ``spec.unhealthyDevices.evictAfterSeconds`` (None: absent, or
+        the Configuration is gone)."""
+        if self._graces.get(configuration) == grace:
+            return
+        if grace is None:
+            self._graces.pop(configuration, None)
+        else:
+            self._graces[configuration] = grace
+        keys = self._by_configuration.get(configuration, ())
+        self._mark(*(self._devices[k].pool for k in keys))
+
+    def _plan(self, key: _Key, device: SharedDevice
+              ) -> tuple[dra_slices.PoolPlan | None, str | None]:
+        """The plan to publish for ``device`` now: ``evicting`` once unhealthy everywhere for
+        the Configuration's grace."""
+        grace = self._graces.get((key[0], device.configuration))
+        since = self._unhealthy_since.get(key)
+        if device.evicting is not None and grace is not None and since is not None \
+                and time.monotonic() >= since + grace:
+            return device.evicting, device.evicting_key
+        return device.plan, device.key
+
+    def _time_graces(self) -> None:
+        """Set the timer for the nearest eviction grace still running; it marks those pools."""
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        now = time.monotonic()
+        nearest: float | None = None
+        due: list[str] = []
+        for key, since in self._unhealthy_since.items():
+            device = self._devices.get(key)
+            grace = self._graces.get((key[0], device.configuration)) if device else None
+            if device is None or grace is None or since + grace <= now:
+                continue
+            due.append(device.pool)
+            nearest = since + grace if nearest is None else min(nearest, since + grace)
+        if nearest is not None:
+            self._grace_timer = asyncio.get_running_loop().call_later(
+                nearest - now, lambda: self._mark(*due))
 
     def modes(self) -> list[_Key]:
         """The Configurations whose mode is known now."""
@@ -259,15 +331,15 @@ class SharedPools:
         taken, self._dirty = self._dirty, set()
         return taken
 
-    def _wanted(self, pool: str) -> SharedDevice | None:
-        """The device of ``pool`` if it is to be published or held (its Configuration is
-        allocated through DRA), else None."""
+    def _wanted(self, pool: str) -> tuple[_Key, SharedDevice] | None:
+        """The device of ``pool`` (and its Instance) if it is to be published or held (its
+        Configuration is allocated through DRA), else None."""
         key = self._by_pool.get(pool)
         device = self._devices.get(key) if key is not None else None
         if device is None or key is None or \
                 self._modes.get((key[0], device.configuration)) != Allocator.DRA:
             return None
-        return device
+        return key, device
 
     async def reconcile(self) -> None:
         """One pass: publish every marked pool that changed, withdraw those no longer wanted
@@ -276,13 +348,16 @@ class SharedPools:
         changed: list[dra_slices.PoolPlan] = []
         gone: list[str] = []
         for pool in sorted(pools):
-            device = self._wanted(pool)
-            if device is None:
+            wanted = self._wanted(pool)
+            if wanted is None:
                 if pool in self._written:
                     gone.append(pool)
-            elif device.plan is not None and (
-                    (w := self._written.get(pool)) is None or w.key != device.key):
-                changed.append(device.plan)
+                continue
+            plan, key = self._plan(*wanted)
+            if plan is not None and (
+                    (w := self._written.get(pool)) is None or w.key != key):
+                changed.append(plan)
+        self._time_graces()
         try:
             others = await self._listed([p.name for p in changed if p.name not in self._written])
             listed = await self._listed(gone)

@@ -34,8 +34,10 @@ __all__ = [
     "LabelSelector",
     "LabelSelectorRequirement",
     "SelectorOperator",
+    "UnhealthyDevices",
     "ValueSource",
     "ValueSourceKind",
+    "eviction_grace",
 ]
 
 #: Wire path (dotted, under ``spec``) → ``ConfigurationSpec`` attribute.
@@ -53,6 +55,7 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
     "brokerDeviceAccess": "broker_device_access",
     "allocator": "allocator",
     "sharedDeviceAllocation": "allocator",
+    "unhealthyDevices": "unhealthy_devices",
 }
 
 
@@ -95,6 +98,32 @@ def asked_allocator(fields: Mapping[str, Any]) -> Allocator | None:
     ``ValueError`` for a value that is neither."""
     chosen = fields.get("allocator") or fields.get("sharedDeviceAllocation")
     return Allocator(chosen) if chosen else None
+
+
+@dataclass(frozen=True)
+class UnhealthyDevices:
+    """What a device found unhealthy does to the pods holding it (``spec.unhealthyDevices``,
+    an edgeplug addition; docs/dra.md): once unhealthy ``evict_after_seconds`` on end, its
+    ResourceSlice taint ``edgeplug.io/unhealthy`` turns ``NoExecute`` and the pods holding it
+    are evicted. Absent from the spec: they keep it (``NoSchedule`` only)."""
+
+    evict_after_seconds: int
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> UnhealthyDevices:
+        return cls(evict_after_seconds=int(obj["evictAfterSeconds"]))
+
+    def to_object(self) -> dict[str, Any]:
+        return {"evictAfterSeconds": self.evict_after_seconds}
+
+
+def eviction_grace(spec: Mapping[str, Any]) -> int | None:
+    """``spec.unhealthyDevices.evictAfterSeconds`` of a Configuration's raw spec; None where
+    the field is absent (or malformed: pods then stay, as without it)."""
+    value = (spec.get("unhealthyDevices") or {}).get("evictAfterSeconds")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 class ValueSourceKind(enum.StrEnum):
@@ -200,6 +229,7 @@ class ConfigurationSpec:
     node_selector: LabelSelector | None = None
     broker_device_access: BrokerDeviceAccess = BrokerDeviceAccess.DEVICE_PLUGIN
     allocator: Allocator | None = None
+    unhealthy_devices: UnhealthyDevices | None = None
 
     @property
     def has_broker(self) -> bool:
@@ -229,6 +259,8 @@ class ConfigurationSpec:
             broker_device_access=BrokerDeviceAccess(
                 spec.get("brokerDeviceAccess") or BrokerDeviceAccess.DEVICE_PLUGIN),
             allocator=asked_allocator(spec),
+            unhealthy_devices=(UnhealthyDevices.from_object(spec["unhealthyDevices"])
+                               if spec.get("unhealthyDevices") else None),
         )
 
     def to_object(self) -> dict[str, Any]:
@@ -259,6 +291,8 @@ class ConfigurationSpec:
             out["brokerDeviceAccess"] = self.broker_device_access.value
         if self.allocator is not None:
             out["allocator"] = self.allocator.value
+        if self.unhealthy_devices is not None:
+            out["unhealthyDevices"] = self.unhealthy_devices.to_object()
         return out
 
 

@@ -13,7 +13,9 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
   slice whose ``nodeSelector`` lists (by ``kubernetes.io/hostname``) every node of the Instance
   whose agent found it healthy, tainted ``edgeplug.io/unhealthy`` when none does.
 - Unhealthy devices stay published with a ``NoSchedule`` taint ``edgeplug.io/unhealthy`` whose
-  value is the reason (made a label value).
+  value is the reason (made a label value); ``NoExecute`` (``evict``) once unhealthy longer
+  than their Configuration's ``spec.unhealthyDevices.evictAfterSeconds``, which the
+  publishers time: the device taint eviction controller then evicts the pods holding it.
 
 Shared devices, and local ones of capacity above 1: ``allowMultipleAllocations: true`` and a
 consumable capacity ``slots`` (the Instance's ``capacity`` less the slots device plugins hold,
@@ -120,9 +122,10 @@ def taint_value(reason: str) -> str:
     return value or "unhealthy"
 
 
-def device(instance: Instance, *, shared: bool, unhealthy: str | None
+def device(instance: Instance, *, shared: bool, unhealthy: str | None, evict: bool = False
            ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """One Instance's device as a slice lists it, and the properties left out of it."""
+    """One Instance's device as a slice lists it, and the properties left out of it.
+    ``evict``: an unhealthy device's taint is ``NoExecute`` (its grace is over)."""
     capacity = instance.spec.capacity
     multi = shared or capacity > 1
     attrs = attributes(instance, reserved=1 if multi else 0)
@@ -140,9 +143,10 @@ def device(instance: Instance, *, shared: bool, unhealthy: str | None
         }}
     taints = []
     if unhealthy is not None:
-        # NoSchedule: no new allocation; claims that hold it keep it (NoExecute would evict).
+        # NoSchedule: no new allocation, claims that hold it keep it; NoExecute (the
+        # Configuration's eviction grace is over): their pods are evicted too.
         taints.append({"key": TAINT_UNHEALTHY, "value": taint_value(unhealthy),
-                       "effect": "NoSchedule"})
+                       "effect": "NoExecute" if evict else "NoSchedule"})
     if free <= 0:
         taints.append({"key": TAINT_HELD, "value": "device-plugins", "effect": "NoSchedule"})
     if taints:
@@ -150,13 +154,14 @@ def device(instance: Instance, *, shared: bool, unhealthy: str | None
     return body, attrs.left_out
 
 
-def shared_plan(instance: Instance) -> PoolPlan | None:
+def shared_plan(instance: Instance, *, evict: bool = False) -> PoolPlan | None:
     """The pool of one shared Instance's device, or None while no node's health of it is known.
 
     A node's verdict is known once its agent has written it (``Instance.reported``, or an
     entry in ``status.unhealthy``): the selector lists the nodes known healthy, never one whose
     agent has not said yet, so the device is never offered on a node before its health there
-    is known. No node healthy: every node listed, the device tainted with a node's reason.
+    is known. No node healthy: every node listed, the device tainted with a node's reason
+    (``NoExecute`` with ``evict``).
     """
     nodes = sorted(set(instance.spec.nodes))
     known = [n for n in nodes if n in instance.reported or n in instance.unhealthy]
@@ -167,11 +172,18 @@ def shared_plan(instance: Instance) -> PoolPlan | None:
     if not healthy:
         reason = next((instance.unhealthy[n] for n in known if n in instance.unhealthy),
                       UNHEALTHY_EVERYWHERE)
-    body, left = device(instance, shared=True, unhealthy=reason)
+    body, left = device(instance, shared=True, unhealthy=reason, evict=evict)
     return PoolPlan(name=shared_pool(instance.namespace, instance.spec.configuration_name,
                                      instance.name),
                     nodes=healthy or tuple(nodes), devices=(body,),
                     left_out={instance.name: left} if left else {})
+
+
+def unhealthy_everywhere(instance: Instance) -> bool:
+    """Whether a shared device's pool is tainted unhealthy (``shared_plan``): some node's
+    verdict is known and none is healthy."""
+    known = [n for n in instance.spec.nodes if n in instance.reported or n in instance.unhealthy]
+    return bool(known) and all(n in instance.unhealthy for n in known)
 
 
 def slice_name(pool: str, index: int, publisher: str) -> str:

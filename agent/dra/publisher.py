@@ -26,6 +26,13 @@ that finds its slices as it left them writes nothing. A slice of ours that someb
 deletes (the kubelet, at its start, wipes slices of drivers not registered in time) is written
 again. Fields the API server drops (consumable capacity, taints: gates off, as on 1.35) are
 reported once (``crds.dra_features``).
+
+Eviction: a Configuration with ``spec.unhealthyDevices.evictAfterSeconds`` (followed by a watch
+of Configurations of its own, a few objects) has a device of this node that stays unhealthy
+that long tainted ``NoExecute`` instead of ``NoSchedule``; the kube-controller-manager's device
+taint eviction controller then evicts the pods holding it. The grace is timed from when this
+process first saw the device unhealthy (an agent restart starts it again); a timer wakes the
+pass at the end of the nearest grace.
 """
 
 from __future__ import annotations
@@ -43,9 +50,10 @@ from agent.dra import slices
 from agent.kube import as_dict, field_manager
 from agent.node_devices import NodeDeviceTable
 from crds import dra_features, dra_slices, pool_slices
-from crds.configuration import Allocator
+from crds.configuration import Allocator, eviction_grace
 from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
+from crds.resources import ConfigurationResource
 from crds.resources import ResourceSliceResource as ResourceSliceResource
 
 log = logging.getLogger(__name__)
@@ -96,6 +104,12 @@ class DraPublisher:
         #: has left this node (a Configuration deleted, a device gone), not "not known yet".
         self._seen: set[tuple[str, str]] = set()
         self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        #: (namespace, configuration) → ``spec.unhealthyDevices.evictAfterSeconds``, where set.
+        self._graces: dict[tuple[str, str], int] = {}
+        #: (namespace, Instance) → when this process first saw the device unhealthy (loop time).
+        self._unhealthy_since: dict[tuple[str, str], float] = {}
+        self._configuration_of: dict[tuple[str, str], str] = {}
+        self._grace_timer: asyncio.TimerHandle | None = None
 
     def known_instances(self) -> list[Instance]:
         """The Instances this publisher knows of now (for tests and the benchmark)."""
@@ -118,6 +132,7 @@ class DraPublisher:
             group.create_task(self._watch())
             group.create_task(self._watch_own_slices())
             group.create_task(self._watch_devices())
+            group.create_task(self._watch_graces())
             group.create_task(self._reconcile_loop())
 
     # -- input ------------------------------------------------------------------------------
@@ -169,11 +184,59 @@ class DraPublisher:
             version = await self._devices.wait_changed(version)
             self._dirty.set()
 
+    async def _watch_graces(self) -> None:
+        """Each Configuration's eviction grace (``spec.unhealthyDevices``); a change wakes a
+        pass (a device already unhealthy longer than a new grace is tainted ``NoExecute``)."""
+        namespace = self._namespace if self._namespace is not None else "*"
+        async for kind, obj in watching.watch(self._client, ConfigurationResource,
+                                              what="Configurations (DRA eviction)",
+                                              namespace=namespace):
+            body = as_dict(obj)
+            meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            grace = None if kind == "DELETED" else eviction_grace(body.get("spec") or {})
+            if self._graces.get(key) == grace:
+                continue
+            if grace is None:
+                self._graces.pop(key, None)
+            else:
+                self._graces[key] = grace
+            self._dirty.set()
+
     def _served(self) -> slices.Served:
-        served = {key: None if d.healthy else d.health.reason
-                  for key, d in self._devices.snapshot().items()}
+        snapshot = self._devices.snapshot()
+        served = {key: None if d.healthy else d.health.reason for key, d in snapshot.items()}
+        self._configuration_of = {key: d.configuration for key, d in snapshot.items()}
         self._seen.update(served)
         return served
+
+    def _evicting(self, served: slices.Served) -> frozenset[tuple[str, str]]:
+        """The unhealthy devices past their Configuration's eviction grace; the timer is set
+        for the nearest grace still running."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for key in list(self._unhealthy_since):
+            if served.get(key) is None:
+                del self._unhealthy_since[key]
+        evicting: set[tuple[str, str]] = set()
+        nearest: float | None = None
+        for key, reason in served.items():
+            if reason is None:
+                continue
+            since = self._unhealthy_since.setdefault(key, now)
+            grace = self._graces.get((key[0], self._configuration_of.get(key, "")))
+            if grace is None:
+                continue
+            if now >= since + grace:
+                evicting.add(key)
+            elif nearest is None or since + grace < nearest:
+                nearest = since + grace
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
+        if nearest is not None:
+            self._grace_timer = loop.call_at(nearest, self._dirty.set)
+        return frozenset(evicting)
 
     def _left(self, instance: Instance, served: slices.Served) -> bool:
         """This node served the (local) device and no longer does: it is withdrawn now rather
@@ -275,7 +338,8 @@ class DraPublisher:
         the end, so the pass is retried."""
         served = self._served()
         plan = slices.plan_node(
-            self._node, [i for i in self._offered() if not self._left(i, served)], served)
+            self._node, [i for i in self._offered() if not self._left(i, served)], served,
+            evicting=self._evicting(served))
         for name in sorted(plan.held - self._held):
             log.info("ResourceSlice pool waits for this node to serve all its devices (their "
                      "health is not known yet)", extra={"pool": name})

@@ -14,12 +14,14 @@ Health: this node's verdict on each device is the agent's own (its device table)
 Instance's status, which is written after the Instance and lags it: a pool holding a device
 this node does not serve yet is held, neither published nor withdrawn, so no device is ever
 published healthy before its health is known (``plan_node``). A present but unhealthy device
-stays published, tainted ``edgeplug.io/unhealthy``; one that is gone is withdrawn.
+stays published, tainted ``edgeplug.io/unhealthy`` (``NoSchedule``, or ``NoExecute`` for the
+devices the publisher says are past their Configuration's eviction grace); one that is gone is
+withdrawn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +60,8 @@ class NodePlan:
 Served = Mapping[tuple[str, str], str | None]
 
 
-def plan_node(node: str, instances: Iterable[Instance], served: Served | None = None
-              ) -> NodePlan:
+def plan_node(node: str, instances: Iterable[Instance], served: Served | None = None,
+              evicting: Collection[tuple[str, str]] = frozenset()) -> NodePlan:
     """The local pools ``node`` publishes for ``instances`` (every Instance it knows of; shared
     ones are the controller's and left out).
 
@@ -68,6 +70,7 @@ def plan_node(node: str, instances: Iterable[Instance], served: Served | None = 
     every other Instance of a discovery pass) and so lags. A device of this node's that
     ``served`` lacks has no known health here yet: its pool is held (``NodePlan.held``), never
     published as though the device were healthy. None: health from the Instances alone.
+    ``evicting``: (namespace, Instance name) of unhealthy devices whose taint is ``NoExecute``.
     """
     local: dict[str, list[tuple[Instance, str | None]]] = {}
     pools: dict[str, PoolPlan] = {}
@@ -92,7 +95,8 @@ def plan_node(node: str, instances: Iterable[Instance], served: Served | None = 
         bodies: list[dict[str, Any]] = []
         left_out: dict[str, tuple[str, ...]] = {}
         for inst, reason in sorted(members, key=lambda m: m[0].name):
-            body, left = device(inst, shared=False, unhealthy=reason)
+            body, left = device(inst, shared=False, unhealthy=reason,
+                                evict=(inst.namespace, inst.name) in evicting)
             bodies.append(body)
             if left:
                 left_out[inst.name] = left

@@ -81,6 +81,7 @@ def full_configuration_spec() -> dict[str, Any]:
         "resourceName": "huawei.com/Ascend910",
         "brokerDeviceAccess": "dra",
         "allocator": "devicePlugin",
+        "unhealthyDevices": {"evictAfterSeconds": 30},
         "nodeSelector": {
             "matchLabels": {"zone": "dock"},
             "matchExpressions": [
@@ -299,3 +300,16 @@ def test_cli_prints_manifests(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["crds"]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert docs == load_manifests()
+
+
+def test_eviction_grace_is_the_field_or_none() -> None:
+    assert cfg.eviction_grace({"unhealthyDevices": {"evictAfterSeconds": 0}}) == 0
+    assert cfg.eviction_grace({"unhealthyDevices": {"evictAfterSeconds": 45}}) == 45
+    spec: dict[str, Any]
+    for spec in ({}, {"unhealthyDevices": None}, {"unhealthyDevices": {}},
+                 {"unhealthyDevices": {"evictAfterSeconds": -3}},
+                 {"unhealthyDevices": {"evictAfterSeconds": "30"}}):
+        assert cfg.eviction_grace(spec) is None, spec
+    view = cfg.ConfigurationSpec.from_object({"discoveryHandler": {"name": "debugEcho"}})
+    assert view.unhealthy_devices is None
+    assert "unhealthyDevices" not in view.to_object()

@@ -277,3 +277,35 @@ def test_an_agent_without_dra_imports_none_of_it() -> None:
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True).stdout.strip()
     assert out == "[]"
+
+
+def test_a_device_past_its_eviction_grace_is_tainted_no_execute() -> None:
+    """Issue 50: NoSchedule while unhealthy; NoExecute for the devices the publisher says are
+    past their Configuration's ``unhealthyDevices.evictAfterSeconds``; healthy ones never."""
+    sick, fine = instance("cam-000001"), instance("cam-000002")
+    served: dict[tuple[str, str], str | None] = {("ns", "cam-000001"): "fault",
+                                                 ("ns", "cam-000002"): None}
+    (pool,) = slices.plan_node("n1", [sick, fine], served).pools.values()
+    assert [t["effect"] for t in pool.devices[0]["taints"]] == ["NoSchedule"]
+    evicting = {("ns", "cam-000001"), ("ns", "cam-000002")}
+    (pool,) = slices.plan_node("n1", [sick, fine], served, evicting=evicting).pools.values()
+    assert pool.devices[0]["taints"] == [
+        {"key": "edgeplug.io/unhealthy", "value": "fault", "effect": "NoExecute"}]
+    assert "taints" not in pool.devices[1]
+
+
+def test_a_shared_device_is_evicting_only_when_unhealthy_on_every_node() -> None:
+    everywhere = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
+                          unhealthy={"n1": "gone", "n2": "gone"}, reported=("n1", "n2"))
+    assert dra_slices.unhealthy_everywhere(everywhere)
+    plan = dra_slices.shared_plan(everywhere, evict=True)
+    assert plan is not None
+    assert plan.devices[0]["taints"][0]["effect"] == "NoExecute"
+    somewhere = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
+                         unhealthy={"n2": "gone"}, reported=("n1", "n2"))
+    assert not dra_slices.unhealthy_everywhere(somewhere)
+    plan = dra_slices.shared_plan(somewhere, evict=True)
+    assert plan is not None
+    assert plan.nodes == ("n1",)
+    assert "taints" not in plan.devices[0]
+    assert not dra_slices.unhealthy_everywhere(instance("cam-abcdef", shared=True))

@@ -106,3 +106,68 @@ async def test_a_pass_rewrites_only_the_pools_whose_inputs_changed() -> None:
     pools.set_mode(("ns", "cam"), PLUGINS)
     await pools.reconcile()
     assert len(client.deleted) == 50
+
+
+# -- eviction of pods holding a device unhealthy everywhere (issue 50) -------------------------
+
+
+class _BodyClient(_Client):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[dict[str, Any]] = []
+
+    async def patch(self, _resource: object, name: str, body: dict[str, Any],
+                    **_: object) -> dict[str, Any]:
+        self.bodies.append(body)
+        return await super().patch(_resource, name, body)
+
+
+def _effects(client: _BodyClient) -> list[str | None]:
+    found: list[str | None] = []
+    for body in client.bodies:
+        taints = body["spec"]["devices"][0].get("taints") or [{}]
+        found.append(taints[0].get("effect"))
+    return found
+
+
+SICK = {"unhealthy": {"n1": "gone", "n2": "gone"}}
+
+
+async def test_a_device_unhealthy_everywhere_evicts_after_the_configurations_grace() -> None:
+    client = _BodyClient()
+    pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
+    pools.listed([_object("cam-000001", reported=("n1", "n2"))])
+    pools.set_mode(("ns", "cam"), DRA)
+    pools.set_eviction_grace(("ns", "cam"), 0)
+    pools.modes_listed()
+    await pools.reconcile()
+    pools.put(("ns", "cam-000001"), _object("cam-000001", reported=("n1", "n2"), status=SICK))
+    await pools.reconcile()
+    # Healthy somewhere: no taint; unhealthy everywhere with a grace of 0: NoExecute at once.
+    assert _effects(client) == [None, "NoExecute"]
+    # Recovery takes the taint away.
+    pools.put(("ns", "cam-000001"), _object("cam-000001", reported=("n1", "n2")))
+    await pools.reconcile()
+    assert _effects(client) == [None, "NoExecute", None]
+
+
+async def test_without_the_field_or_within_the_grace_the_taint_is_no_schedule() -> None:
+    client = _BodyClient()
+    pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
+    pools.listed([_object("cam-000001", reported=("n1", "n2"), status=SICK)])
+    pools.set_mode(("ns", "cam"), DRA)
+    pools.modes_listed()
+    await pools.reconcile()
+    assert _effects(client) == ["NoSchedule"]
+    # A grace of a day: still NoSchedule, and a timer is running for its end.
+    pools.set_eviction_grace(("ns", "cam"), 86400)
+    await pools.reconcile()
+    assert _effects(client) == ["NoSchedule"]
+    assert pools._grace_timer is not None
+    # The field lowered to 0: the device is past it, evicting.
+    pools.set_eviction_grace(("ns", "cam"), 0)
+    await pools.reconcile()
+    assert _effects(client) == ["NoSchedule", "NoExecute"]
+    pools.set_eviction_grace(("ns", "cam"), None)
+    await pools.reconcile()
+    assert _effects(client) == ["NoSchedule", "NoExecute", "NoSchedule"]
