@@ -137,7 +137,7 @@ def describe(
                 for m in device.mounts
             ],
             # With DRA on (docs/dra.md): what claims can select by, and what did not fit.
-            "draAttributes": dict(sorted(attrs.values.items())),
+            "draAttributes": dict(sorted({**attrs.values, **attrs.standard}.items())),
             "draLeftOut": list(attrs.left_out),
         })
     return rows

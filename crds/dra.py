@@ -17,7 +17,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from crds.api import GROUP
@@ -56,6 +56,18 @@ ALIASES: Final[Mapping[str, str]] = {
     "UDEV_DEVNODE": "devnode",
 }
 _NOT_IDENT: Final = re.compile(r"[^a-z0-9_]")
+#: Kubernetes' standard attributes (docs: "Standard Device Attributes for Dynamic Resource
+#: Allocation"): a device's PCIe root complex, ``pci<domain>:<bus>``, and its NUMA node, an
+#: int (never -1: a device without affinity has none).
+ATTR_PCIE_ROOT: Final = "resource.kubernetes.io/pcieRoot"
+ATTR_NUMA_NODE: Final = "resource.kubernetes.io/numaNode"
+#: The properties the handlers that know them set (``discovery_handlers.pci``), by attribute.
+STANDARD_PROPERTIES: Final[Mapping[str, tuple[str, ...]]] = {
+    ATTR_PCIE_ROOT: ("UDEV_PCIE_ROOT", "ASCEND_PCIE_ROOT"),
+    ATTR_NUMA_NODE: ("UDEV_NUMA_NODE", "ASCEND_NUMA_NODE"),
+}
+_PCIE_ROOT: Final = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_NUMA_NODE: Final = re.compile(r"^[0-9]{1,4}$")
 
 
 def digest(text: str, chars: int = _DIGEST_CHARS) -> str:
@@ -178,10 +190,30 @@ def attribute_name(prop: str) -> str:
 
 @dataclass(frozen=True)
 class Attributes:
-    """A device's DRA attributes (all strings) and the properties that did not fit."""
+    """A device's DRA attributes (strings, in the driver's domain), the standard ones
+    (``resource.kubernetes.io/...``: an int or a string) and the properties that did not
+    fit."""
 
     values: Mapping[str, str]
     left_out: tuple[str, ...] = ()
+    standard: Mapping[str, int | str] = field(default_factory=dict)
+
+
+def standard_attributes(properties: Mapping[str, str]) -> dict[str, int | str]:
+    """``resource.kubernetes.io/pcieRoot`` and ``numaNode`` where a handler's property gives
+    them in the form Kubernetes specifies (anything else is not published under them)."""
+    found: dict[str, int | str] = {}
+    for prop in STANDARD_PROPERTIES[ATTR_PCIE_ROOT]:
+        value = properties.get(prop, "")
+        if _PCIE_ROOT.match(value):
+            found[ATTR_PCIE_ROOT] = value
+            break
+    for prop in STANDARD_PROPERTIES[ATTR_NUMA_NODE]:
+        value = properties.get(prop, "")
+        if _NUMA_NODE.match(value):
+            found[ATTR_NUMA_NODE] = int(value)
+            break
+    return found
 
 
 def attributes(*, namespace: str, configuration: str, instance: str,
@@ -193,7 +225,8 @@ def attributes(*, namespace: str, configuration: str, instance: str,
     values: dict[str, str] = {
         ATTR_NAMESPACE: namespace, ATTR_CONFIGURATION: configuration, ATTR_INSTANCE: instance,
     }
-    room = MAX_ATTRIBUTES_AND_CAPACITIES - reserved
+    standard = standard_attributes(properties)
+    room = MAX_ATTRIBUTES_AND_CAPACITIES - reserved - len(standard)
     candidates = [(ALIASES[p], p) for p in sorted(properties) if p in ALIASES]
     candidates += [(attribute_name(p), p) for p in sorted(properties)]
     placed: set[str] = set()
@@ -204,4 +237,4 @@ def attributes(*, namespace: str, configuration: str, instance: str,
             values[name] = value
             placed.add(prop)
     return Attributes(values=values, left_out=tuple(p for p in sorted(properties)
-                                                    if p not in placed))
+                                                    if p not in placed), standard=standard)

@@ -122,6 +122,14 @@ def taint_value(reason: str) -> str:
     return value or "unhealthy"
 
 
+def _attribute_values(attrs: dra.Attributes) -> dict[str, dict[str, int | str]]:
+    """The attributes as a slice holds them: ours strings, the standard ones typed."""
+    values: dict[str, dict[str, int | str]] = {k: {"string": v} for k, v in attrs.values.items()}
+    for name, value in attrs.standard.items():
+        values[name] = {"int": value} if isinstance(value, int) else {"string": value}
+    return dict(sorted(values.items()))
+
+
 def device(instance: Instance, *, shared: bool, unhealthy: str | None, evict: bool = False
            ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """One Instance's device as a slice lists it, and the properties left out of it.
@@ -131,7 +139,7 @@ def device(instance: Instance, *, shared: bool, unhealthy: str | None, evict: bo
     attrs = attributes(instance, reserved=1 if multi else 0)
     body: dict[str, Any] = {
         "name": device_name(instance.name),
-        "attributes": {k: {"string": v} for k, v in sorted(attrs.values.items())},
+        "attributes": _attribute_values(attrs),
     }
     # Slots the device plugins hold (deviceUsage) are not offered to claims as well.
     free = capacity - instance.spec.used

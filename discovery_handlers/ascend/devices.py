@@ -51,6 +51,10 @@ PROP_CARD = "ASCEND_CARD_ID"
 PROP_DEVICE_INDEX = "ASCEND_CHIP_INDEX"
 PROP_LOGIC = "ASCEND_LOGIC_ID"
 PROP_BUS = "ASCEND_BUS_ID"
+#: Where the chip's PCI bus id sits (``discovery_handlers.pci``, read by ``sources``): DRA
+#: publishes these as the standard ``resource.kubernetes.io/pcieRoot`` and ``numaNode``.
+PROP_PCIE_ROOT = "ASCEND_PCIE_ROOT"
+PROP_NUMA_NODE = "ASCEND_NUMA_NODE"
 #: A 910 chip's RoCE network health: ``Healthy`` or ``Unhealthy (<DCMI's result>)`` (absent
 #: when DCMI cannot tell). The chip stays allocatable either way, as with Huawei's plugin.
 PROP_NETWORK = "ASCEND_NETWORK_HEALTH"
@@ -78,9 +82,10 @@ def chip_node(phy_id: int) -> str:
 
 def to_device(
     chip: Chip, details: AscendDetails, *, shared_present: Sequence[str],
-    driver_present: bool, health: Health,
+    driver_present: bool, health: Health, pci: Mapping[str, str] | None = None,
 ) -> Device:
-    """The ``Device`` for ``chip``; ``shared_present`` lists the shared nodes the host has."""
+    """The ``Device`` for ``chip``; ``shared_present`` lists the shared nodes the host has,
+    ``pci`` what sysfs says of its bus id (``discovery_handlers.pci.locate_bus_id``)."""
     props: dict[str, str] = {VISIBLE_DEVICES: str(chip.phy_id)}
     optional: Mapping[str, object] = {
         PROP_MODEL: chip.model, PROP_FAMILY: chip.family, PROP_MEMORY: chip.memory_mb,
@@ -88,6 +93,8 @@ def to_device(
         PROP_DEVICE_INDEX: chip.device_index, PROP_LOGIC: chip.logic_id, PROP_BUS: chip.bus_id,
         PROP_NETWORK: (None if chip.network_result is None
                        else network_health(chip.network_result)),
+        PROP_PCIE_ROOT: (pci or {}).get("pcie_root"),
+        PROP_NUMA_NODE: (pci or {}).get("numa_node"),
     }
     props.update({name: str(value) for name, value in optional.items()
                   if value is not None and value != ""})

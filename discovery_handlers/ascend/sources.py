@@ -15,6 +15,7 @@ import re
 import subprocess
 from dataclasses import dataclass, replace
 
+from discovery_handlers import pci
 from discovery_handlers.ascend import dcmi, dcmi_lanes
 from discovery_handlers.ascend.chips import Chip, wanted
 from discovery_handlers.ascend.details import (
@@ -108,8 +109,10 @@ def scan(details: AscendDetails) -> Scan:
             health = Health.unhealthy(f"device node {node} missing")
         elif missing_shared:
             health = Health.unhealthy(f"shared device nodes missing: {', '.join(missing_shared)}")
+        location = (pci.locate_bus_id(chip.bus_id, sys_root=details.on_host("/sys"))
+                    if chip.bus_id else None)
         device = to_device(chip, details, shared_present=shared, driver_present=driver,
-                           health=health)
+                           health=health, pci=location)
         if source == SOURCE_DEVICES:
             device = replace(device, warning=f"{NO_HEALTH} (advertised healthy while "
                                              f"{chip_node(chip.phy_id)} exists)")

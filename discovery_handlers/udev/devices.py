@@ -14,7 +14,10 @@ brokers depend on, so they are computed from plain records and tested over table
 - Properties: Akri's ``UDEV_DEVNODE`` (grouped: also ``UDEV_DEVNODE_<i>``, i = 0.. over the
   group's nodes in DEVPATH order) and ``UDEV_DEVPATH``; ours: ``UDEV_DEVLINK`` (the stable link
   udev made, ``/dev/serial/by-id/...`` first), ``UDEV_VENDOR_ID``, ``UDEV_PRODUCT_ID`` and
-  ``UDEV_SERIAL`` of the USB device the node belongs to.
+  ``UDEV_SERIAL`` of the USB device the node belongs to; ``UDEV_PCIE_ROOT`` and
+  ``UDEV_NUMA_NODE`` where the device is below a PCI root (``discovery_handlers.pci``: the
+  root of its sysfs path, the NUMA node of the nearest PCI device on it, itself or the
+  controller it hangs off), which DRA publishes as the standard ``pcieRoot``/``numaNode``.
 - One device spec per device node, with the configured permissions. A matched device without a
   node takes its nearest ancestor's node (a USB interface gets its USB device's
   ``/dev/bus/usb/BBB/DDD``); with none in the chain it is a device without device specs.
@@ -33,6 +36,8 @@ DEVLINK_PROPERTY = "UDEV_DEVLINK"
 VENDOR_PROPERTY = "UDEV_VENDOR_ID"
 PRODUCT_PROPERTY = "UDEV_PRODUCT_ID"
 SERIAL_PROPERTY = "UDEV_SERIAL"
+PCIE_ROOT_PROPERTY = "UDEV_PCIE_ROOT"
+NUMA_NODE_PROPERTY = "UDEV_NUMA_NODE"
 #: Link directories in order of preference: by-id names survive a move to another port.
 STABLE_LINK_PREFIXES = ("/dev/serial/by-id/", "/dev/disk/by-id/", "/dev/v4l/by-id/",
                         "/dev/input/by-id/", "/dev/serial/by-path/", "/dev/v4l/by-path/",
@@ -52,6 +57,8 @@ class NodeRecord:
     product_id: str | None = None
     serial: str | None = None
     anchor: str | None = None  # the ``usb`` shorthand's: its interface's DEVPATH, the id
+    pcie_root: str | None = None  # ``pci<domain>:<bus>`` of its sysfs path
+    numa_node: str | None = None  # of the nearest PCI device on its sysfs path (not -1)
 
     @property
     def node(self) -> str | None:
@@ -103,7 +110,9 @@ def _device(members: Sequence[NodeRecord], *, permissions: str, grouped: bool,
         properties[DEVLINK_PROPERTY] = link
     for name, values in ((VENDOR_PROPERTY, (m.vendor_id for m in members)),
                          (PRODUCT_PROPERTY, (m.product_id for m in members)),
-                         (SERIAL_PROPERTY, (m.serial for m in members))):
+                         (SERIAL_PROPERTY, (m.serial for m in members)),
+                         (PCIE_ROOT_PROPERTY, (m.pcie_root for m in members)),
+                         (NUMA_NODE_PROPERTY, (m.numa_node for m in members))):
         value = next((v for v in (clean_value(x) for x in values) if v), None)
         if value:
             properties[name] = value

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyudev
 
+from discovery_handlers import pci
 from discovery_handlers.udev.devices import NodeRecord
 from discovery_handlers.udev.matching import MAX_PARENT_DEPTH, first_match
 from discovery_handlers.udev.patterns import enumerator_safe
@@ -50,6 +51,10 @@ class View:
     @property
     def devpath(self) -> str:
         return _safe(lambda: str(self._device.device_path)) or ""
+
+    @property
+    def sys_path(self) -> str:
+        return _safe(lambda: str(self._device.sys_path)) or ""
 
     @property
     def kernel(self) -> str:
@@ -124,6 +129,7 @@ def record_of(view: View, *, anchor: str | None = None) -> NodeRecord:
         current = current.parent
         depth += 1
     links = (view.property("DEVLINKS") or "").split()
+    location = pci.locate(view.sys_path) if view.sys_path else {}
     return NodeRecord(
         devpath=view.devpath,
         devnode=devnode,
@@ -133,6 +139,8 @@ def record_of(view: View, *, anchor: str | None = None) -> NodeRecord:
         product_id=_attr_text(usb, "idProduct") or view.property("ID_MODEL_ID"),
         serial=_attr_text(usb, "serial") or view.property("ID_SERIAL_SHORT"),
         anchor=anchor_path,
+        pcie_root=location.get("pcie_root"),
+        numa_node=location.get("numa_node"),
     )
 
 

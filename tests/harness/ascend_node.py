@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -125,6 +125,24 @@ class AscendNode:
             'echo "unsupported: $*" >&2; exit 2\n')
         tool.chmod(0o755)
         self.write()
+
+    def pci_sysfs(self, numa: Mapping[int, int], *, root_bus: int = 0xC0) -> None:
+        """Each chip's PCI device in ``<root>/sys`` as the kernel lays it out: the directory
+        below its root complex ``pci0000:<root_bus>`` (behind a root port) with its
+        ``numa_node`` (``numa``: physical id → node; -1 where not given), and the link
+        ``sys/bus/pci/devices/<bus id>`` to it."""
+        complex_ = f"pci0000:{root_bus:02x}"
+        port = f"0000:{root_bus:02x}:00.0"
+        links = self.root / "sys" / "bus" / "pci" / "devices"
+        links.mkdir(parents=True, exist_ok=True)
+        for chip in self.chips:
+            bus_id = f"0000:{chip.bus:02x}:00.0"
+            device = self.root / "sys" / "devices" / complex_ / port / bus_id
+            device.mkdir(parents=True, exist_ok=True)
+            (device / "numa_node").write_text(f"{numa.get(chip.phy, -1)}\n")
+            link = links / bus_id
+            if not link.is_symlink():
+                link.symlink_to(f"../../../devices/{complex_}/{port}/{bus_id}")
 
     @property
     def env(self) -> dict[str, str]:

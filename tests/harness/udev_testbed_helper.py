@@ -49,7 +49,7 @@ class Bed:
     def __init__(self) -> None:
         self.tb = UMockdev.Testbed.new()
         pci = self.tb.add_device("pci", "pci0000:00/0000:00:14.0", None,
-                                 ["vendor", "0x8086", "device", "0xa36d"], [])
+                                 ["vendor", "0x8086", "device", "0xa36d", "numa_node", "0"], [])
         self.root_hub = self.tb.add_device(
             "usb", "usb1", pci, ["idVendor", "1d6b", "idProduct", "0002", "busnum", "1",
                                  "devnum", "1"],
