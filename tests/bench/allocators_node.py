@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
-from lightkube.resources.core_v1 import Pod
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Pod
 
+from agent.instance_publisher import WRITES_IN_FLIGHT
 from crds import dra, dra_slices
 from crds.resources import ResourceSliceResource
 from tests.bench.bench_agent_setup import BenchNode, bench_node, daemonset_env
@@ -183,6 +185,23 @@ def _offline(path: Path, names: list[str]) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text("".join(f"{n}\n" for n in names))
     partial.replace(path)
+
+
+async def writes_floor(an: AllocatorNode, size: int, label: str) -> float:
+    """The floor of ``many``: ``size`` ConfigMaps created by a bare client, as many in flight
+    as the agent writes Instances (``WRITES_IN_FLIGHT``): one write a device, where the agent
+    and the controller make several (an Instance, its status, a slice or a plugin). Seconds."""
+    gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+
+    async def one(i: int) -> None:
+        async with gate:
+            await an.node.client.create(ConfigMap(
+                metadata=ObjectMeta(name=f"floor-{label}-{i:04d}", namespace=an.ns),
+                data={"description": f"d{i:04d}" * 32}))
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(size)))
+    return time.monotonic() - started
 
 
 async def many(an: AllocatorNode, size: int, *, shared: bool, run: int) -> float:

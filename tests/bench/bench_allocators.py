@@ -17,7 +17,9 @@ fresh agent (``python -m agent.main``, DRA on) beside the node emulator and a co
    ``NodePrepareResources`` of an allocated claim (unprepared, untimed, between calls) or
    device-plugin ``Allocate`` of a fresh slot, beside an empty unary call (the registration
    socket's ``GetInfo``, or ``GetDevicePluginOptions``);
-4. N local and N shared devices: Configuration applied → all N schedulable.
+4. N local and N shared devices: Configuration applied → all N schedulable, each beside N
+   ConfigMaps created by a bare client just before (the API server's cost of one write a
+   device, at the agent's concurrency).
 
 ``--runs --sizes --samples --calls --idle`` make it small; ``--profile DIR`` records the agent
 (and in part 4 the controller) with py-spy during parts 3 and 4, in a run of its own: the
@@ -45,7 +47,14 @@ from agent.dra.plugin import SERVICE_SOCKET, registration_socket
 from agent.slots.service import socket_name
 from crds import dra
 from crds.naming import instance_name, instance_resource_name, slot_id
-from tests.bench.allocators_node import ALLOCATORS, AllocatorNode, allocator_node, appear, many
+from tests.bench.allocators_node import (
+    ALLOCATORS,
+    AllocatorNode,
+    allocator_node,
+    appear,
+    many,
+    writes_floor,
+)
 from tests.bench.bench_agent import ALLOCATE_CAPACITY, TREE, _called, _free_all, _recorded
 from tests.bench.bench_agent_memory import _status_kib
 from tests.bench.bench_agent_setup import quiet_logs
@@ -215,6 +224,7 @@ async def _one(plane: ControlPlane, allocator: str, args: argparse.Namespace, ru
         for size in args.sizes:
             for shared in (False, True):
                 kind = "shared" if shared else "local"
+                figures[f"n{size}_{kind}_floor"] = await writes_floor(an, size, f"{kind}{run}")
                 with _profiled(args.profile, f"{allocator}-{run}-{size}{kind}",
                                agent=an.node.pid, controller=an.controller_pid):
                     figures[f"n{size}_{kind}"] = await many(an, size, shared=shared, run=run)
@@ -239,8 +249,10 @@ def _report(results: dict[str, list[Figures]], args: argparse.Namespace) -> None
              ("  floor: empty unary gRPC call p50, ms", "floor_p50", 1e3),
              ("  floor: empty unary gRPC call p99, ms", "floor_p99", 1e3)]
     for size in args.sizes:
-        rows += [(f"{size} {kind} devices: applied → all schedulable, s", f"n{size}_{kind}",
-                  1.0) for kind in ("local", "shared")]
+        for kind in ("local", "shared"):
+            rows += [(f"{size} {kind} devices: applied → all schedulable, s", f"n{size}_{kind}",
+                      1.0),
+                     (f"  floor: {size} ConfigMaps created, s", f"n{size}_{kind}_floor", 1.0)]
     print(f"  medians of {args.runs} runs ({args.samples} devices appearing per kind and run, "
           f"{args.calls} calls, idle window {args.idle:.0f} s)")
     print(f"  {'figure':<52} {'dra':>10} {'devicePlugin':>13}")
