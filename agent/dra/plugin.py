@@ -13,7 +13,8 @@ health services ``agent.dra.health`` serves on the same socket (``v1.DRAResource
 Prepare, per claim: read the claim (its allocation is in its status; as the kubelet where its
 certificate is given, ``agent.node_reads``), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
-hook, write the claim's CDI spec, record the claim with its spec, and answer the CDI ids. A
+hook, write the claim's CDI spec, record the claim with its spec, and answer the CDI ids (the
+claim's ``status.devices`` then says what it got: ``agent.dra.claim_status``). A
 claim already recorded answers from the record (the kubelet calls again after its own restart,
 and after ours), once its spec is in the CDI directory as recorded: written again if not. A
 reboot empties that directory (``/var/run/cdi`` is a tmpfs) and keeps the record (on disk), so
@@ -29,17 +30,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 from grpc import aio
-from lightkube import ApiError
+from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 
 from agent.dra import claims as cl
 from agent.dra import health
+from agent.dra.claim_status import ClaimStatus
 from agent.kube import as_dict
 from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
@@ -75,19 +77,36 @@ class ClaimPreparer:
     """Prepares and unprepares claims on this node; the gRPC layer only translates."""
 
     def __init__(self, *, reads: NodeReads, node_name: str, devices: NodeDeviceTable,
-                 cdi_dir: Path | None, state_dir: Path) -> None:
+                 cdi_dir: Path | None, state_dir: Path,
+                 status_client: AsyncClient | None = None) -> None:
         self._reads = reads
         self.node_name = node_name
         self.devices = devices
         self._cdi_dir = cdi_dir
         self.checkpoint = cl.Checkpoint(state_dir / CHECKPOINT_FILE)
         self._lock = asyncio.Lock()
+        #: Writes the claims' ``status.devices`` with ``status_client`` (the agent's token);
+        #: None: none written.
+        self.status = (ClaimStatus(status_client, node_name=node_name, devices=devices,
+                                   find=self._served_as) if status_client is not None else None)
+
+    def _served_as(self, table: Iterable[NodeDevice], pool: str, device: str
+                   ) -> NodeDevice | None:
+        return cl.find_device(table, self.node_name,
+                              cl.AllocatedDevice(request="", pool=pool, device=device))
+
+    def _report(self, uid: str, known: cl.PreparedClaim,
+                claim: Mapping[str, Any] | None = None) -> None:
+        if self.status is not None:
+            self.status.prepared(uid, known.namespace, known.name,
+                                 [(d.pool, d.device) for d in known.devices], claim)
 
     def restore(self) -> None:
         """Write every recorded claim's spec again where it is missing or differs (after a
         reboot, before the kubelet asks); a spec that cannot be made yet (an older agent's
         record, its device not served yet) is logged and made at the kubelet's next prepare."""
         for uid, known in list(self.checkpoint.claims.items()):
+            self._report(uid, known)
             try:
                 self._spec_in_place(uid, known)
             except (cl.PrepareError, OSError) as error:
@@ -134,7 +153,9 @@ class ClaimPreparer:
         async with self._lock:
             known = self.checkpoint.claims.get(uid)
             if known is not None:
-                return self._spec_in_place(uid, known)
+                known = self._spec_in_place(uid, known)
+                self._report(uid, known)
+                return known
             directory = self._spec_dir()
             claim = await self._read_claim(namespace, name, uid)
             wanted = cl.results_for_driver(claim)
@@ -157,6 +178,7 @@ class ClaimPreparer:
                                   cdi_ids=(cl.cdi_id(uid, i),))
                 for i, r in enumerate(wanted)), cdi_spec=spec)
             self.checkpoint.put(uid, prepared)
+            self._report(uid, prepared, claim)
             log.info("claim prepared", extra={"claim": f"{namespace}/{name}", "uid": uid,
                                               "devices": [r.device for r in wanted]})
             return prepared
@@ -166,6 +188,8 @@ class ClaimPreparer:
             if self._cdi_dir is not None:
                 with contextlib.suppress(FileNotFoundError):
                     cl.claim_spec_path(self._cdi_dir, uid).unlink()
+            if self.status is not None:
+                self.status.forget(uid)
             if uid in self.checkpoint.claims:
                 self.checkpoint.drop(uid)
                 log.info("claim unprepared", extra={"claim": f"{namespace}/{name}", "uid": uid})
@@ -281,6 +305,8 @@ class DraKubeletPlugin:
     async def run(self) -> None:
         self.preparer.restore()  # before the kubelet can ask: it registers us only below
         servers: list[tuple[aio.Server, Path]] = []
+        status = self.preparer.status
+        writer = asyncio.create_task(status.run()) if status is not None else None
         try:
             service = aio.server()
             pb_grpc.add_DRAPluginServicer_to_server(_DraService(self.preparer, self._metrics),
@@ -299,6 +325,10 @@ class DraKubeletPlugin:
                 "registration": str(self.registration_socket)})
             await asyncio.Event().wait()  # until cancelled
         finally:
+            if writer is not None:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
             self.health.stop()  # the kubelet reads the stream's end, not an error
             for server, path in reversed(servers):
                 await server.stop(STOP_GRACE_SECONDS)

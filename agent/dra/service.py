@@ -33,7 +33,8 @@ async def serve_dra(*, client: AsyncClient, node_name: str, namespace: str | Non
         if registry_dir is not None:
             preparer = ClaimPreparer(reads=reads or NodeReads(client), node_name=node_name,
                                      devices=devices, cdi_dir=cdi_dir,
-                                     state_dir=plugins_dir / dra.DRIVER)
+                                     state_dir=plugins_dir / dra.DRIVER,
+                                     status_client=client)
             plugin = DraKubeletPlugin(preparer=preparer, plugins_dir=plugins_dir,
                                       registry_dir=registry_dir, metrics=metrics)
             group.create_task(plugin.run())
