@@ -152,3 +152,56 @@ async def test_a_device_unhealthy_past_its_grace_moves_its_pod_and_without_the_f
 
 async def _published(kube: AsyncClient, *pools: str) -> bool:
     return all([len(h.pool_devices(await h.pool_slices(kube, p))) == 2 for p in pools])
+
+
+async def test_a_shared_camera_that_goes_moves_its_pod_to_the_other_camera(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
+) -> None:
+    """The issue's camera: a shared device that vanishes is kept, unhealthy, for its
+    ``offlineGracePeriodSeconds``; unhealthy on every node past the eviction grace, the
+    controller taints its pool ``NoExecute`` and the pod moves to the other camera."""
+    ns = pod_namespace
+    node = harness.new_node(control_plane)
+    offline = tmp_path / "offline"  # debugEcho's availability file: what is gone
+    cfg = harness.debug_echo_configuration("cams", descriptions=["c1", "c2"], shared=True,
+                                           availability_file=offline, grace=300,
+                                           allocator="dra")
+    cfg["spec"]["unhealthyDevices"] = {"evictAfterSeconds": 1}
+    cams = {instance_name("cams", d, shared=True, node=node): d for d in ("c1", "c2")}
+    by_device = {slices.device_name(i): i for i in cams}
+    async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
+                h.dra_agents(control_plane, [node], ns)):
+        harness.apply(control_plane, ns, cfg)
+
+        async def both_offered() -> bool:
+            pools = [h.pool_devices(await h.pool_slices(
+                kube, slices.shared_pool(ns, "cams", i))) for i in cams]
+            return all(len(p) == 1 for p in pools)
+
+        await harness.eventually(both_offered, what="both cameras' pools published")
+        h.apply(control_plane, ns, h.claim_template("cam", dra.device_class_name(ns, "cams")),
+                _deployment("viewer", "cam"))
+        viewer = await harness.eventually(lambda: _the_pod(kube, ns, "viewer"),
+                                          what="viewer bound", deadline=SCHEDULE_DEADLINE)
+        held = by_device[viewer[2]]
+        gone_at = time.monotonic()
+        offline.write_text(f"{cams[held]}\n")
+
+        async def replaced() -> tuple[str, str, str] | None:
+            now = await _the_pod(kube, ns, "viewer")
+            return now if now is not None and now[1] != viewer[1] else None
+
+        moved = await harness.eventually(replaced, what="viewer replaced on the other camera",
+                                         deadline=SCHEDULE_DEADLINE)
+        print(f"\nshared camera gone → replacement bound: {time.monotonic() - gone_at:.2f} s "
+              "(grace 1 s)")
+        assert moved[2] != viewer[2]
+        assert await _tainted(kube, slices.shared_pool(ns, "cams", held), viewer[2],
+                              "NoExecute")
+        # Back: the taint goes.
+        offline.write_text("")
+
+        async def untainted() -> bool:
+            return await _taints(kube, slices.shared_pool(ns, "cams", held), viewer[2]) == []
+
+        await harness.eventually(untainted, what="the camera back, untainted")
