@@ -2,7 +2,8 @@
 agent taints it ``NoExecute`` after its Configuration's ``spec.unhealthyDevices`` grace, the
 kube-controller-manager's device taint eviction controller deletes the pod holding it, the
 Deployment's ReplicaSet makes another and the scheduler gives that one the healthy device.
-A Configuration without the field keeps its pod (``NoSchedule`` only).
+A pod whose claim tolerates the taint stays; a Configuration without the field keeps its pod
+(``NoSchedule`` only).
 
 The nodes have no kubelet (``tests.harness.dra``): a pod is judged by its claim's allocation,
 which is the device its container would get.
@@ -87,32 +88,39 @@ async def test_a_device_unhealthy_past_its_grace_moves_its_pod_and_without_the_f
     echo_handlers.write_state(move_state, {})
     echo_handlers.write_state(keep_state, {})
     handler = echo_handlers.install()
-    move = h.extended_echo_configuration("move", ["m1", "m2"], move_state)
+    move = h.extended_echo_configuration("move", ["m1", "m2", "m3"], move_state)
     move["spec"]["unhealthyDevices"] = {"evictAfterSeconds": GRACE_S}
     keep = h.extended_echo_configuration("keep", ["k1", "k2"], keep_state)
     move_pool = slices.local_pool(ns, "move", node)
     keep_pool = slices.local_pool(ns, "keep", node)
     names = {instance_name(cfg, d, shared=False, node=node): d
-             for cfg, ds in (("move", ("m1", "m2")), ("keep", ("k1", "k2"))) for d in ds}
+             for cfg, ds in (("move", ("m1", "m2", "m3")), ("keep", ("k1", "k2"))) for d in ds}
     try:
         async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
                     h.dra_agents(control_plane, [node], ns)):
             harness.apply(control_plane, ns, move, keep)
             await harness.eventually(lambda: _published(kube, move_pool, keep_pool),
                                      what="both pools published")
+            # A pod that must stay tolerates the taint in its claim.
+            stay = h.claim_template("stay", dra.device_class_name(ns, "move"))
+            stay["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+                {"key": "edgeplug.io/unhealthy", "operator": "Exists", "effect": "NoExecute"}]
             h.apply(control_plane, ns,
-                    h.claim_template("move", dra.device_class_name(ns, "move")),
+                    h.claim_template("move", dra.device_class_name(ns, "move")), stay,
                     h.claim_template("keep", dra.device_class_name(ns, "keep")),
-                    _deployment("mover", "move"), _deployment("keeper", "keep"))
+                    _deployment("mover", "move"), _deployment("stayer", "stay"),
+                    _deployment("keeper", "keep"))
             mover = await harness.eventually(lambda: _the_pod(kube, ns, "mover"),
                                              what="mover bound", deadline=SCHEDULE_DEADLINE)
+            stayer = await harness.eventually(lambda: _the_pod(kube, ns, "stayer"),
+                                              what="stayer bound", deadline=SCHEDULE_DEADLINE)
             keeper = await harness.eventually(lambda: _the_pod(kube, ns, "keeper"),
                                               what="keeper bound", deadline=SCHEDULE_DEADLINE)
 
-            # Both pods' devices fail at once.
+            # The three pods' devices fail at once.
             failed_at = time.monotonic()
-            echo_handlers.write_state(move_state, {names[mover[2]]: {
-                "healthy": False, "reason": "fault 0x80"}})
+            echo_handlers.write_state(move_state, {names[d]: {
+                "healthy": False, "reason": "fault 0x80"} for d in (mover[2], stayer[2])})
             echo_handlers.write_state(keep_state, {names[keeper[2]]: {
                 "healthy": False, "reason": "fault 0x80"}})
             await harness.eventually(
@@ -130,7 +138,10 @@ async def test_a_device_unhealthy_past_its_grace_moves_its_pod_and_without_the_f
             assert await _taints(kube, move_pool, mover[2]) == [
                 ("edgeplug.io/unhealthy", "NoExecute")]
             assert replaced_s >= GRACE_S, "evicted before the Configuration's grace"
-            # The Configuration without the field kept its pod, on its tainted device.
+            # The pod tolerating the taint stayed, on its tainted device (the same slice write
+            # tainted both); so did the Configuration's without the field.
+            assert await _tainted(kube, move_pool, stayer[2], "NoExecute")
+            assert await _the_pod(kube, ns, "stayer") == stayer
             assert await _the_pod(kube, ns, "keeper") == keeper
             assert await _taints(kube, keep_pool, keeper[2]) == [
                 ("edgeplug.io/unhealthy", "NoSchedule")]
@@ -150,8 +161,9 @@ async def test_a_device_unhealthy_past_its_grace_moves_its_pod_and_without_the_f
         handler.release()
 
 
-async def _published(kube: AsyncClient, *pools: str) -> bool:
-    return all([len(h.pool_devices(await h.pool_slices(kube, p))) == 2 for p in pools])
+async def _published(kube: AsyncClient, move_pool: str, keep_pool: str) -> bool:
+    counts = [len(h.pool_devices(await h.pool_slices(kube, p))) for p in (move_pool, keep_pool)]
+    return counts == [3, 2]
 
 
 async def test_a_shared_camera_that_goes_moves_its_pod_to_the_other_camera(
