@@ -30,7 +30,6 @@ from agent.properties import (
     PropertyUnavailable,
     Reference,
     ReferenceWatch,
-    resolve_properties,
 )
 from crds.configuration import Configuration, allocator_of
 
@@ -58,7 +57,12 @@ class ConfigurationWatch:
         resync_interval: float = RESYNC_INTERVAL,
         relist_interval: float = RELIST_INTERVAL,
         cdi: CdiSpecs | None = None,
+        reads: AsyncClient | None = None,
+        reads_ready: asyncio.Event | None = None,
     ) -> None:
+        """``reads``: the client that reads the Secrets and ConfigMaps Configurations name
+        (this node's own account, ``agent.node_account``, usable once ``reads_ready`` is
+        set); None: ``client``."""
         self._client = client
         self._node = node_name
         self._namespace = namespace
@@ -68,7 +72,8 @@ class ConfigurationWatch:
         self._relist_interval = relist_interval
         self._cdi = cdi if cdi is not None else CdiSpecs(None)
         self._labels = NodeLabels(client=client, node_name=node_name)
-        self._references = ReferenceWatch(client=client, on_change=self._on_reference_change)
+        self._references = ReferenceWatch(client=reads or client, ready=reads_ready,
+                                          on_change=self._on_reference_change)
         self._configurations: dict[RunKey, Configuration] = {}
         self._runs: dict[RunKey, DiscoveryRun] = {}
         self._node_labels: Mapping[str, str] = {}
@@ -254,9 +259,8 @@ class ConfigurationWatch:
                 ):
                     continue
                 try:
-                    resolved = await resolve_properties(
-                        self._client, namespace=cfg.namespace, properties=props
-                    )
+                    resolved = await self._references.resolve(
+                        namespace=cfg.namespace, properties=props)
                     changed = resolved.values != run.properties
                 except PropertyUnavailable:
                     changed = run.properties is not None

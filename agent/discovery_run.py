@@ -36,7 +36,6 @@ from agent.properties import (
     PropertyUnavailable,
     ReferenceWatch,
     references_of,
-    resolve_properties,
 )
 from crds.api import CONFIGURATION_KIND
 from crds.configuration import Configuration
@@ -158,10 +157,8 @@ class DiscoveryRun:
                 self._references.track(
                     self.key, references_of(namespace=cfg.namespace, properties=props)
                 )
-                resolved = await resolve_properties(
-                    self._client, namespace=cfg.namespace,
-                    properties=props,
-                )
+                resolved = await self._references.resolve(
+                    namespace=cfg.namespace, properties=props)
                 self.properties = resolved.values
                 details = handler.parse_details(
                     cfg.spec.discovery_handler.discovery_details, resolved.values

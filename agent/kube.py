@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.config.models import Cluster, User
 
 from agent.metrics import PROCESS
 from crds.resources import ConfigurationResource as ConfigurationResource
@@ -33,6 +34,21 @@ def load_config(kubeconfig: Path | None) -> KubeConfig:
     if kubeconfig is not None:
         return KubeConfig.from_file(str(kubeconfig))
     return KubeConfig.from_service_account()
+
+
+def with_user(base: KubeConfig, user: User) -> KubeConfig:
+    """The cluster of ``base`` (server and CA, the agent's own), with another ``user``."""
+    single = base.get()
+    if single is None:
+        raise ValueError("the agent's kubeconfig names no current context")
+    cluster = single.cluster
+    ca = cluster.certificate_auth
+    return KubeConfig.from_one(
+        cluster=Cluster(server=cluster.server,
+                        certificate_auth=str(single.abs_file(ca)) if ca else None,
+                        certificate_auth_data=cluster.certificate_auth_data,
+                        insecure=cluster.insecure),
+        user=user)
 
 
 def counted_client(config: KubeConfig) -> AsyncClient:

@@ -22,6 +22,7 @@ from agent.device_plugin_seam import serve_when_wanted
 from agent.discovery_run import RESYNC_INTERVAL
 from agent.kube import counted_client, load_config
 from agent.metrics import AgentMetrics
+from agent.node_account import NodeAccount
 from agent.node_devices import NodeDeviceTable
 from agent.node_reads import node_reads
 from agent.settings import AgentSettings, SettingsError, help_text
@@ -64,12 +65,18 @@ async def run_agent(
         metrics.serve(settings.metrics_port, settings.metrics_address)
     config = load_config(settings.kubeconfig)
     client = counted_client(config)
+    # The Secrets and ConfigMaps Configurations name are read as this node's own account.
+    account = NodeAccount(client, base=config, namespace=settings.node_accounts_namespace,
+                          node=settings.node_name) if settings.node_accounts_namespace else None
     watch = ConfigurationWatch(
         client=client, node_name=settings.node_name, namespace=settings.namespace,
         devices=devices, metrics=metrics, resync_interval=resync_interval,
-        cdi=CdiSpecs(settings.cdi_spec_dir),
+        cdi=CdiSpecs(settings.cdi_spec_dir), reads=account.client if account else None,
+        reads_ready=account.ready if account else None,
     )
     parts: list[Coroutine[Any, Any, None]] = [watch.run()]
+    if account is not None:
+        parts.insert(0, account.run())
     # The pods bound here (device plugins) and the claims to prepare (DRA), as the kubelet.
     reads = node_reads(
         own=client, base=config, node_name=settings.node_name,
@@ -119,6 +126,8 @@ async def run_agent(
     finally:
         if reads is not None:
             await reads.close()
+        if account is not None:
+            await account.close()
         await client.close()
         log.info("agent stopped", extra={"node": settings.node_name})
 

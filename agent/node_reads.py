@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightkube import AsyncClient, KubeConfig
-from lightkube.config.models import Cluster, User
+from lightkube.config.models import User
 
-from agent.kube import counted_client
+from agent.kube import counted_client, with_user
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +45,8 @@ class KubeletCertificate:
 
 def kubelet_config(base: KubeConfig, certificate: KubeletCertificate) -> KubeConfig:
     """The cluster of ``base`` (server and CA, the agent's own), with the kubelet as user."""
-    single = base.get()
-    if single is None:
-        raise ValueError("the agent's kubeconfig names no current context")
-    cluster = single.cluster
-    ca = cluster.certificate_auth
-    return KubeConfig.from_one(
-        cluster=Cluster(server=cluster.server,
-                        certificate_auth=str(single.abs_file(ca)) if ca else None,
-                        certificate_auth_data=cluster.certificate_auth_data,
-                        insecure=cluster.insecure),
-        user=User(client_cert=str(certificate.cert),
-                  client_key=str(certificate.key or certificate.cert)))
+    return with_user(base, User(client_cert=str(certificate.cert),
+                                client_key=str(certificate.key or certificate.cert)))
 
 
 class NodeReads:

@@ -139,11 +139,24 @@ class ReferenceWatch:
     or deleted event; the callee re-resolves and decides whether anything changed.
     """
 
-    def __init__(self, *, client: AsyncClient, on_change: ChangeCallback):
+    def __init__(self, *, client: AsyncClient, on_change: ChangeCallback,
+                 ready: asyncio.Event | None = None):
+        #: Reads and watches go as this client: this node's own account where it has one,
+        #: whose first token is there once ``ready`` is set (None: at once).
         self._client = client
+        self._ready = ready
         self._on_change = on_change
         self._wanted: dict[object, frozenset[Reference]] = {}
         self._tasks: dict[Reference, asyncio.Task[None]] = {}
+
+    async def resolve(self, *, namespace: str, properties: Sequence[DiscoveryProperty]
+                      ) -> ResolvedProperties:
+        """``resolve_properties`` with the reads' identity (this node's own account, where
+        the agent has one: ``agent.node_account``)."""
+        if self._ready is not None and any(p.value_from for p in properties):
+            await self._ready.wait()
+        return await resolve_properties(self._client, namespace=namespace,
+                                        properties=properties)
 
     def track(self, owner: object, references: frozenset[Reference]) -> None:
         """Declare what ``owner`` (a run key) refers to now; an empty set forgets it."""
@@ -160,6 +173,8 @@ class ReferenceWatch:
             self._tasks.pop(ref).cancel()
 
     async def _watch(self, ref: Reference) -> None:
+        if self._ready is not None:
+            await self._ready.wait()
         resource: type[NamespacedResource] = (
             Secret if ref.kind is ValueSourceKind.SECRET else ConfigMap
         )

@@ -1,43 +1,54 @@
-"""The agent reads only the Secrets and ConfigMaps that Configurations name: Roles kept here.
+"""The agents' per-namespace Roles: what each node may read, and offer, kept here.
 
-Why this exists: a node's agent resolves ``discoveryProperties`` from Secrets and ConfigMaps
+Reads: a node's agent resolves ``discoveryProperties`` from Secrets and ConfigMaps
 (``valueFrom``). A cluster-wide grant to read them hands every Secret of the cluster to whoever
-steals a node's token. RBAC can grant reading objects by name (``resourceNames``), but the names
-come from Configurations, which change; so the controller keeps, in every namespace whose
-Configurations' properties reference something, one Role ``edgeplug-agent-properties`` listing
-exactly the referenced Secrets and ConfigMaps (get and watch, by name) and one RoleBinding of it
-to the agent's ServiceAccount, and deletes both when nothing there is referenced any more.
+steals a node's token, and one grant to all agents hands every camera password to every node.
+RBAC can grant reading objects by name (``resourceNames``), but the names come from
+Configurations, which change; and every agent runs as one ServiceAccount, so each node reads
+as an account of its own, ``node-<node>`` in the node-accounts namespace
+(``agent.node_account``). So the controller keeps, in every namespace whose Configurations'
+properties reference something, one Role ``edgeplug-agent-properties`` listing exactly the
+referenced Secrets and ConfigMaps (get and watch, by name) and one RoleBinding of it to the
+accounts of the nodes those Configurations select (all nodes' accounts, as their group, when
+one of them has no ``nodeSelector``), and deletes both when nothing there is referenced any
+more. The unit of isolation is the namespace: a node selected by one Configuration of a
+namespace reads what every Configuration there names (deploy/README.md).
+
+Offers: the Role ``edgeplug-agent-offers`` per namespace (``controller.offer_grants``), bound
+to the agent's ServiceAccount.
 
 What a Configuration may reference: Secrets and ConfigMaps of its own namespace only. A
 reference naming another namespace grants nothing (a warning names it; the agent is refused the
 read and says so on the Configuration's status), and the API server refuses such a
 Configuration in the first place (deploy/manifests/configuration-policy.yaml): whoever may write
-Configurations in one namespace must not make the agents read a Secret of another. Nothing is
+Configurations in one namespace must not make the agents read a Secret of another. No read is
 granted in a system namespace (kube-system, kube-public, kube-node-lease, the agent's own),
 which deploy/manifests/controller-policy.yaml refuses the controller too.
 
-Safety: the controller holds no read of Secrets or ConfigMaps. It writes the Role with rules it
-does not hold through RBAC's ``escalate`` verb and binds it through ``bind``, both granted for
-the one name ``edgeplug-agent-properties`` (RBAC checks them against the name in the request's
-URL: the server-side applies below name it; so does the list, by a ``metadata.name`` field
-selector), and controller-policy.yaml confines what those two objects may say: get and watch on
-named Secrets and ConfigMaps, bound to the agent's ServiceAccount alone. A rule with an empty
-``resourceNames`` means "all objects", so a kind with no referenced name gets no rule at all
-(``role_body``), and the policy refuses one too.
+Safety: the controller holds no read of Secrets or ConfigMaps. It writes the Roles with rules it
+does not hold through RBAC's ``escalate`` verb and binds them through ``bind``, both granted for
+those two names only (RBAC checks them against the name in the request's URL: the server-side
+applies name it; so does the list, by a ``metadata.name`` field selector), and
+controller-policy.yaml confines what those objects may say: get and watch on named Secrets and
+ConfigMaps bound to node accounts alone; the offer verb bound to the agent's ServiceAccount
+alone. A rule with an empty ``resourceNames`` means "all objects", so a kind with no referenced
+name gets no rule at all (``role_body``), and the policy refuses one too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from lightkube import AsyncClient
 
-from controller import agent_roles
+from controller import agent_roles, offer_grants
 from controller.watching import follow_forever
 from crds.configuration import Configuration, ValueSourceKind
 from crds.resources import ConfigurationResource
+from crds.selectors import LabelSelector
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +56,14 @@ ROLE_NAME = "edgeplug-agent-properties"
 FIELD_MANAGER = "edgeplug-controller/agent-access"
 AGENT_NAMESPACE = "edgeplug-system"
 AGENT_ACCOUNT = "edgeplug-agent"
-#: Wait before watching again after the Configuration watch broke.
+OFFERS_FIELD_MANAGER = "edgeplug-controller/offer-grants"
+#: The account of node N in the node-accounts namespace (agent/node_account.py).
+NODE_ACCOUNT_PREFIX = "node-"
+#: Wait before watching again after a watch broke.
 RETRY_S = 5.0
+#: A burst of changes (a fleet's Nodes listed at start) is written once, this long after its
+#: first change.
+COALESCE_S = 0.05
 #: Verbs the agent needs on each referenced object: read it, and watch it by name.
 VERBS = ("get", "watch")
 _RESOURCES = {ValueSourceKind.SECRET: "secrets", ValueSourceKind.CONFIG_MAP: "configmaps"}
@@ -67,6 +84,11 @@ def references_of(obj: Mapping[str, Any]) -> References:
         log.warning("Configuration %s/%s does not parse (%s); it grants no reads",
                     meta.get("namespace"), meta.get("name"), error)
         return {}
+    return configuration_references(cfg)
+
+
+def configuration_references(cfg: Configuration) -> References:
+    """What ``cfg``'s ``discoveryProperties`` read: only its own namespace's objects."""
     found: References = {}
     for prop in cfg.spec.discovery_handler.discovery_properties:
         source = prop.value_from
@@ -102,51 +124,136 @@ def role_body(namespace: str, kinds: Mapping[str, set[str]]) -> dict[str, Any]:
     return agent_roles.role_body(ROLE_NAME, namespace, rules)
 
 
+def readers(selectors: Iterable[LabelSelector | None], nodes: Mapping[str, Mapping[str, str]],
+            node_accounts: str) -> list[dict[str, str]]:
+    """Who reads what a namespace's Configurations name (``selectors``: theirs): every node's
+    own account (the ServiceAccounts group of ``node_accounts``) when one selects every node,
+    else the accounts ``node-<node>`` of the known Nodes their selectors select."""
+    chosen = list(selectors)
+    if any(selector is None for selector in chosen):
+        return [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                 "name": f"system:serviceaccounts:{node_accounts}"}]
+    selected = sorted(node for node, labels in nodes.items()
+                      if any(s is not None and s.matches(labels) for s in chosen))
+    return [agent_roles.account_subject((node_accounts, f"{NODE_ACCOUNT_PREFIX}{node}"))
+            for node in selected]
+
+
 class AgentAccess:
-    """Keeps the agent's per-namespace read Roles equal to what Configurations reference."""
+    """Keeps the agents' per-namespace Roles equal to what Configurations and Nodes say: the
+    named reads (``edgeplug-agent-properties``, bound to the accounts of the nodes that need
+    them) and the offers (``controller.offer_grants``, bound to the agent's account)."""
 
     def __init__(self, client: AsyncClient, *,
-                 account: tuple[str, str] = (AGENT_NAMESPACE, AGENT_ACCOUNT)) -> None:
+                 account: tuple[str, str] = (AGENT_NAMESPACE, AGENT_ACCOUNT),
+                 node_accounts: str = f"{AGENT_NAMESPACE}-nodes") -> None:
         self._client = client
         self._account = account
-        self._by_configuration: dict[tuple[str, str], References] = {}
-        self._granted: References = {}
+        self._node_accounts = node_accounts
+        self._configurations: dict[tuple[str, str], Configuration] = {}
+        self._nodes: agent_roles.NodeLabels = {}
+        self._granted: dict[str, tuple[References, list[dict[str, str]]]] = {}
+        self._offered: dict[str, set[str]] = {}
         self._refused = SYSTEM_NAMESPACES | {account[0]}
         self._warned: set[str] = set()
+        self._changed = asyncio.Event()
+        self._listed = False
+        self._full = True
 
     async def run(self) -> None:
-        """Forever: list, grant, then follow the Configuration watch; start over if it breaks."""
-        await follow_forever(self._follow, what="agent access", retry_s=RETRY_S)
+        """Forever: follow Configurations and Nodes, and write what changed."""
+        await asyncio.gather(
+            follow_forever(self._follow, what="agent access", retry_s=RETRY_S),
+            follow_forever(lambda: agent_roles.follow_node_labels(
+                self._client, self._nodes, self._changed.set),
+                what="agent access (nodes)", retry_s=RETRY_S),
+            self._write_forever(),
+        )
 
     async def _follow(self) -> None:
-        self._by_configuration.clear()
+        seen: dict[tuple[str, str], Configuration] = {}
         async for obj in self._client.list(ConfigurationResource, namespace="*"):
-            data = _as_dict(obj)
-            self._by_configuration[_key(data)] = references_of(data)
-        await self.sync(full=True)
-        # The watch begins with every Configuration again (ADDED): unchanged ones write nothing.
+            _put(seen, _as_dict(obj))
+        self._configurations, self._listed, self._full = seen, True, True
+        self._changed.set()
         async for op, obj in self._client.watch(ConfigurationResource, namespace="*"):
             data = _as_dict(obj)
             if op == "DELETED":
-                self._by_configuration.pop(_key(data), None)
+                self._configurations.pop(_key(data), None)
             else:
-                self._by_configuration[_key(data)] = references_of(data)
-            await self.sync(full=False)
+                _put(self._configurations, data)
+            self._changed.set()
+
+    async def _write_forever(self) -> None:
+        while True:
+            await self._changed.wait()
+            await asyncio.sleep(COALESCE_S)
+            self._changed.clear()
+            if not self._listed:
+                continue
+            try:
+                await self.sync(full=self._full)
+                self._full = False
+            except Exception as error:  # the API server away: keep serving, retry
+                log.warning("agent access: write failed (%s); retrying", error)
+                await asyncio.sleep(RETRY_S)
+                self._full = True
+                self._changed.set()
 
     async def sync(self, *, full: bool = True) -> None:
-        """Write what changed since the last sync; ``full`` also deletes Roles found in the
-        cluster that no Configuration asks for (left by an earlier run)."""
-        wanted = self._grantable(merged(self._by_configuration.values()))
+        """Write what changed since the last sync; ``full`` also rewrites every wanted Role and
+        deletes those found in the cluster that nothing asks for (left by an earlier run)."""
+        configurations = list(self._configurations.values())
+        await self._sync_reads(configurations, full=full)
+        await self._sync_offers(configurations, full=full)
+
+    async def _sync_reads(self, configurations: list[Configuration], *, full: bool) -> None:
+        wanted = self._grantable(merged(
+            {cfg.namespace: kinds} for cfg in configurations
+            for kinds in [configuration_references(cfg).get(cfg.namespace)] if kinds))
         stale = set(self._granted) - set(wanted)
         if full:
             stale |= await agent_roles.namespaces_holding(self._client, ROLE_NAME) - set(wanted)
+        granted: dict[str, tuple[References, list[dict[str, str]]]] = {}
         for namespace, kinds in wanted.items():
-            if full or self._granted.get(namespace) != kinds:
-                await self._grant(namespace, kinds)
+            subjects = readers(
+                (c.spec.node_selector for c in configurations
+                 if c.namespace == namespace and configuration_references(c)),
+                self._nodes, self._node_accounts)
+            want = ({namespace: kinds}, subjects)
+            if not full and self._granted.get(namespace) == want:
+                granted[namespace] = want
+            elif await agent_roles.grant(self._client, ROLE_NAME, namespace,
+                                         role_body(namespace, kinds)["rules"],
+                                         subjects=subjects, field_manager=FIELD_MANAGER):
+                log.info("nodes may read %s in %s (%d node account(s) or all)",
+                         {r: len(n) for r, n in kinds.items()}, namespace, len(subjects))
+                granted[namespace] = want
         for namespace in stale:
-            await self._revoke(namespace)
-        self._granted = {ns: {r: set(n) for r, n in kinds.items()}
-                         for ns, kinds in wanted.items()}
+            await agent_roles.revoke(self._client, ROLE_NAME, namespace)
+            log.info("no node reads anything in %s any more", namespace)
+        self._granted = granted
+
+    async def _sync_offers(self, configurations: list[Configuration], *, full: bool) -> None:
+        want = offer_grants.wanted(configurations, self._nodes)
+        stale = set(self._offered) - set(want)
+        if full:
+            stale |= await agent_roles.namespaces_holding(
+                self._client, offer_grants.ROLE_NAME) - set(want)
+        offered: dict[str, set[str]] = {}
+        for namespace, names in want.items():
+            if not full and self._offered.get(namespace) == names:
+                offered[namespace] = names
+            elif await agent_roles.grant(
+                    self._client, offer_grants.ROLE_NAME, namespace, offer_grants.rules(names),
+                    subjects=[agent_roles.account_subject(self._account)],
+                    field_manager=OFFERS_FIELD_MANAGER):
+                log.info("nodes may offer %d Configuration/node name(s) in %s", len(names),
+                         namespace)
+                offered[namespace] = set(names)
+        for namespace in stale:
+            await agent_roles.revoke(self._client, offer_grants.ROLE_NAME, namespace)
+        self._offered = offered
 
     def _grantable(self, wanted: References) -> References:
         """``wanted`` without the system namespaces, each left out with one warning."""
@@ -157,16 +264,16 @@ class AgentAccess:
             self._warned.add(namespace)
         return {ns: kinds for ns, kinds in wanted.items() if ns not in self._refused}
 
-    async def _grant(self, namespace: str, kinds: Mapping[str, set[str]]) -> None:
-        if await agent_roles.grant(self._client, ROLE_NAME, namespace,
-                                   role_body(namespace, kinds)["rules"], account=self._account,
-                                   field_manager=FIELD_MANAGER):
-            log.info("agent may read %s in %s",
-                     {r: len(n) for r, n in kinds.items()}, namespace)
 
-    async def _revoke(self, namespace: str) -> None:
-        await agent_roles.revoke(self._client, ROLE_NAME, namespace)
-        log.info("agent reads nothing in %s any more", namespace)
+def _put(store: dict[tuple[str, str], Configuration], data: Mapping[str, Any]) -> None:
+    key = _key(data)
+    try:
+        store[key] = Configuration.from_object(data)
+    except (KeyError, TypeError, ValueError) as error:
+        # Its agents cannot run it either: it grants no read and no offer.
+        log.warning("Configuration %s/%s does not parse (%s); it grants nothing",
+                    key[0], key[1], error)
+        store.pop(key, None)
 
 
 def _key(data: Mapping[str, Any]) -> tuple[str, str]:

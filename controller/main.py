@@ -30,7 +30,6 @@ from controller.handlers import register
 from controller.kube import MAX_WRITES_IN_FLIGHT, Kube, make_client
 from controller.metrics import ControllerMetrics, count_by_node
 from controller.naming import FINALIZER
-from controller.offer_grants import OfferGrants
 from controller.peering import CLUSTER
 from controller.reconciler import Reconciler
 from controller.rest import Rest
@@ -172,10 +171,9 @@ async def run(
         # agent never waits for a failover to read a newly referenced Secret or to offer the
         # devices of a new Configuration.
         agent_account = (own_namespace(), AGENT_ACCOUNT)  # installed beside the controller
-        ours.append(asyncio.create_task(
-            AgentAccess(client, account=agent_account).run(), name="agent-access"))
-        ours.append(asyncio.create_task(
-            OfferGrants(client, account=agent_account).run(), name="offer-grants"))
+        ours.append(asyncio.create_task(AgentAccess(
+            client, account=agent_account, node_accounts=f"{own_namespace()}-nodes").run(),
+            name="agent-access"))
         if settings.dra:
             from controller.device_classes import DeviceClasses
             from controller.dra_usage import DraUsage

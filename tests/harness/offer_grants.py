@@ -1,7 +1,8 @@
-"""The controller's offer grants (controller/offer_grants.py), run on the controller's own token
-in a thread of their own, for tests whose agents write with their own token but run no
-controller: the agents' Instance and ResourceSlice policies refuse a node's writes for any
-Configuration no grant names, as they do in a cluster.
+"""The controller's grants to the agents (controller/agent_access.py: the offers of
+controller/offer_grants.py and the nodes' named reads), run on the controller's own token in a
+thread of their own, for tests whose agents run with their own token but no controller: the
+agents' Instance and ResourceSlice policies refuse a node's writes for any Configuration no
+grant names, as they do in a cluster.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import cast
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 
-from controller.offer_grants import OfferGrants
+from controller.agent_access import AgentAccess
 from crds.offers import EVERY_NODE, OFFER_GROUP, OFFER_RESOURCE, OFFER_VERB, offer_name
 from tests.harness.controlplane import ControlPlane
 from tests.harness.service_accounts import (
@@ -46,7 +47,7 @@ def offer_grants(cp: ControlPlane, folder: Path) -> Iterator[None]:
     async def keep() -> None:
         client = AsyncClient(KubeConfig.from_file(str(controller.kubeconfig)))
         try:
-            await OfferGrants(client, account=(SYSTEM_NAMESPACE, AGENT_ACCOUNT)).run()
+            await AgentAccess(client, account=(SYSTEM_NAMESPACE, AGENT_ACCOUNT)).run()
         finally:
             await client.close()
 

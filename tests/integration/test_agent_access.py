@@ -2,17 +2,19 @@
 
 Why this exists: controller/agent_access.py is what would let the agent's ClusterRole drop its
 cluster-wide Secret and ConfigMap reads (deploy/README.md, "What a node's agent can do"). Here
-it runs against the real API server, granting a ServiceAccount of the test's own (one with no
-other grant, so that every answer comes from these Roles alone; in a namespace of its own, as
-the agent's is): the Secret and the ConfigMap a Configuration names become readable and
-watchable by name with that account's own token, an unnamed Secret next to them stays refused,
-a ConfigMap the Configuration names in another namespace (here the account's own) stays refused
-too (a Configuration references its own namespace only), and when the Configuration goes, so
-do the reads.
+it runs against the real API server, granting two nodes' own accounts (agent/node_account.py:
+``node-<node>`` in a node-accounts namespace of the test's own, with no other grant, so that
+every answer comes from these Roles alone): the Secret and the ConfigMap a Configuration names
+become readable and watchable by name with each account's own token while the Configuration
+selects every node, and with node A's alone once its nodeSelector selects only A; an unnamed
+Secret next to them stays refused, a ConfigMap the Configuration names in another namespace
+(here the accounts' own) stays refused too (a Configuration references its own namespace
+only), and when the Configuration goes, so do the reads.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,6 @@ from tests.harness.service_accounts import Identity, mint
 
 pytestmark = pytest.mark.timeout(120)
 
-READER = "agent-stand-in"
 WAIT_S = 60.0
 
 
@@ -47,11 +48,21 @@ async def test_agent_reads_only_what_a_configuration_names(
     cp = control_plane
     other = f"{namespace}-cm"
     cp.kubectl("create", "namespace", other)
+    suffix = namespace[-6:]
+    node_a, node_b = f"access-a-{suffix}", f"access-b-{suffix}"
+    for node in (node_a, node_b):
+        cp.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": {"site": node}}}))
     try:
-        # The stand-in lives in a namespace of its own, as the agent does (edgeplug-system):
+        # The nodes' accounts live in a namespace of their own, as edgeplug-system-nodes:
         # nothing is ever granted there.
-        cp.kubectl("create", "serviceaccount", READER, "-n", other)
-        reader = mint(cp, namespace=other, account=READER, path=tmp_path / "reader")
+        readers = {}
+        for node in (node_a, node_b):
+            cp.kubectl("create", "serviceaccount", f"node-{node}", "-n", other)
+            readers[node] = mint(cp, namespace=other, account=f"node-{node}",
+                                 path=tmp_path / node)
+        reader, reader_b = readers[node_a], readers[node_b]
         cp.kubectl("create", "secret", "generic", "cam-login", "-n", namespace,
                    "--from-literal=password=s3cret")
         cp.kubectl("create", "secret", "generic", "unnamed", "-n", namespace,
@@ -68,14 +79,15 @@ async def test_agent_reads_only_what_a_configuration_names(
         assert not _reads(reader, cp, "secret", "cam-login", namespace)
         client = api_client(cp)
         try:
-            async with task_running(AgentAccess(client, account=(other, READER)).run(),
-                                    name="agent-access") as task:
+            access = AgentAccess(client, account=(other, "agent"), node_accounts=other)
+            async with task_running(access.run(), name="agent-access") as task:
                 apply(cp, namespace, cfg)
 
                 async def granted() -> bool:
                     assert not task.done(), "agent access stopped"
-                    return (_reads(reader, cp, "secret", "cam-login", namespace)
-                            and _reads(reader, cp, "configmap", "cam-cfg", namespace))
+                    return all(_reads(r, cp, "secret", "cam-login", namespace)
+                               and _reads(r, cp, "configmap", "cam-cfg", namespace)
+                               for r in (reader, reader_b))
 
                 await eventually(granted, what="reads of the named Secret and ConfigMap",
                                  deadline=WAIT_S)
@@ -90,6 +102,18 @@ async def test_agent_reads_only_what_a_configuration_names(
                 role = await client.get(Role, ROLE_NAME, namespace=namespace)
                 assert [r.resourceNames for r in role.rules or []] == [["cam-cfg"],
                                                                         ["cam-login"]]
+
+                # Only node A selected: only A's account reads them.
+                cfg["spec"]["nodeSelector"] = {"matchLabels": {"site": node_a}}
+                apply(cp, namespace, cfg)
+
+                async def narrowed() -> bool:
+                    assert not task.done(), "agent access stopped"
+                    return not _reads(reader_b, cp, "secret", "cam-login", namespace)
+
+                await eventually(narrowed, what="node B's read withdrawn", deadline=WAIT_S)
+                assert _reads(reader, cp, "secret", "cam-login", namespace)
+                assert not _reads(reader_b, cp, "configmap", "cam-cfg", namespace)
 
                 cp.kubectl("delete", "configuration", "access-cam", "-n", namespace)
 
@@ -106,4 +130,5 @@ async def test_agent_reads_only_what_a_configuration_names(
             await client.close()
     finally:
         cp.kubectl("delete", "namespace", other, "--wait=false", check=False)
+        cp.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
 

@@ -31,6 +31,7 @@ passes. What stays reachable, and why, is in deploy/README.md, "What a node's ag
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -43,7 +44,7 @@ from typing import Any, cast
 import pytest
 import yaml
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
-from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.core_v1 import Event, Node, Secret, ServiceAccount
 from lightkube.types import PatchType
 
 from agent.dra.publisher import ResourceSliceResource
@@ -55,6 +56,7 @@ from agent.instance_publisher import (
 )
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
 from agent.metrics import AgentMetrics
+from agent.node_account import NodeAccount
 from agent.node_devices import NodeDeviceTable
 from agent.node_instances import serves_label
 from agent.node_labels import NodeLabels
@@ -961,6 +963,104 @@ def test_a_node_offers_only_what_a_configuration_selects_it_for(
     finally:
         cp.kubectl("label", "node", w.node_b, f"site={w.node_b}", "--overwrite")
         cp.kubectl("delete", "resourceslice", f"own-{s}", check=False)
+
+
+# -- Camera passwords: only the nodes that need them ----------------------------------------
+
+
+NODE_ACCOUNTS = f"{SYSTEM_NAMESPACE}-nodes"
+OWN_ACCOUNT = "may create and mint only the account of its own node"
+
+
+HTTP_FORBIDDEN = 403
+
+
+def _account_body(name: str, *, mounts: bool) -> ServiceAccount:
+    return cast(ServiceAccount, ServiceAccount.from_dict({
+        "metadata": {"name": name, "namespace": NODE_ACCOUNTS},
+        "automountServiceAccountToken": mounts}))
+
+
+def _mint(client: Client, account: str, bound: dict[str, str] | None, seconds: int) -> object:
+    """A TokenRequest for ``account`` in the node-accounts namespace."""
+    body = _token_request(bound, seconds) | {"metadata": {"name": account,
+                                                          "namespace": NODE_ACCOUNTS}}
+    return client.create(cast(Any, ServiceAccount.Token.from_dict(body)), account,
+                         namespace=NODE_ACCOUNTS)
+
+
+def _token_request(bound: dict[str, str] | None, seconds: int = 3600) -> dict[str, Any]:
+    spec: dict[str, Any] = {"expirationSeconds": seconds}
+    if bound is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", **bound}
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+
+
+async def test_a_node_reads_only_the_secrets_of_configurations_selecting_it(
+        control_plane: ControlPlane, world: World, tmp_path: Path) -> None:
+    """Issue 47: every agent runs as one ServiceAccount, so a grant to it hands every camera
+    password any Configuration names to every node. Each node reads as its own account
+    (agent/node_account.py, with node A's agent token): node A reads the Secret of a
+    Configuration selecting A, not the one of a Configuration selecting only B (another
+    tenant's namespace), not even through node B's account, which A's token can neither make
+    nor mint a token for; nor can it mint its own account's token unbound, bound to another
+    Node, or for longer than an hour."""
+    cp, w = control_plane, world
+    s = uuid.uuid4().hex[:6]
+    ours, theirs = f"pw-a-{s}", f"pw-b-{s}"
+    for namespace, node, secret in ((ours, w.node_a, "a-login"), (theirs, w.node_b, "b-login")):
+        cp.kubectl("create", "namespace", namespace)
+        cp.kubectl("create", "secret", "generic", secret, "-n", namespace,
+                   "--from-literal=password=s3cret")
+        _apply(cp, debug_echo_configuration(
+            "cams", descriptions=["c0"], node_selector={"matchLabels": {"site": node}},
+            discovery_properties=[{"name": "password", "valueFrom": {
+                "secretKeyRef": {"name": secret, "key": "password"}}}]) | {
+            "metadata": {"name": "cams", "namespace": namespace}})
+    agent = AsyncClient(KubeConfig.from_file(str(w.agent_a.kubeconfig)))
+    account = NodeAccount(agent, base=KubeConfig.from_file(str(w.agent_a.kubeconfig)),
+                          namespace=NODE_ACCOUNTS, node=w.node_a)
+    try:
+        await account.start()
+
+        async def reads(namespace: str, secret: str) -> bool:
+            try:
+                await account.client.get(Secret, secret, namespace=namespace)
+            except ApiError as error:
+                if error.status.code != HTTP_FORBIDDEN:
+                    raise
+                return False
+            return True
+
+        await harness.eventually(lambda: reads(ours, "a-login"),
+                                 what="node A's read of its Configuration's Secret",
+                                 deadline=WAIT_S)
+        assert not await reads(theirs, "b-login"), "node A reads node B's camera password"
+        assert not await reads(ours, "unnamed")
+        # Node B's account: A's token may neither make it nor mint its token.
+        b_account = f"node-{w.node_b}"
+        cp.kubectl("create", "serviceaccount", b_account, "-n", NODE_ACCOUNTS, check=False)
+        client = _client(w.agent_a)
+        _refused(_outcome(lambda: client.create(_account_body(f"node-x{s}", mounts=False))),
+                 OWN_ACCOUNT)
+        node_b_uid = _get(cp, "node", w.node_b)["metadata"]["uid"]
+        node_a_uid = _get(cp, "node", w.node_a)["metadata"]["uid"]
+        for name, bound, seconds, why in (
+                (b_account, {"kind": "Node", "name": w.node_b, "uid": node_b_uid}, 3600,
+                 OWN_ACCOUNT),
+                (f"node-{w.node_a}", None, 3600, "only bound to its own Node"),
+                (f"node-{w.node_a}", {"kind": "Node", "name": w.node_b, "uid": node_b_uid},
+                 3600, "only bound to its own Node"),
+                (f"node-{w.node_a}", {"kind": "Node", "name": w.node_a, "uid": node_a_uid},
+                 7200, "for at most an hour")):
+            _refused(_outcome(functools.partial(_mint, client, name, bound, seconds)), why)
+        # Its own account, made as agent/node_account.py makes it, with a token that mounts.
+        _refused(_outcome(lambda: client.create(_account_body(f"node-{w.node_a}", mounts=True))),
+                 "mounts no token")
+    finally:
+        await account.close()
+        await agent.close()
+        cp.kubectl("delete", "namespace", ours, theirs, "--wait=false", check=False)
 
 
 # -- DeviceClasses -------------------------------------------------------------------------

@@ -135,10 +135,13 @@ def controller_identity(installed: ControlPlane,
 
 
 @pytest.fixture(scope="module")
-def agent_identity(installed: ControlPlane,
-                   tmp_path_factory: pytest.TempPathFactory) -> Identity:
-    return mint(installed, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT,
-                path=tmp_path_factory.mktemp("agent") / "agent")
+def node_identity(installed: ControlPlane,
+                  tmp_path_factory: pytest.TempPathFactory) -> Identity:
+    """A node's own account (agent/node_account.py), as which its agent reads Secrets."""
+    namespace = f"{SYSTEM_NAMESPACE}-nodes"
+    installed.kubectl("create", "serviceaccount", "node-attacks", "-n", namespace, check=False)
+    return mint(installed, namespace=namespace, account="node-attacks",
+                path=tmp_path_factory.mktemp("node") / "node")
 
 
 @pytest.fixture
@@ -251,6 +254,11 @@ def _create_configuration(client: Client, cfg: dict[str, Any], namespace: str,
 
 def _agent_subject() -> list[dict[str, str]]:
     return [{"kind": "ServiceAccount", "name": AGENT_ACCOUNT, "namespace": SYSTEM_NAMESPACE}]
+
+
+def _node_subjects() -> list[dict[str, str]]:
+    """What controller/agent_access.py binds a namespace's named reads to: nodes' accounts."""
+    return [{"kind": "ServiceAccount", "name": "node-a", "namespace": f"{SYSTEM_NAMESPACE}-nodes"}]
 
 
 def _broker_configuration(name: str, pod_spec: dict[str, Any],
@@ -434,11 +442,21 @@ def test_controller_cannot_hand_its_rights_to_another_account(
     refused(lambda dry: ctl.apply(_binding(
         namespace, {"kind": "Role", "name": ROLE_NAME},
         [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": SYSTEM_NAMESPACE}]),
-        force=True, dry_run=dry), because="to the agent's ServiceAccount")
+        force=True, dry_run=dry), because="may bind only nodes' own accounts")
     refused(lambda dry: ctl.apply(_binding(
         namespace, {"kind": "Role", "name": ROLE_NAME},
-        [*_agent_subject(), {"kind": "User", "name": "mallory"}]),
-        force=True, dry_run=dry), because="to the agent's ServiceAccount")
+        [*_node_subjects(), {"kind": "User", "name": "mallory"}]),
+        force=True, dry_run=dry), because="may bind only nodes' own accounts")
+    # Every agent's account: the named reads go to each node's own (agent/node_account.py).
+    refused(lambda dry: ctl.apply(_binding(
+        namespace, {"kind": "Role", "name": ROLE_NAME}, _agent_subject()),
+        force=True, dry_run=dry), because="may bind only nodes' own accounts")
+    # A group wider than the nodes' accounts (the controller's own namespace's, say).
+    refused(lambda dry: ctl.apply(_binding(
+        namespace, {"kind": "Role", "name": ROLE_NAME},
+        [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+          "name": f"system:serviceaccounts:{SYSTEM_NAMESPACE}"}]),
+        force=True, dry_run=dry), because="may bind only nodes' own accounts")
 
 
 ROLE_WIDENINGS: dict[str, list[dict[str, Any]]] = {
@@ -488,7 +506,8 @@ def test_controllers_offer_role_grants_nothing_but_named_offers(
     refused(lambda dry: ctl.apply(_binding(
         namespace, {"kind": "Role", "name": offers},
         [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": SYSTEM_NAMESPACE}],
-        name=offers), force=True, dry_run=dry), because="to the agent's ServiceAccount")
+        name=offers), force=True, dry_run=dry),
+        because="may bind only the agent's ServiceAccount")
     refused(lambda dry: ctl.apply(_binding(
         namespace, {"kind": "Role", "name": ROLE_NAME}, _agent_subject(), name=offers),
         force=True, dry_run=dry), because="may bind only its Role of the same name")
@@ -516,12 +535,12 @@ def test_controller_grants_no_kube_system_secret(
         refused(functools.partial(_apply, ctl, _role(system, named)),
                 because="may grant no reads in kube-system")
         refused(functools.partial(_apply, ctl, _binding(
-            system, {"kind": "Role", "name": ROLE_NAME}, _agent_subject())),
+            system, {"kind": "Role", "name": ROLE_NAME}, _node_subjects())),
             because="may grant no reads in kube-system")
 
 
 async def test_agent_access_on_the_controllers_token_grants_exactly_the_named_secret(
-    installed: ControlPlane, controller_identity: Identity, agent_identity: Identity,
+    installed: ControlPlane, controller_identity: Identity, node_identity: Identity,
     namespace: str, tmp_path: Path,
 ) -> None:
     """The control, and the attack through the controller: controller/agent_access.py on the
@@ -550,12 +569,12 @@ async def test_agent_access_on_the_controllers_token_grants_exactly_the_named_se
         async with task_running(access.run(), name="agent-access") as task:
             async def granted() -> bool:
                 assert not task.done(), "agent access stopped"
-                return agent_identity.kubectl(
+                return node_identity.kubectl(
                     cp, "get", "secret", "cam-login", "-n", namespace).returncode == 0
 
             await eventually(granted, what="the agent's read of the named Secret",
                              deadline=WAIT_S)
-            stolen = agent_identity.kubectl(cp, "get", "secret", planted, "-n", "kube-system")
+            stolen = node_identity.kubectl(cp, "get", "secret", planted, "-n", "kube-system")
             assert stolen.returncode != 0, "the agent reads a kube-system Secret"
             assert "forbidden" in stolen.stderr.lower(), stolen.stderr
             assert cp.kubectl("get", "role", ROLE_NAME, "-n", "kube-system",
@@ -565,14 +584,14 @@ async def test_agent_access_on_the_controllers_token_grants_exactly_the_named_se
             assert role is not None
             rules = cast(list[dict[str, Any]], role["rules"])
             assert [r["resourceNames"] for r in rules] == [["cam-login"]]
-            unnamed = agent_identity.kubectl(cp, "get", "secrets", "-n", namespace)
+            unnamed = node_identity.kubectl(cp, "get", "secrets", "-n", namespace)
             assert unnamed.returncode != 0, "the agent lists the namespace's Secrets"
             # The Configuration goes: the controller deletes both (by name).
             cp.kubectl("delete", "configuration", "cams", "-n", namespace)
 
             async def revoked() -> bool:
                 assert not task.done(), "agent access stopped"
-                return agent_identity.kubectl(
+                return node_identity.kubectl(
                     cp, "get", "secret", "cam-login", "-n", namespace).returncode != 0
 
             await eventually(revoked, what="the read revoked", deadline=WAIT_S)

@@ -147,9 +147,18 @@ def test_a_bad_value_is_refused_naming_the_field(
 
 
 def _dry_run(cp: ControlPlane, manifest: str) -> list[dict[str, Any]]:
-    """``kubectl apply --dry-run=server``: the objects as the API server would store them."""
-    done = cp.kubectl("apply", "--dry-run=server", "--validate=strict", "-o", "json", "-f", "-",
-                      stdin=manifest, check=False)
+    """``kubectl apply --dry-run=server``: the objects as the API server would store them. A
+    dry run creates nothing, so the Namespaces the manifest makes (the nodes' accounts') are
+    made for real first, for the objects inside them, and deleted after."""
+    made = [o["metadata"]["name"] for o in _objects(manifest) if o["kind"] == "Namespace"]
+    for name in made:
+        cp.kubectl("create", "namespace", name, check=False)
+    try:
+        done = cp.kubectl("apply", "--dry-run=server", "--validate=strict", "-o", "json",
+                          "-f", "-", stdin=manifest, check=False)
+    finally:
+        if made:
+            cp.kubectl("delete", "namespace", *made, "--wait=false", check=False)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     return list(answer["items"]) if answer.get("kind") == "List" else [answer]

@@ -64,9 +64,12 @@ MANIFESTS = REPO_ROOT / "deploy" / "manifests"
 PEERING_CRDS = REPO_ROOT / "deploy" / "kopf-peering.yaml"
 #: The agent's Instance policy too: the real agent below must do its whole job under it.
 RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
-              "agent-instance-policy.yaml", "agent-pod-policy.yaml", "controller-rbac.yaml",
+              "agent-instance-policy.yaml", "agent-pod-policy.yaml",
+              "agent-node-account-policy.yaml", "controller-rbac.yaml",
               "controller-node-policy.yaml", "controller-policy.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
+#: The nodes' own accounts (agent/node_account.py), as the DaemonSet names them.
+NODE_ACCOUNTS = f"{SYSTEM_NAMESPACE}-nodes"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
 #: Generous: the machine is shared; no deadline here is a pass/fail timing.
@@ -294,6 +297,7 @@ async def agent_on_its_token(
                 node_name=node.node_name, kubeconfig=identity.kubeconfig,
                 plugin_dir=node.plugin_dir, pod_resources_socket=node.pod_resources_socket,
                 kubelet_client_cert=kubelet_certificate(cp, node.node_name, folder),
+                node_accounts_namespace=NODE_ACCOUNTS,
             )), name=name) as agent:
                 yield node, agent, identity
         finally:
@@ -325,9 +329,11 @@ async def test_the_real_agent_works_with_its_token_alone(
             {"name": "password",
              "valueFrom": {"secretKeyRef": {"name": "cam-login", "key": "password"}}}])
     bad = debug_echo_configuration("rbac-bad", descriptions=[], raw_details="descriptions: 7")
-    # The controller's part: the agent may read exactly the Secrets Configurations name.
+    # The controller's part: each node may read exactly the Secrets Configurations selecting
+    # it name, as its own account.
     access = asyncio.create_task(
-        AgentAccess(admin, account=(SYSTEM_NAMESPACE, AGENT_ACCOUNT)).run())
+        AgentAccess(admin, account=(SYSTEM_NAMESPACE, AGENT_ACCOUNT),
+                    node_accounts=NODE_ACCOUNTS).run())
     try:
         apply(cp, namespace, good, bad)
 
@@ -357,7 +363,13 @@ async def test_the_real_agent_works_with_its_token_alone(
             unnamed = agent_identity.kubectl(cp, "get", "secret", "unnamed", "-n", namespace)
             assert unnamed.returncode != 0
             assert "forbidden" in unnamed.stderr.lower(), unnamed.stderr
+            # The agents' shared account reads no Secret at all: the node's own does.
             named = agent_identity.kubectl(cp, "get", "secret", "cam-login", "-n", namespace)
+            assert named.returncode != 0
+            assert "forbidden" in named.stderr.lower(), named.stderr
+            own = mint(cp, namespace=NODE_ACCOUNTS, account=f"node-{node.node_name}",
+                       path=tmp_path / "node-account")
+            named = own.kubectl(cp, "get", "secret", "cam-login", "-n", namespace)
             assert named.returncode == 0, named.stderr
             await assert_pod_got_a_slot(admin, namespace, node.node_name, agent)
             await _assert_agent_leaves(cp, admin, namespace, node.node_name, agent,

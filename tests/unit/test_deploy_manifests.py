@@ -36,6 +36,7 @@ PEERING_CRDS = DEPLOY / "kopf-peering.yaml"
 CHART = DEPLOY / "helm" / "edgeplug"
 IMAGES = DEPLOY / "images"
 SYSTEM_NAMESPACE = "edgeplug-system"
+NODE_ACCOUNTS = f"{SYSTEM_NAMESPACE}-nodes"
 #: The agent's resident-memory target; its limit must leave a margin above it.
 AGENT_TARGET_MIB = 79
 AGENT_MIN_MARGIN_MIB = 16
@@ -97,7 +98,8 @@ def test_every_document_parses_and_names_its_kind_and_api_version() -> None:
         assert doc.get("kind"), f"{path.name}: no kind in {doc}"
         assert doc["metadata"].get("name"), f"{path.name}: a {doc['kind']} without a name"
         if doc["kind"] not in CLUSTER_SCOPED:
-            assert doc["metadata"].get("namespace") == SYSTEM_NAMESPACE, (
+            # The nodes' own accounts (agent/node_account.py) live beside the install's.
+            assert doc["metadata"].get("namespace") in (SYSTEM_NAMESPACE, NODE_ACCOUNTS), (
                 f"{path.name}: {doc['kind']} {doc['metadata']['name']} outside {SYSTEM_NAMESPACE}"
             )
         seen += 1
@@ -129,6 +131,7 @@ def test_daemonset_environment_gives_the_agent_the_node_defaults() -> None:
         cdi_spec_dir=DEFAULT_CDI_SPEC_DIR,
         discovery_handlers_dir=DEFAULT_DISCOVERY_HANDLERS_DIR,
         kubelet_client_cert=DEFAULT_KUBELET_CLIENT_CERT,  # read only with the DRA plugin
+        node_accounts_namespace=NODE_ACCOUNTS,
     )
 
 
@@ -145,7 +148,7 @@ def test_every_daemonset_variable_is_one_the_agent_reads() -> None:
             required.append(name)
             continue
         if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET", "DISCOVERY_HANDLERS_DIRECTORY",
-                    "KUBELET_CLIENT_CERT"):
+                    "KUBELET_CLIENT_CERT", "NODE_ACCOUNTS_NAMESPACE"):
             # These restate the defaults (explicit for operators); the value is what is read.
             changed = AgentSettings.from_env({**rest, name: "/elsewhere/x.sock"})
             assert changed != full, f"{name} is not read by AgentSettings.from_env"

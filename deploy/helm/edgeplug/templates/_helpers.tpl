@@ -34,6 +34,10 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
 - name: KUBELET_CLIENT_KEY
   value: {{ printf "%s/%s" .Values.agent.kubeletCertDir .Values.agent.kubeletClientKey | quote }}
 {{- end }}
+# The Secrets and ConfigMaps Configurations name are read as this node's own account
+# (agent/node_account.py), in the release namespace's -nodes namespace.
+- name: NODE_ACCOUNTS_NAMESPACE
+  value: {{ printf "%s-nodes" .Release.Namespace | quote }}
 {{- end }}
 
 {{- define "edgeplug.kubeletClientCert" -}}
