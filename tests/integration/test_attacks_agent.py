@@ -47,6 +47,7 @@ from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Secret, ServiceAccount
 from lightkube.types import PatchType
 
+from agent.dra.claim_status import ResourceClaimResource
 from agent.dra.publisher import ResourceSliceResource
 from agent.events import ConfigurationReporter, emit_event
 from agent.instance_publisher import (
@@ -1061,6 +1062,83 @@ async def test_a_node_reads_only_the_secrets_of_configurations_selecting_it(
         await account.close()
         await agent.close()
         cp.kubectl("delete", "namespace", ours, theirs, "--wait=false", check=False)
+
+
+# -- Claim status: only the driver's entries of claims on its node -------------------------
+
+
+def _allocated_claim(cp: ControlPlane, namespace: str, name: str, node: str) -> None:
+    """A claim allocated one edgeplug.io device on ``node`` (as the scheduler would write it,
+    written by the admin), with another driver's device beside it."""
+    _apply(cp, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
+                    "deviceClassName": "anything"}}]}}})
+    allocation = {"devices": {"results": [
+        {"request": "cam", "driver": "edgeplug.io", "pool": f"{namespace}/cam/node/{node}",
+         "device": "cam-1"},
+        {"request": "cam", "driver": "gpu.example.com", "pool": node, "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+    cp.kubectl("patch", "resourceclaim", name, "-n", namespace, "--subresource=status",
+               "--type=merge", "-p", json.dumps({"status": {"allocation": allocation}}))
+
+
+def _device_status(driver: str, pool: str, device: str) -> dict[str, Any]:
+    return {"driver": driver, "pool": pool, "device": device,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "DeviceHealthy",
+                            "message": "", "lastTransitionTime": "2026-12-07T00:00:00Z"}]}
+
+
+def test_claim_status_only_its_drivers_entries_of_claims_on_its_node(
+        control_plane: ControlPlane, world: World) -> None:
+    """Issue 50's claim status (agent/dra/claim_status.py) gives the agent patch on every
+    claim's status. Node A's token tries: its driver's entry on a claim allocated on node B;
+    on a claim on A, another driver's entry, the pods reserving the claim; an unallocated
+    claim allocated to itself. Each is refused, by the API server where it guards claims'
+    status by driver and node (v1.36+), by the policy elsewhere; its own entry on its own
+    claim passes."""
+    cp, w = control_plane, world
+    s = uuid.uuid4().hex[:6]
+    on_a, on_b = f"on-a-{s}", f"on-b-{s}"
+    _allocated_claim(cp, w.namespace, on_a, w.node_a)
+    _allocated_claim(cp, w.namespace, on_b, w.node_b)
+    client = _client(w.agent_a)
+
+    def status(name: str, body: dict[str, Any]) -> tuple[bool, str]:
+        return _outcome(lambda: client.patch(
+            ResourceClaimResource.Status, name, {"status": body}, namespace=w.namespace,
+            patch_type=PatchType.MERGE))
+
+    ours_a = _device_status("edgeplug.io", f"{w.namespace}/cam/node/{w.node_a}", "cam-1")
+    ours_b = _device_status("edgeplug.io", f"{w.namespace}/cam/node/{w.node_b}", "cam-1")
+    # Where the API server checks the node itself (granular status authorization, v1.36+:
+    # "arbitrary-node:patch" is not granted) it refuses first; elsewhere the policy does.
+    allowed_b, message_b = status(on_b, {"devices": [ours_b]})
+    assert not allowed_b, "node A wrote the status of a claim on node B"
+    assert "arbitrary-node:patch" in message_b or "allocated on its node" in message_b, (
+        message_b)
+    # Allocating a claim nobody allocated yet, to itself; adding a pod reserving its own. The
+    # API server refuses both where it guards the binding (resourceclaims/binding, v1.36+),
+    # the policy elsewhere.
+    _apply(cp, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"free-{s}", "namespace": w.namespace},
+                "spec": {"devices": {"requests": [{"name": "cam", "exactly": {
+                    "deviceClassName": "anything"}}]}}})
+    taken = _get(cp, "resourceclaim", on_a, "-n", w.namespace)["status"]["allocation"]
+    for name, body in ((f"free-{s}", {"allocation": taken}),
+                       (on_a, {"reservedFor": [{"resource": "pods", "name": "intruder",
+                                                "uid": str(uuid.uuid4())}]})):
+        allowed, message = status(name, body)
+        assert not allowed, f"node A changed {name}'s {next(iter(body))}"
+        assert ("resourceclaims/binding" in message or "allocated on its node" in message
+                or "may not change a claim's allocation or reservedFor" in message), message
+    allowed, message = status(on_a, {"devices": [
+        ours_a, _device_status("gpu.example.com", w.node_a, "gpu-0")]})
+    assert not allowed, "node A wrote another driver's device status"
+    assert ('"gpu.example.com" is forbidden' in message
+            or "only the driver edgeplug.io's status.devices" in message), message
+    _allowed(status(on_a, {"devices": [ours_a]}))
 
 
 # -- DeviceClasses -------------------------------------------------------------------------

@@ -47,36 +47,15 @@ SYSTEM_NAMESPACE = "edgeplug-system"
 AGENT = "edgeplug-agent"
 SECRET_VALUE = "planted-secret-9f3e1d"
 HTTP_FORBIDDEN = 403
-#: What the agent's token needs beyond deploy/dra to write a claim's status.devices: the
-#: status subresource, and (granular status authorization) its driver's entries on claims
-#: allocated on its own node.
-CLAIM_STATUS_RIGHTS: dict[str, Any] = {
-    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-    "metadata": {"name": "edgeplug-agent-claim-status"},
-    "rules": [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
-         "verbs": ["patch"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
-         "verbs": ["associated-node:patch"], "resourceNames": [dra.DRIVER]},
-    ],
-}
-BINDING: dict[str, Any] = {
-    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-    "metadata": {"name": "edgeplug-agent-claim-status"},
-    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                "name": "edgeplug-agent-claim-status"},
-    "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": SYSTEM_NAMESPACE}],
-}
-
-
 @pytest.fixture
 def node_with_agent_token(control_plane: ControlPlane, tmp_path: Path
                           ) -> Iterator[tuple[str, Identity]]:
     cp = control_plane
+    # The agent's rights as installed: deploy/dra's patch of claims' status, confined by its
+    # claim status policy.
     for name in ("namespace.yaml", "agent-rbac.yaml"):
         cp.kubectl("apply", "-f", str(MANIFESTS / name))
-    cp.kubectl("apply", "-f", "-", stdin=json.dumps(CLAIM_STATUS_RIGHTS))
-    cp.kubectl("apply", "-f", "-", stdin=json.dumps(BINDING))
+    cp.kubectl("apply", "-k", str(REPO_ROOT / "deploy" / "dra"))
     node = harness.new_node(control_plane)
     identity = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account=AGENT, node=node,
                          folder=tmp_path)
