@@ -1,6 +1,6 @@
 """Events and metrics for pods the kubelet rejected at admission: brokers and users' pods.
 
-Why this exists: a rejected pod is Failed for good (issue 21). The controller recreates its
+Why this exists: a rejected pod is Failed for good. The controller recreates its
 own brokers at once (``controller.plans``); this module says so where the user looks, an Event on
 the Instance naming the pod and the kubelet's message, and counts it. For a user's pod that asked
 for an edgeplug resource, nobody but a human can recover, so the Instance (or, for the

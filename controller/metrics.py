@@ -2,8 +2,8 @@
 
 Why this exists: an operator must see without reading logs how many brokers each Configuration
 wants and has, which replica is active, which nodes hold devices (so an agent that is down there
-is noticed), how often the kubelet rejects pods for edgeplug's devices (issue 21: a rejected pod
-is Failed for good, so every one is a broker the controller had to recreate or a user's pod that
+is noticed), how often the kubelet rejects pods for edgeplug's devices (a rejected pod is
+Failed for good, so every one is a broker the controller had to recreate or a user's pod that
 needs a human), and whether the API server is answering. The registry is per instance so tests
 can run several controllers in one process; ``serve`` exposes it when the controller is started
 with ``--metrics-port``.

@@ -5,7 +5,7 @@ depend on kopf, on the API or on the clock, so it is a pure function tested in i
 is idempotent: applying it twice, or by two replicas at once, is harmless, because names are
 deterministic (a second create is ``409``, a second delete ``404``).
 
-Rules for broker pods (issue 4, item 2):
+Rules for broker pods:
 
 - a desired pod that does not exist is created; an existing pod that is not desired (its node
   left the Instance's ``nodes``) is deleted;
@@ -13,7 +13,7 @@ Rules for broker pods (issue 4, item 2):
   the new spec once it is gone (the rollout of a changed Configuration);
 - a pod that failed or finished is deleted after a backoff that doubles with every recreation of
   that broker (bounded); a pod still Pending after a grace period is deleted and recreated;
-- a pod the kubelet rejected at admission (issue 21: ``UnexpectedAdmissionError`` when a slot
+- a pod the kubelet rejected at admission (``UnexpectedAdmissionError`` when a slot
   it was scheduled for was gone) is deleted at once, without backoff: it never ran, and it is
   Failed for good. After ``ADMISSION_IMMEDIATE_MAX`` such rejections of one broker in a row
   (no Ready in between) it waits the restart backoff like any failure (still counted and
