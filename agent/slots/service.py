@@ -478,7 +478,12 @@ class DevicePluginService:
         wanted: set[str] = set()
         groups: dict[_Key, list[Instance]] = {}
         for count, (key, instance) in enumerate(served.items(), start=1):
-            wanted.add(await self._ensure_instance_plugin(key, instance))
+            device = self._devices.get(*key)
+            if device is None:
+                # Gone from the table since the pass began (its awaits let the discovery run
+                # go on): not advertised, so its plugin is withdrawn below.
+                continue
+            wanted.add(await self._ensure_instance_plugin(key, instance, device))
             groups.setdefault((key[0], instance.spec.configuration_name), []).append(instance)
             if count % PASS_YIELD_EVERY == 0:
                 # Unchanged plugins never yield: without this a pass over hundreds of
@@ -527,10 +532,9 @@ class DevicePluginService:
         if self._tasks is not None:
             self._tasks.create_task(self._cross.run(), name="cross-node-protocol")
 
-    async def _ensure_instance_plugin(self, key: _Key, instance: Instance) -> str:
+    async def _ensure_instance_plugin(self, key: _Key, instance: Instance,
+                                      device: NodeDevice) -> str:
         resource = instance_resource_name(instance.name)
-        device = self._devices.get(*key)
-        assert device is not None
         advertised = instance_devices(instance, self.node, healthy=device.healthy)
         await self._ensure(
             resource,
