@@ -685,7 +685,7 @@ class InstancePublisher:
             nodes = stored.get("spec", {}).get("nodes") or []
             log.info("left Instance %s (nodes now %s)", name, nodes, extra=self._extra(name))
             if not nodes:
-                await self._delete(name)
+                await self._delete(name, str(stored["metadata"].get("uid") or ""))
             elif (node_instances.is_labelled(stored, self._node)
                   and not node_instances.wants_label(stored, self._node)):
                 # Labelled by a merge patch too (agent.node_instances.relabel): the apply
@@ -704,7 +704,7 @@ class InstancePublisher:
             return True
         if (current.get("spec") or {}).get("nodes") != [self._node]:
             return False
-        await self._delete(name)
+        await self._delete(name, str(current["metadata"].get("uid") or ""))
         return True
 
     def _leave_body(self, name: str, resource_version: str, *, keep_label: bool) -> dict[str, Any]:
@@ -717,13 +717,17 @@ class InstancePublisher:
             metadata["labels"] = {label: node_instances.LABEL_VALUE}
         return {"apiVersion": API_VERSION, "kind": INSTANCE_KIND, "metadata": metadata}
 
-    async def _delete(self, name: str) -> None:
+    async def _delete(self, name: str, uid: str = "") -> None:
+        """Delete ``name`` (``uid``: the object read, which this node's watches then take for
+        gone without reading it)."""
         try:
             await self._client.delete(InstanceResource, name, namespace=self._cfg.namespace)
             log.info("deleted Instance %s", name, extra=self._extra(name))
         except ApiError as exc:
             if not is_not_found(exc):
                 raise
+        if uid:
+            node_instances.deleted_here(uid)
 
     async def _leave_after_grace(self, name: str) -> None:
         """Leave ``name`` once its grace is over; retried until done or superseded (the device

@@ -11,7 +11,8 @@ A label that goes is not a deletion: ``watch`` answers the watch's ``DELETED`` b
 Instance by name, and yields ``DELETED`` only when it is gone (or was re-created under the same
 name); an Instance still there comes as ``MODIFIED`` with what was read, labelled again
 (``relabel``) where it still lists this node. ``still_there`` does the same for an Instance a
-relist no longer shows. ``label_unlabelled`` labels at start what an agent without labels left
+relist no longer shows. An Instance this process deleted itself (``deleted_here``) is taken
+for gone unread. ``label_unlabelled`` labels at start what an agent without labels left
 (one paginated list of every Instance, once per process). Design and figures: docs/fleet.md.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -48,6 +50,20 @@ MAX_PREFIX = 253
 MAX_NODE_IN_LABEL = MAX_PREFIX - len(LABEL_DOMAIN) - 1
 #: Instances one page of ``label_unlabelled``'s list holds.
 MIGRATION_PAGE = 250
+#: Seconds a deletion this process made stays known to its watches (``deleted_here``).
+DELETED_MEMORY_S = 60.0
+
+_deleted: dict[str, float] = {}  # uid → when this process deleted it, oldest first
+
+
+def deleted_here(uid: str) -> None:
+    """This process deleted the Instance ``uid``: a watch takes its ``DELETED`` for a deletion
+    without reading it (a withdrawal of 1,000 Instances read each one again)."""
+    now = time.monotonic()
+    while _deleted and now - next(iter(_deleted.values())) > DELETED_MEMORY_S:
+        del _deleted[next(iter(_deleted))]
+    _deleted.pop(uid, None)
+    _deleted[uid] = now
 
 
 def serves_label(node: str) -> str:
@@ -163,6 +179,9 @@ async def watch(
             yield kind, body
             continue
         meta = body["metadata"]
+        if meta.get("uid") in _deleted:
+            yield "DELETED", body
+            continue
         current = await _read_until_answered(client, node, meta, what)
         if current is None:
             yield "DELETED", body

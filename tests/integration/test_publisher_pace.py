@@ -6,7 +6,8 @@ list (not a GET per device) from ``LIST_FROM`` new devices on, and by a GET each
 device costs its create, its apply and its first verdict (``status.reported``), and the first
 verdicts do not wait for the last Instance; a device reaches the table only after its verdict
 (issue 36's order). A device another node publishes under its collision name is joined there.
-Withdrawn, an Instance the node alone is listed on costs a read and a delete.
+Withdrawn, an Instance the node alone is listed on costs a read and a delete, and this
+process's watches take its deletion unread.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient
 
+from agent import node_instances
 from agent.instance_publisher import InstancePublisher
 from agent.kube import ConfigurationResource, InstanceResource, as_dict
 from agent.metrics import AgentMetrics
@@ -186,6 +188,8 @@ async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
         for name in names.values():
             if name != joined:
                 assert [w for w, n in calls if n == name] == ["get", "delete"], name
+                # This process's watches take its DELETED for a deletion, unread.
+                assert found[name]["metadata"]["uid"] in node_instances._deleted, name
     finally:
         await client.close()
         await observer.close()
