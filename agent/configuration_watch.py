@@ -31,7 +31,7 @@ from agent.properties import (
     Reference,
     ReferenceWatch,
 )
-from crds.configuration import Configuration, allocator_of
+from crds.configuration import Configuration, allocator_of, eviction_grace
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,8 @@ class ConfigurationWatch:
                         self._configurations[key] = cfg
                     await self._devices.set_allocator(
                         *key, None if op == "DELETED" else allocator_of(body))
+                    await self._devices.set_eviction_grace(
+                        *key, None if op == "DELETED" else eviction_grace(body.get("spec") or {}))
                     await self._reconcile(key)
         finally:
             await self._shutdown()
@@ -243,6 +245,7 @@ class ConfigurationWatch:
                              extra={"configuration": "/".join(key)})
                     del self._configurations[key]
                     await self._devices.set_allocator(*key, None)
+                    await self._devices.set_eviction_grace(*key, None)
                     await self._reconcile(key)
 
     async def _on_reference_change(self, ref: Reference) -> None:

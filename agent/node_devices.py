@@ -88,6 +88,7 @@ class NodeDeviceTable:
         #: (namespace, configuration) → the allocator of its devices, as the Configuration
         #: says (``crds.configuration.allocator_of``).
         self._allocators: dict[tuple[str, str], Allocator] = {}
+        self._graces: dict[tuple[str, str], int] = {}
         self._version = 0
         self._changed = asyncio.Condition()
 
@@ -117,6 +118,23 @@ class NodeDeviceTable:
                 return
         else:
             self._allocators[key] = allocator
+        await self._bump()
+
+    def eviction_grace(self, namespace: str, configuration: str) -> int | None:
+        """Seconds the Configuration lets a device stay unhealthy before its pods are evicted
+        (``spec.unhealthyDevices.evictAfterSeconds``); None: they stay."""
+        return self._graces.get((namespace, configuration))
+
+    async def set_eviction_grace(self, namespace: str, configuration: str,
+                                 grace: int | None) -> None:
+        """Record the Configuration's eviction grace (``None``: none, or it is gone)."""
+        key = (namespace, configuration)
+        if self._graces.get(key) == grace:
+            return
+        if grace is None:
+            self._graces.pop(key, None)
+        else:
+            self._graces[key] = grace
         await self._bump()
 
     async def put(self, device: NodeDevice) -> None:

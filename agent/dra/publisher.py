@@ -27,8 +27,8 @@ deletes (the kubelet, at its start, wipes slices of drivers not registered in ti
 again. Fields the API server drops (consumable capacity, taints: gates off, as on 1.35) are
 reported once (``crds.dra_features``).
 
-Eviction: a Configuration with ``spec.unhealthyDevices.evictAfterSeconds`` (followed by a watch
-of Configurations of its own, a few objects) has a device of this node that stays unhealthy
+Eviction: a Configuration with ``spec.unhealthyDevices.evictAfterSeconds`` (the device table
+holds it, from the agent's Configuration watch) has a device of this node that stays unhealthy
 that long tainted ``NoExecute`` instead of ``NoSchedule``; the kube-controller-manager's device
 taint eviction controller then evicts the pods holding it. The grace is timed from when this
 process first saw the device unhealthy (an agent restart starts it again); a timer wakes the
@@ -50,10 +50,9 @@ from agent.dra import slices
 from agent.kube import as_dict, field_manager
 from agent.node_devices import NodeDeviceTable
 from crds import dra_features, dra_slices, pool_slices
-from crds.configuration import Allocator, eviction_grace
+from crds.configuration import Allocator
 from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
-from crds.resources import ConfigurationResource
 from crds.resources import ResourceSliceResource as ResourceSliceResource
 
 log = logging.getLogger(__name__)
@@ -104,8 +103,6 @@ class DraPublisher:
         #: has left this node (a Configuration deleted, a device gone), not "not known yet".
         self._seen: set[tuple[str, str]] = set()
         self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        #: (namespace, configuration) → ``spec.unhealthyDevices.evictAfterSeconds``, where set.
-        self._graces: dict[tuple[str, str], int] = {}
         #: (namespace, Instance) → when this process first saw the device unhealthy (loop time).
         self._unhealthy_since: dict[tuple[str, str], float] = {}
         self._configuration_of: dict[tuple[str, str], str] = {}
@@ -132,7 +129,6 @@ class DraPublisher:
             group.create_task(self._watch())
             group.create_task(self._watch_own_slices())
             group.create_task(self._watch_devices())
-            group.create_task(self._watch_graces())
             group.create_task(self._reconcile_loop())
 
     # -- input ------------------------------------------------------------------------------
@@ -184,25 +180,6 @@ class DraPublisher:
             version = await self._devices.wait_changed(version)
             self._dirty.set()
 
-    async def _watch_graces(self) -> None:
-        """Each Configuration's eviction grace (``spec.unhealthyDevices``); a change wakes a
-        pass (a device already unhealthy longer than a new grace is tainted ``NoExecute``)."""
-        namespace = self._namespace if self._namespace is not None else "*"
-        async for kind, obj in watching.watch(self._client, ConfigurationResource,
-                                              what="Configurations (DRA eviction)",
-                                              namespace=namespace):
-            body = as_dict(obj)
-            meta = body.get("metadata") or {}
-            key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-            grace = None if kind == "DELETED" else eviction_grace(body.get("spec") or {})
-            if self._graces.get(key) == grace:
-                continue
-            if grace is None:
-                self._graces.pop(key, None)
-            else:
-                self._graces[key] = grace
-            self._dirty.set()
-
     def _served(self) -> slices.Served:
         snapshot = self._devices.snapshot()
         served = {key: None if d.healthy else d.health.reason for key, d in snapshot.items()}
@@ -224,7 +201,7 @@ class DraPublisher:
             if reason is None:
                 continue
             since = self._unhealthy_since.setdefault(key, now)
-            grace = self._graces.get((key[0], self._configuration_of.get(key, "")))
+            grace = self._devices.eviction_grace(key[0], self._configuration_of.get(key, ""))
             if grace is None:
                 continue
             if now >= since + grace:
