@@ -7,6 +7,18 @@ are deleted the waiting ones must get the freed slots, whichever node freed them
 node's slot must cross to the first). Throughout, no slot is held by two pods on any
 node, no pod fails admission (the losing node must never even try a slot the other holds), and
 the Instance is never re-created (tests/faults/invariants.py).
+
+The pods are created once the nodes share the slots fairly (each reserves one, its Node shows
+it allocatable). Before that the first agent to find the device reserves both slots and gives
+one away as the second node joins; pods created then and bound to the first node by a scheduler
+whose cache still counts both slots are the window docs/slots.md leaves open ("A scheduler cache
+older than the lowering"). On a loaded machine the quiet variant on v1.35.4 failed 2 runs of 38
+so; in the one whose timeline was kept, the scheduler bound two pods to the first node 50 and
+65 ms after its agent had lowered the count to 1, and the kubelet refused the second
+("requested number of devices unavailable ... Available: 0") before the hand-off gate's second
+look kept the slot (that late look caught a pod in 7 of 32 runs, the kubelet was faster once;
+with the fair share awaited, 0 of 16). That is not the race between nodes this scenario is
+about.
 """
 
 from __future__ import annotations
@@ -17,7 +29,8 @@ from lightkube import AsyncClient
 from crds.naming import instance_resource_name
 from tests.faults.cluster import FaultCluster
 from tests.faults.slot_turns import take_turns
-from tests.harness.agent_nodes import pinned_pod
+from tests.harness.agent_nodes import pinned_pod, read_instance
+from tests.harness.kube_waits import allocatable, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -38,6 +51,14 @@ async def test_two_nodes_race_for_one_shared_device(
     names = [f"{node.name}-{i}" for node, count in zip((first, second), PODS, strict=True)
              for i in range(count)]
 
+    nodes = (first.name, second.name)
+
+    async def fair_share() -> bool:
+        found = await read_instance(client, ns, instance)
+        counts = [await allocatable(client, node, resource) for node in nodes]
+        return sorted(found.reservations.values()) == sorted(nodes) and counts == ["1", "1"]
+
+    await wait_until(fair_share, what="each node reserving one slot, its Node showing it")
     async with cluster.recorder() as recorder:
         for name in names:
             pinned_to = name.rpartition("-")[0]
