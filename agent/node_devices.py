@@ -65,11 +65,10 @@ class NodeDevice:
         return _prepares(self.handler)
 
 
-#: Handler class → whether it is a ``PreparingHandler``. ``isinstance`` against a
-#: runtime-checkable Protocol walks the Protocol's members on every call (about 20 µs); every
-#: reconcile pass asks this of every served device twice, which at 200 devices was 17% of the
-#: agent's CPU (issue 36). No handler gains or loses ``prepare`` after it is made, so the answer
-#: for the first handler of a class holds for the class.
+#: Handler class → whether it is a ``PreparingHandler``. ``isinstance`` against a runtime-checkable
+#: Protocol walks the Protocol's members on every call; every reconcile pass asks this of every
+#: served device twice (docs/benchmarks.md has what it cost). No handler gains or loses ``prepare``
+#: after it is made, so the answer for the first handler of a class holds for the class.
 _PREPARING: dict[type, bool] = {}
 
 

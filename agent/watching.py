@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
 #: The longest wait between attempts. Short, so an agent is back within a few seconds of the
-#: API server's return (issue 13's outage target is 5 s); the jitter below spreads a fleet's
-#: reconnects over that time instead of landing them all at once.
+#: API server's return; the jitter below spreads a fleet's reconnects over that time instead
+#: of landing them all at once.
 RETRY_MAX_S = 2.0
 RETRY_JITTER_LOW = 0.5  # each wait is drawn from [ceiling * this, ceiling]
 HTTP_GONE = 410  # the watch's resourceVersion is too old: it restarts from the current state

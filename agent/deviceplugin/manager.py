@@ -128,7 +128,7 @@ class PluginManager:
     async def remove(self, *resource_names: str) -> None:
         """Stop serving ``resource_names`` and delete their sockets (the kubelet then drops
         them). Every stream ends before the first server stops: one by one, each plugin's end
-        waited for the stop of the one before (issue 36)."""
+        waited for the stop of the one before."""
         async with self._lock:
             going = [
                 (name, plugin) for name in resource_names

@@ -66,9 +66,8 @@ RETRY_SECONDS: Final = 1.0
 #: rewrites, not one per Instance.
 MIN_PASS_INTERVAL: Final = 0.5
 #: A change that comes this long after the last writing pass ended is no burst: it is written at
-#: once. (Pacing every change by ``MIN_PASS_INTERVAL`` held each one a few tenths of a second
-#: after the one before back by what was left of it: 0.2 s per change in
-#: bench_agent_changes --mode dra, issue 36.)
+#: once (pacing every change by ``MIN_PASS_INTERVAL`` would hold each one back by what was left
+#: of the interval).
 QUIET_S: Final = 0.1
 #: API writes of one pass in flight at once (pools are independent; one pool's slices are
 #: written in order, its stale ones deleted after).

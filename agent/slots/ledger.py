@@ -262,10 +262,10 @@ class SlotLedger:
         known: Instance | None = None,
     ) -> None:
         for _ in range(MAX_WRITE_ATTEMPTS):
-            # The caller's copy spares the read (issue 36: a GET before every reservation
-            # write): the write is conditioned on its resourceVersion, so a stale copy costs a
-            # 409 and a re-read, never a wrong move. "Nothing to change" on it writes nothing
-            # and so proves nothing: a fresh read decides that.
+            # The caller's copy spares the read (a GET before every reservation write): the write is
+            # conditioned on its resourceVersion, so a stale copy costs a 409 and a re-read, never a
+            # wrong move. "Nothing to change" on it writes nothing and so proves nothing: a fresh
+            # read decides that.
             if known is not None:
                 instance, known = known, None
                 changes = self._reservation_changes(instance, slots, release=release)

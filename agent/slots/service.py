@@ -619,7 +619,7 @@ class DevicePluginService:
     async def _reserve_before_serving(self, served: dict[_Key, Instance]) -> None:
         """Reservations for Instances no plugin serves yet, written before their plugins
         start, so that a new device's first ``ListAndWatch`` already offers the slots reserved
-        for this node (issue 36: one pass and its watch round trip fewer per new device).
+        for this node (one pass and its watch round trip fewer per new device).
         Only reservations: nothing is advertised yet that a release would have to take back;
         releases and demand stay with ``_move_reservations``, after the plugins. ``served``
         takes the copies written."""
