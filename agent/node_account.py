@@ -88,7 +88,7 @@ class NodeAccount:
             try:
                 await self.start()
                 break
-            except (ApiError, NodeAccountUnavailable) as error:
+            except Exception as error:  # the API server away, a refusal: keep trying
                 message = error.status.message if isinstance(error, ApiError) else str(error)
                 log.error("this node's account for Secret reads is unavailable (%s); Secrets"
                           " and ConfigMaps Configurations name cannot be read; retrying in"
@@ -102,7 +102,7 @@ class NodeAccount:
             await asyncio.sleep(max(left - TOKEN_SECONDS * (1 - RENEW_AT), 0.0))
             try:
                 await self._renew()
-            except (ApiError, NodeAccountUnavailable) as error:
+            except Exception as error:  # the API server away: the token has a quarter left
                 log.warning("renewing this node's account token failed (%s); retrying", error)
                 await asyncio.sleep(RETRY_S)
 

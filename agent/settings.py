@@ -35,8 +35,6 @@ DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 #: Where a kubelet that rotates its client certificate keeps the current one (key included).
 DEFAULT_KUBELET_CLIENT_CERT = Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
-#: The nodes' own accounts, beside the install namespace (deploy/manifests/agent-rbac.yaml).
-DEFAULT_NODE_ACCOUNTS_NAMESPACE = "edgeplug-system-nodes"
 HELP_WIDTH = 96
 _VARIABLE: Final = "environment_variable"
 
@@ -107,14 +105,6 @@ def path_unless_empty(name: str, default: Path, meaning: str) -> dict[str, Any]:
         value = str(default) if raw is None else raw
         return Path(value) if value else None
     return _variable(name, str(default), meaning, read)
-
-
-def text_unless_empty(name: str, default: str, meaning: str) -> dict[str, Any]:
-    """Unset: ``default``; empty: None (the feature off); else the text given."""
-    def read(var: str, raw: str | None) -> str | None:
-        value = default if raw is None else raw
-        return value or None
-    return _variable(name, default, meaning, read)
 
 
 def switch(name: str, default: bool, meaning: str) -> dict[str, Any]:
@@ -189,11 +179,11 @@ class AgentSettings:
         "kubelet asks to prepare are read (the Node authorizer allows only this node's); "
         "empty: read with the agent's own token (deploy/README.md)"))
     #: In-process default None: Secrets and ConfigMaps are read with the agent's own client.
-    node_accounts_namespace: str | None = field(default=None, metadata=text_unless_empty(
-        "NODE_ACCOUNTS_NAMESPACE", DEFAULT_NODE_ACCOUNTS_NAMESPACE,
+    node_accounts_namespace: str | None = field(default=None, metadata=optional(
+        "NODE_ACCOUNTS_NAMESPACE", "(unset)",
         "the namespace of the nodes' own ServiceAccounts (node-<node>), as which this node "
-        "reads the Secrets and ConfigMaps its Configurations name (deploy/README.md); empty: "
-        "read with the agent's own token"))
+        "reads the Secrets and ConfigMaps its Configurations name (deploy/README.md; the "
+        "DaemonSets set edgeplug-system-nodes); unset: read with the agent's own token", str))
     kubelet_client_key: Path | None = field(default=None, metadata=optional(
         "KUBELET_CLIENT_KEY", "(in the certificate file)",
         "the key of KUBELET_CLIENT_CERT, where it is a file of its own", Path))

@@ -148,7 +148,7 @@ def test_every_daemonset_variable_is_one_the_agent_reads() -> None:
             required.append(name)
             continue
         if name in ("PLUGIN_DIR", "POD_RESOURCES_SOCKET", "DISCOVERY_HANDLERS_DIRECTORY",
-                    "KUBELET_CLIENT_CERT", "NODE_ACCOUNTS_NAMESPACE"):
+                    "KUBELET_CLIENT_CERT"):
             # These restate the defaults (explicit for operators); the value is what is read.
             changed = AgentSettings.from_env({**rest, name: "/elsewhere/x.sock"})
             assert changed != full, f"{name} is not read by AgentSettings.from_env"
