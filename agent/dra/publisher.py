@@ -308,6 +308,16 @@ class DraPublisher:
                 and self._devices.allocator(i.namespace, i.spec.configuration_name)
                 == Allocator.DRA]
 
+    def _undecided_pools(self, served: slices.Served) -> set[str]:
+        """Pools of devices this node still serves whose Configuration's allocator it does not
+        know yet (an agent restarting reads the Configurations after its first pass may run):
+        what was published for them stays as it is until the allocator is known."""
+        return {slices.local_pool(i.namespace, i.spec.configuration_name, self._node)
+                for i in self._instances.values()
+                if not i.spec.shared and self._node in i.spec.nodes
+                and not self._left(i, served)
+                and self._devices.allocator(i.namespace, i.spec.configuration_name) is None}
+
     async def reconcile(self) -> None:
         """One pass: publish every pool that changed, withdraw those no longer wanted. A pool
         the API server refuses does not hold back the others; the first error is raised at
@@ -324,7 +334,9 @@ class DraPublisher:
                    if (w := self._written.get(pool.name)) is None or w.key != content_key(pool)]
         generations = await self._listed_generations(
             [pool.name for pool in changed if pool.name not in self._written])
-        gone = [p for p in self._written if p not in plan.pools and p not in plan.held]
+        undecided = self._undecided_pools(served)
+        gone = [p for p in self._written
+                if p not in plan.pools and p not in plan.held and p not in undecided]
         outcomes = await asyncio.gather(
             *(self._publish(pool, generations.get(pool.name, 0)) for pool in changed),
             *(self._withdraw(name) for name in gone), return_exceptions=True)

@@ -7,6 +7,7 @@ allocated before still counts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ import pytest
 from lightkube import AsyncClient
 
 from agent.dra import slices
-from agent.dra.publisher import ResourceSliceResource
+from agent.dra.publisher import DraPublisher, ResourceSliceResource
 from agent.kube import as_dict
+from agent.node_devices import NodeDeviceTable
 from controller.instance_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name
@@ -80,6 +82,22 @@ async def test_an_agent_restart_rewrites_no_unchanged_pool(
 
             await harness.eventually(published, what=f"two devices in {pool}")
             (before,) = await h.pool_slices(kube, pool)
+            client = agents[node].agent.client
+            # A restarted agent's publisher may pass before its Configuration watch has told
+            # it the allocator (here: never): the pool it published stays as it is.
+            early = DraPublisher(client=client, node_name=node, namespace=namespace,
+                                 devices=NodeDeviceTable())
+            task = asyncio.create_task(early.run())
+            try:
+                async def first_pass() -> bool:
+                    return early.passes >= 1 and len(early.known_instances()) == 2
+
+                await harness.eventually(first_pass, what="an undecided publisher's first pass")
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert early.writes == 0
         async with h.dra_agents(control_plane, [node], namespace) as agents:
             again = agents[node].publisher
 
