@@ -20,7 +20,7 @@ space := $(empty) $(empty)
 # The record that build/images holds the images of these sets built from the inputs below.
 IMAGES_STAMP := $(IMAGES_DIR)/.built-$(subst $(space),+,$(strip $(AGENT_HANDLER_SETS)))
 # What build-oci.sh builds from (its own inputs_digest reads the same list).
-IMAGE_INPUTS := $(shell find pyproject.toml README.md agent controller crds discovery_handlers \
+IMAGE_INPUTS := $(shell find pyproject.toml README.md agent controller crds cli discovery_handlers \
   deploy/images -type f -not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
 # Recipes run with the venv first on PATH: console scripts (lint-imports, edgeplug-agent) and
@@ -93,7 +93,7 @@ demo: install
 
 lint: $(VENV_STAMP)
 	$(VENV_PY) -m ruff check .
-	$(VENV_PY) -m mypy agent controller discovery_handlers crds tests
+	$(VENV_PY) -m mypy agent controller discovery_handlers crds cli tests
 	$(VENV)/bin/lint-imports
 
 # images: tests/integration/test_images.py runs what they hold (rebuilt only when an input changed).

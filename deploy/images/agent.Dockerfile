@@ -11,6 +11,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY crds ./crds
+COPY cli ./cli
 COPY discovery_handlers ./discovery_handlers
 # controller/ is left out: setuptools' package discovery includes only what is there.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".${HANDLER_EXTRAS:+[${HANDLER_EXTRAS}]}"

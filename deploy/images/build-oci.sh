@@ -55,7 +55,7 @@ inputs_digest() {
   (
     cd "$REPO"
     printf '%s\n' "$AGENT_HANDLER_SETS" "$ROOT_PACKAGES"
-    find pyproject.toml README.md agent controller crds discovery_handlers deploy/images \
+    find pyproject.toml README.md agent controller crds cli discovery_handlers deploy/images \
       -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 \
       | sort -z | xargs -0 sha256sum
   ) | sha256sum | cut -d' ' -f1
@@ -112,7 +112,7 @@ wheels() {
   local role=$1 extras=$2 src="$WORK/src-$1-$2" dest="$WORK/wheels-$1-$2"
   mkdir -p "$src" "$dest"
   cp "$REPO/pyproject.toml" "$REPO/README.md" "$src/"
-  for package in "$role" crds discovery_handlers; do
+  for package in "$role" crds cli discovery_handlers; do
     (cd "$REPO" && find "$package" -type f -not -path '*/__pycache__/*' -not -name '*.pyc' \
       -exec cp --parents {} "$src/" \;)
   done

@@ -7,6 +7,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY controller ./controller
 COPY crds ./crds
+COPY cli ./cli
 COPY discovery_handlers ./discovery_handlers
 # agent/ is left out: setuptools' package discovery includes only what is there.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[controller]"

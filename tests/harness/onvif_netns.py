@@ -281,7 +281,7 @@ async def edgeplug_discover(
     path.write_text(configuration, encoding="utf-8")
     clock = clock_near_boot() if near_boot else []
     proc = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", bed.handler_ns, *clock, sys.executable, "-m", "crds.cli", "discover",
+        "ip", "netns", "exec", bed.handler_ns, *clock, sys.executable, "-m", "cli", "discover",
         "-f", str(path), "-o", "json", "--timeout", "20", *arguments,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
     )

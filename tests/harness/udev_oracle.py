@@ -8,7 +8,7 @@ namespace's own links: ``lo`` up, a veth pair ``v0`` up without carrier and ``v1
 ``carrier`` cannot be read), so nothing on the host changes. There it writes the tags it is given
 into udev's database (/run/udev/data, where udevd keeps them; both engines read them there) and
 
-1. runs ``edgeplug discover`` (``crds.cli``, in-process, one Configuration per rule) and lists
+1. runs ``edgeplug discover`` (``cli.main``, in-process, one Configuration per rule) and lists
    every device libudev enumerates, in a child process (under umockdev's preload library when
    given a bed's environment: then /sys is the bed's tree). Those are the devices the kernel
    sends uevents for; directories without a subsystem (``/sys/devices/platform``, a PCI root)
@@ -191,7 +191,7 @@ def _discover(job_path: str) -> None:
     of every device."""
     import pyudev
 
-    from crds import cli
+    from cli import main as cli
 
     job = json.loads(Path(job_path).read_text())
     work = Path(job["work"])

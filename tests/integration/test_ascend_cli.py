@@ -39,7 +39,7 @@ def configuration(path: Path, details: str) -> Path:
 async def discover(node: AscendNode, cfg: Path, *args: str
                    ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "crds.cli", "discover", "-f", str(cfg), "--node", "gpu-7", *args,
+        sys.executable, "-m", "cli", "discover", "-f", str(cfg), "--node", "gpu-7", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **node.env})
 

@@ -40,7 +40,7 @@ def details(url: str) -> str:
 
 async def discover(cfg: Path, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "crds.cli", "discover", "-f", str(cfg), *args,
+        sys.executable, "-m", "cli", "discover", "-f", str(cfg), *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 

@@ -28,7 +28,7 @@ def configuration(path: Path, details: str) -> Path:
 def discover(cfg: Path, *args: str, env: dict[str, str] | None = None
              ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "crds.cli", "discover", "-f", str(cfg), "--node", "n1", *args],
+        [sys.executable, "-m", "cli", "discover", "-f", str(cfg), "--node", "n1", *args],
         capture_output=True, text=True, timeout=CLI_DEADLINE_S, env=env, check=False)
 
 
@@ -66,7 +66,7 @@ def test_discover_watch_shows_a_radio_plugged(tmp_path: Path) -> None:
         env = dict(os.environ)
         env.update(bed.env())
         process = subprocess.Popen(
-            [sys.executable, "-m", "crds.cli", "discover", "-f", str(cfg), "--node", "n1",
+            [sys.executable, "-m", "cli", "discover", "-f", str(cfg), "--node", "n1",
              "--watch", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=env)
         deadline = threading.Timer(CLI_DEADLINE_S, process.kill)  # a hung CLI fails the test

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cli.main import main as cli_main
 from crds import configuration as cfg
 from crds import instance as inst
 from crds.api import (
@@ -32,7 +33,6 @@ from crds.api import (
     crd_schema,
     load_manifests,
 )
-from crds.cli import main as cli_main
 
 CONFIG_SPEC = crd_schema(CONFIGURATION_KIND)["properties"]["spec"]
 INSTANCE_SCHEMA = crd_schema(INSTANCE_KIND)

@@ -31,7 +31,7 @@ def _configuration(path: Path, details: dict[str, Any], **spec: Any) -> Path:
 
 def _discover(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "crds.cli", "discover", *args],
+        [sys.executable, "-m", "cli", "discover", *args],
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
     )
 
@@ -92,7 +92,7 @@ def test_watch_prints_each_change(tmp_path: Path) -> None:
     cfg = _configuration(tmp_path / "c.yaml", {"descriptions": ["foo0", "foo1"],
                                                "availabilityFile": str(offline)})
     with subprocess.Popen(
-        [sys.executable, "-m", "crds.cli", "discover", "-f", str(cfg), "--watch", "-o", "json"],
+        [sys.executable, "-m", "cli", "discover", "-f", str(cfg), "--watch", "-o", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as process:
         try:

@@ -14,7 +14,8 @@ import pytest
 
 from agent.dra import slices
 from agent.settings import AgentSettings
-from crds import discover, dra, dra_slices
+from cli import discover
+from crds import dra, dra_slices
 from crds.instance import Instance, InstanceSpec
 from discovery_handlers.contract import Device
 
@@ -217,7 +218,7 @@ def test_dra_is_off_unless_asked() -> None:
 
 
 def test_discover_prints_the_attributes_a_device_would_carry() -> None:
-    example = Path(discover.__file__).parent / "examples" / "onvif.yaml"
+    example = Path(dra.__file__).parent / "examples" / "onvif.yaml"
     configuration = discover.load_configuration(example)
     device = Device(id="cam", properties={"ONVIF_DEVICE_IP_ADDRESS": "10.0.0.7",
                                           "ONVIF_DEVICE_SERVICE_URL": "http://" + "x" * 80,

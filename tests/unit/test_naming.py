@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from crds.cli import main as cli_main
+from cli.main import main as cli_main
 from crds.naming import (
     DNS_LABEL_MAX,
     Planned,

@@ -1,11 +1,11 @@
-"""``edgeplug``: the small user CLI that ships with the API package.
+"""``edgeplug``: the small user CLI (the `cli` package; the API it reads is `crds`).
 
 ``edgeplug crds | kubectl apply -f -`` installs the CRDs from the installed package (no repo
 checkout needed); ``edgeplug instance-name`` predicts an Instance's name the way the agent will
 compute it, for GitOps users who request ``edgeplug.io/<instance>`` before the device shows up
 (``--all``: every name it may take, in order, its collision name among them, docs/naming.md);
 ``edgeplug discover -f configuration.yaml`` runs the Configuration's handler on this machine and
-prints what the agent would publish (``crds.discover``).
+prints what the agent would publish (``cli.discover``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from crds import discover
+from cli import discover
 from crds.api import manifests_text
 from crds.naming import instance_name, instance_names
 

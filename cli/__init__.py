@@ -1,0 +1,1 @@
+"""The ``edgeplug`` command: install the CRDs, predict Instance names, run a handler here."""
