@@ -34,8 +34,8 @@ from controller.peering import CLUSTER
 from controller.reconciler import Reconciler
 from controller.rest import Rest
 from controller.settings import ControllerSettings
-from controller.webhook import WebhookServer
-from controller.webhook_settings import own_namespace
+from controller.webhook.server import WebhookServer
+from controller.webhook.settings import own_namespace
 
 __all__ = ["FINALIZER", "kopf_settings", "main", "run"]
 

@@ -4,7 +4,7 @@ Why this exists: every interval and grace period the controller uses is named he
 default, so an operator reads in one place what the controller will wait for, and tests can
 shorten them without touching the code. Each setting is declared once, as a field whose
 metadata is its flag and help (``controller.options``); ``from_args`` is derived from the
-fields. The webhook's flags are ``controller.webhook_settings``'.
+fields. The webhook's flags are ``controller.webhook.settings``'.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from controller.plans import (
     DEFAULT_RESTART_BACKOFF_MAX_S,
     BrokerPolicy,
 )
-from controller.webhook_settings import WebhookSettings, add_webhook_arguments, webhook_settings
+from controller.webhook.settings import WebhookSettings, add_webhook_arguments, webhook_settings
 
 #: How often everything is queued for a full reconcile anyway. Watch events make the controller
 #: react at once and deadlines (backoffs, grace periods) are timers, so this is only the net
@@ -111,7 +111,7 @@ class ControllerSettings:
         " (default: random, so replicas of one Deployment differ)", type=int, metavar="N",
         finish=_priority))
     #: The validating admission webhook for Configurations (off unless ``--webhook``); its
-    #: flags are controller.webhook_settings'.
+    #: flags are controller.webhook.settings'.
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     #: The Prometheus ``/metrics`` server: ``None`` serves none.
     metrics_port: int | None = field(default=None, metadata=option(

@@ -57,9 +57,9 @@ from controller.instance_classes import DeviceClassResource
 from controller.kube import Kube
 from controller.main import REPORTING_COMPONENT
 from controller.rest import Rest
-from controller.webhook import CertificateKeeper
-from controller.webhook_certs import plan
-from controller.webhook_settings import WebhookSettings
+from controller.webhook.certs import plan
+from controller.webhook.server import CertificateKeeper
+from controller.webhook.settings import WebhookSettings
 from crds import dra
 from tests.harness import dra as h
 from tests.harness.agent_process import debug_echo_configuration, eventually, new_node

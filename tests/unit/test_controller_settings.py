@@ -19,7 +19,7 @@ from controller.settings import ControllerSettings
 from tests.harness.controlplane import REPO_ROOT
 
 #: Fields set by other means than a flag of their own.
-NOT_A_FLAG = {"webhook": "controller.webhook_settings' flags"}
+NOT_A_FLAG = {"webhook": "controller.webhook.settings' flags"}
 
 
 def _parser() -> argparse.ArgumentParser:

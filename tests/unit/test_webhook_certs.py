@@ -12,7 +12,7 @@ import datetime
 
 from cryptography import x509
 
-from controller.webhook_certs import (
+from controller.webhook.certs import (
     CA_RENEW_BEFORE,
     CA_VALIDITY,
     DAY,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.webhook_review import review
+from controller.webhook.review import review
 from discovery_handlers.contract import Device, PropertyValue
 from discovery_handlers.registry import register_handler
 
@@ -119,7 +119,7 @@ class Block:
         if name.split(".")[0] in {vendors!r}:
             raise ImportError("vendor library " + name + " is not installed here")
 sys.meta_path.insert(0, Block())
-from controller.webhook_review import judge
+from controller.webhook.review import judge
 for name, details in {cases!r}:
     section = {{"name": name, "discoveryDetails": details}}
     verdict = judge({{"spec": {{"discoveryHandler": section}}}})

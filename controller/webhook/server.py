@@ -31,9 +31,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
 
-from controller.webhook_certs import Names, TlsState, expiry, plan
-from controller.webhook_review import HTTP_BAD_REQUEST, review
-from controller.webhook_settings import WebhookSettings
+from controller.webhook.certs import Names, TlsState, expiry, plan
+from controller.webhook.review import HTTP_BAD_REQUEST, review
+from controller.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 
