@@ -45,6 +45,7 @@ from typing import Any, Final
 from lightkube import AsyncClient
 from lightkube.types import PatchType
 
+from controller.agent_liveness import without_gone
 from controller.shared_allocation import put_mode
 from crds import dra, dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
@@ -154,6 +155,8 @@ class SharedPools:
         #: Instance → when this controller first saw it unhealthy on every node (monotonic).
         self._unhealthy_since: dict[_Key, float] = {}
         self._grace_timer: asyncio.TimerHandle | None = None
+        #: Nodes whose agent is gone (``controller.agent_liveness``): left out of selectors.
+        self._gone: frozenset[str] = frozenset()
 
     # -- input ------------------------------------------------------------------------------
 
@@ -265,6 +268,20 @@ class SharedPools:
             self._grace_timer = asyncio.get_running_loop().call_later(
                 nearest - now, lambda: self._mark(*due))
 
+    def set_gone_nodes(self, gone: frozenset[str]) -> None:
+        """The nodes whose agent is gone now: the pools listing a node that left or joined
+        the set are marked."""
+        changed, self._gone = gone ^ self._gone, gone
+        self._mark(*(d.pool for d in self._devices.values()
+                     if d.plan is not None and changed.intersection(d.plan.nodes)))
+
+    def _without_gone(self, plan: dra_slices.PoolPlan | None, key: str | None
+                      ) -> tuple[dra_slices.PoolPlan | None, str | None]:
+        if plan is None or not self._gone.intersection(plan.nodes):
+            return plan, key
+        live = without_gone(plan, self._gone)
+        return live, dra_slices.content_key(live)
+
     def modes(self) -> list[_Key]:
         """The Configurations whose mode is known now."""
         return list(self._modes)
@@ -353,7 +370,7 @@ class SharedPools:
                 if pool in self._written:
                     gone.append(pool)
                 continue
-            plan, key = self._plan(*wanted)
+            plan, key = self._without_gone(*self._plan(*wanted))
             if plan is not None and (
                     (w := self._written.get(pool)) is None or w.key != key):
                 changed.append(plan)
