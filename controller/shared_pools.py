@@ -145,10 +145,12 @@ class SharedPools:
         self._instances_listed = False
         self._modes_listed = False
         self._wake = asyncio.Event()
+        self._passing = False  # a pass is running
         self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
         self.features = dra_features.FeatureReport(log)
         self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
         self.passes = 0  # passes done, for tests and benchmarks
+        self.examined = 0  # pools the passes looked at, for tests and benchmarks
         self._failing = ""  # the error the last pass failed with
         #: (namespace, configuration) → ``spec.unhealthyDevices.evictAfterSeconds``, where set.
         self._graces: dict[_Key, int] = {}
@@ -268,6 +270,11 @@ class SharedPools:
             self._grace_timer = asyncio.get_running_loop().call_later(
                 nearest - now, lambda: self._mark(*due))
 
+    @property
+    def idle(self) -> bool:
+        """No pass waiting or running (for tests and benchmarks)."""
+        return not self._passing and not self._wake.is_set()
+
     def set_gone_nodes(self, gone: frozenset[str]) -> None:
         """The nodes whose agent is gone now: the pools listing a node that left or joined
         the set are marked."""
@@ -310,6 +317,7 @@ class SharedPools:
                 self._wake.clear()
                 continue
             await asyncio.sleep(PASS_DELAY_S)
+            self._passing = True
             self._wake.clear()
             try:
                 await self.reconcile()
@@ -320,8 +328,10 @@ class SharedPools:
                     log.warning("shared pools: pass failed (%s); retrying every %.0f s",
                                 error, RETRY_S)
                 self._failing = str(error)
-                await asyncio.sleep(RETRY_S)
                 self._wake.set()
+                await asyncio.sleep(RETRY_S)
+            finally:
+                self._passing = False
 
     async def _adopt(self) -> None:
         """Learn the pools an earlier controller wrote, so none is rewritten needlessly and
@@ -362,6 +372,7 @@ class SharedPools:
         """One pass: publish every marked pool that changed, withdraw those no longer wanted
         (held ones are left as they are)."""
         pools = self._taken()
+        self.examined += len(pools)
         changed: list[dra_slices.PoolPlan] = []
         gone: list[str] = []
         for pool in sorted(pools):

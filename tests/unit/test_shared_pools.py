@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import pytest
 from lightkube import AsyncClient
 
 from controller.shared_pools import SharedPools, wanted_pools
@@ -171,3 +172,53 @@ async def test_without_the_field_or_within_the_grace_the_taint_is_no_schedule() 
     pools.set_eviction_grace(("ns", "cam"), None)
     await pools.reconcile()
     assert _effects(client) == ["NoSchedule", "NoExecute", "NoSchedule"]
+
+
+# -- what changed: which Instance events mark their pool ---------------------------------------
+
+
+def _changed(**change: Any) -> dict[str, Any]:
+    """The Instance of ``_object("cam-000001")`` with ``change`` merged into its parts."""
+    body = _object("cam-000001")
+    for part, fields in change.items():
+        body[part] = {**body[part], **fields}
+    return body
+
+
+WHAT_CHANGED: list[tuple[str, dict[str, Any] | None, bool]] = [
+    ("nothing (a resync)", _changed(), False),
+    ("a new resourceVersion", _changed(metadata={"resourceVersion": "9"}), False),
+    ("a label and an annotation",
+     _changed(metadata={"labels": {"a": "b"}, "annotations": {"c": "d"}}), False),
+    ("the controller's servedBy and claims", _changed(status={"servedBy": "dra", "claims": 2}),
+     False),
+    ("status.used as the agent writes it", _changed(status={"used": 0}), False),
+    ("a node joins, no verdict of its yet", _changed(spec={"nodes": ["n1", "n2", "n3"]}), False),
+    ("a free slot's record", _changed(spec={"deviceUsage": {"cam-000001-0": ""}}), False),
+    ("a node's first verdict", _changed(status={"reported": {"n1": True, "n2": True}}), True),
+    ("a node finds it unhealthy", _changed(status={"unhealthy": {"n1": "gone"}}), True),
+    ("a slot held by a device plugin",
+     _changed(spec={"deviceUsage": {"cam-000001-0": "n1"}}), True),
+    ("its capacity", _changed(spec={"capacity": 3}), True),
+    ("a broker property (an attribute)", _changed(spec={"brokerProperties": {"IP": "10.0.0.7"}}),
+     True),
+    ("the healthy node leaves", _changed(spec={"nodes": ["n2"]}), True),
+    ("no longer shared", _changed(spec={"shared": False}), True),
+    ("deleted", None, True),
+]
+
+
+@pytest.mark.parametrize(("change", "body", "marks"), WHAT_CHANGED,
+                         ids=[c[0] for c in WHAT_CHANGED])
+def test_an_instance_event_marks_its_pool_only_when_a_pool_input_changed(
+        change: str, body: dict[str, Any] | None, marks: bool) -> None:
+    pools = SharedPools(cast(AsyncClient, object()), namespaces=["ns"])
+    pools.listed([_object("cam-000001"), _object("cam-000002")])
+    pools.set_mode(("ns", "cam"), DRA)
+    pools.modes_listed()
+    pools._taken()  # the full pass after the list
+    pools._wake.clear()
+    pools.put(("ns", "cam-000001"), body)
+    assert pools._wake.is_set() is marks, change
+    assert pools._taken() == ({dra_slices.shared_pool("ns", "cam", "cam-000001")}
+                              if marks else set()), change
