@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from discovery_handlers.ascend.vnpu import VNpu
 from discovery_handlers.contract import HEALTHY, Health
 
 #: ``npu-smi info`` health words at which a chip is handed out.
@@ -51,6 +52,8 @@ class Chip:
     health_level: int | None = None  # DCMI's 0..3, informational (Huawei's plugin ignores it)
     error_codes: tuple[int, ...] | None = None  # DCMI's current error codes; None: not read
     problems: tuple[str, ...] = field(default=())  # what could not be read about this chip
+    #: the vNPUs an admin split the chip into (``vnpu``); () none; None: the source cannot tell
+    vnpus: tuple[VNpu, ...] | None = None
 
     @property
     def model(self) -> str:

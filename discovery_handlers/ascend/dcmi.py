@@ -25,7 +25,8 @@ them). Every call here blocks and may never return (DCMI can hang after a card d
     int dcmi_get_device_network_health(int card_id, int device_id,
                                        enum dcmi_rdfx_detect_result *result);
 
-The last two are asked only of 910-family chips: the RoCE port's address (port type
+and ``dcmi_get_device_info`` for each chip's vNPUs (``vnpu_dcmi``). The IP and network
+calls are asked only of 910-family chips: the RoCE port's address (port type
 ``DCMI_ROCE_PORT``, port 0, IPv4 first then IPv6 as Huawei's plugin asks; a link-local IPv6
 address is none), which HCCL rank tables carry (``huawei.ascend_910_configuration``), and the
 RoCE link check's result (``chips.network_health`` judges it). A chip that does not support the
@@ -42,6 +43,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from discovery_handlers.ascend import vnpu_dcmi
 from discovery_handlers.ascend.chips import Chip
 from discovery_handlers.contract import HEALTHY, Health
 
@@ -136,6 +138,7 @@ _SIGNATURES: dict[str, list[Any]] = {
                            ctypes.POINTER(DcmiIpAddr), ctypes.POINTER(DcmiIpAddr)],
     # enum dcmi_rdfx_detect_result *: an enum is an int-sized unsigned value here
     "dcmi_get_device_network_health": [ctypes.c_int, ctypes.c_int, _c_uint_p],
+    "dcmi_get_device_info": vnpu_dcmi.SIGNATURE,
 }
 #: Without these the library is of no use; the others are read when exported.
 _REQUIRED = ("dcmi_init", "dcmi_get_card_list", "dcmi_get_device_num_in_card",
@@ -248,6 +251,7 @@ class Dcmi:
             roce_ip=self._roce_ip(card, dev) if roce else "",
             network_result=self._network_result(card, dev) if roce else None,
             health=health, health_level=level, error_codes=codes,
+            vnpus=self._vnpus(card, dev, own),
             problems=tuple(f"{where}: {p}" for p in own),
         )
 
@@ -300,6 +304,15 @@ class Dcmi:
             if not (address.is_unspecified or address.is_link_local):
                 return str(address)
         return ""
+
+    def _vnpus(self, card: int, dev: int, problems: list[str]) -> Any:
+        """The chip's vNPUs (``vnpu_dcmi``); None when DCMI cannot tell."""
+        if not self.has("dcmi_get_device_info"):
+            return None
+        found, problem = vnpu_dcmi.read_vnpus(self._call, card, dev)
+        if problem:
+            problems.append(f"vNPUs unreadable: {problem}")
+        return found
 
     def _network_result(self, card: int, dev: int) -> int | None:
         """The RoCE link check's result (``enum dcmi_rdfx_detect_result``); None when DCMI

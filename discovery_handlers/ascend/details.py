@@ -20,6 +20,8 @@ no Ascend driver, so this module imports nothing of DCMI. Every bad value is ref
     runtimeOptions: [NODRV]          # ASCEND_RUNTIME_OPTIONS for Ascend's container runtime
     huaweiMetadata: true             # false: none of the Node labels and pod annotations
                                      # Huawei's plugin writes (Volcano, MindCluster read them)
+    vnpuType: Ascend910-4c           # serve the static vNPUs of this type (Huawei's resource
+                                     # name less huawei.com/) instead of whole chips
 
 One discovery property is read: ``FAULT_CODE_JSON``, a ``faultCode.json`` in Huawei's format
 that replaces the default fault table (typically ``valueFrom.configMapKeyRef`` naming the
@@ -40,6 +42,7 @@ from discovery_handlers.ascend.faults import (
     default_table,
     parse_fault_table,
 )
+from discovery_handlers.ascend.vnpu import ALL_VNPU_TYPES
 from discovery_handlers.contract import InvalidDetails, PropertyValue, property_text
 from discovery_handlers.yaml_details import load_mapping, refuse_unknown
 
@@ -62,13 +65,14 @@ SOURCE_DEVICES = "devices"
 ALL_SOURCES = (SOURCE_DCMI, SOURCE_NPU_SMI, SOURCE_DEVICES)
 
 #: Options Ascend's container runtime (ascend-docker-runtime) understands in
-#: ASCEND_RUNTIME_OPTIONS; VIRTUAL is for vNPUs, which this handler does not create.
+#: ASCEND_RUNTIME_OPTIONS; VIRTUAL, for vNPUs, the handler sets itself (``vnpuType``).
 RUNTIME_OPTIONS = ("NODRV", "VERBOSE")
 
 _CHIP_NAME = re.compile(r"^Ascend[0-9][0-9A-Za-z_]*$")
 _KNOWN_FIELDS = frozenset({
     "hostRoot", "libraryPath", "npuSmiPath", "driverPath", "mountDriver", "sources",
     "chipNames", "healthPollSeconds", "dcmiTimeoutSeconds", "runtimeOptions", "huaweiMetadata",
+    "vnpuType",
 })
 
 
@@ -88,6 +92,7 @@ class AscendDetails:
     runtime_options: tuple[str, ...] = ()
     huawei_metadata: bool = True
     fault_table: FaultTable | None = None  # None: Huawei's default table
+    vnpu_type: str | None = None  # None: whole chips (those not split into vNPUs)
 
     @property
     def faults(self) -> FaultTable:
@@ -123,7 +128,17 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Asce
         runtime_options=_choices(raw, "runtimeOptions", RUNTIME_OPTIONS, default=(),
                                  empty_ok=True),
         huawei_metadata=_bool(raw, "huaweiMetadata", True),
+        vnpu_type=_vnpu_type(raw.get("vnpuType")),
     )
+
+
+def _vnpu_type(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value not in ALL_VNPU_TYPES:
+        raise InvalidDetails("vnpuType", f"{value!r} is not a vNPU type of Huawei's plugin "
+                                         f"(one of {', '.join(ALL_VNPU_TYPES)})")
+    return str(value)
 
 
 def _path(raw: Mapping[str, Any], name: str, default: str) -> str:

@@ -18,6 +18,10 @@ plugin run unchanged, and it has no I/O, so it is unit-tested over tables.
   (one chip: all of its properties). ``ASCEND_DEVICE_ID`` is never set: CANN reads it as the
   logical device index inside the container, counted from 0, which no per-chip value is.
 - ``rank``: chips of one card first (they share the card's links), best-fitting card first.
+- vNPUs (``vnpu_device``), as Huawei's plugin serves them: device id ``vdavinci<vNPU id>``,
+  the host's ``/dev/vdavinci<id>`` given as ``/dev/davinci<id>`` in the container, the same
+  shared nodes and driver mount, ``ASCEND_VISIBLE_DEVICES`` the vNPU ids and
+  ``ASCEND_RUNTIME_OPTIONS`` ``VIRTUAL`` (then any ``runtimeOptions``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from discovery_handlers.ascend.chips import (
     network_health,
 )
 from discovery_handlers.ascend.details import AscendDetails
+from discovery_handlers.ascend.vnpu import VIRTUAL, VNpu, huawei_device_name
 from discovery_handlers.contract import Device, DeviceSpec, Health, Mount
 
 #: Without this node no chip can be used (Huawei's plugin refuses to start without it).
@@ -59,6 +64,13 @@ PROP_NUMA_NODE = "ASCEND_NUMA_NODE"
 #: when DCMI cannot tell). The chip stays allocatable either way, as with Huawei's plugin.
 PROP_NETWORK = "ASCEND_NETWORK_HEALTH"
 
+#: A vNPU's template (``vir04``), type (``Ascend910-4c``, its resource name less
+#: ``huawei.com/``), the name Huawei's plugin lists it under and its chip's physical id.
+PROP_VNPU_TEMPLATE = "ASCEND_VNPU_TEMPLATE"
+PROP_VNPU_TYPE = "ASCEND_VNPU_TYPE"
+PROP_VNPU_NAME = "ASCEND_VNPU_NAME"
+PROP_PHYSICAL_ID = "ASCEND_PHYSICAL_ID"
+
 LABEL_CHIP_NAME = "edgeplug.io/npu.chip.name"  # Huawei: node.kubernetes.io/npu.chip.name
 LABEL_CHIP_COUNT = "edgeplug.io/npu.chip.count"
 LABEL_ACCELERATOR = "edgeplug.io/accelerator"  # Huawei's nodes: accelerator=huawei-Ascend910
@@ -70,6 +82,7 @@ EXTRA_CARD = "card_id"
 EXTRA_DEVICE_INDEX = "device_index"
 EXTRA_LOGIC = "logic_id"
 EXTRA_ROCE_IP = "roce_ip"
+EXTRA_VNPU = "vnpu_id"
 
 
 def device_id(phy_id: int) -> str:
@@ -120,6 +133,40 @@ def to_device(
     )
 
 
+def vnpu_node(vdev_id: int) -> str:
+    return f"/dev/vdavinci{vdev_id}"
+
+
+def vnpu_device(
+    chip: Chip, vnpu: VNpu, kind: str, details: AscendDetails, *,
+    shared_present: Sequence[str], driver_present: bool, health: Health,
+) -> Device:
+    """The ``Device`` for ``vnpu`` of ``chip``, whose vNPU type is ``kind``."""
+    props: dict[str, str] = {VISIBLE_DEVICES: str(vnpu.vdev_id)}
+    optional: Mapping[str, object] = {
+        PROP_VNPU_TYPE: kind, PROP_VNPU_TEMPLATE: vnpu.template,
+        PROP_VNPU_NAME: huawei_device_name(kind, vnpu.vdev_id, chip.phy_id),
+        PROP_PHYSICAL_ID: chip.phy_id, PROP_MODEL: chip.model, PROP_FAMILY: chip.family,
+        PROP_AICORE: vnpu.aicore, PROP_MEMORY: vnpu.memory_mb, PROP_CARD: chip.card_id,
+        PROP_DEVICE_INDEX: chip.device_index,
+    }
+    props.update({name: str(value) for name, value in optional.items()
+                  if value is not None and value != ""})
+    specs = (DeviceSpec(container_path=f"/dev/davinci{vnpu.vdev_id}",
+                        host_path=vnpu_node(vnpu.vdev_id), permissions="rwm"),
+             *(DeviceSpec(container_path=n, host_path=n, permissions="rwm")
+               for n in shared_present))
+    mounts: tuple[Mount, ...] = ()
+    if details.mount_driver and driver_present:
+        mounts = (Mount(container_path=details.driver_path, host_path=details.driver_path,
+                        read_only=True),)
+    extra = {EXTRA_PHY: str(chip.phy_id), EXTRA_VNPU: str(vnpu.vdev_id)}
+    if chip.card_id is not None:
+        extra[EXTRA_CARD] = str(chip.card_id)
+    return Device(id=f"vdavinci{vnpu.vdev_id}", properties=props, mounts=mounts,
+                  device_specs=specs, health=health, extra=extra)
+
+
 def network_warning(chip: Chip) -> str:
     """The Instance's warning while the chip's RoCE network is down ("" otherwise)."""
     result = chip.network_result
@@ -135,8 +182,11 @@ def compose(details: AscendDetails, devices: Sequence[Device]) -> dict[str, str]
     all of them agree on (the model, say), then the composed ``ASCEND_VISIBLE_DEVICES``."""
     env = {name: value for name, value in (devices[0].properties.items() if devices else ())
            if all(d.properties.get(name) == value for d in devices[1:])}
-    env[VISIBLE_DEVICES] = ",".join(_phy(d) for d in devices)
-    env[RUNTIME_OPTIONS_ENV] = ",".join(details.runtime_options)
+    virtual = bool(devices) and all(EXTRA_VNPU in d.extra for d in devices)
+    env[VISIBLE_DEVICES] = ",".join(d.extra[EXTRA_VNPU] if virtual else _phy(d)
+                                    for d in devices)
+    env[RUNTIME_OPTIONS_ENV] = ",".join(((VIRTUAL,) if virtual else ())
+                                        + details.runtime_options)
     return env
 
 

@@ -91,6 +91,8 @@ class AscendHandler:
     def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]:
         """``edgeplug.io/`` Node labels for the chips, and Huawei's own (``huaweiMetadata``)."""
         assert isinstance(details, AscendDetails)
+        if details.vnpu_type is not None:  # the chips' Configuration labels the node
+            return {}
         labels = shaping.node_labels(devices)
         if details.huawei_metadata:
             labels.update(huawei.node_labels(devices))
@@ -100,7 +102,9 @@ class AscendHandler:
                         ) -> Mapping[str, str]:
         """Huawei's annotations for a pod holding ``devices`` (``huaweiMetadata``)."""
         assert isinstance(details, AscendDetails)
-        return huawei.pod_annotations(devices, pod) if details.huawei_metadata else {}
+        if not details.huawei_metadata or details.vnpu_type is not None:
+            return {}  # a vNPU pod's keys (huawei.com/<vNPU type>) are not among those written
+        return huawei.pod_annotations(devices, pod)
 
     async def prepare(self, details: Any, devices: Sequence[Device]) -> None:
         """Re-read the chips right before the container starts; refuse unhealthy or gone ones."""

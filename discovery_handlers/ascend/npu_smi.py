@@ -28,6 +28,15 @@ own mapping tables, joined on (NPU id, chip id):
 - ``npu-smi info -t phyid-remap -p <phy id>``: which NPU id and chip id a physical id is
   (``Chip Phy-ID : 0``, ``NPU ID : 0``, ``Chip ID : 0``); ``parse_phyid_remap`` reads it.
 
+A chip's vNPUs come from ``npu-smi info -t info-vnpu -i <NPU id> -c <chip id>``: a box with
+the chip's free/total resources, ``Total number of vnpu: <n>`` and a row per vNPU::
+
+    |  Vnpu ID  |  Vgroup ID     |  Container ID  |  Status  |  Template Name       |
+    |  100      |  0             |  000000000000  |  0       |  vir10_3c_16g        |
+
+(``This device does not support querying info-vnpu.`` on chips that cannot be split);
+``parse_info_vnpu`` reads it, taking each vNPU's AI cores and memory from its template name.
+
 ``assign_ids`` applies them: the ``Phy-ID`` column, else the remap answers, else the logic id
 (said in the pass's problems, since then the physical id is assumed), else, with no mapping
 at all, the table's own id column or the NPU id (said too).
@@ -39,6 +48,7 @@ import re
 from dataclasses import dataclass, replace
 
 from discovery_handlers.ascend.chips import Chip, npu_smi_health
+from discovery_handlers.ascend.vnpu import VNpu, template_aicore, template_memory_mb
 
 _FIRST = re.compile(r"^(\d+)\s+(\S+)$")  # "0     910B3"
 _SECOND = re.compile(r"^(\d+)(?:\s+(\d+))?$")  # "0" or "0     1"
@@ -51,6 +61,12 @@ _MAP_HEADER = re.compile(r"NPU ID\s+Chip ID\s+Chip Logic ID\s+(Chip Phy-ID\s+)?C
 _MAP_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(\d+|-)\s+(.*)$")
 _MAP_ROW_PHY = re.compile(r"^(\d+)\s+(\d+)\s+(\d+|-)\s+(\d+|-)\s+(.*)$")
 _REMAP_LINE = re.compile(r"^\s*(Chip Phy-ID|Chip Physical ID|NPU ID|Chip ID)\s*:\s*(\d+)\s*$")
+
+
+_VNPU_TOTAL = re.compile(r"Total number of vnpu\s*:\s*(\d+)")
+_VNPU_ROW = re.compile(r"^\|?\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([0-9A-Fa-f]+)\s*\|\s*(\d+)\s*\|"
+                       r"\s*(vir[0-9A-Za-z_]+)\s*\|?\s*$")
+_VNPU_UNSUPPORTED = "does not support"
 
 
 class NpuSmiError(ValueError):
@@ -96,6 +112,33 @@ def parse_npu_smi_map(text: str) -> dict[tuple[int, int], MapRow]:
     if not rows:
         raise NpuSmiError("npu-smi info -m lists no chip")
     return rows
+
+
+def parse_info_vnpu(text: str) -> tuple[VNpu, ...]:
+    """``npu-smi info -t info-vnpu -i <npu> -c <chip>`` as the chip's vNPUs (() when the chip
+    cannot be split). Raise ``NpuSmiError`` when the output is neither, or its rows do not add
+    up to the total it prints."""
+    lines = text.splitlines()[:MAX_ROWS]
+    total = next((m for line in lines if (m := _VNPU_TOTAL.search(line))), None)
+    if total is None:
+        if any(_VNPU_UNSUPPORTED in line for line in lines):
+            return ()
+        raise NpuSmiError("no 'Total number of vnpu' in npu-smi info -t info-vnpu output")
+    found = []
+    for line in lines:
+        match = _VNPU_ROW.match(line.strip())
+        if match is None:
+            continue
+        template = match.group(5)
+        found.append(VNpu(
+            vdev_id=int(match.group(1)), template=template, aicore=template_aicore(template),
+            memory_mb=template_memory_mb(template), vgroup=int(match.group(2)),
+            status=int(match.group(4)), in_container=int(match.group(3), 16) != 0,
+        ))
+    if len(found) != int(total.group(1)):
+        raise NpuSmiError(f"npu-smi info -t info-vnpu lists {len(found)} vNPU rows but says "
+                          f"'Total number of vnpu: {total.group(1)}'")
+    return tuple(found)
 
 
 def parse_phyid_remap(text: str) -> tuple[int, int, int] | None:

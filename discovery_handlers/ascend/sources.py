@@ -4,8 +4,11 @@ Why this exists: a node's Ascend software can be partly missing or broken (no DC
 the agent's image, a driver that answers errors, an ``npu-smi`` that prints something else).
 Each pass tries the sources the details allow, in order, and keeps the first that lists chips;
 ``ScanStatus`` says which one it used and everything it could not read, so a user sees why the
-node advertises what it does. The pass blocks (ctypes, a subprocess, ``stat``): the handler runs
-it through ``contract.run_blocking``. Nothing here raises on bad input from the node.
+node advertises what it does. A chip an admin split into vNPUs is served as its vNPUs by a
+Configuration whose details name their type (``vnpuType``) and left out of the others, as
+Huawei's plugin does; the status notes such chips. The pass blocks (ctypes, a subprocess,
+``stat``): the handler runs it through ``contract.run_blocking``. Nothing here raises on bad
+input from the node.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass, replace
 
 from discovery_handlers import pci
@@ -29,16 +33,20 @@ from discovery_handlers.ascend.devices import (
     SHARED_NODES,
     chip_node,
     to_device,
+    vnpu_device,
+    vnpu_node,
 )
 from discovery_handlers.ascend.faults import chip_health
 from discovery_handlers.ascend.npu_smi import (
     MapRow,
     NpuSmiError,
     assign_ids,
+    parse_info_vnpu,
     parse_npu_smi_info,
     parse_npu_smi_map,
     parse_phyid_remap,
 )
+from discovery_handlers.ascend.vnpu import VNpu, vnpu_type
 from discovery_handlers.contract import Device, Health
 
 NPU_SMI_TIMEOUT_S = 10.0  # npu-smi info answers in well under a second on a healthy node
@@ -49,6 +57,11 @@ NO_SOURCE = "none"
 NO_HEALTH = "no DCMI or npu-smi: health unknown"
 MAX_REMAP_QUERIES = 64  # phyid-remap questions per node at most (more chips than any node has)
 MAX_REMAPS_KEPT = 16
+#: How long an ``npu-smi info -t info-vnpu`` answer is kept: vNPUs change only when an admin
+#: creates or destroys one (after which Huawei's plugin must be restarted to see it).
+VNPU_REREAD_S = 30.0
+MAX_VNPU_ANSWERS_KEPT = 1024
+_vnpu_answers: dict[tuple[str, int, int], tuple[float, tuple[VNpu, ...] | None, str]] = {}
 #: Answers of ``npu-smi info -t phyid-remap``, per tool and set of device nodes.
 _remaps: dict[tuple[str, frozenset[int]], dict[tuple[int, int], int]] = {}
 
@@ -59,15 +72,14 @@ class ScanStatus:
 
     source: str
     problems: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # what is as it should be but not served (chips split in vNPUs)
 
     @property
     def degraded(self) -> bool:
         return bool(self.problems)
 
     def __str__(self) -> str:
-        if not self.problems:
-            return f"source {self.source}"
-        return f"source {self.source}; " + "; ".join(self.problems)
+        return "; ".join((f"source {self.source}", *self.problems, *self.notes))
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,7 @@ def scan(details: AscendDetails) -> Scan:
     if details.mount_driver and not driver:
         problems.append(f"driver directory {details.driver_path} missing: not mounted")
     devices = []
+    split: list[str] = []
     for chip in chips:
         health = chip.health
         node = chip_node(chip.phy_id)
@@ -109,6 +122,12 @@ def scan(details: AscendDetails) -> Scan:
             health = Health.unhealthy(f"device node {node} missing")
         elif missing_shared:
             health = Health.unhealthy(f"shared device nodes missing: {', '.join(missing_shared)}")
+        if details.vnpu_type is not None:
+            devices += _vnpu_devices(chip, details, shared, driver, health)
+            continue
+        if chip.vnpus:
+            split.append(f"{node} ({', '.join(v.template for v in chip.vnpus)})")
+            continue
         location = (pci.locate_bus_id(chip.bus_id, sys_root=details.on_host("/sys"))
                     if chip.bus_id else None)
         device = to_device(chip, details, shared_present=shared, driver_present=driver,
@@ -117,7 +136,25 @@ def scan(details: AscendDetails) -> Scan:
             device = replace(device, warning=f"{NO_HEALTH} (advertised healthy while "
                                              f"{chip_node(chip.phy_id)} exists)")
         devices.append(device)
-    return Scan(devices=tuple(devices), status=ScanStatus(source, tuple(problems)))
+    notes = (f"split into vNPUs, served by vnpuType Configurations: {', '.join(split)}",) \
+        if split else ()
+    return Scan(devices=tuple(devices), status=ScanStatus(source, tuple(problems), notes))
+
+
+def _vnpu_devices(chip: Chip, details: AscendDetails, shared: list[str], driver: bool,
+                  health: Health) -> list[Device]:
+    """The chip's vNPUs of the details' type, each as healthy as its chip and its own node."""
+    out = []
+    for vnpu in chip.vnpus or ():
+        kind = vnpu_type(chip.family, vnpu.template)
+        if kind != details.vnpu_type:
+            continue
+        own = health
+        if own.healthy and not os.path.exists(details.on_host(vnpu_node(vnpu.vdev_id))):
+            own = Health.unhealthy(f"device node {vnpu_node(vnpu.vdev_id)} missing")
+        out.append(vnpu_device(chip, vnpu, kind, details, shared_present=shared,
+                               driver_present=driver, health=own))
+    return out
 
 
 def _read(source: str, details: AscendDetails, problems: list[str]) -> tuple[Chip, ...]:
@@ -174,7 +211,34 @@ def _from_npu_smi(details: AscendDetails, problems: list[str]) -> tuple[Chip, ..
     own: list[str] = []
     chips = assign_ids(table.chips, mapping, remap, own)
     problems.extend(f"npu-smi: {p}" for p in own)
-    return chips
+    return tuple(replace(chip, vnpus=_vnpus(tool, chip, details, problems)) for chip in chips)
+
+
+def _vnpus(tool: str, chip: Chip, details: AscendDetails,
+           problems: list[str]) -> tuple[VNpu, ...] | None:
+    """The chip's vNPUs from ``npu-smi info -t info-vnpu`` (kept ``VNPU_REREAD_S``)."""
+    if chip.card_id is None or chip.device_index is None:
+        return None
+    key = (tool, chip.card_id, chip.device_index)
+    now = time.monotonic()
+    known = _vnpu_answers.get(key)
+    if known is None or now - known[0] > VNPU_REREAD_S:
+        asked: list[str] = []
+        text = _run_tool(tool, ["info", "-t", "info-vnpu", "-i", str(chip.card_id), "-c",
+                                str(chip.device_index)], details, asked)
+        found: tuple[VNpu, ...] | None = None
+        if text is not None:
+            try:
+                found = parse_info_vnpu(text)
+            except NpuSmiError as exc:
+                asked.append(f"npu-smi: {exc}")
+        if len(_vnpu_answers) >= MAX_VNPU_ANSWERS_KEPT:
+            _vnpu_answers.clear()
+        known = _vnpu_answers[key] = (now, found, "; ".join(asked))
+    if known[2]:
+        problems.append(f"NPU {chip.card_id} chip {chip.device_index}: vNPUs unreadable: "
+                        f"{known[2]}")
+    return known[1]
 
 
 def _run_tool(tool: str, args: list[str], details: AscendDetails,

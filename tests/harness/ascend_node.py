@@ -6,6 +6,8 @@ shared ``davinci_manager``, ``devmm_svm``, ``hisi_hdc``), the driver directory, 
 compiled by the test from ``tests/harness/ascend_dcmi/fake_dcmi.c`` (the real C signatures and
 return codes, loaded through ctypes) and an ``npu-smi`` that prints Huawei's ``npu-smi info``
 table. Both read the state this class writes, so a test faults a chip while the handler runs.
+vNPUs an admin created (``SimVnpu``) are in both too: DCMI's vdevice query and ``npu-smi info
+-t info-vnpu`` as npu-smi prints it, and their nodes ``/dev/vdavinci<id>``.
 The DCMI stand-in finds its state through ``ASCEND_DCMI_STATE`` (see ``env``).
 """
 
@@ -67,6 +69,25 @@ class SimChip:
                 f"{'-' if self.network is None else self.network}\n")
 
 
+@dataclass(frozen=True)
+class SimVnpu:
+    """One vNPU on chip (``card``, ``dev``), as ``npu-smi set -t create-vnpu`` leaves it."""
+
+    card: int
+    dev: int
+    vdev_id: int
+    template: str  # "vir04"
+    aicore: int
+    memory_mb: int
+    vgroup: int = 0
+    status: int = 0
+    in_container: bool = False
+
+    def state_line(self) -> str:
+        return (f"vdev {self.card} {self.dev} {self.vdev_id} {self.template} {self.aicore} "
+                f"{self.memory_mb} {self.vgroup} {self.status} {int(self.in_container)}\n")
+
+
 def chips_910b(count: int = 8, *, per_card: int = 1) -> list[SimChip]:
     """``count`` 910B3 chips, ``per_card`` on each card, physical id = logic id = position."""
     return [SimChip(card=i // per_card, dev=i % per_card, logic=i, phy=i, bus=0xC1 + i)
@@ -91,9 +112,11 @@ def dcmi_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class AscendNode:
     """A host tree under ``root`` with ``chips``; ``library`` is copied into the tree."""
 
-    def __init__(self, root: Path, chips: Sequence[SimChip], *, library: Path | None) -> None:
+    def __init__(self, root: Path, chips: Sequence[SimChip], *, library: Path | None,
+                 vnpus: Sequence[SimVnpu] = ()) -> None:
         self.root = root
         self.chips = list(chips)
+        self.vnpus = list(vnpus)
         self.fails: dict[str, int] = {}
         self.hangs: set[tuple[str, int]] = set()
         self.npu_smi_override: str | None = None
@@ -103,12 +126,16 @@ class AscendNode:
         self.npu_smi_map = root / "var" / "run" / "npu-smi-info-m.out"
         self.remap_dir = root / "var" / "run" / "phyid-remap"
         self.remap_dir.mkdir(parents=True, exist_ok=True)
+        self.vnpu_dir = root / "var" / "run" / "info-vnpu"
+        self.vnpu_dir.mkdir(parents=True, exist_ok=True)
         self.state.parent.mkdir(parents=True, exist_ok=True)
         (root / "dev").mkdir(parents=True, exist_ok=True)
         for chip in self.chips:
             (root / "dev" / f"davinci{chip.phy}").touch()
         for name in SHARED_NODES:
             (root / "dev" / name).touch()
+        for vnpu in self.vnpus:
+            (root / "dev" / f"vdavinci{vnpu.vdev_id}").touch()
         (root / DRIVER_IN_TREE.lstrip("/") / "lib64").mkdir(parents=True, exist_ok=True)
         if library is not None:
             target = root / LIBRARY_IN_TREE.lstrip("/")
@@ -122,6 +149,8 @@ class AscendNode:
             f'[ "$*" = "info -m" ] && exec cat "{self.npu_smi_map}"\n'
             '[ "$1 $2 $3 $4" = "info -t phyid-remap -p" ] && '
             f'[ -f "{self.remap_dir}/$5" ] && exec cat "{self.remap_dir}/$5"\n'
+            '[ "$1 $2 $3 $4 $6" = "info -t info-vnpu -i -c" ] && '
+            f'[ -f "{self.vnpu_dir}/$5-$7" ] && exec cat "{self.vnpu_dir}/$5-$7"\n'
             'echo "unsupported: $*" >&2; exit 2\n')
         tool.chmod(0o755)
         self.write()
@@ -200,6 +229,7 @@ class AscendNode:
     def write(self) -> None:
         """Write the state both tools read (atomically: the handler may be reading)."""
         state = "".join(c.state_line() for c in self.chips)
+        state += "".join(v.state_line() for v in self.vnpus)
         state += "".join(f"fail {f} {code}\n" for f, code in self.fails.items())
         state += "".join(f"hang {f} {card}\n" for f, card in sorted(self.hangs))
         _atomic(self.state, state)
@@ -209,6 +239,8 @@ class AscendNode:
                 if self.npu_smi_map_override is not None else render_npu_smi_map(self.chips))
         for chip in self.chips:
             _atomic(self.remap_dir / str(chip.phy), render_phyid_remap(chip))
+            _atomic(self.vnpu_dir / f"{chip.card}-{chip.dev}", render_info_vnpu(
+                chip, [v for v in self.vnpus if (v.card, v.dev) == (chip.card, chip.dev)]))
 
 
 def render_npu_smi_info(chips: Sequence[SimChip], *, version: str = "24.1.rc2") -> str:
@@ -250,6 +282,33 @@ def render_npu_smi_map(chips: Sequence[SimChip]) -> str:
         out += [row(c.card, c.dev, c.logic, f"Ascend {c.name}") for c in mine]
         out.append(row(card, len(mine), "-", "Mcu"))
     return "".join(out)
+
+
+def render_info_vnpu(chip: SimChip, vnpus: Sequence[SimVnpu]) -> str:
+    """``npu-smi info -t info-vnpu -i <card> -c <dev>`` as npu-smi prints it on a 910B: the
+    chip's free/total resources (AI cores, memory in GB), the count, a row per vNPU."""
+    rule = "+" + "-" * 79 + "+"
+
+    def line(text: str) -> str:
+        return f"| {text:<78}|"
+
+    free_cores = chip.aicore - sum(v.aicore for v in vnpus)
+    total_gb = chip.hbm_mb // 1024
+    free_gb = max(total_gb - sum(v.memory_mb for v in vnpus) // 1024, 0)
+    out = [rule, line("NPU resource static info as follow:"),
+           line("Format:Free/Total                   NA: Currently, query is not supported."),
+           line("AICORE    Memory    AICPU    VPC    VENC    VDEC    JPEGD    JPEGE    PNGD"),
+           line("           GB"), "|" + "=" * 79 + "|",
+           line(f"{f'{free_cores}/{chip.aicore}':<9} {f'{free_gb}/{total_gb}':<9} 6/6      "
+                "9/9    0/0     2/2     24/24    4/4      NA/NA"),
+           rule, line(f"Total number of vnpu: {len(vnpus)}"), rule,
+           "|  Vnpu ID  |  Vgroup ID     |  Container ID  |  Status  |  Template Name       |",
+           rule]
+    for vnpu in vnpus:
+        container = "ffffffffffff" if vnpu.in_container else "000000000000"
+        out += [f"|  {vnpu.vdev_id:<9}|  {vnpu.vgroup:<14}|  {container:<14}|  "
+                f"{vnpu.status:<8}|  {vnpu.template:<20}|", rule]
+    return "\n".join(out) + "\n"
 
 
 def render_phyid_remap(chip: SimChip) -> str:

@@ -12,6 +12,10 @@
  *   chip <card> <dev> <logic> <phy> <type> <name> <ver> <aicore> <hbm_mb> <mem_mb> <health>
  *        <error codes, comma-separated hex, or -> <pcie domain> <bus> <device> <function>
  *        [<RoCE port address, IPv4 or IPv6, or -> [<RoCE link check result, or ->]]
+ *   vdev <card> <dev> <vdev id> <template name> <aicore> <memory_mb> <vfg id> <status>
+ *        <in a container: 0 or 1>   a vNPU an admin created on that chip (npu-smi set -t
+ *                                   create-vnpu), read through dcmi_get_device_info
+ *                                   (DCMI_MAIN_CMD_VDEV_MNG)
  *   fail <function name> <return code>
  *   hang <function name> <card>     the call blocks while this line is there (card -1: calls
  *                                   without a card, or every card), as DCMI can after a card
@@ -29,6 +33,7 @@
 #define MAX_ERRORS 16
 #define MAX_FAILS 32
 #define MAX_HANGS 32
+#define MAX_VDEVS 128
 #define HANG_POLL_NS 20000000L
 #define HANG_MAX_POLLS 30000
 
@@ -90,6 +95,79 @@ struct dcmi_get_memory_info_stru {
     unsigned char reserve[60];
 };
 
+/* Virtual devices (vNPUs), as dcmi_interface_api.h declares them. */
+#define DCMI_VDEV_RES_NAME_LEN 16
+#define DCMI_VDEV_SIZE 20
+#define DCMI_VDEV_FOR_RESERVE 32
+#define DCMI_SOC_SPLIT_MAX 32
+#define DCMI_MAIN_CMD_VDEV_MNG 52
+#define DCMI_VMNG_SUB_CMD_GET_VDEV_RESOURCE 0
+#define DCMI_VMNG_SUB_CMD_GET_TOTAL_RESOURCE 1
+#define DCMI_VMNG_SUB_CMD_GET_FREE_RESOURCE 2
+
+struct dcmi_base_resource {
+    unsigned long long token;
+    unsigned long long token_max;
+    unsigned long long task_timeout;
+    unsigned int vfg_id;
+    unsigned char vip_mode;
+    unsigned char reserved[DCMI_VDEV_FOR_RESERVE - 1];
+};
+
+struct dcmi_computing_resource {
+    float aic;
+    float aiv;
+    unsigned short dsa, rtsq, acsq, cdqm, c_core, ffts, sdma, pcie_dma;
+    unsigned long long memory_size; /* MB */
+    unsigned int event_id, notify_id, stream_id, model_id;
+    unsigned short topic_schedule_aicpu, host_ctrl_cpu, host_aicpu, device_aicpu,
+        topic_ctrl_cpu_slot;
+    unsigned int vdev_aicore_utilization;
+    unsigned long long vdev_memory_total;
+    unsigned long long vdev_memory_free;
+    unsigned char reserved[DCMI_VDEV_FOR_RESERVE - DCMI_VDEV_SIZE];
+};
+
+struct dcmi_media_resource {
+    float jpegd, jpege, vpc, vdec, pngd, venc;
+    unsigned char reserved[DCMI_VDEV_FOR_RESERVE];
+};
+
+struct dcmi_vdev_query_info {
+    char name[DCMI_VDEV_RES_NAME_LEN];
+    unsigned int status;
+    unsigned int is_container_used;
+    unsigned int vfid;
+    unsigned int vfg_id;
+    unsigned long long container_id;
+    struct dcmi_base_resource base;
+    struct dcmi_computing_resource computing;
+    struct dcmi_media_resource media;
+};
+
+struct dcmi_vdev_query_stru {
+    unsigned int vdev_id;
+    struct dcmi_vdev_query_info query_info;
+};
+
+struct dcmi_soc_free_resource {
+    unsigned int vfg_num;
+    unsigned int vfg_bitmap;
+    struct dcmi_base_resource base;
+    struct dcmi_computing_resource computing;
+    struct dcmi_media_resource media;
+};
+
+struct dcmi_soc_total_resource {
+    unsigned int vdev_num;
+    unsigned int vdev_id[DCMI_SOC_SPLIT_MAX];
+    unsigned int vfg_num;
+    unsigned int vfg_bitmap;
+    struct dcmi_base_resource base;
+    struct dcmi_computing_resource computing;
+    struct dcmi_media_resource media;
+};
+
 struct dcmi_pcie_info_all {
     unsigned int venderid;
     unsigned int subvenderid;
@@ -116,6 +194,15 @@ struct chip {
     char network[16]; /* the RoCE link check's result, or "-": not supported */
 };
 
+struct vdev {
+    int card, dev;
+    unsigned int id;
+    char template_name[DCMI_VDEV_RES_NAME_LEN];
+    unsigned int aicore;
+    unsigned long long memory_mb;
+    unsigned int vfg_id, status, in_container;
+};
+
 struct fail {
     char function[64];
     int code;
@@ -133,6 +220,8 @@ struct state {
     int fail_count;
     struct hang hangs[MAX_HANGS];
     int hang_count;
+    struct vdev vdevs[MAX_VDEVS];
+    int vdev_count;
 };
 
 static int initialised;
@@ -170,6 +259,11 @@ static void load(struct state *st) {
                 parse_errors(c, errors);
                 st->chip_count++;
             }
+        } else if (strncmp(line, "vdev ", 5) == 0 && st->vdev_count < MAX_VDEVS) {
+            struct vdev *v = &st->vdevs[st->vdev_count];
+            if (sscanf(line + 5, "%d %d %u %15s %u %llu %u %u %u", &v->card, &v->dev, &v->id,
+                       v->template_name, &v->aicore, &v->memory_mb, &v->vfg_id, &v->status,
+                       &v->in_container) == 9) st->vdev_count++;
         } else if (strncmp(line, "fail ", 5) == 0 && st->fail_count < MAX_FAILS) {
             struct fail *fl = &st->fails[st->fail_count];
             if (sscanf(line + 5, "%63s %d", fl->function, &fl->code) == 2) st->fail_count++;
@@ -377,4 +471,71 @@ int dcmi_get_device_network_health(int card_id, int device_id, enum dcmi_rdfx_de
     if (strcmp(c->network, "-") == 0) return DCMI_ERR_CODE_NOT_SUPPORT;
     *result = (enum dcmi_rdfx_detect_result)strtoul(c->network, NULL, 10);
     return DCMI_OK;
+}
+
+/* The vNPUs of a chip: DCMI_MAIN_CMD_VDEV_MNG's total resource (the vNPU ids and the chip's
+ * AI cores and memory), one vNPU's resource (its template name, AI cores, memory, vGroup) and
+ * what is left free. A chip with no vNPU answers a total of 0 vNPUs. */
+int dcmi_get_device_info(int card_id, int device_id, int main_cmd, unsigned int sub_cmd,
+                         void *buf, unsigned int *size) {
+    BEGIN_CARD(st, "dcmi_get_device_info", card_id);
+    if (buf == NULL || size == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    if (main_cmd != DCMI_MAIN_CMD_VDEV_MNG) return DCMI_ERR_CODE_NOT_SUPPORT;
+    unsigned int used_aic = 0;
+    unsigned long long used_mem = 0;
+    for (int i = 0; i < st.vdev_count; i++) {
+        if (st.vdevs[i].card == card_id && st.vdevs[i].dev == device_id) {
+            used_aic += st.vdevs[i].aicore;
+            used_mem += st.vdevs[i].memory_mb;
+        }
+    }
+    unsigned long long chip_mem = c->hbm_mb ? c->hbm_mb : c->mem_mb;
+    if (sub_cmd == DCMI_VMNG_SUB_CMD_GET_TOTAL_RESOURCE) {
+        struct dcmi_soc_total_resource *total = buf;
+        if (*size < sizeof(*total)) return DCMI_ERR_CODE_INVALID_PARAMETER;
+        memset(total, 0, sizeof(*total));
+        for (int i = 0; i < st.vdev_count; i++) {
+            const struct vdev *v = &st.vdevs[i];
+            if (v->card != card_id || v->dev != device_id) continue;
+            if (total->vdev_num >= DCMI_SOC_SPLIT_MAX) return DCMI_ERR_CODE_INNER_ERR;
+            total->vdev_id[total->vdev_num++] = v->id;
+            total->vfg_bitmap |= 1u << (v->vfg_id & 31u);
+        }
+        total->computing.aic = (float)c->aicore;
+        total->computing.memory_size = chip_mem;
+        *size = sizeof(*total);
+        return DCMI_OK;
+    }
+    if (sub_cmd == DCMI_VMNG_SUB_CMD_GET_FREE_RESOURCE) {
+        struct dcmi_soc_free_resource *free_ = buf;
+        if (*size < sizeof(*free_)) return DCMI_ERR_CODE_INVALID_PARAMETER;
+        memset(free_, 0, sizeof(*free_));
+        free_->computing.aic = (float)(c->aicore > used_aic ? c->aicore - used_aic : 0);
+        free_->computing.memory_size = chip_mem > used_mem ? chip_mem - used_mem : 0;
+        *size = sizeof(*free_);
+        return DCMI_OK;
+    }
+    if (sub_cmd == DCMI_VMNG_SUB_CMD_GET_VDEV_RESOURCE) {
+        struct dcmi_vdev_query_stru *query = buf;
+        if (*size < sizeof(*query)) return DCMI_ERR_CODE_INVALID_PARAMETER;
+        for (int i = 0; i < st.vdev_count; i++) {
+            const struct vdev *v = &st.vdevs[i];
+            if (v->card != card_id || v->dev != device_id || v->id != query->vdev_id) continue;
+            memset(&query->query_info, 0, sizeof(query->query_info));
+            strncpy(query->query_info.name, v->template_name, DCMI_VDEV_RES_NAME_LEN - 1);
+            query->query_info.status = v->status;
+            query->query_info.is_container_used = v->in_container;
+            query->query_info.vfg_id = v->vfg_id;
+            query->query_info.base.vfg_id = v->vfg_id;
+            query->query_info.computing.aic = (float)v->aicore;
+            query->query_info.computing.memory_size = v->memory_mb;
+            query->query_info.computing.vdev_memory_total = v->memory_mb;
+            query->query_info.computing.vdev_memory_free = v->memory_mb;
+            *size = sizeof(*query);
+            return DCMI_OK;
+        }
+        return DCMI_ERR_CODE_INVALID_DEVICE_ID;
+    }
+    return DCMI_ERR_CODE_NOT_SUPPORT;
 }

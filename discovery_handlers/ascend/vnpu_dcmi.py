@@ -1,0 +1,125 @@
+"""A chip's vNPUs through DCMI: ``dcmi_get_device_info`` with the vdevice management command.
+
+Why this exists: Huawei's device plugin lists a chip's static vNPUs through DCMI's generic
+query (``dcmi_interface_api.h``)::
+
+    int dcmi_get_device_info(int card_id, int device_id, enum dcmi_main_cmd main_cmd,
+                             unsigned int sub_cmd, void *buf, unsigned int *size);
+
+with ``main_cmd`` ``DCMI_MAIN_CMD_VDEV_MNG`` (52) and ``sub_cmd``
+``DCMI_VMNG_SUB_CMD_GET_TOTAL_RESOURCE`` (1) into ``struct dcmi_soc_total_resource`` (how many
+vNPUs and their ids, the chip's AI cores and memory), then ``..._GET_VDEV_RESOURCE`` (0) into
+``struct dcmi_vdev_query_stru`` with ``vdev_id`` filled in (the vNPU's template name, vGroup,
+AI cores and memory in MB). The structs below are laid out as that header declares them;
+``size`` is the buffer's size in and the answer's out. A chip that cannot be split answers
+``DCMI_ERR_CODE_NOT_SUPPORT``: it has no vNPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+from discovery_handlers.ascend.vnpu import VNpu
+
+DCMI_MAIN_CMD_VDEV_MNG = 52
+SUB_CMD_GET_VDEV_RESOURCE = 0
+SUB_CMD_GET_TOTAL_RESOURCE = 1
+DCMI_VDEV_RES_NAME_LEN = 16
+DCMI_VDEV_SIZE = 20
+DCMI_VDEV_FOR_RESERVE = 32
+DCMI_SOC_SPLIT_MAX = 32
+NOT_SUPPORTED = -8255  # DCMI_ERR_CODE_NOT_SUPPORT
+#: ``dcmi_get_device_info``'s argument types (``enum dcmi_main_cmd`` is int-sized).
+SIGNATURE: list[Any] = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
+                        ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint)]
+
+
+class DcmiBaseResource(ctypes.Structure):
+    _fields_ = [
+        ("token", ctypes.c_ulonglong), ("token_max", ctypes.c_ulonglong),
+        ("task_timeout", ctypes.c_ulonglong), ("vfg_id", ctypes.c_uint),
+        ("vip_mode", ctypes.c_ubyte), ("reserved", ctypes.c_ubyte * (DCMI_VDEV_FOR_RESERVE - 1)),
+    ]
+
+
+class DcmiComputingResource(ctypes.Structure):
+    _fields_ = [
+        ("aic", ctypes.c_float), ("aiv", ctypes.c_float),
+        *((name, ctypes.c_ushort) for name in (
+            "dsa", "rtsq", "acsq", "cdqm", "c_core", "ffts", "sdma", "pcie_dma")),
+        ("memory_size", ctypes.c_ulonglong),  # MB
+        *((name, ctypes.c_uint) for name in ("event_id", "notify_id", "stream_id", "model_id")),
+        *((name, ctypes.c_ushort) for name in (
+            "topic_schedule_aicpu", "host_ctrl_cpu", "host_aicpu", "device_aicpu",
+            "topic_ctrl_cpu_slot")),
+        ("vdev_aicore_utilization", ctypes.c_uint),
+        ("vdev_memory_total", ctypes.c_ulonglong), ("vdev_memory_free", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ubyte * (DCMI_VDEV_FOR_RESERVE - DCMI_VDEV_SIZE)),
+    ]
+
+
+class DcmiMediaResource(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_float) for name in ("jpegd", "jpege", "vpc", "vdec", "pngd", "venc")),
+        ("reserved", ctypes.c_ubyte * DCMI_VDEV_FOR_RESERVE),
+    ]
+
+
+class DcmiVdevQueryInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * DCMI_VDEV_RES_NAME_LEN), ("status", ctypes.c_uint),
+        ("is_container_used", ctypes.c_uint), ("vfid", ctypes.c_uint),
+        ("vfg_id", ctypes.c_uint), ("container_id", ctypes.c_ulonglong),
+        ("base", DcmiBaseResource), ("computing", DcmiComputingResource),
+        ("media", DcmiMediaResource),
+    ]
+
+
+class DcmiVdevQueryStru(ctypes.Structure):
+    _fields_ = [("vdev_id", ctypes.c_uint), ("query_info", DcmiVdevQueryInfo)]
+
+
+class DcmiSocTotalResource(ctypes.Structure):
+    _fields_ = [
+        ("vdev_num", ctypes.c_uint), ("vdev_id", ctypes.c_uint * DCMI_SOC_SPLIT_MAX),
+        ("vfg_num", ctypes.c_uint), ("vfg_bitmap", ctypes.c_uint),
+        ("base", DcmiBaseResource), ("computing", DcmiComputingResource),
+        ("media", DcmiMediaResource),
+    ]
+
+
+Call = Callable[..., int]  # Dcmi._call: (function name, *arguments) -> return code
+
+
+def read_vnpus(call: Call, card: int, dev: int) -> tuple[tuple[VNpu, ...] | None, str]:
+    """The chip's vNPUs and "" (none: ``()``), or None and what failed."""
+    total = DcmiSocTotalResource()
+    size = ctypes.c_uint(ctypes.sizeof(total))
+    code = call("dcmi_get_device_info", card, dev, DCMI_MAIN_CMD_VDEV_MNG,
+                SUB_CMD_GET_TOTAL_RESOURCE, ctypes.byref(total), ctypes.byref(size))
+    if code == NOT_SUPPORTED:
+        return (), ""
+    if code != 0:
+        return None, f"dcmi_get_device_info (total resource) returned {code}"
+    if total.vdev_num > DCMI_SOC_SPLIT_MAX:
+        return None, f"dcmi_get_device_info reported {total.vdev_num} vNPUs"
+    found = []
+    for vdev_id in total.vdev_id[:total.vdev_num]:
+        query = DcmiVdevQueryStru(vdev_id=vdev_id)
+        size = ctypes.c_uint(ctypes.sizeof(query))
+        code = call("dcmi_get_device_info", card, dev, DCMI_MAIN_CMD_VDEV_MNG,
+                    SUB_CMD_GET_VDEV_RESOURCE, ctypes.byref(query), ctypes.byref(size))
+        if code != 0:
+            return None, f"dcmi_get_device_info (vNPU {vdev_id}) returned {code}"
+        info = query.query_info
+        name = bytes(info.name).split(b"\0", 1)[0].decode("ascii", "replace")
+        found.append(VNpu(
+            vdev_id=int(vdev_id), template=name,
+            aicore=int(info.computing.aic) if info.computing.aic > 0 else None,
+            memory_mb=int(info.computing.memory_size) or None,
+            vgroup=int(info.base.vfg_id), status=int(info.status),
+            in_container=bool(info.is_container_used),
+        ))
+    return tuple(found), ""
