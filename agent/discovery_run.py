@@ -236,7 +236,7 @@ class DiscoveryRun:
                     loop.time() - started)
                 started = None
                 # The list's warnings after its devices: the first pass's condition write
-                # (one Configuration status write) was on the path to the first plugin (#36).
+                # (one Configuration status write) was on the path to the first plugin.
                 await self._post_warnings(warnings_of(devices))
                 if publish_error is not None:
                     # The API server away or refusing: the handler keeps running, and the

@@ -50,11 +50,8 @@ from lightkube.types import PatchType
 from agent.dra.claim_status import ResourceClaimResource
 from agent.dra.publisher import ResourceSliceResource
 from agent.events import ConfigurationReporter, emit_event
-from agent.instance_publisher import (
-    REASON_NAME_COLLISION,
-    REASON_NAME_TAKEN,
-    InstancePublisher,
-)
+from agent.instance_placement import REASON_NAME_COLLISION, REASON_NAME_TAKEN
+from agent.instance_publisher import InstancePublisher
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
 from agent.metrics import AgentMetrics
 from agent.node_account import NodeAccount
@@ -441,7 +438,7 @@ async def test_a_squatted_local_name_sends_the_device_to_its_nodes_fallback_name
     across a restart of the publisher (no second Instance) and after the squat is deleted
     (moving a served device is churn)."""
     cp, w = control_plane, enforced
-    caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
+    caplog.set_level(logging.WARNING, logger="agent.instance_placement")
     cfg_name, body = _to_squat(cp, w, "squat", ["d1", "d2", "d3"], shared=False)
     with node_dirs() as dirs:
         async with running_node(NodeEmulator, cp.kubeconfig, dirs) as node:
@@ -569,7 +566,7 @@ async def test_a_squatted_shared_name_costs_the_other_nodes_that_device_only(
     immutable) ended every pass before any device was served. Once the collision name is free,
     B publishes the device there (every node that sees it computes the same name)."""
     cp, w = control_plane, enforced
-    caplog.set_level(logging.WARNING, logger="agent.instance_publisher")
+    caplog.set_level(logging.WARNING, logger="agent.instance_placement")
     cfg_name, body = _to_squat(cp, w, "shsq", ["s1", "s2"], shared=True)
     wanted, second = instance_names(cfg_name, "s1", shared=True, node=w.node_b)
     _allowed(_create(w.agent_a, body(wanted, nodes=[w.node_a])))

@@ -17,7 +17,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Event
 
-from agent.instance_publisher import REASON_NAME_COLLISION
+from agent.instance_placement import REASON_NAME_COLLISION
 from agent.node_instances import LABEL_VALUE, serves_label
 from crds.naming import collision_instance_name, device_digest, instance_name
 from tests.harness import agent_process as harness
