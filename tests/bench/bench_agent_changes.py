@@ -98,7 +98,7 @@ CONDITION_DEADLINE_S = 60.0
 DEVICE_PLUGIN, DRA = "devicePlugin", "dra"
 MODES = (DEVICE_PLUGIN, DRA)
 
-#: Each mode's name for each figure (the devicePlugin names are those recorded since 833c4ae).
+#: Each mode's name for each figure (the devicePlugin names are recorded_agent_changes.json's).
 LABELS: dict[str, dict[str, str]] = {
     DEVICE_PLUGIN: {
         "applied": "Configuration applied → all allocatable",

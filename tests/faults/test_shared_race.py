@@ -12,13 +12,9 @@ The pods are created once the nodes share the slots fairly (each reserves one, i
 it allocatable). Before that the first agent to find the device reserves both slots and gives
 one away as the second node joins; pods created then and bound to the first node by a scheduler
 whose cache still counts both slots are the window docs/slots.md leaves open ("A scheduler cache
-older than the lowering"). On a loaded machine the quiet variant on v1.35.4 failed 2 runs of 38
-so; in the one whose timeline was kept, the scheduler bound two pods to the first node 50 and
-65 ms after its agent had lowered the count to 1, and the kubelet refused the second
-("requested number of devices unavailable ... Available: 0") before the hand-off gate's second
-look kept the slot (that late look caught a pod in 7 of 32 runs, the kubelet was faster once;
-with the fair share awaited, 0 of 16). That is not the race between nodes this scenario is
-about.
+older than the lowering": the scheduler can bind two pods to the first node just after its
+agent lowered the count, and the kubelet refuses the second). That is not the race between
+nodes this scenario is about.
 """
 
 from __future__ import annotations

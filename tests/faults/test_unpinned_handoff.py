@@ -19,14 +19,11 @@ share must come back. Throughout, no pod fails and no slot is held by two live p
 what containers got (tests/faults/invariants.py). Each turn's times and where its pods went are
 printed, never asserted.
 
-On 59a2365, before the agent lowered its Node's allocatable and checked the pods bound to it
-ahead of a give-away (84ed91c), the loaded variant failed 15 runs of 15 and the quiet one 3 of
-3, nearly always at turn 1: the unpinned pod created when b's demand appears was bound to a and
-refused ("no healthy devices present; cannot allocate unhealthy devices", or "cannot claim slot
-...: reserved elsewhere"). With that first gate alone it still failed (quiet 5 of 7, loaded 2
-of 10): the kubelet's own status write put the old count back, and a pass advertised the
-released slot again from an Instance copy older than the release. With the kubelet's take-in
-awaited and the agent's own last write preferred (d29eb39): loaded 20 of 20 in a row.
+What it catches: an agent that gives a slot away before lowering its Node's allocatable and
+checking the pods bound to it (the unpinned pod is refused at admission: "no healthy devices
+present", or "cannot claim slot ...: reserved elsewhere"); a kubelet status write that puts the
+old count back; a pass that advertises a released slot again from an Instance copy older than
+the release.
 """
 
 from __future__ import annotations
