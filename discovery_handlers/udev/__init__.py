@@ -1,11 +1,7 @@
 """``udev``: discover local devices by udev rules, as Akri's udev handler does, event-driven.
 
-Why this exists: the commonest edge case is a device node on one node (a USB-to-serial radio,
-a camera) that exactly one broker pod may open. This package is the contract adapter; the
-parts are ``rules``/``patterns`` (rule text → matchers), ``matching`` (udev's semantics),
-``details`` (discoveryDetails), ``devices`` (ids, grouping, properties) — all pure — and
-``udevlib`` (the seam over pyudev) with ``watch`` (the event loop). pyudev is imported only
-when discovery starts, never by ``parse_details``.
+The contract adapter (``handler``: ``parse_details``, ``discover``); pyudev is imported only when
+discovery starts. The parts and why they are split so: docs/handlers/udev.md, "Inside the handler".
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Parse a udev Configuration's ``discoveryDetails`` (Akri's fields plus a ``usb`` shorthand).
 
-Why this exists: ``parse_details`` runs in the admission webhook and ``edgeplug discover`` as
-well as the agent, so it must not import pyudev, and every refusal must name the field. Fields::
-
-    udevRules: ['KERNEL=="ttyUSB[0-9]*"']   # Akri: rule strings, match keys only
-    groupRecursive: false                    # Akri: a device and its matched children are one
-    permissions: rwm                         # Akri: cgroup permissions of each device node
-    usb: {vendor: "0403", product: "6001", serial: "A50285BI", interface: 0}   # ours
-
-``usb`` selects the device nodes under one USB device (and interface): it compiles to the same
-``Rule`` as the rules do, so matching has one path.
+``parse_details`` returns the rules to match, or refuses with a message naming the field. It
+imports no pyudev (the webhook and ``edgeplug discover`` call it too). Fields:
+docs/handlers/udev.md, "Configuration".
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
-"""Turn the matched udev devices into contract ``Device`` values. Pure: no I/O.
+"""Turn matched udev devices into contract ``Device`` values: ids, grouping, properties, device
+specs. Pure: no I/O.
 
-Why this exists: ids, grouping and the properties brokers read are what users and Akri's
-brokers depend on, so they are computed from plain records and tested over tables.
-
-- The id is the kernel's DEVPATH (``/devices/.../ttyUSB0``, the sysfs path without ``/sys``), as
-  Akri forms it: the same USB port gives the same id across agent restarts and reboots, and the
-  Instance name (which hashes the id with the node name) matches an Akri install's.
-- ``groupRecursive``: matched devices below another matched device join the top-most one's
-  device (Akri's grouping, by whole path components rather than string prefixes).
-- The ``usb`` shorthand's nodes form one device per USB interface, whose DEVPATH is the id:
-  ``/dev/ttyUSB0`` coming back as ``/dev/ttyUSB1`` on the same port keeps its id (and
-  Instance), and only the node properties and device specs change.
-- Properties: Akri's ``UDEV_DEVNODE`` (grouped: also ``UDEV_DEVNODE_<i>``, i = 0.. over the
-  group's nodes in DEVPATH order) and ``UDEV_DEVPATH``; ours: ``UDEV_DEVLINK`` (the stable link
-  udev made, ``/dev/serial/by-id/...`` first), ``UDEV_VENDOR_ID``, ``UDEV_PRODUCT_ID`` and
-  ``UDEV_SERIAL`` of the USB device the node belongs to; ``UDEV_PCIE_ROOT`` and
-  ``UDEV_NUMA_NODE`` where the device is below a PCI root (``discovery_handlers.pci``: the
-  root of its sysfs path, the NUMA node of the nearest PCI device on it, itself or the
-  controller it hangs off), which DRA publishes as the standard ``pcieRoot``/``numaNode``.
-- One device spec per device node, with the configured permissions. A matched device without a
-  node takes its nearest ancestor's node (a USB interface gets its USB device's
-  ``/dev/bus/usb/BBB/DDD``); with none in the chain it is a device without device specs.
+What each id and property is, and how grouping works: docs/handlers/udev.md, "What a broker gets"
+and "Inside the handler".
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""C-style unescaping of udev's ``e"..."`` rule strings. Pure: no I/O.
+"""C-style unescaping of udev's ``e"..."`` rule strings, as udev reads them. Pure: no I/O.
 
-Why this exists: udev reads ``KERNEL==e"tty\\x41"`` by undoing C escapes first (systemd's
-cunescape without flags), and refuses the whole line on an escape it does not know; rules that
-udev accepts must read the same here. Known escapes: ``\\a \\b \\f \\n \\r \\t \\v \\\\ \\" \\'``,
-``\\s`` (a space), ``\\xHH`` and ``\\ooo`` (one byte), ``\\uXXXX`` and ``\\UXXXXXXXX`` (a
-character, UTF-8 encoded). A NUL (``\\x00``, ``\\000``, ``\\u0000``) is refused, as udev does.
-Bytes that do not form UTF-8 come back as surrogate escapes, as sysfs values are read.
+``c_unescape`` returns the value or raises ``EscapeError`` on an escape udev refuses
+(docs/handlers/udev.md, "Rules" and "Inside the handler").
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Decide whether a device matches a rule, the way udev evaluates match keys. Pure: the device
-is a ``DeviceView`` (the libudev wrapper gives real ones; unit tests give plain records).
+"""Decide whether a device matches a rule, the way udev evaluates match keys. Pure: the device is a
+``DeviceView`` (the libudev seam gives real ones; unit tests give plain records).
 
-Why this exists: rule semantics are the part users reason about, so they live apart from
-libudev and are tested over tables, and checked against udev's own engine
-(``tests/integration/test_udev_oracle.py``). udev's reading, which this follows:
-
-- an attribute that cannot be read (missing, or unreadable like ``carrier`` of a link that is
-  down) makes its clause false for ``==`` and ``!=`` alike (``ATTR{carrier}!="0"`` does not
-  match a down link); a missing property or driver reads as the empty string
-  (``ENV{X}==""`` matches a device without ``X``, ``ENV{X}!="1"`` too);
-- sysfs attribute values lose trailing whitespace (space, tab, newline, carriage return)
-  unless the pattern itself ends in whitespace;
-- singular keys test the device itself; the plural keys (``ATTRS``, ``DRIVERS``, ``KERNELS``,
-  ``SUBSYSTEMS``, ``TAGS``) search the device and then its parents for ONE device on which every
-  plural clause of the rule holds (``!=`` clauses included, tested on that same device);
-- ``TAG`` matches when any of the device's tags matches.
+udev's reading, which this follows: docs/handlers/udev.md, "Rules".
 """
 
 from __future__ import annotations

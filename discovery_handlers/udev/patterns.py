@@ -1,18 +1,7 @@
 """udev's value patterns (udev(7)), matched as systemd-udevd matches them. Pure: no I/O.
 
-Why this exists: what a rule value matches is what users reason about, and udev's reading has
-corners Python's ``fnmatch`` does not share, so the translation is ours and is checked against
-udev's own engine (``tests/integration/test_udev_oracle.py``). udev's reading, which this follows:
-
-- the value is split into alternatives on every ``|`` (a backslash does not protect it); an
-  empty alternative (``|x``, ``x|``, ``a||b``) also matches the empty string; ``""`` matches
-  only the empty string;
-- a value holding none of ``*``, ``?``, ``[`` compares as a plain string, every alternative
-  character for character (a backslash is an ordinary character there);
-- otherwise every alternative is an fnmatch(3) glob without flags: ``*`` also matches ``/``,
-  ``\\`` escapes the next character (a trailing ``\\`` never matches), ``[...]`` with ``!`` or
-  ``^`` for negation, ranges and ``[:class:]``; an unterminated ``[`` is a literal ``[``;
-- globs run in the C locale, byte by byte: ``?`` matches one byte of a UTF-8 character.
+``compile_pattern`` turns a rule value into a matcher (alternatives on ``|``, plain strings,
+fnmatch globs in the C locale). udev's reading, which this follows: docs/handlers/udev.md, "Rules".
 """
 
 from __future__ import annotations

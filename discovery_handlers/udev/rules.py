@@ -1,23 +1,8 @@
-"""Parse Akri-style udev rule strings into matchers: pure text handling, no I/O, no pyudev.
+"""Parse udev rule strings (udev(7) line syntax, match keys only) into ``Rule`` matchers. Pure.
 
-Why this exists: a Configuration's ``udevRules`` are written in udev's own rule syntax
-(udev(7)), restricted to match keys, because discovery selects devices and changes nothing.
-This module turns one rule string into a ``Rule`` (a conjunction of ``Match`` clauses), or
-refuses it with a ``RuleError`` that names the position (1-based character column) and the
-offending token, so the agent can put a precise message on the Configuration's status.
-
-Grammar (udev's own line syntax, less everything that assigns or runs something)::
-
-    rule   := (sep* clause)* sep*          sep := " " | "\\t" | "\\n" | "\\r" | ","
-    clause := KEY ("{" name "}")? ws* op ws* "e"? '"' value '"'
-    op     := "==" | "!="
-
-so, as udev reads a rules line, commas between clauses are optional and may repeat, and spaces
-may stand around the operator. Keys ``ATTR``, ``ATTRS`` and ``ENV`` need a ``{name}`` (anything
-up to the first ``}``); the others must not have one. Inside plain quotes ``\\"`` stands for a
-double quote and every other backslash is kept (in a glob it escapes the next character; in a
-plain value it is a backslash). ``e"..."`` strings are C-unescaped first (``\\n``, ``\\t``,
-``\\xHH``, ``\\ooo``, ``\\uXXXX``, ...); an unknown escape refuses the rule, as udev drops the line.
+``parse_rule`` returns a ``Rule`` (a conjunction of ``Match`` clauses) or raises ``RuleError``
+naming the 1-based column and the offending token. The grammar accepted and refused:
+docs/handlers/udev.md, "Rules" and "Where we differ from udev, on purpose".
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The thin seam over libudev (through pyudev): enumeration, device reads, the event monitor.
 
-Why this exists: every call into libudev and sysfs happens here, translated at the edge: a
-device that vanishes while it is read, an attribute that cannot be read or holds odd bytes,
-a tag list that fails, all read as "absent" instead of raising, so discovery skips the device
-rather than crashing. Everything here blocks (sysfs reads); the discovery loop calls it through
-``contract.run_blocking``, except ``Monitor.drain``, a non-blocking receive made from the
-loop's reader callback.
+Reads that fail (a vanished device, an unreadable attribute) read as absent. Everything here blocks
+except ``Monitor.drain``; see docs/handlers/udev.md, "Inside the handler".
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Event-driven udev discovery: enumerate once, then follow uevents; yield only on change.
+"""Event-driven udev discovery: enumerate once, then follow uevents; yield a list only on change.
 
-Why this exists: Akri re-enumerates every 10 s, so a plugged device waits up to 10 s. Here the
-monitor's socket sits on the asyncio loop (``loop.add_reader``, no thread, no polling), and a
-burst of events (a hub with ten devices) is gathered until the stream has been quiet for
-``DEBOUNCE_QUIET_S`` (at most ``DEBOUNCE_MAX_S`` after the first event) and handled at once, so
-it yields one list, not ten. Handling a burst re-reads only the subtrees its events name
-(libudev's parent match) through ``run_blocking``: whatever happened (add, change, bind, move,
-remove), the subtree's records become what sysfs holds now. An overflowed monitor (events
-lost) re-enumerates everything; a failed monitor socket is reopened (then everything is
-re-enumerated, since events may have been lost meanwhile), up to ``MAX_REOPENS_IN_A_ROW`` times
-before giving up with an error the agent reports on the Configuration.
+The monitor socket sits on the asyncio loop; bursts are debounced (``DEBOUNCE_QUIET_S``,
+``DEBOUNCE_MAX_S``) and a failed socket reopened up to ``MAX_REOPENS_IN_A_ROW`` times. Behaviour:
+docs/handlers/udev.md, "Hot-plug, and what runs where".
 """
 
 from __future__ import annotations
