@@ -108,6 +108,11 @@ async def run_agent(
         parts.append(serve_when_wanted(client=client, node_name=settings.node_name,
                                        devices=devices, dra=settings.serve_dra,
                                        serve=serve_plugins))
+    if settings.volcano_device_info:
+        from agent.volcano_device_info import DeviceInfoWriter
+
+        parts.append(DeviceInfoWriter(client=client, node=settings.node_name,
+                                      devices=devices).run())
     if settings.serve_dra:
         # Imported only when on: an agent without DRA carries none of it (docs/benchmarks.md,
         # "Memory").

@@ -184,6 +184,11 @@ class AgentSettings:
         "the namespace of the nodes' own ServiceAccounts (node-<node>), as which this node "
         "reads the Secrets and ConfigMaps its Configurations name (deploy/README.md; the "
         "DaemonSets set edgeplug-system-nodes); unset: read with the agent's own token", str))
+    volcano_device_info: bool = field(default=False, metadata=switch(
+        "VOLCANO_DEVICE_INFO", False,
+        "on: keep Huawei's device-info ConfigMap kube-system/mindx-dl-deviceinfo-<node> for "
+        "Volcano's Ascend scheduling, from this node's ascend chips (docs/handlers/ascend.md; "
+        "the right is deploy/ascend's)"))
     kubelet_client_key: Path | None = field(default=None, metadata=optional(
         "KUBELET_CLIENT_KEY", "(in the certificate file)",
         "the key of KUBELET_CLIENT_CERT, where it is a file of its own", Path))

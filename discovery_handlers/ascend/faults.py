@@ -29,6 +29,10 @@ Not restated: Huawei's escalation by frequency and duration (``faultCustomizatio
 fault-event subscription, network (RoCE) faults, hot reset. The default table is Huawei's
 (``fault_table``); a user replaces it with their own ``faultCode.json`` (same format, same
 keys), as Huawei's plugin lets them through the ``mindx-dl-fault-config`` ConfigMap.
+
+What edgeplug does at each level is ``ACTIONS`` (docs/handlers/ascend.md, "Faults by level"):
+a chip's health carries its level and codes (``ChipFaults``), which the agent reads to move the
+pods off a separated chip and to write Huawei's device-info ConfigMap for Volcano.
 """
 
 from __future__ import annotations
@@ -61,6 +65,17 @@ JSON_KEYS = {
     RESTART_BUSINESS: "RestartBusinessCodes", FREE_RESTART_NPU: "FreeRestartNPUCodes",
     RESTART_NPU: "RestartNPUCodes", SEPARATE_NPU: "SeparateNPUCodes",
     PRE_SEPARATE_NPU: "PreSeparateNPUCodes", SUB_HEALTH_FAULT: "SubHealthFaultCodes",
+}
+#: What edgeplug does with a chip at each level (docs/handlers/ascend.md, "Faults by level").
+KEEP_SERVING = "keep serving"
+HOLD_BACK = "unhealthy: no new pod; the pods holding it keep it"
+WAIT_FOR_RESET = "unhealthy until the chip is reset (its codes clear); the pods holding it keep it"
+MOVE_PODS = "unhealthy, and the pods holding it are moved to another chip"
+ACTIONS = {
+    NOT_HANDLE_FAULT: KEEP_SERVING, SUB_HEALTH_FAULT: KEEP_SERVING,
+    RESTART_REQUEST: HOLD_BACK, RESTART_BUSINESS: HOLD_BACK, PRE_SEPARATE_NPU: HOLD_BACK,
+    FREE_RESTART_NPU: WAIT_FOR_RESET, RESTART_NPU: WAIT_FOR_RESET,
+    SEPARATE_NPU: MOVE_PODS,
 }
 MAX_TABLE_BYTES = 1 << 20
 _HEX_CODE = re.compile(r"^[0-9A-Fa-f]{1,16}$")
@@ -137,15 +152,42 @@ def parse_fault_table(text: str, origin: str) -> FaultTable:
     return table_from_levels(levels, origin)
 
 
+@dataclass(frozen=True)
+class ChipFaults(Health):
+    """A chip's health judged from its current error codes: their level (the chip's) and each
+    code with its own level, in the order DCMI gave them."""
+
+    level: str = NOT_HANDLE_FAULT
+    codes: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def action(self) -> str:
+        return ACTIONS.get(self.level, MOVE_PODS)
+
+    @property
+    def moves_pods(self) -> bool:
+        """The chip is separated: the pods holding it are to run elsewhere."""
+        return self.action == MOVE_PODS
+
+
+def faults_of(health: Health) -> ChipFaults | None:
+    """The level and codes behind a chip's health (None: not judged from error codes)."""
+    return health if isinstance(health, ChipFaults) else None
+
+
 def chip_health(codes: tuple[int, ...] | None, table: FaultTable) -> Health:
     """The health of a chip whose current error codes are ``codes`` (None: not read, so
-    nothing to judge: the caller's own health stands)."""
+    nothing to judge: the caller's own health stands). A chip with codes gets ``ChipFaults``,
+    usable or not."""
     level = table.level_of(codes or ())
-    if level is None or level in USABLE_LEVELS:
+    if level is None:
         return HEALTHY
     assert codes is not None
+    levels = tuple((code, table.code_level(code)) for code in codes)
+    if level in USABLE_LEVELS:
+        return ChipFaults(level=level, codes=levels)
     shown = ", ".join(f"0x{code:08X} {table.code_level(code)}"
                       for code in codes[:MAX_CODES_SHOWN])
     more = f" and {len(codes) - MAX_CODES_SHOWN} more" if len(codes) > MAX_CODES_SHOWN else ""
-    return Health.unhealthy(f"fault level {level}: error codes {shown}{more} "
-                            f"({table.origin})")
+    return ChipFaults(healthy=False, reason=f"fault level {level}: error codes {shown}{more} "
+                      f"({table.origin})", level=level, codes=levels)

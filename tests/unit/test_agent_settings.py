@@ -31,7 +31,8 @@ CHART_DAEMONSETS = [CHART / "templates" / "agent-daemonset.yaml",
 #: Variables a DaemonSet sets to something else than the agent's default, on purpose.
 CHOSEN = {"NODE_NAME": "from the downward API", "METRICS_PORT": "metrics are served",
           "DRA": "the chart's dra.enabled", "WATCH_NAMESPACE": "the chart's watchNamespace",
-          "NODE_ACCOUNTS_NAMESPACE": "the install's namespace of the nodes' own accounts"}
+          "NODE_ACCOUNTS_NAMESPACE": "the install's namespace of the nodes' own accounts",
+          "VOLCANO_DEVICE_INFO": "the NPU agent keeps Volcano's device-info ConfigMap"}
 #: Variables a DaemonSet gives the agent's container that are not the agent's.
 NOT_THE_AGENTS = {"LD_LIBRARY_PATH": "the dynamic loader's, for Ascend's libdcmi.so"}
 #: "`NAME` (default `value`" or "(default value)" in prose.

@@ -1,0 +1,179 @@
+"""Huawei's device-info ConfigMap for Volcano, ``mindx-dl-deviceinfo-<node>``, from our chips.
+
+Why this exists: Volcano's Ascend plugin (``ascend-for-volcano``) places NPU jobs by chip from
+the ConfigMap Huawei's device plugin keeps for each node in ``kube-system``; this module computes
+its data from the handler's devices, with no I/O (the agent writes it:
+``agent.volcano_device_info``). Facts restated from Huawei's plugin (Ascend/mind-cluster,
+``component/ascend-device-plugin``), not copied:
+
+- data keys: ``DeviceInfoCfg`` (below), ``ManuallySeparateNPU`` (chips an admin separated by
+  hand, comma-separated; empty here), ``UpgradeFaultReason`` (JSON object of chip name to
+  escalation reasons; ``{}`` here), ``Description`` (free text); label ``mx-consumer-cim=true``
+  (Volcano's informer selects on it).
+- ``DeviceInfoCfg`` is Go's ``encoding/json`` of ``{"DeviceInfo": {"DeviceList": {...},
+  "UpdateTime": <unix s>}, "SuperPodID": -1, "ServerIndex": -1, "CheckCode": <hex>}``: fields
+  in that order, map keys sorted, no spaces, ``<``, ``>``, ``&`` escaped as ``\\u003c``...
+  ``CheckCode`` is the SHA-256, in hex, of the same encoding of ``DeviceInfo`` alone.
+- ``DeviceList`` for the 910 family: ``huawei.com/Ascend910`` (healthy chips no pod holds),
+  ``-Unhealthy``, ``-NetworkUnhealthy``, ``-Recovering`` (chips being reset; none here): chip
+  names ``Ascend910-<phy>``, sorted as strings, comma-joined; ``-Fault``: a JSON list, one entry
+  per chip with error codes or unhealthy (``fault_type`` ``CardUnhealthy``), and one per chip
+  whose RoCE link is down (``CardNetworkUnhealthy``), each with ``npu_name``, the level three
+  times (``large_model_fault_level``, ``fault_level``, ``fault_handling``), ``fault_code``
+  (upper-case hex without ``0x``, comma-joined) and ``fault_time_and_level_map`` (code to
+  ``{"fault_time": <unix ms first seen>, "fault_level": <its level>}``). 310P and 310 have no
+  network key and no ``-Recovering``; 310's fault list is under ``huawei.com/Ascend310P-Fault``,
+  as Huawei's plugin writes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from discovery_handlers.ascend.chips import FAMILY_910
+from discovery_handlers.ascend.devices import EXTRA_PHY, PROP_FAMILY, PROP_NETWORK, PROP_VNPU_TYPE
+from discovery_handlers.ascend.faults import UNKNOWN_LEVEL, ChipFaults, faults_of
+from discovery_handlers.contract import Device
+
+NAMESPACE = "kube-system"
+NAME_PREFIX = "mindx-dl-deviceinfo-"
+LABELS = {"mx-consumer-cim": "true"}
+KEY_DEVICE_INFO = "DeviceInfoCfg"
+KEY_MANUALLY_SEPARATED = "ManuallySeparateNPU"
+KEY_UPGRADE_REASONS = "UpgradeFaultReason"
+KEY_DESCRIPTION = "Description"
+DESCRIPTION = ("Written by edgeplug's agent in the format of Huawei's Ascend device plugin, "
+               "for Volcano's Ascend scheduling (docs/handlers/ascend.md).")
+#: Huawei's values for a node that is no super pod.
+NO_SUPER_POD = -1
+FAULT_CHIP = "CardUnhealthy"
+FAULT_NETWORK = "CardNetworkUnhealthy"
+NETWORK_NORMAL = "NormalNetwork"
+#: The level Huawei's plugin gives an unhealthy chip without error codes.
+CHIP_NORMAL = "NormalNPU"
+#: The families whose ConfigMap layout is known, with the key their fault list goes under.
+FAULT_KEYS = {FAMILY_910: "huawei.com/Ascend910-Fault",
+              "Ascend310P": "huawei.com/Ascend310P-Fault",
+              "Ascend310": "huawei.com/Ascend310P-Fault"}
+
+
+def configmap_name(node: str) -> str:
+    return NAME_PREFIX + node
+
+
+@dataclass(frozen=True)
+class ChipView:
+    """One chip as the ConfigMap shows it."""
+
+    phy: int
+    healthy: bool
+    network_healthy: bool = True
+    held: bool = False
+    faults: ChipFaults | None = None
+
+
+def chip_view(device: Device, *, held: bool) -> tuple[str, ChipView] | None:
+    """A whole chip's family and view (None for a vNPU or a chip of unknown family)."""
+    family = device.properties.get(PROP_FAMILY, "")
+    if family not in FAULT_KEYS or PROP_VNPU_TYPE in device.properties:
+        return None
+    phy = device.extra.get(EXTRA_PHY) or device.id.removeprefix("davinci")
+    if not phy.isdigit():
+        return None
+    network = device.properties.get(PROP_NETWORK, "Healthy")
+    return family, ChipView(phy=int(phy), healthy=device.health.healthy,
+                            network_healthy=not network.startswith("Unhealthy"), held=held,
+                            faults=faults_of(device.health))
+
+
+def node_lists(chips: Iterable[tuple[str, ChipView]],
+               first_seen: Mapping[tuple[int, int], int]) -> dict[str, str]:
+    """The whole ``DeviceList`` of a node's chips (several families: each its own keys)."""
+    by_family: dict[str, list[ChipView]] = {}
+    for family, chip in chips:
+        by_family.setdefault(family, []).append(chip)
+    lists: dict[str, str] = {}
+    for family, views in sorted(by_family.items()):
+        lists.update(device_list(family, views, first_seen))
+    return lists
+
+
+def go_json(value: Any) -> str:
+    """``value`` as Go's ``json.Marshal`` writes it (dicts keep the order given; a caller
+    sorts the ones Go holds in maps)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"),
+                          ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def check_code(device_info: Mapping[str, Any]) -> str:
+    """Huawei's ``CheckCode``: SHA-256 hex of the Go encoding of ``DeviceInfo``."""
+    return hashlib.sha256(go_json(device_info).encode()).hexdigest()
+
+
+def device_list(family: str, chips: Iterable[ChipView],
+                first_seen: Mapping[tuple[int, int], int]) -> dict[str, str]:
+    """The ``DeviceList`` entries of one family's chips; ``first_seen[(phy, code)]`` is when
+    the code was first seen, in Unix milliseconds."""
+    resource = f"huawei.com/{family}"
+    chips = sorted(chips, key=lambda c: c.phy)
+
+    def names(selected: Iterable[ChipView]) -> str:
+        return ",".join(sorted(f"{family}-{c.phy}" for c in selected))
+
+    entries = {
+        resource: names(c for c in chips if c.healthy and not c.held),
+        f"{resource}-Unhealthy": names(c for c in chips if not c.healthy),
+    }
+    if family == FAMILY_910:
+        entries[f"{resource}-NetworkUnhealthy"] = names(c for c in chips
+                                                        if not c.network_healthy)
+        entries[f"{resource}-Recovering"] = ""
+    entries[FAULT_KEYS.get(family, f"{resource}-Fault")] = go_json(
+        [fault for chip in chips for fault in _faults(family, chip, first_seen)])
+    return entries
+
+
+def _faults(family: str, chip: ChipView, first_seen: Mapping[tuple[int, int], int]
+            ) -> list[dict[str, Any]]:
+    name = f"{family}-{chip.phy}"
+    found = []
+    if not chip.network_healthy and family == FAMILY_910:
+        found.append(_fault(FAULT_NETWORK, name, NETWORK_NORMAL, (), chip.phy, first_seen))
+    codes = chip.faults.codes if chip.faults else ()
+    if codes or not chip.healthy:
+        level = chip.faults.level if chip.faults else CHIP_NORMAL
+        found.append(_fault(FAULT_CHIP, name, level, codes, chip.phy, first_seen))
+    return found
+
+
+def _fault(kind: str, name: str, level: str, codes: tuple[tuple[int, str], ...], phy: int,
+           first_seen: Mapping[tuple[int, int], int]) -> dict[str, Any]:
+    times = {f"{code:X}": {"fault_time": first_seen.get((phy, code), 0),
+                           "fault_level": UNKNOWN_LEVEL if own == "unknown" else own}
+             for code, own in codes}
+    return {
+        "fault_type": kind, "npu_name": name, "large_model_fault_level": level,
+        "fault_level": level, "fault_handling": level,
+        "fault_code": ",".join(f"{code:X}" for code, _ in codes),
+        "fault_time_and_level_map": dict(sorted(times.items())),
+    }
+
+
+def configmap_data(lists: Mapping[str, str], update_time: int) -> dict[str, str]:
+    """The ConfigMap's data for these ``DeviceList`` entries, stamped ``update_time`` (Unix s)."""
+    info = {"DeviceList": dict(sorted(lists.items())), "UpdateTime": update_time}
+    cache = {"DeviceInfo": info, "SuperPodID": NO_SUPER_POD, "ServerIndex": NO_SUPER_POD,
+             "CheckCode": check_code(info)}
+    return {
+        KEY_DEVICE_INFO: go_json(cache),
+        KEY_MANUALLY_SEPARATED: "",
+        KEY_UPGRADE_REASONS: "{}",
+        KEY_DESCRIPTION: DESCRIPTION,
+    }
