@@ -21,6 +21,7 @@ from agent.configuration_watch import ConfigurationWatch, FatalStartError
 from agent.device_plugin_seam import serve_when_wanted
 from agent.discovery_run import RESYNC_INTERVAL
 from agent.kube import counted_client, load_config
+from agent.liveness import LivenessLease
 from agent.metrics import AgentMetrics
 from agent.node_account import NodeAccount
 from agent.node_devices import NodeDeviceTable
@@ -123,6 +124,11 @@ async def run_agent(
             devices=devices, cdi_dir=settings.cdi_spec_dir, plugins_dir=settings.dra_plugins_dir,
             registry_dir=settings.dra_registry_dir, reads=reads, metrics=metrics,
         ))
+    if settings.serve_dra and settings.liveness_namespace:
+        # The controller stops offering this node's devices once this stops being renewed.
+        parts.append(LivenessLease(client, node=settings.node_name,
+                                   namespace=settings.liveness_namespace,
+                                   renew_s=settings.liveness_renew_s).run())
     log.info("agent starting", extra={"node": settings.node_name})
     try:
         async with asyncio.TaskGroup() as group:

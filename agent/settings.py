@@ -13,6 +13,7 @@ derived from those fields. A field's own default is what a test or the demo gets
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 from collections.abc import Callable, Mapping
@@ -35,6 +36,9 @@ DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 #: Where a kubelet that rotates its client certificate keeps the current one (key included).
 DEFAULT_KUBELET_CLIENT_CERT = Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
+#: How often the liveness Lease is renewed (with DRA on); the Lease says it lasts three times
+#: as long, and the controller's grace is at least that.
+DEFAULT_LIVENESS_RENEW_S = 2.0
 HELP_WIDTH = 96
 _VARIABLE: Final = "environment_variable"
 
@@ -71,6 +75,13 @@ def _converted(name: str, raw: str, convert: Callable[[str], T], what: str) -> T
         return convert(raw)
     except ValueError as exc:
         raise SettingsError(f"{name} must be {what}: {exc}") from exc
+
+
+def _positive(raw: str) -> float:
+    value = float(raw)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{raw!r} is not a finite number above 0")
+    return value
 
 
 def required(name: str, meaning: str) -> dict[str, Any]:
@@ -192,6 +203,16 @@ class AgentSettings:
     kubelet_client_key: Path | None = field(default=None, metadata=optional(
         "KUBELET_CLIENT_KEY", "(in the certificate file)",
         "the key of KUBELET_CLIENT_CERT, where it is a file of its own", Path))
+    #: In-process default None: no liveness Lease.
+    liveness_namespace: str | None = field(default=None, metadata=optional(
+        "LIVENESS_LEASE_NAMESPACE", "(unset)",
+        "with DRA=on: the namespace of this node's liveness Lease, edgeplug-agent-<node> "
+        "(the install's; the controller stops offering the node's devices when it is not "
+        "renewed: docs/dra.md); unset: no Lease", str))
+    liveness_renew_s: float = field(default=DEFAULT_LIVENESS_RENEW_S, metadata=or_default(
+        "LIVENESS_RENEW_SECONDS", DEFAULT_LIVENESS_RENEW_S,
+        "seconds between renewals of the liveness Lease", _positive,
+        what="a number above 0", shown=f"{DEFAULT_LIVENESS_RENEW_S:g}"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:

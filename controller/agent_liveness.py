@@ -8,7 +8,7 @@ leaseDurationSeconds)`` is confirmed by one list of the Leases before it is take
 lagging watch is not a dead agent); when that list fails (this controller cannot reach the API
 server), every Lease's grace starts again, so a controller that was cut off takes no agent for
 gone. A node without a Lease (an agent of an earlier release, DRA off, a deleted Lease) is
-never gone. Whoever is told (``on_change``) gets the whole set each time it changes: the shared
+never gone. Whoever listens gets the whole set each time it changes: the shared
 pools drop gone nodes from their selectors (``without_gone``), and ``controller.agent_gone_taints``
 taints their local pools.
 """
@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -32,6 +32,9 @@ from crds import agent_liveness, dra_slices
 log = logging.getLogger(__name__)
 
 HTTP_OK: Final = 200
+#: Seconds a Lease may go unrenewed before its node's agent is taken for gone (at least the
+#: Lease's own ``leaseDurationSeconds``: three of the agent's renewals, 2 s apart by default).
+DEFAULT_AGENT_GRACE_S: Final = 6.0
 #: A taint value says which node's agent is gone (label value rules: at most 63 characters).
 _TAINT_VALUE_MAX: Final = 63
 
@@ -98,13 +101,14 @@ def without_gone(plan: dra_slices.PoolPlan, gone: frozenset[str]) -> dra_slices.
 
 class AgentLiveness:
     """Follows the agents' Leases in ``namespace``; ``gone`` is the set of nodes whose agent is
-    gone, and ``on_change(gone)`` is called whenever it changes. ``grace_s`` 0: never gone."""
+    gone, and each of ``listeners`` is called with it whenever it changes. ``grace_s`` 0:
+    never gone."""
 
     def __init__(self, http: Rest, *, namespace: str, grace_s: float,
-                 on_change: Callable[[frozenset[str]], None]) -> None:
+                 listeners: Sequence[Callable[[frozenset[str]], None]]) -> None:
         self._http = http
         self._grace_s = grace_s
-        self._on_change = on_change
+        self._listeners = tuple(listeners)
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._selector = f"{agent_liveness.LABEL_COMPONENT}={agent_liveness.COMPONENT}"
         self._watcher: Watcher[str, AgentLease] = Watcher(
@@ -136,7 +140,8 @@ class AgentLiveness:
         for node in sorted(self.gone - gone):
             log.info("node %s's agent is back: its devices are offered again", node)
         self.gone = gone
-        self._on_change(gone)
+        for listener in self._listeners:
+            listener(gone)
 
     def _deadline(self, node: str) -> float:
         record = self._watcher.store.get(node)

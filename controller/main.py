@@ -175,6 +175,8 @@ async def run(
             client, account=agent_account, node_accounts=f"{own_namespace()}-nodes").run(),
             name="agent-access"))
         if settings.dra:
+            from controller.agent_gone_taints import AgentGoneTaints
+            from controller.agent_liveness import AgentLiveness
             from controller.device_classes import DeviceClasses
             from controller.dra_usage import DraUsage
 
@@ -182,6 +184,14 @@ async def run(
                                     extended_resources=settings.dra_extended_resources)
             engine.pinned.leave_out(classes.scheduler_resources)
             ours.append(asyncio.create_task(classes.run(), name="dra"))
+            # A node whose agent is gone stops being offered: its shared pools' selectors drop
+            # it, its local pools are tainted NoSchedule.
+            gone_taints = AgentGoneTaints(client, http)
+            ours.append(asyncio.create_task(gone_taints.run(), name="agent-gone-taints"))
+            ours.append(asyncio.create_task(AgentLiveness(
+                http, namespace=own_namespace(), grace_s=settings.agent_grace_s,
+                listeners=(classes.pools.set_gone_nodes, gone_taints.set_gone)).run(),
+                name="agent-liveness"))
             ours.append(asyncio.create_task(
                 DraUsage(http=http, kube=kube, namespaces=settings.namespaces).run(),
                 name="dra-usage"))

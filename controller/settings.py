@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from controller.agent_liveness import DEFAULT_AGENT_GRACE_S
 from controller.nodes import DEFAULT_NODE_NOT_READY_GRACE_S
 from controller.options import add_options, option, option_values
 from controller.plans import (
@@ -126,6 +127,10 @@ class ControllerSettings:
         " on the devices agents with DRA=on publish, and the Instances' servedBy and claims"
         " display fields; needed by brokerDeviceAccess: dra (default: off)",
         action="store_true"))
+    agent_grace_s: float = field(default=DEFAULT_AGENT_GRACE_S, metadata=option(
+        "--agent-grace", "with --dra: seconds an agent's liveness Lease may go unrenewed"
+        " (at least its own leaseDurationSeconds) before its node stops being offered its"
+        " devices; 0: never (default: %(default)s)", type=float, metavar="S"))
     dra_extended_resources: bool = field(default=False, metadata=option(
         "--dra-extended-resources", "with --dra: each DeviceClass also maps the Configuration's"
         " configuration-level resource, so pods asking for it are served through DRA on nodes"

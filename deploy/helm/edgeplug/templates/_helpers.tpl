@@ -22,6 +22,9 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   value: {{ .Values.dra.pluginsDir | quote }}
 - name: DRA_REGISTRY_DIR
   value: {{ .Values.dra.registryDir | quote }}
+# The liveness Lease the controller watches (agent/liveness.py).
+- name: LIVENESS_LEASE_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
 {{- end }}
 {{- end }}
 
