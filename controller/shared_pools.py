@@ -19,7 +19,9 @@ Instances come from ``controller.instance_classes``' watch, the modes from
 
 Work follows what changed: each Instance's plan is made when its watch event comes
 and kept; an event whose plan equals the one kept (a status write of the controller's own, a
-slot record, anything a pool is not built from) wakes nothing. A pass looks only at the pools
+slot record, anything a pool is not built from) wakes nothing, and one whose inputs (``spec``,
+``status.reported``, ``status.unhealthy``, as the watch delivered them) equal those kept is
+not even planned. A pass looks only at the pools
 marked since the last one (every pool after a (re)list), and writes them
 ``WRITES_IN_FLIGHT`` API calls at a time.
 
@@ -49,7 +51,7 @@ from controller.agent_liveness import without_gone
 from controller.shared_allocation import put_mode
 from crds import dra, dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
-from crds.instance import Instance
+from crds.instance import STATUS_REPORTED, Instance
 from crds.resources import ResourceSliceResource
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,13 @@ def _namespace_of(body: Mapping[str, Any]) -> str:
         if value:
             return str(value)
     return ""
+
+
+def pool_inputs(data: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """Everything of an Instance's object its pool is built from (``SharedDevice.of``) but its
+    name and namespace: equal inputs make an equal pool."""
+    status = data.get("status") or {}
+    return data.get("spec"), status.get(STATUS_REPORTED), status.get("unhealthy")
 
 
 def wanted_pools(instances: Iterable[Instance],
@@ -135,6 +144,7 @@ class SharedPools:
         self._client = client
         self._namespaces = frozenset(namespaces)
         self._devices: dict[_Key, SharedDevice] = {}
+        self._inputs: dict[_Key, tuple[Any, Any, Any]] = {}  # pool_inputs of each device kept
         self._by_pool: dict[str, _Key] = {}
         self._by_configuration: dict[_Key, set[_Key]] = {}
         self._modes: dict[_Key, Allocator] = {}
@@ -171,6 +181,7 @@ class SharedPools:
 
     def _forget(self, key: _Key) -> SharedDevice | None:
         device = self._devices.pop(key, None)
+        self._inputs.pop(key, None)
         if device is not None:
             self._by_pool.pop(device.pool, None)
             keys = self._by_configuration.get((key[0], device.configuration))
@@ -196,7 +207,9 @@ class SharedPools:
         for data in instances:
             instance = Instance.from_object(data)
             if instance.spec.shared and self._serves(instance.namespace):
-                self._keep((instance.namespace, instance.name), SharedDevice.of(instance))
+                key = (instance.namespace, instance.name)
+                self._keep(key, SharedDevice.of(instance))
+                self._inputs[key] = pool_inputs(data)
         for key in set(self._unhealthy_since) - set(self._devices):
             del self._unhealthy_since[key]
         self._instances_listed = True
@@ -206,8 +219,12 @@ class SharedPools:
     def put(self, key: _Key, data: Mapping[str, Any] | None) -> None:
         """An Instance changed (``data`` None: deleted). Only a change of what its pool is
         built from marks the pool."""
+        inputs = pool_inputs(data) if data is not None else None
+        if inputs is not None and key in self._devices and self._inputs.get(key) == inputs:
+            return
         instance = Instance.from_object(data) if data is not None else None
-        if instance is None or not instance.spec.shared or not self._serves(key[0]):
+        if inputs is None or instance is None or not instance.spec.shared \
+                or not self._serves(key[0]):
             gone = self._forget(key)
             self._unhealthy_since.pop(key, None)
             if gone is not None:
@@ -216,10 +233,12 @@ class SharedPools:
         device = SharedDevice.of(instance)
         before = self._devices.get(key)
         if before == device:
+            self._inputs[key] = inputs
             return
         if before is not None:
             self._forget(key)
         self._keep(key, device)
+        self._inputs[key] = inputs
         self._mark(device.pool, *([before.pool] if before is not None else []))
 
     def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
