@@ -392,7 +392,7 @@ class SharedPools:
         (held ones are left as they are)."""
         pools = self._taken()
         self.examined += len(pools)
-        changed: list[dra_slices.PoolPlan] = []
+        changed: list[tuple[dra_slices.PoolPlan, str]] = []  # (plan, its content key)
         gone: list[str] = []
         for pool in sorted(pools):
             wanted = self._wanted(pool)
@@ -401,21 +401,23 @@ class SharedPools:
                     gone.append(pool)
                 continue
             plan, key = self._without_gone(*self._plan(*wanted))
-            if plan is not None and (
+            if plan is not None and key is not None and (
                     (w := self._written.get(pool)) is None or w.key != key):
-                changed.append(plan)
+                changed.append((plan, key))
         self._time_graces()
         try:
-            others = await self._listed([p.name for p in changed if p.name not in self._written])
+            others = await self._listed([p.name for p, _ in changed
+                                         if p.name not in self._written])
             listed = await self._listed(gone)
             results = await asyncio.gather(
-                *(self._publish(plan, others.get(plan.name, [])) for plan in changed),
+                *(self._publish(plan, key, others.get(plan.name, []))
+                  for plan, key in changed),
                 *(self._withdraw(pool, listed.get(pool, [])) for pool in gone),
                 return_exceptions=True)
         except BaseException:
             self._dirty |= pools
             raise
-        failed = [(pool, r) for pool, r in zip([p.name for p in changed] + gone, results,
+        failed = [(pool, r) for pool, r in zip([p.name for p, _ in changed] + gone, results,
                                                strict=True) if isinstance(r, BaseException)]
         self.passes += 1
         if failed:
@@ -436,9 +438,11 @@ class SharedPools:
         return {pool: mine for listed in found for pool, slices in listed.items()
                 if (mine := [s for s in slices if s["spec"].get("driver") == dra.DRIVER])}
 
-    async def _publish(self, plan: dra_slices.PoolPlan, others: list[dict[str, Any]]) -> None:
-        """Write the pool one generation above any of its slices, then delete the rest
-        (this controller's older slices, an agent's from before the upgrade)."""
+    async def _publish(self, plan: dra_slices.PoolPlan, key: str,
+                       others: list[dict[str, Any]]) -> None:
+        """Write the pool (``key``: its content key) one generation above any of its slices,
+        then delete the rest (this controller's older slices, an agent's from before the
+        upgrade)."""
         before = self._written.get(plan.name)
         newest = max([dra_slices.generation(s) for s in others]
                      + [before.generation if before is not None else 0])
@@ -457,7 +461,7 @@ class SharedPools:
             before.names if before is not None else ())
         await self._delete(sorted(stale - set(names)))
         self._written[plan.name] = dra_slices.Written(
-            generation=generation, names=names, key=dra_slices.content_key(plan))
+            generation=generation, names=names, key=key)
         log.info("ResourceSlice pool published", extra={
             "pool": plan.name, "generation": generation, "nodes": list(plan.nodes),
             "tainted": any("taints" in d for d in plan.devices)})
