@@ -122,13 +122,14 @@ class DeviceInfoWriter:
             due = self._clock() - last_write >= self._refresh
             if lists == self._written and not due:
                 continue
-            if await self._write(lists):
+            if await self.write(lists):
                 last_write = self._clock()
             else:
                 await asyncio.sleep(RETRY_SECONDS)
                 self._wake.set()
 
-    async def _write(self, lists: dict[str, str]) -> bool:
+    async def write(self, lists: dict[str, str]) -> bool:
+        """Apply the ConfigMap for these lists; whether the API server took it."""
         data = device_info.configmap_data(lists, int(self._clock()))
         body = ConfigMap(metadata=ObjectMeta(name=self.name, namespace=device_info.NAMESPACE,
                                              labels=dict(device_info.LABELS)), data=data)
