@@ -1,11 +1,8 @@
 """What we know of each camera, the filters, and the Device each camera becomes: no I/O.
 
-Why this exists: filters, ids and properties decide which Instances exist and what brokers get,
-so they are pure functions of what the network said, tested over tables. A camera is known from
-WS-Discovery (uuid, XAddrs, scopes) and described over SOAP (MAC, make, profiles). Filters run
-on every camera on every pass (Akri filters only newly seen ones, so a camera whose scopes change
-stays). A camera that has answered SOAP once and then stops is kept unhealthy; one that never
-answered is not published (we cannot tell it is a camera at all).
+Pure functions of what WS-Discovery and SOAP said: which cameras pass the filters (every camera,
+every pass), their ids and properties, and whether a camera is listed or unhealthy
+(docs/handlers/onvif.md, "What brokers get" and "Health").
 """
 
 from __future__ import annotations

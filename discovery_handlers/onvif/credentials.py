@@ -1,22 +1,9 @@
-"""Camera credentials from ``discoveryProperties``, looked up by camera uuid the way Akri does.
+"""Camera credentials from ``discoveryProperties``, looked up by camera uuid as Akri's handler
+does.
 
-Why this exists: cameras that require authentication describe themselves only to a client that
-signs its requests, and Akri users already keep those credentials in Secrets under names Akri's
-ONVIF handler reads. Three sources, read in Akri's order (a later source overwrites an earlier
-one for the same camera):
-
-1. ``device_credential_list``: a JSON list of property names; each of those holds a JSON map
-   ``uuid -> {"username", "password", "base64encoded"?}``;
-2. ``device_credential_ref_list``: a JSON list of property names; each holds a JSON map
-   ``uuid -> {"username_ref", "password_ref"}`` naming further properties;
-3. ``username_<uuid>`` / ``password_<uuid>`` (the uuid's ``-`` may be written ``_``), and
-   ``username_default`` / ``password_default``.
-
-A map key ``default`` is the default credential too. Lookup is by uuid, then the default.
-Nothing here ever puts a value into an exception message or a ``repr``: a property's value
-may come from a Secret, and an error is shown on the Configuration's status, in an Event and in
-the agent's log. Errors name the property and an entry's position (counting from 1), never a
-map key (a camera uuid), a listed name or a referenced name, which are parts of that value.
+``parse_credentials`` reads the three sources in Akri's order; ``CredentialStore.lookup`` gives a
+camera's credential (its uuid, then the default). No value ever reaches an exception or a ``repr``.
+Sources and rules: docs/handlers/onvif.md, "Credentials (`discoveryProperties`)".
 """
 
 from __future__ import annotations

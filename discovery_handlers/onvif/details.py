@@ -1,12 +1,7 @@
 """Typed ``discoveryDetails`` of an ONVIF Configuration, parsed and checked without any I/O.
 
-Why this exists: the agent, the admission webhook and ``edgeplug discover`` all parse details
-before anything touches the network, and a user must learn which field is wrong from the error
-alone. The fields are Akri's ONVIF handler's (``ipAddresses``, ``macAddresses``, ``scopes``,
-``uuids`` as ``{items, action}`` filters and ``discoveryTimeoutSeconds``), plus our own:
-``discoveryIntervalSeconds`` (Akri re-probes every 10 s, fixed), ``unicastTargets`` (hosts and
-CIDR ranges probed directly, where multicast does not reach), ``multicast`` and ``ipv6``.
-Credentials come from ``discoveryProperties`` and are parsed in ``credentials``.
+``parse_details`` returns ``OnvifDetails`` or refuses naming the field; the agent, the webhook and
+``edgeplug discover`` call it. Fields: docs/handlers/onvif.md, "`discoveryDetails`".
 """
 
 from __future__ import annotations

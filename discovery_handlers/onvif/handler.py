@@ -1,9 +1,7 @@
 """The ``onvif`` handler's contract adapter: parse details, stream device lists.
 
-Why this exists: the agent knows handlers only through the contract. This module imports no
-vendor library at import time: ``parse_details`` must work where onvif-zeep-async is not
-installed (the admission webhook, ``edgeplug discover``), so the SOAP side is imported when
-discovery starts.
+Imports no vendor library at import time (``parse_details`` must work where onvif-zeep-async is
+absent); the SOAP side is imported when discovery starts.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """One Configuration's ONVIF discovery: probe passes, Hello and Bye, SOAP checks, device lists.
 
-Why this exists: it is where timing lives. Every ``discoveryIntervalSeconds`` a pass sends a
-Probe (multicast and unicast), gathers ProbeMatches that answer *this* Probe for
-``discoveryTimeoutSeconds``, checks every camera over SOAP (a full description when new, when
-its metadata or address changed, or every ``DESCRIBE_REFRESH_S``; otherwise just its clock) and
-publishes. Between passes a Hello is acted on at once (the camera is checked and published
-within a round trip) and a Bye removes the camera at once; a camera that misses
-``MISSED_PASSES_BEFORE_GONE`` passes is gone. The agent's grace period then decides when its
-Instance goes.
-
-Every camera whose check fails is logged, listed or not, with its address, where it was heard
-from and the reason: at warning level the first time for each cause since it last answered, at
-debug level while the cause stays the same (and for a camera the filters leave out), so a
-camera that never answers shows up once in the log, not on every pass.
+``Scanner.devices`` yields a device list whenever it changes. Passes every
+``discoveryIntervalSeconds``, Hello and Bye acted on at once, a camera gone after
+``MISSED_PASSES_BEFORE_GONE`` missed passes, each check failure logged once per cause:
+docs/handlers/onvif.md, "How it works, and why" and "Health".
 """
 
 from __future__ import annotations

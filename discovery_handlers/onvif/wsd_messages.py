@@ -1,15 +1,8 @@
-"""WS-Discovery messages: the Probe we send (2005/04, the version ONVIF uses), what we read.
+"""WS-Discovery messages: the Probe we send (2005/04, as ONVIF uses), and reading what comes back.
 
-Why this exists: it is the pure half of discovery, kept apart from sockets so every odd answer
-a camera gives can be tested from a table. The Probe asks for ``dn:NetworkVideoTransmitter``
-with the ``dn`` prefix declared on the element (a Probe without it is invalid XML to a strict
-camera, Akri #486). Answers are read as deployed cameras write them: SOAP 1.1 or 1.2
-envelopes; WS-Discovery 2005/04 or 1.1 (2009/01); WS-Addressing 2004/08 or 2005/08; a
-ProbeMatch with or without its ProbeMatches wrapper; an EndpointReference (and its Address) in
-the addressing or the discovery namespace; several XAddrs; any whitespace between scopes; any
-prefixes. A ProbeMatches is kept only when it relates to a Probe we sent, and a match only when
-it names a NetworkVideoTransmitter and has an HTTP XAddr. Whatever is left out is returned
-with the reason (``Dropped``, ``ProbeMatches.dropped``) so the scanner can say why.
+Pure, tested over tables: ``probe`` builds a Probe; ``read`` turns a datagram into a ProbeMatches,
+Hello or Bye, or returns what it leaves out with the reason (``Dropped``). What is read:
+docs/handlers/onvif.md, "What it reads, and what it says when it drops something".
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """WS-Discovery over asyncio UDP sockets (standard library only): probes out, messages in.
 
-Why this exists, and why our own: the maintained Python WS-Discovery libraries (``WSDiscovery``,
-``onvif``'s own helpers) run blocking sockets on their own threads and keep global state; the
-agent needs asyncio, several Configurations probing at once, IPv6, unicast targets, and every
-datagram treated as hostile. The protocol part we need (send a Probe, hear ProbeMatches, Hello
-and Bye) is small, so it lives here over ``asyncio`` datagram endpoints.
-
-Multicast goes out on every interface that is up except loopback (``IP_MULTICAST_IF`` /
-IPv6 scope id by interface index), to ``239.255.255.250:3702`` and ``[ff02::c]:3702``; listeners
-bound to port 3702 (``SO_REUSEADDR``, so several Configurations each hear every Hello and Bye)
-join both groups on the same interfaces. Unicast probes go to each target's own port.
+``WsdTransport`` sends Probes (multicast on every interface that is up, and unicast) and hands
+every datagram heard to the scanner. Why our own and how multicast is set up:
+docs/handlers/onvif.md, "How it works, and why".
 """
 
 from __future__ import annotations
