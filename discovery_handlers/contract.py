@@ -1,24 +1,8 @@
 """The discovery-handler contract (version 2): what every handler, built in or third party, gives.
 
-Why this exists: the agent runs handlers it knows only by name, and third parties add handlers
-by installing a package. This module is the one seam between them, and it knows nothing of
-Kubernetes. A handler:
-
-- parses its ``discoveryDetails`` into typed details (or raises ``InvalidDetails`` naming the
-  field), given the resolved ``discoveryProperties`` (Secret-backed values arrive as ``Secret``,
-  whose ``repr`` and ``str`` never show the value);
-- streams the full list of devices it can reach whenever that list changes, each with a
-  ``Health`` (present but unhealthy is not gone: the agent keeps the Instance and advertises its
-  slots Unhealthy until the device recovers);
-- optionally composes what one container gets from several devices (``ComposingHandler``),
-  ranks devices for a multi-device request (``RankingHandler``) and prepares devices right before
-  a container starts (``PreparingHandler``). Every hook receives the parsed details, since one
-  handler object serves every Configuration that names it.
-
-Blocking work (pyudev calls, ctypes into a vendor library, a synchronous SOAP client) must never
-run on the agent's event loop: the agent's gRPC servers answer the kubelet from that loop. Call it
-through ``run_blocking``, which runs it on the handlers' own thread pool (never the loop's default
-executor, which DNS look-ups of the API client share) and gives up waiting when cancelled.
+The one seam between the agent and handlers, knowing nothing of Kubernetes: ``Device``, ``Health``,
+``DeviceList``, ``Secret``, ``InvalidDetails``, the ``DiscoveryHandler`` protocol and its optional
+hooks, and ``run_blocking`` for blocking work. The contract: docs/handlers.md.
 """
 
 from __future__ import annotations
@@ -91,6 +75,15 @@ class Device:
     health: Health = HEALTHY
     warning: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+#: Properties that make a device one partition of a bigger one, for DRA's partitionable
+#: devices (KEP-4815; ``crds.dra_slices`` publishes them): the counter set it consumes from (one
+#: per whole device, a DNS label such as ``davinci0``), what it consumes and what the whole has,
+#: as ``<counter>=<quantity>`` pairs (``aicore=4,memory=4Gi``).
+PARTITION_COUNTER_SET = "DRA_COUNTER_SET"
+PARTITION_CONSUMES = "DRA_CONSUMES_COUNTERS"
+PARTITION_SHARED = "DRA_SHARED_COUNTERS"
 
 
 class DeviceList(tuple[Device, ...]):

@@ -1,21 +1,6 @@
 """``debugEcho``: a discovery handler whose devices are a list in its details, for tests and demos.
 
-Why this exists: Akri ships the same handler so the whole path (discovery → Instance → device
-plugin → broker) can be exercised without hardware. Details (YAML)::
-
-    descriptions: [foo0, foo1]   # required, non-empty, unique strings; each is one device
-    shared: true                 # optional, default true (Akri's chart registers debugEcho
-                                 # as shared); false makes one Instance per node
-    availabilityFile: /tmp/x     # optional: a file listing, one per line, the descriptions
-                                 # currently offline; a line ``OFFLINE`` takes every device
-                                 # offline (Akri's convention); a missing file means all online
-
-The device id is the description and the device carries ``DEBUG_ECHO_DESCRIPTION``. The file is
-read again when inotify reports a change of it (a watch on its directory, so creating, replacing
-and deleting it are seen too): an idle handler costs nothing, however long it runs. Where
-inotify cannot watch the directory (it does not exist, the watch limit is reached) the file is
-polled every ``AVAILABILITY_POLL_INTERVAL`` seconds instead (one ``stat`` per poll, read only
-when it changed). A new list is yielded only when the visible set changes.
+Details and the availability file: docs/handlers.md, "`debugEcho`".
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Where a device sits on the host's PCI topology, read from sysfs: its PCIe root complex and
-its NUMA node, for the standard DRA attributes ``resource.kubernetes.io/pcieRoot`` and
-``resource.kubernetes.io/numaNode`` (``crds.dra`` publishes them from the properties below).
+"""Where a device sits on the host's PCI topology, read from sysfs: its PCIe root complex and NUMA
+node, for the standard DRA attributes ``pcieRoot`` and ``numaNode``.
 
-Why this exists: claims align devices with each other and with CPUs by those two names
-(``matchAttribute``), whatever driver publishes them; the udev handler (a device below a PCI
-device) and the Ascend handler (an NPU by its PCI bus id) both know where to look, and both
-mean the same by them, as Kubernetes' own helper (``k8s.io/dynamic-resource-allocation/
-deviceattribute``) does: the root as ``pci<domain>:<bus>``, the sysfs directory's first
-component below ``devices``; the node from ``numa_node``, left out where it is ``-1`` (no
-affinity). Reads never raise: what cannot be read is not known.
+``locate`` (a sysfs path) and ``locate_bus_id`` (a PCI bus id) return the properties; reads never
+raise. Meaning: docs/handlers.md, "Shared helpers".
 """
 
 from __future__ import annotations

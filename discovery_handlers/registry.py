@@ -1,9 +1,8 @@
 """Find discovery handlers by name through the ``edgeplug.discovery_handlers`` entry-point group.
 
-Why this exists: a Configuration names its handler (``discoveryHandler.name``) and third parties
-add handlers by installing a package that declares an entry point in this group. Handlers can
-import heavy vendor libraries (asyncua, zeep, pyudev), so nothing is imported until a
-Configuration actually names a handler: the agent on a small gateway pays only for what it runs.
+``load_handler`` imports a handler only when a Configuration names it; ``register_handler`` adds
+one in-process; ``set_resolver`` lets the agent serve Akri handler names (docs/handlers.md, "Shared
+helpers").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Reading a handler's ``discoveryDetails``: YAML text to a mapping, and unknown fields refused.
 
-Why this exists: every handler starts ``parse_details`` the same way — parse the YAML (a syntax
-error names the root), insist on a mapping, refuse fields it does not know (naming the first) —
-and only the wording of "this is not what I expected" differs. One piece of code does it, so
-every handler refuses the same input the same way.
+``load_mapping`` and ``refuse_unknown`` are how every handler's ``parse_details`` starts, so every
+handler refuses the same input the same way.
 """
 
 from __future__ import annotations

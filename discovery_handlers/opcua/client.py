@@ -1,24 +1,9 @@
 """The thin seam over asyncua: ask a discovery URL for its servers; check one server's state.
 
-Why this exists: everything the handler needs of OPC-UA goes through two calls here, so the
-rest of the handler never sees an asyncua type, and every way the network can fail is translated
-at this edge into ``Unreachable`` (nothing to talk to: refused, timed out, closed, garbage) or a
-``Health`` (a server that talks but cannot be used). A server that refuses the secure channel in
-a way asyncua cannot read (a ServiceFault inside the OPN reply, as node-opcua sends for an
-untrusted client certificate) has answered all the same: ``open_reply`` tells such a reply from
-none, so the server is present and unhealthy with the status it gave. Every call is bounded:
-
-- in time, by ``asyncio.timeout`` around the whole exchange (asyncua's own per-request timeout
-  does not cover connecting, and the hostile peer that never answers must cost no more);
-- in memory, by ``MAX_CONNECTION_BYTES`` per connection: asyncua's client accepts messages of
-  any size and buffers whatever a chunk header claims, so a peer streaming garbage would
-  otherwise grow the agent without limit. The guard wraps each connection's protocol as asyncua
-  creates it (``UaClient._make_protocol``, asyncua 2.x) and aborts the connection past the bound;
-- in what is kept: at most ``MAX_SERVERS_PER_ANSWER`` servers of one FindServers answer, at most
-  ``MAX_URLS_PER_SERVER`` discovery URLs each, text cut to a bounded length.
-
-The client certificate and key are handed to asyncua as bytes (never written to a file) and no
-exception text that could carry them is logged: reasons name the exception type and status.
+``find_servers`` and ``check`` are the handler's only OPC-UA calls; network failures come back as
+``Unreachable``, a server that talks but cannot be used as a ``Health``. Every call is bounded in
+time, memory and what is kept, and no certificate or key reaches a file or a log
+(docs/handlers/opcua.md, "How it works, and why").
 """
 
 from __future__ import annotations

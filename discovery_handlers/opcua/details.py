@@ -1,29 +1,8 @@
 """Parse an ``opcua`` Configuration's ``discoveryDetails`` and discovery properties.
 
-Why this exists: the admission webhook and ``edgeplug discover`` check details without running
-discovery, so this module imports no OPC-UA library. The shape is Akri's OPC-UA handler's, so an
-Akri Configuration works unchanged::
-
-    opcuaDiscoveryMethod:
-      standard:
-        discoveryUrls: [opc.tcp://localhost:4840/]   # default; discovery servers or servers
-    applicationNames:                                # optional: Akri's filter list
-      action: Include                                # Include (default) | Exclude
-      items: [Thermometer-Line-1]
-
-Beyond Akri (all optional)::
-
-    discoveryIntervalSeconds: 2      # how often each URL is asked and each server checked
-    timeoutSeconds: 2                # bound on one FindServers or one server check
-    maxConcurrentChecks: 32          # servers checked at once
-    security:                        # how the server check's session is secured
-      policy: Basic256Sha256         # None | Basic128Rsa15 | Basic256 | Basic256Sha256 |
-                                     # Aes128Sha256RsaOaep | Aes256Sha256RsaPss
-      mode: SignAndEncrypt           # Sign | SignAndEncrypt
-      applicationUri: urn:...        # default: the URI in the certificate's subjectAltName
-
-With a policy other than None the discovery properties ``clientCertificate`` (PEM or DER, from
-a Secret or not) and ``clientPrivateKey`` (PEM or DER, from a Secret only) are required.
+``parse_details`` returns ``OpcuaDetails`` or refuses naming the field; it imports no OPC-UA
+library (the webhook and ``edgeplug discover`` call it). Akri's shape plus our fields:
+docs/handlers/opcua.md, "Configuration".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The contract adapter of the ``opcua`` handler: parse details, stream device lists.
 
-Why this exists: the agent knows handlers only through the contract (``name``, ``shared``,
-``parse_details``, ``discover``); this object is that face, and nothing more. Parsing never
-imports asyncua (the admission webhook and ``edgeplug discover`` call it); discovery imports it
-on first use, so an agent that runs no OPC-UA Configuration never pays for it.
+Parsing never imports asyncua; discovery imports it on first use, so an agent that runs no OPC-UA
+Configuration never pays for it.
 """
 
 from __future__ import annotations

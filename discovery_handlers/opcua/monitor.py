@@ -1,17 +1,8 @@
 """Keep the list of OPC-UA servers current: one task per discovery URL, one per server.
 
-Why this exists: a server that hangs must cost its own check a timeout and nothing else, so no
-step waits for a whole round. Each discovery URL is asked every interval on its own task; each
-server the answers name is checked every interval on its own task; a shared semaphore bounds
-how many network exchanges run at once. The first list is yielded once every URL has answered
-(or timed out) and every server it named has been checked once, so the agent never sees a
-half-built list at start; after that a new list is yielded whenever a server appears, vanishes
-or changes health. Problems are logged once when they start or change, and once when they end,
-not on every interval.
-
-A discovery URL that stops answering takes the servers it listed out of the list (they are
-known only through it); that is never silent: it is logged as a warning and carried in the
-yielded list's ``warnings``, which the agent posts as a Warning Event on the Configuration.
+``Monitor.lists`` yields the first list once every URL and server has answered or timed out, then a
+new list on every change, with warnings for discovery URLs that stopped answering
+(docs/handlers/opcua.md, "How it works, and why" and "When a discovery server stops answering").
 """
 
 from __future__ import annotations

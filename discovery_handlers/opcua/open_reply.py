@@ -1,20 +1,8 @@
-"""What a server answered to the check's OpenSecureChannel when asyncua could not take it.
+"""What a server answered to the check's OpenSecureChannel when asyncua could not read it.
 
-Why this exists: asyncua reads every reply to OpenSecureChannel as an OpenSecureChannelResponse,
-without looking at its type. A server that refuses the channel with a ServiceFault inside the
-(secured) OPN message makes that read fail: node-opcua does so for a client certificate it does
-not trust (``BadSecurityChecksFailed``). asyncua then logs the parse error, drops the connection,
-and its ``open_secure_channel`` ends in ``AssertionError``, which from outside looks the same as a
-peer that never answered. (A refusal sent as a plain transport ERR message, as Eclipse Milo and
-open62541 send theirs, already comes out of asyncua as a status error.)
-
-So each connection's complete OPN replies are watched where asyncua turns bytes into a message
-(``SecureConnection.receive_from_header_and_body``, asyncua 2.x; the same seam style as the byte
-bound in ``client.py``), and ``OpenReplies.refusal`` says, after a failed channel, whether a reply
-arrived and what it said: a status the server refused with (a ServiceFault, or an
-OpenSecureChannelResponse carrying a bad status), or that the reply could not be read. No reply,
-or a well-formed good response (the failure came after the channel), gives ``None``: the caller
-decides as before. Nothing of the reply is repaired or used beyond the status it names.
+``OpenReplies.watch`` follows a connection's OPN replies; ``OpenReplies.refusal`` then says whether
+a reply came and which status it refused with (a ServiceFault asyncua fails on), or ``None`` when
+there was none. Why: docs/handlers/opcua.md, "Health" and "How it works, and why".
 """
 
 from __future__ import annotations

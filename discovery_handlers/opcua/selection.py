@@ -1,18 +1,8 @@
 """Which servers a set of FindServers answers yields, and what each becomes: pure, no I/O.
 
-Why this exists: the rules are where Akri's handler goes wrong (it drops asyncua servers, which
-announce ``ClientAndServer``; it keeps host names the agent cannot resolve, akri#555), so they
-live apart from the network and are tested over tables. Given each discovery URL's answer:
-
-- keep ``Server`` and ``ClientAndServer`` applications, never ``Client`` or ``DiscoveryServer``;
-- keep those the ``applicationNames`` filter keeps;
-- take the first ``opc.tcp`` discovery URL (the only transport checked); drop its credentials;
-- replace its host by the one the discovery server was reached at when the host does not resolve
-  from the agent, or is a loopback name while the discovery server is not on loopback (the
-  server registered itself as ``localhost``, meaning the discovery server's machine);
-- remove duplicates (same host, port and path) whatever the order the answers came in.
-
-The device id is the chosen URL, as Akri's, so Instance names match an Akri install's.
+``select`` applies the rules (application types, the name filter, the URL chosen, hosts replaced,
+duplicates removed) and ``state_health`` maps a server state to health; the rules:
+docs/handlers/opcua.md, "What brokers get".
 """
 
 from __future__ import annotations
