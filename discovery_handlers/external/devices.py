@@ -1,10 +1,7 @@
 """Akri's ``Device`` messages into the contract's ``Device``: pure, no I/O.
 
-Why this exists: a registered handler is another process, possibly another vendor's, so every
-list it sends is hostile until checked. A device the agent cannot serve (no id, a device node or
-mount without a host path) is refused on its own, with a reason a person can act on, and the rest
-of the list is kept: one bad entry never hides a handler's good devices. Checks here are the ones
-a kubelet or container runtime would otherwise fail on later, far from the cause.
+``convert`` returns the devices the agent can serve and a ``Refusal`` with a reason for each one it
+cannot; one bad entry never hides the rest (docs/handlers/akri.md, "Seeing what runs").
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """A name served by registered out-of-process handlers: the contract adapter.
 
-Why this exists: Akri runs every discovery handler (its own and its users') as a process that
-registers with the agent over gRPC. ``ExternalHandler`` is what a discovery run of such a name
-runs: while endpoints are registered under the name it discovers through every one of them, as
-Akri's agent does, and lists their devices together (``merging``: a device two endpoints report
-is listed once); while none is, it serves the built-in of that name (Akri's handler names
-``debugEcho``, ``udev``, ``onvif`` and ``opcua`` are built-ins here too) or, for a name with no
-built-in, says it waits for a registration. So an Akri user's handler DaemonSet takes its name
-over on its node, as in Akri.
-
-A newly registered endpoint adds its devices once it has answered, and takes nothing away
-before: an endpoint that has not answered (it refuses, it cannot be dialled) leaves the run's
-devices and Instances as they were, whether the built-in or other endpoints serve them, and the
-run's lists carry a discovery warning saying why (this node's ``DiscoveryHealthy`` condition on
-the Configuration, a Warning Event, one log line); it is tried meanwhile with bounded backoff
-(``retries``). A run that serves nothing yet gives the endpoints ``HEAD_START`` to answer
-before the built-in serves meanwhile.
-
-An endpoint that served, then breaks its stream or vanishes, is dialled again with bounded
-backoff; meanwhile its devices are gone from the run's list (those another endpoint reports
-stay), so their Instances follow the offline-grace rules, and they come back under the same
-names when it does. Each endpoint's failures are its own: the others' streams go on. An
-endpoint away for longer than ``grace`` loses its registration; when a name has none left, the
-built-in (if any) serves again.
+``ExternalHandler`` discovers through every endpoint registered under its name, with the built-in
+of that name standing in until one answers or serving while none is registered;
+``ExternalHandlers`` is the registry's resolver. Behaviour: docs/handlers/akri.md, "How it works"
+and its two subsections.
 """
 
 from __future__ import annotations
@@ -41,10 +22,11 @@ from discovery_handlers.contract import (
     InvalidDetails,
     PropertyValue,
     is_shared,
-    warnings_of,
 )
 from discovery_handlers.external import merging, retries, steps, stream
+from discovery_handlers.external.endpoint_events import Endpoint, Event, Silent, endpoint_events
 from discovery_handlers.external.registrations import Registration, Registrations
+from discovery_handlers.external.standing_in import BuiltinServing
 from discovery_handlers.external.status import HandlerStatus
 from discovery_handlers.registry import known_handler_names
 
@@ -58,47 +40,6 @@ HEAD_START = stream.CONNECT_TIMEOUT
 #: Seconds a registered handler may stay unreachable before its registration is dropped
 #: (Akri's default offline grace); the agent's settings override it.
 DEFAULT_GRACE = 300.0
-
-
-@dataclass
-class _Serving:
-    """What one run gets from the built-in: its stream while it serves, its last list, the
-    notes its lists carry while it stands in for handlers that have not answered, and whether
-    its next list says that it serves again (``announce``: why)."""
-
-    builtin: steps.Steps[Sequence[Device]] | None = None
-    last: Sequence[Device] | None = None
-    standing_in: tuple[str, ...] = ()
-    announce: str | None = None
-    #: A registered handler served the run since the built-in last did.
-    served_external: bool = False
-
-    def take(self) -> Sequence[Device]:
-        """The built-in's finished read (``steps.Ended`` where it ended its stream)."""
-        assert self.builtin is not None
-        self.last = self.builtin.take()
-        return self.last
-
-    def note(self, notes: tuple[str, ...]) -> bool:
-        """Set the stand-in notes; True where they changed."""
-        changed = notes != self.standing_in
-        self.standing_in = notes
-        return changed
-
-    def listed(self, devices: Sequence[Device], name: str) -> Sequence[Device]:
-        """``devices`` as the run gets them: with the note, and the announcement once."""
-        warnings = (*warnings_of(devices), *self.standing_in)
-        if self.announce is not None:
-            why, self.announce = self.announce, None
-            return HandlerStatus(devices, warnings, ready=True,
-                                 message=f"built-in handler {name!r} serves again ({why})")
-        return DeviceList(devices, warnings) if self.standing_in else devices
-
-    async def stop_builtin(self) -> None:
-        builtin, self.builtin = self.builtin, None
-        self.last, self.announce = None, None
-        if builtin is not None:
-            await builtin.close()
 
 
 class SharingChanged(RuntimeError):
@@ -117,25 +58,6 @@ class ExternalDetails:
     builtin: Any = None
     builtin_error: InvalidDetails | None = None
     shared: bool = True
-
-
-class _Silent:
-    """An endpoint took the call and has sent no list ``HEAD_START`` after it."""
-
-
-SILENT = _Silent()
-#: What an endpoint's own stream within a run brings: a list, a failed try (it is tried
-#: again after a backoff), or its silence.
-_Event = list[Device] | retries.Failure | _Silent
-
-
-@dataclass
-class _Endpoint:
-    """One registered endpoint within a run: how it stands, and its stream of events."""
-
-    standing: merging.Standing
-    events: steps.Steps[_Event]
-    silent: bool = False
 
 
 class ExternalHandler:
@@ -195,8 +117,8 @@ class ExternalHandler:
         """Discover through every endpoint registered under the name (``merging``), with the
         built-in standing in until one has answered, or serving while none is registered."""
         assert isinstance(details, ExternalDetails)
-        serving = _Serving()
-        endpoints: dict[Registration, _Endpoint] = {}
+        serving = BuiltinServing()
+        endpoints: dict[Registration, Endpoint] = {}
         loop = asyncio.get_running_loop()
         builtin_at = loop.time() + HEAD_START
         shown: merging.Verdict | None = None
@@ -266,7 +188,7 @@ class ExternalHandler:
                 await endpoint.events.close()
             await serving.stop_builtin()
 
-    async def _follow(self, endpoints: dict[Registration, _Endpoint],
+    async def _follow(self, endpoints: dict[Registration, Endpoint],
                       current: Sequence[Registration], details: ExternalDetails) -> bool:
         """Open a stream to each endpoint newly registered, close those of endpoints gone;
         True where one gone had devices listed."""
@@ -277,13 +199,13 @@ class ExternalHandler:
             lost |= gone.standing.devices is not None
         for registration in current:
             if registration not in endpoints:
-                endpoints[registration] = _Endpoint(
+                endpoints[registration] = Endpoint(
                     merging.Standing(registration),
                     steps.Steps(self._endpoint_events(registration, details)))
         return lost
 
-    async def _hear(self, endpoint: _Endpoint, endpoints: dict[Registration, _Endpoint],
-                    serving: _Serving, details: ExternalDetails) -> bool:
+    async def _hear(self, endpoint: Endpoint, endpoints: dict[Registration, Endpoint],
+                    serving: BuiltinServing, details: ExternalDetails) -> bool:
         """Take ``endpoint``'s event into its standing; True where the run's list or verdict
         may have changed."""
         standing = endpoint.standing
@@ -293,7 +215,7 @@ class ExternalHandler:
         except steps.Ended:  # it was dropped after the grace
             endpoints.pop(registration, None)
             return standing.devices is not None
-        if isinstance(event, _Silent):
+        if isinstance(event, Silent):
             endpoint.silent = True
             return False
         if isinstance(event, retries.Failure):
@@ -342,51 +264,13 @@ class ExternalHandler:
                                  message=verdict.message), verdict
         return (DeviceList(devices, notes) if notes else devices), verdict
 
-    async def _endpoint_events(
+    def _endpoint_events(
         self, registration: Registration, details: ExternalDetails,
-    ) -> AsyncGenerator[_Event, None]:
-        """``registration``'s lists, its failed tries and its silence, dialling again after
-        each failure with backoff (``retries``), until it has been lost for longer than the
-        grace: then its registration is dropped and this ends."""
-        where = f"{registration.name!r} at {registration.endpoint}"
-        tries = retries.Tries(self._grace)
-        while True:
-            again = self._registrations.registered_again(self.name)
-            lists = steps.Steps(stream.discover(registration, details.raw, details.properties))
-            failure = retries.Failure("it ended its stream", retries.ENDED)
-            heard = False
-            try:
-                while True:
-                    await steps.wait_any([lists.next()], (), None if heard else HEAD_START)
-                    if not lists.ready():
-                        heard = True  # connected, and no list yet: said once
-                        yield SILENT
-                        continue
-                    try:
-                        devices = lists.take()
-                    except steps.Ended:
-                        break
-                    heard = True
-                    tries.succeeded()
-                    yield devices
-            except stream.HandlerUnreachable as exc:
-                failure = retries.Failure(str(exc), retries.UNREACHABLE)
-            except stream.HandlerFailed as exc:  # it is there, and said why it cannot serve
-                failure = retries.Failure(str(exc), retries.REFUSED)
-            finally:
-                await lists.close()
-            delay = tries.failed(failure)
-            if delay is None:
-                if self._registrations.drop(registration):
-                    log.warning("discovery handler %s unreachable for %.0fs (grace %.0fs): "
-                                "registration dropped", where, tries.away, self._grace,
-                                extra={"handler": self.name})
-                return
-            yield failure
-            if tries.wakes_on_register:  # it could not be reached: its registering is news
-                await steps.any_of(again, within=delay)
-            else:
-                await asyncio.sleep(delay)
+    ) -> AsyncGenerator[Event, None]:
+        return endpoint_events(
+            registration, details.raw, details.properties, registrations=self._registrations,
+            grace=self._grace, head_start=HEAD_START,
+        )
 
     def _can_stand_in(self, details: ExternalDetails) -> bool:
         """Whether the built-in can serve the run while no endpoint has answered: it parsed
@@ -395,7 +279,7 @@ class ExternalHandler:
             return False
         return is_shared(self._builtin, details.builtin) == details.shared
 
-    def _start_builtin(self, serving: _Serving, details: ExternalDetails, why: str) -> None:
+    def _start_builtin(self, serving: BuiltinServing, details: ExternalDetails, why: str) -> None:
         """Start the built-in's stream; ``why`` it serves, for the run's condition where a
         registered handler served the run before."""
         assert self._builtin is not None
@@ -408,7 +292,7 @@ class ExternalHandler:
         serving.served_external = False
 
     async def _serve_builtin(
-        self, serving: _Serving, details: ExternalDetails, changed: asyncio.Event
+        self, serving: BuiltinServing, details: ExternalDetails, changed: asyncio.Event
     ) -> AsyncGenerator[Sequence[Device], None]:
         """The built-in's lists until ``changed``; it goes on serving where it stood in for a
         handler (its last list again, without the stand-in's note)."""
@@ -424,7 +308,7 @@ class ExternalHandler:
                 return
             yield serving.listed(serving.take(), self.name)
 
-    def _unanswered(self, endpoint: _Endpoint) -> str:
+    def _unanswered(self, endpoint: Endpoint) -> str:
         failure = endpoint.standing.failure
         problem = (failure.problem if failure is not None
                    else f"no list {HEAD_START:g}s after the call")

@@ -1,8 +1,8 @@
 """One run's list and verdict from the several endpoints of its name: pure, no I/O.
 
-Why this exists: a name keeps every endpoint registered under it (as in Akri's agent), and a
-run discovers through all of them: its list is their lists together, a device two endpoints
-report listed once, and its verdict says which endpoints serve and which have failed.
+``devices`` merges the endpoints' lists (a device two report is listed once), ``verdict`` says
+which serve and which failed, ``warnings`` what the Configuration should show
+(docs/handlers/akri.md, "Several handlers of one name").
 """
 
 from __future__ import annotations

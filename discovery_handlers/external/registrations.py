@@ -1,11 +1,8 @@
 """The node's table of registered out-of-process discovery handlers (Akri's protocol).
 
-Why this exists: the agent's registration service writes into it and every discovery run of a
-registered name reads it, so a handler that registers (a new one, one that restarted or moved)
-is picked up at once by every run serving its name. As in Akri's agent, a name keeps every
-endpoint registered under it: a registration at another endpoint adds one, and an endpoint
-leaves only when it is dropped (unreachable for longer than the grace). Plain asyncio, no gRPC,
-no Kubernetes: the service that fills it lives in the agent.
+``Registrations.register`` and ``drop`` change it; runs read ``endpoints`` and wait on ``changed``
+and ``registered_again``. Plain asyncio, no gRPC, no Kubernetes; why it is a shared table:
+docs/handlers/akri.md, "The modules".
 """
 
 from __future__ import annotations

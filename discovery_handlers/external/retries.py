@@ -1,10 +1,7 @@
 """How often a registered handler is tried again, and when it counts as lost: no I/O.
 
-Why this exists: a handler that cannot be dialled is tried again soon (it may be restarting,
-and its registering again brings the next try at once); one that answers ``Discover`` with an
-error is there, may refuse for good, and is asked less often, whatever it does; either way the
-wait doubles up to a bound, so no handler is ever called hot. A handler unreachable (or hanging
-up) for longer than the agent's grace is lost: its registration is dropped.
+``Tries`` counts one endpoint's failures and gives the next delay (``retry_delay``) or None when
+the grace has passed. The rules: docs/handlers/akri.md, "How it works".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Reading several async streams at once: the plumbing of ``handler``, no gRPC, no devices.
 
-Why this exists: one discovery run reads several streams together (every registered endpoint's
-and the built-in's lists) and waits on registration events and timers besides. ``Steps`` reads
-a stream one item at a time with its pending read kept across those waits, so no stream is
-restarted by a wake-up of another; ``any_of`` waits on events with a bound.
+``Steps`` reads a stream one item at a time, its pending read kept across other waits so no stream
+restarts on another's wake-up; ``wait_any`` and ``any_of`` wait on reads, events and a bound.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """One ``Discover`` call to a registered handler, as an async stream of checked device lists.
 
-Why this exists: the thin wrapper over the wire. It dials the handler's endpoint (a Unix socket
-or host:port), sends the Configuration's details and resolved properties (Secrets as their
-bytes, as Akri's agent sends them), and turns each ``DiscoverResponse`` into contract devices
-through ``devices.convert``, logging every refused device once per call. Connecting has a bound;
-the stream itself has none (a handler sends a list whenever its devices change, which may be
-never), so a peer that dies is noticed by the socket closing (Unix sockets) or by keepalive.
+``discover`` dials the endpoint, sends the details and resolved properties (Secrets as their bytes,
+as Akri's agent sends them) and yields each list through ``devices.convert``; it raises
+``HandlerUnreachable`` or ``HandlerFailed``. Bounds: docs/handlers/akri.md, "The modules".
 """
 
 from __future__ import annotations
