@@ -1,9 +1,8 @@
 """The constants of edgeplug's API and the loader of its CRD manifests.
 
-Every part that talks to the API server (agent, controller, CLI, tests) names the group, version,
-kinds and plurals through this module, so a rename happens in one place. The manifests in
-``crds/manifests/`` are the source of truth for the schema; the defaults repeated here as Python
-constants are checked against them by ``tests/unit/test_crd_views.py``.
+Group, version, kinds, plurals, conditions and defaults, spelt once; ``load_manifests`` and
+``crd_schema`` read ``crds/manifests/`` (the schema's source of truth; docs/architecture.md, "The
+API package").
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Typed, read-only view of a ``Configuration`` as the API server returns it.
 
-The agent and the controller both read Configurations; they read them through these frozen
-dataclasses rather than raw dicts, so a field is spelt once. The API server has already validated
-and defaulted the object (see ``crds/manifests/configurations.yaml``), so parsing here trusts the
-shape and only fills the same defaults for objects that never went through the server (tests,
-dry runs). ``SPEC_FIELDS`` maps every wire field to its attribute; a unit test checks it against
-the manifest's schema so the two cannot drift.
+``Configuration.from_object`` parses one; ``allocator_of``, ``asked_allocator`` and
+``eviction_grace`` read single fields of raw objects. ``SPEC_FIELDS`` maps every wire field to its
+attribute (checked against the manifest; docs/architecture.md, "The API package").
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Which DRA features the API server serves, read from what it stored of our own writes.
 
-Why this exists: edgeplug runs on every Kubernetes minor upstream supports, and DRA's newer
-fields (a DeviceClass's ``extendedResourceName``, a device's consumable capacity and
-``allowMultipleAllocations``, device taints) exist in the API of every such minor but are kept
-only where their feature gate is on: elsewhere the API server drops them on write without an
-error. A version string would say nothing about a cluster whose admin turned a gate on or off,
-so the agent and the controller compare each body they apply with the object the API server
-returns and report, once per process and feature, the field it dropped and what that costs.
+``dropped_by_device_class`` and ``dropped_by_slice`` compare a body sent with the object stored;
+``FeatureReport`` logs each dropped feature once per process. Why: docs/architecture.md, "The API
+package", and docs/versions.md.
 """
 
 from __future__ import annotations
@@ -20,12 +16,16 @@ from typing import Any, Final
 EXTENDED_RESOURCE: Final = "DRAExtendedResource"
 CONSUMABLE_CAPACITY: Final = "DRAConsumableCapacity"
 DEVICE_TAINTS: Final = "DRADeviceTaints"
+PARTITIONABLE_DEVICES: Final = "DRAPartitionableDevices"
 CONSEQUENCES: Final[Mapping[str, str]] = {
     EXTENDED_RESOURCE: "pods asking for an edgeplug.io/ extended resource are served by device "
                        "plugins only, never from ResourceSlices",
     CONSUMABLE_CAPACITY: "a shared device's slice offers it to one claim at a time (no 'slots' "
                          "capacity)",
     DEVICE_TAINTS: "an unhealthy device is left out of its slice instead of tainted",
+    PARTITIONABLE_DEVICES: "partitions of a device (sharedCounters, consumesCounters) cannot be "
+                           "offered to the scheduler: they are withdrawn rather than "
+                           "published without the counters that keep them from overlapping",
 }
 
 
@@ -48,6 +48,11 @@ def dropped_by_slice(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list
             dropped.add(CONSUMABLE_CAPACITY)
         if device.get("taints") and not kept.get("taints"):
             dropped.add(DEVICE_TAINTS)
+        if device.get("consumesCounters") and not kept.get("consumesCounters"):
+            dropped.add(PARTITIONABLE_DEVICES)
+    if ((sent.get("spec") or {}).get("sharedCounters")
+            and not (stored.get("spec") or {}).get("sharedCounters")):
+        dropped.add(PARTITIONABLE_DEVICES)
     return sorted(dropped)
 
 

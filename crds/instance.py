@@ -1,18 +1,8 @@
 """Typed, read-only view of an ``Instance``, and the grammar of its ``deviceUsage`` values.
 
-An Instance is one discovered device. Its ``deviceUsage`` maps each capacity slot to who holds
-it: ``""`` (free), ``"<node>"`` (allocated through the Instance's own device plugin on that node),
-or ``"C:<virtual id>:<node>"`` (allocated through the configuration-level plugin as that virtual
-device). :class:`SlotUsage` parses and formats those strings so nobody else splits on ``:``.
-``status.reservations`` maps a slot to the node that holds it in reserve (see the agent's slot
-design), ``status.demand`` maps a node to how many slots its agent still needs for Pending pods
-pinned to it, ``status.unhealthy`` maps a node to why the device is present there but unusable,
-``status.reported`` marks the nodes whose agent has written its health verdict on a shared
-device (so a node missing from ``unhealthy`` is known healthy, not just not heard from yet),
-and ``status.used`` is the count of held slots that ``kubectl get instances`` prints
-(``status.nodes`` the sorted node list its ``-o wide`` prints). ``status.claims``, written by the
-controller with ``--dra``, counts the ResourceClaims allocated the device: the agents' device
-plugins withhold that many free slots (``agent.slots.rules``, "DRA claims").
+``Instance.from_object`` parses one; ``SlotUsage`` parses and formats slot holders so nobody else
+splits on ``:``. What each spec and status field records, and who writes it: docs/slots.md, "Where
+the state lives", and docs/architecture.md, "The parts and who writes what".
 """
 
 from __future__ import annotations

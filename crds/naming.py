@@ -1,27 +1,8 @@
-"""Stable names for Instances, their CDI devices, slots and kubelet resources.
+"""Stable names for Instances, their CDI devices, slots and kubelet resources (Akri's names).
 
-The names are Akri's, so a user who predicted an Akri Instance name (GitOps, pods that request
-``akri.sh/<instance>``) predicts edgeplug's by swapping the domain. An Instance is
-``<configuration>-<digest>``: the digest is a 3-byte BLAKE2b of the device id, with the node name
-appended to the id first when the device is not shared, so every agent that sees one shared device
-names it alike while two nodes' local devices with equal ids stay apart.
-
-A local device whose Akri name another node's Instance holds (``agent.instance_publisher``) is
-published under a fallback name that carries its node, ``<configuration>-<digest>.<node>``: Akri
-names hold no ``.``, so everything after the first ``.`` is the node, and the agents' Instance
-policy lets only that node's token create it. Within the 63 characters a resource name allows
-after ``edgeplug.io/``, a long configuration name is cut and given a hash (``--`` before the
-digest tells that form apart); a node name too long for any form gets no fallback.
-
-Two devices of one Configuration can share an Akri name (3 bytes: likely from about 1,000
-devices on, where Akri publishes one of them and drops the other). The device an Instance
-publishes is recorded in it (``spec.deviceDigest``, an 8-byte BLAKE2b of the same material:
-``device_digest``); a device whose Akri name holds another device is published under its
-collision name ``<configuration>-<deviceDigest>`` (``collision_instance_name``), which depends on
-the device alone, so every node that sees a shared device computes the same one.
-``instance_names`` lists, in order, the names a device may take; ``plan_names`` assigns them to
-one device list as the agent does (``agent.instance_publisher``, where the API server's copy
-of each name also counts).
+``instance_name``, ``device_digest``, ``collision_instance_name``, ``instance_names`` (every name a
+device may take, in order) and ``plan_names`` (assigning them to one device list). The scheme,
+fallbacks and collisions: docs/naming.md.
 """
 
 from __future__ import annotations

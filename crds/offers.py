@@ -1,10 +1,7 @@
 """The names by which the controller grants a node leave to offer a Configuration's devices.
 
-No object of this kind exists: RBAC grants the agent the verb ``offer`` on the resource
-``nodeoffers.edgeplug.io`` named ``<configuration>/<node>`` (or ``<configuration>/*``, every
-node) in the Configuration's namespace, and the agents' admission policies ask RBAC about
-those names. The controller keeps the grants (``controller.offer_grants``); the agent asks
-before it runs a Configuration (``agent.offer_wait``).
+``offer_name`` names ``<configuration>/<node>`` (or ``*``) of the RBAC-only resource
+``nodeoffers.edgeplug.io``; the grants and why: deploy/README.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Which node a Pending pod is pinned to, what it asks for, and the demand record on a Node.
 
-A pod pinned to one node (``kubernetes.io/hostname`` nodeSelector, or required node affinity on
-that label or on ``metadata.name``) can only run there, so its extended-resource requests are
-that node's demand for shared slots. The controller writes that demand on the Node
-(``PINNED_DEMAND_ANNOTATION``) and the agent reads it there; both judge pods by these functions,
-on the API's JSON (docs/slots.md, C5).
+``pinned_node``, ``extended_requests``, ``sum_requests`` and the ``PINNED_DEMAND_ANNOTATION``
+format; the controller and the agent judge pods by these same functions (docs/slots.md, C5).
 """
 
 from __future__ import annotations

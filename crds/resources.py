@@ -1,9 +1,5 @@
-"""lightkube resource classes for edgeplug's two kinds (and the DRA ResourceSlices both publish),
-defined once for agent and controller.
-
-Why this exists: both the agent and the controller talk to the API with lightkube, and a generic
-resource class registers itself with lightkube by (group, version, kind); defining it in one
-place keeps both on the same class and the same API coordinates as the CRD manifests.
+"""lightkube resource classes for edgeplug's two kinds and the DRA ResourceSlices, defined once for
+agent and controller (docs/architecture.md, "The API package").
 """
 
 from __future__ import annotations

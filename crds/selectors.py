@@ -1,8 +1,7 @@
 """``metav1.LabelSelector``, parsed and evaluated against a Node's labels.
 
-A Configuration's ``nodeSelector`` says which nodes run its discovery; every agent evaluates it
-against its own Node, with the API server's semantics (an empty selector selects every node,
-``NotIn`` and ``DoesNotExist`` hold for a missing key).
+``LabelSelector.from_object`` and ``matches`` give a Configuration's ``nodeSelector`` the API
+server's semantics (docs/architecture.md, "The API package").
 """
 
 from __future__ import annotations
