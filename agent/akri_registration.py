@@ -1,17 +1,8 @@
 """Akri's handler registration, hosted by the agent: out-of-process handlers join by gRPC.
 
-Why this exists: Akri runs its discovery handlers (its own and every custom one users wrote) as
-separate processes, usually a DaemonSet beside the agent, that register with the agent over a
-Unix socket in ``$DISCOVERY_HANDLERS_DIRECTORY`` (``agent-registration.sock``; Akri's default
-directory is ``/var/lib/akri``). The agent serves Akri's ``v0.Registration`` there, keeps the
-node's registrations in a ``Registrations`` table and routes the handler registry through
-``ExternalHandlers``, so a Configuration naming a registered handler runs it (see
-``discovery_handlers.external.handler``). The metric ``edgeplug_discovery_handlers_registered``
-shows which names are registered on the node, ``edgeplug_discovery_handler_registrations_total``
-how many registrations each name received.
-
-The registry's resolver is process-wide: one agent per process hosts registrations (the
-DaemonSet runs one; in-process test agents leave it off unless a test asks).
+``HandlerRegistration`` serves Akri's ``v0.Registration`` on the node's socket, keeps the
+``Registrations`` table (``restore`` reads it back after a restart) and installs the registry's
+process-wide resolver. How it works: docs/handlers/akri.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """CDI spec files for the devices this node serves, so a CDI-enabled runtime can resolve them.
 
-Why this exists: ``Allocate`` may name devices by CDI name (``edgeplug.io/<configuration>=<hash>``)
-and containerd 2.x and CRI-O resolve such names from spec files in ``/var/run/cdi`` (or
-``/etc/cdi``): a name without a spec fails container creation. The agent writes one spec per
-Configuration on this node, atomically (a temporary file in the same directory, then
-``rename``), holding every device of that Configuration this node serves, and removes it when
-the last device goes. A CDI name is handed out only for a device whose spec is on disk.
-
-Each device's container edits are its device nodes (host path, container path, permissions),
-its mounts (bind, read-only where asked) and its environment as ``Allocate`` gives it for one
-device. For a handler that composes the environment of several devices (``ComposingHandler``)
-the environment stays out of the spec: a runtime applies CDI edits after the kubelet's, and a
-per-device value would override the composed one.
+``CdiSpecs.write`` writes one Configuration's spec atomically (or removes it with the last device);
+``render`` builds its body. A CDI name is handed out only once its spec is on disk
+(docs/handlers.md, "CDI"; docs/architecture.md, "The agent's discovery modules").
 """
 
 from __future__ import annotations

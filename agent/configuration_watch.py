@@ -1,11 +1,7 @@
 """Watch Configurations and keep one discovery run per Configuration that selects this node.
 
-Why this exists: it is the agent's control loop. A Configuration appears (or starts selecting
-this node through ``nodeSelector``) → a run starts; its spec changes (``generation``) → the run
-restarts and adopts its own Instances; it goes (or stops selecting the node) → the run stops and
-this node leaves its Instances. A change to a Secret or ConfigMap a run reads restarts that run
-only when its resolved properties changed. Withdrawals run as tasks of their own so a slow API
-call for one Configuration never holds up the others.
+``ConfigurationWatch.run`` is the agent's control loop; ``runs`` shows the runs it keeps. When a
+run starts, restarts or stops: docs/architecture.md, "The agent's discovery modules".
 """
 
 from __future__ import annotations

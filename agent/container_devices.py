@@ -1,9 +1,7 @@
 """What one container gets for the devices it is given, whichever allocator gives them.
 
-The kubelet's device plugins (``Allocate``) and its DRA plugin (a claim's CDI spec) must hand a
-container the same thing for the same devices: the environment (composed by the handler, or
-every property as ``NAME`` and ``NAME_<HASH>``, Akri's way), the mounts, the device nodes and
-the CDI names. Both allocators build it here, so neither imports the other.
+``container_allocation`` builds the environment, mounts, device nodes and CDI names for both the
+device plugins and the DRA plugin, so neither imports the other.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Tell users when a device this node serves is present but unhealthy, and when it recovers.
 
-Why this exists: a device can answer discovery and still be unusable (an NPU with a fault code,
-an OPC-UA server not Running, a camera refusing SOAP). The agent keeps its Instance and advertises
-its slots Unhealthy; users see why on the Instance (``status.unhealthy.<node>``, present only
-while this node finds it unhealthy) and in one Event per change, never one per discovery pass.
-A write that fails (the API server away) is not recorded as done, so the next publish or resync
-writes it again.
-
-A shared device's first verdict on this node (after the agent starts, or joins the Instance
-again) is always written, healthy too, with ``status.reported.<node>: true``: the controller
-publishes a shared device's ResourceSlice only on nodes whose verdict it has read
-(``crds.dra_slices.shared_plan``). ``unreport`` takes the mark back before the node leaves.
+``HealthReporter.report`` writes ``status.unhealthy.<node>`` (and a shared device's first verdict
+with ``status.reported.<node>``) and one Event per change; ``unreport`` takes the mark back before
+the node leaves (docs/architecture.md, "The agent's discovery modules").
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """One discovery run: one Configuration's handler, on this node, as one asyncio task.
 
-Why this exists: each Configuration's discovery runs in its own task, so one handler that is
-slow, hangs or fails never stalls another. A run loads the handler (lazily: only now is its
-module imported), resolves ``discoveryProperties``, parses ``discoveryDetails`` and feeds every
-device list to its ``InstancePublisher``. Bad input (unknown handler, invalid details, a missing
-Secret) is reported on the Configuration and the run waits for a change (spec or referenced
-Secret/ConfigMap restarts it); discovery errors are retried with exponential backoff, bounded
-to ``MAX_CONSECUTIVE_FAILURES`` attempts before the run gives up and says so.
+``DiscoveryRun.start`` and ``stop`` run and end it: load the handler, resolve properties, parse
+details, feed each device list to the publisher; bad input is reported and errors retried with
+backoff (docs/architecture.md, "The agent's discovery modules").
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """Tell users, on the Configuration itself, what this node's discovery run thinks of it.
 
-Why this exists: a user who applies a Configuration with bad ``discoveryDetails`` looks at
-``kubectl describe configuration``; the agent answers there with a core/v1 Event and a status
-condition whose message names the offending field. The conditions are written by server-side apply
-on the status subresource with this node's field manager, so the controller's status fields
-(and other nodes' conditions) are never clobbered.
-
-Two kinds of verdict, so the condition list stays short on a Configuration that runs on hundreds
-of nodes:
-
-- what every node concludes alike (the ``discoveryDetails`` or a discovery property are wrong)
-  goes into the one shared ``DiscoveryDetailsValid`` condition; every agent writes the same
-  content, so it does not matter which writes last;
-- what is particular to one node (its handler failed, it lacks the handler's package) goes into
-  ``DiscoveryReady.<node>``, which exists only while that node has a problem: an agent whose run
-  is healthy withdraws it by applying its status without it.
-
-A third verdict is the handler's discovery warnings (``DeviceList.warnings``: a discovery server
-that stopped answering, Ascend chips listed from ``/dev/davinci*`` with their health unknown):
-discovery runs, yet users should know. They go into ``DiscoveryHealthy.<node>`` (False, the
-warnings in its message), which also exists only while that node has warnings. It is applied
-by a field manager of its own (``<node's manager>-warnings``), so writing or withdrawing it
-never touches the verdict conditions above, and nodes never write one another's entries (the
-list is a map keyed by ``type``): no controller round trip and no new right, the agent's
-``configurations/status`` patch already covers it.
-
-Nothing here ever includes a discovery property's value: messages come from handlers' field
-errors and from property *names*.
+``ConfigurationReporter`` (``ok``, ``problem``, ``warnings``) applies this node's conditions
+(``DiscoveryDetailsValid``, ``DiscoveryReady.<node>``, ``DiscoveryHealthy.<node>``) and posts
+Events; ``emit_event`` posts one Event. Which verdict goes where, and why: docs/architecture.md,
+"The agent's discovery modules".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The agent's one seam to the Kubernetes API: lightkube resources and client construction.
+"""The agent's one seam to the Kubernetes API: lightkube client construction and error helpers.
 
-Why this exists: the agent runs on every node, so it uses lightkube (22 MiB) rather than the
-official client (46 MiB for ``kubernetes.aio`` alone, measured), and every other agent module
-names the edgeplug resources and the field manager through here. Errors stay lightkube's
-``ApiError``; the helpers below say which statuses the callers treat as "not there" or
-"lost a race".
+``load_config``, ``with_user``, ``counted_client``, ``field_manager``, and ``is_not_found`` /
+``is_conflict`` / ``is_forbidden`` for the statuses callers treat as "not there", "lost a race" or
+"refused". Why lightkube: docs/architecture.md, "Design choices".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The agent's Prometheus metrics, defined once so every part counts into the same series.
 
-Why this exists: discovery, Instance publishing and the device plugins each count things a
-node operator watches (devices and their health, slots, discovery time and errors, allocations,
-kubelet registrations, API trouble); one module keeps names and labels consistent.
-
-Labels are bounded (docs/operations.md, "Cardinality"): a Configuration (``namespace``,
-``configuration``), the ``node``, a ``handler`` name, or a short fixed set (outcome, health,
-reason, HTTP code, resource kind). Never a device id, an Instance, a device-plugin resource
-or a pod: an allocation or a slot conflict is counted per Configuration, node and ``kind`` of
-resource (``instance``: one Instance's own; ``configuration``: the Configuration's, mapped onto
-any of its Instances), however many Instances the Configuration has.
-
-Watch restarts, watch events and API errors are counted per process (``PROCESS``), as the
-code that sees them (``agent.watching``, the API client's hooks) has no agent at hand; each
-agent's registry exports the process's counts.
+``AgentMetrics`` holds one agent's series; ``ProcessCounters`` (``PROCESS``) counts watch restarts,
+watch events and API errors per process. Labels are bounded: docs/operations.md, "Cardinality".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What the API server's Instances of given names record, read in one list instead of a GET each.
 
-Why this exists: a shared device new to this node first joins an Instance another node made
-under its collision name (``agent.instance_publisher``), which costs one read of that name. A
-Configuration of a thousand shared devices appearing at once made that a thousand GETs in front
-of its first writes; from ``LIST_FROM`` names on, one paginated list of the namespace's
-Instances answers them all.
+``recorded_digests`` answers for many names at once from ``LIST_FROM`` names on
+(docs/architecture.md, "The agent's discovery modules").
 """
 
 from __future__ import annotations

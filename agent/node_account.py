@@ -1,16 +1,8 @@
 """This node's own identity for reading the Secrets and ConfigMaps its Configurations name.
 
-Every agent runs as one ServiceAccount, so RBAC cannot tell one node's agent from another's.
-Camera passwords must reach only the nodes whose Configurations need them, so the agent reads
-them as a ServiceAccount of its node's own: ``node-<node>`` in the node-accounts namespace
-(``<install namespace>-nodes``), which the controller binds to the reads of the Configurations
-that select the node (``controller.agent_access``). The agent creates that account if missing
-and asks for its token (TokenRequest) bound to its Node, so the token dies with the Node
-object (an admin deleting a stolen node's Node ends it; a pod cannot be the bound object, as
-it lives in another namespace than the account); deploy/manifests/agent-node-account-policy.yaml
-lets a node's agent create and mint only its own node's account. The token is kept in a file
-only this process reads, renewed before it expires; the reads' client re-reads it
-(lightkube's token-file auth).
+``NodeAccount`` creates the ServiceAccount ``node-<node>`` if missing and keeps a Node-bound token
+for it in a file only this process reads, renewed before it expires. Why: deploy/README.md,
+"Secrets and ConfigMaps".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The Instances that concern this node, as the API server filters them for it.
 
-Each agent labels the Instances its node serves with a key of its own,
-``<node>.nodes.edgeplug.io/serves`` (``serves_label``), and every Instance watch and list it
-makes carries that key as a label selector (``selector``): a write to an Instance of another
-node is never sent to it. The publisher applies the label with ``spec.nodes`` (its own field
-manager owns both) and drops it when it leaves, unless this node still holds a slot there, which
-the device-plugin side frees and then drops the label itself (``drop_label``).
-
-A label that goes is not a deletion: ``watch`` answers the watch's ``DELETED`` by reading the
-Instance by name, and yields ``DELETED`` only when it is gone (or was re-created under the same
-name); an Instance still there comes as ``MODIFIED`` with what was read, labelled again
-(``relabel``) where it still lists this node. ``still_there`` does the same for an Instance a
-relist no longer shows. An Instance this process deleted itself (``deleted_here``) is taken
-for gone unread. ``label_unlabelled`` labels at start what an agent without labels left
-(one paginated list of every Instance, once per process). Design and figures: docs/fleet.md.
+``serves_label`` and ``selector`` give the node's label on Instances; ``watch`` and ``still_there``
+tell a label that went from a deletion; ``relabel``, ``drop_label``, ``deleted_here`` and
+``label_unlabelled`` keep the label right. Design: docs/fleet.md.
 """
 
 from __future__ import annotations

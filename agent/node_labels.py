@@ -1,28 +1,9 @@
-"""Label this node ``edgeplug.io/<configuration>=true`` while it has devices of a Configuration.
+"""Label this node ``edgeplug.io/<configuration>=true`` (and a handler's labels) while it has
+devices of a Configuration.
 
-Why this exists: users select nodes that have a kind of device (a DaemonSet on camera nodes)
-without requesting a device resource. The label follows this node's Instances: added with the
-first, removed (merge patch with ``null``) with the last. Configurations of one name in several
-namespaces share a label, so it is counted per (namespace, configuration). Labels of
-Configurations deleted while no agent ran are pruned when the agent starts.
-
-A handler may describe the devices as labels too (``LabellingHandler``: Ascend's chip model and
-count): those ``edgeplug.io/`` labels are set with the same merge patch and removed with the
-Configuration's last device on this node. A handler may also give the few labels a vendor's own
-device plugin writes, which schedulers built for that plugin read (``FOREIGN_LABEL_KEYS``:
-Huawei's ``accelerator``, ``node.kubernetes.io/npu.chip.name``, ``servertype``,
-``mind-cluster/npu-chip-memory``). Those are set in the same patch but never removed and never
-recorded as ours, as Huawei's plugin never removes them: an NPU node's ``accelerator`` label is
-often the user's own (Huawei's install guide has it set by hand, and NPU DaemonSets select on
-it), so taking it away with the last device would take the node's NPU agent away too. The
-node policy lets through exactly these keys.
-
-Which labels are the agent's is written on the Node itself, in the same patch as the labels:
-the annotation ``edgeplug.io/labels`` maps each Configuration (``namespace/name``) with devices
-here to the labels set for it. Pruning at start removes only labels recorded for Configurations
-that no longer exist (handler labels included), never an ``edgeplug.io/`` label somebody else
-set. A Node labelled by an agent that kept no record is pruned by the older rule: a
-``edgeplug.io/<name>=true`` label whose Configuration name no longer exists.
+``NodeLabels.set`` adds or removes them with one merge patch, recording ours in the Node's
+``edgeplug.io/labels`` annotation; ``NodeLabels.prune`` removes at start the labels of
+Configurations gone. Rules: docs/architecture.md, "The agent's discovery modules".
 """
 
 from __future__ import annotations

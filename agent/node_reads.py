@@ -1,14 +1,8 @@
-"""The agent's reads of what concerns its node alone, made as the kubelet when the kubelet's
-client certificate is given: the pods bound to this node, and the claims the kubelet asks the
-DRA plugin to prepare.
+"""The agent's reads of what concerns its node alone (its pods, the claims the kubelet asks it to
+prepare), made as the kubelet when the kubelet's client certificate is given.
 
-Why this exists: RBAC can grant the agent's token those reads only cluster-wide (a pods list
-for every namespace, a claim ``get`` by any name), while the Node authorizer lets a kubelet list
-exactly the pods bound to its node (``spec.nodeName=<node>``) and get exactly the claims of those
-pods. With ``KUBELET_CLIENT_CERT`` both reads go as ``system:node:<node>`` and the agent's token
-needs neither right (deploy/README.md, "What a node's agent can do", has the trade-off). A
-kubelet rotates its certificate by pointing ``kubelet-client-current.pem`` at a new file; each
-read looks whether the file changed and, if so, reads with a client of the new one.
+``node_reads`` builds a ``NodeReads`` whose ``client`` follows the kubelet's certificate rotation.
+Why and the trade-off: deploy/README.md, "What a node's agent can do".
 """
 
 from __future__ import annotations

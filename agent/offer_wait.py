@@ -1,11 +1,7 @@
 """Before a Configuration's discovery starts on this node: wait until the node may offer it.
 
-The API server refuses this node's Instance and ResourceSlice writes for a Configuration the
-controller has not granted it (``crds.offers``; deploy/manifests/agent-instance-policy.yaml).
-A new Configuration reaches the agents and the controller at once, so without waiting every
-node's first writes would race the grant and be refused (a warning per node per
-Configuration). The agent asks RBAC itself (a SelfSubjectAccessReview, which every
-authenticated identity may make) and starts the run once the answer is yes.
+``wait_until_granted`` asks RBAC (``may_offer``, a SelfSubjectAccessReview) until the controller's
+grant is there (docs/architecture.md, "The agent's discovery modules"; deploy/README.md).
 """
 
 from __future__ import annotations

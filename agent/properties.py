@@ -1,12 +1,8 @@
 """Resolve a Configuration's ``discoveryProperties`` from literals, Secrets and ConfigMaps.
 
-Why this exists: handlers need credentials (an ONVIF camera's password) that users keep in
-Secrets. The agent reads them just before parsing the handler's details and re-reads them when
-a referenced Secret or ConfigMap changes (``ReferenceWatch``), restarting only the runs whose
-resolved values actually changed. Values read from Secrets reach the handler as
-``discovery_handlers.contract.Secret`` (bytes, binary data kept as is, shown as ``<redacted>``),
-so they never reach a log line or an error message by accident: errors name the property and the
-object, never the content. Literal and ConfigMap values are text.
+``resolve_properties`` reads them (Secret values as ``contract.Secret``, never shown);
+``ReferenceWatch`` follows the objects named so only runs whose values changed restart. Errors name
+the property and the object, never a value (docs/architecture.md, "The agent's discovery modules").
 """
 
 from __future__ import annotations

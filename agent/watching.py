@@ -1,14 +1,8 @@
 """Watches that keep going: the agent's one way to follow a kind of object in the API.
 
-Why this exists: lightkube retries a watch whose HTTP response fails (through ``on_error``), but
-an error while *sending* the request (connection refused or reset, a timeout while the API server
-is busy) escapes its generator and would end the watch for good: the agent would silently stop
-seeing Configurations, Secrets, Instances or pods until restarted. ``watch`` reopens in both
-cases, with bounded exponential backoff that resets once events flow again. A reopened watch
-starts from the current state, so the caller receives an ``ADDED`` event for every object that
-exists (it must treat them as idempotent updates); deletions missed during the gap are the
-caller's to catch: ``on_restart`` is called each time the watch starts over from scratch (a
-reopen here, or lightkube's own restart after 410 Gone), so a caller can relist or forget.
+``watch`` reopens a watch after any error, with bounded backoff, and calls ``on_restart`` each time
+it starts over so the caller can relist; ``missed_deletions`` helps with that. Why:
+docs/architecture.md, "The agent's discovery modules".
 """
 
 from __future__ import annotations
