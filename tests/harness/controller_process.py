@@ -86,8 +86,10 @@ class ControllerProcess:
         log_path: Path,
         priority: int | None = None,
         extra_args: Sequence[str] = FAST_ARGS,
+        source: Path = REPO_ROOT,
     ) -> None:
         self.plane = plane
+        self.source = source  # the directory its packages are imported from
         self.namespaces = tuple(namespaces)
         self.log_path = log_path
         self.priority = priority
@@ -103,9 +105,11 @@ class ControllerProcess:
         args += list(self.extra_args)
         env = hermetic.controller_environment(
             {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "PYTHONUNBUFFERED": "1"})
+        if self.source != REPO_ROOT:
+            env["PYTHONPATH"] = str(self.source)
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
-                args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+                args, cwd=self.source, env=env, stdout=log, stderr=subprocess.STDOUT
             )
         return self
 

@@ -88,15 +88,18 @@ def broker_spec(proof: str) -> dict[str, Any]:
 
 def start_agent(node: RealNode, plane: ControlPlane, broker: Broker, *,
                 cdi_spec_dir: str | None = None, extra_env: Mapping[str, str] | None = None,
-                net: bool = False) -> None:
+                net: bool = False, source: Path = REPO_ROOT) -> None:
     """The agent as a process beside the kubelet (the node's mount namespace, default paths;
-    ``net``: the node's network namespace too, where ``RealNode.forward_api`` must serve)."""
+    ``net``: the node's network namespace too, where ``RealNode.forward_api`` must serve;
+    ``source``: the directory its packages are imported from, e.g. a previous release's)."""
     env = {k: v for k, v in os.environ.items() if k not in AGENT_PATH_SETTINGS}
     env.update({"NODE_NAME": node.node_name, "KUBECONFIG": str(plane.kubeconfig),
                 "WATCH_NAMESPACE": broker.namespace, **(extra_env or {})})
     if cdi_spec_dir is not None:
         env["CDI_SPEC_DIR"] = cdi_spec_dir
-    node.spawn(broker.agent_log, [sys.executable, "-m", "agent.main"], env=env, cwd=REPO_ROOT,
+    if source != REPO_ROOT:
+        env["PYTHONPATH"] = str(source)
+    node.spawn(broker.agent_log, [sys.executable, "-m", "agent.main"], env=env, cwd=source,
                net=net)
 
 
