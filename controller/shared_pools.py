@@ -1,39 +1,17 @@
 """The ResourceSlices of shared devices the scheduler allocates: one pool each, kept by the
-controller (``--dra``).
+controller (``--dra``); docs/dra.md ("What is published", "Unhealthy devices") says what and why.
 
-For every shared Instance (of the served namespaces) whose Configuration's shared devices are
-allocated by DRA (``controller.shared_allocation``; the mode ``controller.device_classes``
-decides), one pool ``crds.dra_slices.shared_pool`` with one slice: ``nodeSelector``
-``kubernetes.io/hostname In`` the Instance's nodes whose agent found the device healthy, the
-device tainted ``edgeplug.io/unhealthy`` when none does, and held (neither published nor
-withdrawn) while no node's verdict is known (``crds.dra_slices.shared_plan``). The agents
-publish only their nodes' local pools.
+For every shared Instance of a served namespace whose Configuration is allocated by DRA (the mode
+``controller.device_classes`` decides), the pool ``controller.pool_inputs.SharedDevice`` plans,
+server-side applied one generation above any publisher's (the controller's own slices adopted
+by label at start, a pool not written yet listed first); held while no node's verdict is known;
+withdrawn when its Instance goes or its Configuration leaves ``dra``. Nothing is written before
+the Instances (``controller.instance_classes``' watch) and the modes were listed once.
 
-Writes: server-side apply (field manager ``FIELD_MANAGER``) with the pool's generation one
-above the newest of any publisher (at start the controller's own slices are adopted by label;
-a pool it has not written yet is listed by its pool label first, so a slice an agent published
-before the upgrade is replaced by a higher generation and then deleted). A pool whose Instance
-goes, or whose Configuration leaves ``dra``, is withdrawn: every slice of it deleted. The
-Instances come from ``controller.instance_classes``' watch, the modes from
-``controller.device_classes``; nothing is written before both were listed once.
-
-Work follows what changed: each Instance's plan is made when its watch event comes
-and kept; an event whose plan equals the one kept (a status write of the controller's own, a
-slot record, anything a pool is not built from) wakes nothing, and one whose inputs (``spec``,
-``status.reported``, ``status.unhealthy``, as the watch delivered them) equal those kept is
-not even planned. A pass looks only at the pools
-marked since the last one (every pool after a (re)list), and writes them
-``WRITES_IN_FLIGHT`` API calls at a time.
-
-Eviction: where the Configuration sets ``spec.unhealthyDevices.evictAfterSeconds``
-(``set_eviction_grace``, from ``controller.device_classes``), a device unhealthy on every node
-for that long is tainted ``NoExecute`` rather than ``NoSchedule``, so the device taint eviction
-controller evicts the pods holding it. The grace is timed from when this controller first saw
-the device unhealthy everywhere (a restart, or a failover, starts it again); a timer marks the
-pool at the end of it. A device unhealthy on some nodes only is not tainted at all (a shared
-pool's slice is one for every node: the node is dropped from its selector, and pods there
-keep it).
-"""
+Work follows what changed: an Instance event whose pool inputs or plan equal those kept marks
+nothing; a pass looks only at the marked pools (all after a (re)list), ``WRITES_IN_FLIGHT``
+calls at a time. A device unhealthy on every node for its Configuration's ``evictAfterSeconds``
+(timed from when this controller first saw it so) is tainted ``NoExecute``."""
 
 from __future__ import annotations
 
@@ -41,17 +19,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from lightkube import AsyncClient
 from lightkube.types import PatchType
 
 from controller.agent_liveness import without_gone
+from controller.pool_inputs import SharedDevice, pool_inputs
 from controller.shared_allocation import put_mode
 from crds import dra, dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
-from crds.instance import STATUS_REPORTED, Instance
+from crds.instance import Instance
 from crds.resources import ResourceSliceResource
 
 log = logging.getLogger(__name__)
@@ -80,60 +58,6 @@ def _namespace_of(body: Mapping[str, Any]) -> str:
         if value:
             return str(value)
     return ""
-
-
-def pool_inputs(data: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """Everything of an Instance's object its pool is built from (``SharedDevice.of``) but its
-    name and namespace: equal inputs make an equal pool."""
-    status = data.get("status") or {}
-    return data.get("spec"), status.get(STATUS_REPORTED), status.get("unhealthy")
-
-
-def wanted_pools(instances: Iterable[Instance],
-                 modes: Mapping[_Key, Allocator]
-                 ) -> tuple[dict[str, dra_slices.PoolPlan], frozenset[str]]:
-    """The pools to publish for ``instances`` (shared ones whose Configuration's mode is DRA),
-    and the pools held: wanted, but with no node's health known yet."""
-    pools: dict[str, dra_slices.PoolPlan] = {}
-    held: set[str] = set()
-    for inst in instances:
-        if not inst.spec.shared or modes.get(
-                (inst.namespace, inst.spec.configuration_name)) != Allocator.DRA:
-            continue
-        device = SharedDevice.of(inst)
-        if device.plan is None:
-            held.add(device.pool)
-        else:
-            pools[device.pool] = device.plan
-    return pools, frozenset(held)
-
-
-@dataclass(frozen=True)
-class SharedDevice:
-    """What one shared Instance's pool is built from, made once per watch event that changes
-    it: its Configuration, its pool's name, and the pool's plan and content key (None: held,
-    no node's verdict known yet)."""
-
-    configuration: str
-    pool: str
-    plan: dra_slices.PoolPlan | None
-    key: str | None
-    #: Unhealthy on every node: the same pool with the taint ``NoExecute``, for once the
-    #: Configuration's eviction grace is over (None: healthy somewhere, or held).
-    evicting: dra_slices.PoolPlan | None = None
-    evicting_key: str | None = None
-
-    @classmethod
-    def of(cls, instance: Instance) -> SharedDevice:
-        plan = dra_slices.shared_plan(instance)
-        evicting = (dra_slices.shared_plan(instance, evict=True)
-                    if plan is not None and dra_slices.unhealthy_everywhere(instance) else None)
-        return cls(configuration=instance.spec.configuration_name,
-                   pool=dra_slices.shared_pool(instance.namespace,
-                                               instance.spec.configuration_name, instance.name),
-                   plan=plan, key=dra_slices.content_key(plan) if plan is not None else None,
-                   evicting=evicting,
-                   evicting_key=dra_slices.content_key(evicting) if evicting else None)
 
 
 class SharedPools:

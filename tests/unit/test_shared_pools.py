@@ -1,4 +1,5 @@
-"""Which shared pools the controller publishes (``controller.shared_pools.wanted_pools``)."""
+"""Which shared pools the controller publishes (``controller.pool_inputs.wanted_pools``), and
+which Instance changes make ``controller.shared_pools`` look at a pool again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any, cast
 import pytest
 from lightkube import AsyncClient
 
-from controller.shared_pools import SharedPools, wanted_pools
+from controller.pool_inputs import wanted_pools
+from controller.shared_pools import SharedPools
 from crds import dra_slices
 from crds.configuration import Allocator
 from crds.instance import Instance, InstanceSpec
