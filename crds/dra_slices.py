@@ -21,6 +21,14 @@ Shared devices, and local ones of capacity above 1: ``allowMultipleAllocations: 
 consumable capacity ``slots`` (the Instance's ``capacity`` less the slots device plugins hold,
 ``deviceUsage``); a device whose every slot they hold is tainted
 ``edgeplug.io/held=device-plugins:NoSchedule``.
+
+Partitions of one device (KEP-4815, partitionable devices): a handler marks each partition
+with the properties ``DRA_COUNTER_SET`` (the counter set, one per whole device: ``davinci0``),
+``DRA_CONSUMES_COUNTERS`` (what the partition takes: ``aicore=4,memory=4Gi``) and
+``DRA_SHARED_COUNTERS`` (what the whole has: ``aicore=32,memory=32Gi``). Its device then
+``consumesCounters`` from that set, and the pool gets one more slice holding the sets
+(``sharedCounters``; the API takes a slice of devices or of counters, not both), so the
+scheduler never allocates partitions that together exceed the whole.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from typing import Any, Final
 
 from crds import dra
 from crds.instance import Instance
+from discovery_handlers.contract import PARTITION_CONSUMES as PROP_CONSUMES_COUNTERS
+from discovery_handlers.contract import PARTITION_COUNTER_SET as PROP_COUNTER_SET
+from discovery_handlers.contract import PARTITION_SHARED as PROP_SHARED_COUNTERS
 
 #: The API's limits (k8s.io/api/resource/v1 validation).
 MAX_DEVICES_PER_SLICE: Final = 128
@@ -60,6 +71,7 @@ CONTROLLER_MANAGED_BY: Final = dra.CLASS_MANAGER  # the controller, as on its De
 CONTROLLER_PUBLISHER: Final = ":controller"
 _NOT_LABEL_VALUE: Final = re.compile(r"[^A-Za-z0-9._-]")
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_COUNTER: Final = re.compile(r"^([a-z][a-z0-9_]{0,31})=([0-9]+(?:[KMGTPE]i)?)$")
 _SHARED_POOL: Final = re.compile(r"^([^/]+/[^/]+/shared/[^/]+|edgeplug/[0-9a-f]+)$")
 
 
@@ -113,6 +125,48 @@ class PoolPlan:
     nodes: tuple[str, ...] = ()  # shared pools: the nodeSelector's nodes
     devices: tuple[Mapping[str, Any], ...] = ()
     left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: the pool's counter sets (``sharedCounters``), when its devices are partitions
+    counter_sets: tuple[Mapping[str, Any], ...] = ()
+
+
+def parse_counters(text: str) -> dict[str, dict[str, str]] | None:
+    """``aicore=4,memory=4Gi`` as the API's counters (``{"aicore": {"value": "4"}, ...}``);
+    None when it is not that."""
+    found: dict[str, dict[str, str]] = {}
+    for item in text.split(","):
+        match = _COUNTER.match(item.strip())
+        if match is None or match.group(1) in found:
+            return None
+        found[match.group(1)] = {"value": match.group(2)}
+    return found or None
+
+
+def _consumption(properties: Mapping[str, str]) -> list[dict[str, Any]] | None:
+    """A partition's ``consumesCounters`` from its properties (None: no partition)."""
+    name = properties.get(PROP_COUNTER_SET, "")
+    counters = parse_counters(properties.get(PROP_CONSUMES_COUNTERS, ""))
+    if not _DNS_LABEL.match(name) or counters is None:
+        return None
+    return [{"counterSet": name, "counters": counters}]
+
+
+def is_partition(instance: Instance) -> bool:
+    return _consumption(instance.spec.broker_properties) is not None
+
+
+def counter_sets(instances: Iterable[Instance]) -> tuple[dict[str, Any], ...]:
+    """The counter sets the partitions among ``instances`` consume from, by name (the first
+    partition naming a set gives its counters)."""
+    found: dict[str, dict[str, Any]] = {}
+    for instance in instances:
+        props = instance.spec.broker_properties
+        consumed = _consumption(props)
+        shared = parse_counters(props.get(PROP_SHARED_COUNTERS, ""))
+        if consumed is None or shared is None or consumed[0]["counterSet"] in found:
+            continue
+        found[consumed[0]["counterSet"]] = {"name": consumed[0]["counterSet"],
+                                            "counters": shared}
+    return tuple(found[name] for name in sorted(found))
 
 
 def taint_value(reason: str) -> str:
@@ -159,6 +213,9 @@ def device(instance: Instance, *, shared: bool, unhealthy: str | None, evict: bo
         taints.append({"key": TAINT_HELD, "value": "device-plugins", "effect": "NoSchedule"})
     if taints:
         body["taints"] = taints
+    consumed = _consumption(instance.spec.broker_properties)
+    if consumed is not None:
+        body["consumesCounters"] = consumed
     return body, attrs.left_out
 
 
@@ -216,22 +273,27 @@ def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str
     ``MAX_DEVICES_WITH_TAINTS`` when one of the pool's devices is tainted (an empty pool is no
     slice at all: the caller deletes what was there). ``publisher``: the agent's node (its
     slices carry ``LABEL_NODE``), or ``CONTROLLER_PUBLISHER``."""
-    limit = (MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in plan.devices)
+    limit = (MAX_DEVICES_WITH_TAINTS
+             if any("taints" in d or "consumesCounters" in d for d in plan.devices)
              else MAX_DEVICES_PER_SLICE)
-    chunks = [plan.devices[i:i + limit] for i in range(0, len(plan.devices), limit)]
+    chunks: list[tuple[Mapping[str, Any], ...]] = [
+        plan.devices[i:i + limit] for i in range(0, len(plan.devices), limit)]
+    count = len(chunks) + (1 if chunks and plan.counter_sets else 0)
     if publisher == CONTROLLER_PUBLISHER:
         labels = {LABEL_POOL: pool_label(plan.name), dra.LABEL_MANAGED_BY: CONTROLLER_MANAGED_BY}
     else:
         labels = {LABEL_POOL: pool_label(plan.name), LABEL_NODE: node_label(publisher),
                   dra.LABEL_MANAGED_BY: MANAGED_BY}
     result = []
-    for index, chunk in enumerate(chunks):
+    for index in range(count):
         spec: dict[str, Any] = {
             "driver": dra.DRIVER,
-            "pool": {"name": plan.name, "generation": generation,
-                     "resourceSliceCount": len(chunks)},
-            "devices": [dict(d) for d in chunk],
+            "pool": {"name": plan.name, "generation": generation, "resourceSliceCount": count},
         }
+        if index < len(chunks):
+            spec["devices"] = [dict(d) for d in chunks[index]]
+        else:  # the last slice holds the counter sets (a slice holds devices or counters)
+            spec["sharedCounters"] = [dict(c) for c in plan.counter_sets]
         if plan.node_name:
             spec["nodeName"] = plan.node_name
         else:
@@ -264,7 +326,10 @@ class Written:
 
 
 def content_key(plan: PoolPlan) -> str:
-    return json.dumps([plan.node_name, list(plan.nodes), list(plan.devices)], sort_keys=True)
+    parts: list[Any] = [plan.node_name, list(plan.nodes), list(plan.devices)]
+    if plan.counter_sets:
+        parts.append(list(plan.counter_sets))
+    return json.dumps(parts, sort_keys=True)
 
 
 def _index(name: str) -> int:
@@ -290,8 +355,9 @@ def key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
     terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
     nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
     devices = tuple(_as_written(d) for s in ordered for d in s["spec"].get("devices", []))
+    sets = tuple(c for s in ordered for c in s["spec"].get("sharedCounters") or [])
     plan = PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
-                    nodes=nodes, devices=devices)
+                    nodes=nodes, devices=devices, counter_sets=sets)
     return plan.name, content_key(plan), int(spec0["pool"]["generation"])
 
 

@@ -325,7 +325,8 @@ class DraPublisher:
         served = self._served()
         plan = slices.plan_node(
             self._node, [i for i in self._offered() if not self._left(i, served)], served,
-            evicting=self._evicting(served))
+            evicting=self._evicting(served),
+            partitions=dra_features.PARTITIONABLE_DEVICES not in self.features.missing)
         for name in sorted(plan.held - self._held):
             log.info("ResourceSlice pool waits for this node to serve all its devices (their "
                      "health is not known yet)", extra={"pool": name})
@@ -370,8 +371,10 @@ class DraPublisher:
                     patch_type=PatchType.APPLY, field_manager=self._manager, force=True,
                 )
             self.writes += 1
-            self.features.note(dra_features.dropped_by_slice(body, as_dict(stored)),
-                               what=f"ResourceSlice {body['metadata']['name']}")
+            dropped = dra_features.dropped_by_slice(body, as_dict(stored))
+            self.features.note(dropped, what=f"ResourceSlice {body['metadata']['name']}")
+            if dra_features.PARTITIONABLE_DEVICES in dropped:
+                self._dirty.set()  # the next pass withdraws the partitions
         names = tuple(b["metadata"]["name"] for b in bodies)
         if before is not None:
             await self._delete([n for n in before.names if n not in names])

@@ -17,6 +17,10 @@ published healthy before its health is known (``plan_node``). A present but unhe
 stays published, tainted ``edgeplug.io/unhealthy`` (``NoSchedule``, or ``NoExecute`` for the
 devices the publisher says are past their Configuration's eviction grace); one that is gone is
 withdrawn.
+
+Partitions (``crds.dra_slices``: devices consuming a counter set) are published with their
+pool's counter sets, or left out when ``partitions`` is false (a cluster that drops the
+counters: overlapping partitions must not be offered).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from crds.dra_slices import TAINT_HELD as TAINT_HELD
 from crds.dra_slices import TAINT_UNHEALTHY as TAINT_UNHEALTHY
 from crds.dra_slices import PoolPlan as PoolPlan
 from crds.dra_slices import attributes as attributes
-from crds.dra_slices import device
+from crds.dra_slices import counter_sets, device, is_partition
 from crds.dra_slices import device_name as device_name
 from crds.dra_slices import local_pool as local_pool
 from crds.dra_slices import node_label as node_label
@@ -61,7 +65,8 @@ Served = Mapping[tuple[str, str], str | None]
 
 
 def plan_node(node: str, instances: Iterable[Instance], served: Served | None = None,
-              evicting: Collection[tuple[str, str]] = frozenset()) -> NodePlan:
+              evicting: Collection[tuple[str, str]] = frozenset(), *,
+              partitions: bool = True) -> NodePlan:
     """The local pools ``node`` publishes for ``instances`` (every Instance it knows of; shared
     ones are the controller's and left out).
 
@@ -71,6 +76,7 @@ def plan_node(node: str, instances: Iterable[Instance], served: Served | None = 
     ``served`` lacks has no known health here yet: its pool is held (``NodePlan.held``), never
     published as though the device were healthy. None: health from the Instances alone.
     ``evicting``: (namespace, Instance name) of unhealthy devices whose taint is ``NoExecute``.
+    ``partitions``: whether partitions are published (false: left out).
     """
     local: dict[str, list[tuple[Instance, str | None]]] = {}
     pools: dict[str, PoolPlan] = {}
@@ -78,6 +84,8 @@ def plan_node(node: str, instances: Iterable[Instance], served: Served | None = 
     held: set[str] = set()
     for inst in instances:
         if inst.spec.shared or node not in inst.spec.nodes:
+            continue
+        if not partitions and is_partition(inst):
             continue
         unhealthy = inst.unhealthy.get(node)
         known = served is None or (inst.namespace, inst.name) in served
@@ -101,5 +109,6 @@ def plan_node(node: str, instances: Iterable[Instance], served: Served | None = 
             if left:
                 left_out[inst.name] = left
         pools[name] = PoolPlan(name=name, node_name=node, devices=tuple(bodies),
-                               left_out=left_out)
+                               left_out=left_out,
+                               counter_sets=counter_sets(inst for inst, _ in members))
     return NodePlan(pools=pools, tainted=tainted, held=frozenset(held))

@@ -22,6 +22,8 @@ no Ascend driver, so this module imports nothing of DCMI. Every bad value is ref
                                      # Huawei's plugin writes (Volcano, MindCluster read them)
     vnpuType: Ascend910-4c           # serve the static vNPUs of this type (Huawei's resource
                                      # name less huawei.com/) instead of whole chips
+    vnpuPartitions: [Ascend910-4c]   # offer each chip to DRA as partitions of these types
+                                     # (shared counters: the scheduler splits the chip)
 
 One discovery property is read: ``FAULT_CODE_JSON``, a ``faultCode.json`` in Huawei's format
 that replaces the default fault table (typically ``valueFrom.configMapKeyRef`` naming the
@@ -72,7 +74,7 @@ _CHIP_NAME = re.compile(r"^Ascend[0-9][0-9A-Za-z_]*$")
 _KNOWN_FIELDS = frozenset({
     "hostRoot", "libraryPath", "npuSmiPath", "driverPath", "mountDriver", "sources",
     "chipNames", "healthPollSeconds", "dcmiTimeoutSeconds", "runtimeOptions", "huaweiMetadata",
-    "vnpuType",
+    "vnpuType", "vnpuPartitions",
 })
 
 
@@ -93,6 +95,7 @@ class AscendDetails:
     huawei_metadata: bool = True
     fault_table: FaultTable | None = None  # None: Huawei's default table
     vnpu_type: str | None = None  # None: whole chips (those not split into vNPUs)
+    vnpu_partitions: tuple[str, ...] = ()  # vNPU types each chip is offered as partitions of
 
     @property
     def faults(self) -> FaultTable:
@@ -111,6 +114,9 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Asce
     """Parse ``discoveryDetails`` YAML and the ``FAULT_CODE_JSON`` property."""
     raw = load_mapping(details, expected="must be a mapping of fields", empty_is_empty=True)
     refuse_unknown(raw, _KNOWN_FIELDS)
+    if "vnpuType" in raw and "vnpuPartitions" in raw:
+        raise InvalidDetails("vnpuPartitions", "cannot be set with vnpuType: a Configuration "
+                                               "serves static vNPUs or partitions, not both")
     library = raw.get("libraryPath")
     return AscendDetails(
         host_root=_path(raw, "hostRoot", DEFAULT_HOST_ROOT),
@@ -129,6 +135,8 @@ def parse_details(details: str, properties: Mapping[str, PropertyValue]) -> Asce
                                  empty_ok=True),
         huawei_metadata=_bool(raw, "huaweiMetadata", True),
         vnpu_type=_vnpu_type(raw.get("vnpuType")),
+        vnpu_partitions=_choices(raw, "vnpuPartitions", ALL_VNPU_TYPES, default=(),
+                                 empty_ok=False),
     )
 
 

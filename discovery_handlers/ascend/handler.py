@@ -19,6 +19,7 @@ from typing import Any
 from discovery_handlers.ascend import devices as shaping
 from discovery_handlers.ascend import huawei
 from discovery_handlers.ascend.details import SOURCE_DEVICES, AscendDetails, parse_details
+from discovery_handlers.ascend.vnpu_partitions import EXTRA_PARTITION
 from discovery_handlers.contract import (
     Device,
     DeviceList,
@@ -91,7 +92,7 @@ class AscendHandler:
     def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]:
         """``edgeplug.io/`` Node labels for the chips, and Huawei's own (``huaweiMetadata``)."""
         assert isinstance(details, AscendDetails)
-        if details.vnpu_type is not None:  # the chips' Configuration labels the node
+        if details.vnpu_type is not None or details.vnpu_partitions:  # the chips' labels
             return {}
         labels = shaping.node_labels(devices)
         if details.huawei_metadata:
@@ -102,7 +103,8 @@ class AscendHandler:
                         ) -> Mapping[str, str]:
         """Huawei's annotations for a pod holding ``devices`` (``huaweiMetadata``)."""
         assert isinstance(details, AscendDetails)
-        if not details.huawei_metadata or details.vnpu_type is not None:
+        if not details.huawei_metadata or details.vnpu_type is not None or \
+                details.vnpu_partitions:
             return {}  # a vNPU pod's keys (huawei.com/<vNPU type>) are not among those written
         return huawei.pod_annotations(devices, pod)
 
@@ -117,7 +119,10 @@ class AscendHandler:
         bad = []
         for device in devices:
             current = now.get(device.id)
-            if current is None:
+            if EXTRA_PARTITION in device.extra:
+                bad.append(f"{device.id} is a partition the scheduler allocated; creating its "
+                           "vNPU on the node is not done (docs/handlers/ascend.md)")
+            elif current is None:
                 bad.append(f"{device.id} is gone ({result.status})")
             elif not current.health.healthy:
                 bad.append(f"{device.id} is unhealthy: {current.health.reason}")

@@ -47,6 +47,7 @@ from discovery_handlers.ascend.npu_smi import (
     parse_phyid_remap,
 )
 from discovery_handlers.ascend.vnpu import VNpu, vnpu_type
+from discovery_handlers.ascend.vnpu_partitions import partition_devices
 from discovery_handlers.contract import Device, Health
 
 NPU_SMI_TIMEOUT_S = 10.0  # npu-smi info answers in well under a second on a healthy node
@@ -124,6 +125,10 @@ def scan(details: AscendDetails) -> Scan:
             health = Health.unhealthy(f"shared device nodes missing: {', '.join(missing_shared)}")
         if details.vnpu_type is not None:
             devices += _vnpu_devices(chip, details, shared, driver, health)
+            continue
+        if details.vnpu_partitions and not chip.vnpus:
+            devices += partition_devices(chip, details.vnpu_partitions, health=health,
+                                         problems=problems)
             continue
         if chip.vnpus:
             split.append(f"{node} ({', '.join(v.template for v in chip.vnpus)})")

@@ -1,0 +1,98 @@
+"""A chip split by the scheduler: each template a DRA partition consuming the chip's counters.
+
+Why this exists: with static vNPUs an admin fixes a chip's split beforehand. DRA's partitionable
+devices (KEP-4815) let the scheduler choose it per claim instead: the chip publishes a counter
+set (its AI cores and memory) and every slice it could be cut into is a device that consumes
+from that set, so claims for a ``4c`` and a ``2c`` slice land on one chip and a third that
+would exceed it stays pending. ``vnpuPartitions`` names the vNPU types offered; for each, a
+chip of ``C`` AI cores and ``M`` MiB gets ``min(C // cores, M // memory)`` devices of that
+type (``davinci0-vir04-0`` ...), the template's cores and memory (its name's ``<n>g``, or the
+chip's memory in proportion to its cores where the name does not say). The counters travel as
+the contract's partition properties (``DRA_COUNTER_SET``, ``DRA_CONSUMES_COUNTERS``,
+``DRA_SHARED_COUNTERS``). Needs the chip's AI core count (DCMI); chips split statically are
+not offered again.
+
+What is not done: creating the vNPU on the node when a claim is prepared
+(``dcmi_create_vdevice``); such a device has no device node yet, and ``prepare`` refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from discovery_handlers.ascend.chips import Chip
+from discovery_handlers.ascend.devices import (
+    EXTRA_PHY,
+    PROP_AICORE,
+    PROP_FAMILY,
+    PROP_MEMORY,
+    PROP_MODEL,
+    PROP_PHYSICAL_ID,
+    PROP_VNPU_TEMPLATE,
+    PROP_VNPU_TYPE,
+    device_id,
+)
+from discovery_handlers.ascend.vnpu import (
+    TEMPLATE_TYPES,
+    template_aicore,
+    template_memory_mb,
+    vnpu_type,
+)
+from discovery_handlers.contract import (
+    PARTITION_CONSUMES,
+    PARTITION_COUNTER_SET,
+    PARTITION_SHARED,
+    Device,
+    Health,
+)
+
+#: ``extra`` key of a partition (its template), for ``prepare``.
+EXTRA_PARTITION = "partition"
+COUNTER_AICORE = "aicore"
+COUNTER_MEMORY = "memory"
+_BINARY = ("Mi", "Gi", "Ti", "Pi")
+
+
+def quantity_mib(mib: int) -> str:
+    """``mib`` MiB as the API server writes the quantity back (canonical: 4096 → ``4Gi``), so
+    what is published reads back the same."""
+    unit = 0
+    while mib and mib % 1024 == 0 and unit < len(_BINARY) - 1:
+        mib //= 1024
+        unit += 1
+    return f"{mib}{_BINARY[unit]}"
+
+
+def partition_devices(chip: Chip, kinds: Sequence[str], *, health: Health,
+                      problems: list[str]) -> list[Device]:
+    """The partitions of ``chip`` for the vNPU types ``kinds`` (none when its AI cores or
+    memory are unknown, said in ``problems``)."""
+    if not chip.aicore_count or not chip.memory_mb:
+        problems.append(f"{device_id(chip.phy_id)}: AI cores or memory unknown (DCMI gives "
+                        "them): no partitions offered")
+        return []
+    shared = (f"{COUNTER_AICORE}={chip.aicore_count},"
+              f"{COUNTER_MEMORY}={quantity_mib(chip.memory_mb)}")
+    out = []
+    for template in TEMPLATE_TYPES:
+        kind = vnpu_type(chip.family, template)
+        cores = template_aicore(template)
+        if kind not in kinds or not cores:
+            continue
+        memory = template_memory_mb(template) or chip.memory_mb * cores // chip.aicore_count
+        count = min(chip.aicore_count // cores, chip.memory_mb // memory)
+        for index in range(count):
+            props = {
+                PROP_VNPU_TYPE: kind, PROP_VNPU_TEMPLATE: template,
+                PROP_PHYSICAL_ID: str(chip.phy_id), PROP_AICORE: str(cores),
+                PROP_MEMORY: str(memory), PROP_MODEL: chip.model, PROP_FAMILY: chip.family,
+                PARTITION_COUNTER_SET: device_id(chip.phy_id),
+                PARTITION_CONSUMES: f"{COUNTER_AICORE}={cores},"
+                                    f"{COUNTER_MEMORY}={quantity_mib(memory)}",
+                PARTITION_SHARED: shared,
+            }
+            out.append(Device(
+                id=f"{device_id(chip.phy_id)}-{template.replace('_', '-')}-{index}",
+                properties={k: v for k, v in props.items() if v}, health=health,
+                extra={EXTRA_PHY: str(chip.phy_id), EXTRA_PARTITION: template}))
+    return out
