@@ -11,6 +11,7 @@ VENV := .venv
 VENV_PY := $(VENV)/bin/python
 # Inside the venv, so removing the venv removes the record that the project is installed in it.
 VENV_STAMP := $(VENV)/.edgeplug-installed
+DEMO_STAMP := $(VENV)/.edgeplug-demo-installed
 IMAGES_DIR := build/images
 # Agent images `make images` builds (deploy/images/build-oci.sh); `all` is what the tests check.
 AGENT_HANDLER_SETS ?= all
@@ -44,15 +45,18 @@ COMPAT_TESTS := \
   tests/integration/test_dra_features_served.py tests/integration/test_devicenode_agent.py \
   tests/integration/test_shared_allocation.py
 
-.PHONY: aptdeps install venv controlplane controlplane-compat helm realnode realnode-compat \
+.PHONY: aptdeps aptdeps-venv install venv controlplane controlplane-compat helm realnode realnode-compat \
   thirdparty demo test test-newest test-compat lint unit bench images clean clean-cache
 
-# Debian packages (.ci/apt/*.txt): only asks dpkg when all are there; first, since the venv
-# itself needs python3-venv.
+# Debian packages (.ci/apt/*.txt): only asks dpkg when all are there. The venv itself needs
+# python3-venv (.ci/apt/venv.txt), all that `make demo` needs from Debian.
 aptdeps:
 	tests/harness/aptdeps.sh
 
-$(VENV_PY): | aptdeps
+aptdeps-venv:
+	tests/harness/aptdeps.sh venv
+
+$(VENV_PY): | aptdeps-venv
 	PATH="$(HOST_PATH)" $(PYTHON) -m venv --clear $(VENV)
 
 $(VENV_STAMP): pyproject.toml | $(VENV_PY)
@@ -60,6 +64,12 @@ $(VENV_STAMP): pyproject.toml | $(VENV_PY)
 	touch $(VENV_STAMP)
 
 venv: $(VENV_STAMP)
+
+# What the demo runs and nothing more: the agent and the controller (no test tools).
+$(DEMO_STAMP): pyproject.toml | $(VENV_PY)
+	@echo "installing edgeplug, its agent and its controller into $(VENV) (pip)"
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check -e '.[controller]'
+	touch $(DEMO_STAMP)
 
 install: aptdeps $(VENV_STAMP) controlplane helm
 
@@ -88,7 +98,12 @@ thirdparty: $(VENV_STAMP)
 	$(VENV_PY) -m tests.harness.opcua_nodeopcua
 	$(VENV_PY) -c 'from tests.harness import akri_rust_handler; print(akri_rust_handler.binary())'
 
-demo: install
+# The demo installs and builds only what it runs: python3-venv, the venv, the control plane and
+# cditool (the CDI resolver the emulated node's runtime uses); each build is cached in
+# ~/.cache/edgeplug and says what it builds and how long it took.
+demo: aptdeps-venv $(DEMO_STAMP)
+	$(VENV_PY) -m tests.harness.kubebin >/dev/null
+	$(VENV_PY) -m tests.harness.cdi >/dev/null
 	$(VENV_PY) -m tests.harness.demo
 
 lint: $(VENV_STAMP)

@@ -119,12 +119,15 @@ def ready(device: NodeDevice | None) -> tuple[str, str, str]:
     return "False", REASON_UNHEALTHY, device.health.reason[:MAX_MESSAGE]
 
 
-def device_entry(pool: str, name: str, device: NodeDevice | None, *, since: str
-                 ) -> dict[str, Any]:
-    """One ``status.devices`` entry; ``since``: the condition's ``lastTransitionTime``."""
+def device_entry(pool: str, name: str, device: NodeDevice | None, *, since: str,
+                 share_id: str | None = None) -> dict[str, Any]:
+    """One ``status.devices`` entry; ``since``: the condition's ``lastTransitionTime``;
+    ``share_id``: the allocation's ``shareID`` of a device shared between claims (the API
+    server refuses an entry of such a device without it)."""
     status, reason, message = ready(device)
     entry: dict[str, Any] = {
         "driver": dra.DRIVER, "pool": pool, "device": name,
+        **({"shareID": share_id} if share_id else {}),
         "conditions": [{"type": CONDITION_READY, "status": status, "reason": reason,
                         "message": message, "lastTransitionTime": since}],
     }
@@ -172,14 +175,19 @@ class ClaimStatus:
         self._ready: dict[tuple[str, str, str], tuple[str, str]] = {}
         #: What each claim's last write held, to write only what changed.
         self._written: dict[str, list[dict[str, Any]]] = {}
+        #: uid → the share ids of its devices shared between claims.
+        self._shares: dict[str, dict[Allocated, str]] = {}
         self._pending: set[str] = set()
         self._wake = asyncio.Event()
         self._refused = False
         self.writes = 0  # status writes made, for tests
 
     def prepared(self, uid: str, namespace: str, name: str, allocated: Iterable[Allocated],
-                 claim: Mapping[str, Any] | None = None) -> None:
+                 claim: Mapping[str, Any] | None = None,
+                 shares: Mapping[Allocated, str] | None = None) -> None:
+        """``shares``: the allocation's ``shareID`` of each device shared between claims."""
         self._claims[uid] = (namespace, name, tuple(allocated))
+        self._shares[uid] = dict(shares or {})
         for (pool, device), ready_since in written_since(claim or {}).items():
             self._ready.setdefault((uid, pool, device), ready_since)
         self._pending.add(uid)
@@ -188,6 +196,7 @@ class ClaimStatus:
     def forget(self, uid: str) -> None:
         self._claims.pop(uid, None)
         self._written.pop(uid, None)
+        self._shares.pop(uid, None)
         self._pending.discard(uid)
         for key in [k for k in self._ready if k[0] == uid]:
             del self._ready[key]
@@ -203,7 +212,8 @@ class ClaimStatus:
             before = self._ready.get((uid, pool, name))
             since = before[1] if before is not None and before[0] == status else now()
             self._ready[(uid, pool, name)] = (status, since)
-            found.append(device_entry(pool, name, device, since=since))
+            found.append(device_entry(pool, name, device, since=since,
+                                      share_id=self._shares.get(uid, {}).get((pool, name))))
         return found
 
     async def run(self) -> None:

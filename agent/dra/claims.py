@@ -55,6 +55,7 @@ class AllocatedDevice:
     request: str
     pool: str
     device: str
+    share_id: str = ""  # the allocation's shareID: a device shared between claims
 
 
 def results_for_driver(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
@@ -64,7 +65,7 @@ def results_for_driver(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
         raise PrepareError("the claim is not allocated")
     return [
         AllocatedDevice(request=str(r.get("request", "")), pool=str(r["pool"]),
-                        device=str(r["device"]))
+                        device=str(r["device"]), share_id=str(r.get("shareID") or ""))
         for r in (allocation.get("devices") or {}).get("results") or []
         if r.get("driver") == dra.DRIVER
     ]
@@ -165,6 +166,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,8 @@ class Checkpoint:
             uid: PreparedClaim(
                 namespace=c["namespace"], name=c["name"],
                 devices=tuple(PreparedDevice(request=d["request"], pool=d["pool"],
-                                             device=d["device"], cdi_ids=tuple(d["cdi_ids"]))
+                                             device=d["device"], cdi_ids=tuple(d["cdi_ids"]),
+                                             share_id=d.get("share_id", ""))
                               for d in c["devices"]),
                 cdi_spec=_spec_field(c.get("cdi_spec")))
             for uid, c in data["claims"].items()

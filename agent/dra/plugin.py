@@ -99,7 +99,9 @@ class ClaimPreparer:
                 claim: Mapping[str, Any] | None = None) -> None:
         if self.status is not None:
             self.status.prepared(uid, known.namespace, known.name,
-                                 [(d.pool, d.device) for d in known.devices], claim)
+                                 [(d.pool, d.device) for d in known.devices], claim,
+                                 {(d.pool, d.device): d.share_id for d in known.devices
+                                  if d.share_id})
 
     def restore(self) -> None:
         """Write every recorded claim's spec again where it is missing or differs (after a
@@ -175,7 +177,7 @@ class ClaimPreparer:
             cl.write_claim_spec(directory, uid, spec)
             prepared = cl.PreparedClaim(namespace=namespace, name=name, devices=tuple(
                 cl.PreparedDevice(request=r.request, pool=r.pool, device=r.device,
-                                  cdi_ids=(cl.cdi_id(uid, i),))
+                                  cdi_ids=(cl.cdi_id(uid, i),), share_id=r.share_id)
                 for i, r in enumerate(wanted)), cdi_spec=spec)
             self.checkpoint.put(uid, prepared)
             self._report(uid, prepared, claim)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages the tests need (every .ci/apt/*.txt), missing ones only.
+# Install the Debian packages the tests need (every .ci/apt/*.txt), missing ones only; given
+# list names (`aptdeps.sh venv`), only those lists' (.ci/apt/venv.txt): what `make demo` needs.
 #
 # Why this exists: `make test` and `make demo` promise to work on a fresh machine, and some of
 # what the suite drives only comes from Debian (umockdev's test bed, mmdebstrap and umoci for
@@ -16,7 +17,12 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 shopt -s nullglob
-lists=("$REPO"/.ci/apt/*.txt)
+if [ "$#" -gt 0 ]; then
+  lists=()
+  for name in "$@"; do lists+=("$REPO/.ci/apt/$name.txt"); done
+else
+  lists=("$REPO"/.ci/apt/*.txt)
+fi
 [ "${#lists[@]}" -gt 0 ] || exit 0
 
 mapfile -t wanted < <(sed 's/#.*//' "${lists[@]}" | tr -s ' \t' '\n' | grep -v '^$' | sort -u)

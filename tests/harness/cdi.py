@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.harness.kubebin import cache_dir, go_build
+
+log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cditool"
 SOURCE_FILES = ("go.mod", "go.sum", "main.go")
@@ -53,7 +57,11 @@ def tool() -> Path:
     target = cache_dir() / f"cditool-{digest.hexdigest()[:16]}"
     if target.exists():
         return target
-    return go_build(SOURCE_DIR, target, what="cditool")
+    log.info("building cditool (a resolver over the CDI project's Go module) into %s", target)
+    started = time.monotonic()
+    built = go_build(SOURCE_DIR, target, what="cditool")
+    log.info("cditool built in %.0f s", time.monotonic() - started)
+    return built
 
 
 def _run(args: Sequence[str]) -> str:
@@ -83,3 +91,13 @@ def resolve(spec_dirs: Sequence[Path], names: Sequence[str]) -> CdiEdits:
         (m["source"], m["destination"], tuple(m["options"] or ())) for m in report["mounts"]
     )
     return CdiEdits(env=env, device_nodes=nodes, mounts=mounts)
+
+
+def main() -> None:
+    """``python -m tests.harness.cdi``: build (or find) cditool and print its path."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(tool())
+
+
+if __name__ == "__main__":
+    main()

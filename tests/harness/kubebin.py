@@ -145,8 +145,8 @@ def build(*, force: bool = False) -> Path:
     target = cached_binary()
     if target.exists() and not force:
         return target
-    log.info("building kube-apiserver, scheduler, controller-manager and etcd %s into %s",
-             KUBE_VERSION, target)
+    log.info("building kube-apiserver, scheduler, controller-manager and etcd %s from their Go "
+             "modules into %s (a few minutes on a fresh machine; once)", KUBE_VERSION, target)
     started = time.monotonic()
     go_build(SOURCE_DIR, target, what="the control plane", ldflags=f"-s -w {version_ldflags()}",
              flags=tuple(version_flags()))

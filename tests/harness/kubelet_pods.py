@@ -7,6 +7,8 @@ CDI names resolved by the runtime), or rejects the pod with
 ``UnexpectedAdmissionError`` when that fails. ``PodManager`` does the same for the pods the real
 scheduler binds to the emulated node, one pod at a time in watch order (as the kubelet admits
 pods serially), records what each Allocate returned, and confirms deletions as a kubelet does.
+Given a DRA manager (``tests.harness.kubelet_dra``), it prepares a pod's claims before its
+containers start and has the runtime resolve their CDI ids too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lightkube.types import OnErrorAction, OnErrorResult
 from lightkube.utils.quantity import parse_quantity
 
 from tests.harness.aio_process import cancel_and_wait
+from tests.harness.cdi import CdiEdits
 from tests.harness.kubelet_cdi import (
     CREATE_CONTAINER_CONFIG_ERROR,
     ContainerCreateError,
@@ -40,6 +43,7 @@ from tests.harness.kubelet_devices import (
     PluginGone,
     cancelled_by_caller,
 )
+from tests.harness.kubelet_dra import ClaimUse, DraManager, PrepareError
 from tests.harness.kubelet_records import ContainerAllocation, is_extended_resource_name
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,9 @@ class PodRecord:
     uid: str
     containers: tuple[str, ...]
     allocations: list[ContainerAllocation] = field(default_factory=list)
+    claims: list[ClaimUse] = field(default_factory=list)  # prepared by the DRA manager
+    #: What the runtime injected into each container that uses a claim (by container name).
+    claim_edits: dict[str, CdiEdits] = field(default_factory=dict)
     live: bool = True  # admitted and not deleted: holds its devices
     seen_at: float = 0.0  # event-loop time the watch first delivered the pod
 
@@ -99,14 +106,18 @@ class PodManager:
     """Admits the pods bound to one node and remembers their device allocations."""
 
     def __init__(self, *, client: AsyncClient, node_name: str, devices: DeviceManager,
-                 cdi_spec_dirs: Sequence[Path] | None = None) -> None:
+                 cdi_spec_dirs: Sequence[Path] | None = None,
+                 dra: DraManager | None = None) -> None:
+        """``dra``: the DRA manager that prepares pods' claims (None: claims are ignored)."""
         self._client = client
+        self._dra = dra
         self.node_name = node_name
         self._devices = devices
         self.cdi_spec_dirs = cdi_spec_dirs  # None: a runtime with CDI disabled
         self.records: dict[str, PodRecord] = {}  # by pod uid
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest uid
         self._tasks: list[asyncio.Task[None]] = []
+        self._unprepares: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._tasks = [
@@ -115,7 +126,7 @@ class PodManager:
         ]
 
     async def stop(self) -> None:
-        await cancel_and_wait(*self._tasks)
+        await cancel_and_wait(*self._tasks, *self._unprepares)
         self._tasks = []
 
     # -- queries ---------------------------------------------------------------------------
@@ -230,6 +241,18 @@ class PodManager:
             record.live = False
             log.info("node %s: pod %s/%s released its devices", self.node_name,
                      record.namespace, record.name)
+            self._unprepare_unused(record)
+
+    def _unprepare_unused(self, released: PodRecord) -> None:
+        """Unprepare the released pod's claims that no live pod uses any more."""
+        if self._dra is None or not released.claims:
+            return
+        used = {u.claim.uid for r in self.live_records() for u in r.claims}
+        unused = {u.claim.uid: u.claim for u in released.claims if u.claim.uid not in used}
+        if unused:
+            task = asyncio.create_task(self._dra.unprepare(unused.values()))
+            self._unprepares.add(task)
+            task.add_done_callback(self._unprepares.discard)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -246,7 +269,19 @@ class PodManager:
             })
             return
         try:
-            record.allocations = await self._start_containers(pod, record.allocations)
+            if self._dra is not None:
+                record.claims = await self._dra.prepare(pod)
+            record.allocations = await self._start_containers(pod, record)
+        except PrepareError as error:
+            # A kubelet would leave the pod ContainerCreating and retry (an Event says why);
+            # failing it at once lets tests see it.
+            record.live = False
+            log.warning("node %s: pod %s/%s: %s", self.node_name, record.namespace,
+                        record.name, error)
+            await self._patch_status(record, {
+                "phase": "Failed", "reason": "FailedPrepareDynamicResources",
+                "message": str(error)})
+            return
         except ContainerCreateError as error:
             # A kubelet would leave the pod Pending and retry; failing it at once lets tests
             # and controllers see it.
@@ -289,21 +324,24 @@ class PodManager:
                     app_held.setdefault(resource, set()).update(chosen)
         return allocations
 
-    async def _start_containers(
-        self, pod: Pod, allocations: list[ContainerAllocation],
-    ) -> list[ContainerAllocation]:
+    async def _start_containers(self, pod: Pod, record: PodRecord) -> list[ContainerAllocation]:
         """Start each container in pod order, as the kubelet does after admission: its
         PreStartContainer calls (GetDeviceRunContainerOptions), then the runtime resolves its
-        CDI names. Returns the allocations with the runtime's CDI edits."""
+        CDI names (its device plugins' and its claims'). Returns the allocations with the
+        runtime's CDI edits; the claims' edits go in ``record.claim_edits``."""
         assert pod.spec is not None
         started: list[ContainerAllocation] = []
         for container in [*(pod.spec.initContainers or []), *pod.spec.containers]:
-            mine = [a for a in allocations if a.container == container.name]
+            mine = [a for a in record.allocations if a.container == container.name]
             for allocation in mine:
                 await self._pre_start(allocation)
-            names = [name for a in mine for name in a.cdi_devices]
+            claimed = [i for u in record.claims if u.container == container.name
+                       for i in u.cdi_ids]
+            names = [name for a in mine for name in a.cdi_devices] + claimed
             edits = await resolve_cdi(container.name, names, self.cdi_spec_dirs)
             started += [dataclasses.replace(a, cdi_edits=edits) for a in mine]
+            if claimed and edits is not None:
+                record.claim_edits[container.name] = edits
         return started
 
     async def _pre_start(self, allocation: ContainerAllocation) -> None:

@@ -9,7 +9,9 @@ the real scheduler. ``NodeEmulator`` is the one public face of the ``kubelet_*``
 - ``kubelet_pods``: pod admission (GetPreferredAllocation, Allocate, PreStartContainer),
   Running/Failed status, deletion;
 - ``kubelet_cdi``: CDI names resolved as a CDI-enabled runtime does at container creation;
-- ``kubelet_podresources``: the pod-resources ``List`` API.
+- ``kubelet_podresources``: the pod-resources ``List`` API;
+- ``kubelet_dra``: DRA plugins registered from ``plugins_registry``, pods' claims prepared
+  (``NodePrepareResources``), when given ``dra_registry_dir``.
 
 Several emulators can run in one process (each with its own plugin directory and client).
 """
@@ -20,12 +22,14 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 from lightkube import AsyncClient, KubeConfig
 
 from tests.harness.devicenode import DeviceNode
 from tests.harness.kubelet_devices import KUBELET_SOCKET, PLUGIN_RPC_TIMEOUT_S, DeviceManager
+from tests.harness.kubelet_dra import ClaimUse, DraManager
 from tests.harness.kubelet_node import HEARTBEAT_INTERVAL_S, NodeReporter
 from tests.harness.kubelet_podresources import PodResourcesServer
 from tests.harness.kubelet_pods import ADMISSION_ERROR, PodManager
@@ -60,14 +64,24 @@ class NodeEmulator(NodeStandIn):
             return cast(NodeEmulator, DeviceNode(**kwargs))
         return super().__new__(cls)
 
+    def __init__(self, *, dra_registry_dir: Path | None = None, **kwargs: Any) -> None:
+        """``dra_registry_dir``: the kubelet's ``plugins_registry``, where DRA plugins register
+        (None: no DRA; pods' claims are left alone). The rest: ``NodeStandIn``'s."""
+        self.dra_registry_dir = dra_registry_dir
+        super().__init__(**kwargs)
+
     def _build(self) -> None:
         self._client = AsyncClient(KubeConfig.from_file(str(self.kubeconfig)))
+        self._dra = (DraManager(client=self._client, node_name=self.node_name,
+                                registry_dir=self.dra_registry_dir)
+                     if self.dra_registry_dir is not None else None)
         self._node = NodeReporter(client=self._client, node_name=self.node_name,
                                   labels=self.labels, device_counts=self._device_counts,
                                   device_capacity=self._device_capacity)
         self._devices = DeviceManager(plugin_dir=self.plugin_dir, on_change=self._node.poke)
         self._pods = PodManager(client=self._client, node_name=self.node_name,
-                                devices=self._devices, cdi_spec_dirs=self.cdi_spec_dirs)
+                                devices=self._devices, cdi_spec_dirs=self.cdi_spec_dirs,
+                                dra=self._dra)
         self._pod_resources = (
             PodResourcesServer(socket_path=self.pod_resources_socket, pods=self._pods,
                                devices=self._devices)
@@ -92,6 +106,8 @@ class NodeEmulator(NodeStandIn):
         await self._devices.start()
         try:
             await self._node.start()
+            if self._dra is not None:
+                await self._dra.start()
             if self._pod_resources is not None:
                 await self._pod_resources.start()
             await self._pods.start()
@@ -106,6 +122,7 @@ class NodeEmulator(NodeStandIn):
         Every part is stopped even when an earlier one fails to stop cleanly."""
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("pod admission", self._pods.stop),
+            *([("DRA plugin watcher", self._dra.stop)] if self._dra is not None else []),
             ("kubelet.sock", self._devices.stop),
             ("node heartbeat", partial(self._node.stop, delete_node=delete_node)),
             ("API client", self._client.close),
@@ -149,6 +166,18 @@ class NodeEmulator(NodeStandIn):
         """What Allocate returned for each container of the newest pod of that name."""
         record = self._pods.record(namespace, pod)
         return list(record.allocations) if record is not None else []
+
+    def claims(self, namespace: str, pod: str) -> list[ClaimUse]:
+        """The claims the DRA manager prepared for each container of the newest pod of
+        that name."""
+        record = self._pods.record(namespace, pod)
+        return list(record.claims) if record is not None else []
+
+    def claim_env(self, namespace: str, pod: str, container: str) -> dict[str, str]:
+        """The environment the runtime gave ``container`` from its CDI ids (claims')."""
+        record = self._pods.record(namespace, pod)
+        edits = record.claim_edits.get(container) if record is not None else None
+        return dict(edits.env) if edits is not None else {}
 
     def allocated_device_ids(self, resource_name: str) -> set[str]:
         """Device ids of the resource that live pods on this node hold."""

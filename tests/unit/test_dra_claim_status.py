@@ -69,6 +69,18 @@ def test_ready_follows_health_and_the_time_moves_only_with_the_status() -> None:
     assert "data" not in entry
 
 
+def test_a_device_shared_between_claims_is_named_with_its_share_id() -> None:
+    """The API server refuses a status entry of a shared device without the allocation's
+    shareID; a device allocated whole has none."""
+    status = cs.ClaimStatus(cast(AsyncClient, object()), node_name="n1",
+                            devices=NodeDeviceTable(), find=lambda _t, _p, _d: _device({}))
+    status.prepared("uid-1", "ns", "claim", [("shared", "cam"), ("local", "lamp")],
+                    shares={("shared", "cam"): "0b5d"})
+    cam, lamp = status.entries("uid-1")
+    assert (cam["device"], cam["shareID"]) == ("cam", "0b5d")
+    assert "shareID" not in lamp
+
+
 class _Client:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []

@@ -38,8 +38,10 @@ def test_results_for_this_driver_only_and_an_unallocated_claim_refused() -> None
     claim = {"status": {"allocation": {"devices": {"results": [
         {"request": "r", "driver": "edgeplug.io", "pool": "p", "device": "d"},
         {"request": "r", "driver": "gpu.example.com", "pool": "q", "device": "e"},
+        {"request": "s", "driver": "edgeplug.io", "pool": "p", "device": "f", "shareID": "9a"},
     ]}}}}
-    assert cl.results_for_driver(claim) == [cl.AllocatedDevice("r", "p", "d")]
+    assert cl.results_for_driver(claim) == [cl.AllocatedDevice("r", "p", "d"),
+                                            cl.AllocatedDevice("s", "p", "f", share_id="9a")]
     with pytest.raises(cl.PrepareError, match="not allocated"):
         cl.results_for_driver({"status": {}})
 
@@ -85,6 +87,8 @@ def test_checkpoint_round_trip_and_an_unreadable_one_set_aside(tmp_path: Path) -
     record = cl.Checkpoint(path)
     prepared = cl.PreparedClaim(namespace="ns", name="c", devices=(
         cl.PreparedDevice(request="r", pool="p", device="d", cdi_ids=("edgeplug.io/claim=u-0",)),
+        cl.PreparedDevice(request="s", pool="p", device="f", cdi_ids=("edgeplug.io/claim=u-1",),
+                          share_id="9a"),
     ), cdi_spec=cl.claim_spec("u", [node_device("npu-00000a")]))
     older = cl.PreparedClaim(namespace="ns", name="old", devices=prepared.devices)
     record.put("u", prepared)
