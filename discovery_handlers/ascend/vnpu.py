@@ -1,20 +1,9 @@
-"""Static vNPUs: slices of a chip an admin created from Huawei's templates, and their names.
+"""Static vNPUs: what the sources read of a chip's vNPUs, Huawei's template names and the vNPU
+types (resource names) they become, and the AI cores and memory a template's name says. No I/O.
 
-Why this exists: Huawei splits an Ascend chip by fixed templates (``npu-smi set -t create-vnpu
--f vir04``, or DCMI's ``dcmi_create_vdevice``); each slice is a vNPU with an id of its own and a
-device node ``/dev/vdavinci<id>``, and Huawei's device plugin serves it under a resource named
-after its template (``huawei.com/Ascend910-4c``). This module holds what the sources read of a
-vNPU (``VNpu``), Huawei's template names and the vNPU types they become, and the AI cores and
-memory a template name says, with no I/O.
-
-Facts restated from Huawei's device plugin (Ascend/mind-cluster, ``component/
-ascend-device-plugin``) and its docs (virtualization templates, static vNPU scheduling):
-
-- a chip with any vNPU is served as its vNPUs only, never whole;
-- the vNPU type is ``<family>-<template's type>``: ``vir04`` on a 910 chip is ``Ascend910-4c``,
-  ``vir10_3c_16g`` is ``Ascend910-10c.3cpu.16g``, ``vir02_1c`` on a 310P is
-  ``Ascend310P-2c.1cpu``; a template outside Huawei's table is not served;
-- the device it lists is ``<type>-<vNPU id>-<chip's physical id>`` (``Ascend910-4c-100-0``).
+Facts restated from Huawei's device plugin and docs (Ascend/mind-cluster); the rules (a split
+chip is served as its vNPUs only, unknown templates are not served) are in
+docs/handlers/ascend.md, "Virtual NPUs".
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""A chip's vNPUs through DCMI: ``dcmi_get_device_info`` with the vdevice management command.
-
-Why this exists: Huawei's device plugin lists a chip's static vNPUs through DCMI's generic
-query (``dcmi_interface_api.h``)::
+"""A chip's vNPUs through DCMI's generic query, as Huawei's device plugin reads them::
 
     int dcmi_get_device_info(int card_id, int device_id, enum dcmi_main_cmd main_cmd,
                              unsigned int sub_cmd, void *buf, unsigned int *size);
 
-with ``main_cmd`` ``DCMI_MAIN_CMD_VDEV_MNG`` (52) and ``sub_cmd``
-``DCMI_VMNG_SUB_CMD_GET_TOTAL_RESOURCE`` (1) into ``struct dcmi_soc_total_resource`` (how many
-vNPUs and their ids, the chip's AI cores and memory), then ``..._GET_VDEV_RESOURCE`` (0) into
-``struct dcmi_vdev_query_stru`` with ``vdev_id`` filled in (the vNPU's template name, vGroup,
-AI cores and memory in MB). The structs below are laid out as that header declares them;
-``size`` is the buffer's size in and the answer's out. A chip that cannot be split answers
-``DCMI_ERR_CODE_NOT_SUPPORT``: it has no vNPU.
+``DCMI_MAIN_CMD_VDEV_MNG`` (52): sub-command 1 fills ``struct dcmi_soc_total_resource`` (the
+vNPU ids), 0 fills ``struct dcmi_vdev_query_stru`` for the ``vdev_id`` given (template name,
+vGroup, AI cores, memory in MB). The structs are laid out as ``dcmi_interface_api.h`` declares
+them; ``DCMI_ERR_CODE_NOT_SUPPORT`` means the chip cannot be split (no vNPU).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""A chip split by the scheduler: each template a DRA partition consuming the chip's counters.
+"""A chip offered to DRA as partitions: for each vNPU type asked for, every slice the chip could
+be cut into is a device consuming the chip's counter set (AI cores, memory), so the scheduler
+splits the chip per claim without overcommit. No I/O.
 
-Why this exists: with static vNPUs an admin fixes a chip's split beforehand. DRA's partitionable
-devices (KEP-4815) let the scheduler choose it per claim instead: the chip publishes a counter
-set (its AI cores and memory) and every slice it could be cut into is a device that consumes
-from that set, so claims for a ``4c`` and a ``2c`` slice land on one chip and a third that
-would exceed it stays pending. ``vnpuPartitions`` names the vNPU types offered; for each, a
-chip of ``C`` AI cores and ``M`` MiB gets ``min(C // cores, M // memory)`` devices of that
-type (``davinci0-vir04-0`` ...), the template's cores and memory (its name's ``<n>g``, or the
-chip's memory in proportion to its cores where the name does not say). The counters travel as
-the contract's partition properties (``DRA_COUNTER_SET``, ``DRA_CONSUMES_COUNTERS``,
-``DRA_SHARED_COUNTERS``). Needs the chip's AI core count (DCMI); chips split statically are
-not offered again.
-
-What is not done: creating the vNPU on the node when a claim is prepared
-(``dcmi_create_vdevice``); such a device has no device node yet, and ``prepare`` refuses it.
+How the counts and figures are chosen, and what is not done yet (creating the vNPU on
+``prepare``): docs/handlers/ascend.md, "A chip split by the scheduler".
 """
 
 from __future__ import annotations
