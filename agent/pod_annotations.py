@@ -21,7 +21,6 @@ tried again at the next ``List`` (every second while this node holds a slot).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -30,7 +29,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.podresources import PodDevices
+from agent.podresources import LatestPods, PodDevices
 from agent.slots.rules import held_virtual_ids
 from crds.instance import Instance
 from crds.naming import instance_resource_name
@@ -88,22 +87,18 @@ class PodAnnotator:
         """``resolve(resource, ids)``: ``devices_of`` over the service's current view."""
         self._client = client
         self._resolve = resolve
-        self._latest: Sequence[PodDevices] | None = None
-        self._wake = asyncio.Event()
+        self._pods = LatestPods()
         self._done: set[_PodKey] = set()
         #: Pods whose failure was logged as a warning: retried every List, logged once.
         self._warned: set[_PodKey] = set()
 
     def offer(self, pods: Sequence[PodDevices]) -> None:
         """A pod-resources ``List`` answered: look at its pods (the latest answer wins)."""
-        self._latest = pods
-        self._wake.set()
+        self._pods.offer(pods)
 
     async def run(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            pods, self._latest = self._latest or (), None
+            pods = await self._pods.next()
             listed = {(p.namespace, p.name, p.devices) for p in pods}
             self._done &= listed
             self._warned &= listed

@@ -8,6 +8,7 @@ this module is the one narrow seam to it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +43,26 @@ def _by_resource(devices: Iterable[tuple[str, Iterable[str]]]) -> dict[str, froz
 def devices_by_resource(pods: Iterable[PodDevices]) -> dict[str, frozenset[str]]:
     """Resource name → the device ids that the containers of ``pods`` hold."""
     return _by_resource(devices for pod in pods for devices in pod.devices)
+
+
+class LatestPods:
+    """The pods of the latest pod-resources ``List``, for a consumer that looks at them in a
+    task of its own: ``offer`` is handed each answer, ``next`` waits for one (the latest wins,
+    and answers not looked at yet are dropped)."""
+
+    def __init__(self) -> None:
+        self._latest: Sequence[PodDevices] | None = None
+        self._wake = asyncio.Event()
+
+    def offer(self, pods: Sequence[PodDevices]) -> None:
+        self._latest = pods
+        self._wake.set()
+
+    async def next(self) -> Sequence[PodDevices]:
+        await self._wake.wait()
+        self._wake.clear()
+        pods, self._latest = self._latest or (), None
+        return pods
 
 
 class PodResourcesClient:

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +45,8 @@ from agent.metrics import AgentMetrics
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.node_reads import NodeReads
 from agent.pod_annotations import PodAnnotator, devices_of
-from agent.podresources import PodResourcesClient
+from agent.podresources import PodDevices, PodResourcesClient
+from agent.separated_devices import SeparatedDeviceEvictor
 from agent.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.slots.bound_pods import BoundPodsReader
 from agent.slots.display import DisplayFields
@@ -181,11 +182,16 @@ class DevicePluginService:
         self._tasks: asyncio.TaskGroup | None = None
         # Pods holding devices of an AnnotatingHandler get its annotations, from the same
         # pod-resources List the sweep asks.
-        self._annotator = PodAnnotator(client=client, resolve=lambda resource, ids: devices_of(
-            resource, ids, node=node_name, instances=self._instances,
-            configuration_resources=self._ever_config_resources, table=devices))
+        def resolve(resource: str, ids: Sequence[str]) -> list[NodeDevice] | None:
+            return devices_of(resource, ids, node=node_name, instances=self._instances,
+                              configuration_resources=self._ever_config_resources,
+                              table=devices)
+
+        self._annotator = PodAnnotator(client=client, resolve=resolve)
+        # Pods holding a device its handler separated are evicted, from the same List.
+        self._evictor = SeparatedDeviceEvictor(reads=self._reads, resolve=resolve)
         if self._pod_resources is not None:
-            self._pod_resources.on_pods = self._annotator.offer
+            self._pod_resources.on_pods = self._offer_pods
         self._freer = (
             OrphanFreer(
                 client=self._pod_resources, node=node_name, ledger=self.ledger, grace=orphan_grace,
@@ -273,6 +279,7 @@ class DevicePluginService:
                 tasks.create_task(self._reconcile_loop(), name="reconcile-plugins")
                 if self._pod_resources is not None:
                     tasks.create_task(self._annotator.run(), name="annotate-pods")
+                    tasks.create_task(self._evictor.run(), name="evict-off-separated")
         finally:
             self._tasks = None
             # Promises still unrecorded are recorded by the next start's pod-resources sweep.
@@ -368,6 +375,11 @@ class DevicePluginService:
         instance = self._instances.get(key)
         if instance is not None and self._serves(key, instance):
             self._display.correct({key: instance})
+
+    def _offer_pods(self, pods: Sequence[PodDevices]) -> None:
+        """A pod-resources ``List`` answered: to the annotator and the evictor."""
+        self._annotator.offer(pods)
+        self._evictor.offer(pods)
 
     async def _watch_table(self) -> None:
         version = self._devices.version
