@@ -63,7 +63,9 @@ _MAP_ROW_PHY = re.compile(r"^(\d+)\s+(\d+)\s+(\d+|-)\s+(\d+|-)\s+(.*)$")
 _REMAP_LINE = re.compile(r"^\s*(Chip Phy-ID|Chip Physical ID|NPU ID|Chip ID)\s*:\s*(\d+)\s*$")
 
 
-_VNPU_TOTAL = re.compile(r"Total number of vnpu\s*:\s*(\d+)")
+#: What every ``info -t info-vnpu`` table prints, with the count of vNPUs.
+VNPU_TOTAL = "Total number of vnpu"
+_VNPU_TOTAL = re.compile(VNPU_TOTAL + r"\s*:\s*(\d+)")
 _VNPU_ROW = re.compile(r"^\|?\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([0-9A-Fa-f]+)\s*\|\s*(\d+)\s*\|"
                        r"\s*(vir[0-9A-Za-z_]+)\s*\|?\s*$")
 _VNPU_UNSUPPORTED = "does not support"

@@ -38,6 +38,7 @@ from discovery_handlers.ascend.devices import (
 )
 from discovery_handlers.ascend.faults import chip_health
 from discovery_handlers.ascend.npu_smi import (
+    VNPU_TOTAL,
     MapRow,
     NpuSmiError,
     assign_ids,
@@ -228,15 +229,18 @@ def _vnpus(tool: str, chip: Chip, details: AscendDetails,
     now = time.monotonic()
     known = _vnpu_answers.get(key)
     if known is None or now - known[0] > VNPU_REREAD_S:
+        # An npu-smi or a product that does not know the query (an error, a usage text) cannot
+        # tell: the chip is served whole, and so is it by every other Configuration here.
         asked: list[str] = []
         text = _run_tool(tool, ["info", "-t", "info-vnpu", "-i", str(chip.card_id), "-c",
-                                str(chip.device_index)], details, asked)
+                                str(chip.device_index)], details, [], any_exit=True)
         found: tuple[VNpu, ...] | None = None
         if text is not None:
             try:
                 found = parse_info_vnpu(text)
             except NpuSmiError as exc:
-                asked.append(f"npu-smi: {exc}")
+                if VNPU_TOTAL in text:  # the table, but not adding up
+                    asked.append(f"npu-smi: {exc}")
         if len(_vnpu_answers) >= MAX_VNPU_ANSWERS_KEPT:
             _vnpu_answers.clear()
         known = _vnpu_answers[key] = (now, found, "; ".join(asked))
@@ -247,8 +251,9 @@ def _vnpus(tool: str, chip: Chip, details: AscendDetails,
 
 
 def _run_tool(tool: str, args: list[str], details: AscendDetails,
-              problems: list[str]) -> str | None:
-    """The output of ``npu-smi <args>``, or None with the reason in ``problems``."""
+              problems: list[str], *, any_exit: bool = False) -> str | None:
+    """The output of ``npu-smi <args>``, or None with the reason in ``problems`` (``any_exit``:
+    the output whatever the exit code)."""
     shown = " ".join(["npu-smi", *args])
     try:
         done = subprocess.run(  # a fixed argument list, no shell
@@ -258,7 +263,7 @@ def _run_tool(tool: str, args: list[str], details: AscendDetails,
     except (OSError, subprocess.SubprocessError) as exc:
         problems.append(f"npu-smi: cannot run {shown}: {exc}")
         return None
-    if done.returncode != 0:
+    if done.returncode != 0 and not any_exit:
         problems.append(f"npu-smi: {shown} exited {done.returncode}")
         return None
     return done.stdout[:NPU_SMI_MAX_OUTPUT].decode("utf-8", "replace")

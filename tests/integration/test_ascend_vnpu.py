@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from discovery_handlers.ascend import handler, vnpu_dcmi
+from discovery_handlers.ascend import handler, sources, vnpu_dcmi
 from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.sources import scan
 from tests.harness.ascend_node import (
@@ -121,3 +121,25 @@ def test_the_ctypes_structs_have_the_sizes_of_huaweis_header(node: AscendNode,
     call(0, 0, vnpu_dcmi.DCMI_MAIN_CMD_VDEV_MNG, 1, ctypes.byref(total), ctypes.byref(size))
     assert (total.vdev_num, list(total.vdev_id[:2]), total.computing.aic,
             total.computing.memory_size) == (2, [100, 101], 20.0, 65536)
+
+
+def test_an_npu_smi_that_cannot_list_vnpus_leaves_the_chips_whole(node: AscendNode) -> None:
+    """An npu-smi or a product without the query (usage text and an error, or Huawei's "does
+    not support" line): the chips are served whole and nothing is reported; a table whose rows
+    do not add up is reported."""
+    files = sorted(node.vnpu_dir.iterdir())
+    for path in files:
+        path.unlink()  # the stand-in then answers "unsupported: ..." and exits 2
+    result = scan(details(node, sources=["npu-smi"]))
+    assert [d.id for d in result.devices] == ["davinci0", "davinci1", "davinci2"]
+    assert result.status.problems == ()
+    node.vnpu_dir.joinpath("0-0").write_text("This device does not support querying "
+                                             "info-vnpu.\n")
+    node.vnpu_dir.joinpath("1-0").write_text("| Total number of vnpu: 2 |\n")
+    node.vnpu_dir.joinpath("2-0").write_text("| Total number of vnpu: 0 |\n")
+    sources._vnpu_answers.clear()  # asked again at once, not after VNPU_REREAD_S
+    result = scan(details(node, sources=["npu-smi"]))
+    assert [d.id for d in result.devices] == ["davinci0", "davinci1", "davinci2"]
+    assert result.status.problems == (
+        "NPU 1 chip 0: vNPUs unreadable: npu-smi: npu-smi info -t info-vnpu lists 0 vNPU rows "
+        "but says 'Total number of vnpu: 2'",)
