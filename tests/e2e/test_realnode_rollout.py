@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from agent.dra.plugin import registration_socket
+from agent.settings import DEFAULT_DRA_REGISTRY_DIR
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import dra as h
@@ -107,6 +109,11 @@ class Site:
 
     def stop_agent(self) -> None:
         self.node.stop_process(self.agent_log)
+
+    def agent_alive(self) -> bool:
+        """The agent process runs (a zombie, ended but not reaped, does not)."""
+        stat = Path(f"/proc/{self.node.pid(self.agent_log)}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
     def registered(self) -> bool:
         return REGISTERED in self.node.log_tail(self.agent_log, 100_000)
@@ -354,3 +361,21 @@ async def test_an_upgrade_from_the_previous_release_disturbs_nothing_that_runs(
                   "registered)")
         before = await _holds(site, before, f"{order}, {component} replaced", serial)
     print(f"figure: {order}: whole upgrade test {time.monotonic() - started:.1f} s")
+
+
+async def test_a_surge_would_leave_the_node_without_its_dra_plugin(site: Site) -> None:
+    """Why the DaemonSet never surges: a second agent on the node takes the first one's DRA
+    plugin sockets (their names are fixed), and the first one's exit then removes them while
+    the second runs, so the kubelet can prepare no claim there until that agent restarts."""
+    registration = site.node.host_path(str(registration_socket(DEFAULT_DRA_REGISTRY_DIR)))
+    site.start_agent(REPO_ROOT)
+    await until(site.registered, what="the first agent's DRA plugin registered", within=60)
+    first = site.agent_log
+    site.start_agent(REPO_ROOT)  # the surge: a new pod beside the old one
+    await until(site.registered, what="the second agent's DRA plugin registered", within=60)
+    second = site.agent_log
+    site.agent_log = first
+    site.stop_agent()  # the old pod ends
+    site.agent_log = second
+    assert site.agent_alive(), "the second agent runs on"
+    assert not registration.exists(), "the first agent's exit removed the second's socket"

@@ -17,7 +17,8 @@ from tests.harness import helmbin
 from tests.harness.controlplane import REPO_ROOT
 
 CHART = REPO_ROOT / "deploy" / "helm" / "edgeplug"
-PLAIN = REPO_ROOT / "deploy" / "manifests" / "agent-daemonset.yaml"
+PLAIN = {"edgeplug-agent": REPO_ROOT / "deploy" / "manifests" / "agent-daemonset.yaml",
+         "edgeplug-agent-npu": REPO_ROOT / "deploy" / "ascend" / "agent-npu-daemonset.yaml"}
 
 
 def _helm(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -28,9 +29,9 @@ def _helm(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
-def _agent_daemonset(documents: str) -> dict[str, Any]:
+def _daemonset(documents: str, name: str) -> dict[str, Any]:
     (found,) = [d for d in yaml.safe_load_all(documents)
-                if d and d["kind"] == "DaemonSet" and d["metadata"]["name"] == "edgeplug-agent"]
+                if d and d["kind"] == "DaemonSet" and d["metadata"]["name"] == name]
     return dict(found)
 
 
@@ -41,16 +42,18 @@ def _rollout(daemonset: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
             strategy["rollingUpdate"]["maxUnavailable"], spec["minReadySeconds"])
 
 
-def test_one_node_at_a_time_never_two_agents_on_a_node(tmp_path: Path) -> None:
-    plain = _rollout(_agent_daemonset(PLAIN.read_text()))
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_one_node_at_a_time_never_two_agents_on_a_node(tmp_path: Path, name: str) -> None:
+    plain = _rollout(_daemonset(PLAIN[name].read_text(), name))
     assert plain == ("RollingUpdate", 0, 1, 10)
-    rendered = _helm(tmp_path)
+    rendered = _helm(tmp_path, "--set", "ascend.enabled=true")
     assert rendered.returncode == 0, rendered.stderr
-    assert _rollout(_agent_daemonset(rendered.stdout)) == plain, "the chart's defaults"
-    faster = _helm(tmp_path, "--set", "agent.rollout.maxUnavailable=10%",
+    assert _rollout(_daemonset(rendered.stdout, name)) == plain, "the chart's defaults"
+    faster = _helm(tmp_path, "--set", "ascend.enabled=true",
+                   "--set", "agent.rollout.maxUnavailable=10%",
                    "--set", "agent.rollout.minReadySeconds=30")
     assert faster.returncode == 0, faster.stderr
-    assert _rollout(_agent_daemonset(faster.stdout)) == ("RollingUpdate", 0, "10%", 30)
+    assert _rollout(_daemonset(faster.stdout, name)) == ("RollingUpdate", 0, "10%", 30)
 
 
 @pytest.mark.parametrize(("setting", "named"), [
