@@ -43,7 +43,7 @@ COMPAT_TESTS := \
   tests/integration/test_helm.py tests/integration/test_rbac.py \
   tests/integration/test_agent_rights.py tests/integration/test_attacks_agent.py \
   tests/integration/test_dra_features_served.py tests/integration/test_devicenode_agent.py \
-  tests/integration/test_shared_allocation.py
+  tests/integration/test_shared_allocation.py tests/integration/test_attacks_liveness.py
 
 .PHONY: aptdeps aptdeps-venv install venv controlplane controlplane-compat helm realnode realnode-compat \
   thirdparty demo test test-newest test-compat lint unit bench images clean clean-cache
