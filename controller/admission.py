@@ -1,19 +1,7 @@
-"""Pods the kubelet rejected at admission: which ones, and which device resource is to blame.
+"""Pods the kubelet rejected at admission: which ones, and which device resource is to blame. Pure.
 
-Why this exists: a pod the kubelet refuses to admit (a device plugin's ``Allocate`` failed, or
-the node no longer had the device it was scheduled for) is ``Failed`` for good; nothing in
-Kubernetes retries it. Issue 21 makes the controller recover its own brokers at once and tell
-users which of their pods it happened to and why. Deciding that is pure string work over the
-pod's status and resources, so it lives here, without I/O, tested over a table.
-
-What the kubelet writes when it rejects a pod (``Kubelet.rejectPod``): phase ``Failed``, a
-``reason`` naming the admit handler's verdict and a ``message`` that starts ``Pod was rejected:``.
-The device manager's failures (no free device, unhealthy devices, a failed ``Allocate``) have the
-reason ``UnexpectedAdmissionError`` and name the resource in the message, e.g.
-``Allocate failed due to requested number of devices unavailable for edgeplug.io/cam.
-Requested: 1, Available: 0, which is unexpected``; the resource-fit check rejects with
-``OutOf<resource>`` and ``Node didn't have enough resource: <resource>, ...``. Other admit
-handlers use reasons ending in ``AdmissionError`` too.
+``rejected_at_admission``, ``blamed_resources`` and ``event_name`` read the pod's status as the
+kubelet writes it (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

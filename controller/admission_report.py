@@ -1,14 +1,7 @@
 """Events and metrics for pods the kubelet rejected at admission: brokers and users' pods.
 
-Why this exists: a rejected pod is Failed for good. The controller recreates its
-own brokers at once (``controller.plans``); this module says so where the user looks, an Event on
-the Instance naming the pod and the kubelet's message, and counts it. For a user's pod that asked
-for an edgeplug resource, nobody but a human can recover, so the Instance (or, for the
-configuration-level resource, the Configuration) gets one Warning Event naming the pod and the
-cause. "One" holds across replicas and restarts: the Event's name is made of the involved
-object's name and the pod's uid, so a second report is refused as a duplicate by the API server
-(see ``controller.admission.event_name``); the uids already reported are remembered too, so a
-resync does not even ask.
+``AdmissionReporter.broker_rejected`` and ``user_pod`` post one Event per pod, once across replicas
+and restarts (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
 """The agents' per-namespace Roles: what each node may read, and offer, kept here.
 
-Reads: a node's agent resolves ``discoveryProperties`` from Secrets and ConfigMaps
-(``valueFrom``). A cluster-wide grant to read them hands every Secret of the cluster to whoever
-steals a node's token, and one grant to all agents hands every camera password to every node.
-RBAC can grant reading objects by name (``resourceNames``), but the names come from
-Configurations, which change; and every agent runs as one ServiceAccount, so each node reads
-as an account of its own, ``node-<node>`` in the node-accounts namespace
-(``agent.node_account``). So the controller keeps, in every namespace whose Configurations'
-properties reference something, one Role ``edgeplug-agent-properties`` listing exactly the
-referenced Secrets and ConfigMaps (get and watch, by name) and one RoleBinding of it to the
-accounts of the nodes those Configurations select (all nodes' accounts, as their group, when
-one of them has no ``nodeSelector``), and deletes both when nothing there is referenced any
-more. The unit of isolation is the namespace: a node selected by one Configuration of a
-namespace reads what every Configuration there names (deploy/README.md).
-
-Offers: the Role ``edgeplug-agent-offers`` per namespace (``controller.offer_grants``), bound
-to the agent's ServiceAccount.
-
-What a Configuration may reference: Secrets and ConfigMaps of its own namespace only. A
-reference naming another namespace grants nothing (a warning names it; the agent is refused the
-read and says so on the Configuration's status), and the API server refuses such a
-Configuration in the first place (deploy/manifests/configuration-policy.yaml): whoever may write
-Configurations in one namespace must not make the agents read a Secret of another. No read is
-granted in a system namespace (kube-system, kube-public, kube-node-lease, the agent's own),
-which deploy/manifests/controller-policy.yaml refuses the controller too.
-
-Safety: the controller holds no read of Secrets or ConfigMaps. It writes the Roles with rules it
-does not hold through RBAC's ``escalate`` verb and binds them through ``bind``, both granted for
-those two names only (RBAC checks them against the name in the request's URL: the server-side
-applies name it; so does the list, by a ``metadata.name`` field selector), and
-controller-policy.yaml confines what those objects may say: get and watch on named Secrets and
-ConfigMaps bound to node accounts alone; the offer verb bound to the agent's ServiceAccount
-alone. A rule with an empty ``resourceNames`` means "all objects", so a kind with no referenced
-name gets no rule at all (``role_body``), and the policy refuses one too.
+``AgentAccess.run`` keeps ``edgeplug-agent-properties`` (the Secrets and ConfigMaps that
+Configurations name, readable by the selected nodes' own accounts) and ``edgeplug-agent-offers`` in
+every namespace that needs them. Why, and what confines them: deploy/README.md, "Secrets and
+ConfigMaps".
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Write and remove one of the per-namespace Roles the controller keeps for the agents, and
-follow the Nodes' labels their grants depend on.
+"""Write and remove one of the per-namespace Roles the controller keeps for the agents, and follow
+the Nodes' labels their grants depend on.
 
-The controller keeps two such Roles, each with a RoleBinding of the same name to the agent's
-ServiceAccount: ``edgeplug-agent-properties`` (``controller.agent_access``: the Secrets and
-ConfigMaps Configurations name) and ``edgeplug-agent-offers`` (``controller.offer_grants``:
-which nodes may offer which Configuration's devices). RBAC lets the controller touch only
-those two names, so every call here names its Role (server-side apply to the Role's own URL,
-a list by a ``metadata.name`` field selector).
+``grant`` and ``revoke`` name the Role in every call (RBAC lets the controller touch only its two
+names); ``follow_node_labels``, ``namespaces_holding``. The Roles: deploy/README.md.
 """
 
 from __future__ import annotations

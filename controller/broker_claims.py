@@ -1,23 +1,8 @@
-"""Brokers that get their device through DRA (``spec.brokerDeviceAccess: dra``).
+"""Brokers that get their device through DRA (``spec.brokerDeviceAccess: dra``). Pure rendering.
 
-Why this exists: by default a broker asks the device plugins for the Instance's extended
-resource (``edgeplug.io/<instance>``). A Configuration with ``brokerDeviceAccess: dra`` asks for
-the same device by a ResourceClaim instead, so the scheduler allocates it (a broker that finds
-no free unit stays Pending, never fails at admission) and DRA's consumable capacity, not the
-device plugins' slots, counts who holds a shared device. Pure rendering, no I/O.
-
-One ResourceClaimTemplate per Instance (same name, in its namespace, owned by it: it goes with
-the Instance), one request ``edgeplug-device`` of the Configuration's DeviceClass with the CEL
-selector ``crds.dra.instance_selector`` writes (the Instance's device only). Each broker pod names
-the template in ``spec.resourceClaims``, and each container that had the ``{{PLACEHOLDER}}``
-resource lists the claim in ``resources.claims`` instead. The kube-controller-manager's
-resourceclaim controller then makes one ResourceClaim per broker pod, owned by that pod (its
-controller reference), and deletes it when the pod is gone. Why a template and not a claim the
-controller writes itself: a pod's claim list is fixed at creation, so a claim made by the
-controller would have to exist, with a name, before the pod it belongs to; a broker recreated
-under the same name would then meet the claim of its predecessor, still owned by (and being
-collected with) the old pod. The claim controller names claims per pod and checks that the
-claim it finds belongs to that pod's uid; and a Job's pods each get their own claim too.
+``uses_claims``, ``render_claim_template`` (one ResourceClaimTemplate per Instance) and
+``claim_the_device`` (the broker's containers name the claim). Why a template: docs/dra.md,
+"Brokers through claims".
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Builds the broker pods and Jobs an Instance should have, as plain Kubernetes dicts.
+"""Builds the broker pods and Jobs an Instance should have, as plain Kubernetes dicts. Pure.
 
-Why this exists: the kopf handlers stay thin; everything that decides what a broker looks like is
-a pure function of the Configuration, the Instance and the node, so it is unit-tested without a
-cluster and two controller replicas always render byte-identical objects. A broker pod is the
-Configuration's ``brokerPodSpec`` with:
-
-- every ``{{PLACEHOLDER}}`` resource key (requests and limits, containers and initContainers)
-  replaced by the Instance's extended resource ``edgeplug.io/<instance>``, so the kubelet asks the
-  agent's device plugin for a slot and the broker receives the device's properties as
-  environment variables (Akri's names) from ``Allocate``; or, with ``brokerDeviceAccess: dra``,
-  by a claim on the Instance's ResourceClaimTemplate (``controller.broker_claims``), whose CDI
-  spec gives the broker the same environment;
-- a required node affinity on ``metadata.name`` In [node], pinning it to the node that sees it;
-- labels naming the configuration, instance and target node, and an owner reference to the
-  Instance, so deleting the Instance deletes its brokers;
-- an annotation with a hash of the rendered spec and of the device's properties, so a changed
-  Configuration rolls its brokers, and so does a device whose properties changed under the same
-  Instance (a USB serial adapter re-enumerated as ``/dev/ttyUSB1``): the kubelet hands a device
-  to a container only at admission, so only a new broker gets the new device node.
+``render_broker_pod``, ``render_broker_job`` and ``render_claim_template`` render them;
+``validate_broker_spec`` says what is wrong with a Configuration's broker spec. What a broker is
+made of: docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations

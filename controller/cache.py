@@ -1,10 +1,7 @@
 """The cluster as the controller's watches last saw it, indexed for the questions it asks.
 
-Why this exists: the reconciler asks, for every event, "which brokers has this Instance", "which
-Instances name this node", "how many brokers does this Configuration want and how many are
-ready". Each answer here is a dict lookup, kept current by the watches' change callbacks
-(``controller.watching``), so neither an event nor a status recomputation ever walks ten
-thousand objects. Counts for the status are kept incrementally for the same reason.
+``ClusterCache`` answers ``controller.view.ClusterView`` with dict lookups; the ``put_*`` callbacks
+of the watches keep it current (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

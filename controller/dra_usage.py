@@ -1,31 +1,8 @@
 """``status.servedBy`` and ``status.claims`` of Instances: how a device is offered, who holds it.
 
-Why this exists: ``kubectl get instances`` should say whether a device is served by the device
-plugins, by DRA or both, and how many ResourceClaims hold it. A printer column only reads a
-field, so someone must write these display fields, and only the controller sees all of it at
-once (it runs once per cluster; an agent sees its own node). With ``--dra`` it follows, through
-the cheap record watches of ``controller.watching`` (a few fields decoded per event):
-
-- Nodes: which ``edgeplug.io/`` extended resources each one advertises (capacity above 0) —
-  a device is served by device plugins when a node of its Instance advertises
-  ``edgeplug.io/<instance>``, as the kubelet reports it once the agent's plugin registered;
-- ResourceSlices of the driver ``edgeplug.io`` (a field selector): which devices are published,
-  and for which Instance (the ``namespace`` and ``instance`` attributes) — served by DRA;
-- ResourceClaims, in every namespace (a claim may use a DeviceClass from any namespace): the
-  devices of the driver each allocation names, mapped to Instances through the slices; a claim
-  counts once per Instance however many of its requests that device serves;
-- the served namespaces' Instances: their nodes, and the two fields as last written.
-
-After any change, one pass at most every ``PASS_DELAY_S`` recomputes every Instance (a dict
-lookup each) and merge-patches the status of those whose fields differ, ``WRITES_IN_FLIGHT``
-at a time. Nothing decides anything on these fields, so a lost write is left to the next
-change. Two replicas write the same values; the second write changes nothing, and the API
-server stores nothing for it.
-
-Writes the next moment makes obsolete are not made: an Instance whose fields were
-never written and would read as they read unwritten (served by nothing, no claim: a new
-device before its slice or plugin) is left unwritten until it is served; and the watch event
-of a write of this controller's own (the Instance's fields now what it wrote) wakes no pass.
+``DraUsage.run`` follows Nodes, the driver's ResourceSlices, ResourceClaims and Instances and
+patches the fields that differ; ``desired_fields`` computes them. How and why: docs/dra.md,
+"`kubectl get instances`", and docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The controller's engine: watches feed the cache, changes become queued keys, workers reconcile.
 
-Why this exists: this is where "what changed" turns into "what to reconcile". Each watch
-(``controller.watching``) calls back here with a record's old and new value; the change is
-applied to the indices (``controller.cache``), and only a change that can alter what should
-exist queues work: an Instance that appeared, vanished or moved nodes; a broker pod that
-vanished, failed, finished or is being deleted; a Configuration whose spec changed. A live
-broker moving on (scheduled, started, ready) only schedules the Configuration's status, and a
-record that did not change (a status rewrite, a heartbeat) does nothing at all. A user's pod
-that the kubelet rejected at admission while asking for extended resources queues its report
-(``controller.admission_report``).
-
-Workers start only once every watch holds its initial listing (so a restarted replica sees every
-existing broker before it creates any), and act only where the peering gate says this replica is
-active; when it becomes active, everything there is queued once. A slow resync re-queues
-everything as a net under anything missed; deadlines (backoffs, grace periods) are timers.
+``Engine.run`` starts the watches and workers; ``enqueue_all`` queues every key. Which changes
+queue work, and when workers act: docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Kubernetes Events on Configurations: posted in the background, routine ones gathered.
 
-Why this exists: users read what the controller did in ``kubectl describe configuration``.
-:class:`EventPoster` writes a core/v1 Event without making the reconcile wait for it (an Event
-that cannot be written is logged and dropped: it is a record, not state). At scale one Event per
-broker is one more API write per Instance (10,000 Instances, 10,000 Event POSTs) for a record
-nobody reads one by one, so :class:`EventBatcher` collects creations and routine deletions on a
-Configuration for ``window_s`` and posts one Event that names the object when there was one and
-counts them when there were many. Warnings (failures, refusals) are never held back.
+``EventPoster`` writes an Event without making the reconcile wait; ``EventBatcher.routine`` gathers
+routine creations and deletions into one Event (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The controller's one seam for writes to the Kubernetes API (lightkube), errors translated here.
 
-Why this exists: kopf watches and indexes (reads); every create, delete and patch the controller
-makes goes through :class:`Kube`, so "already exists" and "already gone" are answered the same way
-everywhere (they are success: names are deterministic, so a second replica or a restarted one
-repeats writes harmlessly), and a refusal by the API server (422, 400: a malformed broker spec)
-becomes :class:`Refused` with the server's message for the Configuration's status and Events.
+``Kube`` creates, deletes and patches; "already exists" and "already gone" are success, and a
+refusal becomes ``Refused`` with the server's message (docs/architecture.md, "The controller's
+modules").
 """
 
 from __future__ import annotations

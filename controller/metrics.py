@@ -1,17 +1,8 @@
 """The controller's Prometheus metrics, on a registry of their own.
 
-Why this exists: an operator must see without reading logs how many brokers each Configuration
-wants and has, which replica is active, which nodes hold devices (so an agent that is down there
-is noticed), how often the kubelet rejects pods for edgeplug's devices (a rejected pod is
-Failed for good, so every one is a broker the controller had to recreate or a user's pod that
-needs a human), and whether the API server is answering. The registry is per instance so tests
-can run several controllers in one process; ``serve`` exposes it when the controller is started
-with ``--metrics-port``.
-
-Labels are bounded (docs/operations.md, "Cardinality"): a Configuration (``namespace``,
-``configuration``), a ``node``, a resource kind or an HTTP code. Watch restarts and API errors
-are counted per process (``PROCESS``): the watches and the REST client have no controller at
-hand, and each registry exports the process's counts.
+``ControllerMetrics`` (``serve`` exposes it with ``--metrics-port``); ``ProcessCounters``
+(``PROCESS``) counts watch restarts and API errors per process. Labels are bounded:
+docs/operations.md, "Cardinality".
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Deterministic, DNS-safe names and the labels the controller puts on what it creates.
 
-Why this exists: every object the controller creates has a name computed from what it is for
-(Instance, node, generation), never a random suffix. Two replicas, or one replica restarted
-half-way through, therefore compute the same name for the same broker, and a second create is
-answered ``409 AlreadyExists`` instead of making a duplicate. Names must be valid DNS labels
-(63 characters, lowercase alphanumerics and ``-``) even for long node and Instance names: when a
-name is too long it is cut and given a hash of the full name, so two long names never collide.
-Instance naming itself (``<configuration>-<digest>``) lives in :mod:`crds.naming`.
+``broker_pod_name``, ``broker_job_name``, ``instance_service_name``, ``configuration_service_name``
+and ``spec_hash`` (docs/architecture.md, "The controller's modules"). Instance names live in
+``crds.naming``.
 """
 
 from __future__ import annotations

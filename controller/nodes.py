@@ -1,12 +1,8 @@
 """Removes nodes that are gone, or NotReady too long, from Instances, freeing their slots.
 
-Why this exists: an agent removes its own node from the Instances it stops seeing, but a node
-that was deleted or died cannot: its agent is gone with it. The controller does it instead: the
-node leaves every Instance's ``nodes`` and every ``deviceUsage`` slot it held (``"<node>"`` or
-``"C:<vid>:<node>"``) becomes free, so other nodes' brokers can get the device. The write is a
-merge patch carrying the ``resourceVersion`` the decision was made on: if an agent claimed a slot
-in between, the API server answers 409 and the controller re-reads and decides again (bounded
-attempts), so a claim is never overwritten. An Instance left with no node at all is deleted.
+``NodeJanitor`` (``node_deleted``, ``release_gone_nodes``) and ``remove_node_from_instance``, a
+merge patch conditioned on the ``resourceVersion`` read (docs/slots.md; docs/architecture.md, "The
+controller's modules").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Which nodes may offer which Configuration's devices: names in a Role the API server checks.
 
-A node's agent may list its node in an Instance, or publish a device in its ResourceSlices,
-only for a Configuration whose ``nodeSelector`` selects that node. The agents' admission
-policies (deploy/manifests/agent-instance-policy.yaml, deploy/dra/agent-resourceslice-policy.yaml)
-ask RBAC, through the policy's ``authorizer``, whether the agent may offer it by the names
-of ``crds.offers`` (the node is the one bound into the agent's token). This module says
-what they are; ``controller.agent_access`` writes them: per namespace with Configurations,
-one Role and RoleBinding ``edgeplug-agent-offers`` to the agent's ServiceAccount, listing
-``<name>/*`` for a Configuration without a ``nodeSelector`` and ``<name>/<node>`` for each
-Node its selector matches. RBAC refuses by default, so a Configuration the controller has not
-seen yet, or a node it does not select, is refused at write. deploy/README.md says what this
-covers.
+``offers_of``, ``wanted`` and ``rules`` compute the ``edgeplug-agent-offers`` Role's names
+(``crds.offers``); ``controller.agent_access`` writes it. What this covers: deploy/README.md.
 """
 
 from __future__ import annotations

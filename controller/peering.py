@@ -1,12 +1,7 @@
 """Which replica acts: kopf's peering rule, read from the peering objects a watch keeps.
 
-Why this exists: two controller replicas run for high availability, and only one may write.
-kopf keeps each replica's heartbeat in a ``KopfPeering`` (per namespace) or
-``ClusterKopfPeering`` object (its keep-alive, its CRDs, its format); this module applies kopf's
-rule to that object: a replica is paused while another live peer has a higher or the same
-priority, and a peer is live until ``lastseen + lifetime``. The standby therefore keeps its
-watches and its indices warm, and becomes active the moment the active peer's entry expires
-(a timer set for that moment, not a poll), or at once when the active one leaves cleanly.
+``ActiveGate.active`` says whether this replica may write; ``is_active`` and ``blocking_peers``
+apply the rule (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """What Pending pods pinned to each node ask for, written on that Node for its agent.
 
-An agent may watch only its own node's pods, so it cannot see a user's Pending pod that is
-pinned to it by nodeSelector or affinity but carries no label. The controller may: it keeps one
-record per Pending pinned pod with extended requests (``pinned_pod``, judged by
-``crds.pinning``), bound or not, until it starts, fails or is deleted, and ``PinnedDemand``
-keeps each Node's ``PINNED_DEMAND_ANNOTATION`` equal to their total: rewritten only when the
-total changes, removed when nothing is pinned there, after a controller restart too
-(``stale_nodes``). Why a pod stays counted after its binding: docs/slots.md (C5).
+``pinned_pod`` decodes a pod; ``PinnedDemand`` keeps each Node's ``PINNED_DEMAND_ANNOTATION`` equal
+to its pinned pods' total (``sync``, ``stale_nodes``). Why: docs/slots.md, C5.
 """
 
 from __future__ import annotations

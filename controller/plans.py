@@ -1,26 +1,8 @@
-"""Plans: diffs of the objects the controller wants against the ones that exist.
+"""Plans: diffs of the objects the controller wants against the ones that exist. Pure.
 
-Why this exists: "what to create and what to delete" is the heart of the controller and must not
-depend on kopf, on the API or on the clock, so it is a pure function tested in isolation. A plan
-is idempotent: applying it twice, or by two replicas at once, is harmless, because names are
-deterministic (a second create is ``409``, a second delete ``404``).
-
-Rules for broker pods:
-
-- a desired pod that does not exist is created; an existing pod that is not desired (its node
-  left the Instance's ``nodes``) is deleted;
-- a pod whose spec-hash annotation differs from the desired one is deleted, and created anew from
-  the new spec once it is gone (the rollout of a changed Configuration);
-- a pod that failed or finished is deleted after a backoff that doubles with every recreation of
-  that broker (bounded); a pod still Pending after a grace period is deleted and recreated;
-- a pod the kubelet rejected at admission (``UnexpectedAdmissionError`` when a slot
-  it was scheduled for was gone) is deleted at once, without backoff: it never ran, and it is
-  Failed for good. After ``ADMISSION_IMMEDIATE_MAX`` such rejections of one broker in a row
-  (no Ready in between) it waits the restart backoff like any failure (still counted and
-  reported as a rejection), since then it is a standing problem (a node out of CPU, an agent
-  advertising what it cannot give) and recreating it at once would only spin the scheduler and
-  the kubelet;
-- a pod already being deleted is left alone until it is gone.
+``plan_pods`` decides which broker pods to create and delete (rollouts, backoffs, Pending graces,
+admission rejections; ``BrokerPolicy`` holds the timings), ``plan_objects`` the same for Jobs and
+Services. The rules: docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations

@@ -1,40 +1,25 @@
-"""The Reconciler: turns what the controller sees into writes (brokers, services, status,
-node cleanup).
+"""The Reconciler: turns what the controller sees into writes (brokers, services, status, nodes).
 
-Why this exists: the engine (``controller/engine.py``) turns watch events into queued keys and
-calls the steps here; this module reads the current state through a :class:`ClusterView` (the
-watches' in-memory indices, so a reconcile costs no API reads), asks the pure planners
-(``brokers``, ``services``, ``plans``, ``status``) what should exist, and applies the difference
-through :class:`controller.kube.Kube`. Every step is idempotent, so a key may run twice, a replica
-may restart half-way, and two replicas may overlap during a takeover without ever making a
-duplicate. A step returns when it wants to run again (a backoff or grace period coming due).
+``Reconciler.instance`` brings one Instance's brokers and Service to what it wants;
+``configuration``, ``configuration_deleted`` and ``status_soon`` run the Configuration's step
+(``controller.configuration_step``); both write through ``controller.broker_writes``. Why each step
+is idempotent and reads no API: docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller import broker_claims, brokers, naming, nodes, services, shared_allocation, status
+from controller import broker_claims, brokers, naming, nodes, services
 from controller.admission_report import AdmissionReporter
-from controller.eventbatch import EventBatcher
-from controller.kube import Kube, Refused
+from controller.broker_writes import REFUSAL_RETRY_S, BrokerWrites
+from controller.configuration_step import ConfigurationStep, Unselected
+from controller.kube import Kube
 from controller.metrics import ControllerMetrics
-from controller.plans import (
-    ADMISSION_IMMEDIATE_MAX,
-    REASON_ADMISSION,
-    REASON_FAILED,
-    REASON_FINISHED,
-    REASON_PENDING,
-    Deletion,
-    Plan,
-    plan_objects,
-    plan_pods,
-)
+from controller.plans import Deletion, Plan, plan_objects, plan_pods
 from controller.records import ConfigurationRecord, InstanceRecord
 from controller.settings import ControllerSettings
 from controller.view import ClusterView, EventSink
@@ -43,21 +28,11 @@ from crds.instance import Instance
 
 log = logging.getLogger(__name__)
 
-#: After the API server refused a broker, creations for that Configuration generation are
-#: retried this often at most (the refusal is in its status; a spec change retries at once).
-REFUSAL_RETRY_S: Final = 30.0
-#: An object this replica created is not created again for this long while the watch has not
-#: shown it yet (saves a 409 per broker when a resync overtakes the watch during a burst).
-RECENT_CREATE_S: Final = 5.0
-RECENT_CREATE_PRUNE_AT: Final = 4096
 #: Broker identities (name, spec hash) remembered, keyed by Configuration generation, Instance
 #: and node; the cache is emptied when it grows past this (about 300 bytes an entry).
 IDENTITY_CACHE_MAX: Final = 200_000
-#: Status is recomputed at most this often per Configuration after broker events.
-STATUS_DEBOUNCE_S: Final = 1.0
 
 REASON_INSTANCE_GONE: Final = "InstanceDeleted"
-_RESTART_REASONS: Final = (REASON_FAILED, REASON_FINISHED, REASON_PENDING)
 
 
 def _now() -> datetime:
@@ -75,24 +50,17 @@ class Reconciler:
         self.settings = settings
         self.policy = settings.policy
         self.events = events
-        self.routine_events = EventBatcher(events)
-        self.restarts: dict[tuple[str, str], int] = {}
-        #: Rejections at admission of each broker (namespace, pod) since it was last Ready.
-        self.rejections: dict[tuple[str, str], int] = {}
         self.metrics = metrics or ControllerMetrics()
         self.admissions = AdmissionReporter(kube=kube, metrics=self.metrics)
-        self.refusals: dict[tuple[str, str], tuple[int, str]] = {}
-        self._refused_at: dict[tuple[str, str], float] = {}
+        self.writes = BrokerWrites(kube=kube, events=events, metrics=self.metrics,
+                                   admissions=self.admissions)
+        self.restarts = self.writes.restarts
+        self.rejections = self.writes.rejections
         self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
-        self.invalid_reported: dict[tuple[str, str], int] = {}
-        self._recent_creates: dict[tuple[str, str, str], float] = {}
         self._identities: dict[tuple[str, int, str, str, str, str, int], tuple[str, str]] = {}
-        self._status_pending: set[tuple[str, str]] = set()
-        self._status_locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: (namespace, Configuration) → Instance → the nodes of its spec.nodes that the
-        #: Configuration's nodeSelector does not select (no broker there; in its status).
-        self.unselected: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+        self.unselected: Unselected = {}
+        self.configurations = ConfigurationStep(writes=self.writes, settings=settings,
+                                                unselected=self.unselected)
 
     # -- one Instance ------------------------------------------------------------------------
 
@@ -133,9 +101,9 @@ class Reconciler:
         ])
         config = view.configuration(namespace, configuration) if configuration else None
         if config is not None:
-            await self._apply(config, namespace, pods, kind="Pod")
-            await self._apply(config, namespace, jobs, kind="Job")
-            await self._apply(config, namespace, svcs, kind="Service")
+            await self.writes.apply(config, namespace, pods, kind="Pod")
+            await self.writes.apply(config, namespace, jobs, kind="Job")
+            await self.writes.apply(config, namespace, svcs, kind="Service")
             self.status_soon(view, namespace, configuration)
             return
         for kind, each in (("Pod", pods), ("Job", jobs), ("Service", svcs)):
@@ -223,12 +191,12 @@ class Reconciler:
         if broker_claims.uses_claims(cfg) and (pod_plan.create or job_plan.create):
             # The template the new brokers' claims are made from, first (a 409 when it exists).
             template = brokers.render_claim_template(configuration=cfg, instance=inst)
-            await self._apply(config, inst.namespace, Plan(create=[template]),
+            await self.writes.apply(config, inst.namespace, Plan(create=[template]),
                               kind=broker_claims.KIND)
-        await self._apply(config, inst.namespace, plan, kind="Pod", instance=inst)
-        await self._apply(config, inst.namespace, job_plan, kind="Job")
-        await self._apply(config, inst.namespace, svc_plan, kind="Service")
-        if plan.create and self._recently_refused(cfg):
+        await self.writes.apply(config, inst.namespace, plan, kind="Pod", instance=inst)
+        await self.writes.apply(config, inst.namespace, job_plan, kind="Job")
+        await self.writes.apply(config, inst.namespace, svc_plan, kind="Service")
+        if plan.create and self.writes.recently_refused(cfg):
             plan.wait(REFUSAL_RETRY_S)
         return plan.retry_after_s
 
@@ -290,224 +258,19 @@ class Reconciler:
             self._identities[key] = found
         return found
 
-    async def _apply(
-        self, config: ConfigurationRecord, namespace: str, plan: Plan, *, kind: str,
-        instance: Instance | None = None,
-    ) -> None:
-        cfg = config.configuration
-        for deletion in plan.delete:
-            await self._delete(config, namespace, deletion, kind=kind, instance=instance)
-        if plan.create and self._recently_refused(cfg):
-            return
-        for obj in plan.create:
-            name = obj["metadata"]["name"]
-            if not self._may_create(kind, namespace, name):
-                continue
-            try:
-                created = await self.kube.create(obj)
-            except Refused as refused:
-                self._refused(config, kind=kind, name=name, message=refused.message)
-                return
-            if created:
-                self.refusals.pop((namespace, cfg.name), None)
-                log.info("created %s %s/%s", kind, namespace, name)
-                self.routine_events.routine(config.body, reason=f"{kind}Created",
-                                            verb="created", kind=kind, name=name)
-        for obj in plan.update:
-            try:
-                await self.kube.merge_patch(obj)
-            except Refused as refused:
-                self._refused(config, kind=kind, name=obj["metadata"]["name"],
-                              message=refused.message)
-
-    def _may_create(self, kind: str, namespace: str, name: str) -> bool:
-        """False while this replica created ``name`` moments ago (the watch lags behind)."""
-        now = time.monotonic()
-        key = (kind, namespace, name)
-        if now - self._recent_creates.get(key, -RECENT_CREATE_S) < RECENT_CREATE_S:
-            return False
-        if len(self._recent_creates) >= RECENT_CREATE_PRUNE_AT:
-            self._recent_creates = {
-                k: t for k, t in self._recent_creates.items() if now - t < RECENT_CREATE_S
-            }
-        self._recent_creates[key] = now
-        return True
-
-    async def _delete(
-        self, config: ConfigurationRecord, namespace: str, deletion: Deletion, *, kind: str,
-        instance: Instance | None = None,
-    ) -> None:
-        self._recent_creates.pop((kind, namespace, deletion.name), None)
-        if not await self.kube.delete(kind, namespace, deletion.name):
-            return
-        warning = deletion.reason in (REASON_FAILED, REASON_PENDING, REASON_ADMISSION)
-        key = (namespace, deletion.name)
-        if deletion.reason in _RESTART_REASONS:
-            self.restarts[key] = self.restarts.get(key, 0) + 1
-        if deletion.reason == REASON_ADMISSION and instance is not None:
-            rejections = self.rejections.get(key, 0)
-            self.rejections[key] = rejections + 1
-            if rejections >= ADMISSION_IMMEDIATE_MAX:  # recreated after a backoff: it grows
-                self.restarts[key] = self.restarts.get(key, 0) + 1
-            await self.admissions.broker_rejected(
-                instance=instance, configuration=config.configuration.name, pod=deletion.name,
-                pod_uid=deletion.uid, message=deletion.message,
-            )
-        log.info("deleted %s %s/%s: %s", kind, namespace, deletion.name, deletion.message)
-        if warning:
-            self.events(config.body, warning=True, reason=f"{kind}Deleted",
-                        message=f"deleted {kind.lower()} {deletion.name}: {deletion.message}")
-        else:
-            self.routine_events.routine(config.body, reason=f"{kind}Deleted", verb="deleted",
-                                        kind=kind, name=deletion.name, detail=deletion.message)
-
-    def _recently_refused(self, cfg: Configuration) -> bool:
-        key = (cfg.namespace, cfg.name)
-        refusal = self.refusals.get(key)
-        if refusal is None or refusal[0] != cfg.generation:
-            return False
-        refused_at = self._refused_at.get(key)
-        return refused_at is not None and time.monotonic() - refused_at < REFUSAL_RETRY_S
-
-    def _refused(self, config: ConfigurationRecord, *, kind: str, name: str, message: str) -> None:
-        cfg = config.configuration
-        key = (cfg.namespace, cfg.name)
-        self._refused_at[key] = time.monotonic()
-        self.metrics.broker_refusals.labels(cfg.namespace, cfg.name).inc()
-        if self.refusals.get(key) != (cfg.generation, message):
-            self.refusals[key] = (cfg.generation, message)
-            log.warning("API server refused %s %s/%s: %s", kind, cfg.namespace, name, message)
-            self.events(config.body, warning=True, reason="BrokerRefused",
-                        message=f"{kind.lower()} {name} refused: {message}")
-
-    # -- one Configuration -------------------------------------------------------------------
+    # -- one Configuration (controller.configuration_step) -------------------------------
 
     async def configuration(self, view: ClusterView, namespace: str, name: str) -> None:
-        """What belongs to the Configuration itself: its service, its status, and the release
-        of a finalizer an older version of the controller left on it. (Its Instances are
-        reconciled one by one; the caller queues them.)"""
-        config = view.configuration(namespace, name)
-        if config is None:
-            return
-        finalizers = list((config.body.get("metadata") or {}).get("finalizers") or [])
-        if naming.FINALIZER in finalizers:
-            remaining = [f for f in finalizers if f != naming.FINALIZER]
-            await self.kube.set_configuration_finalizers(namespace, name, remaining)
-            log.info("released the %s finalizer on Configuration %s/%s", naming.FINALIZER,
-                     namespace, name)
-        await self.configuration_service_and_status(view, namespace, name)
+        """The Configuration's own Service and status (``ConfigurationStep.configuration``)."""
+        await self.configurations.configuration(view, namespace, name)
 
     async def configuration_deleted(self, view: ClusterView, namespace: str, name: str) -> None:
-        """Deletes the Instances of a deleted Configuration (their brokers and services follow
-        through owner references); the Configuration service goes through its own."""
-        for record in view.instances_of(namespace, name):
-            await self.kube.delete_instance(namespace, record.instance.name)
-        self.refusals.pop((namespace, name), None)
-        self.unselected.pop((namespace, name), None)
-        self.metrics.forget_configuration(namespace, name)
-
-    def _counts(self, view: ClusterView, config: ConfigurationRecord) -> status.BrokerCounts:
-        cfg = config.configuration
-        instances, desired, ready = view.pod_broker_counts(cfg.namespace, cfg.name)
-        unselected = self.unselected.get((cfg.namespace, cfg.name), {})
-        if cfg.spec.broker_pod_spec is not None:
-            desired -= sum(len(nodes) for nodes in unselected.values())
-            return status.BrokerCounts(instances=instances, desired=max(desired, 0), ready=ready)
-        desired = ready = 0
-        if cfg.spec.broker_job_spec is not None:
-            for record in view.instances_of(cfg.namespace, cfg.name):
-                nodes = record.instance.spec.nodes
-                if len(unselected.get(record.instance.name, ())) < len(nodes):
-                    desired += 1
-                    ready += any(
-                        j.ready for j in view.broker_jobs(cfg.namespace, record.instance.name)
-                    )
-        return status.BrokerCounts(instances=instances, desired=desired, ready=ready)
-
-    async def configuration_service_and_status(
-        self, view: ClusterView, namespace: str, name: str
-    ) -> None:
-        config = view.configuration(namespace, name)
-        if config is None:
-            return
-        cfg = config.configuration
-        counts = self._counts(view, config)
-        self.metrics.set_brokers(namespace, name, counts.desired, counts.ready)
-        svc = services.render_configuration_service(configuration=cfg)
-        wanted = svc is not None and counts.desired > 0 and not self._broker_problems(cfg)
-        desired = {svc["metadata"]["name"]: svc} if svc is not None and wanted else {}
-        actual = {
-            s.name: s.spec_hash
-            for s in view.services(namespace, name)
-            if s.component == naming.COMPONENT_CONFIGURATION_SERVICE
-        }
-        await self._apply(
-            config, namespace,
-            plan_objects(desired=desired, actual=actual, update_in_place=True), kind="Service",
-        )
-        refusal = self.refusals.get((namespace, name))
-        current = config.body.get("status") or {}
-        problems = self._broker_problems(cfg)
-        self._report_invalid(config, problems)
-        new = status.desired_status(
-            generation=cfg.generation,
-            counts=counts,
-            has_broker_spec=cfg.spec.has_broker,
-            spec_problems=problems,
-            refusal=refusal[1] if refusal and refusal[0] == cfg.generation else None,
-            current=current,
-            now=_now(),
-            unselected=self.unselected.get((namespace, name), {}),
-        )
-        if not self.settings.dra:
-            # No DeviceClasses, so nothing maps extended resources: the device plugins allocate
-            # the devices, and the status says so (with --dra, DeviceClasses writes it).
-            asked = cfg.spec.allocator
-            decision = shared_allocation.decide(
-                asked, missing=shared_allocation.CONTROLLER_WITHOUT_DRA)
-            new.update(shared_allocation.mode_fields(decision))
-            new["conditions"].append(shared_allocation.condition(
-                decision, generation=cfg.generation, current=current, now=_now()))
-        if status.needs_write(current, new):
-            await self.kube.apply_configuration_status(namespace, name, new)
-
-    def _report_invalid(self, config: ConfigurationRecord, problems: list[str]) -> None:
-        """One Warning Event per generation of a Configuration with an invalid broker spec."""
-        cfg = config.configuration
-        key = (cfg.namespace, cfg.name)
-        if not problems:
-            self.invalid_reported.pop(key, None)
-        elif self.invalid_reported.get(key) != cfg.generation:
-            self.invalid_reported[key] = cfg.generation
-            log.warning("Configuration %s/%s: invalid broker spec: %s", cfg.namespace, cfg.name,
-                        "; ".join(problems))
-            self.events(config.body, warning=True, reason="InvalidBrokerSpec",
-                        message="; ".join(problems))
+        """Deletes the Instances of a deleted Configuration."""
+        await self.configurations.configuration_deleted(view, namespace, name)
 
     def status_soon(self, view: ClusterView, namespace: str, name: str) -> None:
         """Schedules one status recomputation shortly (coalescing bursts of broker events)."""
-        key = (namespace, name)
-        if key in self._status_pending:
-            return
-        self._status_pending.add(key)
-
-        async def later() -> None:
-            try:
-                await asyncio.sleep(STATUS_DEBOUNCE_S)
-                # One status write in flight per Configuration: while the API server is slow,
-                # writes queue behind each other instead of piling up (each one is stale).
-                async with self._status_locks.setdefault(key, asyncio.Lock()):
-                    self._status_pending.discard(key)
-                    await self.configuration_service_and_status(view, namespace, name)
-            except Exception as error:  # a background task: log it, the next pass retries
-                log.warning("status of Configuration %s/%s not written: %s", namespace, name,
-                            error)
-            finally:
-                self._status_pending.discard(key)
-
-        task = asyncio.get_running_loop().create_task(later())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.configurations.status_soon(view, namespace, name)
 
     async def rejected_pod(self, view: ClusterView, namespace: str, name: str) -> None:
         """A user's pod the kubelet rejected at admission: an Event on what it asked for."""

@@ -1,11 +1,8 @@
 """Small records of the cluster's objects: what the controller remembers of each one.
 
-Why this exists: the controller keeps every Instance, broker pod, Job, Service and Node it
-serves in memory (ten thousand of each at scale), and decides from those copies alone. Each
-record holds only the fields a decision reads, so memory stays small and, above all, two
-records compare equal when nothing the controller cares about changed: a pod status rewrite by
-the scheduler, or a Node heartbeat, then leaves the record as it was and costs no work. These
-records depend on nothing else in the controller, so every other module may import them.
+``ObservedPod``, ``RejectedPod``, ``NodeHealth``, ``InstanceRecord``, ``ConfigurationRecord`` and
+``OwnedObject`` hold only the fields a decision reads (docs/architecture.md, "The controller's
+modules"). They import nothing else of the controller.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Plain REST calls for the controller's hot writes (create and delete), over aiohttp.
 
-Why this exists: creating a broker is the one write the controller makes per Instance, ten
-thousand of them in a burst. Through lightkube and httpx one create cost about 2 ms of CPU
-(request building, the connection pool's per-request checks of every pooled connection, the
-response decoded into a typed model); through aiohttp, with the body encoded by msgspec and the
-answer left undecoded unless it is an error, it costs a fraction of that. The connection comes
-from the same kubeconfig as lightkube's client: lightkube's own helpers build the TLS context
-(server CA, client certificate) and the credentials, so every kind of user that lightkube
-supports (token, token file, exec plugin, basic) works here too; a 401 renews the credentials
-once (a rotated service-account token).
+``Rest.request`` and ``Rest.stream`` speak to the API server with lightkube's connection and
+credentials; a 401 renews them once. Why not lightkube here: docs/architecture.md, "Design
+choices".
 """
 
 from __future__ import annotations

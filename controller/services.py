@@ -1,11 +1,7 @@
-"""Builds the Instance and Configuration services, as plain Kubernetes dicts.
+"""Builds the Instance and Configuration Services, as plain Kubernetes dicts. Pure.
 
-Why this exists: Akri users reach brokers through two services — one per Instance selecting that
-Instance's brokers, one per Configuration selecting all of its brokers — created from the
-Configuration's ``instanceServiceSpec`` / ``configurationServiceSpec``. The user's ServiceSpec is
-kept as written except for the selector, which the controller owns. The Instance service is owned
-by the Instance (the garbage collector removes it with the Instance), the Configuration service by
-the Configuration; the controller also deletes them when no broker remains.
+``render_instance_service`` and ``render_configuration_service`` keep the user's ServiceSpec and
+set the selector (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

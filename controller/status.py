@@ -1,14 +1,7 @@
-"""Computes the part of a Configuration's status the controller owns.
+"""Computes the part of a Configuration's status the controller owns. Pure.
 
-Why this exists: users read ``kubectl get configurations`` and ``kubectl describe`` to learn
-whether their brokers run and, if not, why. The controller owns ``observedGeneration``,
-``instanceCount``, ``brokers {desired, ready}`` and its condition types (``BrokerNodesSelected``
-only while an Instance lists a node the Configuration's nodeSelector does not select, which gets
-no broker: a forged node entry is shown, not obeyed); the agent writes its
-own discovery condition in the same list (a map list keyed by ``type``), which the controller
-never touches because it writes through server-side apply with its own field manager and sends
-only its own condition types. A condition keeps its ``lastTransitionTime`` while its status stays
-the same, so an unchanged cluster produces an identical status and the controller writes nothing.
+``desired_status`` builds it and ``needs_write`` says whether it differs from what is stored
+(docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What the reconciler reads and where it reports: the questions it asks of the cluster state.
 
-Why this exists: ``controller.reconciler`` decides from the state the controller's watches hold
-(``controller.cache``), but must not depend on how that state is kept, so the reconcile steps
-read as plain Python and a unit test can answer these questions from a few dicts. Every answer
-is a lookup in an index, never a walk over all objects: the reconciler asks these questions
-for every event at a scale of ten thousand Instances.
+``ClusterView`` (answered by ``controller.cache``, or by a few dicts in unit tests) and
+``EventSink`` (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Decoders from the API server's JSON to the controller's records, one per kind it follows.
 
-Each decoder returns the record and the object's ``resourceVersion`` (read in the same pass).
-
-Why this exists: a broker pod's JSON is several kilobytes (managed fields, the whole spec), of
-which the controller reads a dozen fields. ``msgspec`` structs that declare only those fields
-decode just them and skip the rest in C, which is what keeps a watch event cheap at scale
-(see ``controller.watching``). The structs mirror the Kubernetes field names; every field has a
-default, so an object missing one (a watch bookmark, a half-written status) still decodes.
+Each (``pod``, ``node``, ``instance``, ...) returns the record and the object's
+``resourceVersion``, decoding only the fields the record holds (docs/architecture.md, "The
+controller's modules").
 """
 
 from __future__ import annotations

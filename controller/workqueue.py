@@ -1,11 +1,7 @@
 """A queue of things to reconcile: each key once, one worker per key, some of them later.
 
-Why this exists: a burst of watch events about one Instance (its broker created, scheduled,
-started, ready) must cost one reconcile, not four, and two workers must never reconcile the
-same Instance at once. Keys wait in a set-backed FIFO: adding a key that is already waiting is
-free, and a key added while a worker holds it is run once more after that worker is done.
-Deadlines (a broker's backoff, a Pending grace, a node's NotReady grace) are timers that add
-the key again when due, so nothing has to walk every object periodically to find them.
+``WorkQueue.add``, ``add_after`` (a deadline) and ``work`` (a worker loop). Why:
+docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations
