@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
+from lightkube import ApiError
 
 from agent.container_devices import ContainerAllocation, container_allocation
 from agent.deviceplugin.backend import PluginError
@@ -33,6 +34,7 @@ from agent.slots.rules import (
     judge_claim,
     slot_ids,
 )
+from agent.volcano_allocation import Pin, PinRefused, VolcanoPins
 from crds.instance import Instance, SlotUsage
 from discovery_handlers.contract import (
     PreparingHandler,
@@ -251,7 +253,11 @@ class ConfigurationBackend:
         namespace: str,
         configuration: str,
         feed: DeviceFeed,
+        pins: VolcanoPins | None = None,
     ) -> None:
+        """``pins``: where a scheduler's own choice of devices for the pod being admitted is
+        read (Volcano's, for Ascend chips); the kubelet's ids are then placed on those."""
+        self._pins = pins
         self._world = world
         self._namespace = namespace
         self._configuration = configuration
@@ -279,8 +285,15 @@ class ConfigurationBackend:
                 )
         claimed: list[tuple[SlotRef, SlotUsage]] = []
         answers = []
+        pinned: list[Pin] = []
         try:
             for ids in requests:
+                pin = await self._pin(len(ids))
+                if pin is not None:
+                    answers.append(container_allocation(await self._place_pinned(
+                        ids, pin, claimed)))
+                    pinned.append(pin)
+                    continue
                 held = held_virtual_ids(self._instances(), self._world.node)
                 if any(v not in held and v not in self._intent for v in ids):
                     self._plan(ids, must_include=())  # no GetPreferredAllocation came first
@@ -293,7 +306,50 @@ class ConfigurationBackend:
         except PluginError:
             await self._roll_back(claimed)
             raise
+        for pin in pinned:
+            assert self._pins is not None
+            self._pins.served(pin)
         return answers
+
+    async def _pin(self, size: int) -> Pin | None:
+        if self._pins is None:
+            return None
+        try:
+            return await self._pins(size)
+        except PinRefused as error:
+            raise PluginError(FAILED, str(error)) from error
+        except ApiError as error:
+            raise PluginError(grpc.StatusCode.UNAVAILABLE, "cannot list this node's pods for "
+                              f"a scheduler's choice of devices: {error}") from error
+
+    async def _place_pinned(self, vids: Sequence[str], pin: Pin,
+                            claimed: list[tuple[SlotRef, SlotUsage]]) -> list[NodeDevice]:
+        """Claim a slot of each Instance ``pin`` names for the matching virtual id."""
+        world = self._world
+        held = held_virtual_ids(self._instances(), world.node)
+        devices = []
+        for vid, name in zip(vids, pin.instances, strict=True):
+            chip = pin.names.get(name, name)
+            device = world.device(self._namespace, name)
+            if device is None or not device.healthy:
+                why = device.health.reason if device else "not served on this node"
+                raise PluginError(FAILED, f"{pin.owner}: {chip} is unhealthy: {why}")
+            usage = SlotUsage.by_configuration(vid, world.node)
+            stale = held.get(vid)
+            if stale is not None and stale.instance != name:
+                await self._roll_back([(stale, usage)])  # the id's earlier pod is gone
+            instance = world.instance(self._namespace, name)
+            free = [r.slot for r in available_slots([instance] if instance else [], world.node)]
+            slot = stale.slot if stale is not None and stale.instance == name else (
+                free[0] if free else None)
+            if slot is None:
+                raise PluginError(FAILED, f"{pin.owner}: {chip} is not free on this node "
+                                          "(another pod holds it)")
+            if not _promise(world, self._namespace, name, {slot: usage}):
+                await _claim(world, self._counted, self._namespace, name, {slot: usage})
+            claimed.append((SlotRef(self._namespace, name, slot), usage))
+            devices.append(device)
+        return devices
 
     async def _place(self, vid: str, taken_instances: set[str]) -> SlotRef:
         """The slot ``vid`` holds already, or a newly claimed one (distinct Instances first)."""

@@ -63,6 +63,7 @@ from agent.slots.rules import (
     slot_counts,
     usage_of,
 )
+from agent.volcano_allocation import VolcanoPins
 from crds.configuration import Allocator, Configuration
 from crds.instance import Instance, SlotUsage
 from crds.naming import configuration_resource_name, instance_resource_name
@@ -376,6 +377,24 @@ class DevicePluginService:
         if instance is not None and self._serves(key, instance):
             self._display.correct({key: instance})
 
+    def _volcano_pins(self, namespace: str, configuration: str) -> VolcanoPins:
+        """Where the Configuration's plugin reads Volcano's choice of chips (it answers
+        nothing unless they are Ascend chips with Huawei's metadata on)."""
+
+        def devices() -> list[tuple[str, NodeDevice]]:
+            return [(i.name, d) for i in self.configuration_instances(namespace, configuration)
+                    if (d := self.device(namespace, i.name)) is not None]
+
+        pod_resources = self._pod_resources
+
+        async def holding() -> set[tuple[str, str]]:
+            assert pod_resources is not None
+            return {(p.namespace, p.name) for p in await pod_resources.pods()
+                    if any(ids for _, ids in p.devices)}
+
+        return VolcanoPins(reads=self._reads, node=self.node, devices=devices,
+                           holding=holding if pod_resources is not None else None)
+
     def _offer_pods(self, pods: Sequence[PodDevices]) -> None:
         """A pod-resources ``List`` answered: to the annotator and the evictor."""
         self._annotator.offer(pods)
@@ -590,6 +609,7 @@ class DevicePluginService:
                 namespace=namespace,
                 configuration=configuration,
                 feed=feed,
+                pins=self._volcano_pins(namespace, configuration),
             ),
         )
         return resource
