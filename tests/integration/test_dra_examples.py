@@ -21,6 +21,7 @@ SELECTED_PROPERTY = {
     "opcua.yaml": "OPCUA_DISCOVERY_URL",
     "udev.yaml": "UDEV_DEVNODE",
     "ascend.yaml": "ASCEND_CHIP_MODEL",
+    "ascend-partitions.yaml": "ASCEND_VNPU_TYPE",
     "udev-serial-radio.yaml": None,
 }
 _ATTRIBUTE = re.compile(r'device\.attributes\["edgeplug\.io"\]\.([a-z_0-9]+)')
