@@ -27,7 +27,12 @@ from agent.properties import (
     Reference,
     ReferenceWatch,
 )
-from crds.configuration import Configuration, allocator_of, eviction_grace
+from crds.configuration import (
+    Configuration,
+    allocator_of,
+    decided_for_shared_devices_only,
+    eviction_grace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +108,8 @@ class ConfigurationWatch:
                     else:
                         self._configurations[key] = cfg
                     await self._devices.set_allocator(
-                        *key, None if op == "DELETED" else allocator_of(body))
+                        *key, None if op == "DELETED" else allocator_of(body),
+                        shared_only=op != "DELETED" and decided_for_shared_devices_only(body))
                     await self._devices.set_eviction_grace(
                         *key, None if op == "DELETED" else eviction_grace(body.get("spec") or {}))
                     await self._reconcile(key)

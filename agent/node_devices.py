@@ -87,6 +87,11 @@ class NodeDeviceTable:
         #: (namespace, configuration) → the allocator of its devices, as the Configuration
         #: says (``crds.configuration.allocator_of``).
         self._allocators: dict[tuple[str, str], Allocator] = {}
+        #: Configurations whose allocator a controller of the previous release chose, for
+        #: their shared devices only (``crds.configuration.decided_for_shared_devices_only``).
+        self._shared_only: set[tuple[str, str]] = set()
+        #: (namespace, configuration) → how many of its devices here are shared.
+        self._shared_devices: dict[tuple[str, str], int] = {}
         self._graces: dict[tuple[str, str], int] = {}
         self._version = 0
         self._changed = asyncio.Condition()
@@ -103,18 +108,30 @@ class NodeDeviceTable:
 
     def allocator(self, namespace: str, configuration: str) -> Allocator | None:
         """Who allocates the Configuration's devices, as the Configuration (its spec, or the
-        controller in its status) says; ``None`` while it does not say."""
-        return self._allocators.get((namespace, configuration))
+        controller in its status) says; ``None`` while it does not say. Where a controller of
+        the previous release said it, for shared devices only, a Configuration with no shared
+        device here keeps its local devices on the device plugins: that controller maps their
+        resources to no DeviceClass, so the scheduler could serve no pod asking for them by
+        name."""
+        key = (namespace, configuration)
+        chosen = self._allocators.get(key)
+        if chosen is not None and key in self._shared_only and not self._shared_devices.get(key):
+            return Allocator.DEVICE_PLUGIN
+        return chosen
 
     async def set_allocator(self, namespace: str, configuration: str,
-                            allocator: Allocator | None) -> None:
-        """Record the Configuration's allocator (``None``: undecided, or it is gone)."""
+                            allocator: Allocator | None, *, shared_only: bool = False) -> None:
+        """Record the Configuration's allocator (``None``: undecided, or it is gone);
+        ``shared_only``: a previous release's controller chose it for shared devices only."""
         key = (namespace, configuration)
-        if self._allocators.get(key) == allocator:
+        if self._allocators.get(key) == allocator and (key in self._shared_only) == shared_only:
             return
+        if shared_only:
+            self._shared_only.add(key)
+        else:
+            self._shared_only.discard(key)
         if allocator is None:
-            if self._allocators.pop(key, None) is None:
-                return
+            self._allocators.pop(key, None)
         else:
             self._allocators[key] = allocator
         await self._bump()
@@ -138,13 +155,27 @@ class NodeDeviceTable:
 
     async def put(self, device: NodeDevice) -> None:
         key = (device.namespace, device.instance)
-        if self._devices.get(key) != device:
+        old = self._devices.get(key)
+        if old != device:
+            self._count_shared(old, -1)
             self._devices[key] = device
+            self._count_shared(device, 1)
             await self._bump()
 
     async def remove(self, namespace: str, instance: str) -> None:
-        if self._devices.pop((namespace, instance), None) is not None:
+        old = self._devices.pop((namespace, instance), None)
+        if old is not None:
+            self._count_shared(old, -1)
             await self._bump()
+
+    def _count_shared(self, device: NodeDevice | None, step: int) -> None:
+        if device is not None and device.shared:
+            key = (device.namespace, device.configuration)
+            count = self._shared_devices.get(key, 0) + step
+            if count:
+                self._shared_devices[key] = count
+            else:
+                self._shared_devices.pop(key, None)
 
     async def wait_changed(self, since: int) -> int:
         """Return once the version differs from ``since``; returns the new version."""

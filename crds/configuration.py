@@ -89,6 +89,22 @@ def allocator_of(obj: Mapping[str, Any]) -> Allocator | None:
     return None
 
 
+def decided_for_shared_devices_only(obj: Mapping[str, Any]) -> bool:
+    """Whether a Configuration object's allocator was chosen by a controller of the previous
+    release: the spec chooses none and the status names one only under its earlier name
+    (``sharedDeviceAllocation``; this release's controller writes ``allocator`` beside it).
+    That controller decided for shared devices alone and mapped no local device's resource
+    to a DeviceClass, so its local devices stay the kubelets' (docs/operations.md, "Version
+    skew")."""
+    status = obj.get("status") or {}
+    try:
+        asked = asked_allocator(obj.get("spec") or {})
+    except ValueError:
+        return False
+    return asked is None and "allocator" not in status and bool(
+        status.get("sharedDeviceAllocation"))
+
+
 def asked_allocator(fields: Mapping[str, Any]) -> Allocator | None:
     """The allocator a Configuration's spec (or status) names: ``allocator``, or its earlier
     name ``sharedDeviceAllocation``, which means the same; ``None``: the cluster's best. Raises
