@@ -2,21 +2,27 @@
 hold a local and a shared device, disturbs nothing that runs.
 
 The previous release's agent and controller (tests/harness/previous_release.py) serve a node
-of the real kubelet, containerd and runc in the DRA default: a shared debugEcho camera
-(capacity 3, the controller's pool) with a broker, and a node-local Configuration of two
-debugEcho lamps (capacity 2, the node's pool). Plain pods ask ``edgeplug.io/lamps: 1`` and
-``edgeplug.io/cams: 1`` (DRA extended resources: the scheduler allocates, the kubelet prepares
-through the agent's DRA plugin). Then each component is replaced by this tree's, as a rollout
-replaces it, in the two orders docs/operations.md discusses: the agent first (a DaemonSet
-rollout with ``maxSurge: 0``: the old process is sent SIGTERM and ends before the new one
-starts), or the controller first. After each step, with the two versions side by side and
-again at the end, the test checks what docs/slots.md promises across versions: every running
-pod keeps its uid, container, restart count and the device env its container printed; every
-claim keeps its uid, allocation and reservation and its CDI spec stays on the node; every
-Instance keeps its uid; no broker is recreated; a new pod asking a device is served; a claim
-the other version prepared is unprepared when its pod goes (its spec removed, its slot free
-again); no device is in two pools or advertised by a device plugin, and none holds more claims
-than its capacity.
+of the real kubelet, containerd and runc with DRA on: a shared debugEcho camera (capacity 3,
+the controller's pool) with a broker, and a Configuration of two local debugEcho lamps
+(capacity 2). Plain pods ask ``edgeplug.io/lamps: 1`` and ``edgeplug.io/cams: 1``: the camera
+through DRA, the lamps through the previous agent's device plugin, which offered them in its
+pool as well. Then each component is replaced by this tree's, in the two orders
+docs/operations.md discusses: controller first, or agents first. The agent is replaced as a
+DaemonSet rollout with ``maxSurge: 0`` does it: the old process gets SIGTERM and ends before
+the new one starts. After each step, with the two versions side by side and again at the end,
+the test checks what docs/slots.md promises across versions:
+
+* every running pod keeps its uid, container, restart count and the device env its container
+  printed;
+* every claim keeps its uid, allocation, reservation and CDI spec on the node;
+* every Instance keeps its uid, and no broker is recreated;
+* a new pod asking a local or a shared device is served;
+* a claim prepared by the other version is unprepared when its pod goes (its spec removed, its
+  slot serving a new pod);
+* no device is in two pools, in more claims than its capacity or in more containers than its
+  capacity;
+* once this release's agent runs, no device is offered both by a device plugin and by a pool,
+  and none by a device plugin under this release's controller.
 """
 
 from __future__ import annotations
@@ -92,8 +98,6 @@ class Site:
         self.agents = 0
         self.controller: ControllerProcess | None = None
         self.controller_source = previous.root
-        #: Pods created while no allocator could serve them: they must run once one can.
-        self.waiting: list[str] = []
         self.controllers = 0
 
     def kubectl_json(self, *args: str) -> Any:
@@ -195,11 +199,6 @@ class Site:
                      for i in self.kubectl_json("get", "instances", "-n", self.ns)["items"]}
         return {"pods": pods, "claims": claims, "instances": instances}
 
-    def unschedulable(self, name: str) -> bool:
-        found = self.pods().get(name) or {}
-        return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
-                   for c in (found.get("status") or {}).get("conditions") or [])
-
     def no_slot_twice(self, snapshot: dict[str, Any]) -> None:
         """No device in more containers than its capacity, judged by the device env each
         running container printed, and none in two pools or in more claims than its
@@ -224,6 +223,23 @@ class Site:
                 claims[result["device"]] = claims.get(result["device"], 0) + 1
         limit = {d: CAMERA_CAPACITY if d == self.camera else LAMP_CAPACITY for d in claims}
         assert all(claims[d] <= limit[d] for d in claims), f"claims per device: {claims}"
+
+    def offered_twice(self) -> set[str]:
+        """Devices in a pool of this namespace that a device plugin also advertises (by the
+        Instance's resource or its Configuration's)."""
+        advertised = self.plugins_advertised()
+        twice = set()
+        for found in self.kubectl_json("get", "resourceslices")["items"]:
+            spec = found["spec"]
+            pool = spec["pool"]["name"]
+            if spec["driver"] != dra.DRIVER or not pool.startswith(f"{self.ns}/"):
+                continue
+            configuration = pool.split("/")[1]
+            for device in spec.get("devices") or []:
+                if {f"edgeplug.io/{device['name']}", f"edgeplug.io/{configuration}"} & set(
+                        advertised):
+                    twice.add(device["name"])
+        return twice
 
     def plugins_advertised(self) -> dict[str, str]:
         """The node's allocatable ``edgeplug.io/`` resources a device plugin offers now (a
@@ -300,26 +316,17 @@ async def _holds(site: Site, before: dict[str, Any], step: str, serial: int) -> 
     new_agent, new_controller = (site.agent_source == REPO_ROOT,
                                  site.controller_source == REPO_ROOT)
     if new_agent:
-        # This release's agent offers a device one way only: local devices leave the device
-        # plugins the previous release also served them through (the kubelet reports the
-        # Node's allocatable on its own period).
-        await until(lambda: not site.plugins_advertised(), within=60,
-                    what="no device offered by a device plugin as well as the scheduler")
-    if new_agent and not new_controller:
-        # docs/operations.md, "Version skew": the previous controller maps no local device's
-        # resource to a DeviceClass, and this agent no longer offers it through a device
-        # plugin, so a pod asking a local device by resource name waits for the controller.
-        local = f"local-{serial}"
-        h.apply(site.plane, site.ns, _pod(local, "edgeplug.io/lamps"))
-        await until(lambda: site.unschedulable(local), within=60,
-                    what=f"{local} waiting (Unschedulable) under the previous controller")
-        site.waiting.append(local)
-    else:
-        for waited in site.waiting:
-            await until(lambda: site.running(waited), within=120,  # noqa: B023 (awaited here)
-                        what=f"{waited}, which waited for this controller, Running")
-        site.waiting.clear()
-        await site.serve(f"local-{serial}", "edgeplug.io/lamps")
+        # This release's agent offers a device one way only: the previous one offered its
+        # local devices through device plugins and its pool. Under the previous controller
+        # they stay on the device plugins (it maps their resources to no DeviceClass), under
+        # this one they go to the scheduler; the kubelet reports the Node's allocatable on its
+        # own period.
+        await until(lambda: not site.offered_twice(), within=60,
+                    what="no device offered by a device plugin and by a pool")
+        if new_controller:
+            await until(lambda: not site.plugins_advertised(), within=60,
+                        what="no device offered by a device plugin under this controller")
+    await site.serve(f"local-{serial}", "edgeplug.io/lamps")
     # The oldest shared pod's claim was prepared by the agent before this step: its pod goes,
     # the claim's spec goes, and its slot serves a new pod.
     oldest = min(n for n in site.pods() if n.startswith("shared-"))
