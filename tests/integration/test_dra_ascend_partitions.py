@@ -106,8 +106,14 @@ async def test_claims_for_a_4c_and_a_2c_share_one_chip_and_a_third_that_would_ov
             return
 
         async def published() -> list[dict[str, Any]] | None:
+            """The pool's newest generation once all its slices are there (they are written
+            one by one; the scheduler too waits for a complete generation)."""
             found = await h.pool_slices(kube, pool)
-            return found if len(h.pool_devices(found)) == 6 else None
+            newest = max((s["spec"]["pool"]["generation"] for s in found), default=0)
+            found = [s for s in found if s["spec"]["pool"]["generation"] == newest]
+            complete = bool(found) and len(found) == found[0]["spec"]["pool"][
+                "resourceSliceCount"]
+            return found if complete and len(h.pool_devices(found)) == 6 else None
 
         found = await harness.eventually(published, what=f"six partitions in pool {pool}")
         (sets,) = [s["spec"]["sharedCounters"] for s in found if "sharedCounters" in s["spec"]]
