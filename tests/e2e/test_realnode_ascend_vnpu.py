@@ -9,7 +9,8 @@ Ascend910-4c: 1``. That Job runs here with only its image and command replaced (
 printing what it got). Its container must get what Huawei's plugin gives for vNPU 100 of chip
 0: ``ASCEND_VISIBLE_DEVICES=100``, ``ASCEND_RUNTIME_OPTIONS=VIRTUAL``, the host's
 ``/dev/vdavinci100`` as ``/dev/davinci100`` and the shared nodes, and no other chip's node. The
-whole-chip Configuration beside it serves chip 1 only: chip 0 is split.
+whole-chip Configuration beside it serves chip 1 only: chip 0 is split. A fault on chip 0 then
+takes its vNPU off the Node's allocatable and leaves chip 1.
 
 Stands in for real parts: the NPUs. The node's DCMI library is tests/harness/ascend_dcmi's
 stand-in (Huawei's signatures and vdevice structs) with chip 0 split into a ``vir04`` (vNPU 100)
@@ -150,3 +151,15 @@ async def test_huaweis_vnpu_job_gets_the_vnpu_as_huaweis_plugin_gives_it(
             "the vNPU as /dev/davinci100 and the shared nodes, no chip, no vdavinci"
         assert " 1,   5 " in listed["davinci100"], "the host's /dev/vdavinci100 (here /dev/zero)"
         assert "edgeplug-read: 00 00 00 00" in out, "the vNPU's node opened and read"
+
+        # Health per vNPU is its chip's: a fault on chip 0 takes its vNPU off the Node, and
+        # leaves chip 1 (served whole) as it was.
+        host.fault(0)
+
+        def vnpu_withdrawn() -> dict[str, str] | None:
+            found = allocatable(plane, npu_node.node_name)
+            gone = found.get(VNPU_RESOURCE) == "0" and found.get("huawei.com/Ascend910") == "1"
+            return found if gone else None
+
+        await until(vnpu_withdrawn, within=60,
+                    what="chip 0's fault taking its vNPU off the Node's allocatable")
