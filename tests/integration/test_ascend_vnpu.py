@@ -15,6 +15,7 @@ import pytest
 
 from discovery_handlers.ascend import handler, sources, vnpu_dcmi
 from discovery_handlers.ascend.details import AscendDetails
+from discovery_handlers.ascend.handler import ChipsUnhealthy
 from discovery_handlers.ascend.sources import scan
 from tests.harness.ascend_node import (
     STATE_ENV,
@@ -143,3 +144,14 @@ def test_an_npu_smi_that_cannot_list_vnpus_leaves_the_chips_whole(node: AscendNo
     assert result.status.problems == (
         "NPU 1 chip 0: vNPUs unreadable: npu-smi: npu-smi info -t info-vnpu lists 0 vNPU rows "
         "but says 'Total number of vnpu: 2'",)
+
+
+async def test_a_partition_is_refused_at_prepare_until_vnpus_are_created_on_demand(
+        node: AscendNode) -> None:
+    parsed = details(node, vnpuPartitions=["Ascend910-5c.1cpu.8g"])
+    offered = scan(parsed).devices
+    assert [d.id for d in offered] == [f"davinci2-vir05-1c-8g-{k}" for k in range(4)], \
+        "only the chip not split statically, 20 cores / 5 per slice"
+    with pytest.raises(ChipsUnhealthy, match="davinci2-vir05-1c-8g-0 is a partition the "
+                                             "scheduler allocated; creating its vNPU"):
+        await handler.prepare(parsed, [offered[0]])
