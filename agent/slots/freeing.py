@@ -18,16 +18,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from agent.podresources import PodDevices, PodResourcesClient, devices_by_resource
 from agent.slots.ledger import SlotLedger
+from agent.slots.orphans import (
+    HeldSlot,
+    Verdict,
+    free_on_bound_pods,
+    held_slots,
+    judge_slot,
+    unaccounted_pods,
+    unlisted_pods,
+)
 from agent.slots.rules import SlotRef, is_held_by, listed_demand, slot_ids, usage_of
-from crds.instance import Instance, SlotUsage, SlotUsageKind
+from crds.instance import Instance, SlotUsage
 from crds.naming import instance_resource_name
-from crds.pinning import extended_requests
+
+__all__ = ["ORPHAN_GRACE_SECONDS", "SWEEP_AWAITED_SECONDS", "OrphanFreer", "unaccounted_pods",
+           "unlisted_pods"]
 
 log = logging.getLogger(__name__)
 
@@ -40,49 +51,10 @@ ORPHAN_GRACE_SECONDS = 5.0
 SWEEP_AWAITED_SECONDS = 0.25
 
 _Key = tuple[str, str, str, str]  # namespace, instance, slot, usage value
+_V = TypeVar("_V")
 #: The pods bound to this node that have not ended, read consistently (the API's JSON); None
 #: when they could not be read this time.
 BoundPods = Callable[[], Awaitable[list[dict[str, Any]] | None]]
-
-
-def unaccounted_pods(
-    bound: Iterable[Mapping[str, Any]], listed: Sequence[PodDevices], resource: str
-) -> list[str]:
-    """Of the pods ``bound`` here (not ended) that request ``resource``, those pod-resources'
-    ``listed`` answer does not show holding every device they request of it (``name`` of
-    each): the kubelet may not have recorded its Allocate yet, so one of them may hold a slot
-    that answer leaves out. A pod whose init containers request ``resource`` always counts
-    (its app containers re-use their devices, so counts do not add up)."""
-    held = {(pod.namespace, pod.name): {i for r, ids in pod.devices if r == resource for i in ids}
-            for pod in listed}
-    unaccounted = []
-    for pod in bound:
-        spec = pod.get("spec") or {}
-        meta = pod.get("metadata") or {}
-        wants = extended_requests(spec).get(resource, 0)
-        by_init = extended_requests({"containers": spec.get("initContainers") or []})
-        ref = (meta.get("namespace", ""), meta.get("name", ""))
-        if wants and (by_init.get(resource) or len(held.get(ref, ())) < wants):
-            unaccounted.append(f"{ref[0]}/{ref[1]}")
-    return unaccounted
-
-
-def unlisted_pods(
-    bound: Iterable[Mapping[str, Any]], listed: Sequence[PodDevices], resource: str
-) -> list[str]:
-    """Of the pods ``bound`` here (not ended) that request ``resource`` in any container, those
-    pod-resources' ``listed`` answer does not name at all (``namespace/name`` of each): the
-    kubelet has not admitted them, yet or again after its restart, and one of them may hold a
-    slot that answer leaves out."""
-    named = {(pod.namespace, pod.name) for pod in listed}
-    unlisted = []
-    for pod in bound:
-        spec = pod.get("spec") or {}
-        meta = pod.get("metadata") or {}
-        ref = (meta.get("namespace", ""), meta.get("name", ""))
-        if extended_requests(spec).get(resource, 0) and ref not in named:
-            unlisted.append(f"{ref[0]}/{ref[1]}")
-    return unlisted
 
 
 class OrphanFreer:
@@ -182,70 +154,9 @@ class OrphanFreer:
             self._on_listed(True)
             return True
         await self._record_unrecorded(instances, in_use)
-        now = self._clock()
-        seen: set[_Key] = set()
-        #: The pods bound here, read once per sweep, after the List, when first needed.
-        bound: list[dict[str, Any]] | None = None
-        bound_read = False
-        for instance in instances:
-            for slot, value in instance.spec.device_usage.items():
-                usage = usage_of(instance, slot)
-                if usage.is_free or usage.node != self._node:
-                    continue
-                if usage.kind is SlotUsageKind.NODE:
-                    resource: str | None = instance_resource_name(instance.name)
-                    device_id = slot
-                else:
-                    resource = configuration_resources.get(
-                        (instance.namespace, instance.spec.configuration_name)
-                    )
-                    device_id = usage.virtual_id
-                key = (instance.namespace, instance.name, slot, value)
-                seen.add(key)
-                if slot in self._ledger(instance.namespace, instance.name).promised:
-                    continue  # handed to a new pod, being recorded: not an orphan
-                live = resource is not None and device_id in in_use.get(resource, frozenset())
-                before = handouts.get(key[:3], 0)
-                seen_with = self._seen_live.get(key)
-                if live:
-                    self._seen_live[key] = before
-                elif seen_with is not None and seen_with == before:
-                    # Its pod ended, and the slot was not handed to a new pod since the List
-                    # that showed it held (a new pod may not be listed yet): free now, unless
-                    # a hand-out comes before the write (``_free`` checks ``before``).
-                    del self._seen_live[key]
-                    await self._free(instance, slot, usage, before)
-                    self._orphan_since.pop(key, None)
-                    continue
-                if live:
-                    self._orphan_since.pop(key, None)
-                    continue
-                # Never seen held since its latest hand-out: the orphan clock starts at the
-                # first List asked after that hand-out that misses it (docs/slots.md, C9),
-                # and a later hand-out starts it again.
-                since, counted_at = self._orphan_since.get(key, (now, before))
-                if counted_at != before:
-                    since = now
-                self._orphan_since[key] = (since, before)
-                if now - since >= self._grace:
-                    if self._bound_pods is not None and resource is not None:
-                        if not bound_read:
-                            bound, bound_read = await self._bound_pods(), True
-                        if bound is not None and (waiting := unlisted_pods(bound, listed,
-                                                                           resource)):
-                            self._keep(key, waiting)
-                            continue
-                    await self._free(instance, slot, usage, before)
-                    self._orphan_since.pop(key, None)
-                elif self.awaited and self._bound_pods is not None and resource is not None:
-                    # Per-pod evidence (docs/slots.md, C9): every pod bound
-                    # here that asks for the resource is listed with all its devices of it,
-                    # and the slot is not among them, so no live pod holds it.
-                    if not bound_read:
-                        bound, bound_read = await self._bound_pods(), True
-                    if bound is not None and not unaccounted_pods(bound, listed, resource):
-                        await self._free(instance, slot, usage, before)
-                        self._orphan_since.pop(key, None)
+        held = held_slots(instances, self._node, configuration_resources)
+        await self._judge(held, listed, in_use, handouts)
+        seen = {self._key(h) for h in held}
         for key in set(self._orphan_since) - seen:
             del self._orphan_since[key]
         for key in set(self._seen_live) - seen:
@@ -253,6 +164,48 @@ class OrphanFreer:
         self._kept &= set(self._orphan_since)
         self._on_listed(True)
         return bool(seen) or promised
+
+    @staticmethod
+    def _key(held: HeldSlot) -> _Key:
+        return (held.instance.namespace, held.instance.name, held.slot, held.value)
+
+    async def _judge(self, held: list[HeldSlot], listed: Sequence[PodDevices],
+                     in_use: Mapping[str, frozenset[str]],
+                     handouts: Mapping[tuple[str, str, str], int]) -> None:
+        """Each held slot judged on this ``List`` (``orphans.judge_slot``), its memories
+        kept, and the slots found orphaned freed."""
+        now = self._clock()
+        #: The pods bound here, read once per sweep, after the List, when first needed.
+        bound: list[dict[str, Any]] | None = None
+        bound_read = False
+        for slot in held:
+            key = self._key(slot)
+            if slot.slot in self._ledger(*key[:2]).promised:
+                continue  # handed to a new pod, being recorded: not an orphan
+            before = handouts.get(key[:3], 0)
+            judged = judge_slot(
+                live=slot.resource is not None
+                and slot.device_id in in_use.get(slot.resource, frozenset()),
+                handouts=before, seen_live=self._seen_live.get(key),
+                clock=self._orphan_since.get(key), now=now, grace=self._grace,
+                awaited=self.awaited and self._bound_pods is not None
+                and slot.resource is not None)
+            _remember(self._seen_live, key, judged.seen_live)
+            _remember(self._orphan_since, key, judged.clock)
+            free = judged.verdict is Verdict.FREE
+            if judged.verdict in (Verdict.GRACE_OVER, Verdict.EVIDENCE):
+                if self._bound_pods is None or slot.resource is None:
+                    free = judged.verdict is Verdict.GRACE_OVER
+                else:
+                    if not bound_read:
+                        bound, bound_read = await self._bound_pods(), True
+                    free, waiting = free_on_bound_pods(judged.verdict, bound, listed,
+                                                       slot.resource)
+                    if waiting:
+                        self._keep(key, waiting)
+            if free:
+                await self._free(slot.instance, slot.slot, slot.usage, before)
+                self._orphan_since.pop(key, None)
 
     def _keep(self, key: _Key, waiting: list[str]) -> None:
         """``key``'s slot stays held past its grace: pods bound here that ask for its resource
@@ -333,3 +286,10 @@ class OrphanFreer:
             "freed a slot no live pod holds",
             extra={"instance": instance.name, "slot": slot, "usage": usage.format()},
         )
+
+
+def _remember(memory: dict[_Key, _V], key: _Key, value: _V | None) -> None:
+    if value is None:
+        memory.pop(key, None)
+    else:
+        memory[key] = value

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.deviceplugin.feed import AdvertisedDevice
+from crds.configuration import Allocator
 from crds.instance import Instance, SlotUsage, SlotUsageKind
 from crds.naming import slot_id
 
@@ -348,3 +349,18 @@ def slot_counts(
         capacity, used = counts.get(key, (0, 0))
         counts[key] = (capacity + instance.spec.capacity, used + held)
     return counts
+
+
+def served_by_plugins(instance: Instance, node: str, *, present: bool,
+                      allocator: Allocator | None, dra: bool) -> bool:
+    """Whether a device plugin of ``node`` serves the Instance: it lists the node, the node
+    finds the device (``present``), and its Configuration's ``allocator`` is the kubelets'
+    (one allocator per device, local or shared: a device the scheduler allocates is served
+    through DRA alone, docs/slots.md). Undecided (the controller has not said yet): an agent
+    that can serve DRA (``dra``) waits rather than hand out slots it may have to take back;
+    one that cannot serves the only way it can."""
+    if node not in instance.spec.nodes or not present:
+        return False
+    if allocator is None:
+        return not dra
+    return allocator == Allocator.DEVICE_PLUGIN

@@ -29,7 +29,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 
 from agent.kube import InstanceResource, as_dict
-from agent.slots import freeing, service
+from agent.slots import freeing, schedule
 from agent.slots.freeing import ORPHAN_GRACE_SECONDS
 from tests.bench.stats import summary
 from tests.harness import agent_nodes
@@ -303,10 +303,10 @@ def main(runs: int, *, compare: bool = True, seed: int = 13) -> None:
     with ``compare``, with the holder sweeping only every ``SWEEP_SECONDS`` as before."""
     configs = [("awaited sweep", freeing.SWEEP_AWAITED_SECONDS)]
     if compare:
-        configs.append(("1 s sweep only", service.SWEEP_SECONDS))
+        configs.append(("1 s sweep only", schedule.SWEEP_SECONDS))
     for label, every in configs:
         # The agents free orphans after the product's grace, not the tests' short one.
-        with mock.patch.object(service, "SWEEP_AWAITED_SECONDS", every), \
+        with mock.patch.object(schedule, "SWEEP_AWAITED_SECONDS", every), \
                 mock.patch.object(agent_nodes, "TEST_ORPHAN_GRACE_S", ORPHAN_GRACE_SECONDS), \
                 ControlPlane() as plane:
             result = asyncio.run(measure(plane, runs, seed=seed))

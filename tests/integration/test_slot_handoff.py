@@ -24,7 +24,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.podresources import PodResourcesClient
-from agent.slots import service
+from agent.slots import schedule
 from tests.harness.agent_nodes import (
     StartNode,
     create_instance,
@@ -48,7 +48,7 @@ async def test_a_slot_another_node_waits_for_is_freed_by_the_awaited_sweep(
     start_node: StartNode,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(service, "SWEEP_SECONDS", HOUR_S)
+    monkeypatch.setattr(schedule, "SWEEP_SECONDS", HOUR_S)
     ns = pod_namespace
     a, b = await start_node(), await start_node()
     name, resource = await share_instance(

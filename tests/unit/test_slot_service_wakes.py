@@ -24,7 +24,7 @@ NODE = "node-a"
 
 
 def _service(tmp_path: Path) -> DevicePluginService:
-    # No call reaches the client: _seen only reads the object it is given.
+    # No call reaches the client: seen only reads the object it is given.
     return DevicePluginService(
         client=cast(AsyncClient, object()), node_name=NODE, plugin_dir=tmp_path,
         pod_resources_socket=None, devices=NodeDeviceTable(), metrics=AgentMetrics(),
@@ -44,18 +44,18 @@ def _instance(version: str, **status: Any) -> dict[str, Any]:
 
 def test_the_echo_of_a_display_write_is_kept_but_wakes_no_pass(tmp_path: Path) -> None:
     service = _service(tmp_path)
-    assert service._seen(_instance("1"))  # first sight: a pass must serve it
-    service._pass_starts()
-    assert not service._seen(_instance("2", used=0, nodes=NODE))
+    assert service.instances.seen(_instance("1"))  # first sight: a pass must serve it
+    service.pass_starts()
+    assert not service.instances.seen(_instance("2", used=0, nodes=NODE))
     # The newer resourceVersion is what the next conditioned write is made on.
-    assert service.instance("ns", "cam-1a2b3c").resource_version == "2"  # type: ignore[union-attr]
+    assert service.instances[("ns", "cam-1a2b3c")].resource_version == "2"
 
 
 def test_every_change_a_pass_decides_from_wakes_it(tmp_path: Path) -> None:
     service = _service(tmp_path)
     base = _instance("1")
-    service._seen(base)
-    service._pass_starts()
+    service.instances.seen(base)
+    service.pass_starts()
     changes: dict[str, dict[str, dict[str, Any]]] = {
         "a reservation": {"status": {"reservations": {"cam-1a2b3c-0": NODE}}},
         "another node's demand": {"status": {"demand": {"node-b": 1}}},
@@ -68,20 +68,20 @@ def test_every_change_a_pass_decides_from_wakes_it(tmp_path: Path) -> None:
         changed["metadata"]["resourceVersion"] = str(version)
         for part, fields in change.items():
             changed[part] = {**changed[part], **fields}
-        assert service._seen(changed), what
-        service._seen(base)  # back to the base for the next change (itself a change)
+        assert service.instances.seen(changed), what
+        service.instances.seen(base)  # back to the base for the next change (itself a change)
     unlabelled = copy.deepcopy(base)
     unlabelled["metadata"]["labels"] = {}
-    assert service._seen(unlabelled), "this node's label gone"
+    assert service.instances.seen(unlabelled), "this node's label gone"
 
 
 def test_the_echo_of_a_write_no_pass_started_from_wakes_one(tmp_path: Path) -> None:
     # An Allocate's recording is kept (remember) ahead of its watch event, and no pass is run
     # for the write itself: its echo is what brings the pass that offers the rest anew.
     service = _service(tmp_path)
-    service._seen(_instance("1"))
-    service._pass_starts()
+    service.instances.seen(_instance("1"))
+    service.pass_starts()
     recorded = _instance("2")
     recorded["spec"]["deviceUsage"] = {"cam-1a2b3c-0": NODE, "cam-1a2b3c-1": ""}
-    service.remember(Instance.from_object(recorded))
-    assert service._seen(recorded)
+    service.instances.remember(Instance.from_object(recorded))
+    assert service.instances.seen(recorded)
