@@ -23,6 +23,9 @@ the test checks what docs/slots.md promises across versions:
   capacity;
 * once this release's agent runs, no device is offered both by a device plugin and by a pool,
   and none by a device plugin under this release's controller.
+
+A last test shows why the DaemonSet never surges: a second agent started beside the first
+takes its DRA plugin sockets, and the first one's exit removes them.
 """
 
 from __future__ import annotations
