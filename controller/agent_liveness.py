@@ -6,8 +6,9 @@ event) and times each on its own clock from when it saw the renewal change, so c
 and controller need not agree. A node whose Lease has not changed for ``max(grace, the Lease's
 leaseDurationSeconds)`` is confirmed by one list of the Leases before it is taken for gone (a
 lagging watch is not a dead agent); when that list fails (this controller cannot reach the API
-server), every Lease's grace starts again, so a controller that was cut off takes no agent for
-gone. A node without a Lease (an agent of an earlier release, DRA off, a deleted Lease) is
+server), every Lease's grace starts again from the first list that succeeds, so neither a
+controller that was cut off nor agents that could not renew during an API outage are taken
+for gone. A node without a Lease (an agent of an earlier release, DRA off, a deleted Lease) is
 never gone. Whoever listens gets the whole set each time it changes: the shared
 pools drop gone nodes from their selectors (``without_gone``), and ``controller.agent_gone_taints``
 taints their local pools.
@@ -119,6 +120,8 @@ class AgentLiveness:
         self._seen: dict[str, float] = {}
         self._wake = asyncio.Event()
         self.gone: frozenset[str] = frozenset()
+        #: The last confirming read failed: the next one that succeeds starts every grace anew.
+        self._blind = False
         self.confirmations = 0  # lists made to confirm a loss, for tests
 
     def _changed(self, node: str, old: AgentLease | None, new: AgentLease | None) -> None:
@@ -171,7 +174,8 @@ class AgentLiveness:
 
     async def _confirm(self, expired: list[str]) -> None:
         """Read the Leases once: a node whose renewal the watch had not shown yet is seen
-        renewed; the others are gone. Unreadable: every grace starts again."""
+        renewed; the others are gone. Unreadable: every grace starts again once the Leases are
+        readable again, so only a grace the controller could watch whole counts."""
         self.confirmations += 1
         try:
             code, body = await self._http.request(
@@ -182,8 +186,14 @@ class AgentLiveness:
         except Exception as error:  # cut off from the API server: no agent is judged
             log.warning("agent leases not readable (%s): no agent is taken for gone until "
                         "they are", error)
-            now = time.monotonic()
-            self._seen = dict.fromkeys(self._seen, now)
+            self._blind = True
+            self._restart_graces()
+            return
+        if self._blind:
+            # Readable again: agents that could not renew meanwhile get a whole grace, counted
+            # from now, before any is judged.
+            self._blind = False
+            self._restart_graces()
             return
         gone = set(self.gone)
         for node in expired:
@@ -196,6 +206,10 @@ class AgentLiveness:
             else:
                 gone.add(node)
         self._set_gone(frozenset(gone))
+
+    def _restart_graces(self) -> None:
+        now = time.monotonic()
+        self._seen = dict.fromkeys(self._seen, now)
 
 
 def taint_value(node: str) -> str:
