@@ -275,7 +275,8 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
     (bound to the release's namespace); all of it by default, and none of it with
     dra.enabled=false."""
     for name in ("dra-rbac.yaml", "agent-resourceslice-policy.yaml",
-                 "controller-resourceslice-policy.yaml"):  # links: no drift
+                 "controller-resourceslice-policy.yaml", "agent-liveness-policy.yaml",
+                 "controller-devicetaintrule-policy.yaml"):  # links: no drift
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} is a copy, not a link"
         assert link.resolve() == (REPO_ROOT / "deploy" / "dra" / name).resolve()
@@ -306,8 +307,13 @@ def test_dra_values_render_the_agents_plugin_the_controllers_flags_and_the_right
                        ("ValidatingAdmissionPolicy",
                         "edgeplug-controller-shared-resourceslices"),
                        ("ValidatingAdmissionPolicy", "edgeplug-controller-device-classes"),
-                       ("ValidatingAdmissionPolicy", "edgeplug-controller-claim-templates")):
+                       ("ValidatingAdmissionPolicy", "edgeplug-controller-claim-templates"),
+                       ("ValidatingAdmissionPolicy", "edgeplug-agent-liveness"),
+                       ("ValidatingAdmissionPolicy", "edgeplug-controller-devicetaintrules")):
         assert _find(stored, kind, name)
+    # The liveness Lease in the release's namespace, where the agent may write it.
+    assert env["LIVENESS_LEASE_NAMESPACE"] == namespace
+    assert _find(stored, "Role", "edgeplug-agent-liveness")["metadata"]["namespace"] == namespace
     for name in ("edgeplug-controller-device-classes", "edgeplug-controller-claim-templates"):
         (condition,) = _find(stored, "ValidatingAdmissionPolicy", name)["spec"]["matchConditions"]
         assert f"system:serviceaccount:{namespace}:edgeplug-controller" in condition["expression"]
