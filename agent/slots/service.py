@@ -40,11 +40,10 @@ from agent.slots.instance_cache import InstanceCache, InstanceWatch, Key, key_of
 from agent.slots.ledger import SlotLedger
 from agent.slots.plugins import PluginRegistry, socket_name
 from agent.slots.reservations import PASS_YIELD_EVERY, ReservationMover, unserved
-from agent.slots.rules import served_by_plugins, slot_counts
+from agent.slots.rules import slot_counts
 from agent.slots.schedule import RESYNC_SECONDS, PassSchedule
 from agent.slots.world import NodeSlots
 from agent.volcano_allocation import VolcanoPins
-from crds.configuration import Allocator
 from crds.instance import Instance
 
 if TYPE_CHECKING:
@@ -76,8 +75,6 @@ class DevicePluginService:
         ``reads``: how the pods bound here are listed (by default with ``client``)."""
         self.node = node_name
         self._reads = reads or NodeReads(client)
-        self._dra = dra
-        self._warned_no_dra: set[Key] = set()
         self.metrics = metrics
         self._client = client
         self._devices = devices
@@ -89,7 +86,7 @@ class DevicePluginService:
                                                             metrics=metrics))
         self.slots = NodeSlots(client=client, node=node_name, metrics=metrics,
                                instances=self.instances, devices=devices, plugins=self.plugins,
-                               serves=self._serves, wake=self.wake)
+                               dra=dra, wake=self.wake)
         self._watch = InstanceWatch(client, self.instances, wake=self.wake,
                                     on_restart=self.slots.forget_latest_writes,
                                     on_unchanged=self._correct_display)
@@ -98,7 +95,7 @@ class DevicePluginService:
                                              cross=lambda: self._cross, wake=self.wake)
         self._display = DisplayFields(
             ledger=self.slots.ledger,
-            served=lambda: [(k, i) for k, i in self.instances.items() if self._serves(k, i)],
+            served=lambda: [(k, i) for k, i in self.instances.items() if self.slots.serves(k, i)],
         )
         self.schedule = PassSchedule()
         self._pod_resources = (
@@ -159,7 +156,7 @@ class DevicePluginService:
         those are put right as a pass would (DisplayFields.correct), without the pass."""
         key = key_of(obj)
         instance = self.instances.get(key)
-        if instance is not None and self._serves(key, instance):
+        if instance is not None and self.slots.serves(key, instance):
             self._display.correct({key: instance})
 
     def _offer_pods(self, pods: Sequence[PodDevices]) -> None:
@@ -228,25 +225,6 @@ class DevicePluginService:
                 list(self.instances.values()), self.plugins.ever_config_resources, adopt=adopt)
             self.schedule.swept(now, holding=holding)
 
-    def _serves(self, key: Key, instance: Instance) -> bool:
-        """Whether a device plugin of this node serves the Instance (rules.served_by_plugins)."""
-        configuration = instance.spec.configuration_name
-        allocator = self._devices.allocator(key[0], configuration)
-        served = served_by_plugins(instance, self.node,
-                                   present=self._devices.get(*key) is not None,
-                                   allocator=allocator, dra=self._dra)
-        if (allocator == Allocator.DRA and not self._dra and self.node in instance.spec.nodes
-                and self._devices.get(*key) is not None):
-            self._warn_no_dra((key[0], configuration))
-        return served
-
-    def _warn_no_dra(self, configuration: Key) -> None:
-        if configuration not in self._warned_no_dra:
-            self._warned_no_dra.add(configuration)
-            log.error("Configuration %s/%s: its devices are allocated through DRA, but this "
-                      "agent runs with DRA=off: this node serves them to nobody (turn DRA on, "
-                      "or pin spec.allocator: devicePlugin)", *configuration)
-
     def pass_starts(self) -> None:
         """The copies this pass decides from (InstanceCache.pass_starts)."""
         self.instances.pass_starts(self.slots.own_writes())
@@ -254,7 +232,7 @@ class DevicePluginService:
     async def reconcile(self) -> None:
         """One pass: plugins, reservations, usage and display as the Instances now say."""
         self.pass_starts()
-        served = {k: i for k, i in self.instances.items() if self._serves(k, i)}
+        served = {k: i for k, i in self.instances.items() if self.slots.serves(k, i)}
         await self.plugins.learn_held(self.instances.values())
         if self._freer is not None and not served.keys() <= self.slots.checked:
             # Before a plugin first serves an Instance: slots that live pods hold and a crash

@@ -1,7 +1,7 @@
 """What the device plugins' backends (``agent.slots.backends.SlotWorld``) and the compatibility
 mode's cross-node protocol (``agent.slots.compat.crossnode.PluginWorld``) may read and do:
 each Instance's ledger and newest copy, the node's devices, the running plugins' feeds, and a
-reconcile pass asked for.
+reconcile pass asked for; and whether a plugin of this node serves an Instance at all.
 
 ``NodeSlots`` holds the ledgers (one ``SlotLedger`` per Instance, made on first use) and answers
 from the parts ``agent.slots.service`` wires it to.
@@ -9,6 +9,7 @@ from the parts ``agent.slots.service`` wires it to.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from lightkube import AsyncClient
@@ -21,8 +22,11 @@ from agent.slots.instance_cache import InstanceCache, Key
 from agent.slots.ledger import SlotLedger
 from agent.slots.plugins import PluginRegistry
 from agent.slots.recording import PromiseRecorder
-from agent.slots.rules import SlotRef
+from agent.slots.rules import SlotRef, served_by_plugins
+from crds.configuration import Allocator
 from crds.instance import Instance, SlotUsage
+
+log = logging.getLogger(__name__)
 
 
 class NodeSlots:
@@ -30,16 +34,17 @@ class NodeSlots:
 
     def __init__(self, *, client: AsyncClient, node: str, metrics: AgentMetrics,
                  instances: InstanceCache, devices: NodeDeviceTable, plugins: PluginRegistry,
-                 serves: Callable[[Key, Instance], bool], wake: Callable[[], None]) -> None:
-        """``serves``: whether a plugin of this node serves an Instance; ``wake``: ask for a
-        reconcile pass."""
+                 dra: bool, wake: Callable[[], None]) -> None:
+        """``dra``: this agent also serves DRA (``serves``); ``wake``: ask for a reconcile
+        pass."""
         self._client = client
         self.node = node
         self.metrics = metrics
         self._instances = instances
         self._devices = devices
         self._plugins = plugins
-        self._serves = serves
+        self._dra = dra
+        self._warned_no_dra: set[Key] = set()
         self.wake = wake
         self._ledgers: dict[Key, SlotLedger] = {}
         #: Frees orphaned slots (None without pod-resources); set once made from ``ledger``.
@@ -50,6 +55,22 @@ class NodeSlots:
         #: pass would otherwise be served with a slot a live pod holds showing free.
         self.checked: set[Key] = set()
         self.recorder = PromiseRecorder(world=self)
+
+    def serves(self, key: Key, instance: Instance) -> bool:
+        """Whether a device plugin of this node serves the Instance (``served_by_plugins``);
+        a Configuration the scheduler allocates on an agent without DRA is logged once."""
+        configuration = instance.spec.configuration_name
+        allocator = self._devices.allocator(key[0], configuration)
+        present = self._devices.get(*key) is not None
+        if (allocator == Allocator.DRA and not self._dra and present
+                and self.node in instance.spec.nodes
+                and (key[0], configuration) not in self._warned_no_dra):
+            self._warned_no_dra.add((key[0], configuration))
+            log.error("Configuration %s/%s: its devices are allocated through DRA, but this "
+                      "agent runs with DRA=off: this node serves them to nobody (turn DRA on, "
+                      "or pin spec.allocator: devicePlugin)", key[0], configuration)
+        return served_by_plugins(instance, self.node, present=present, allocator=allocator,
+                                 dra=self._dra)
 
     # -- the ledgers -----------------------------------------------------------------------
 
@@ -94,7 +115,7 @@ class NodeSlots:
             for k, i in self._instances.items()
             if k[0] == namespace
             and i.spec.configuration_name == configuration
-            and self._serves(k, i)
+            and self.serves(k, i)
             and (self.freer is None or k in self.checked)
         ]
 
