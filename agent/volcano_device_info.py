@@ -9,7 +9,7 @@ free list; the Instances' usage comes from a watch of this node's Instances. The
 written (server-side apply) when its content changes and, as Huawei's plugin does, at least
 every ``REFRESH_SECONDS`` with a new ``UpdateTime``; it is never deleted (nor is Huawei's). The
 right to write it, in ``kube-system`` and under this node's name only, is
-``deploy/ascend/agent-device-info-*.yaml``.
+``deploy/ascend/agent-device-info.yaml``.
 """
 
 from __future__ import annotations
