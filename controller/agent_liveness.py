@@ -33,6 +33,9 @@ from crds import agent_liveness, dra_slices
 log = logging.getLogger(__name__)
 
 HTTP_OK: Final = 200
+HTTP_FORBIDDEN: Final = 403
+#: How often a controller refused the Leases asks again.
+FORBIDDEN_RETRY_S: Final = 30.0
 #: Seconds a Lease may go unrenewed before its node's agent is taken for gone (at least the
 #: Lease's own ``leaseDurationSeconds``: three of the agent's renewals, 2 s apart by default).
 DEFAULT_AGENT_GRACE_S: Final = 6.0
@@ -155,9 +158,28 @@ class AgentLiveness:
         if self._grace_s <= 0:
             log.info("agent liveness off (grace 0): no node is taken for gone")
             return
+        await self._until_allowed()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._watcher.run(), name="agent-leases")
             tasks.create_task(self._time(), name="agent-liveness")
+
+    async def _until_allowed(self) -> None:
+        """Wait, saying so once, while this controller may not list the Leases (deploy/dra
+        of an earlier release): the watch would otherwise log every retry."""
+        said = False
+        while True:
+            try:
+                code, _ = await self._http.request(
+                    "GET", self._path, params={"labelSelector": self._selector, "limit": "1"})
+            except Exception:  # API away: the watch rides it out and says so
+                return
+            if code != HTTP_FORBIDDEN:
+                return
+            if not said:
+                log.warning("the controller may not list Leases at %s (apply this release's "
+                            "deploy/dra): no node is taken for gone until it may", self._path)
+                said = True
+            await asyncio.sleep(FORBIDDEN_RETRY_S)
 
     async def _time(self) -> None:
         await self._watcher.synced.wait()

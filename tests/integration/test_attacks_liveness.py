@@ -13,6 +13,7 @@ change to a rule not its own. deploy/README.md says the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -30,6 +31,7 @@ from lightkube.types import PatchType
 
 from agent.liveness import LivenessLease
 from controller.agent_gone_taints import AgentGoneTaints, rule_body
+from controller.agent_liveness import AgentLiveness
 from controller.rest import Rest
 from crds import agent_liveness, dra_slices
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
@@ -235,3 +237,28 @@ def test_the_controllers_taint_rules_reach_only_edgeplugs_local_pools(
     ctl.patch(RuleV1, body["metadata"]["name"], body, patch_type=PatchType.APPLY,
               field_manager="edgeplug-controller/agent-gone", force=True)
     ctl.delete(RuleV1, body["metadata"]["name"])
+
+
+async def test_a_controller_refused_the_leases_says_so_and_judges_nobody(
+        tokens: Tokens, caplog: pytest.LogCaptureFixture) -> None:
+    """A controller whose deploy/dra predates the Lease read (here: a token without it) says
+    once what it lacks, starts no watch to retry in the log, and takes no node for gone."""
+    single = KubeConfig.from_file(str(tokens.unbound.kubeconfig)).get()
+    assert single is not None
+    http = Rest(single, connections=1)
+    seen: list[frozenset[str]] = []
+    liveness = AgentLiveness(http, namespace=SYSTEM_NAMESPACE, grace_s=1.0,
+                             listeners=(seen.append,))
+    task = asyncio.create_task(liveness.run())
+    try:
+        deadline = time.monotonic() + POLICY_ACTIVE_S
+        while "may not list Leases" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(POLL_S)
+        assert "agent leases:" not in caplog.text  # the watch never ran
+        assert seen == []
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await http.close()
