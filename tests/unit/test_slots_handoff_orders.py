@@ -9,7 +9,7 @@ slot 1 is held by a running pod on node-b, whose pinned pod ``waiting-b`` asks f
   has room (else ``p`` stays Pending for now);
 - *allocatable updated*: the kubelets' node status reaches the API (what each advertises now);
 - *reservation moved*: node-a's agent runs a pass, then node-b's (``instance_needs`` and
-  ``reservation_plan`` as ``agent.slots.service`` calls them; a slot is given away through the
+  ``move_for`` as ``agent.slots.reservations`` calls them; a slot is given away through the
   gate of ``agent.slots.compat.handoff``: the Node's count lowered, then, unless a consistent read
   shows a pod bound here and not started, no longer advertised and released; a reserved one is
   advertised);
@@ -36,11 +36,11 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.slots.compat.demand import BOUND, TARGETED, PendingPods, instance_needs
+from agent.slots.reservations import move_for
 from agent.slots.rules import (
     Verdict,
     instance_devices,
     judge_claim,
-    reservation_plan,
     slot_ids,
     usage_of,
 )
@@ -131,13 +131,15 @@ class _World:
                 agent.update(pod.obj(), stream=BOUND)
 
     def agent_pass(self, node: str) -> None:
-        """``DevicePluginService._move_reservations`` for this one Instance, writes applied."""
+        """``ReservationMover.move`` for this one Instance, writes applied."""
         agent = self.agents[node]
         key = ("ns", NAME)
         wanted, holding = instance_needs(
             {key: self.instance}, node, config_resources={("ns", "cam"): "edgeplug.io/cam"},
             wanted=agent.wanted(), starting=agent.starting())
-        plan = reservation_plan(self.instance, node, wanted=wanted[key], hold=key in holding)
+        plan = move_for(self.instance, node, wanted=wanted[key], hold=key in holding)
+        if plan is None:
+            return
         if plan.release:
             # The give-away gate (agent.slots.compat.handoff): the Node's count lowered first (the
             # scheduler reads it at once), then a consistent read of the pods bound here.
