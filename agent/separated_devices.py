@@ -22,6 +22,7 @@ then retried at each ``List``). Each pod is evicted once per set of devices it h
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -29,7 +30,7 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from agent.node_devices import NodeDevice
+from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.node_reads import NodeReads
 from agent.podresources import LatestPods, PodDevices
 
@@ -48,12 +49,16 @@ class SeparatedDeviceEvictor:
     """Evicts the pods that hold a device whose handler separated it."""
 
     def __init__(self, *, reads: NodeReads,
-                 resolve: Callable[[str, Sequence[str]], list[NodeDevice] | None]) -> None:
+                 resolve: Callable[[str, Sequence[str]], list[NodeDevice] | None],
+                 devices: NodeDeviceTable | None = None) -> None:
         """``resolve(resource, ids)``: ``agent.pod_annotations.devices_of`` over the slot
-        service's current view."""
+        service's current view; ``devices``: the table whose changes (a device separated) have
+        the pods of the last ``List`` looked at again at once, not at the next ``List``."""
         self._reads = reads
         self._resolve = resolve
+        self._devices = devices
         self._pods = LatestPods()
+        self._last: Sequence[PodDevices] = ()
         self._done: set[_PodKey] = set()
         self._warned = False
 
@@ -62,8 +67,20 @@ class SeparatedDeviceEvictor:
         self._pods.offer(pods)
 
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            if self._devices is not None:
+                tasks.create_task(self._on_device_changes(self._devices))
+            tasks.create_task(self._evict_loop())
+
+    async def _on_device_changes(self, table: NodeDeviceTable) -> None:
+        version = table.version
         while True:
-            pods = await self._pods.next()
+            version = await table.wait_changed(version)
+            self._pods.offer(self._last)
+
+    async def _evict_loop(self) -> None:
+        while True:
+            pods = self._last = await self._pods.next()
             self._done &= {(p.namespace, p.name, p.devices) for p in pods}
             for pod in pods:
                 key = (pod.namespace, pod.name, pod.devices)

@@ -114,7 +114,8 @@ class DevicePluginService:
 
         self._annotator = PodAnnotator(client=client, resolve=resolve)
         # Pods holding a device its handler separated are evicted, from the same List.
-        self._evictor = SeparatedDeviceEvictor(reads=self._reads, resolve=resolve)
+        self._evictor = SeparatedDeviceEvictor(reads=self._reads, resolve=resolve,
+                                               devices=devices)
         if self._pod_resources is not None:
             self._pod_resources.on_pods = self._offer_pods
         self._freer = self.slots.freer = (
