@@ -170,7 +170,8 @@ def test_get_instances_fits_80_columns_with_realistic_names(
                      "shared": shared, "nodes": [node], "deviceUsage": usage},
         })
         view = Instance.from_object(get_json(control_plane, namespace, "instance", name))
-        status = {**view.status_to_object(), "claims": 3, "servedBy": "both"}
+        status = {**view.status_to_object(), "claims": 3, "servedBy": "both",
+                  "unhealthy": {node: "unplugged"}}
         control_plane.kubectl(
             "patch", "instance", name, "-n", namespace, "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": status}),
@@ -196,6 +197,7 @@ def test_get_instances_fits_80_columns_with_realistic_names(
         assert (cells["NODES"], cells["CLAIMS"], cells["SERVED"]) == ("edge-node-01", "3",
                                                                       "both")
         assert cells["USED"] == "1"
+        assert cells["UNHEALTHY"] == "unplugged", "the reason, not the raw map"
 
 
 def test_defaults_filled_in(control_plane: ControlPlane, namespace: str) -> None:
