@@ -183,12 +183,23 @@ class AgentLiveness:
 
     async def _time(self) -> None:
         await self._watcher.synced.wait()
+        # Once every Lease seen at start has had its grace, the listeners are told the set even
+        # if it did not change: what an earlier controller left (a rule of an agent back
+        # since) is then put right.
+        first = max([self._deadline(n) for n in self._seen], default=time.monotonic())
+        told = False
         while True:
             now = time.monotonic()
             expired = [n for n in self._seen if n not in self.gone and self._deadline(n) <= now]
             if expired:
                 await self._confirm(expired)
+            if not told and time.monotonic() >= first:
+                told = True
+                for listener in self._listeners:
+                    listener(self.gone)
             live = [self._deadline(n) for n in self._seen if n not in self.gone]
+            if not told:
+                live.append(first)
             timeout = max(0.0, min(live) - time.monotonic()) if live else None
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
