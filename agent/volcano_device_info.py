@@ -9,7 +9,10 @@ free list; the Instances' usage comes from a watch of this node's Instances. The
 written (server-side apply) when its content changes and, as Huawei's plugin does, at least
 every ``REFRESH_SECONDS`` with a new ``UpdateTime``; it is never deleted (nor is Huawei's). The
 right to write it, in ``kube-system`` and under this node's name only, is
-``deploy/ascend/agent-device-info.yaml``.
+``deploy/ascend/agent-device-info.yaml``. With it goes the Node annotation ``baseDeviceInfos``
+(every chip, whatever its health), from which Volcano counts the node's chips in its default
+mode; ``deploy/manifests/agent-node-policy.yaml`` lets the agent set that one annotation on its
+own Node.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Node
+from lightkube.types import PatchType
 
 from agent import node_instances
 from agent.kube import field_manager
@@ -63,6 +67,7 @@ class DeviceInfoWriter:
         #: (physical id, error code) → when this agent first saw the code, Unix ms.
         self._first_seen: dict[tuple[int, int], int] = {}
         self._written: dict[str, str] | None = None
+        self._annotated = ""
         self.name = device_info.configmap_name(node)
 
     async def run(self) -> None:
@@ -93,6 +98,16 @@ class DeviceInfoWriter:
 
     def lists(self) -> dict[str, str] | None:
         """The ``DeviceList`` now (None: this node has no chip to report)."""
+        chips = self._chips()
+        now_ms = int(self._clock() * 1000)
+        present = {(view.phy, code) for _, view in chips if view.faults
+                   for code, _ in view.faults.codes}
+        self._first_seen = {key: self._first_seen.get(key, now_ms) for key in present}
+        if not chips and self._written is None:
+            return None
+        return device_info.node_lists(chips, self._first_seen)
+
+    def _chips(self) -> list[tuple[str, device_info.ChipView]]:
         chips = []
         for (namespace, instance), record in self._devices.snapshot().items():
             if not _reported(record):
@@ -101,13 +116,7 @@ class DeviceInfoWriter:
                                          held=self._held.get((namespace, instance), False))
             if view is not None:
                 chips.append(view)
-        now_ms = int(self._clock() * 1000)
-        present = {(view.phy, code) for _, view in chips if view.faults
-                   for code, _ in view.faults.codes}
-        self._first_seen = {key: self._first_seen.get(key, now_ms) for key in present}
-        if not chips and self._written is None:
-            return None
-        return device_info.node_lists(chips, self._first_seen)
+        return chips
 
     async def _write_loop(self) -> None:
         last_write = 0.0
@@ -119,6 +128,7 @@ class DeviceInfoWriter:
             lists = self.lists()
             if lists is None:
                 continue
+            await self._annotate_node()
             due = self._clock() - last_write >= self._refresh
             if lists == self._written and not due:
                 continue
@@ -127,6 +137,21 @@ class DeviceInfoWriter:
             else:
                 await asyncio.sleep(RETRY_SECONDS)
                 self._wake.set()
+
+    async def _annotate_node(self) -> None:
+        """Set the Node's ``baseDeviceInfos`` when the chips (or their addresses) changed."""
+        value = device_info.node_annotation(self._chips())
+        if value == self._annotated:
+            return
+        patch = {"metadata": {"annotations": {device_info.NODE_ANNOTATION: value}}}
+        try:
+            await self._client.patch(Node, self._node, patch, patch_type=PatchType.MERGE)
+        except ApiError as error:
+            log.warning("could not annotate this Node with its chips for Volcano (retried at "
+                        "the next change): %s", error,
+                        extra={"annotation": device_info.NODE_ANNOTATION})
+            return
+        self._annotated = value
 
     async def write(self, lists: dict[str, str]) -> bool:
         """Apply the ConfigMap for these lists; whether the API server took it."""

@@ -24,6 +24,10 @@ its data from the handler's devices, with no I/O (the agent writes it:
   ``{"fault_time": <unix ms first seen>, "fault_level": <its level>}``). 310P and 310 have no
   network key and no ``-Recovering``; 310's fault list is under ``huawei.com/Ascend310P-Fault``,
   as Huawei's plugin writes it.
+- Node annotation ``baseDeviceInfos``: Go's encoding of a map of chip name to
+  ``{"IP": <RoCE address or "">, "SuperDeviceID": 0}``, every whole chip of the node, healthy
+  or not; Volcano's Ascend plugin counts the node's chips from it when it keeps the free list
+  itself (``self-maintain-available-card``, its default).
 """
 
 from __future__ import annotations
@@ -35,11 +39,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from discovery_handlers.ascend.chips import FAMILY_910
-from discovery_handlers.ascend.devices import EXTRA_PHY, PROP_FAMILY, PROP_NETWORK, PROP_VNPU_TYPE
+from discovery_handlers.ascend.devices import (
+    EXTRA_PHY,
+    EXTRA_ROCE_IP,
+    PROP_FAMILY,
+    PROP_NETWORK,
+    PROP_VNPU_TYPE,
+)
 from discovery_handlers.ascend.faults import UNKNOWN_LEVEL, ChipFaults, faults_of
 from discovery_handlers.contract import Device
 
 NAMESPACE = "kube-system"
+NODE_ANNOTATION = "baseDeviceInfos"
 NAME_PREFIX = "mindx-dl-deviceinfo-"
 LABELS = {"mx-consumer-cim": "true"}
 KEY_DEVICE_INFO = "DeviceInfoCfg"
@@ -74,6 +85,7 @@ class ChipView:
     network_healthy: bool = True
     held: bool = False
     faults: ChipFaults | None = None
+    ip: str = ""
 
 
 def chip_view(device: Device, *, held: bool) -> tuple[str, ChipView] | None:
@@ -87,7 +99,8 @@ def chip_view(device: Device, *, held: bool) -> tuple[str, ChipView] | None:
     network = device.properties.get(PROP_NETWORK, "Healthy")
     return family, ChipView(phy=int(phy), healthy=device.health.healthy,
                             network_healthy=not network.startswith("Unhealthy"), held=held,
-                            faults=faults_of(device.health))
+                            faults=faults_of(device.health),
+                            ip=device.extra.get(EXTRA_ROCE_IP, ""))
 
 
 def node_lists(chips: Iterable[tuple[str, ChipView]],
@@ -100,6 +113,13 @@ def node_lists(chips: Iterable[tuple[str, ChipView]],
     for family, views in sorted(by_family.items()):
         lists.update(device_list(family, views, first_seen))
     return lists
+
+
+def node_annotation(chips: Iterable[tuple[str, ChipView]]) -> str:
+    """The Node's ``baseDeviceInfos``: every chip's name, RoCE address and super-device id."""
+    infos = {f"{family}-{chip.phy}": {"IP": chip.ip, "SuperDeviceID": 0}
+             for family, chip in chips}
+    return go_json(dict(sorted(infos.items())))
 
 
 def go_json(value: Any) -> str:

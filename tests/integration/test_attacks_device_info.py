@@ -5,11 +5,14 @@ With deploy/manifests' agent files and deploy/ascend/agent-device-info.yaml appl
 applies them, and the agent's ServiceAccount token bound to a pod on node A (as its DaemonSet
 pod's token is), each attempt is a real request to the real API server: node B's device-info
 ConfigMap, any other ConfigMap in ``kube-system`` or elsewhere, extra keys, labels or owners on
-its own, a read or a delete. Beside them, the write the agent's writer makes passes.
+its own, a read or a delete; and on Nodes, the ``baseDeviceInfos`` annotation (Volcano's count
+of the node's chips) set on another node's Node, or removed, or another annotation set. Beside
+them, the writes the agent's writer makes pass.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +22,8 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Node
+from lightkube.types import PatchType
 
 from agent.node_devices import NodeDeviceTable
 from agent.volcano_device_info import DeviceInfoWriter
@@ -57,6 +61,9 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
         cp.kubectl("apply", "-f", str(path))
     suffix = uuid.uuid4().hex[:6]
     node_a, node_b = f"npu-a-{suffix}", f"npu-b-{suffix}"
+    for node in (node_a, node_b):
+        cp.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
     folder: Path = tmp_path_factory.mktemp("device-info-attacks")
     agent_a = pod_bound(cp, namespace=SYSTEM_NAMESPACE, account="edgeplug-agent", node=node_a,
                         folder=folder)
@@ -67,6 +74,7 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
     finally:
         cp.kubectl("delete", "pod", "-n", SYSTEM_NAMESPACE, "--wait=false",
                    f"edgeplug-agent-{node_a}", check=False)
+        cp.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
 
 
 def _client(who: Identity) -> Client:
@@ -128,3 +136,30 @@ async def test_the_writers_own_write_passes_and_reads_and_deletes_stay_refused(
         allowed, message = _outcome(call)
         assert not allowed
         assert message.startswith(FORBIDDEN), message
+
+
+def _annotate(who: Identity, node: str, annotations: dict[str, str | None]) -> tuple[bool, str]:
+    return _outcome(lambda: _client(who).patch(
+        Node, node, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE))
+
+
+async def test_a_node_sets_volcanos_chip_annotation_on_its_own_node_only(
+        control_plane: ControlPlane, world: World) -> None:
+    w = world
+    value = '{"Ascend910-0":{"IP":"","SuperDeviceID":0}}'
+    _refused(_until_refused(lambda: _annotate(w.agent_a, w.node_b, {"baseDeviceInfos": value}),
+                            "the node policy"), "may change only the Node its pod runs on")
+    client = AsyncClient(KubeConfig.from_file(str(w.agent_a.kubeconfig)))
+    try:
+        writer = DeviceInfoWriter(client=client, node=w.node_a, devices=NodeDeviceTable())
+        await writer._annotate_node()  # no chips: "{}"
+    finally:
+        await client.close()
+    written = control_plane.kubectl("get", "node", w.node_a, "-o",
+                                    "jsonpath={.metadata.annotations.baseDeviceInfos}").stdout
+    assert written == "{}"
+    _allowed(_annotate(w.agent_a, w.node_a, {"baseDeviceInfos": value}))
+    _refused(_annotate(w.agent_a, w.node_a, {"baseDeviceInfos": None}),
+             "set (not remove) Huawei's baseDeviceInfos")
+    _refused(_annotate(w.agent_a, w.node_a, {"example.com/owner": "attacker"}),
+             "may change only its edgeplug.io/labels annotation")

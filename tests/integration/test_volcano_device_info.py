@@ -7,7 +7,7 @@ device table as discovery puts them; the agent's writer (``agent.volcano_device_
 as it does in ``run_agent``. What is checked is what Volcano's Ascend plugin reads: the data
 keys, the ``DeviceInfoCfg`` JSON (its ``CheckCode`` recomputed here independently as the
 SHA-256 of the ``DeviceInfo`` object in Go's encoding), the free, unhealthy and network lists and
-the fault list's levels.
+the fault list's levels, and the Node's ``baseDeviceInfos`` annotation.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Node
 
 from agent.node_devices import NodeDevice, NodeDeviceTable
 from agent.node_instances import LABEL_VALUE, serves_label
@@ -97,6 +97,8 @@ def _levels(lists: dict[str, Any]) -> dict[str, str]:
 async def test_the_configmap_follows_faults_recoveries_and_use(
         control_plane: ControlPlane, node: AscendNode, namespace: str) -> None:
     name = f"npu-{uuid.uuid4().hex[:6]}"
+    control_plane.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
     node.link(3, 3)  # chip 3's RoCE link unreachable (DCMI_RDFX_DETECT_UNREACH)
     async with _writing(control_plane, node, name, namespace) as client:
 
@@ -114,6 +116,11 @@ async def test_the_configmap_follows_faults_recoveries_and_use(
         assert first["huawei.com/Ascend910-Recovering"] == ""
         assert [f["fault_type"] for f in first["huawei.com/Ascend910-Fault"]] == [
             "CardNetworkUnhealthy"]
+        # Every chip on the Node, for Volcano's own count of the free ones.
+        meta = (await client.get(Node, name)).metadata
+        assert meta is not None
+        assert json.loads((meta.annotations or {})["baseDeviceInfos"]) == {
+            f"Ascend910-{phy}": {"IP": "", "SuperDeviceID": 0} for phy in range(4)}
 
         node.fault(2, errors=(LEVEL_CODES["SeparateNPU"], LEVEL_CODES["NotHandleFault"]))
         node.fault(0, errors=(LEVEL_CODES["NotHandleFault"],))

@@ -4,7 +4,9 @@ The data below (five chips: free, held, separated with an unknown code, network-
 NotHandleFault code, unhealthy without codes) was checked with Huawei's device plugin's package
 (tests/harness/huawei_device_info: its ``NodeDeviceInfoCache`` and ``DeviceFault`` decode it with
 no unknown field, its ``MakeDataHash`` gives the ``CheckCode`` written, and its ``json.Marshal``
-gives back the very bytes), Ascend/mind-cluster at commit 22bb3d98. The digests pin those bytes.
+gives back the very bytes), Ascend/mind-cluster at commit 22bb3d98; the Node annotation's
+bytes decode into its ``NpuBaseInfo`` map and re-encode the same. The digests and strings pin
+those bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from discovery_handlers.ascend.device_info import (
     configmap_data,
     device_list,
     go_json,
+    node_annotation,
 )
 from discovery_handlers.ascend.faults import chip_health, default_table, faults_of
 
@@ -67,3 +70,13 @@ def test_go_escapes_html_characters_as_go_does() -> None:
     assert go_json({"a": "<&>"}) == '{"a":"\\u003c\\u0026\\u003e"}'
     assert check_code({"DeviceList": {}, "UpdateTime": 1}) == hashlib.sha256(
         b'{"DeviceList":{},"UpdateTime":1}').hexdigest()
+
+
+def test_the_node_annotation_huaweis_code_accepted() -> None:
+    chips = [("Ascend910", ChipView(0, True, ip="192.168.100.10")),
+             ("Ascend910", ChipView(1, False)),
+             ("Ascend910", ChipView(10, True, ip="fe80::1<&>"))]
+    assert node_annotation(chips) == (
+        '{"Ascend910-0":{"IP":"192.168.100.10","SuperDeviceID":0},'
+        '"Ascend910-1":{"IP":"","SuperDeviceID":0},'
+        '"Ascend910-10":{"IP":"fe80::1\\u003c\\u0026\\u003e","SuperDeviceID":0}}')

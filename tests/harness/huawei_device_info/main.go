@@ -3,7 +3,8 @@
 // on stdin and checks it with Huawei's Ascend device plugin's own package: DeviceInfoCfg
 // decodes into its NodeDeviceInfoCache with no unknown field, each -Fault list into its
 // DeviceFault, CheckCode equals its MakeDataHash of DeviceInfo, and its json.Marshal gives back
-// the very bytes written. Prints OK or ERROR.
+// the very bytes written; a baseDeviceInfos key (the Node annotation) decodes into its
+// NpuBaseInfo map and re-encodes to the same bytes. Prints OK or ERROR.
 //
 // Huawei's modules have no host in their names, so no module proxy serves them; with a
 // checkout of github.com/Ascend/mind-cluster at .huawei/mind-cluster (the go.mod's replace
@@ -28,6 +29,19 @@ func main() {
 	if err := json.NewDecoder(os.Stdin).Decode(&data); err != nil {
 		fmt.Println("ERROR stdin:", err)
 		os.Exit(2)
+	}
+	if base, ok := data["baseDeviceInfos"]; ok { // the Node annotation, when given
+		bd := json.NewDecoder(strings.NewReader(base))
+		bd.DisallowUnknownFields()
+		var infos map[string]common.NpuBaseInfo
+		if err := bd.Decode(&infos); err != nil {
+			fmt.Println("ERROR baseDeviceInfos:", err)
+			os.Exit(1)
+		}
+		if again, err := json.Marshal(infos); err != nil || string(again) != base {
+			fmt.Printf("ERROR baseDeviceInfos re-marshalled differs:\n%s\n%s\n", again, base)
+			os.Exit(1)
+		}
 	}
 	raw, ok := data["DeviceInfoCfg"]
 	if !ok {
