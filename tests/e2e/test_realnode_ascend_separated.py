@@ -7,7 +7,8 @@ test_realnode_ascend.py). Everything else is real: the agent beside the kubelet 
 the Job controller replacing the evicted pod, the scheduler placing it. The chip the first pod
 got gets a ``SeparateNPU`` error code; the agent evicts the pod and the Job's next pod runs on
 the other chip, which its own ``ASCEND_VISIBLE_DEVICES`` shows. The node's device-info
-ConfigMap for Volcano lists the separated chip as unhealthy.
+ConfigMap for Volcano lists the separated chip as unhealthy, and the Node's ``baseDeviceInfos``
+annotation both chips.
 """
 
 from __future__ import annotations
@@ -132,3 +133,6 @@ async def test_a_jobs_pod_on_a_separated_chip_runs_again_on_the_other_chip(
         go_encoding = json.dumps(info["DeviceInfo"], separators=(",", ":"), sort_keys=True)
         assert info["CheckCode"] == hashlib.sha256(go_encoding.encode()).hexdigest()
         print("device-info:", json.dumps(info))
+        base = plane.kubectl("get", "node", npu_node.node_name, "-o",
+                             "jsonpath={.metadata.annotations.baseDeviceInfos}").stdout
+        assert sorted(json.loads(base)) == [f"Ascend910-{phy}" for phy in range(CHIPS)]
