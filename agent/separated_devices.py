@@ -122,6 +122,10 @@ class SeparatedDeviceEvictor:
                 log.warning("evicting a pod off a separated device failed (tried again at the "
                             "next pod-resources List): %s", error.status.message, extra=extra)
             return False
+        except Exception as error:  # the API server away: tried again at the next List
+            log.warning("evicting a pod off a separated device failed (tried again at the next "
+                        "pod-resources List): %s", error, extra=extra)
+            return False
         log.warning("evicted a pod off a separated device; its controller makes a new one",
                     extra=extra)
         return True

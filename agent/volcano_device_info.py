@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.types import PatchType
@@ -128,30 +128,32 @@ class DeviceInfoWriter:
             lists = self.lists()
             if lists is None:
                 continue
-            await self._annotate_node()
-            due = self._clock() - last_write >= self._refresh
-            if lists == self._written and not due:
-                continue
-            if await self.write(lists):
-                last_write = self._clock()
-            else:
+            done = await self._annotate_node()
+            if lists != self._written or self._clock() - last_write >= self._refresh:
+                if await self.write(lists):
+                    last_write = self._clock()
+                else:
+                    done = False
+            if not done:
                 await asyncio.sleep(RETRY_SECONDS)
                 self._wake.set()
 
-    async def _annotate_node(self) -> None:
-        """Set the Node's ``baseDeviceInfos`` when the chips (or their addresses) changed."""
+    async def _annotate_node(self) -> bool:
+        """Set the Node's ``baseDeviceInfos`` when the chips (or their addresses) changed;
+        whether it is as wanted."""
         value = device_info.node_annotation(self._chips())
         if value == self._annotated:
-            return
+            return True
         patch = {"metadata": {"annotations": {device_info.NODE_ANNOTATION: value}}}
         try:
             await self._client.patch(Node, self._node, patch, patch_type=PatchType.MERGE)
-        except ApiError as error:
-            log.warning("could not annotate this Node with its chips for Volcano (retried at "
-                        "the next change): %s", error,
+        except Exception as error:  # a refusal, the API server away: the next pass tries again
+            log.warning("could not annotate this Node with its chips for Volcano (retried): "
+                        "%s", error,
                         extra={"annotation": device_info.NODE_ANNOTATION})
-            return
+            return False
         self._annotated = value
+        return True
 
     async def write(self, lists: dict[str, str]) -> bool:
         """Apply the ConfigMap for these lists; whether the API server took it."""
@@ -160,7 +162,7 @@ class DeviceInfoWriter:
                                              labels=dict(device_info.LABELS)), data=data)
         try:
             await self._client.apply(body, field_manager=field_manager(self._node), force=True)
-        except ApiError as error:
+        except Exception as error:  # a refusal, the API server away: retried
             log.warning("could not write the device-info ConfigMap for Volcano (retried): %s",
                         error, extra={"configmap": f"{device_info.NAMESPACE}/{self.name}"})
             return False

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
-from lightkube import ApiError
 
 from agent.container_devices import ContainerAllocation, container_allocation
 from agent.deviceplugin.backend import PluginError
@@ -35,7 +34,7 @@ from agent.slots.rules import (
     slot_ids,
 )
 from agent.volcano_allocation import Pin, PinRefused, VolcanoPins
-from crds.instance import Instance, SlotUsage
+from crds.instance import Instance, SlotUsage, SlotUsageKind
 from discovery_handlers.contract import (
     PreparingHandler,
     RankingHandler,
@@ -318,7 +317,7 @@ class ConfigurationBackend:
             return await self._pins(size)
         except PinRefused as error:
             raise PluginError(FAILED, str(error)) from error
-        except ApiError as error:
+        except Exception as error:  # a refusal, the API server away: no choice to honour
             raise PluginError(grpc.StatusCode.UNAVAILABLE, "cannot list this node's pods for "
                               f"a scheduler's choice of devices: {error}") from error
 
@@ -466,7 +465,16 @@ class ConfigurationBackend:
         return ordered[: max(size, len(must_include))]
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
-        held = held_virtual_ids(self._instances(), self._world.node)
+        # A slot the fast path promised shows in the Instance only once recorded, which may
+        # come after the kubelet's PreStartContainer: promised ones count as held here.
+        world = self._world
+        instances = self._instances()
+        held = held_virtual_ids(instances, world.node)
+        for instance in instances:
+            for slot, usage in world.ledger(instance.namespace, instance.name).promised.items():
+                if usage.kind is SlotUsageKind.CONFIGURATION and usage.node == world.node:
+                    held.setdefault(usage.virtual_id,
+                                    SlotRef(instance.namespace, instance.name, slot))
         devices = []
         for vid in device_ids:
             ref = held.get(vid)

@@ -7,9 +7,11 @@ view), not a stand-in for the Kubernetes API: nothing here reaches a ledger.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import grpc
 import pytest
+from lightkube import AsyncClient
 
 from agent.deviceplugin.backend import PluginError
 from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
@@ -141,3 +143,23 @@ async def test_unknown_and_unhealthy_devices_are_refused_before_any_claim() -> N
     labels = {"namespace": "ns", "configuration": "cam", "node": NODE, "outcome": "refused"}
     assert get("edgeplug_allocations_total", {**labels, "kind": "instance"}) == 2
     assert get("edgeplug_allocations_total", {**labels, "kind": "configuration"}) == 1
+
+
+async def test_a_promised_slot_counts_as_held_when_the_kubelet_asks_to_prepare() -> None:
+    """The fast path answers Allocate before the slot is recorded in the Instance; the kubelet's
+    PreStartContainer may come first, and must find the id's slot in the ledger's promises."""
+    inst = _instance("cam-aaaaaa", {})
+    ledger = SlotLedger(client=cast(AsyncClient, None), node=NODE, namespace="ns",
+                        name=inst.name)
+    ledger.promised["cam-aaaaaa-1"] = SlotUsage.by_configuration("cam-v0", NODE)
+
+    class Promised(World):
+        def ledger(self, namespace: str, instance: str) -> SlotLedger:
+            return ledger
+
+    backend = ConfigurationBackend(
+        world=Promised([inst], [_device(inst.name)]), namespace="ns", configuration="cam",
+        feed=DeviceFeed([AdvertisedDevice("cam-v0")]))
+    await backend.pre_start(["cam-v0"])
+    with pytest.raises(PluginError, match="'cam-v1' holds no slot"):
+        await backend.pre_start(["cam-v1"])
