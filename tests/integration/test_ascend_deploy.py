@@ -33,6 +33,8 @@ OVERLAY = REPO_ROOT / "deploy" / "ascend"
 CHART = REPO_ROOT / "deploy" / "helm" / "edgeplug"
 NPU_AGENT = "edgeplug-agent-npu"
 ASCEND_VOLUMES = ("ascend-driver", "ascend-dcmi", "npu-smi")
+#: Variables only the NPU agent sets: the driver's libraries, and Volcano's device-info ConfigMap.
+ASCEND_VARIABLES = ("LD_LIBRARY_PATH", "VOLCANO_DEVICE_INFO")
 RUN_TIMEOUT_S = 60
 PROBE = """
 import json
@@ -105,7 +107,7 @@ def _pod_parts(daemonset: dict[str, Any]) -> tuple[list[Any], list[Any], list[An
     """(env, volume mounts, volumes), the Ascend additions left out."""
     spec = daemonset["spec"]["template"]["spec"]
     [container] = spec["containers"]
-    return ([v for v in container["env"] if v["name"] != "LD_LIBRARY_PATH"],
+    return ([v for v in container["env"] if v["name"] not in ASCEND_VARIABLES],
             [m for m in container["volumeMounts"] if m["name"] not in ASCEND_VOLUMES],
             [v for v in spec["volumes"] if v["name"] not in ASCEND_VOLUMES])
 

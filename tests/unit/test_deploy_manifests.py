@@ -41,6 +41,9 @@ NODE_ACCOUNTS = f"{SYSTEM_NAMESPACE}-nodes"
 AGENT_TARGET_MIB = 79
 AGENT_MIN_MARGIN_MIB = 16
 NODE_NAME_PLACEHOLDER = "node-from-downward-api"
+#: What the downward API gives each field the DaemonSets read (the pod's node, its namespace).
+FIELD_PLACEHOLDERS = {"spec.nodeName": NODE_NAME_PLACEHOLDER,
+                      "metadata.namespace": "namespace-from-downward-api"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                   "ValidatingWebhookConfiguration"}
@@ -77,8 +80,9 @@ def _agent_env(container: dict[str, Any]) -> dict[str, str]:
         if "value" in var:
             env[var["name"]] = var["value"]
         else:
-            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", var
-            env[var["name"]] = NODE_NAME_PLACEHOLDER
+            field = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field in FIELD_PLACEHOLDERS, var
+            env[var["name"]] = FIELD_PLACEHOLDERS[field]
     return env
 
 
@@ -132,6 +136,7 @@ def test_daemonset_environment_gives_the_agent_the_node_defaults() -> None:
         discovery_handlers_dir=DEFAULT_DISCOVERY_HANDLERS_DIR,
         kubelet_client_cert=DEFAULT_KUBELET_CLIENT_CERT,  # read only with the DRA plugin
         node_accounts_namespace=NODE_ACCOUNTS,
+        liveness_namespace=FIELD_PLACEHOLDERS["metadata.namespace"],  # the install's
     )
 
 
