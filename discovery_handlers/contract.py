@@ -2,7 +2,8 @@
 
 The one seam between the agent and handlers, knowing nothing of Kubernetes: ``Device``, ``Health``,
 ``DeviceList``, ``Secret``, ``InvalidDetails``, the ``DiscoveryHandler`` protocol and its optional
-hooks, and ``run_blocking`` for blocking work. The contract: docs/handlers.md.
+hooks (``ClaimDevice``: what the DRA prepare hook answers), and ``run_blocking`` for blocking
+work. The contract: docs/handlers.md.
 """
 
 from __future__ import annotations
@@ -261,6 +262,39 @@ class PreparingHandler(DiscoveryHandler, Protocol):
     """
 
     async def prepare(self, details: Any, devices: Sequence[Device]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """What a handler made on the node for one device of a DRA claim: ``device`` as the
+    claim's containers get it, and ``record``, what undoing it needs (text only: the agent
+    keeps it in its prepared-claims record, across restarts)."""
+
+    device: Device
+    record: Mapping[str, str]
+
+
+@runtime_checkable
+class ClaimPreparingHandler(DiscoveryHandler, Protocol):
+    """A handler that makes something on the node for a device a DRA claim was allocated (a
+    vNPU cut from the chip a partition names, say) when the kubelet prepares the claim, and
+    removes it when the claim is unprepared.
+
+    - ``prepare_claim_device`` makes it and says what the containers get, or returns None when
+      the device needs nothing made; raising refuses the claim with the exception's message and
+      must leave nothing made.
+    - ``unprepare_claim_device`` removes what ``record`` names; it gets no details (the agent
+      may have restarted since), so the record says all it needs. Raising leaves the claim
+      prepared: the kubelet asks again.
+    - ``claim_device_kept`` is told of each record the agent kept from before its restart
+      (when its DRA plugin starts), so the handler knows what it made.
+    """
+
+    async def prepare_claim_device(self, details: Any, device: Device) -> ClaimDevice | None: ...
+
+    async def unprepare_claim_device(self, record: Mapping[str, str]) -> None: ...
+
+    def claim_device_kept(self, record: Mapping[str, str]) -> None: ...
 
 
 def is_shared(handler: DiscoveryHandler, details: Any) -> bool:

@@ -17,7 +17,7 @@ The record (``Checkpoint``) is one JSON file on disk, rewritten atomically after
 holding each claim's CDI ids and its whole spec: a claim prepared before a restart answers
 with the same CDI ids even if its device has since gone, its spec is written again where a
 reboot emptied the CDI directory (a tmpfs under ``/run``), and unprepare after a restart
-still removes the spec.
+still removes the spec and undoes what a handler made for its devices (their records).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -167,6 +167,10 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
     share_id: str = ""
+    #: What the handler named ``handler`` made on the node for the device, as the record it
+    #: gave to undo it (``agent.dra.claim_devices``); empty: nothing made.
+    handler: str = ""
+    made: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -210,7 +214,9 @@ class Checkpoint:
                 namespace=c["namespace"], name=c["name"],
                 devices=tuple(PreparedDevice(request=d["request"], pool=d["pool"],
                                              device=d["device"], cdi_ids=tuple(d["cdi_ids"]),
-                                             share_id=d.get("share_id", ""))
+                                             share_id=d.get("share_id", ""),
+                                             handler=d.get("handler", ""),
+                                             made=_made_field(d.get("made")))
                               for d in c["devices"]),
                 cdi_spec=_spec_field(c.get("cdi_spec")))
             for uid, c in data["claims"].items()
@@ -228,6 +234,16 @@ class Checkpoint:
         body = {"version": self.VERSION,
                 "claims": {uid: asdict(c) for uid, c in sorted(self.claims.items())}}
         write_atomically(self.path, json.dumps(body, indent=1, sort_keys=True))
+
+
+def _made_field(value: Any) -> dict[str, str]:
+    """A record's ``made``: absent (nothing made, or an older agent's record) or text pairs."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TypeError("made is not a map of text")
+    return dict(value)
 
 
 def _spec_field(value: Any) -> dict[str, Any] | None:

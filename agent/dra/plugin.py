@@ -13,14 +13,18 @@ health services ``agent.dra.health`` serves on the same socket (``v1.DRAResource
 Prepare, per claim: read the claim (its allocation is in its status; as the kubelet where its
 certificate is given, ``agent.node_reads``), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
-hook, write the claim's CDI spec, record the claim with its spec, and answer the CDI ids (the
+hook, have the handler make what a device needs on the node (``agent.dra.claim_devices``: a
+vNPU, say; the CDI spec gives what it made), write the claim's CDI spec, record the claim with
+its spec and what was made, and answer the CDI ids (the
 claim's ``status.devices`` then says what it got: ``agent.dra.claim_status``). A
 claim already recorded answers from the record (the kubelet calls again after its own restart,
 and after ours), once its spec is in the CDI directory as recorded: written again if not. A
 reboot empties that directory (``/var/run/cdi`` is a tmpfs) and keeps the record (on disk), so
 before the plugin registers every recorded claim's spec is written again where it is missing
-or differs. Unprepare removes the spec and the record; an unknown claim is already unprepared.
-A failure of one claim is reported in that claim's ``error`` and leaves the others alone.
+or differs, and each handler is told what it made. Unprepare undoes what was made, then
+removes the spec and the record; an unknown claim is already unprepared. A failure of one
+claim is reported in that claim's ``error`` and leaves the others alone; a refused prepare
+leaves nothing made, no spec and no record.
 Each claim's prepare is timed into ``edgeplug_dra_prepare_duration_seconds`` (by outcome).
 """
 
@@ -39,8 +43,8 @@ from grpc import aio
 from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 
+from agent.dra import claim_devices, health
 from agent.dra import claims as cl
-from agent.dra import health
 from agent.dra.claim_status import ClaimStatus
 from agent.kube import as_dict
 from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
@@ -108,6 +112,7 @@ class ClaimPreparer:
         reboot, before the kubelet asks); a spec that cannot be made yet (an older agent's
         record, its device not served yet) is logged and made at the kubelet's next prepare."""
         for uid, known in list(self.checkpoint.claims.items()):
+            claim_devices.kept(known.devices)
             self._report(uid, known)
             try:
                 self._spec_in_place(uid, known)
@@ -173,13 +178,22 @@ class ClaimPreparer:
                                           f"{device.health.reason}")
                 found.append(device)
             await _run_prepare_hook(found)
-            spec = cl.claim_spec(uid, found)
-            cl.write_claim_spec(directory, uid, spec)
-            prepared = cl.PreparedClaim(namespace=namespace, name=name, devices=tuple(
-                cl.PreparedDevice(request=r.request, pool=r.pool, device=r.device,
-                                  cdi_ids=(cl.cdi_id(uid, i),), share_id=r.share_id)
-                for i, r in enumerate(wanted)), cdi_spec=spec)
-            self.checkpoint.put(uid, prepared)
+            found, made = await claim_devices.make(found)
+            try:
+                spec = cl.claim_spec(uid, found)
+                cl.write_claim_spec(directory, uid, spec)
+                prepared = cl.PreparedClaim(namespace=namespace, name=name, devices=tuple(
+                    cl.PreparedDevice(request=r.request, pool=r.pool, device=r.device,
+                                      cdi_ids=(cl.cdi_id(uid, i),), share_id=r.share_id,
+                                      handler=m.handler if m else "",
+                                      made=m.record if m else {})
+                    for i, (r, m) in enumerate(zip(wanted, made, strict=True))), cdi_spec=spec)
+                self.checkpoint.put(uid, prepared)
+            except BaseException:
+                await claim_devices.undo_all(made)
+                with contextlib.suppress(FileNotFoundError):
+                    cl.claim_spec_path(directory, uid).unlink()
+                raise
             self._report(uid, prepared, claim)
             log.info("claim prepared", extra={"claim": f"{namespace}/{name}", "uid": uid,
                                               "devices": [r.device for r in wanted]})
@@ -187,6 +201,13 @@ class ClaimPreparer:
 
     async def unprepare(self, namespace: str, name: str, uid: str) -> None:
         async with self._lock:
+            known = self.checkpoint.claims.get(uid)
+            if known is not None and any(d.made for d in known.devices):
+                left, problems = await claim_devices.undo_devices(known.devices)
+                if problems:  # the rest stays recorded, for the kubelet's next call
+                    self.checkpoint.put(uid, replace(known, devices=left))
+                    raise cl.PrepareError(f"unpreparing claim {namespace}/{name}: "
+                                          + "; ".join(problems))
             if self._cdi_dir is not None:
                 with contextlib.suppress(FileNotFoundError):
                     cl.claim_spec_path(self._cdi_dir, uid).unlink()
@@ -262,7 +283,7 @@ class _DraService(pb_grpc.DRAPluginServicer):
             try:
                 await self._preparer.unprepare(claim.namespace, claim.name, claim.uid)
                 answers[claim.uid] = pb.NodeUnprepareResourceResponse()
-            except OSError as error:
+            except (cl.PrepareError, OSError) as error:
                 answers[claim.uid] = pb.NodeUnprepareResourceResponse(error=str(error))
         return pb.NodeUnprepareResourcesResponse(claims=answers)
 

@@ -25,7 +25,8 @@ them). Every call here blocks and may never return (DCMI can hang after a card d
     int dcmi_get_device_network_health(int card_id, int device_id,
                                        enum dcmi_rdfx_detect_result *result);
 
-and ``dcmi_get_device_info`` for each chip's vNPUs (``vnpu_dcmi``). The IP and network
+and ``dcmi_get_device_info`` for each chip's vNPUs, ``dcmi_create_vdevice`` and
+``dcmi_set_destroy_vdevice`` to make and remove one (``vnpu_dcmi``). The IP and network
 calls are asked only of 910-family chips: the RoCE port's address (port type
 ``DCMI_ROCE_PORT``, port 0, IPv4 first then IPv6 as Huawei's plugin asks; a link-local IPv6
 address is none), which HCCL rank tables carry (``huawei.ascend_910_configuration``), and the
@@ -139,6 +140,8 @@ _SIGNATURES: dict[str, list[Any]] = {
     # enum dcmi_rdfx_detect_result *: an enum is an int-sized unsigned value here
     "dcmi_get_device_network_health": [ctypes.c_int, ctypes.c_int, _c_uint_p],
     "dcmi_get_device_info": vnpu_dcmi.SIGNATURE,
+    "dcmi_create_vdevice": vnpu_dcmi.CREATE_SIGNATURE,
+    "dcmi_set_destroy_vdevice": vnpu_dcmi.DESTROY_SIGNATURE,
 }
 #: Without these the library is of no use; the others are read when exported.
 _REQUIRED = ("dcmi_init", "dcmi_get_card_list", "dcmi_get_device_num_in_card",
@@ -191,6 +194,12 @@ class Dcmi:
             return int(self._functions[name](*args))
         finally:
             _in_flight.pop(ident, None)
+
+    def call(self, name: str, *args: Any) -> int:
+        """``name(*args)``'s return code; ``DcmiError`` when the library does not export it."""
+        if not self.has(name):
+            raise DcmiError(f"the DCMI library does not export {name}")
+        return self._call(name, *args)
 
     def has(self, name: str) -> bool:
         return name in self._functions

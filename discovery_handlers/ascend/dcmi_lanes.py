@@ -179,6 +179,23 @@ class BoundedDcmi:
             problems.extend(scan.problems)
         return dcmi.DcmiScan(chips=tuple(chips), problems=tuple(problems))
 
+    def on_card(self, card: int, function: Callable[[dcmi.Dcmi], _T], timeout: float) -> _T:
+        """``function(library)`` on ``card``'s lane, within ``timeout``; raises ``DcmiError``
+        when the library cannot load or the card's lane is stuck or does not answer in time."""
+        if not self._pass.acquire(timeout=3 * timeout):
+            raise dcmi.DcmiError("an earlier DCMI pass is still running")
+        try:
+            library = self._load(timeout)
+            lane = self._cards.get(card)
+            if lane is None:
+                lane = self._cards[card] = Lane(f"card {card}")
+            try:
+                return lane.call(lambda: function(library), timeout)
+            except LaneStuck as stuck:
+                raise dcmi.DcmiError(f"card {card}: {stuck.describe()}") from None
+        finally:
+            self._pass.release()
+
     def _load(self, timeout: float) -> dcmi.Dcmi:
         if self._library is None:
             path = self._path

@@ -19,8 +19,8 @@ from typing import Any
 from discovery_handlers.ascend import devices as shaping
 from discovery_handlers.ascend import huawei
 from discovery_handlers.ascend.details import SOURCE_DEVICES, AscendDetails, parse_details
-from discovery_handlers.ascend.vnpu_partitions import EXTRA_PARTITION
 from discovery_handlers.contract import (
+    ClaimDevice,
     Device,
     DeviceList,
     PodFacts,
@@ -119,15 +119,30 @@ class AscendHandler:
         bad = []
         for device in devices:
             current = now.get(device.id)
-            if EXTRA_PARTITION in device.extra:
-                bad.append(f"{device.id} is a partition the scheduler allocated; creating its "
-                           "vNPU on the node is not done (docs/handlers/ascend.md)")
-            elif current is None:
+            if current is None:
                 bad.append(f"{device.id} is gone ({result.status})")
             elif not current.health.healthy:
                 bad.append(f"{device.id} is unhealthy: {current.health.reason}")
         if bad:
             raise ChipsUnhealthy("Ascend chips not usable: " + "; ".join(bad))
+
+    async def prepare_claim_device(self, details: Any, device: Device) -> ClaimDevice | None:
+        """A partition's vNPU created on its chip (``vnpu_claims``); None for other devices."""
+        assert isinstance(details, AscendDetails)
+        from discovery_handlers.ascend import vnpu_claims  # imports the ctypes wrapper
+
+        return await run_blocking(vnpu_claims.make, details, device)
+
+    async def unprepare_claim_device(self, record: Mapping[str, str]) -> None:
+        """The vNPU ``record`` names destroyed."""
+        from discovery_handlers.ascend import vnpu_claims
+
+        await run_blocking(vnpu_claims.destroy, record)
+
+    def claim_device_kept(self, record: Mapping[str, str]) -> None:
+        from discovery_handlers.ascend import vnpu_claims
+
+        vnpu_claims.kept(record)
 
     def _note(self, details: AscendDetails, status: Any) -> None:
         if self._status.get(details) != status:

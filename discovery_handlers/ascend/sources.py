@@ -48,6 +48,7 @@ from discovery_handlers.ascend.npu_smi import (
     parse_phyid_remap,
 )
 from discovery_handlers.ascend.vnpu import VNpu, vnpu_type
+from discovery_handlers.ascend.vnpu_claims import made_on
 from discovery_handlers.ascend.vnpu_partitions import partition_devices
 from discovery_handlers.contract import Device, Health
 
@@ -117,7 +118,9 @@ def scan(details: AscendDetails) -> Scan:
         problems.append(f"driver directory {details.driver_path} missing: not mounted")
     devices = []
     split: list[str] = []
+    ours = made_on(details.host_root)  # vNPUs made for claims: their chip stays partitioned
     for chip in chips:
+        admins = tuple(v for v in chip.vnpus or () if (chip.phy_id, v.vdev_id) not in ours)
         health = chip.health
         node = chip_node(chip.phy_id)
         if not os.path.exists(details.on_host(node)):
@@ -125,9 +128,10 @@ def scan(details: AscendDetails) -> Scan:
         elif missing_shared:
             health = Health.unhealthy(f"shared device nodes missing: {', '.join(missing_shared)}")
         if details.vnpu_type is not None:
-            devices += _vnpu_devices(chip, details, shared, driver, health)
+            devices += _vnpu_devices(replace(chip, vnpus=admins), details, shared, driver,
+                                     health)
             continue
-        if details.vnpu_partitions and not chip.vnpus:
+        if details.vnpu_partitions and not admins:
             devices += partition_devices(chip, details.vnpu_partitions, health=health,
                                          problems=problems)
             continue

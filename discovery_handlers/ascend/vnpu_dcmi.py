@@ -7,6 +7,15 @@
 vNPU ids), 0 fills ``struct dcmi_vdev_query_stru`` for the ``vdev_id`` given (template name,
 vGroup, AI cores, memory in MB). The structs are laid out as ``dcmi_interface_api.h`` declares
 them; ``DCMI_ERR_CODE_NOT_SUPPORT`` means the chip cannot be split (no vNPU).
+
+Making and removing one (a partition the scheduler allocated, ``vnpu_claims``)::
+
+    int dcmi_create_vdevice(int card_id, int device_id, struct dcmi_create_vdev_res_stru *vdev,
+                            struct dcmi_create_vdev_out *out);
+    int dcmi_set_destroy_vdevice(int card_id, int device_id, unsigned int vdevid);
+
+asked as Huawei's plugin asks: the template's name, and ``0xFFFFFFFF`` for the vNPU id and the
+vGroup (the driver chooses both); ``out`` gives the vNPU id made.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ DCMI_VDEV_SIZE = 20
 DCMI_VDEV_FOR_RESERVE = 32
 DCMI_SOC_SPLIT_MAX = 32
 NOT_SUPPORTED = -8255  # DCMI_ERR_CODE_NOT_SUPPORT
+TEMPLATE_NAME_LEN = 32
+ANY_ID = 0xFFFFFFFF  # a vNPU id or vGroup the driver chooses
 #: ``dcmi_get_device_info``'s argument types (``enum dcmi_main_cmd`` is int-sized).
 SIGNATURE: list[Any] = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
                         ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint)]
@@ -84,6 +95,27 @@ class DcmiSocTotalResource(ctypes.Structure):
     ]
 
 
+class DcmiCreateVdevResStru(ctypes.Structure):
+    _fields_ = [
+        ("vdev_id", ctypes.c_uint), ("vfg_id", ctypes.c_uint),
+        ("template_name", ctypes.c_char * TEMPLATE_NAME_LEN),
+        ("reserved", ctypes.c_ubyte * 64),
+    ]
+
+
+class DcmiCreateVdevOut(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_uint) for name in (
+            "vdev_id", "pcie_bus", "pcie_device", "pcie_func", "vfg_id")),
+        ("reserved", ctypes.c_ubyte * DCMI_VDEV_FOR_RESERVE),
+    ]
+
+
+CREATE_SIGNATURE: list[Any] = [ctypes.c_int, ctypes.c_int,
+                               ctypes.POINTER(DcmiCreateVdevResStru),
+                               ctypes.POINTER(DcmiCreateVdevOut)]
+DESTROY_SIGNATURE: list[Any] = [ctypes.c_int, ctypes.c_int, ctypes.c_uint]
+
 Call = Callable[..., int]  # Dcmi._call: (function name, *arguments) -> return code
 
 
@@ -117,3 +149,22 @@ def read_vnpus(call: Call, card: int, dev: int) -> tuple[tuple[VNpu, ...] | None
             in_container=bool(info.is_container_used),
         ))
     return tuple(found), ""
+
+
+def create_vnpu(call: Call, card: int, dev: int, template: str) -> tuple[int | None, str]:
+    """The id of the vNPU made from ``template`` on the chip and "", or None and what failed."""
+    name = template.encode("ascii")
+    if len(name) >= TEMPLATE_NAME_LEN:
+        return None, f"template name {template!r} too long"
+    asked = DcmiCreateVdevResStru(vdev_id=ANY_ID, vfg_id=ANY_ID, template_name=name)
+    out = DcmiCreateVdevOut(vdev_id=ANY_ID)
+    code = call("dcmi_create_vdevice", card, dev, ctypes.byref(asked), ctypes.byref(out))
+    if code != 0:
+        return None, f"dcmi_create_vdevice returned {code}"
+    return int(out.vdev_id), ""
+
+
+def destroy_vnpu(call: Call, card: int, dev: int, vdev_id: int) -> str:
+    """"" once the vNPU is destroyed, else what failed."""
+    code = call("dcmi_set_destroy_vdevice", card, dev, vdev_id)
+    return f"dcmi_set_destroy_vdevice returned {code}" if code != 0 else ""

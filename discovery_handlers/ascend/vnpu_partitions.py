@@ -2,8 +2,9 @@
 be cut into is a device consuming the chip's counter set (AI cores, memory), so the scheduler
 splits the chip per claim without overcommit. No I/O.
 
-How the counts and figures are chosen, and what is not done yet (creating the vNPU on
-``prepare``): docs/handlers/ascend.md, "A chip split by the scheduler".
+How the counts and figures are chosen: docs/handlers/ascend.md, "A chip split by the
+scheduler"; the vNPU of an allocated partition is created at its claim's prepare
+(``vnpu_claims``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 
 from discovery_handlers.ascend.chips import Chip
 from discovery_handlers.ascend.devices import (
+    EXTRA_CARD,
+    EXTRA_DEVICE_INDEX,
     EXTRA_PHY,
     PROP_AICORE,
     PROP_FAMILY,
@@ -63,6 +66,9 @@ def partition_devices(chip: Chip, kinds: Sequence[str], *, health: Health,
         return []
     shared = (f"{COUNTER_AICORE}={chip.aicore_count},"
               f"{COUNTER_MEMORY}={quantity_mib(chip.memory_mb)}")
+    extra = {EXTRA_PHY: str(chip.phy_id)}
+    if chip.card_id is not None and chip.device_index is not None:
+        extra.update({EXTRA_CARD: str(chip.card_id), EXTRA_DEVICE_INDEX: str(chip.device_index)})
     out = []
     for template in TEMPLATE_TYPES:
         kind = vnpu_type(chip.family, template)
@@ -84,5 +90,5 @@ def partition_devices(chip: Chip, kinds: Sequence[str], *, health: Health,
             out.append(Device(
                 id=f"{device_id(chip.phy_id)}-{template.replace('_', '-')}-{index}",
                 properties={k: v for k, v in props.items() if v}, health=health,
-                extra={EXTRA_PHY: str(chip.phy_id), EXTRA_PARTITION: template}))
+                extra={**extra, EXTRA_PARTITION: template}))
     return out

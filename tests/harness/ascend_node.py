@@ -8,7 +8,8 @@ return codes, loaded through ctypes) and an ``npu-smi`` that prints Huawei's ``n
 table. Both read the state this class writes, so a test faults a chip while the handler runs.
 vNPUs an admin created (``SimVnpu``) are in both too: DCMI's vdevice query and ``npu-smi info
 -t info-vnpu`` as npu-smi prints it, and their nodes ``/dev/vdavinci<id>``.
-The DCMI stand-in finds its state through ``ASCEND_DCMI_STATE`` (see ``env``).
+The DCMI stand-in finds its state through ``ASCEND_DCMI_STATE`` (see ``env``); the vNPUs it
+creates (``dcmi_create_vdevice``) are listed by ``created_vnpus``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 
 DCMI_SOURCE = Path(__file__).parent / "ascend_dcmi" / "fake_dcmi.c"
 STATE_ENV = "ASCEND_DCMI_STATE"
+DEV_DIR_ENV = "ASCEND_DCMI_DEV_DIR"  # where the stand-in makes the nodes of vNPUs it creates
 SHARED_NODES = ("davinci_manager", "devmm_svm", "hisi_hdc")
 LIBRARY_IN_TREE = "/usr/local/dcmi/libdcmi.so"  # where Huawei's driver package installs it
 NPU_SMI_IN_TREE = "/usr/local/bin/npu-smi"  # where the driver installs it on servers
@@ -175,7 +177,15 @@ class AscendNode:
 
     @property
     def env(self) -> dict[str, str]:
-        return {STATE_ENV: str(self.state)}
+        return {STATE_ENV: str(self.state), DEV_DIR_ENV: str(self.root / "dev")}
+
+    def created_vnpus(self) -> list[tuple[int, int, int, str]]:
+        """The vNPUs DCMI's ``dcmi_create_vdevice`` made and not destroyed: (card, dev, vNPU
+        id, template), from the stand-in's ``<state>.created``."""
+        path = self.state.with_name(self.state.name + ".created")
+        lines = path.read_text().split("\n") if path.exists() else []
+        return [(int(f[1]), int(f[2]), int(f[3]), f[4])
+                for f in (line.split() for line in lines) if f and f[0] == "vdev"]
 
     def details(self, **fields: object) -> str:
         """``discoveryDetails`` YAML for this tree (DCMI from the tree, fast polling)."""

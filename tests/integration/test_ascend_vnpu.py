@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from discovery_handlers.ascend import handler, sources, vnpu_dcmi
+from discovery_handlers.ascend import handler, sources, vnpu_claims, vnpu_dcmi
 from discovery_handlers.ascend.details import AscendDetails
-from discovery_handlers.ascend.handler import ChipsUnhealthy
 from discovery_handlers.ascend.sources import scan
+from discovery_handlers.contract import DeviceSpec
 from tests.harness.ascend_node import (
     STATE_ENV,
     AscendNode,
@@ -146,12 +146,33 @@ def test_an_npu_smi_that_cannot_list_vnpus_leaves_the_chips_whole(node: AscendNo
         "but says 'Total number of vnpu: 2'",)
 
 
-async def test_a_partition_is_refused_at_prepare_until_vnpus_are_created_on_demand(
+async def test_a_partition_gets_its_vnpu_made_at_prepare_and_destroyed_at_unprepare(
         node: AscendNode) -> None:
     parsed = details(node, vnpuPartitions=["Ascend910-5c.1cpu.8g"])
     offered = scan(parsed).devices
     assert [d.id for d in offered] == [f"davinci2-vir05-1c-8g-{k}" for k in range(4)], \
         "only the chip not split statically, 20 cores / 5 per slice"
-    with pytest.raises(ChipsUnhealthy, match="davinci2-vir05-1c-8g-0 is a partition the "
-                                             "scheduler allocated; creating its vNPU"):
-        await handler.prepare(parsed, [offered[0]])
+    await handler.prepare(parsed, [offered[0]])  # its chip is there and healthy
+    made = await handler.prepare_claim_device(parsed, offered[0])
+    assert made is not None
+    ((card, dev, vdev, template),) = node.created_vnpus()
+    assert (card, dev, template, made.record["vnpu"]) == (2, 0, "vir05_1c_8g", str(vdev))
+    assert made.device.properties["ASCEND_VISIBLE_DEVICES"] == str(vdev)
+    assert made.device.device_specs[0] == DeviceSpec(container_path=f"/dev/davinci{vdev}",
+                                                     host_path=f"/dev/vdavinci{vdev}")
+    assert handler.compose(parsed, [made.device])["ASCEND_RUNTIME_OPTIONS"] == "VIRTUAL"
+    assert (node.root / "dev" / f"vdavinci{vdev}").exists()
+    assert [d.id for d in scan(parsed).devices] == [d.id for d in offered], \
+        "the chip stays offered as partitions: the vNPU is one of them"
+    five = scan(details(node, vnpuType="Ascend910-5c.1cpu.8g")).devices
+    assert [d.id for d in five] == ["vdavinci101", "vdavinci116"], "never an admin's vNPU"
+
+    await handler.unprepare_claim_device(made.record)
+    assert node.created_vnpus() == []
+    assert not (node.root / "dev" / f"vdavinci{vdev}").exists()
+
+    node.fail("dcmi_create_vdevice", -8005)
+    with pytest.raises(vnpu_claims.VnpuNotMade, match="chip davinci2, template vir05_1c_8g "
+                                                      "failed: dcmi_create_vdevice returned"):
+        await handler.prepare_claim_device(parsed, offered[1])
+    assert node.created_vnpus() == []

@@ -8,6 +8,11 @@ free 4c device is still listed, would need 10 of 8 AI cores and stays unschedula
 cluster whose API server drops the counters (DRAPartitionableDevices off: the compatibility
 run's oldest minor), the agent names the gate once and publishes no partition.
 
+Prepared through the agent's DRA kubelet plugin, called over its socket as the kubelet's DRA
+manager calls it, each allocated partition becomes a vNPU of its template made on the chip
+(DCMI's ``dcmi_create_vdevice``), which its claim's CDI device gives as Huawei's plugin gives a
+vNPU; unprepare destroys it; a creation DCMI refuses leaves no vNPU, spec or record.
+
 Stands in for real parts: the chip (the DCMI stand-in, tests/harness/ascend_node.py, loaded by
 the in-process agent through ctypes) and the node (a Ready Node object without a kubelet,
 ``tests.harness.dra``). The API server, the controller-manager and the scheduler are real.
@@ -19,18 +24,25 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import grpc.aio
 import pytest
 from lightkube import AsyncClient
 from lightkube.types import PatchType
 
+from agent.dra import claims as cl
 from agent.dra import slices
+from agent.dra.plugin import ClaimPreparer
 from agent.dra.publisher import ResourceSliceResource
 from agent.kube import as_dict
+from agent.kubeletapi import dra_v1_pb2 as pb
+from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
+from agent.node_reads import NodeReads
 from crds import dra, dra_features
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
 from tests.harness.ascend_node import AscendNode, SimChip, dcmi_library
 from tests.harness.controlplane import ControlPlane
+from tests.integration.test_dra_kubelet_plugin import plugin_running
 
 __all__ = ["dcmi_library"]  # the fixture, imported for pytest
 SCHEDULE_DEADLINE = 60.0
@@ -69,6 +81,27 @@ def reports(caplog: pytest.LogCaptureFixture) -> list[str]:
             if r.levelno == logging.WARNING and f"does not serve {feature}" in r.getMessage()]
 
 
+async def published(kube: AsyncClient, pool: str) -> list[dict[str, Any]] | None:
+    """The pool's newest generation once all its slices are there with the chip's six
+    partitions (they are written one by one; the scheduler too waits for a complete
+    generation)."""
+    found = await h.pool_slices(kube, pool)
+    newest = max((s["spec"]["pool"]["generation"] for s in found), default=0)
+    found = [s for s in found if s["spec"]["pool"]["generation"] == newest]
+    complete = bool(found) and len(found) == found[0]["spec"]["pool"]["resourceSliceCount"]
+    return found if complete and len(h.pool_devices(found)) == 6 else None
+
+
+def partitions_configuration(chip: AscendNode) -> dict[str, Any]:
+    return {
+        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
+        "metadata": {"name": "npu"},
+        "spec": {"discoveryHandler": {"name": "ascend", "discoveryDetails": chip.details(
+            vnpuPartitions=["Ascend310P-4c", "Ascend310P-2c"])},
+                 "capacity": 1, "allocator": "dra"},
+    }
+
+
 def wants(kind: str) -> str:
     attr = f'device.attributes["{dra.DRIVER}"]'
     return f'"ascend_vnpu_type" in {attr} && {attr}.ascend_vnpu_type == "{kind}"'
@@ -81,13 +114,7 @@ async def test_claims_for_a_4c_and_a_2c_share_one_chip_and_a_third_that_would_ov
     ns = pod_namespace
     served = await counters_kept(kube, ns)
     node = harness.new_node(control_plane)
-    cfg: dict[str, Any] = {
-        "apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
-        "metadata": {"name": "npu"},
-        "spec": {"discoveryHandler": {"name": "ascend", "discoveryDetails": chip.details(
-            vnpuPartitions=["Ascend310P-4c", "Ascend310P-2c"])},
-                 "capacity": 1, "allocator": "dra"},
-    }
+    cfg = partitions_configuration(chip)
     async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
                 h.dra_agents(control_plane, [node], ns)):
         harness.apply(control_plane, ns, cfg)
@@ -105,17 +132,8 @@ async def test_claims_for_a_4c_and_a_2c_share_one_chip_and_a_third_that_would_ov
             assert len(reports(caplog)) == 1
             return
 
-        async def published() -> list[dict[str, Any]] | None:
-            """The pool's newest generation once all its slices are there (they are written
-            one by one; the scheduler too waits for a complete generation)."""
-            found = await h.pool_slices(kube, pool)
-            newest = max((s["spec"]["pool"]["generation"] for s in found), default=0)
-            found = [s for s in found if s["spec"]["pool"]["generation"] == newest]
-            complete = bool(found) and len(found) == found[0]["spec"]["pool"][
-                "resourceSliceCount"]
-            return found if complete and len(h.pool_devices(found)) == 6 else None
-
-        found = await harness.eventually(published, what=f"six partitions in pool {pool}")
+        found = await harness.eventually(lambda: published(kube, pool),
+                                         what=f"six partitions in pool {pool}")
         (sets,) = [s["spec"]["sharedCounters"] for s in found if "sharedCounters" in s["spec"]]
         assert sets == [{"name": "davinci0",
                          "counters": {"aicore": {"value": "8"}, "memory": {"value": "24Gi"}}}]
@@ -146,3 +164,89 @@ async def test_claims_for_a_4c_and_a_2c_share_one_chip_and_a_third_that_would_ov
                                        deadline=SCHEDULE_DEADLINE)
         assert await h.pod_claim(kube, ns, "four-b") is None, why
         assert reports(caplog) == []
+
+
+def vnpu_given(spec: dict[str, Any], vdev: int) -> bool:
+    """Whether a claim's CDI spec gives vNPU ``vdev`` as Huawei's plugin gives one: its node
+    as ``/dev/davinci<id>``, the shared manager node, its id and the runtime's VIRTUAL."""
+    env = spec["containerEdits"]["env"]
+    (device,) = spec["devices"]
+    nodes = device["containerEdits"]["deviceNodes"]
+    return (f"ASCEND_VISIBLE_DEVICES={vdev}" in env
+            and "ASCEND_RUNTIME_OPTIONS=VIRTUAL" in env
+            and nodes[0] == {"path": f"/dev/davinci{vdev}", "hostPath": f"/dev/vdavinci{vdev}",
+                             "permissions": "rwm"}
+            and "/dev/davinci_manager" in {n["path"] for n in nodes[1:]})
+
+
+async def test_preparing_a_4c_and_a_2c_claim_makes_a_vnpu_for_each_and_unprepare_destroys_them(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient, chip: AscendNode,
+    tmp_path: Path,
+) -> None:
+    ns = pod_namespace
+    if not await counters_kept(kube, ns):
+        pytest.skip("this API server drops sharedCounters (DRAPartitionableDevices off): no "
+                    "partition is allocated; the test above checks what the agent does then")
+    node = harness.new_node(control_plane)
+    cdi_dir, state_dir = tmp_path / "cdi", tmp_path / "plugins" / dra.DRIVER
+    async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
+                h.dra_agents(control_plane, [node], ns) as agents):
+        harness.apply(control_plane, ns, partitions_configuration(chip))
+        pool = slices.local_pool(ns, "npu", node)
+        await harness.eventually(lambda: published(kube, pool),
+                                 what=f"six partitions in pool {pool}")
+        await harness.eventually(lambda: h.device_class(kube, ns, "npu"),
+                                 what="the DeviceClass of npu")
+        klass = dra.device_class_name(ns, "npu")
+        h.apply(control_plane, ns, h.claim_template("four", klass, wants("Ascend310P-4c")),
+                h.claim_template("two", klass, wants("Ascend310P-2c")),
+                h.claim_pod("four-a", "four"), h.claim_pod("two-a", "two"),
+                h.claim_pod("two-b", "two"))
+        four, two, refused = [await h.allocated_claim(kube, ns, pod)
+                              for pod in ("four-a", "two-a", "two-b")]
+        preparer = ClaimPreparer(reads=NodeReads(kube), node_name=node,
+                                 devices=agents[node].agent.devices, cdi_dir=cdi_dir,
+                                 state_dir=state_dir)
+        async with (plugin_running(preparer, tmp_path) as plugin,
+                    grpc.aio.insecure_channel(f"unix:{plugin.service_socket}") as channel):
+            stub = pb_grpc.DRAPluginStub(channel)
+            answer = await stub.NodePrepareResources(
+                pb.NodePrepareResourcesRequest(claims=[four, two]))
+            assert [answer.claims[c.uid].error for c in (four, two)] == ["", ""]
+            made = {template: vdev for _, _, vdev, template in chip.created_vnpus()}
+            assert sorted(made) == ["vir02", "vir04"], chip.created_vnpus()
+            for claim, template in ((four, "vir04"), (two, "vir02")):
+                spec = cl.read_claim_spec(cdi_dir, claim.uid)
+                assert spec is not None
+                assert vnpu_given(spec, made[template]), spec
+                assert (chip.root / "dev" / f"vdavinci{made[template]}").exists()
+                (recorded,) = preparer.checkpoint.claims[claim.uid].devices
+                assert recorded.made["vnpu"] == str(made[template])
+
+            # The agent restarted: the record answers, no vNPU is made again.
+            again = ClaimPreparer(reads=NodeReads(kube), node_name=node,
+                                  devices=agents[node].agent.devices, cdi_dir=cdi_dir,
+                                  state_dir=state_dir)
+            assert (await again.prepare(four.namespace, four.name, four.uid)
+                    ) == preparer.checkpoint.claims[four.uid]
+            assert len(chip.created_vnpus()) == 2
+
+            # DCMI refuses the third vNPU: the claim is refused naming chip and template,
+            # and nothing of it is left.
+            chip.fail("dcmi_create_vdevice", -8005)
+            answer = await stub.NodePrepareResources(
+                pb.NodePrepareResourcesRequest(claims=[refused]))
+            error = answer.claims[refused.uid].error
+            assert "chip davinci0, template vir02" in error
+            assert "dcmi_create_vdevice returned -8005" in error
+            assert len(chip.created_vnpus()) == 2
+            assert refused.uid not in preparer.checkpoint.claims
+            assert cl.read_claim_spec(cdi_dir, refused.uid) is None
+
+            answer = await stub.NodeUnprepareResources(
+                pb.NodeUnprepareResourcesRequest(claims=[four, two]))
+            assert [answer.claims[c.uid].error for c in (four, two)] == ["", ""]
+            assert chip.created_vnpus() == []
+            assert not any((chip.root / "dev" / f"vdavinci{v}").exists()
+                           for v in made.values())
+            assert preparer.checkpoint.claims == {}

@@ -8,7 +8,11 @@
  * these tests; no Huawei code is in it.
  *
  * Its state comes from the text file named by ASCEND_DCMI_STATE, read again on every call, so a
- * test faults a chip while the handler runs. Lines (anything else is ignored):
+ * test faults a chip while the handler runs. vNPUs made through dcmi_create_vdevice go to
+ * <state>.created (vdev lines, so the test's rewrites of the state keep them) and their node
+ * /dev/vdavinci<id> to the directory ASCEND_DCMI_DEV_DIR names; dcmi_set_destroy_vdevice
+ * removes both (only of vNPUs made that way); a template the chip has no AI cores or memory
+ * left for is refused with DCMI_ERR_CODE_INNER_ERR (a stand-in choice). Lines (anything else is ignored):
  *   chip <card> <dev> <logic> <phy> <type> <name> <ver> <aicore> <hbm_mb> <mem_mb> <health>
  *        <error codes, comma-separated hex, or -> <pcie domain> <bus> <device> <function>
  *        [<RoCE port address, IPv4 or IPv6, or -> [<RoCE link check result, or ->]]
@@ -237,10 +241,26 @@ static void parse_errors(struct chip *c, const char *text) {
     }
 }
 
+static void load_file(struct state *st, const char *path);
+
+/* <state>.created: the vNPUs dcmi_create_vdevice made ("" when no state is named). */
+static const char *created_path(void) {
+    static __thread char path[4096];
+    const char *state = getenv("ASCEND_DCMI_STATE");
+    if (state == NULL) return "";
+    snprintf(path, sizeof(path), "%s.created", state);
+    return path;
+}
+
 static void load(struct state *st) {
     memset(st, 0, sizeof(*st));
     const char *path = getenv("ASCEND_DCMI_STATE");
     if (path == NULL) return;
+    load_file(st, path);
+    load_file(st, created_path());
+}
+
+static void load_file(struct state *st, const char *path) {
     FILE *f = fopen(path, "r");
     if (f == NULL) return;
     char line[1024];
@@ -538,4 +558,137 @@ int dcmi_get_device_info(int card_id, int device_id, int main_cmd, unsigned int 
         return DCMI_ERR_CODE_INVALID_DEVICE_ID;
     }
     return DCMI_ERR_CODE_NOT_SUPPORT;
+}
+
+/* Virtual device creation and destruction, with dcmi_interface_api.h's structs. */
+#define TEMPLATE_NAME_LEN 32
+#define ANY_ID 0xFFFFFFFFu
+#define FIRST_VDEV_ID 100u
+
+struct dcmi_create_vdev_res_stru {
+    unsigned int vdev_id;
+    unsigned int vfg_id;
+    char template_name[TEMPLATE_NAME_LEN];
+    unsigned char reserved[64];
+};
+
+struct dcmi_create_vdev_out {
+    unsigned int vdev_id;
+    unsigned int pcie_bus;
+    unsigned int pcie_device;
+    unsigned int pcie_func;
+    unsigned int vfg_id;
+    unsigned char reserved[DCMI_VDEV_FOR_RESERVE];
+};
+
+static void node_path(char *out, size_t len, unsigned int id) {
+    const char *dir = getenv("ASCEND_DCMI_DEV_DIR");
+    snprintf(out, len, "%s/vdavinci%u", dir ? dir : "/dev", id);
+}
+
+/* The template's AI cores ("vir04" -> 4) and memory (its "_<n>g", else the chip's share). */
+static int template_size(const struct chip *c, const char *name, unsigned int *aic,
+                         unsigned long long *mem) {
+    unsigned int cores = 0;
+    if (sscanf(name, "vir%2u", &cores) != 1 || cores == 0 || c->aicore == 0) return 0;
+    unsigned long long chip_mem = c->hbm_mb ? c->hbm_mb : c->mem_mb;
+    const char *g = strstr(name, "g");
+    unsigned int gib = 0;
+    const char *us = strrchr(name, '_');
+    if (g != NULL && us != NULL && sscanf(us + 1, "%ug", &gib) == 1 && gib > 0) {
+        *mem = (unsigned long long)gib * 1024ULL;
+    } else {
+        *mem = chip_mem * cores / c->aicore;
+    }
+    *aic = cores;
+    return 1;
+}
+
+/* Makes the vNPU from the template (ids chosen when ANY_ID is asked, as the driver does):
+ * refused when the chip has not enough AI cores or memory left. */
+int dcmi_create_vdevice(int card_id, int device_id, struct dcmi_create_vdev_res_stru *vdev,
+                        struct dcmi_create_vdev_out *out) {
+    BEGIN_CARD(st, "dcmi_create_vdevice", card_id);
+    if (vdev == NULL || out == NULL) return DCMI_ERR_CODE_INVALID_PARAMETER;
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    char name[TEMPLATE_NAME_LEN];
+    memcpy(name, vdev->template_name, sizeof(name));
+    name[sizeof(name) - 1] = '\0';
+    unsigned int aic = 0;
+    unsigned long long mem = 0;
+    if (!template_size(c, name, &aic, &mem) || strlen(name) >= DCMI_VDEV_RES_NAME_LEN)
+        return DCMI_ERR_CODE_INVALID_PARAMETER;
+    unsigned int used_aic = 0;
+    unsigned long long used_mem = 0;
+    unsigned int id = vdev->vdev_id == ANY_ID ? FIRST_VDEV_ID : vdev->vdev_id;
+    for (int again = 1; again;) {
+        again = 0;
+        for (int i = 0; i < st.vdev_count; i++) {
+            if (st.vdevs[i].id == id) {
+                if (vdev->vdev_id != ANY_ID) return DCMI_ERR_CODE_INNER_ERR;
+                id++;
+                again = 1;
+            }
+        }
+    }
+    for (int i = 0; i < st.vdev_count; i++) {
+        if (st.vdevs[i].card == card_id && st.vdevs[i].dev == device_id) {
+            used_aic += st.vdevs[i].aicore;
+            used_mem += st.vdevs[i].memory_mb;
+        }
+    }
+    unsigned long long chip_mem = c->hbm_mb ? c->hbm_mb : c->mem_mb;
+    if (used_aic + aic > c->aicore || used_mem + mem > chip_mem) return DCMI_ERR_CODE_INNER_ERR;
+    unsigned int vfg = vdev->vfg_id == ANY_ID ? id - FIRST_VDEV_ID : vdev->vfg_id;
+    FILE *f = fopen(created_path(), "a");
+    if (f == NULL) return DCMI_ERR_CODE_INNER_ERR;
+    fprintf(f, "vdev %d %d %u %s %u %llu %u 0 0\n", card_id, device_id, id, name, aic, mem, vfg);
+    fclose(f);
+    char node[4200];
+    node_path(node, sizeof(node), id);
+    FILE *n = fopen(node, "w");
+    if (n != NULL) fclose(n);
+    memset(out, 0, sizeof(*out));
+    out->vdev_id = id;
+    out->vfg_id = vfg;
+    out->pcie_bus = c->bus;
+    out->pcie_device = c->device;
+    out->pcie_func = c->function;
+    return DCMI_OK;
+}
+
+/* Destroys a vNPU dcmi_create_vdevice made (its line and its node). */
+int dcmi_set_destroy_vdevice(int card_id, int device_id, unsigned int vdevid) {
+    BEGIN_CARD(st, "dcmi_set_destroy_vdevice", card_id);
+    CHIP_OR_FAIL(st, c, card_id, device_id);
+    (void)c;
+    const char *path = created_path();
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return DCMI_ERR_CODE_INVALID_DEVICE_ID;
+    char kept[MAX_VDEVS][256];
+    int count = 0, found = 0;
+    char line[256];
+    while (fgets(line, sizeof(line), f) && count < MAX_VDEVS) {
+        int card, dev;
+        unsigned int id;
+        if (sscanf(line, "vdev %d %d %u", &card, &dev, &id) == 3 && card == card_id &&
+            dev == device_id && id == vdevid) {
+            found = 1;
+            continue;
+        }
+        strcpy(kept[count++], line);
+    }
+    fclose(f);
+    if (!found) return DCMI_ERR_CODE_INVALID_DEVICE_ID;
+    char temporary[4200];
+    snprintf(temporary, sizeof(temporary), "%s.tmp", path);
+    FILE *w = fopen(temporary, "w");
+    if (w == NULL) return DCMI_ERR_CODE_INNER_ERR;
+    for (int i = 0; i < count; i++) fputs(kept[i], w);
+    fclose(w);
+    if (rename(temporary, path) != 0) return DCMI_ERR_CODE_INNER_ERR;
+    char node[4200];
+    node_path(node, sizeof(node), vdevid);
+    remove(node);
+    return DCMI_OK;
 }
