@@ -243,9 +243,9 @@ async def test_preparing_a_4c_and_a_2c_claim_makes_a_vnpu_for_each_and_unprepare
             assert refused.uid not in preparer.checkpoint.claims
             assert cl.read_claim_spec(cdi_dir, refused.uid) is None
 
-            answer = await stub.NodeUnprepareResources(
+            undone = await stub.NodeUnprepareResources(
                 pb.NodeUnprepareResourcesRequest(claims=[four, two]))
-            assert [answer.claims[c.uid].error for c in (four, two)] == ["", ""]
+            assert [undone.claims[c.uid].error for c in (four, two)] == ["", ""]
             assert chip.created_vnpus() == []
             assert not any((chip.root / "dev" / f"vdavinci{v}").exists()
                            for v in made.values())
