@@ -268,7 +268,7 @@ class PreparingHandler(DiscoveryHandler, Protocol):
 class ClaimDevice:
     """What a handler made on the node for one device of a DRA claim: ``device`` as the
     claim's containers get it, and ``record``, what undoing it needs (text only: the agent
-    keeps it in its prepared-claims record, across restarts)."""
+    keeps it in its prepared-claims record, across restarts, and logs it; never a secret)."""
 
     device: Device
     record: Mapping[str, str]

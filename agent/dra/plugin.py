@@ -196,7 +196,8 @@ class ClaimPreparer:
                 raise
             self._report(uid, prepared, claim)
             log.info("claim prepared", extra={"claim": f"{namespace}/{name}", "uid": uid,
-                                              "devices": [r.device for r in wanted]})
+                                              "devices": [r.device for r in wanted],
+                                              "made": [dict(m.record) for m in made if m]})
             return prepared
 
     async def unprepare(self, namespace: str, name: str, uid: str) -> None:
