@@ -37,13 +37,12 @@ from tests.harness.kube_waits import until, wait_service_account
 from tests.harness.realnode import RealNode
 from tests.harness.realnode_brokers import (
     END_MARK,
-    ENV_MARK,
     Broker,
+    broker_spec,
     logged_env,
     plane,
     start_agent,
 )
-from tests.harness.realnode_images import BUSYBOX_IMAGE
 
 __all__ = ["dcmi_library", "plane"]  # the fixtures
 
@@ -73,17 +72,11 @@ def npu_node(plane: ControlPlane) -> Iterator[RealNode]:
 
 
 def claiming_pod(name: str, template: str, proof: str) -> dict[str, Any]:
-    script = f"echo {ENV_MARK}; env | sort; {proof}; echo {END_MARK}; exec sleep 3600"
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "npu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", script],
-                            "resources": {"claims": [{"name": "npu"}]}}],
-        },
-    }
+    """The brokers' busybox (prints its env and ``proof``) as a pod holding one claim."""
+    spec = broker_spec(proof)
+    spec["resourceClaims"] = [{"name": "npu", "resourceClaimTemplateName": template}]
+    spec["containers"][0]["resources"] = {"claims": [{"name": "npu"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 async def test_a_pod_holding_a_2c_partition_runs_with_its_vnpu(
