@@ -15,6 +15,7 @@ import pytest
 
 from discovery_handlers.ascend import handler, sources, vnpu_claims, vnpu_dcmi
 from discovery_handlers.ascend.details import AscendDetails
+from discovery_handlers.ascend.handler import ChipsUnhealthy
 from discovery_handlers.ascend.sources import scan
 from discovery_handlers.contract import DeviceSpec
 from tests.harness.ascend_node import (
@@ -174,5 +175,16 @@ async def test_a_partition_gets_its_vnpu_made_at_prepare_and_destroyed_at_unprep
     node.fail("dcmi_create_vdevice", -8005)
     with pytest.raises(vnpu_claims.VnpuNotMade, match="chip davinci2, template vir05_1c_8g "
                                                       "failed: dcmi_create_vdevice returned"):
+        await handler.prepare_claim_device(parsed, offered[1])
+    assert node.created_vnpus() == []
+
+    node.chips = [c for c in node.chips if c.phy != 2]  # the chip drops off the bus
+    node.write()
+    with pytest.raises(ChipsUnhealthy, match="davinci2-vir05-1c-8g-1 is gone"):
+        await handler.prepare(parsed, [offered[1]])
+    node.fails.clear()
+    node.write()
+    with pytest.raises(vnpu_claims.VnpuNotMade, match="chip davinci2, template vir05_1c_8g "
+                                                      "failed: dcmi_create_vdevice returned -8007"):
         await handler.prepare_claim_device(parsed, offered[1])
     assert node.created_vnpus() == []
