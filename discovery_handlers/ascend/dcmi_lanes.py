@@ -179,19 +179,26 @@ class BoundedDcmi:
             problems.extend(scan.problems)
         return dcmi.DcmiScan(chips=tuple(chips), problems=tuple(problems))
 
-    def on_card(self, card: int, function: Callable[[dcmi.Dcmi], _T], timeout: float) -> _T:
+    def on_card(self, card: int, function: Callable[[dcmi.Dcmi], _T], timeout: float, *,
+                answered_late: Callable[[_T], None] | None = None) -> _T:
         """``function(library)`` on ``card``'s lane, within ``timeout``; raises ``DcmiError``
-        when the library cannot load or the card's lane is stuck or does not answer in time."""
+        when the library cannot load or the card's lane is stuck or does not answer in time.
+        A call that answers after that gives its answer to ``answered_late``, on a thread of
+        its own (to undo what it did: the caller was told it failed)."""
         if not self._pass.acquire(timeout=3 * timeout):
             raise dcmi.DcmiError("an earlier DCMI pass is still running")
+        future: Future[_T] | None = None
         try:
             library = self._load(timeout)
             lane = self._cards.get(card)
             if lane is None:
                 lane = self._cards[card] = Lane(f"card {card}")
             try:
-                return lane.call(lambda: function(library), timeout)
+                future = lane.submit(lambda: function(library), timeout)
+                return lane.wait(future, timeout)
             except LaneStuck as stuck:
+                if future is not None and answered_late is not None:
+                    future.add_done_callback(lambda done: _late(done, answered_late))
                 raise dcmi.DcmiError(f"card {card}: {stuck.describe()}") from None
         finally:
             self._pass.release()
@@ -214,6 +221,12 @@ class BoundedDcmi:
         problems.append(reason)
         return [replace(chip, health=Health.unhealthy(reason), error_codes=None, problems=())
                 for chip in self._last_chips.get(card, ())]
+
+
+def _late(done: Future[_T], answered_late: Callable[[_T], None]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        threading.Thread(target=answered_late, args=(done.result(),), name="dcmi-late",
+                         daemon=True).start()
 
 
 def _reader(library: dcmi.Dcmi, card: int) -> Callable[[], dcmi.DcmiScan]:

@@ -2,7 +2,8 @@
 template is created on its chip through DCMI (``vnpu_dcmi``), and the claim's containers get
 that vNPU as Huawei's plugin gives one (``/dev/vdavinci<id>`` as ``/dev/davinci<id>``, the
 shared nodes, ``ASCEND_VISIBLE_DEVICES=<id>``, ``ASCEND_RUNTIME_OPTIONS=VIRTUAL``); when it is
-unprepared the vNPU is destroyed. The vNPUs made here are remembered per host root, so
+unprepared the vNPU is destroyed (as is one whose creation answers only after its claim was
+refused for the wait). The vNPUs made here are remembered per host root, so
 discovery keeps offering their chip's partitions and never serves them as an admin's vNPUs.
 Blocking (DCMI): run on the handlers' pool. Why, and what is not done: docs/handlers/ascend.md,
 "A chip split by the scheduler".
@@ -10,6 +11,7 @@ Blocking (DCMI): run on the handlers' pool. Why, and what is not done: docs/hand
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -49,6 +51,7 @@ HOST_ROOT, LIBRARY, CARD, DEVICE, PHY, VNPU, TEMPLATE, TIMEOUT = (
 _PARTITION_ONLY = (PARTITION_COUNTER_SET, PARTITION_CONSUMES, PARTITION_SHARED)
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 _made: set[tuple[str, int, int]] = set()  # (host root, chip's physical id, vNPU id)
 _made_lock = threading.Lock()
 
@@ -84,16 +87,25 @@ def make(details: AscendDetails, device: Device) -> ClaimDevice | None:
     card, dev = int(device.extra[EXTRA_CARD]), int(device.extra[EXTRA_DEVICE_INDEX])
     library = details.on_host(details.library_path) if details.library_path else ""
     timeout = details.dcmi_timeout_seconds
+
+    def record_of(vdev: int) -> dict[str, str]:
+        return {HOST_ROOT: details.host_root, LIBRARY: library, CARD: str(card),
+                DEVICE: str(dev), PHY: str(phy), VNPU: str(vdev), TEMPLATE: template,
+                TIMEOUT: str(timeout)}
+
+    def made_too_late(answer: tuple[int | None, str]) -> None:
+        if answer[0] is not None:  # the claim was refused meanwhile: nobody holds it
+            _destroy_unheld(record_of(answer[0]))
+
     try:
-        vdev, problem = _bounded(library, card, timeout, lambda lib: vnpu_dcmi.create_vnpu(
-            lib.call, card, dev, template))
+        vdev, problem = dcmi_lanes.library(library or None).on_card(
+            card, lambda lib: vnpu_dcmi.create_vnpu(lib.call, card, dev, template), timeout,
+            answered_late=made_too_late)
     except dcmi.DcmiError as error:
         raise VnpuNotMade(f"cannot create a vNPU on {where}: {error}") from error
     if vdev is None:
         raise VnpuNotMade(f"creating a vNPU on {where} failed: {problem}")
-    record = {HOST_ROOT: details.host_root, LIBRARY: library, CARD: str(card),
-              DEVICE: str(dev), PHY: str(phy), VNPU: str(vdev), TEMPLATE: template,
-              TIMEOUT: str(timeout)}
+    record = record_of(vdev)
     if not os.path.exists(details.on_host(vnpu_node(vdev))):
         undone = "destroyed again"
         try:
@@ -125,6 +137,18 @@ def destroy(record: Mapping[str, str]) -> None:
 
 def _bounded(library: str, card: int, timeout: float, call: Callable[[dcmi.Dcmi], _T]) -> _T:
     return dcmi_lanes.library(library or None).on_card(card, call, timeout)
+
+
+def _destroy_unheld(record: Mapping[str, str]) -> None:
+    """A vNPU whose creation answered after its claim was refused, destroyed (or logged)."""
+    try:
+        destroy(record)
+    except VnpuNotMade as error:
+        log.error("a vNPU created after its claim was refused could not be destroyed: %s "
+                  "(npu-smi set -t destroy-vnpu removes it)", error)
+        return
+    log.warning("destroyed vNPU %s of chip %s (%s): its creation answered after its claim "
+                "was refused", record[VNPU], device_id(int(record[PHY])), record[TEMPLATE])
 
 
 def _as_vnpu(details: AscendDetails, partition: Device, vdev: int, card: int) -> Device:

@@ -18,6 +18,7 @@ from discovery_handlers.ascend.details import AscendDetails
 from discovery_handlers.ascend.handler import ChipsUnhealthy
 from discovery_handlers.ascend.sources import scan
 from discovery_handlers.contract import DeviceSpec
+from tests.harness import agent_process as harness
 from tests.harness.ascend_node import (
     STATE_ENV,
     AscendNode,
@@ -188,3 +189,23 @@ async def test_a_partition_gets_its_vnpu_made_at_prepare_and_destroyed_at_unprep
                                                       "failed: dcmi_create_vdevice returned -8007"):
         await handler.prepare_claim_device(parsed, offered[1])
     assert node.created_vnpus() == []
+
+
+async def test_a_vnpu_whose_creation_answers_after_its_claim_was_refused_is_destroyed(
+        node: AscendNode, caplog: pytest.LogCaptureFixture) -> None:
+    parsed = details(node, vnpuPartitions=["Ascend910-5c.1cpu.8g"], dcmiTimeoutSeconds=0.5)
+    (partition, *_) = scan(parsed).devices
+    node.hang("dcmi_create_vdevice", 2)  # chip 2's card stops answering, as after a drop
+    with pytest.raises(vnpu_claims.VnpuNotMade, match=r"cannot create a vNPU on chip davinci2, "
+                                                      r"template vir05_1c_8g: card 2: DCMI "
+                                                      r"dcmi_create_vdevice .* did not answer"):
+        await handler.prepare_claim_device(parsed, partition)
+    node.unhang()  # the stuck call now makes the vNPU, for a claim already refused
+
+    async def undone() -> bool | None:
+        said = any("its creation answered after its claim was refused" in r.getMessage()
+                   for r in caplog.records)
+        return (said and node.created_vnpus() == []) or None
+
+    await harness.eventually(undone, what="the late vNPU destroyed")
+    assert next(d.id for d in scan(parsed).devices) == partition.id, "the chip offered again"
