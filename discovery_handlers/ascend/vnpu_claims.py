@@ -119,8 +119,7 @@ def make(details: AscendDetails, device: Device) -> ClaimDevice | None:
 
 
 def destroy(record: Mapping[str, str]) -> None:
-    """Destroy the vNPU ``record`` names (one already gone counts as destroyed only when its
-    chip says so: the error is raised otherwise)."""
+    """Destroy the vNPU ``record`` names; one DCMI no longer knows (its chip gone) is done."""
     card, dev, vdev = int(record[CARD]), int(record[DEVICE]), int(record[VNPU])
     where = (f"vNPU {vdev} on chip {device_id(int(record[PHY]))}, template "
              f"{record[TEMPLATE]}")

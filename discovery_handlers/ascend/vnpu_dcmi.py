@@ -34,6 +34,7 @@ DCMI_VDEV_SIZE = 20
 DCMI_VDEV_FOR_RESERVE = 32
 DCMI_SOC_SPLIT_MAX = 32
 NOT_SUPPORTED = -8255  # DCMI_ERR_CODE_NOT_SUPPORT
+GONE = (-8007, -8008)  # DCMI_ERR_CODE_INVALID_DEVICE_ID, DCMI_ERR_CODE_DEVICE_NOT_EXIST
 TEMPLATE_NAME_LEN = 32
 ANY_ID = 0xFFFFFFFF  # a vNPU id or vGroup the driver chooses
 #: ``dcmi_get_device_info``'s argument types (``enum dcmi_main_cmd`` is int-sized).
@@ -165,6 +166,7 @@ def create_vnpu(call: Call, card: int, dev: int, template: str) -> tuple[int | N
 
 
 def destroy_vnpu(call: Call, card: int, dev: int, vdev_id: int) -> str:
-    """"" once the vNPU is destroyed, else what failed."""
+    """"" once the vNPU is destroyed or gone (DCMI knows no such chip or vNPU any more: it went
+    with its chip, or was destroyed by hand), else what failed."""
     code = call("dcmi_set_destroy_vdevice", card, dev, vdev_id)
-    return f"dcmi_set_destroy_vdevice returned {code}" if code != 0 else ""
+    return f"dcmi_set_destroy_vdevice returned {code}" if code not in (0, *GONE) else ""
