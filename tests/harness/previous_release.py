@@ -50,6 +50,10 @@ def previous_commit() -> str:
     chosen = os.environ.get("EDGEPLUG_PREVIOUS_RELEASE")
     if chosen:
         return _git("rev-parse", "--verify", f"{chosen}^{{commit}}")
+    if _git("rev-parse", "--is-shallow-repository") == "true":
+        # A shallow clone lacks the previous release: fetch the history from where it came.
+        subprocess.run(["git", "fetch", "--quiet", "--unshallow"], cwd=REPO_ROOT, check=False,
+                       capture_output=True)
     commit = _git("rev-list", "-1", f"--before={PREVIOUS_RELEASE_BEFORE}", "HEAD")
     if not commit:
         raise RuntimeError(f"no commit before {PREVIOUS_RELEASE_BEFORE} in this history")
