@@ -67,8 +67,8 @@ class NodeDevice:
 
 #: Handler class → whether it is a ``PreparingHandler``. ``isinstance`` against a runtime-checkable
 #: Protocol walks the Protocol's members on every call; every reconcile pass asks this of every
-#: served device twice (docs/benchmarks.md has what it cost). No handler gains or loses ``prepare``
-#: after it is made, so the answer for the first handler of a class holds for the class.
+#: served device twice. No handler gains or loses ``prepare`` after it is made, so the answer
+#: for the first handler of a class holds for the class.
 _PREPARING: dict[type, bool] = {}
 
 
