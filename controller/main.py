@@ -23,16 +23,16 @@ import kopf
 from lightkube import KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 
-from controller.agent_access import AGENT_ACCOUNT, AgentAccess
-from controller.engine import Engine
-from controller.eventbatch import EventPoster
-from controller.handlers import register
-from controller.kube import MAX_WRITES_IN_FLIGHT, Kube, make_client
+from controller.brokers.eventbatch import EventPoster
+from controller.brokers.reconciler import Reconciler
+from controller.engine.dispatch import Engine
+from controller.engine.handlers import register
+from controller.engine.peering import CLUSTER
+from controller.grants.agent_access import AGENT_ACCOUNT, AgentAccess
+from controller.kube.client import MAX_WRITES_IN_FLIGHT, Kube, make_client
+from controller.kube.rest import Rest
 from controller.metrics import ControllerMetrics, count_by_node
 from controller.naming import FINALIZER
-from controller.peering import CLUSTER
-from controller.reconciler import Reconciler
-from controller.rest import Rest
 from controller.settings import ControllerSettings
 from controller.webhook.server import WebhookServer
 from controller.webhook.settings import own_namespace
@@ -175,10 +175,10 @@ async def run(
             client, account=agent_account, node_accounts=f"{own_namespace()}-nodes").run(),
             name="agent-access"))
         if settings.dra:
-            from controller.agent_gone_taints import AgentGoneTaints
-            from controller.agent_liveness import AgentLiveness
-            from controller.device_classes import DeviceClasses
-            from controller.dra_usage import DraUsage
+            from controller.dra.agent_gone_taints import AgentGoneTaints
+            from controller.dra.agent_liveness import AgentLiveness
+            from controller.dra.device_classes import DeviceClasses
+            from controller.dra.dra_usage import DraUsage
 
             classes = DeviceClasses(client, namespaces=settings.namespaces,
                                     extended_resources=settings.dra_extended_resources)

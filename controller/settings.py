@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from controller.agent_liveness import DEFAULT_AGENT_GRACE_S
-from controller.nodes import DEFAULT_NODE_NOT_READY_GRACE_S
-from controller.options import add_options, option, option_values
-from controller.plans import (
+from controller.brokers.nodes import DEFAULT_NODE_NOT_READY_GRACE_S
+from controller.brokers.plans import (
     DEFAULT_PENDING_GRACE_S,
     DEFAULT_RESTART_BACKOFF_BASE_S,
     DEFAULT_RESTART_BACKOFF_MAX_S,
     BrokerPolicy,
 )
+from controller.dra.agent_liveness import DEFAULT_AGENT_GRACE_S
+from controller.options import add_options, option, option_values
 from controller.webhook.settings import WebhookSettings, add_webhook_arguments, webhook_settings
 
 #: How often everything is queued for a full reconcile anyway. Watch events make the controller
@@ -121,7 +121,7 @@ class ControllerSettings:
     metrics_address: str = field(default=DEFAULT_METRICS_ADDRESS, metadata=option(
         "--metrics-address", "address the metrics server binds (default: %(default)s)",
         metavar="ADDRESS"))
-    #: DRA: one DeviceClass per Configuration (``controller.device_classes``); off by default.
+    #: DRA: one DeviceClass per Configuration (``controller.dra.device_classes``); off by default.
     dra: bool = field(default=False, metadata=option(
         "--dra", "keep one DRA DeviceClass (resource.k8s.io/v1) per Configuration, for claims"
         " on the devices agents with DRA=on publish, and the Instances' servedBy and claims"

@@ -24,9 +24,9 @@ from typing import Any, Final
 from lightkube import AsyncClient
 from lightkube.types import PatchType
 
-from controller.agent_liveness import without_gone
+from controller.dra.agent_liveness import without_gone
 from controller.pool_inputs import SharedDevice, pool_inputs
-from controller.shared_allocation import put_mode
+from controller.dra.shared_allocation import put_mode
 from crds import dra, dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
 from crds.instance import Instance

@@ -166,7 +166,7 @@ def instance_selector(instance: str) -> str:
 #: The claim a broker pod gets its device through (``spec.brokerDeviceAccess: dra``): the name
 #: of the pod's ``resourceClaims`` entry and of the template's one request.
 BROKER_CLAIM: Final = "edgeplug-device"
-#: ``status.servedBy`` of an Instance (``controller.dra_usage``): how its device is offered.
+#: ``status.servedBy`` of an Instance (``controller.dra.dra_usage``): how its device is offered.
 SERVED_BY_DEVICE_PLUGIN: Final = "device-plugin"
 SERVED_BY_DRA: Final = "dra"
 SERVED_BY_BOTH: Final = "both"

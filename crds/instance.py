@@ -35,7 +35,7 @@ SPEC_FIELDS: Final[Mapping[str, str]] = {
 }
 
 CONFIGURATION_USAGE_PREFIX: Final = "C:"
-#: Status fields the controller writes (``controller.dra_usage``); the rest of ``status`` is the
+#: Status fields the controller writes (``controller.dra.dra_usage``); the rest of ``status`` is the
 #: agents' (``Instance.status_to_object``). ``servedBy`` is for display only; ``claims`` is also
 #: read by the agents (``Instance.claims``).
 STATUS_SERVED_BY: Final = "servedBy"

@@ -70,7 +70,7 @@ from lightkube.types import PatchType
 from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
 from agent.kube import ConfigurationResource, as_dict
-from controller.device_classes import DeviceClasses
+from controller.dra.device_classes import DeviceClasses
 from crds import dra
 from crds.naming import instance_name, instance_resource_name
 from tests.bench.bench_agent_setup import BenchNode, agent_tree, bench_node, quiet_logs

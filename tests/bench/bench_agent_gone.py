@@ -22,17 +22,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agent.liveness import LivenessLease
 from lightkube import KubeConfig
 from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.dra.publisher import DraPublisher
 from agent.kube import InstanceResource
-from agent.liveness import LivenessLease
-from controller.agent_gone_taints import AgentGoneTaints
-from controller.agent_liveness import AgentLiveness
-from controller.device_classes import DeviceClasses
-from controller.rest import Rest
+from controller.dra.agent_gone_taints import AgentGoneTaints
+from controller.dra.agent_liveness import AgentLiveness
+from controller.dra.device_classes import DeviceClasses
+from controller.kube.rest import Rest
 from crds.naming import instance_name
 from tests.bench.stats import machine_speed_line
 from tests.harness import agent_process as harness

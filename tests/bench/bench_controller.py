@@ -16,7 +16,7 @@ process) against a real control plane and times API watch events seen by this pr
 - steady state: controller CPU and writes over 25 s with nothing changing;
 - restart, after the scale run's steady state: the controller stopped and started again with
   every broker in place, an Instance created at once → its broker (workers start once every
-  watch holds its listing, ``controller/engine.py``: the time to list and look at the whole
+  watch holds its listing, ``controller/engine/dispatch.py``: the time to list and look at the whole
   cluster again), with the new process's CPU, RSS and writes until then;
 - outage: the API server stopped for N seconds → a new Instance's broker after it returns;
 - failover: the active replica SIGKILLed → a new Instance's broker from the standby.
@@ -42,7 +42,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.codecs import from_dict
 
 from controller import naming
-from controller.kube import InstanceResource
+from controller.kube.client import InstanceResource
 from tests.bench.controller_cluster import node_names, placement, start_kubelets
 from tests.bench.controller_faults import failover, outage
 from tests.bench.controller_floor import floor_run

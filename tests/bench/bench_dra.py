@@ -36,7 +36,7 @@ from agent import watching
 from agent.dra import slices
 from agent.dra.publisher import MIN_PASS_INTERVAL, ResourceSliceResource
 from agent.kube import InstanceResource, as_dict
-from controller.device_classes import DeviceClasses
+from controller.dra.device_classes import DeviceClasses
 from crds.naming import instance_name
 from tests.bench.bench_agent_memory import INSTANCES, TARGET_MIB, _read_memory, _ready
 from tests.bench.bench_agent_setup import bench_node, daemonset_env, quiet_logs

@@ -50,7 +50,7 @@ from lightkube.resources.core_v1 import Pod
 
 from agent import watching
 from agent.kube import as_dict
-from controller.instance_classes import DeviceClassResource
+from controller.dra.instance_classes import DeviceClassResource
 from controller.shared_pools import SharedPools
 from crds import dra, dra_slices
 from crds.configuration import Allocator

@@ -41,7 +41,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from controller.instance_classes import DeviceClassResource, as_dict
+from controller.dra.instance_classes import DeviceClassResource, as_dict
 from crds import dra, dra_slices
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource

@@ -20,14 +20,14 @@ from tests.harness.controlplane import REPO_ROOT
 
 MODES: dict[str, tuple[str, ...]] = {
     "DRA default (shared devices: slices, claims, classes, the choice)": (
-        "agent/dra/*.py", "controller/device_classes.py", "controller/instance_classes.py",
-        "controller/shared_allocation.py", "crds/dra.py", "crds/dra_features.py",
+        "agent/dra/*.py", "controller/dra/device_classes.py", "controller/dra/instance_classes.py",
+        "controller/dra/shared_allocation.py", "crds/dra.py", "crds/dra_features.py",
     ),
     "device-plugin slots, both modes (local devices: claims, reservations, freeing)": (
         "agent/slots/*.py", "crds/pinning.py",
     ),
     "compatibility mode only (the cross-node protocol, agent/slots/compat, loaded on demand)": (
-        "agent/slots/compat/*.py", "controller/pinned_demand.py",
+        "agent/slots/compat/*.py", "controller/brokers/pinned_demand.py",
     ),
     "shared by both (kubelet device-plugin server)": (
         "agent/deviceplugin/*.py",

@@ -29,7 +29,7 @@ from typing import Any, Final
 import aiohttp
 from lightkube import KubeConfig
 
-from controller.rest import Rest
+from controller.kube.rest import Rest
 from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controller_process import wait_until
 from tests.harness.controlplane import ControlPlane

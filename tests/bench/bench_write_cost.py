@@ -22,7 +22,7 @@ from typing import Any, Final
 from lightkube import AsyncClient
 from lightkube.types import PatchType
 
-from controller.instance_classes import DeviceClassResource
+from controller.dra.instance_classes import DeviceClassResource
 from crds import dra, dra_slices
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource

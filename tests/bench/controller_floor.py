@@ -19,7 +19,7 @@ from typing import Any
 from lightkube import AsyncClient, KubeConfig
 from lightkube.codecs import from_dict
 
-from controller.brokers import render_broker_pod
+from controller.brokers.render import render_broker_pod
 from crds.configuration import Configuration
 from crds.instance import Instance
 from tests.bench.controller_cluster import placement, start_kubelets

@@ -4,7 +4,7 @@ Issue 21's third case: two nodes see one shared device of capacity 2 (one slot r
 each); six pods pinned by a ``kubernetes.io/hostname`` nodeSelector, three per node, and none
 labelled ``edgeplug.io/target-node``. As running pods are deleted the waiting ones must take the
 freed slots, whichever node freed them. Before the controller counted pinned pods on the Node
-(controller/pinned_demand.py → the ``edgeplug.io/pinned-demand`` annotation →
+(controller/brokers/pinned_demand.py → the ``edgeplug.io/pinned-demand`` annotation →
 agent/slots/compat/demand.py), a slot freed on one node stayed reserved there while the other node's
 pod waited: nothing was admitted for 45 s.
 

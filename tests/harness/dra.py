@@ -27,8 +27,8 @@ from lightkube.resources.core_v1 import Pod
 from agent.dra.publisher import DraPublisher, ResourceSliceResource
 from agent.kube import as_dict
 from agent.kubeletapi import dra_v1_pb2 as pb
-from controller.device_classes import DeviceClasses
-from controller.instance_classes import DeviceClassResource
+from controller.dra.device_classes import DeviceClasses
+from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from tests.harness import agent_process, echo_handlers
 from tests.harness.controlplane import ControlPlane

@@ -1,6 +1,6 @@
-"""The controller's grants to the agents (controller/agent_access.py: the offers of
-controller/offer_grants.py and the nodes' named reads), run on the controller's own token in a
-thread of their own, for tests whose agents run with their own token but no controller: the
+"""The controller's grants to the agents (controller/grants/agent_access.py: the offers of
+controller/grants/offer_grants.py and the nodes' named reads), run on the controller's own token
+in a thread of their own, for tests whose agents run with their own token but no controller: the
 agents' Instance and ResourceSlice policies refuse a node's writes for any Configuration no
 grant names, as they do in a cluster.
 """
@@ -18,7 +18,7 @@ from typing import cast
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 
-from controller.agent_access import AgentAccess
+from controller.grants.agent_access import AgentAccess
 from crds.offers import EVERY_NODE, OFFER_GROUP, OFFER_RESOURCE, OFFER_VERB, offer_name
 from tests.harness.controlplane import ControlPlane
 from tests.harness.service_accounts import (

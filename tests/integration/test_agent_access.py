@@ -1,7 +1,7 @@
 """The controller's agent-access Roles let the agent read exactly the referenced Secrets.
 
-Why this exists: controller/agent_access.py is what would let the agent's ClusterRole drop its
-cluster-wide Secret and ConfigMap reads (deploy/README.md, "What a node's agent can do"). Here
+Why this exists: controller/grants/agent_access.py is what would let the agent's ClusterRole drop
+its cluster-wide Secret and ConfigMap reads (deploy/README.md, "What a node's agent can do"). Here
 it runs against the real API server, granting two nodes' own accounts (agent/node_account.py:
 ``node-<node>`` in a node-accounts namespace of the test's own, with no other grant, so that
 every answer comes from these Roles alone): the Secret and the ConfigMap a Configuration names
@@ -21,7 +21,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.resources.rbac_authorization_v1 import Role
 
-from controller.agent_access import ROLE_NAME, AgentAccess
+from controller.grants.agent_access import ROLE_NAME, AgentAccess
 from tests.harness.agent_process import api_client, apply, debug_echo_configuration, eventually
 from tests.harness.aio_process import task_running
 from tests.harness.controlplane import ControlPlane

@@ -16,12 +16,12 @@ import json
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from agent.liveness import LivenessLease
 from lightkube import AsyncClient, KubeConfig
 
-from agent.liveness import LivenessLease
-from controller.agent_gone_taints import AgentGoneTaints, rule_body
-from controller.agent_liveness import AgentLiveness
-from controller.rest import Rest
+from controller.dra.agent_gone_taints import AgentGoneTaints, rule_body
+from controller.dra.agent_liveness import AgentLiveness
+from controller.kube.rest import Rest
 from tests.harness.agent_process import eventually
 from tests.harness.controlplane import ControlPlane, running
 

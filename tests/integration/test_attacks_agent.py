@@ -43,23 +43,23 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from agent.events import ConfigurationReporter, emit_event
+from agent.instance_placement import REASON_NAME_COLLISION, REASON_NAME_TAKEN
+from agent.instance_publisher import InstancePublisher
+from agent.node_account import NodeAccount
+from agent.node_devices import NodeDeviceTable
+from agent.node_instances import serves_label
+from agent.node_labels import NodeLabels
+from agent.slots.service import serve_device_plugins
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Secret, ServiceAccount
 from lightkube.types import PatchType
 
 from agent.dra.claim_status import ResourceClaimResource
 from agent.dra.publisher import ResourceSliceResource
-from agent.events import ConfigurationReporter, emit_event
-from agent.instance_placement import REASON_NAME_COLLISION, REASON_NAME_TAKEN
-from agent.instance_publisher import InstancePublisher
 from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
 from agent.metrics import AgentMetrics
-from agent.node_account import NodeAccount
-from agent.node_devices import NodeDeviceTable
-from agent.node_instances import serves_label
-from agent.node_labels import NodeLabels
-from agent.slots.service import serve_device_plugins
-from controller import status as controller_status
+from controller.brokers import status as controller_status
 from crds import dra
 from crds.configuration import Configuration
 from crds.naming import (

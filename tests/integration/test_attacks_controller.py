@@ -51,12 +51,12 @@ from lightkube.resources.rbac_authorization_v1 import (
 )
 from lightkube.types import PatchType
 
-from controller.agent_access import ROLE_NAME, AgentAccess
-from controller.eventbatch import event_object
-from controller.instance_classes import DeviceClassResource
-from controller.kube import Kube
+from controller.brokers.eventbatch import event_object
+from controller.dra.instance_classes import DeviceClassResource
+from controller.grants.agent_access import ROLE_NAME, AgentAccess
+from controller.kube.client import Kube
+from controller.kube.rest import Rest
 from controller.main import REPORTING_COMPONENT
-from controller.rest import Rest
 from controller.webhook.certs import plan
 from controller.webhook.server import CertificateKeeper
 from controller.webhook.settings import WebhookSettings
@@ -257,7 +257,8 @@ def _agent_subject() -> list[dict[str, str]]:
 
 
 def _node_subjects() -> list[dict[str, str]]:
-    """What controller/agent_access.py binds a namespace's named reads to: nodes' accounts."""
+    """What controller/grants/agent_access.py binds a namespace's named reads to: nodes'
+    accounts."""
     return [{"kind": "ServiceAccount", "name": "node-a", "namespace": f"{SYSTEM_NAMESPACE}-nodes"}]
 
 
@@ -496,7 +497,7 @@ OFFER_WIDENINGS: dict[str, list[dict[str, Any]]] = {
 def test_controllers_offer_role_grants_nothing_but_named_offers(
     installed: ControlPlane, ctl: Client, namespace: str, widening: str
 ) -> None:
-    """Issue 47: the Role controller/offer_grants.py keeps names which nodes may offer which
+    """Issue 47: the Role controller/grants/offer_grants.py keeps names which nodes may offer which
     Configuration's devices; written with RBAC's escalate, it may say nothing else, in any
     namespace, and bind nobody but the agent."""
     offers = "edgeplug-agent-offers"
@@ -543,7 +544,7 @@ async def test_agent_access_on_the_controllers_token_grants_exactly_the_named_se
     installed: ControlPlane, controller_identity: Identity, node_identity: Identity,
     namespace: str, tmp_path: Path,
 ) -> None:
-    """The control, and the attack through the controller: controller/agent_access.py on the
+    """The control, and the attack through the controller: controller/grants/agent_access.py on the
     controller's own token writes the agent's Role and RoleBinding (escalate and bind by name)
     for the Secret a Configuration names, and for the kube-system Secret another Configuration
     names (one admitted where no reference policy is bound, and one in kube-system itself)
@@ -879,7 +880,7 @@ def test_controller_token_cannot_change_a_configurations_spec(
 async def test_controller_still_makes_brokers_services_and_finalizers(
     installed: ControlPlane, controller_identity: Identity, namespace: str
 ) -> None:
-    """The control: the writes controller/kube.py really makes, on the controller's token."""
+    """The control: the writes controller/kube/client.py really makes, on the controller's token."""
     cp = installed
     cfg = _broker_configuration("cams", {"containers": [_container()]})
     cp.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(cfg))
@@ -999,7 +1000,7 @@ def test_controller_token_writes_only_its_own_device_classes(
                            'device.driver == "gpu.example.com"'):
             forged = _device_class(f"x-{s}.edgeplug.io", expression, **ours)
             refused(functools.partial(_create, ctl, forged), because=select_only)
-        # The controls: what controller/device_classes.py and instance_classes.py apply.
+        # The controls: what controller/dra/device_classes.py and instance_classes.py apply.
         bodies = [dra.device_class(namespace, "cam", extended_resource="edgeplug.io/cam"),
                   dra.instance_class(namespace, "cam", "cam-0a0b0c",
                                      extended_resource="edgeplug.io/cam-0a0b0c")]
@@ -1028,7 +1029,7 @@ def _claim_template(namespace: str, name: str, exactly: dict[str, Any]) -> Any:
 def test_controller_token_makes_claim_templates_for_edgeplug_devices_only(
     dra_installed: ControlPlane, ctl: Client, namespace: str
 ) -> None:
-    """A broker's claim template (controller/broker_claims.py) asks for its Configuration's
+    """A broker's claim template (controller/brokers/broker_claims.py) asks for its Configuration's
     class and one Instance: never another vendor's class, never adminAccess."""
     cp = dra_installed
     cp.kubectl("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
@@ -1050,7 +1051,7 @@ def test_controller_token_makes_claim_templates_for_edgeplug_devices_only(
 def test_controller_token_posts_events_only_about_its_own_objects(
     installed: ControlPlane, ctl: Client, namespace: str
 ) -> None:
-    """Its Events (controller/eventbatch.py's event_object) are about Configurations and
+    """Its Events (controller/brokers/eventbatch.py's event_object) are about Configurations and
     Instances, as edgeplug-controller; none about a Node or a pod, none in a node's name."""
     configuration = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration",
                      "metadata": {"name": "cam", "namespace": namespace,

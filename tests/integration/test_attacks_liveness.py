@@ -5,7 +5,7 @@ With deploy/manifests' agent and controller accounts and deploy/dra applied as a
 them, on the real API server: node A's agent token (bound to a pod on A, as its DaemonSet pod's
 is) renews its own Lease through ``agent.liveness`` and is refused renewing, taking, creating,
 reading or deleting node B's; the controller's token writes the rules
-``controller.agent_gone_taints`` writes and is refused a rule on another driver, a shared pool,
+``controller.dra.agent_gone_taints`` writes and is refused a rule on another driver, a shared pool,
 another taint or ``NoExecute`` (which would evict every pod holding the devices), and any
 change to a rule not its own. deploy/README.md says the same.
 """
@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from agent.liveness import LivenessLease
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.types import PatchType
 
-from agent.liveness import LivenessLease
-from controller.agent_gone_taints import AgentGoneTaints, rule_body
-from controller.agent_liveness import AgentLiveness
-from controller.rest import Rest
+from controller.dra.agent_gone_taints import AgentGoneTaints, rule_body
+from controller.dra.agent_liveness import AgentLiveness
+from controller.kube.rest import Rest
 from crds import agent_liveness, dra_slices
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.service_accounts import Identity, apply_manifests, mint, pod_bound
@@ -232,7 +232,7 @@ def test_the_controllers_taint_rules_reach_only_edgeplugs_local_pools(
         _refused_by_policy(lambda: ctl.delete(RuleV1, theirs), RULES_ONLY)
     finally:
         cp.kubectl("delete", "devicetaintrule", theirs, check=False)
-    # The control: the rule controller/agent_gone_taints.py writes, applied and deleted.
+    # The control: the rule controller/dra/agent_gone_taints.py writes, applied and deleted.
     body = rule_body("v1", t.node_a, local)
     ctl.patch(RuleV1, body["metadata"]["name"], body, patch_type=PatchType.APPLY,
               field_manager="edgeplug-controller/agent-gone", force=True)

@@ -20,7 +20,7 @@ import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Event, Pod
 
-from controller.plans import ADMISSION_IMMEDIATE_MAX
+from controller.brokers.plans import ADMISSION_IMMEDIATE_MAX
 from crds.naming import instance_resource_name
 from tests.harness.agent_nodes import StartNode, create_instance, node_device
 from tests.harness.controller_process import (

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent.slots.ledger import SlotLedger, SlotUnavailable
+from agent.slots.rules import Verdict
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.kube import InstanceResource, as_dict
-from agent.slots.ledger import SlotLedger, SlotUnavailable
-from agent.slots.rules import Verdict
-from controller.instance_classes import DeviceClassResource
+from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from crds.instance import SlotUsage
 from crds.naming import instance_name, instance_resource_name, slot_id

@@ -19,7 +19,7 @@ from lightkube.types import PatchType
 from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
 from agent.kube import as_dict
-from controller.instance_classes import DeviceClassResource
+from controller.dra.instance_classes import DeviceClassResource
 from crds import dra, dra_features
 from tests.harness import agent_process as harness
 from tests.harness import dra as h

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent.node_devices import NodeDeviceTable
 from lightkube import AsyncClient
 
 from agent.dra import slices
 from agent.dra.publisher import DraPublisher, ResourceSliceResource
 from agent.kube import as_dict
-from agent.node_devices import NodeDeviceTable
-from controller.instance_classes import DeviceClassResource
+from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness

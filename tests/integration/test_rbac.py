@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
+from agent.node_labels import LABEL_VALUE, label_key
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccount
 from lightkube.types import PatchType
 
-from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
 from agent.kube import ConfigurationResource, as_dict
 from agent.main import run_agent
-from agent.node_labels import LABEL_VALUE, label_key
 from agent.settings import AgentSettings
-from controller.agent_access import AgentAccess
+from controller.grants.agent_access import AgentAccess
 from crds.naming import instance_name
 from tests.harness import hermetic
 from tests.harness.agent_process import (
@@ -155,7 +155,7 @@ AGENT_MUST_NOT = [
     ("list", "pods", None),
     ("patch", "pods", "status"),
     # Only the Secrets and ConfigMaps Configurations name, granted per namespace by the
-    # controller (controller/agent_access.py); nothing cluster-wide.
+    # controller (controller/grants/agent_access.py); nothing cluster-wide.
     ("get", "secrets", None),
     ("watch", "secrets", None),
     ("watch", "configmaps", None),
@@ -185,7 +185,7 @@ CONTROLLER_NEEDS = [
     ("patch", "nodes", None),
     ("create", "events", None),
     ("patch", "clusterkopfpeerings.kopf.dev", None),
-    # controller/agent_access.py: the agent's one Role and RoleBinding, by name (server-side
+    # controller/grants/agent_access.py: the agent's one Role and RoleBinding, by name (server-side
     # apply names it; so does the list, by field selector).
     ("create", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
     ("patch", "roles.rbac.authorization.k8s.io/edgeplug-agent-properties", None),
@@ -754,8 +754,8 @@ def test_controller_may_change_only_the_pinned_demand_annotation_on_nodes(
     control_plane: ControlPlane, identities: dict[str, Identity]
 ) -> None:
     """RBAC grants the controller nodes/patch on every Node; its node policy narrows it to the
-    one annotation controller/pinned_demand.py writes (a merge patch, as the controller sends:
-    kubectl's label and patch commands would read the Node first, which it may not)."""
+    one annotation controller/brokers/pinned_demand.py writes (a merge patch, as the controller
+    sends: kubectl's label and patch commands would read the Node first, which it may not)."""
     cp = control_plane
     node = f"rbac-{uuid.uuid4().hex[:8]}"
     cp.kubectl("apply", "-f", "-", stdin=json.dumps(

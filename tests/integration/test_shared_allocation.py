@@ -19,7 +19,7 @@ from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.kube import as_dict
-from controller.instance_classes import DeviceClassResource
+from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name, instance_resource_name
 from crds.resources import ConfigurationResource

@@ -15,7 +15,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 
-from controller.device_classes import DeviceClasses
+from controller.dra.device_classes import DeviceClasses
 from crds import dra_slices
 from tests.harness import agent_process as harness
 from tests.harness import dra as h

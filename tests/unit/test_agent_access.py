@@ -1,4 +1,5 @@
-"""What the controller grants the agent to read, from Configurations (controller/agent_access.py).
+"""What the controller grants the agent to read, from Configurations
+(controller/grants/agent_access.py).
 
 Why this exists: a wrong Role here is either an agent that cannot start discovery or one that
 reads Secrets nobody named; the second is silent, so the tables below pin the rules down.
@@ -10,7 +11,7 @@ from typing import Any, cast
 
 from lightkube import AsyncClient
 
-from controller.agent_access import VERBS, AgentAccess, merged, references_of, role_body
+from controller.grants.agent_access import VERBS, AgentAccess, merged, references_of, role_body
 
 
 def _configuration(namespace: str, *refs: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from controller.agent_gone_taints import local_pools, rule_body, rule_name
-from controller.agent_liveness import decode_lease, without_gone
+from controller.dra.agent_gone_taints import local_pools, rule_body, rule_name
+from controller.dra.agent_liveness import decode_lease, without_gone
 from crds import agent_liveness, dra_slices
 
 DEVICE = {"name": "cams-0a0b0c", "attributes": {}}

@@ -9,13 +9,15 @@ from typing import Any, cast
 
 import pytest
 
-from controller import admission, naming, plans, wire
-from controller.admission_report import AdmissionReporter
-from controller.cache import ClusterCache
-from controller.kube import Kube
+from controller import naming
+from controller.brokers import plans
+from controller.brokers.admission_report import AdmissionReporter
+from controller.brokers.plans import BrokerPolicy
+from controller.kube.client import Kube
 from controller.metrics import ControllerMetrics
-from controller.plans import BrokerPolicy
-from controller.records import ConfigurationRecord, InstanceRecord, ObservedPod, RejectedPod
+from controller.state import admission, decode
+from controller.state.index import ClusterState
+from controller.state.records import ConfigurationRecord, InstanceRecord, ObservedPod, RejectedPod
 from crds.configuration import Configuration
 from crds.instance import Instance
 
@@ -168,7 +170,7 @@ def test_reason_and_message_are_kept_for_a_failed_broker_only() -> None:
     raw = json.dumps({"metadata": {"name": "b", "uid": "u1"},
                       "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError",
                                  "message": NO_DEVICES}}).encode()
-    decoded, _ = wire.pod(raw)
+    decoded, _ = decode.pod(raw)
     assert (decoded.uid, decoded.reason, decoded.message) == (
         "u1", "UnexpectedAdmissionError", NO_DEVICES)
 
@@ -189,7 +191,7 @@ def user_pod(*, labels: dict[str, str] | None = None, phase: str = "Failed",
 
 
 def test_a_users_rejected_pod_is_kept_with_its_extended_resources() -> None:
-    record, version = wire.rejected_pod(user_pod())
+    record, version = decode.rejected_pod(user_pod())
     assert version == "7"
     assert record is not None
     assert (record.namespace, record.name, record.uid, record.node) == ("ns", "app", "u1", "n-1")
@@ -204,7 +206,7 @@ def test_a_users_rejected_pod_is_kept_with_its_extended_resources() -> None:
     user_pod(phase="Succeeded", reason="", message=""),
 ], ids=["broker", "crashed", "succeeded"])
 def test_other_pods_are_not_kept(raw: bytes) -> None:
-    assert wire.rejected_pod(raw)[0] is None
+    assert decode.rejected_pod(raw)[0] is None
 
 
 def test_a_pod_without_extended_resources_is_not_kept() -> None:
@@ -213,11 +215,11 @@ def test_a_pod_without_extended_resources_is_not_kept() -> None:
                           "limits": {"cpu": "1"}}}]},
                       "status": {"phase": "Failed", "reason": "OutOfcpu",
                                  "message": OUT_OF_CPU}}).encode()
-    assert wire.rejected_pod(raw)[0] is None
+    assert decode.rejected_pod(raw)[0] is None
 
 
 def test_the_cache_knows_which_object_serves_a_resource() -> None:
-    cache = ClusterCache()
+    cache = ClusterState()
     cfg = Configuration.from_object({
         "metadata": {"name": "storm", "namespace": "ns", "uid": "c1"},
         "spec": {"discoveryHandler": {"name": "debugEcho"}}})
@@ -254,7 +256,7 @@ def instance_record(namespace: str, name: str, configuration: str) -> InstanceRe
 
 
 def test_a_users_pod_is_reported_on_what_serves_the_blamed_resource() -> None:
-    cache = ClusterCache()
+    cache = ClusterState()
     for namespace in ("a", "b"):  # one Instance name in two namespaces: the pod's own wins
         cache.put_instance((namespace, "cam-a1b2c3"), None,
                            instance_record(namespace, "cam-a1b2c3", "cam"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from controller import brokers, naming
+from controller import naming
+from controller.brokers import render
 from crds.configuration import Configuration
 from crds.instance import Instance
 
@@ -55,7 +56,7 @@ def instance(nodes: list[str]) -> Instance:
 
 def test_pod_requests_instance_resource_in_every_container() -> None:
     cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC})
-    pod = brokers.render_broker_pod(configuration=cfg, instance=instance(["n1"]), node="n1")
+    pod = render.render_broker_pod(configuration=cfg, instance=instance(["n1"]), node="n1")
     init, main = pod["spec"]["initContainers"][0], pod["spec"]["containers"][0]
     assert init["resources"]["requests"] == {"edgeplug.io/cam-abcdef": "1"}
     assert main["resources"]["limits"] == {"edgeplug.io/cam-abcdef": "1", "cpu": "100m"}
@@ -64,7 +65,7 @@ def test_pod_requests_instance_resource_in_every_container() -> None:
 
 def test_pod_is_pinned_labelled_and_owned() -> None:
     cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC})
-    pod = brokers.render_broker_pod(configuration=cfg, instance=instance(["n1", "n2"]), node="n2")
+    pod = render.render_broker_pod(configuration=cfg, instance=instance(["n1", "n2"]), node="n2")
     meta = pod["metadata"]
     assert meta["name"] == "cam-abcdef-n2-pod"
     assert meta["namespace"] == "ns"
@@ -92,16 +93,16 @@ def test_pod_is_pinned_labelled_and_owned() -> None:
 
 def test_spec_hash_changes_with_the_spec_only() -> None:
     inst = instance(["n1"])
-    a = brokers.render_broker_pod(
+    a = render.render_broker_pod(
         configuration=configuration(brokerSpec={"brokerPodSpec": POD_SPEC}), instance=inst,
         node="n1",
     )
-    b = brokers.render_broker_pod(
+    b = render.render_broker_pod(
         configuration=configuration(brokerSpec={"brokerPodSpec": POD_SPEC}), instance=inst,
         node="n1",
     )
     changed = {**POD_SPEC, "containers": [{**POD_SPEC["containers"][0], "image": "other:2"}]}
-    c = brokers.render_broker_pod(
+    c = render.render_broker_pod(
         configuration=configuration(brokerSpec={"brokerPodSpec": changed}), instance=inst,
         node="n1",
     )
@@ -120,7 +121,7 @@ def test_spec_hash_changes_when_the_device_properties_change() -> None:
     )
     key = naming.ANNOTATION_SPEC_HASH
     hashes = [
-        brokers.render_broker_pod(configuration=cfg, instance=i, node="n1")["metadata"][
+        render.render_broker_pod(configuration=cfg, instance=i, node="n1")["metadata"][
             "annotations"][key]
         for i in (before, after)
     ]
@@ -130,7 +131,7 @@ def test_spec_hash_changes_when_the_device_properties_change() -> None:
 def test_job_is_named_with_generation_and_pinned_to_instance_nodes() -> None:
     job_spec = {"backoffLimit": 2, "template": {"spec": {"containers": POD_SPEC["containers"]}}}
     cfg = configuration(brokerSpec={"brokerJobSpec": job_spec})
-    job = brokers.render_broker_job(configuration=cfg, instance=instance(["n2", "n1"]))
+    job = render.render_broker_job(configuration=cfg, instance=instance(["n2", "n1"]))
     assert job["metadata"]["name"] == "cam-abcdef-3-job"
     template = job["spec"]["template"]
     assert template["metadata"]["labels"][naming.LABEL_INSTANCE] == "cam-abcdef"
@@ -146,23 +147,23 @@ def test_job_is_named_with_generation_and_pinned_to_instance_nodes() -> None:
 
 def test_validation_names_the_broken_field() -> None:
     bad = {"containers": [{"name": "Bad_Name", "image": "x"}, {"name": "ok"}]}
-    problems = brokers.validate_broker_spec(configuration(brokerSpec={"brokerPodSpec": bad}))
+    problems = render.validate_broker_spec(configuration(brokerSpec={"brokerPodSpec": bad}))
     assert any("containers[0].name" in p and "Bad_Name" in p for p in problems), problems
     assert any("containers[1].image: required" in p for p in problems), problems
-    assert brokers.validate_broker_spec(configuration(brokerSpec={"brokerPodSpec": POD_SPEC})) == []
-    assert brokers.validate_broker_spec(configuration()) == []
+    assert render.validate_broker_spec(configuration(brokerSpec={"brokerPodSpec": POD_SPEC})) == []
+    assert render.validate_broker_spec(configuration()) == []
 
 
 def test_a_dra_broker_claims_its_instance_device_instead_of_the_extended_resource() -> None:
     cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC}, brokerDeviceAccess="dra")
-    pod = brokers.render_broker_pod(configuration=cfg, instance=instance(["n1"]), node="n1")
+    pod = render.render_broker_pod(configuration=cfg, instance=instance(["n1"]), node="n1")
     init, main = pod["spec"]["initContainers"][0], pod["spec"]["containers"][0]
     assert init["resources"] == {"claims": [{"name": "edgeplug-device"}]}
     assert main["resources"] == {"limits": {"cpu": "100m"},
                                  "claims": [{"name": "edgeplug-device"}]}
     assert pod["spec"]["resourceClaims"] == [
         {"name": "edgeplug-device", "resourceClaimTemplateName": "cam-abcdef"}]
-    plugin = brokers.render_broker_pod(
+    plugin = render.render_broker_pod(
         configuration=configuration(brokerSpec={"brokerPodSpec": POD_SPEC}),
         instance=instance(["n1"]), node="n1")
     assert "resourceClaims" not in plugin["spec"]
@@ -175,7 +176,7 @@ def test_a_dra_broker_claims_its_instance_device_instead_of_the_extended_resourc
 def test_a_dra_broker_job_claims_through_the_same_template() -> None:
     job_spec = {"template": {"spec": {"containers": [POD_SPEC["containers"][0]]}}}
     cfg = configuration(brokerSpec={"brokerJobSpec": job_spec}, brokerDeviceAccess="dra")
-    job = brokers.render_broker_job(configuration=cfg, instance=instance(["n1"]))
+    job = render.render_broker_job(configuration=cfg, instance=instance(["n1"]))
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["resourceClaims"] == [
         {"name": "edgeplug-device", "resourceClaimTemplateName": "cam-abcdef"}]
@@ -184,7 +185,7 @@ def test_a_dra_broker_job_claims_through_the_same_template() -> None:
 
 def test_the_claim_template_selects_the_instance_device_and_goes_with_the_instance() -> None:
     cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC}, brokerDeviceAccess="dra")
-    template = brokers.render_claim_template(configuration=cfg, instance=instance(["n1"]))
+    template = render.render_claim_template(configuration=cfg, instance=instance(["n1"]))
     assert (template["kind"], template["metadata"]["name"]) == ("ResourceClaimTemplate",
                                                                 "cam-abcdef")
     (owner,) = template["metadata"]["ownerReferences"]
@@ -201,9 +202,9 @@ def test_the_claim_template_selects_the_instance_device_and_goes_with_the_instan
 
 def test_dra_brokers_need_the_controllers_device_classes() -> None:
     cfg = configuration(brokerSpec={"brokerPodSpec": POD_SPEC}, brokerDeviceAccess="dra")
-    (problem,) = brokers.validate_broker_spec(cfg, device_classes=False)
+    (problem,) = render.validate_broker_spec(cfg, device_classes=False)
     assert problem.startswith("spec.brokerDeviceAccess")
     assert "--dra" in problem
-    assert brokers.validate_broker_spec(cfg, device_classes=True) == []
+    assert render.validate_broker_spec(cfg, device_classes=True) == []
     plugin = configuration(brokerSpec={"brokerPodSpec": POD_SPEC})
-    assert brokers.validate_broker_spec(plugin, device_classes=False) == []
+    assert render.validate_broker_spec(plugin, device_classes=False) == []

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.cache import ClusterCache
-from controller.records import InstanceRecord, ObservedPod
+from controller.state.index import ClusterState
+from controller.state.records import InstanceRecord, ObservedPod
 from crds.instance import Instance
 
 
@@ -25,7 +25,7 @@ def _pod(name: str, instance: str, *, ready: bool, deleting: bool = False) -> Ob
 
 
 def test_counts_follow_instances_and_brokers() -> None:
-    cache = ClusterCache()
+    cache = ClusterState()
     a, b = _instance("cam-a", ["n-1", "n-2"]), _instance("cam-b", ["n-1"])
     cache.put_instance(("ns", "cam-a"), None, a)
     cache.put_instance(("ns", "cam-b"), None, b)

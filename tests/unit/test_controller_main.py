@@ -8,7 +8,7 @@ import itertools
 import kopf
 import pytest
 
-from controller.handlers import register
+from controller.engine.handlers import register
 from controller.main import FINALIZER, kopf_settings
 from controller.settings import DEFAULT_PEERING_LIFETIME_S, ControllerSettings
 

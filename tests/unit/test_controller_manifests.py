@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from controller.agent_access import ROLE_NAME, SYSTEM_NAMESPACES, VERBS
-from controller.offer_grants import ROLE_NAME as OFFER_ROLE
+from controller.grants.agent_access import ROLE_NAME, SYSTEM_NAMESPACES, VERBS
+from controller.grants.offer_grants import ROLE_NAME as OFFER_ROLE
 from crds.offers import OFFER_GROUP, OFFER_RESOURCE, OFFER_VERB
 from tests.harness.controlplane import REPO_ROOT
 

@@ -6,10 +6,10 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import wire
-from controller.nodes import release_node
-from controller.records import NodeHealth
+from controller.brokers.nodes import release_node
 from controller.settings import ControllerSettings
+from controller.state import decode
+from controller.state.records import NodeHealth
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -56,12 +56,12 @@ def test_node_labels_are_kept_for_node_selectors_and_equal_while_unchanged() -> 
                             "labels": {"site": "north", "kubernetes.io/hostname": "a"}}
     obj: dict[str, Any] = {"metadata": meta,
                            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    decoded, version = wire.node(json.dumps(obj).encode())
+    decoded, version = decode.node(json.dumps(obj).encode())
     assert version == "7"
     assert decoded == NodeHealth.from_object(obj)
     assert decoded.label_map() == {"site": "north", "kubernetes.io/hostname": "a"}
     relabelled = {**obj, "metadata": {**meta, "labels": {"site": "south"}}}
-    assert wire.node(json.dumps(relabelled).encode())[0] != decoded
+    assert decode.node(json.dumps(relabelled).encode())[0] != decoded
 
 
 def test_settings_from_args() -> None:

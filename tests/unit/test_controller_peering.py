@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from controller.peering import ActiveGate, is_active
+from controller.engine.peering import ActiveGate, is_active
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 #: Generous bound for a timer-driven takeover in a test (a failure, not a measurement).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from controller.pinned_demand import PinnedDemand, PinnedPod, node_totals, pinned_pod
+from controller.brokers.pinned_demand import PinnedDemand, PinnedPod, node_totals, pinned_pod
 from crds import pinning
 
 

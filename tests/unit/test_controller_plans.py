@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import naming, plans
-from controller.plans import BrokerPolicy
-from controller.records import ObservedPod
+from controller import naming
+from controller.brokers import plans
+from controller.brokers.plans import BrokerPolicy
+from controller.state.records import ObservedPod
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = BrokerPolicy(pending_grace_s=60, restart_backoff_base_s=2, restart_backoff_max_s=10)

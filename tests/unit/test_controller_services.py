@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from controller import naming, services
+from controller import naming
+from controller.brokers import services
 from crds.configuration import Configuration
 from crds.instance import Instance
 

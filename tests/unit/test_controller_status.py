@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller import status
-from controller.status import BrokerCounts
+from controller.brokers import status
+from controller.brokers.status import BrokerCounts
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

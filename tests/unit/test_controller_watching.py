@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from controller import naming, wire
-from controller.records import ObservedPod
-from controller.watching import Kind, Watcher
+from controller import naming
+from controller.kube.watching import Kind, Watcher
+from controller.state import decode
+from controller.state.records import ObservedPod
 
 
 def _pod(*, phase: str = "Pending", conditions: list[dict[str, Any]] | None = None,
@@ -46,7 +47,7 @@ class Recorder:
 
 def _watcher(recorder: Recorder) -> Watcher[tuple[str, str], ObservedPod]:
     kind: Kind[tuple[str, str], ObservedPod] = Kind(
-        name="pods", path="/api/v1/pods", decode=wire.pod,
+        name="pods", path="/api/v1/pods", decode=decode.pod,
         key=lambda pod: (pod.namespace, pod.name),
     )
     return Watcher(http=None, kind=kind, on_change=recorder)  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.workqueue import WorkQueue
+from controller.engine.workqueue import WorkQueue
 
 DEADLINE_S = 5.0
 

@@ -1,4 +1,4 @@
-"""What ``kubectl get instances`` says about DRA (``controller.dra_usage``): the records decoded
+"""What ``kubectl get instances`` says about DRA (``controller.dra.dra_usage``): the records decoded
 from the API's JSON and the servedBy/claims each Instance should show."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from controller import dra_usage as u
-from controller.kube import Kube
-from controller.rest import Rest
-from controller.watching import Kind, Watcher
+from controller.dra import dra_usage as u
+from controller.kube.client import Kube
+from controller.kube.rest import Rest
+from controller.kube.watching import Kind, Watcher
 
 
 def _slice(pool: str, *devices: tuple[str, str, str], driver: str = "edgeplug.io") -> bytes:

@@ -1,4 +1,4 @@
-"""Which per-Instance DeviceClasses a sync writes (``controller.instance_classes``): only those
+"""Which per-Instance DeviceClasses a sync writes (``controller.dra.instance_classes``): only those
 of the Instances marked since the last one (issue 48)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from lightkube import AsyncClient
 
-from controller.instance_classes import InstanceClasses
+from controller.dra.instance_classes import InstanceClasses
 from crds.configuration import Allocator
 
 

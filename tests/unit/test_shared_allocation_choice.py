@@ -1,11 +1,11 @@
 """The controller's choice of allocator for a Configuration's shared devices
-(``controller.shared_allocation``): what it writes to the status, and when it writes nothing."""
+(``controller.dra.shared_allocation``): what it writes to the status, and when it writes nothing."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from controller import shared_allocation as sa
+from controller.dra import shared_allocation as sa
 from crds.configuration import Allocator, allocator_of
 
 NOW = datetime(2026, 12, 2, 1, 0, tzinfo=UTC)

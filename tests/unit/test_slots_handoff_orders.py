@@ -32,9 +32,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
-from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
-
 from agent.slots.compat.demand import BOUND, TARGETED, PendingPods, instance_needs
 from agent.slots.reservations import move_for
 from agent.slots.rules import (
@@ -44,6 +41,9 @@ from agent.slots.rules import (
     slot_ids,
     usage_of,
 )
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
+
 from crds.instance import Instance, SlotUsage
 from crds.naming import instance_resource_name
 from crds.pinning import format_pinned_demand
@@ -281,7 +281,7 @@ def test_a_scheduler_acting_on_a_count_older_than_the_lowering_is_the_limit() ->
     binds ``p`` on its cache of node-a's count from before the lowering, after node-a's read
     of the pods bound to it. Here the scheduler's cache never catches up before its binding:
     ``p`` is refused exactly when the binding comes after the give-away (12 of 24 orders),
-    recovered by the controller (controller/admission.py); never a slot held twice."""
+    recovered by the controller (controller/state/admission.py); never a slot held twice."""
     refused = set()
     for order in ORDERS:
         world = _run(order, _Pod("p", pinned=None, labelled=False), stale_scheduler=True)

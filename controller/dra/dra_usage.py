@@ -15,9 +15,9 @@ from typing import Any, Final
 
 import msgspec
 
-from controller.kube import Kube
-from controller.rest import Rest
-from controller.watching import Kind, Watcher, namespaced_path
+from controller.kube.client import Kube
+from controller.kube.rest import Rest
+from controller.kube.watching import Kind, Watcher, namespaced_path
 from crds import dra
 from crds.api import GROUP, INSTANCE_PLURAL, VERSION
 from crds.instance import STATUS_CLAIMS, STATUS_SERVED_BY

@@ -19,8 +19,8 @@ two replicas writing at once agree. A cluster whose API server drops ``extendedR
 
 The class write is also how the controller learns whether the cluster can allocate devices
 through the scheduler: each Configuration's ``status.allocator`` and ``Allocator``
-condition follow from it (``controller.shared_allocation``), the Instances of those served by
-DRA get a class each (``controller.instance_classes``), and their shared Instances a
+condition follow from it (``controller.dra.shared_allocation``), the Instances of those served by
+DRA get a class each (``controller.dra.instance_classes``), and their shared Instances a
 ResourceSlice each (``controller.shared_pools``).
 """
 
@@ -35,16 +35,16 @@ from typing import Any, Final
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
-from controller import shared_allocation
-from controller.instance_classes import (
+from controller.dra import shared_allocation
+from controller.dra.instance_classes import (
     DeviceClassResource,
     InstanceClasses,
     as_dict,
     delete_class,
     object_key,
 )
+from controller.kube.watching import follow_forever
 from controller.shared_pools import SharedPools
-from controller.watching import follow_forever
 from crds import dra, dra_features
 from crds.configuration import Allocator, asked_allocator, eviction_grace
 from crds.naming import configuration_resource_name

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller.view import EventSink
+from controller.state.view import EventSink
 
 log = logging.getLogger(__name__)
 

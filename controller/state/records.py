@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from controller import naming
@@ -32,6 +32,11 @@ def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def format_time(moment: datetime) -> str:
+    """``moment`` as a Kubernetes RFC 3339 timestamp, to the second, in UTC."""
+    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +145,8 @@ class NodeHealth:
     name: str
     ready: bool
     since: datetime | None
-    #: The Node's pinned-demand annotation as it is now ("" when absent; controller.pinned_demand).
+    #: The Node's pinned-demand annotation as it is now ("" when absent;
+    #: controller.brokers.pinned_demand).
     pinned_demand: str = ""
     #: The Node's labels, sorted (what a Configuration's nodeSelector is evaluated against).
     labels: tuple[tuple[str, str], ...] = ()

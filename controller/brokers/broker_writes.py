@@ -12,11 +12,9 @@ import logging
 import time
 from typing import Final
 
-from controller.admission_report import AdmissionReporter
-from controller.eventbatch import EventBatcher
-from controller.kube import Kube, Refused
-from controller.metrics import ControllerMetrics
-from controller.plans import (
+from controller.brokers.admission_report import AdmissionReporter
+from controller.brokers.eventbatch import EventBatcher
+from controller.brokers.plans import (
     ADMISSION_IMMEDIATE_MAX,
     REASON_ADMISSION,
     REASON_FAILED,
@@ -25,8 +23,10 @@ from controller.plans import (
     Deletion,
     Plan,
 )
-from controller.records import ConfigurationRecord
-from controller.view import EventSink
+from controller.kube.client import Kube, Refused
+from controller.metrics import ControllerMetrics
+from controller.state.records import ConfigurationRecord
+from controller.state.view import EventSink
 from crds.configuration import Configuration
 from crds.instance import Instance
 

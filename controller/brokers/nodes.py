@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller.kube import Conflict, Kube
-from controller.records import InstanceRecord
-from controller.view import ClusterView
+from controller.kube.client import Conflict, Kube
+from controller.state.records import InstanceRecord
+from controller.state.view import ClusterView
 from crds.instance import SlotUsage
 
 log = logging.getLogger(__name__)

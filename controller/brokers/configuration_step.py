@@ -3,7 +3,7 @@
 ``ConfigurationStep.configuration`` brings a Configuration's own Service and status to what its
 brokers show (``status_soon`` coalesces bursts of broker events into one write);
 ``configuration_deleted`` deletes its Instances. The per-Instance broker step is
-``controller.reconciler``; both apply plans through ``controller.broker_writes``.
+``controller.brokers.reconciler``; both apply plans through ``controller.brokers.broker_writes``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Final
 
-from controller import brokers, naming, services, shared_allocation, status
-from controller.broker_writes import BrokerWrites
-from controller.plans import plan_objects
-from controller.records import ConfigurationRecord
+from controller import naming
+from controller.brokers import render, services, status
+from controller.brokers.broker_writes import BrokerWrites
+from controller.brokers.plans import plan_objects
+from controller.dra import shared_allocation
 from controller.settings import ControllerSettings
-from controller.view import ClusterView
+from controller.state.records import ConfigurationRecord
+from controller.state.view import ClusterView
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ class ConfigurationStep:
         cfg = config.configuration
         counts = self._counts(view, config)
         self.metrics.set_brokers(namespace, name, counts.desired, counts.ready)
-        problems = brokers.validate_broker_spec(cfg, device_classes=self.settings.dra)
+        problems = render.validate_broker_spec(cfg, device_classes=self.settings.dra)
         svc = services.render_configuration_service(configuration=cfg)
         wanted = svc is not None and counts.desired > 0 and not problems
         desired = {svc["metadata"]["name"]: svc} if svc is not None and wanted else {}

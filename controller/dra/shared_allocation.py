@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from controller.status import format_time
+from controller.state.records import format_time
 from crds.api import API_VERSION
 from crds.configuration import Allocator
 

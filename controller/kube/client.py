@@ -20,8 +20,8 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node, Pod, Service
 from lightkube.types import PatchType
 
+from controller.kube.rest import ApiFailure, Rest, status_message
 from controller.metrics import PROCESS
-from controller.rest import ApiFailure, Rest, status_message
 from crds.api import API_VERSION, CONFIGURATION_KIND, CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL
 from crds.api import VERSION as CRD_VERSION
 from crds.resources import ConfigurationResource as ConfigurationResource

@@ -25,8 +25,8 @@ from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
+from controller.kube.rest import ApiFailure, Rest, status_message
 from controller.metrics import PROCESS
-from controller.rest import ApiFailure, Rest, status_message
 
 log = logging.getLogger(__name__)
 

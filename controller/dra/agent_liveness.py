@@ -10,8 +10,8 @@ server), every Lease's grace starts again from the first list that succeeds, so 
 controller that was cut off nor agents that could not renew during an API outage are taken
 for gone. A node without a Lease (an agent of an earlier release, DRA off, a deleted Lease) is
 never gone. Whoever listens gets the whole set each time it changes: the shared
-pools drop gone nodes from their selectors (``without_gone``), and ``controller.agent_gone_taints``
-taints their local pools.
+pools drop gone nodes from their selectors (``without_gone``), and
+``controller.dra.agent_gone_taints`` taints their local pools.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Final
 
 import msgspec
 
-from controller.rest import ApiFailure, Rest, status_message
-from controller.watching import Kind, Watcher
+from controller.kube.rest import ApiFailure, Rest, status_message
+from controller.kube.watching import Kind, Watcher
 from crds import agent_liveness, dra_slices
 
 log = logging.getLogger(__name__)

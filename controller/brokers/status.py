@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
+
+from controller.state.records import format_time
 
 CONDITION_BROKER_SPEC_VALID: Final = "BrokerSpecValid"
 CONDITION_BROKERS_READY: Final = "BrokersReady"
@@ -33,10 +35,6 @@ class BrokerCounts:
     instances: int
     desired: int
     ready: int
-
-
-def format_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _by_type(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
@@ -143,7 +141,7 @@ def needs_write(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -
             return True
     if any(name in desired and current.get(name) != desired[name]
            for name in ("allocator", "sharedDeviceAllocation")):
-        return True  # written here only without --dra (controller.shared_allocation)
+        return True  # written here only without --dra (controller.dra.shared_allocation)
     have = _by_type(current)
     wanted = {str(c["type"]) for c in desired.get("conditions") or []}
     if any(kind in have and kind not in wanted for kind in OWNED_CONDITIONS):

@@ -2,8 +2,9 @@
 
 ``Reconciler.instance`` brings one Instance's brokers and Service to what it wants;
 ``configuration``, ``configuration_deleted`` and ``status_soon`` run the Configuration's step
-(``controller.configuration_step``); both write through ``controller.broker_writes``. Why each step
-is idempotent and reads no API: docs/architecture.md, "The controller's modules".
+(``controller.brokers.configuration_step``); both write through
+``controller.brokers.broker_writes``. Why each step is idempotent and reads no API:
+docs/architecture.md, "The controller's modules".
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller import broker_claims, brokers, naming, nodes, services
-from controller.admission_report import AdmissionReporter
-from controller.broker_writes import REFUSAL_RETRY_S, BrokerWrites
-from controller.configuration_step import ConfigurationStep, Unselected
-from controller.kube import Kube
+from controller import naming
+from controller.brokers import broker_claims, nodes, render, services
+from controller.brokers.admission_report import AdmissionReporter
+from controller.brokers.broker_writes import REFUSAL_RETRY_S, BrokerWrites
+from controller.brokers.configuration_step import ConfigurationStep, Unselected
+from controller.brokers.plans import Deletion, Plan, plan_objects, plan_pods
+from controller.kube.client import Kube
 from controller.metrics import ControllerMetrics
-from controller.plans import Deletion, Plan, plan_objects, plan_pods
-from controller.records import ConfigurationRecord, InstanceRecord
 from controller.settings import ControllerSettings
-from controller.view import ClusterView, EventSink
+from controller.state.records import ConfigurationRecord, InstanceRecord
+from controller.state.view import ClusterView, EventSink
 from crds.configuration import Configuration
 from crds.instance import Instance
 
@@ -69,7 +71,7 @@ class Reconciler:
     ) -> float | None:
         """Brings one Instance's brokers and service to what it wants; returns the seconds
         until it should run again (a backoff or grace coming due), or None. The caller runs one
-        step per Instance at a time (``controller.workqueue``). An Instance that is gone has
+        step per Instance at a time (``controller.engine.workqueue``). An Instance that is gone has
         its brokers removed; ``configuration`` names its Configuration then, if known."""
         record = view.instance(namespace, name)
         if record is None:
@@ -165,7 +167,7 @@ class Reconciler:
             admissions={p.name: self.rejections.get((inst.namespace, p.name), 0) for p in pods},
         )
         pod_plan.create = [
-            rendered.get(stub["metadata"]["name"]) or brokers.render_broker_pod(
+            rendered.get(stub["metadata"]["name"]) or render.render_broker_pod(
                 configuration=cfg, instance=inst, node=node_of[stub["metadata"]["name"]]
             )
             for stub in pod_plan.create
@@ -173,7 +175,7 @@ class Reconciler:
         plan.extend(pod_plan)
         desired_jobs: dict[str, dict[str, Any]] = {}
         if cfg.spec.broker_job_spec is not None and inst.spec.nodes:
-            job = brokers.render_broker_job(configuration=cfg, instance=inst)
+            job = render.render_broker_job(configuration=cfg, instance=inst)
             desired_jobs[job["metadata"]["name"]] = job
         jobs = view.broker_jobs(inst.namespace, inst.name)
         job_plan = plan_objects(
@@ -190,7 +192,7 @@ class Reconciler:
         svc_plan = plan_objects(desired=desired_svcs, actual=actual_svcs, update_in_place=True)
         if broker_claims.uses_claims(cfg) and (pod_plan.create or job_plan.create):
             # The template the new brokers' claims are made from, first (a 409 when it exists).
-            template = brokers.render_claim_template(configuration=cfg, instance=inst)
+            template = render.render_claim_template(configuration=cfg, instance=inst)
             await self.writes.apply(config, inst.namespace, Plan(create=[template]),
                               kind=broker_claims.KIND)
         await self.writes.apply(config, inst.namespace, plan, kind="Pod", instance=inst)
@@ -201,7 +203,7 @@ class Reconciler:
         return plan.retry_after_s
 
     def _broker_problems(self, cfg: Configuration) -> list[str]:
-        return brokers.validate_broker_spec(cfg, device_classes=self.settings.dra)
+        return render.validate_broker_spec(cfg, device_classes=self.settings.dra)
 
     @staticmethod
     def _selected(view: ClusterView, cfg: Configuration, node: str) -> bool:
@@ -249,7 +251,7 @@ class Reconciler:
                hash(frozenset(inst.spec.broker_properties.items())))
         found = self._identities.get(key)
         if found is None:
-            pod = brokers.render_broker_pod(configuration=cfg, instance=inst, node=node)
+            pod = render.render_broker_pod(configuration=cfg, instance=inst, node=node)
             meta = pod["metadata"]
             found = (str(meta["name"]), str(meta["annotations"][naming.ANNOTATION_SPEC_HASH]))
             rendered[found[0]] = pod
@@ -258,7 +260,7 @@ class Reconciler:
             self._identities[key] = found
         return found
 
-    # -- one Configuration (controller.configuration_step) -------------------------------
+    # -- one Configuration (controller.brokers.configuration_step) -------------------------------
 
     async def configuration(self, view: ClusterView, namespace: str, name: str) -> None:
         """The Configuration's own Service and status (``ConfigurationStep.configuration``)."""

@@ -13,7 +13,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from controller import broker_claims, naming
+from controller import naming
+from controller.brokers import broker_claims
 from crds.api import RESOURCE_PLACEHOLDER
 from crds.configuration import Configuration
 from crds.instance import Instance

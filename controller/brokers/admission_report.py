@@ -10,13 +10,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from controller import admission
-from controller.eventbatch import event_object
-from controller.kube import Kube, Refused
+from controller.brokers.eventbatch import event_object
+from controller.kube.client import Kube, Refused
 from controller.metrics import ControllerMetrics
 from controller.naming import MANAGED_BY
-from controller.records import RejectedPod
-from controller.view import ClusterView
+from controller.state import admission
+from controller.state.records import RejectedPod
+from controller.state.view import ClusterView
 from crds.api import API_VERSION, CONFIGURATION_KIND, INSTANCE_KIND
 from crds.instance import Instance
 

@@ -1,7 +1,7 @@
 """Which nodes may offer which Configuration's devices: names in a Role the API server checks.
 
 ``offers_of``, ``wanted`` and ``rules`` compute the ``edgeplug-agent-offers`` Role's names
-(``crds.offers``); ``controller.agent_access`` writes it. What this covers: deploy/README.md.
+(``crds.offers``); ``controller.grants.agent_access`` writes it. What this covers: deploy/README.md.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
-from controller.shared_allocation import put_mode
+from controller.dra.shared_allocation import put_mode
+from controller.kube.watching import follow_forever
 from controller.shared_pools import SharedPools
-from controller.watching import follow_forever
 from crds import dra
 from crds.configuration import Allocator
 from crds.naming import instance_resource_name

@@ -1,6 +1,6 @@
 """What the reconciler reads and where it reports: the questions it asks of the cluster state.
 
-``ClusterView`` (answered by ``controller.cache``, or by a few dicts in unit tests) and
+``ClusterView`` (answered by ``controller.state.index``, or by a few dicts in unit tests) and
 ``EventSink`` (docs/architecture.md, "The controller's modules").
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from controller.records import (
+from controller.state.records import (
     ConfigurationRecord,
     InstanceRecord,
     NodeHealth,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import naming
-from controller.brokers import hash_of
+from controller.brokers.render import hash_of
 from crds.configuration import Configuration
 from crds.instance import Instance
 

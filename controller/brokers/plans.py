@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from controller import admission, naming
-from controller.records import ObservedPod
+from controller import naming
+from controller.state import admission
+from controller.state.records import ObservedPod
 
 #: How long a broker pod may stay Pending before it is recreated (it may be waiting for a slot
 #: another pod holds, so this is long; the controller's settings can change it).

@@ -13,13 +13,18 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from controller import naming, wire
-from controller.cache import ClusterCache
-from controller.nodes import remove_node_from_instance
-from controller.peering import CLUSTER, ActiveGate
-from controller.pinned_demand import PinnedDemand, PinnedPod, pinned_pod
-from controller.reconciler import Reconciler
-from controller.records import (
+from controller import naming
+from controller.brokers.nodes import remove_node_from_instance
+from controller.brokers.pinned_demand import PinnedDemand, PinnedPod, pinned_pod
+from controller.brokers.reconciler import Reconciler
+from controller.engine.peering import CLUSTER, ActiveGate
+from controller.engine.workqueue import WorkQueue
+from controller.kube.rest import Rest
+from controller.kube.watching import Kind, Watcher, namespaced_path, selector
+from controller.settings import ControllerSettings
+from controller.state import decode
+from controller.state.index import ClusterState
+from controller.state.records import (
     FINISHED_PHASES,
     ConfigurationRecord,
     InstanceRecord,
@@ -28,16 +33,12 @@ from controller.records import (
     OwnedObject,
     RejectedPod,
 )
-from controller.rest import Rest
-from controller.settings import ControllerSettings
-from controller.watching import Kind, Watcher, namespaced_path, selector
-from controller.workqueue import WorkQueue
 from crds.api import CONFIGURATION_PLURAL, GROUP, INSTANCE_PLURAL, VERSION
 from crds.pinning import PINNED_DEMAND_ANNOTATION
 
 log = logging.getLogger(__name__)
 
-#: Reconciles running at once (API writes are bounded separately, in ``controller.kube``).
+#: Reconciles running at once (API writes are bounded separately, in ``controller.kube.client``).
 WORKERS: Final = 32
 
 INSTANCE: Final = "instance"
@@ -45,7 +46,7 @@ CONFIGURATION: Final = "configuration"
 CONFIGURATION_DELETED: Final = "configuration-deleted"
 NODE_DELETED: Final = "node-deleted"
 REJECTED_POD: Final = "rejected-pod"
-#: Work on a node: its pinned-demand annotation (controller.pinned_demand).
+#: Work on a node: its pinned-demand annotation (controller.brokers.pinned_demand).
 PINNED_DEMAND: Final = "pinned-demand"
 
 WorkKey = tuple[str, str, str]  # (what, namespace, name)
@@ -110,7 +111,7 @@ class Engine:
         self.http = http
         self.reconciler = reconciler
         self.settings = settings
-        self.cache = ClusterCache()
+        self.cache = ClusterState()
         self.queue: WorkQueue[WorkKey] = WorkQueue()
         self.gate = ActiveGate(
             identity=identity, priority=settings.priority, clusterwide=settings.clusterwide,
@@ -134,26 +135,26 @@ class Engine:
         namespaces: tuple[str | None, ...] = self.settings.namespaces or (None,)
         for ns in namespaces:
             self._watch(Kind(
-                name=f"configurations@{ns or '*'}", decode=wire.configuration,
+                name=f"configurations@{ns or '*'}", decode=decode.configuration,
                 path=namespaced_path(_CRD_PREFIX, CONFIGURATION_PLURAL, ns),
                 key=_configuration_key,
             ), self._on_configuration)
             self._watch(Kind(
-                name=f"instances@{ns or '*'}", decode=wire.instance,
+                name=f"instances@{ns or '*'}", decode=decode.instance,
                 path=namespaced_path(_CRD_PREFIX, INSTANCE_PLURAL, ns), key=_instance_key,
             ), self._on_instance)
             self._watch(Kind(
-                name=f"broker pods@{ns or '*'}", decode=wire.pod,
+                name=f"broker pods@{ns or '*'}", decode=decode.pod,
                 path=namespaced_path("/api/v1", "pods", ns), key=_namespaced,
                 label_selector=_BROKER_POD_SELECTOR,
             ), self._on_pod)
             self._watch(Kind(
-                name=f"broker jobs@{ns or '*'}", decode=wire.job,
+                name=f"broker jobs@{ns or '*'}", decode=decode.job,
                 path=namespaced_path("/apis/batch/v1", "jobs", ns), key=_namespaced,
                 label_selector=_BROKER_JOB_SELECTOR,
             ), self._on_job)
             self._watch(Kind(
-                name=f"services@{ns or '*'}", decode=wire.service,
+                name=f"services@{ns or '*'}", decode=decode.service,
                 path=namespaced_path("/api/v1", "services", ns), key=_namespaced,
                 label_selector=_SERVICE_SELECTOR,
             ), self._on_service)
@@ -165,20 +166,20 @@ class Engine:
             self.watchers.append(pinned)
             self._pinned_watchers.append(pinned)
             self._watch(Kind(
-                name=f"rejected pods@{ns or '*'}", decode=wire.rejected_pod,
+                name=f"rejected pods@{ns or '*'}", decode=decode.rejected_pod,
                 path=namespaced_path("/api/v1", "pods", ns), key=_namespaced,
                 field_selector=_FAILED_POD_FIELDS,
             ), self._on_rejected_pod)
             if self.settings.peering_name is not None:
                 plural = "kopfpeerings" if ns is not None else "clusterkopfpeerings"
                 self._watch(Kind(
-                    name=f"peering@{ns or '*'}", decode=wire.peering,
+                    name=f"peering@{ns or '*'}", decode=decode.peering,
                     path=namespaced_path("/apis/kopf.dev/v1", plural, ns),
                     key=functools.partial(_peering_key, ns or CLUSTER),
                     field_selector=f"metadata.name={self.settings.peering_name}",
                 ), self._on_peering)
         self._watch(Kind(
-            name="nodes", decode=wire.node, path="/api/v1/nodes", key=_node_key,
+            name="nodes", decode=decode.node, path="/api/v1/nodes", key=_node_key,
         ), self._on_node)
 
     def _watch(self, kind: Kind[Any, Any], on_change: Any) -> None:

@@ -15,8 +15,8 @@ from typing import Any, cast
 
 from lightkube import AsyncClient
 
-from controller import agent_roles, offer_grants
-from controller.watching import follow_forever
+from controller.grants import agent_roles, offer_grants
+from controller.kube.watching import follow_forever
 from crds.configuration import Configuration, ValueSourceKind
 from crds.resources import ConfigurationResource
 from crds.selectors import LabelSelector
@@ -113,7 +113,7 @@ def readers(selectors: Iterable[LabelSelector | None], nodes: Mapping[str, Mappi
 class AgentAccess:
     """Keeps the agents' per-namespace Roles equal to what Configurations and Nodes say: the
     named reads (``edgeplug-agent-properties``, bound to the accounts of the nodes that need
-    them) and the offers (``controller.offer_grants``, bound to the agent's account)."""
+    them) and the offers (``controller.grants.offer_grants``, bound to the agent's account)."""
 
     def __init__(self, client: AsyncClient, *,
                  account: tuple[str, str] = (AGENT_NAMESPACE, AGENT_ACCOUNT),

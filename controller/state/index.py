@@ -1,7 +1,7 @@
 """The cluster as the controller's watches last saw it, indexed for the questions it asks.
 
-``ClusterCache`` answers ``controller.view.ClusterView`` with dict lookups; the ``put_*`` callbacks
-of the watches keep it current (docs/architecture.md, "The controller's modules").
+``ClusterState`` answers ``controller.state.view.ClusterView`` with dict lookups; the ``put_*``
+callbacks of the watches keep it current (docs/architecture.md, "The controller's modules").
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TypeVar
 
-from controller.records import (
+from controller.state.records import (
     ConfigurationRecord,
     InstanceRecord,
     NodeHealth,
@@ -33,8 +33,8 @@ def _remove(index: dict[Key, dict[str, V]], key: Key, name: str) -> None:
             del index[key]
 
 
-class ClusterCache:
-    """A :class:`controller.view.ClusterView` over records kept by the watches."""
+class ClusterState:
+    """A :class:`controller.state.view.ClusterView` over records kept by the watches."""
 
     def __init__(self) -> None:
         self._configurations: dict[Key, ConfigurationRecord] = {}

@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
-from controller import admission, naming
-from controller.records import (
+from controller import naming
+from controller.state import admission
+from controller.state.records import (
     ConfigurationRecord,
     InstanceRecord,
     NodeHealth,

@@ -2,7 +2,7 @@
 
 A node's local pools are its agent's slices (bound to the node); the controller may not write
 them, and a dead agent cannot. So for each local pool of a node whose agent is gone
-(``controller.agent_liveness``) the controller keeps a DeviceTaintRule selecting the pool by
+(``controller.dra.agent_liveness``) the controller keeps a DeviceTaintRule selecting the pool by
 driver and name, with the taint ``edgeplug.io/agent-gone=<node>:NoSchedule``: no new claim is
 allocated its devices, claims allocated before keep them (never ``NoExecute``). The rule is
 deleted when the agent is back. The pools are read once per loss (one list of the node's
@@ -25,8 +25,8 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
-from controller.agent_liveness import taint_value
-from controller.rest import Rest
+from controller.dra.agent_liveness import taint_value
+from controller.kube.rest import Rest
 from crds import agent_liveness, dra, dra_slices
 from crds.resources import ResourceSliceResource
 
