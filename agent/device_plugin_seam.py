@@ -1,12 +1,12 @@
 """Start the device-plugin allocator only once this node has something to serve that way.
 
 A device has one allocator (docs/slots.md). Where every Configuration's is the scheduler, the
-agent never imports the device-plugin allocator (``agent.slots``, ``agent.deviceplugin``, the
-kubelet's gRPC stubs): it waits here until a device of this node is the kubelets' to allocate
-(its Configuration says ``devicePlugin``, or says nothing while this agent serves no DRA), or
-until it finds a slot a device-plugin pod still holds on this node (a switch to the scheduler
-while such pods run, then an agent restart: the allocator's orphan freer must free those slots
-when their pods end). Once started, the allocator runs until the agent stops.
+agent never imports the device-plugin allocator (``agent.deviceplugins.slots``,
+``agent.deviceplugins.kubelet``, the kubelet's gRPC stubs): it waits here until a device of this
+node is the kubelets' to allocate (its Configuration says ``devicePlugin``, or says nothing while
+this agent serves no DRA), or until it finds a slot a device-plugin pod still holds on this node (a
+switch to the scheduler while such pods run, then an agent restart: the allocator's orphan freer
+must free those slots when their pods end). Once started, the allocator runs until the agent stops.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from lightkube import AsyncClient
 
-from agent import node_instances, watching
-from agent.node_devices import NodeDeviceTable
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.kube import node_instances, watching
 from crds.configuration import Allocator
 from crds.instance import Instance, SlotUsage
 

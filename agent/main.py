@@ -16,16 +16,16 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from agent.cdi_specs import CdiSpecs
-from agent.configuration_watch import ConfigurationWatch, FatalStartError
 from agent.device_plugin_seam import serve_when_wanted
-from agent.discovery_run import RESYNC_INTERVAL
-from agent.kube import counted_client, load_config
-from agent.liveness import LivenessLease
+from agent.discovery.cdi_specs import CdiSpecs
+from agent.discovery.configuration_watch import ConfigurationWatch, FatalStartError
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.discovery.runs import RESYNC_INTERVAL
+from agent.kube.client import counted_client, load_config
+from agent.kube.liveness import LivenessLease
+from agent.kube.node_account import NodeAccount
+from agent.kube.node_reads import node_reads
 from agent.metrics import AgentMetrics
-from agent.node_account import NodeAccount
-from agent.node_devices import NodeDeviceTable
-from agent.node_reads import node_reads
 from agent.settings import AgentSettings, SettingsError, help_text
 
 log = logging.getLogger("agent")
@@ -85,7 +85,7 @@ async def run_agent(
     ) if settings.serve_device_plugins or (settings.serve_dra and settings.dra_registry_dir) \
         else None
     if settings.discovery_handlers_dir is not None:
-        from agent.akri_registration import HandlerRegistration
+        from agent.discovery.akri_registration import HandlerRegistration
 
         registration = HandlerRegistration(
             directory=settings.discovery_handlers_dir, grace=settings.external_handler_grace,
@@ -97,7 +97,7 @@ async def run_agent(
         async def serve_plugins() -> None:
             # Imported only once wanted: an agent whose devices the scheduler allocates carries
             # none of the device-plugin allocator (agent.device_plugin_seam).
-            from agent.slots.service import serve_device_plugins
+            from agent.deviceplugins.slots.service import serve_device_plugins
 
             gc.freeze()  # its modules out of the collector's sight too (settle_heap)
             await serve_device_plugins(
@@ -110,7 +110,7 @@ async def run_agent(
                                        devices=devices, dra=settings.serve_dra,
                                        serve=serve_plugins))
     if settings.volcano_device_info:
-        from agent.volcano_device_info import DeviceInfoWriter
+        from agent.discovery.volcano_device_info import DeviceInfoWriter
 
         parts.append(DeviceInfoWriter(client=client, node=settings.node_name,
                                       devices=devices).run())
@@ -173,7 +173,7 @@ def settle_heap(settings: AgentSettings) -> None:
     never die.
     """
     if settings.serve_device_plugins and not settings.serve_dra:
-        import agent.slots.service  # noqa: F401  (run_agent imports it; here before freezing)
+        import agent.deviceplugins.slots.service  # noqa: F401  (run_agent imports it; here before freezing)
     if settings.serve_dra:
         from agent.dra.service import serve_dra  # noqa: F401  (likewise)
     gc.collect()

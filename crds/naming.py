@@ -23,8 +23,9 @@ _INVALID: Final = re.compile(r"[^a-z0-9-]+")
 _DASHES: Final = re.compile(r"-{2,}")
 
 #: The label on each broker pod naming the node it is pinned to (the controller sets it). An
-#: agent's slot-demand watch selects its own node's pods by it (``agent.slots.compat.demand``);
-#: a user's own pod pinned to a node gets the same demand handling by carrying it.
+#: agent's slot-demand watch selects its own node's pods by it
+#: (``agent.deviceplugins.crossnode.demand``); a user's own pod pinned to a node gets the same
+#: demand handling by carrying it.
 LABEL_TARGET_NODE: Final = "edgeplug.io/target-node"
 
 DIGEST_BYTES: Final = 3

@@ -224,8 +224,8 @@ class LabellingHandler(DiscoveryHandler, Protocol):
     (chip model and count, say). Keys under ``edgeplug.io/`` are set on the agent's own Node
     while the Configuration has devices there and removed with the last device. Other keys are
     ignored, except the few a vendor's own device plugin writes that the agent's node policy
-    lets through (``agent.node_labels.FOREIGN_LABEL_KEYS``): those are set and, as the vendor's
-    plugin does, never removed."""
+    lets through (``agent.discovery.node_labels.FOREIGN_LABEL_KEYS``): those are set and, as the
+    vendor's plugin does, never removed."""
 
     def node_labels(self, details: Any, devices: Sequence[Device]) -> Mapping[str, str]: ...
 
@@ -246,8 +246,8 @@ class AnnotatingHandler(DiscoveryHandler, Protocol):
 
     The agent asks after the kubelet lists the pod with the devices (pod-resources), with all of
     the pod's devices of one Configuration, and merges the answer into the pod's annotations
-    (only the keys its pod policy allows: ``agent.pod_annotations.ANNOTATION_KEYS``). An empty
-    answer writes nothing."""
+    (only the keys its pod policy allows: ``agent.deviceplugins.pod_annotations.ANNOTATION_KEYS``).
+    An empty answer writes nothing."""
 
     def pod_annotations(self, details: Any, devices: Sequence[Device], pod: PodFacts
                         ) -> Mapping[str, str]: ...

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from agent.discovery.node_devices import NodeDevice
 from agent.dra.claims import PreparedDevice, PrepareError
-from agent.node_devices import NodeDevice
 from discovery_handlers.contract import ClaimPreparingHandler
 from discovery_handlers.registry import load_handler
 

@@ -35,8 +35,8 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
-from agent.kube import field_manager
-from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
+from agent.kube.client import field_manager
 from crds import dra
 
 log = logging.getLogger(__name__)

@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from agent.cdi_specs import CDI_VERSION
-from agent.container_devices import container_allocation
+from agent.discovery.cdi_specs import CDI_VERSION
+from agent.discovery.container_devices import container_allocation
+from agent.discovery.node_devices import NodeDevice
 from agent.dra import slices
-from agent.node_devices import NodeDevice
 from crds import dra
 from discovery_handlers.contract import ComposingHandler
 

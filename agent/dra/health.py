@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import slices
 from agent.kubeletapi import dra_health_v1_pb2 as v1
 from agent.kubeletapi import dra_health_v1_pb2_grpc as v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2 as v1alpha1
 from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as v1alpha1_grpc
-from agent.node_devices import NodeDevice, NodeDeviceTable
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ health services ``agent.dra.health`` serves on the same socket (``v1.DRAResource
 ``v1alpha1.DRAResourceHealth``: the devices' health, shown in the pods holding them).
 
 Prepare, per claim: read the claim (its allocation is in its status; as the kubelet where its
-certificate is given, ``agent.node_reads``), find each allocated
+certificate is given, ``agent.kube.node_reads``), find each allocated
 device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
 hook, have the handler make what a device needs on the node (``agent.dra.claim_devices``: a
 vNPU, say; the CDI spec gives what it made), write the claim's CDI spec, record the claim with
@@ -43,10 +43,12 @@ from grpc import aio
 from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import claim_devices, health
 from agent.dra import claims as cl
 from agent.dra.claim_status import ClaimStatus
-from agent.kube import as_dict
+from agent.kube.client import as_dict
+from agent.kube.node_reads import NodeReads
 from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from agent.kubeletapi import dra_v1_pb2 as pb
@@ -54,8 +56,6 @@ from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.node_reads import NodeReads
 from crds import dra
 from discovery_handlers.contract import PreparingHandler
 

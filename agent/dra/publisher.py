@@ -45,10 +45,10 @@ from typing import Any, Final
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
-from agent import node_instances, watching
+from agent.discovery.node_devices import NodeDeviceTable
 from agent.dra import slices
-from agent.kube import as_dict, field_manager
-from agent.node_devices import NodeDeviceTable
+from agent.kube import node_instances, watching
+from agent.kube.client import as_dict, field_manager
 from crds import dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
 from crds.dra_slices import Written, adopt, content_key
@@ -135,7 +135,7 @@ class DraPublisher:
     async def _watch(self) -> None:
         namespace = self._namespace if self._namespace is not None else "*"
         # Only the Instances labelled for this node; a label that went is no deletion (the
-        # Instance as read comes instead, agent.node_instances).
+        # Instance as read comes instead, agent.kube.node_instances).
         async for kind, obj in node_instances.watch(
             self._client, self._node, what="Instances (DRA)", namespace=namespace,
             on_restart=self._relist.set,

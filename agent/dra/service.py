@@ -12,11 +12,11 @@ from pathlib import Path
 
 from lightkube import AsyncClient
 
+from agent.discovery.node_devices import NodeDeviceTable
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.dra.publisher import DraPublisher
+from agent.kube.node_reads import NodeReads
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.node_reads import NodeReads
 from crds import dra
 
 

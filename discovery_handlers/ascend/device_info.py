@@ -3,7 +3,7 @@
 Why this exists: Volcano's Ascend plugin (``ascend-for-volcano``) places NPU jobs by chip from
 the ConfigMap Huawei's device plugin keeps for each node in ``kube-system``; this module computes
 its data from the handler's devices, with no I/O (the agent writes it:
-``agent.volcano_device_info``). Facts restated from Huawei's plugin (Ascend/mind-cluster,
+``agent.discovery.volcano_device_info``). Facts restated from Huawei's plugin (Ascend/mind-cluster,
 ``component/ascend-device-plugin``), not copied:
 
 - data keys: ``DeviceInfoCfg`` (below), ``ManuallySeparateNPU`` (chips an admin separated by

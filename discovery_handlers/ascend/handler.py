@@ -42,7 +42,7 @@ NO_DRIVER_WARNING = (
 
 
 def fallback_warnings(source: str) -> tuple[str, ...]:
-    """The Configuration-level warning a pass gives (once as an Event: agent.discovery_run)."""
+    """The Configuration-level warning a pass gives (once as an Event: agent.discovery.runs)."""
     return (NO_DRIVER_WARNING,) if source == SOURCE_DEVICES else ()
 
 

@@ -4,9 +4,9 @@ Why this exists: Volcano's Ascend scheduling and MindCluster (ascend-operator's 
 clusterd's fault recovery) read what Huawei's plugin (Ascend/mind-cluster,
 ``component/ascend-device-plugin``) writes on Nodes and pods, not our ``edgeplug.io/``
 copies. This module computes the same keys and values from the handler's devices, with no
-I/O; the agent writes them (``agent.node_labels``, ``agent.pod_annotations``), and its
-admission policies let through exactly the keys named here (``LABEL_KEYS``,
-``ANNOTATION_KEYS``).
+I/O; the agent writes them (``agent.discovery.node_labels``,
+``agent.deviceplugins.pod_annotations``), and its admission policies let through exactly the keys
+named here (``LABEL_KEYS``, ``ANNOTATION_KEYS``).
 
 Facts restated from Huawei's plugin (their code, not copied):
 

@@ -25,7 +25,7 @@ from typing import Any, Final, cast
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
-from agent.instance_publisher import WRITES_IN_FLIGHT
+from agent.discovery.instance_publisher import WRITES_IN_FLIGHT
 from crds import dra, dra_slices
 from crds.resources import ResourceSliceResource
 from tests.bench.bench_agent_setup import BenchNode, bench_node, daemonset_env

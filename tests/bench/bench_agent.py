@@ -22,10 +22,10 @@ from pathlib import Path
 import grpc.aio
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource
+from agent.deviceplugins.slots.service import socket_name
+from agent.kube.client import InstanceResource
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from agent.slots.service import socket_name
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.bench import bench_agent_memory
 from tests.bench.bench_agent_setup import BenchNode, agent_tree, bench_node, quiet_logs

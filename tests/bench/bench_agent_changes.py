@@ -69,7 +69,7 @@ from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
-from agent.kube import ConfigurationResource, as_dict
+from agent.kube.client import ConfigurationResource, as_dict
 from controller.dra.device_classes import DeviceClasses
 from crds import dra
 from crds.naming import instance_name, instance_resource_name

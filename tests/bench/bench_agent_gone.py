@@ -22,13 +22,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent.liveness import LivenessLease
 from lightkube import KubeConfig
 from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.dra.publisher import DraPublisher
-from agent.kube import InstanceResource
+from agent.kube.client import InstanceResource
+from agent.kube.liveness import LivenessLease
 from controller.dra.agent_gone_taints import AgentGoneTaints
 from controller.dra.agent_liveness import AgentLiveness
 from controller.dra.device_classes import DeviceClasses

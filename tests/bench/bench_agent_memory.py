@@ -54,7 +54,7 @@ IMPORTS: tuple[tuple[str, str], ...] = (
      "import lightkube, prometheus_client, yaml; from lightkube.resources import core_v1"),
     ("agent discovery side (agent.main)", "import agent.main"),
     ("agent with device plugins + debugEcho",
-     "import agent.main, agent.slots.service, discovery_handlers.debug_echo"),
+     "import agent.main, agent.deviceplugins.slots.service, discovery_handlers.debug_echo"),
 )
 _RSS_PROBE = """
 def rss():

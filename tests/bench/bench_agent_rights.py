@@ -20,7 +20,7 @@ from pathlib import Path
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource
+from agent.kube.client import InstanceResource
 from tests.bench.stats import machine_speed_line, summary
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.service_accounts import pod_bound

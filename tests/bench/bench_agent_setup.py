@@ -29,7 +29,7 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Namespace, Node
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from tests.harness.agent_process import AgentSubprocess, api_client
 from tests.harness.aio_process import cancel_and_wait
 from tests.harness.controlplane import ControlPlane

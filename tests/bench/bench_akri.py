@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from agent.akri_registration import HandlerRegistration
-from agent.kube import ConfigurationResource
+from agent.discovery.akri_registration import HandlerRegistration
+from agent.kube.client import ConfigurationResource
 from agent.metrics import AgentMetrics
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.debug_echo import handler as debug_echo

@@ -43,8 +43,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from agent.deviceplugins.slots.service import socket_name
 from agent.dra.plugin import SERVICE_SOCKET, registration_socket
-from agent.slots.service import socket_name
 from crds import dra
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.bench.allocators_node import (

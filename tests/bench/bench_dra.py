@@ -32,10 +32,10 @@ from typing import Any
 
 from lightkube import AsyncClient
 
-from agent import watching
 from agent.dra import slices
 from agent.dra.publisher import MIN_PASS_INTERVAL, ResourceSliceResource
-from agent.kube import InstanceResource, as_dict
+from agent.kube import watching
+from agent.kube.client import InstanceResource, as_dict
 from controller.dra.device_classes import DeviceClasses
 from crds.naming import instance_name
 from tests.bench.bench_agent_memory import INSTANCES, TARGET_MIB, _read_memory, _ready

@@ -40,7 +40,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from tests.bench.bench_agent_setup import WatchedState, daemonset_env, quiet_logs
 from tests.bench.stats import machine_speed_line
 from tests.harness.agent_process import AgentSubprocess, api_client, apply, debug_echo_configuration

@@ -48,8 +48,8 @@ from typing import Any, Final, cast
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent import watching
-from agent.kube import as_dict
+from agent.kube import watching
+from agent.kube.client import as_dict
 from controller.dra.instance_classes import DeviceClassResource
 from controller.shared_pools import SharedPools
 from crds import dra, dra_slices

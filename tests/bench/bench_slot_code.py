@@ -24,13 +24,14 @@ MODES: dict[str, tuple[str, ...]] = {
         "controller/dra/shared_allocation.py", "crds/dra.py", "crds/dra_features.py",
     ),
     "device-plugin slots, both modes (local devices: claims, reservations, freeing)": (
-        "agent/slots/*.py", "crds/pinning.py",
+        "agent/deviceplugins/slots/*.py", "crds/pinning.py",
     ),
-    "compatibility mode only (the cross-node protocol, agent/slots/compat, loaded on demand)": (
-        "agent/slots/compat/*.py", "controller/brokers/pinned_demand.py",
+    "compatibility mode only (the cross-node protocol, agent/deviceplugins/crossnode, loaded on "
+    "demand)": (
+        "agent/deviceplugins/crossnode/*.py", "controller/brokers/pinned_demand.py",
     ),
     "shared by both (kubelet device-plugin server)": (
-        "agent/deviceplugin/*.py",
+        "agent/deviceplugins/kubelet/*.py",
     ),
 }
 

@@ -28,9 +28,9 @@ from unittest import mock
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 
-from agent.kube import InstanceResource, as_dict
-from agent.slots import freeing, schedule
-from agent.slots.freeing import ORPHAN_GRACE_SECONDS
+from agent.deviceplugins.slots import freeing, schedule
+from agent.deviceplugins.slots.freeing import ORPHAN_GRACE_SECONDS
+from agent.kube.client import InstanceResource, as_dict
 from tests.bench.stats import summary
 from tests.harness import agent_nodes
 from tests.harness.agent_nodes import (

@@ -29,7 +29,7 @@ from typing import Any, Final
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from controller.naming import COMPONENT_BROKER, LABEL_COMPONENT, LABEL_INSTANCE
 from crds.naming import LABEL_TARGET_NODE, instance_name, target_node_label
 from tests.bench.faults_handoff import SPEED_CONCURRENCY, create_rate
@@ -103,15 +103,15 @@ class _Cluster:
 
 def _agent_env(workdir: Path, retry_max_s: float | None) -> dict[str, str]:
     """The agents' extra environment: with ``retry_max_s``, an experiment: the agent's retry
-    backoff capped there instead of ``agent.watching.RETRY_MAX_S`` (a ``sitecustomize`` sets
+    backoff capped there instead of ``agent.kube.watching.RETRY_MAX_S`` (a ``sitecustomize`` sets
     it as the interpreter starts), to show what that cap costs after an outage."""
     if retry_max_s is None:
         return {}
     patch = workdir / "retry-patch"
     patch.mkdir(exist_ok=True)
     (patch / "sitecustomize.py").write_text(
-        "import agent.watching\n"
-        f"agent.watching.RETRY_MAX_S = {float(retry_max_s)!r}\n")
+        "import agent.kube.watching\n"
+        f"agent.kube.watching.RETRY_MAX_S = {float(retry_max_s)!r}\n")
     return {"PYTHONPATH": str(patch)}
 
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from agent.device_health import REASON_UNHEALTHY
-from agent.instance_publisher import OFFLINE_REASON
+from agent.discovery.device_health import REASON_UNHEALTHY
+from agent.discovery.instance_publisher import OFFLINE_REASON
 from crds.naming import instance_name
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import ControlPlane

@@ -40,7 +40,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.dra import slices
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from crds import dra
 from crds.naming import instance_name, instance_resource_name
 from tests.e2e.test_realnode_akri_dra import advertised, allocations, allocator, dra_default

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from crds import dra
 from crds.naming import configuration_resource_name, instance_name, instance_resource_name
 from tests.harness import dra as h

@@ -24,7 +24,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from crds.naming import instance_name
 from tests.faults.invariants import (
     InvariantRecorder,

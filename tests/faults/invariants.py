@@ -42,7 +42,7 @@ from typing import Any
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from crds.api import GROUP
 from crds.instance import SlotUsage, SlotUsageKind
 from crds.naming import LABEL_TARGET_NODE

@@ -5,9 +5,9 @@ Real parts: the kubelet's device manager (``DeviceNode``), the agent as ``python
 process. Each round a pod asks for a slot (the Instance's resource and the Configuration's in
 turn); as soon as the kubelet has the agent's Allocate answer the agent is killed, while it is
 recording the slot in ``deviceUsage`` (the Instance fast path answers first and records right
-after; agent/slots/rules.py). The restarted agent must record every slot a live pod holds and
-give none of them to another pod; earlier rounds' pods are deleted meanwhile, so freeing runs
-across restarts too. Every invariant holds throughout (tests/faults/invariants.py).
+after; agent/deviceplugins/slots/rules.py). The restarted agent must record every slot a live pod
+holds and give none of them to another pod; earlier rounds' pods are deleted meanwhile, so freeing
+runs across restarts too. Every invariant holds throughout (tests/faults/invariants.py).
 
 No pod is created while the agent is down: the kubelet itself fails a pod whose Allocate it
 cannot make (its plugin gone: UnexpectedAdmissionError, kubernetes/kubernetes#119248), which
@@ -59,7 +59,7 @@ async def serving_again(node: FaultNode, since: int, resources: tuple[str, ...])
     after the restarted plugin registered, it disconnects the *new* client of that name
     (``runClient`` looks the client up by name; kubelet/cm/devicemanager/plugin/v1beta1) and
     marks the resource unhealthy. The agent registers such a plugin again by itself
-    (agent/deviceplugin/manager.py); no restart by hand is allowed here."""
+    (agent/deviceplugins/kubelet/manager.py); no restart by hand is allowed here."""
     try:
         await node.kubelet.wait_for(functools.partial(serving, node, since, resources),
                                     timeout=SERVING_S, what="the restarted agent serving")

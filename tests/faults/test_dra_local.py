@@ -73,7 +73,7 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
 from agent.dra import slices
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from crds import dra
 from crds.naming import configuration_resource_name, instance_name, instance_resource_name
 from tests.harness import dra as h

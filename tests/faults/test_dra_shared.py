@@ -50,7 +50,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
 from agent.dra import slices
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from crds.naming import configuration_resource_name, instance_name
 from crds.pinning import PINNED_DEMAND_ANNOTATION
 from crds.resources import ConfigurationResource

@@ -5,8 +5,8 @@ each); six pods pinned by a ``kubernetes.io/hostname`` nodeSelector, three per n
 labelled ``edgeplug.io/target-node``. As running pods are deleted the waiting ones must take the
 freed slots, whichever node freed them. Before the controller counted pinned pods on the Node
 (controller/brokers/pinned_demand.py → the ``edgeplug.io/pinned-demand`` annotation →
-agent/slots/compat/demand.py), a slot freed on one node stayed reserved there while the other node's
-pod waited: nothing was admitted for 45 s.
+agent/deviceplugins/crossnode/demand.py), a slot freed on one node stayed reserved there while the
+other node's pod waited: nothing was admitted for 45 s.
 
 Real parts: two kubelets' device managers (``DeviceNode``), an agent process beside each, the
 controller process (it writes the annotation; no brokers), the real scheduler. Every invariant

@@ -37,7 +37,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from crds.instance import Instance
 from crds.naming import instance_resource_name
 from tests.faults.cluster import FaultCluster, delete_pod

@@ -14,8 +14,8 @@ Configuration resource keep the other three in use, pod after pod, while the kub
 the agent is killed in turn, so a freed virtual id is handed out again at once and a slot freed by
 mistake is taken by the next id. (No churn on an Instance's own resource beside them: the scheduler
 counts the two resources apart though they share slots, and admits a pod on one that the other has
-just used up; agent/slots/rules.py, "two resources, one slot".) The recorder judges double use by
-what each live container got from ``Allocate`` (the Instance hash in its environment;
+just used up; agent/deviceplugins/slots/rules.py, "two resources, one slot".) The recorder judges
+double use by what each live container got from ``Allocate`` (the Instance hash in its environment;
 tests/faults/invariants.py), which a wrong free cannot hide.
 """
 

@@ -22,11 +22,11 @@ from typing import Any, Protocol, cast
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import InstanceResource, as_dict
+from agent.deviceplugins.slots.service import serve_device_plugins
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
+from agent.kube.client import InstanceResource, as_dict
+from agent.kube.node_instances import LABEL_VALUE, serves_label
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.node_instances import LABEL_VALUE, serves_label
-from agent.slots.service import serve_device_plugins
 from crds.instance import Instance
 from crds.naming import LABEL_TARGET_NODE, target_node_label
 from discovery_handlers.contract import Device, DeviceSpec, Mount
@@ -180,7 +180,7 @@ async def create_instance(
                 "apiVersion": "edgeplug.io/v1alpha1",
                 "kind": "Instance",
                 # Labelled for each node as the agents' publishers label what they list:
-                # an agent's Instance watch selects its node's label (agent.node_instances).
+                # an agent's Instance watch selects its node's label (agent.kube.node_instances).
                 "metadata": {"name": name, "namespace": namespace,
                              "labels": {serves_label(n): LABEL_VALUE for n in nodes}},
                 "spec": {

@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 import yaml
 from lightkube import ApiError, AsyncClient, KubeConfig
 
-from agent.configuration_watch import ConfigurationWatch
-from agent.kube import InstanceResource, as_dict
+from agent.discovery.configuration_watch import ConfigurationWatch
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.kube.client import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
 from tests.harness import hermetic
 from tests.harness.aio_process import ChildProcess
 from tests.harness.controlplane import ControlPlane

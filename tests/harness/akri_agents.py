@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from agent.kube import ConfigurationResource, as_dict
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.kube.client import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
 from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
 from tests.harness import agent_process as harness
 from tests.harness import hermetic

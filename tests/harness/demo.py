@@ -27,7 +27,7 @@ import yaml
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from agent.main import configure_logging, run_agent
 from agent.settings import AgentSettings
 from crds import dra
@@ -216,7 +216,7 @@ def main() -> int:
     # The emulated kubelet warns when plugins go away, which they do at the end of the demo.
     logging.getLogger("tests.harness").setLevel(logging.ERROR)
     # An unplugged device is reported unhealthy for its grace: what the demo shows next.
-    logging.getLogger("agent.device_health").setLevel(logging.ERROR)
+    logging.getLogger("agent.discovery.device_health").setLevel(logging.ERROR)
     started = time.monotonic()
     cdi.tool()  # built once (tests.harness.cdi); `make demo` builds it before this starts
     workdir = Path(tempfile.mkdtemp(prefix="ep-demo-", dir="/tmp"))

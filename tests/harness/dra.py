@@ -25,7 +25,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 
 from agent.dra.publisher import DraPublisher, ResourceSliceResource
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from agent.kubeletapi import dra_v1_pb2 as pb
 from controller.dra.device_classes import DeviceClasses
 from controller.dra.instance_classes import DeviceClassResource

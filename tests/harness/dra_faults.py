@@ -37,7 +37,7 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from crds import dra
 from tests.harness.dra import ResourceClaimResource
 

@@ -30,7 +30,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
 
-from agent.node_instances import LABEL_VALUE, serves_label
+from agent.kube.node_instances import LABEL_VALUE, serves_label
 from crds.naming import cdi_name, instance_digest, instance_name_from_digest, slot_id
 from crds.resources import ConfigurationResource, InstanceResource
 from tests.harness.controlplane import ControlPlane

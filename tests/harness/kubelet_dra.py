@@ -23,7 +23,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb

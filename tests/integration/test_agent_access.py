@@ -2,7 +2,7 @@
 
 Why this exists: controller/grants/agent_access.py is what would let the agent's ClusterRole drop
 its cluster-wide Secret and ConfigMap reads (deploy/README.md, "What a node's agent can do"). Here
-it runs against the real API server, granting two nodes' own accounts (agent/node_account.py:
+it runs against the real API server, granting two nodes' own accounts (agent/kube/node_account.py:
 ``node-<node>`` in a node-accounts namespace of the test's own, with no other grant, so that
 every answer comes from these Roles alone): the Secret and the ConfigMap a Configuration names
 become readable and watchable by name with each account's own token while the Configuration

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient
 
-from agent.instance_publisher import InstancePublisher
-from agent.kube import ConfigurationResource, as_dict
+from agent.deviceplugins.slots.ledger import SlotLedger
+from agent.discovery.instance_publisher import InstancePublisher
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.discovery.node_labels import NodeLabels
+from agent.kube.client import ConfigurationResource, as_dict
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.node_labels import NodeLabels
-from agent.slots.ledger import SlotLedger
 from crds.configuration import Configuration
 from discovery_handlers.contract import Device
 from discovery_handlers.registry import load_handler

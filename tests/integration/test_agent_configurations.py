@@ -9,7 +9,11 @@ import base64
 import json
 from typing import Any
 
-from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
+from agent.discovery.events import (
+    REASON_INVALID_DETAILS,
+    REASON_PROPERTY_UNAVAILABLE,
+    condition_type_for,
+)
 from crds.naming import instance_name
 from discovery_handlers.contract import Secret
 from tests.harness import agent_process as harness

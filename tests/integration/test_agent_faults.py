@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from lightkube import AsyncClient
 
-from agent import instance_publisher
+from agent.discovery import instance_publisher
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness.agent_nodes import StartNode, create_instance, node_device

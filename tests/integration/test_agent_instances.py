@@ -13,7 +13,7 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from agent.node_labels import OWNED_ANNOTATION
+from agent.discovery.node_labels import OWNED_ANNOTATION
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane

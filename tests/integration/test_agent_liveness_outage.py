@@ -2,7 +2,7 @@
 rule an earlier controller left for an agent alive now is removed.
 
 On a control plane of its own (the API server is stopped mid-test): two nodes' Leases renewed
-as ``agent.liveness`` renews them, the controller's ``AgentLiveness`` following them with a 2 s
+as ``agent.kube.liveness`` renews them, the controller's ``AgentLiveness`` following them with a 2 s
 grace. The API server stops for longer than two graces: neither agent can renew, nor can the
 controller read; once it is back and the controller has judged again, neither node was ever
 taken for gone. Then one agent stops renewing, and its node alone is taken for gone.
@@ -16,9 +16,9 @@ import json
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from agent.liveness import LivenessLease
 from lightkube import AsyncClient, KubeConfig
 
+from agent.kube.liveness import LivenessLease
 from controller.dra.agent_gone_taints import AgentGoneTaints, rule_body
 from controller.dra.agent_liveness import AgentLiveness
 from controller.kube.rest import Rest

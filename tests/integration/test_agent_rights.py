@@ -28,7 +28,7 @@ from lightkube import ApiError, Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource
+from agent.kube.client import InstanceResource
 from tests.harness.agent_process import debug_echo_configuration
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.offer_grants import offer_grants, wait_offer
@@ -48,7 +48,7 @@ POLICY_ACTIVE_S = 60.0
 POLL_S = 0.2
 #: What the API server answers when a ValidatingAdmissionPolicy denies a request.
 DENIED = "denied request"
-#: The agent's field manager prefix (agent/kube.py field_manager).
+#: The agent's field manager prefix (agent/kube/client.py field_manager).
 FIELD_MANAGER = "edgeplug-agent-rights-test"
 
 
@@ -130,7 +130,8 @@ def _outcome(call: Callable[[], object]) -> tuple[bool, str]:
 
 def _patch(who: Identity, world: World, name: str, patch: dict[str, Any], *,
            status: bool = False) -> tuple[bool, str]:
-    """A JSON merge patch, as agent/slots and agent/device_health.py write them."""
+    """A JSON merge patch, as agent/deviceplugins/slots and agent/discovery/device_health.py write
+    them."""
     resource = InstanceResource.Status if status else InstanceResource
     return _outcome(lambda: _client(who).patch(
         resource, name, patch, namespace=world.namespace, patch_type=PatchType.MERGE))
@@ -146,7 +147,8 @@ def _create(who: Identity, body: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _patch_pod(who: Identity, name: str, patch: dict[str, Any]) -> tuple[bool, str]:
-    """A JSON merge patch of a pod, as agent/pod_annotations.py writes (and reads) them."""
+    """A JSON merge patch of a pod, as agent/deviceplugins/pod_annotations.py writes (and reads)
+    them."""
     return _outcome(lambda: _client(who).patch(
         Pod, name, patch, namespace=SYSTEM_NAMESPACE, patch_type=PatchType.MERGE))
 
@@ -249,8 +251,8 @@ def test_agent_writes_another_nodes_local_instance_not_at_all(control_plane: Con
 def test_agent_creates_instances_for_its_own_node_only(enforced: World) -> None:
     w = enforced
 
-    # As agent/instance_publisher.py creates them: owned by their Configuration (whose absence
-    # only matters to the garbage collector, later).
+    # As agent/discovery/instance_publisher.py creates them: owned by their Configuration (whose
+    # absence only matters to the garbage collector, later).
     owner = {"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration", "name": "cam",
              "uid": str(uuid.uuid4())}
 
@@ -325,7 +327,7 @@ def test_agent_writes_only_its_own_demand_and_health(control_plane: ControlPlane
     _allowed(_patch(w.agent_a, w, name,
                     {"status": {"demand": {w.node_a: 1}, "unhealthy": {w.node_a: "no signal"},
                                 "used": 0}}, status=True))
-    # The health mark the controller publishes shared devices by (agent/device_health.py).
+    # The health mark the controller publishes shared devices by (agent/discovery/device_health.py).
     cp.kubectl("patch", "instances.edgeplug.io", name, "-n", w.namespace, "--subresource=status",
                "--type=merge", "-p", json.dumps({"status": {"reported": {w.node_b: True}}}))
     reported = "only its own node's status.reported"
@@ -371,7 +373,8 @@ def _node_status(cp: ControlPlane, node: str, capacity: dict[str, str]) -> None:
 
 
 def _patch_node_status(who: Identity, node: str, patch: dict[str, Any]) -> tuple[bool, str]:
-    """A JSON merge patch of a Node's status, as agent/slots/compat/handoff.py writes it."""
+    """A JSON merge patch of a Node's status, as agent/deviceplugins/crossnode/handoff.py writes
+    it."""
     return _outcome(lambda: _client(who).patch(
         Node.Status, node, patch, patch_type=PatchType.MERGE))
 

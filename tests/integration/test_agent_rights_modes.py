@@ -30,7 +30,7 @@ from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
-from agent.slots.compat.crossnode import MISSING_RIGHTS_REASON
+from agent.deviceplugins.crossnode.coordinator import MISSING_RIGHTS_REASON
 from tests.harness.agent_process import api_client, apply, debug_echo_configuration, eventually
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.offer_grants import wait_offer

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from agent.kube import ConfigurationResource
+from agent.deviceplugins.slots.service import serve_device_plugins
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.kube.client import ConfigurationResource
+from agent.kube.node_reads import NodeReads, node_reads
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.node_reads import NodeReads, node_reads
-from agent.slots.service import serve_device_plugins
 from tests.harness.agent_nodes import (
     STOP_WAIT_S,
     TEST_ORPHAN_GRACE_S,

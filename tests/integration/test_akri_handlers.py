@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Event
 
-from agent.discovery_run import REASON_HANDLER_UNAVAILABLE
-from agent.events import REASON_DISCOVERY_WARNING, condition_type
+from agent.discovery.events import REASON_DISCOVERY_WARNING, condition_type
+from agent.discovery.runs import REASON_HANDLER_UNAVAILABLE
 from crds.naming import instance_name, instance_resource_name
 from discovery_handlers.contract import DeviceSpec, Mount
 from tests.harness import agent_process as harness

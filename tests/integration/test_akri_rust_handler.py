@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import condition_type, health_condition_type
+from agent.discovery.events import condition_type, health_condition_type
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness.akri_agents import (

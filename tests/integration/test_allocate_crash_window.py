@@ -1,12 +1,12 @@
 """The Allocate fast path across an agent crash: a slot answered but not yet recorded.
 
 An Instance plugin answers ``Allocate`` for a slot free and reserved for its node at once and
-records it in ``deviceUsage`` right after (``agent.slots.rules`` says why that is safe). Here
-the agent (``python -m agent.main``, a real subprocess) reaches the real API server through a
-TCP relay of the test's own that can be cut: with the relay cut, the agent answers the emulated
-kubelet's Allocate (no API call needed) but cannot record it; it is then SIGKILLed in exactly
-that window, and started again. The restarted agent must record the slot for the pod that has
-it (the emulator's pod-resources lists it), and hand it to no other pod: a second pod asking
+records it in ``deviceUsage`` right after (``agent.deviceplugins.slots.rules`` says why that is
+safe). Here the agent (``python -m agent.main``, a real subprocess) reaches the real API server
+through a TCP relay of the test's own that can be cut: with the relay cut, the agent answers the
+emulated kubelet's Allocate (no API call needed) but cannot record it; it is then SIGKILLed in
+exactly that window, and started again. The restarted agent must record the slot for the pod that
+has it (the emulator's pod-resources lists it), and hand it to no other pod: a second pod asking
 for the Configuration's resource, which the agent maps onto any free slot, stays Pending.
 
 The same must hold when the Instance reaches the restarted agent only after its first pass
@@ -31,9 +31,9 @@ import yaml
 from lightkube import AsyncClient
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource
-from agent.node_instances import LABEL_VALUE, serves_label
-from agent.slots.service import socket_name
+from agent.deviceplugins.slots.service import socket_name
+from agent.kube.client import InstanceResource
+from agent.kube.node_instances import LABEL_VALUE, serves_label
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.harness import agent_process as harness
 from tests.harness.agent_nodes import StartNode, create_instance, node_device, read_instance
@@ -215,7 +215,8 @@ async def test_an_instance_served_only_after_the_first_pass_gets_its_unrecorded_
         return early_socket.exists()
 
     await wait_until(early_served, what=f"{early} served again: the first pass ran")
-    # Listed again as the publisher's apply lists a node: with its label (agent.node_instances).
+    # Listed again as the publisher's apply lists a node: with its label
+    # (agent.kube.node_instances).
     await kube.patch(InstanceResource, late, {
         "metadata": {"labels": {serves_label(node.name): LABEL_VALUE}},
         "spec": {"nodes": [node.name]}}, namespace=ns, patch_type=PatchType.MERGE)

@@ -17,7 +17,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.slots.freeing import ORPHAN_GRACE_SECONDS
+from agent.deviceplugins.slots.freeing import ORPHAN_GRACE_SECONDS
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness import dra as h

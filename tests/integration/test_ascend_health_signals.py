@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from agent.device_health import REASON_WARNING
-from agent.events import health_condition_type
+from agent.discovery.device_health import REASON_WARNING
+from agent.discovery.events import health_condition_type
 from crds.naming import instance_name
 from discovery_handlers.ascend.devices import PROP_NETWORK
 from discovery_handlers.ascend.handler import NO_DRIVER_WARNING

@@ -43,21 +43,21 @@ from typing import Any, cast
 
 import pytest
 import yaml
-from agent.events import ConfigurationReporter, emit_event
-from agent.instance_placement import REASON_NAME_COLLISION, REASON_NAME_TAKEN
-from agent.instance_publisher import InstancePublisher
-from agent.node_account import NodeAccount
-from agent.node_devices import NodeDeviceTable
-from agent.node_instances import serves_label
-from agent.node_labels import NodeLabels
-from agent.slots.service import serve_device_plugins
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Secret, ServiceAccount
 from lightkube.types import PatchType
 
+from agent.deviceplugins.slots.service import serve_device_plugins
+from agent.discovery.events import ConfigurationReporter, emit_event
+from agent.discovery.instance_placement import REASON_NAME_COLLISION, REASON_NAME_TAKEN
+from agent.discovery.instance_publisher import InstancePublisher
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.discovery.node_labels import NodeLabels
 from agent.dra.claim_status import ResourceClaimResource
 from agent.dra.publisher import ResourceSliceResource
-from agent.kube import ConfigurationResource, InstanceResource, as_dict, field_manager
+from agent.kube.client import ConfigurationResource, InstanceResource, as_dict, field_manager
+from agent.kube.node_account import NodeAccount
+from agent.kube.node_instances import serves_label
 from agent.metrics import AgentMetrics
 from controller.brokers import status as controller_status
 from crds import dra
@@ -253,7 +253,7 @@ def _instance(cp: ControlPlane, w: World, *, nodes: list[str], shared: bool = Tr
 
 def _body(w: World, name: str, *, nodes: list[str], shared: bool,
           metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An Instance as agent/instance_publisher.py creates it."""
+    """An Instance as agent/discovery/instance_publisher.py creates it."""
     meta = {"name": name, "namespace": w.namespace, "ownerReferences": [w.owner]}
     spec: dict[str, Any] = {"configurationName": "cam", "cdiName": f"edgeplug.io/cam={name[-6:]}",
                             "capacity": 1, "brokerProperties": {}, "shared": shared,
@@ -320,7 +320,7 @@ def test_another_nodes_shared_instance_keeps_its_metadata(control_plane: Control
 def test_a_node_adds_and_removes_only_its_own_instance_label(control_plane: ControlPlane,
                                                             enforced: World) -> None:
     """The label that makes the API server send an Instance to a node's agent
-    (agent/node_instances.py): node A cannot hide an Instance from node B (remove B's label)
+    (agent/kube/node_instances.py): node A cannot hide an Instance from node B (remove B's label)
     nor show B another one (add B's label), on create or after; its own label it may."""
     cp, w = control_plane, enforced
     label_a, label_b = serves_label(w.node_a), serves_label(w.node_b)
@@ -338,7 +338,7 @@ def test_a_node_adds_and_removes_only_its_own_instance_label(control_plane: Cont
     _refused(_create(w.agent_a, _body(w, f"new-{uuid.uuid4().hex[:6]}", nodes=[w.node_a],
                                       shared=False, metadata={"labels": {label_b: "true"}})),
              "only owned by the Configuration it names")
-    # Controls: its own label added and removed (merge patches, as agent/node_instances.py
+    # Controls: its own label added and removed (merge patches, as agent/kube/node_instances.py
     # writes them), through an apply with its node, and on create.
     _allowed(_patch(w.agent_a, w, name, {"metadata": {"labels": {label_a: "true"}}}))
     _allowed(_patch(w.agent_a, w, name, {"metadata": {"labels": {label_a: None}}}))
@@ -402,8 +402,8 @@ def test_a_local_instance_is_created_only_for_the_node_that_creates_it(
         _refused(_create(w.agent_a, new(nodes=[w.node_a], shared=False, metadata=metadata)),
                  dressed)
     _refused(_create(w.unbound, new(nodes=[w.node_a], shared=False)), "names no node")
-    # Controls: what agent/instance_publisher.py creates, local (naming its node) and shared
-    # (no node yet: the apply that follows adds it).
+    # Controls: what agent/discovery/instance_publisher.py creates, local (naming its node) and
+    # shared (no node yet: the apply that follows adds it).
     _allowed(_create(w.agent_a, new(nodes=[w.node_a], shared=False)))
     _allowed(_create(w.agent_a, new(nodes=[], shared=True)))
 
@@ -411,7 +411,7 @@ def test_a_local_instance_is_created_only_for_the_node_that_creates_it(
 def _to_squat(cp: ControlPlane, w: World, prefix: str, ids: list[str], *, shared: bool
               ) -> tuple[str, Callable[..., dict[str, Any]]]:
     """A new debugEcho Configuration of devices ``ids``, and a maker of Instance bodies it owns
-    (as agent/instance_publisher.py creates them)."""
+    (as agent/discovery/instance_publisher.py creates them)."""
     cfg_name = f"{prefix}-{uuid.uuid4().hex[:4]}"
     _apply(cp, debug_echo_configuration(cfg_name, descriptions=ids, shared=shared)
            | {"metadata": {"name": cfg_name, "namespace": w.namespace}})
@@ -438,7 +438,7 @@ async def test_a_squatted_local_name_sends_the_device_to_its_nodes_fallback_name
     across a restart of the publisher (no second Instance) and after the squat is deleted
     (moving a served device is churn)."""
     cp, w = control_plane, enforced
-    caplog.set_level(logging.WARNING, logger="agent.instance_placement")
+    caplog.set_level(logging.WARNING, logger="agent.discovery.instance_placement")
     cfg_name, body = _to_squat(cp, w, "squat", ["d1", "d2", "d3"], shared=False)
     with node_dirs() as dirs:
         async with running_node(NodeEmulator, cp.kubeconfig, dirs) as node:
@@ -566,7 +566,7 @@ async def test_a_squatted_shared_name_costs_the_other_nodes_that_device_only(
     immutable) ended every pass before any device was served. Once the collision name is free,
     B publishes the device there (every node that sees it computes the same name)."""
     cp, w = control_plane, enforced
-    caplog.set_level(logging.WARNING, logger="agent.instance_placement")
+    caplog.set_level(logging.WARNING, logger="agent.discovery.instance_placement")
     cfg_name, body = _to_squat(cp, w, "shsq", ["s1", "s2"], shared=True)
     wanted, second = instance_names(cfg_name, "s1", shared=True, node=w.node_b)
     _allowed(_create(w.agent_a, body(wanted, nodes=[w.node_a])))
@@ -742,7 +742,8 @@ def test_node_status_writes_keep_the_nodes_metadata(control_plane: ControlPlane,
                       "apiVersion": "v1", "kind": "Namespace", "name": w.namespace,
                       "uid": str(uuid.uuid4())}]}}):
         _refused(_node(w.agent_a, w.node_a, patch), "may change only edgeplug.io/ labels")
-    # Controls: what agent/slots/compat/handoff.py and agent/node_labels.py write.
+    # Controls: what agent/deviceplugins/crossnode/handoff.py and agent/discovery/node_labels.py
+    # write.
     _allowed(_node_status(w.agent_a, w.node_a, {"status": {"allocatable": {device: "1"}}}))
     _allowed(_node_status(w.agent_a, w.node_a, {"status": {"allocatable": {device: "2"}}}))
     _allowed(_node(w.agent_a, w.node_a, {"metadata": {
@@ -998,7 +999,7 @@ async def test_a_node_reads_only_the_secrets_of_configurations_selecting_it(
         control_plane: ControlPlane, world: World, tmp_path: Path) -> None:
     """Issue 47: every agent runs as one ServiceAccount, so a grant to it hands every camera
     password any Configuration names to every node. Each node reads as its own account
-    (agent/node_account.py, with node A's agent token): node A reads the Secret of a
+    (agent/kube/node_account.py, with node A's agent token): node A reads the Secret of a
     Configuration selecting A, not the one of a Configuration selecting only B (another
     tenant's namespace), not even through node B's account, which A's token can neither make
     nor mint a token for; nor can it mint its own account's token unbound, bound to another
@@ -1052,7 +1053,7 @@ async def test_a_node_reads_only_the_secrets_of_configurations_selecting_it(
                 (f"node-{w.node_a}", {"kind": "Node", "name": w.node_a, "uid": node_a_uid},
                  7200, "for at most an hour")):
             _refused(_outcome(functools.partial(_mint, client, name, bound, seconds)), why)
-        # Its own account, made as agent/node_account.py makes it, with a token that mounts.
+        # Its own account, made as agent/kube/node_account.py makes it, with a token that mounts.
         _refused(_outcome(lambda: client.create(_account_body(f"node-{w.node_a}", mounts=True))),
                  "mounts no token")
     finally:

@@ -137,7 +137,7 @@ def controller_identity(installed: ControlPlane,
 @pytest.fixture(scope="module")
 def node_identity(installed: ControlPlane,
                   tmp_path_factory: pytest.TempPathFactory) -> Identity:
-    """A node's own account (agent/node_account.py), as which its agent reads Secrets."""
+    """A node's own account (agent/kube/node_account.py), as which its agent reads Secrets."""
     namespace = f"{SYSTEM_NAMESPACE}-nodes"
     installed.kubectl("create", "serviceaccount", "node-attacks", "-n", namespace, check=False)
     return mint(installed, namespace=namespace, account="node-attacks",
@@ -448,7 +448,7 @@ def test_controller_cannot_hand_its_rights_to_another_account(
         namespace, {"kind": "Role", "name": ROLE_NAME},
         [*_node_subjects(), {"kind": "User", "name": "mallory"}]),
         force=True, dry_run=dry), because="may bind only nodes' own accounts")
-    # Every agent's account: the named reads go to each node's own (agent/node_account.py).
+    # Every agent's account: the named reads go to each node's own (agent/kube/node_account.py).
     refused(lambda dry: ctl.apply(_binding(
         namespace, {"kind": "Role", "name": ROLE_NAME}, _agent_subject()),
         force=True, dry_run=dry), because="may bind only nodes' own accounts")

@@ -25,8 +25,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.types import PatchType
 
-from agent.node_devices import NodeDeviceTable
-from agent.volcano_device_info import DeviceInfoWriter
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.discovery.volcano_device_info import DeviceInfoWriter
 from tests.harness.controlplane import REPO_ROOT, ControlPlane
 from tests.harness.service_accounts import Identity, mint, pod_bound
 from tests.integration.test_attacks_agent import (

@@ -3,7 +3,7 @@ Lease, and the controller's DeviceTaintRules taint only edgeplug.io's local pool
 
 With deploy/manifests' agent and controller accounts and deploy/dra applied as a user applies
 them, on the real API server: node A's agent token (bound to a pod on A, as its DaemonSet pod's
-is) renews its own Lease through ``agent.liveness`` and is refused renewing, taking, creating,
+is) renews its own Lease through ``agent.kube.liveness`` and is refused renewing, taking, creating,
 reading or deleting node B's; the controller's token writes the rules
 ``controller.dra.agent_gone_taints`` writes and is refused a rule on another driver, a shared pool,
 another taint or ``NoExecute`` (which would evict every pod holding the devices), and any
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from agent.liveness import LivenessLease
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.types import PatchType
 
+from agent.kube.liveness import LivenessLease
 from controller.dra.agent_gone_taints import AgentGoneTaints, rule_body
 from controller.dra.agent_liveness import AgentLiveness
 from controller.kube.rest import Rest
@@ -126,7 +126,7 @@ def _refused_by_rbac(call: Callable[[], object]) -> None:
 
 
 async def _renew_once(who: Identity, node: str) -> None:
-    """``agent.liveness`` on ``who``'s token, until it has renewed once."""
+    """``agent.kube.liveness`` on ``who``'s token, until it has renewed once."""
     async with AsyncClient(KubeConfig.from_file(str(who.kubeconfig))) as client:
         lease = LivenessLease(client, node=node, namespace=SYSTEM_NAMESPACE, renew_s=0.2)
         task = asyncio.create_task(lease.run())

@@ -20,7 +20,7 @@ import pytest
 from lightkube import AsyncClient
 
 from agent.dra import slices
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from crds.naming import instance_name, instance_resource_name
 from crds.resources import ConfigurationResource
 from tests.harness import agent_process as harness
@@ -33,10 +33,9 @@ from tests.harness.stand_ins import node_dirs, running_node
 
 pytestmark = [pytest.mark.timeout(150)]
 
-COMPAT = "agent.slots.compat"
+COMPAT = "agent.deviceplugins.crossnode"
 #: The device-plugin allocator's modules (the kubelet's gRPC stubs for it included).
-DEVICE_PLUGIN_ALLOCATOR = ("agent.slots", "agent.deviceplugin", "agent.podresources",
-                           "agent.pod_annotations", "agent.kubeletapi.deviceplugin")
+DEVICE_PLUGIN_ALLOCATOR = ("agent.deviceplugins", "agent.kubeletapi.deviceplugin")
 
 
 @pytest.fixture
@@ -115,5 +114,5 @@ async def test_a_dra_default_agent_never_loads_the_cross_node_protocol(
             loaded = await run_agent(
                 "devicePlugin",
                 lambda: wait_allocatable(kube, node.node_name, instance_resource_name(old), "1"))
-            assert f"{COMPAT}.crossnode" in loaded
-            assert "agent.slots.service" in loaded
+            assert f"{COMPAT}.coordinator" in loaded
+            assert "agent.deviceplugins.slots.service" in loaded

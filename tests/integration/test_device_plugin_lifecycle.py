@@ -18,13 +18,13 @@ import grpc
 import pytest
 from grpc import aio
 
-from agent.deviceplugin.backend import (
+from agent.deviceplugins.kubelet.backend import (
     ContainerAllocation,
     PluginError,
     PluginSpec,
 )
-from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
-from agent.deviceplugin.manager import PluginManager
+from agent.deviceplugins.kubelet.feed import AdvertisedDevice, DeviceFeed
+from agent.deviceplugins.kubelet.manager import PluginManager
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.metrics import AgentMetrics

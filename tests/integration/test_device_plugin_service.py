@@ -20,10 +20,10 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource, as_dict
+from agent.deviceplugins.slots.service import socket_name
+from agent.kube.client import InstanceResource, as_dict
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from agent.slots.service import socket_name
 from crds.naming import LABEL_TARGET_NODE, target_node_label
 from tests.harness import echo_handlers
 from tests.harness.agent_nodes import (
@@ -224,8 +224,8 @@ async def test_kubelet_restart_reregisters_every_plugin_and_touches_no_instance(
     await wait_pod(kube, ns, "holder", running, "Running")
     # The held slot leaves the configuration-level resource one free virtual device. The agent
     # lowers the Node's count before it withdraws the device from the kubelet (the give-away
-    # gate, agent/slots/compat/handoff.py), so the count alone does not say the kubelet's own
-    # list is down to it: the baseline is taken once the kubelet says so too. Taken at the
+    # gate, agent/deviceplugins/crossnode/handoff.py), so the count alone does not say the kubelet's
+    # own list is down to it: the baseline is taken once the kubelet says so too. Taken at the
     # count, it once held the device being withdrawn (v0 and v1), which no restarted kubelet
     # lists.
     await wait_allocatable(kube, node.name, f"edgeplug.io/{configuration}", "1")

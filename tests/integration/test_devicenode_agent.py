@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 from lightkube import AsyncClient
 
-from agent.slots.rules import is_held_by, usage_of
+from agent.deviceplugins.slots.rules import is_held_by, usage_of
 from tests.harness import kubebin
 from tests.harness.agent_nodes import (
     AgentNode,

@@ -3,7 +3,7 @@ real control plane (API server, scheduler, controller-manager) with the controll
 (``--dra --agent-grace``).
 
 Two Ready nodes without a kubelet (``tests.harness.dra``), each with an in-process agent
-(discovery, the DRA publisher, the liveness Lease as ``agent.liveness`` renews it). A shared
+(discovery, the DRA publisher, the liveness Lease as ``agent.kube.liveness`` renews it). A shared
 camera both nodes see (capacity 3) and two local devices per node. Node A's agent stops (its
 publisher and Lease end, as a killed agent's would): within the grace the controller drops A
 from the camera's selector and taints A's local pool; pods asking for the camera are all bound
@@ -28,8 +28,8 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from agent.dra import slices
 from agent.dra.publisher import DraPublisher
-from agent.kube import as_dict
-from agent.liveness import LivenessLease
+from agent.kube.client import as_dict
+from agent.kube.liveness import LivenessLease
 from crds import agent_liveness, dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness

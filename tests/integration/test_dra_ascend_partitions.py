@@ -33,10 +33,10 @@ from agent.dra import claims as cl
 from agent.dra import slices
 from agent.dra.plugin import ClaimPreparer
 from agent.dra.publisher import ResourceSliceResource
-from agent.kube import as_dict
+from agent.kube.client import as_dict
+from agent.kube.node_reads import NodeReads
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
-from agent.node_reads import NodeReads
 from crds import dra, dra_features
 from tests.harness import agent_process as harness
 from tests.harness import dra as h

@@ -21,7 +21,7 @@ import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from controller import naming
 from crds import dra
 from crds.naming import instance_name, instance_resource_name

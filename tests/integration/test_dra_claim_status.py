@@ -25,10 +25,10 @@ from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
-from agent.kube import as_dict
+from agent.kube.client import as_dict
+from agent.kube.node_reads import NodeReads
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
-from agent.node_reads import NodeReads
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness

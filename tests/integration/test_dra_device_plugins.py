@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent.slots.ledger import SlotLedger, SlotUnavailable
-from agent.slots.rules import Verdict
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
+from agent.deviceplugins.slots.ledger import SlotLedger, SlotUnavailable
+from agent.deviceplugins.slots.rules import Verdict
 from agent.dra import slices
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from crds.instance import SlotUsage

@@ -19,7 +19,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.dra import slices
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness

@@ -18,7 +18,7 @@ from lightkube.types import PatchType
 
 from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from controller.dra.instance_classes import DeviceClassResource
 from crds import dra, dra_features
 from tests.harness import agent_process as harness

@@ -24,10 +24,12 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 from prometheus_client import start_http_server
 
+from agent.discovery.node_devices import NodeDeviceTable
 from agent.dra import claims as cl
 from agent.dra import health, slices
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
-from agent.kube import as_dict
+from agent.kube.client import as_dict
+from agent.kube.node_reads import NodeReads
 from agent.kubeletapi import dra_health_v1_pb2 as health_v1
 from agent.kubeletapi import dra_health_v1_pb2_grpc as health_v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2 as health_v1alpha1
@@ -37,8 +39,6 @@ from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.node_reads import NodeReads
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent.node_devices import NodeDeviceTable
 from lightkube import AsyncClient
 
+from agent.discovery.node_devices import NodeDeviceTable
 from agent.dra import slices
 from agent.dra.publisher import DraPublisher, ResourceSliceResource
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name

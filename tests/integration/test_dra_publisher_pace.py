@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import publisher as publisher_module
 from agent.dra import slices
 from agent.dra.publisher import MIN_PASS_INTERVAL, QUIET_S, DraPublisher
-from agent.kube import InstanceResource
-from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.kube.client import InstanceResource
 from crds import pool_slices
 from crds.configuration import Allocator
 from discovery_handlers.contract import Device

@@ -1,8 +1,8 @@
 """The agent evicts pods off separated devices as the kubelet, which reaches only its own node.
 
-``agent.separated_devices`` needs no right of its own: with the kubelet's client certificate
-(``KUBELET_CLIENT_CERT``) it evicts as ``system:node:<node>``, which the Node authorizer lets
-create ``pods/eviction`` and NodeRestriction lets evict only pods bound to that node. Here, on
+``agent.deviceplugins.separated_devices`` needs no right of its own: with the kubelet's client
+certificate (``KUBELET_CLIENT_CERT``) it evicts as ``system:node:<node>``, which the Node authorizer
+lets create ``pods/eviction`` and NodeRestriction lets evict only pods bound to that node. Here, on
 the real API server (Node authorizer and NodeRestriction on), node A's kubelet identity evicts
 a pod on A through the evictor's own code and is refused one on B; the agent's ServiceAccount
 token (deploy/manifests applied) is refused both.
@@ -18,10 +18,10 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from agent.node_devices import NodeDevice
-from agent.node_reads import NodeReads
-from agent.podresources import PodDevices
-from agent.separated_devices import SeparatedDeviceEvictor
+from agent.deviceplugins.kubelet.podresources import PodDevices
+from agent.deviceplugins.separated_devices import SeparatedDeviceEvictor
+from agent.discovery.node_devices import NodeDevice
+from agent.kube.node_reads import NodeReads
 from discovery_handlers.ascend.faults import chip_health, default_table
 from discovery_handlers.contract import Device
 from tests.harness.controlplane import ControlPlane

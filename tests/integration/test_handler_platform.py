@@ -26,11 +26,11 @@ import yaml
 from grpc import aio
 from lightkube import AsyncClient
 
+from agent.deviceplugins.slots.service import socket_name
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from agent.main import run_agent
 from agent.settings import AgentSettings
-from agent.slots.service import socket_name
 from crds.naming import configuration_resource_name, instance_name, instance_resource_name
 from discovery_handlers.contract import Secret
 from tests.harness import cdi, echo_handlers

@@ -20,7 +20,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from agent.slots.compat.handoff import HandoffGate, pods_awaiting_admission
+from agent.deviceplugins.crossnode.handoff import HandoffGate, pods_awaiting_admission
 from tests.harness.controlplane import ControlPlane
 from tests.harness.service_accounts import mint
 
@@ -140,7 +140,7 @@ async def test_without_the_pods_list_grant_the_gate_stays_open_and_says_so(
     try:
         await _bound_pod(kube, namespace, node, INSTANCE)
         gate = HandoffGate(client=partial, node=node)
-        caplog.set_level(logging.WARNING, logger="agent.slots.compat.handoff")
+        caplog.set_level(logging.WARNING, logger="agent.deviceplugins.crossnode.handoff")
         assert await gate.clear("cam-1a2b3c", ["cam-1a2b3c-0"], before={INSTANCE: 2},
                                 after={INSTANCE: 1})
         assert not gate.retry

@@ -17,8 +17,8 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Event
 
-from agent.instance_placement import REASON_NAME_COLLISION
-from agent.node_instances import LABEL_VALUE, serves_label
+from agent.discovery.instance_placement import REASON_NAME_COLLISION
+from agent.kube.node_instances import LABEL_VALUE, serves_label
 from crds.naming import collision_instance_name, device_digest, instance_name
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane

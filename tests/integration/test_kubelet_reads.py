@@ -32,13 +32,13 @@ import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
+from agent.deviceplugins.slots.bound_pods import BoundPodsReader, pods_bound_here
 from agent.dra import plugin as dra_plugin
 from agent.dra.plugin import ResourceClaimResource
-from agent.kube import as_dict
+from agent.kube.client import as_dict
+from agent.kube.node_reads import KubeletCertificate, NodeReads
 from agent.kubeletapi import dra_v1_pb2 as pb
 from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
-from agent.node_reads import KubeletCertificate, NodeReads
-from agent.slots.bound_pods import BoundPodsReader, pods_bound_here
 from crds import dra, dra_slices
 from tests.harness import agent_process as harness
 from tests.harness import cdi
@@ -248,14 +248,14 @@ def _plain_pod(name: str, node: str) -> dict[str, Any]:
 async def test_the_kubelets_certificate_lists_the_pods_bound_to_its_node_and_no_other(
     plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """What the orphan freer and the hand-off gate read (agent/slots/bound_pods.py): as the
-    kubelet, the pods bound to its node; another node's, or every pod, is refused by the Node
+    """What the orphan freer and the hand-off gate read (agent/deviceplugins/slots/bound_pods.py):
+    as the kubelet, the pods bound to its node; another node's, or every pod, is refused by the Node
     authorizer; the agent's token is refused the list, and the reader says so once."""
     ns, node_a, node_b = _names(plane, "pods", nodes=True)
     h.apply(plane, ns, _plain_pod("on-a", node_a), _plain_pod("on-b", node_b))
     token_a = pod_bound(plane, namespace=SYSTEM_NAMESPACE, account=AGENT_ACCOUNT, node=node_a,
                         folder=tmp_path)
-    caplog.set_level(logging.WARNING, logger="agent.slots.bound_pods")
+    caplog.set_level(logging.WARNING, logger="agent.deviceplugins.slots.bound_pods")
     async with admin(plane) as own:
         reads = NodeReads.as_kubelet(
             own, base=KubeConfig.from_file(str(plane.kubeconfig)),

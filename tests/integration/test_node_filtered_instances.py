@@ -25,8 +25,8 @@ import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
-from agent.kube import InstanceResource, as_dict, field_manager
-from agent.node_instances import serves_label
+from agent.kube.client import InstanceResource, as_dict, field_manager
+from agent.kube.node_instances import serves_label
 from crds.naming import instance_name, instance_resource_name, slot_id
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane, free_port

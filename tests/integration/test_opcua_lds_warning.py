@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.events import REASON_DISCOVERY_WARNING, health_condition_type
+from agent.discovery.events import REASON_DISCOVERY_WARNING, health_condition_type
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
@@ -56,7 +56,7 @@ def warning_events(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
 async def test_silent_discovery_server_is_a_warning_event_on_the_configuration(
     control_plane: ControlPlane, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.discovery_run")
+    caplog.set_level(logging.INFO, logger="agent.discovery.runs")
     lds = await TestServer("lds", discovery=True).start()
     alpha = await TestServer("alpha", register_to=lds.url).start()
     node = harness.new_node(control_plane)

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient
 
-from agent import node_instances
-from agent.instance_publisher import InstancePublisher
-from agent.kube import ConfigurationResource, InstanceResource, as_dict
+from agent.discovery.instance_publisher import InstancePublisher
+from agent.discovery.name_records import LIST_FROM
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.node_labels import NodeLabels
+from agent.kube import node_instances
+from agent.kube.client import ConfigurationResource, InstanceResource, as_dict
 from agent.metrics import AgentMetrics
-from agent.name_records import LIST_FROM
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.node_labels import NodeLabels
 from crds.configuration import Configuration
 from crds.instance import STATUS_REPORTED
 from crds.naming import collision_instance_name, device_digest, instance_name, slot_id

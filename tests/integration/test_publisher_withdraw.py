@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from agent.instance_publisher import InstancePublisher
-from agent.kube import ConfigurationResource, as_dict
+from agent.discovery.instance_publisher import InstancePublisher
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.discovery.node_labels import NodeLabels
+from agent.kube.client import ConfigurationResource, as_dict
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.node_labels import NodeLabels
 from crds.configuration import Configuration
 from crds.naming import instance_name
 from discovery_handlers.contract import Device

@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from agent.events import REASON_INVALID_DETAILS, REASON_PROPERTY_UNAVAILABLE, condition_type_for
-from agent.node_labels import LABEL_VALUE, label_key
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccount
 from lightkube.types import PatchType
 
-from agent.kube import ConfigurationResource, as_dict
+from agent.discovery.events import (
+    REASON_INVALID_DETAILS,
+    REASON_PROPERTY_UNAVAILABLE,
+    condition_type_for,
+)
+from agent.discovery.node_labels import LABEL_VALUE, label_key
+from agent.kube.client import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.settings import AgentSettings
 from controller.grants.agent_access import AgentAccess
@@ -68,7 +72,7 @@ RBAC_FILES = ("namespace.yaml", "agent-rbac.yaml", "agent-node-policy.yaml",
               "agent-node-account-policy.yaml", "controller-rbac.yaml",
               "controller-node-policy.yaml", "controller-policy.yaml")
 SYSTEM_NAMESPACE = "edgeplug-system"
-#: The nodes' own accounts (agent/node_account.py), as the DaemonSet names them.
+#: The nodes' own accounts (agent/kube/node_account.py), as the DaemonSet names them.
 NODE_ACCOUNTS = f"{SYSTEM_NAMESPACE}-nodes"
 AGENT_ACCOUNT = "edgeplug-agent"
 CONTROLLER_ACCOUNT = "edgeplug-controller"
@@ -149,8 +153,8 @@ AGENT_NEEDS = [
 AGENT_MUST_NOT = [
     ("create", "pods", None),
     # Pods are read by watch (Pending ones) and by an empty patch the pod policy confines to
-    # the agent's node (agent/pod_annotations.py), never by a get on any pod; the pods bound
-    # to its node are listed with the kubelet's certificate (agent/node_reads.py).
+    # the agent's node (agent/deviceplugins/pod_annotations.py), never by a get on any pod; the pods
+    # bound to its node are listed with the kubelet's certificate (agent/kube/node_reads.py).
     ("get", "pods", None),
     ("list", "pods", None),
     ("patch", "pods", "status"),

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.events import REASON_INVALID_DETAILS, condition_type_for
+from agent.discovery.events import REASON_INVALID_DETAILS, condition_type_for
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
 

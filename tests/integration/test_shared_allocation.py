@@ -18,7 +18,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from agent.dra import slices
-from agent.kube import as_dict
+from agent.kube.client import as_dict
 from controller.dra.instance_classes import DeviceClassResource
 from crds import dra
 from crds.naming import instance_name, instance_resource_name

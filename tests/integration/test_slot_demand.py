@@ -19,7 +19,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
-from agent.kube import InstanceResource, as_dict
+from agent.kube.client import InstanceResource, as_dict
 from tests.harness.agent_nodes import (
     AgentNode,
     StartNode,

@@ -5,10 +5,11 @@ share one Instance of capacity 2, both slots held by pods on node a; a pod pinne
 waits Pending. When one of a's pods is deleted, a's agent must notice at its next sweep that the
 pod has left pod-resources, free the slot, and give the reservation back, so b's pod gets it.
 The holder sweeps every ``SWEEP_SECONDS`` while it holds a slot, and every
-``SWEEP_AWAITED_SECONDS`` while another node's pods wait for it (``agent.slots.freeing``). Here
-``SWEEP_SECONDS`` is an hour: the hand-off can only happen through the awaited sweep (nothing
-else wakes a's agent after the delete), so without it b's pod would wait for the hour.
-(How fast the hand-off is goes in ``tests/bench/bench_faults.py``, never in a test.)
+``SWEEP_AWAITED_SECONDS`` while another node's pods wait for it
+(``agent.deviceplugins.slots.freeing``). Here ``SWEEP_SECONDS`` is an hour: the hand-off can only
+happen through the awaited sweep (nothing else wakes a's agent after the delete), so without it b's
+pod would wait for the hour. (How fast the hand-off is goes in ``tests/bench/bench_faults.py``,
+never in a test.)
 
 A pod that ends moments after its claim hands its slot on as quickly: once a sweep has seen the
 slot held by the live pod, the pod's end frees it at the next sweep, whatever the claim's age.
@@ -23,8 +24,8 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.podresources import PodResourcesClient
-from agent.slots import schedule
+from agent.deviceplugins.kubelet.podresources import PodResourcesClient
+from agent.deviceplugins.slots import schedule
 from tests.harness.agent_nodes import (
     StartNode,
     create_instance,

@@ -4,9 +4,9 @@ The kubelet re-uses a configuration-level device id (``<configuration>-v<k>``) a
 pod that held it has left. The agent maps it onto the slot the id still holds in
 ``deviceUsage`` (``C:<virtual id>:<node>``, the very value the departed pod's claim had), so a
 pod-resources ``List`` taken just before that ``Allocate`` (the new pod not listed yet) looks
-exactly like "its pod ended". Before the hand-out count (agent/slots/rules.py, "hand-outs"),
-the orphan freer freed the slot a few milliseconds after handing it out, and the Instance
-plugin then gave the same slot to a second pod (issue 21's first trace).
+exactly like "its pod ended". Before the hand-out count (agent/deviceplugins/slots/rules.py,
+"hand-outs"), the orphan freer freed the slot a few milliseconds after handing it out, and the
+Instance plugin then gave the same slot to a second pod (issue 21's first trace).
 
 Real parts: the API server (the Instance and its conditioned writes), the agent's own
 configuration backend, ledger and orphan freer, and a pod-resources server over a real gRPC Unix
@@ -36,19 +36,19 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
-from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
-from agent.kube import InstanceResource
+from agent.deviceplugins.kubelet.feed import AdvertisedDevice, DeviceFeed
+from agent.deviceplugins.kubelet.podresources import PodResourcesClient
+from agent.deviceplugins.slots.backends import ConfigurationBackend
+from agent.deviceplugins.slots.bound_pods import BoundPodsReader
+from agent.deviceplugins.slots.freeing import OrphanFreer
+from agent.deviceplugins.slots.ledger import SlotLedger
+from agent.deviceplugins.slots.rules import SlotRef
+from agent.discovery.node_devices import NodeDevice
+from agent.kube.client import InstanceResource
+from agent.kube.node_reads import NodeReads
 from agent.kubeletapi import podresources_v1_pb2 as pr
 from agent.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDevice
-from agent.node_reads import NodeReads
-from agent.podresources import PodResourcesClient
-from agent.slots.backends import ConfigurationBackend
-from agent.slots.bound_pods import BoundPodsReader
-from agent.slots.freeing import OrphanFreer
-from agent.slots.ledger import SlotLedger
-from agent.slots.rules import SlotRef
 from crds.instance import Instance, SlotUsage
 from discovery_handlers.contract import HEALTHY, Device
 from tests.harness.agent_nodes import create_instance, read_instance

@@ -12,8 +12,8 @@ import uuid
 import pytest
 from lightkube import AsyncClient
 
-from agent.slots.ledger import SlotLedger, SlotUnavailable
-from agent.slots.rules import Verdict
+from agent.deviceplugins.slots.ledger import SlotLedger, SlotUnavailable
+from agent.deviceplugins.slots.rules import Verdict
 from crds.instance import Instance, SlotUsage
 from tests.harness.agent_nodes import create_instance, read_instance
 

@@ -3,8 +3,8 @@ Huawei's format as chips fail, recover and are taken by pods.
 
 Real API server; the ``ascend`` handler reads the DCMI stand-in (Huawei's C ABI,
 tests/harness/ascend_dcmi), standing in for a node's NPUs; its devices go into the agent's
-device table as discovery puts them; the agent's writer (``agent.volcano_device_info``) runs
-as it does in ``run_agent``. What is checked is what Volcano's Ascend plugin reads: the data
+device table as discovery puts them; the agent's writer (``agent.discovery.volcano_device_info``)
+runs as it does in ``run_agent``. What is checked is what Volcano's Ascend plugin reads: the data
 keys, the ``DeviceInfoCfg`` JSON (its ``CheckCode`` recomputed here independently as the
 SHA-256 of the ``DeviceInfo`` object in Go's encoding), the free, unhealthy and network lists and
 the fault list's levels, and the Node's ``baseDeviceInfos`` annotation.
@@ -24,9 +24,9 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Node
 
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.node_instances import LABEL_VALUE, serves_label
-from agent.volcano_device_info import DeviceInfoWriter
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.volcano_device_info import DeviceInfoWriter
+from agent.kube.node_instances import LABEL_VALUE, serves_label
 from discovery_handlers.ascend import handler
 from tests.harness.agent_process import api_client, eventually
 from tests.harness.aio_process import task_running

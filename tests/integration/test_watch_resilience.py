@@ -17,7 +17,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 
-from agent import watching
+from agent.kube import watching
 from tests.harness.agent_process import eventually
 from tests.harness.controlplane import ControlPlane
 

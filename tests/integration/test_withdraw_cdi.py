@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.cdi_specs import CdiSpecs, spec_path
-from agent.instance_publisher import InstancePublisher
-from agent.kube import ConfigurationResource, as_dict
+from agent.discovery.cdi_specs import CdiSpecs, spec_path
+from agent.discovery.instance_publisher import InstancePublisher
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.node_labels import NodeLabels
+from agent.kube.client import ConfigurationResource, as_dict
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.node_labels import NodeLabels
 from crds.configuration import Configuration
 from discovery_handlers.contract import Device
 from discovery_handlers.registry import load_handler

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.akri_registration import RECORD_NAME, HandlerRegistration
+from agent.discovery.akri_registration import RECORD_NAME, HandlerRegistration
 from agent.metrics import AgentMetrics
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from agent.cdi_specs import CdiSpecs, spec_path
-from agent.node_devices import NodeDevice
+from agent.discovery.cdi_specs import CdiSpecs, spec_path
+from agent.discovery.node_devices import NodeDevice
 from discovery_handlers.contract import Device, DeviceSpec, Mount
 from tests.harness import cdi
 

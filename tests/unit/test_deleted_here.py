@@ -1,5 +1,5 @@
 """A watch takes an Instance this process deleted for gone without reading it again
-(``agent.node_instances.deleted_here``), and still reads every other ``DELETED`` (a label that
+(``agent.kube.node_instances.deleted_here``), and still reads every other ``DELETED`` (a label that
 went is not a deletion), and a deletion remembered longer than ``DELETED_MEMORY_S`` ago."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent import node_instances, watching
+from agent.kube import node_instances, watching
 
 
 class _Instance:

@@ -102,7 +102,7 @@ def test_every_document_parses_and_names_its_kind_and_api_version() -> None:
         assert doc.get("kind"), f"{path.name}: no kind in {doc}"
         assert doc["metadata"].get("name"), f"{path.name}: a {doc['kind']} without a name"
         if doc["kind"] not in CLUSTER_SCOPED:
-            # The nodes' own accounts (agent/node_account.py) live beside the install's.
+            # The nodes' own accounts (agent/kube/node_account.py) live beside the install's.
             assert doc["metadata"].get("namespace") in (SYSTEM_NAMESPACE, NODE_ACCOUNTS), (
                 f"{path.name}: {doc['kind']} {doc['metadata']['name']} outside {SYSTEM_NAMESPACE}"
             )
@@ -365,8 +365,8 @@ def _cel_list(policy: str, variable: str) -> set[str]:
 def test_policies_allow_exactly_the_huawei_keys_the_agent_writes() -> None:
     """The agent's allow-lists, the handler's keys and the policies' lists are one list: a key
     the policy lacks would fail the agent's whole patch, a key it has beyond them widens it."""
-    from agent.node_labels import FOREIGN_LABEL_KEYS
-    from agent.pod_annotations import ANNOTATION_KEYS
+    from agent.deviceplugins.pod_annotations import ANNOTATION_KEYS
+    from agent.discovery.node_labels import FOREIGN_LABEL_KEYS
     from discovery_handlers.ascend import huawei
 
     assert set(huawei.LABEL_KEYS) == FOREIGN_LABEL_KEYS == _cel_list(

@@ -10,9 +10,9 @@ import httpx2 as httpx
 import pytest
 from lightkube import ApiError
 
-from agent import watching
 from agent.device_plugin_seam import holds_slots, serve_when_wanted, wants_device_plugins
-from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
+from agent.kube import watching
 from crds.configuration import Allocator
 from crds.naming import slot_id
 from discovery_handlers.contract import Device

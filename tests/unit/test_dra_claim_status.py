@@ -8,8 +8,8 @@ from typing import Any, cast
 
 from lightkube import AsyncClient
 
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import claim_status as cs
-from agent.node_devices import NodeDevice, NodeDeviceTable
 from discovery_handlers.contract import Device, Health
 
 

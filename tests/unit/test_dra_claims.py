@@ -11,11 +11,11 @@ from typing import Any, cast
 import pytest
 from lightkube import AsyncClient
 
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import claims as cl
 from agent.dra import slices
 from agent.dra.plugin import CHECKPOINT_FILE, ClaimPreparer
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.node_reads import NodeReads
+from agent.kube.node_reads import NodeReads
 from discovery_handlers.contract import Device, DeviceSpec, Mount
 from tests.harness.echo_handlers import EchoDetails, ExtendedEcho
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import health, slices
-from agent.node_devices import NodeDevice, NodeDeviceTable
 from discovery_handlers.contract import Device, Health
 
 NODE = "n1"

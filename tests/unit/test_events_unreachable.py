@@ -14,7 +14,7 @@ import socket
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from agent.events import ConfigurationReporter
+from agent.discovery.events import ConfigurationReporter
 from crds.configuration import Configuration
 
 
@@ -39,7 +39,7 @@ async def test_a_problem_reported_while_the_api_server_is_away_is_logged_not_rai
     })
     reporter = ConfigurationReporter(client=client, node_name="node-a",
                                      configuration=configuration)
-    caplog.set_level(logging.WARNING, logger="agent.events")
+    caplog.set_level(logging.WARNING, logger="agent.discovery.events")
     try:
         await reporter.problem("InvalidDetails", "descriptions: required")
     finally:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.kube import InstanceResource
+from agent.deviceplugins.slots.rules import slot_counts
+from agent.kube.client import InstanceResource
 from agent.metrics import PROCESS, AgentMetrics
-from agent.slots.rules import slot_counts
 from controller.metrics import ControllerMetrics, count_by_node
 from crds.instance import Instance
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from discovery_handlers.contract import Device, Health
 from tests.harness.echo_handlers import ExtendedEcho
 

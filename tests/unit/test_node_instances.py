@@ -1,5 +1,5 @@
 """The label that makes the API server send an Instance to a node's agent
-(``agent.node_instances``): its key is a valid label key for every valid node name, one
+(``agent.kube.node_instances``): its key is a valid label key for every valid node name, one
 per node, and the rule for when it belongs on an Instance."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent.node_instances import MAX_NODE_IN_LABEL, holds_usage, serves_label, wants_label
+from agent.kube.node_instances import MAX_NODE_IN_LABEL, holds_usage, serves_label, wants_label
 
 #: A label key: an optional DNS-subdomain prefix of at most 253 characters, and a name.
 SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.deviceplugin.backend import ContainerAllocation, PluginSpec
-from agent.deviceplugin.cancelling import cancellation_kept
-from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
-from agent.deviceplugin.server import PluginServer
+from agent.deviceplugins.kubelet.backend import ContainerAllocation, PluginSpec
+from agent.deviceplugins.kubelet.cancelling import cancellation_kept
+from agent.deviceplugins.kubelet.feed import AdvertisedDevice, DeviceFeed
+from agent.deviceplugins.kubelet.server import PluginServer
 
 #: How many event-loop steps into the stop the cancellation lands, each tried this often: a
 #: stop takes a dozen steps or more; about 1 cancellation in 10 that landed was swallowed

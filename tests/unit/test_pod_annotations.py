@@ -1,13 +1,14 @@
-"""Which devices a pod holds, from the ids pod-resources lists (agent/pod_annotations.py): an
-Instance plugin's slots, a configuration plugin's virtual ids through ``deviceUsage``; an id not
-recorded yet means "ask again", never a partial answer."""
+"""Which devices a pod holds, from the ids pod-resources lists
+(agent/deviceplugins/pod_annotations.py): an Instance plugin's slots, a configuration plugin's
+virtual ids through ``deviceUsage``; an id not recorded yet means "ask again", never a partial
+answer."""
 
 from __future__ import annotations
 
 import asyncio
 
-from agent.node_devices import NodeDevice, NodeDeviceTable
-from agent.pod_annotations import devices_of
+from agent.deviceplugins.pod_annotations import devices_of
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from crds.instance import Instance
 from discovery_handlers.contract import Device
 

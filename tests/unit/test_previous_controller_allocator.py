@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agent.device_plugin_seam import wants_device_plugins
-from agent.node_devices import NodeDevice, NodeDeviceTable
+from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from crds.configuration import Allocator, allocator_of, decided_for_shared_devices_only
 from discovery_handlers.contract import Device
 

@@ -14,10 +14,10 @@ from typing import Any, cast
 
 from lightkube import AsyncClient
 
+from agent.deviceplugins.slots.service import DevicePluginService
+from agent.discovery.node_devices import NodeDeviceTable
+from agent.kube.node_instances import serves_label
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDeviceTable
-from agent.node_instances import serves_label
-from agent.slots.service import DevicePluginService
 from crds.instance import Instance
 
 NODE = "node-a"

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.container_devices import broker_envs
-from agent.slots.rules import (
+from agent.deviceplugins.slots.rules import (
     Verdict,
     available_slots,
     configuration_devices,
@@ -19,6 +18,7 @@ from agent.slots.rules import (
     preferred_node,
     reservation_plan,
 )
+from agent.discovery.container_devices import broker_envs
 from crds.instance import Instance, SlotUsage
 from tests.harness.slot_instances import NAME, slot_instance
 

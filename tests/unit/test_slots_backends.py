@@ -13,13 +13,13 @@ import grpc
 import pytest
 from lightkube import AsyncClient
 
-from agent.deviceplugin.backend import PluginError
-from agent.deviceplugin.feed import AdvertisedDevice, DeviceFeed
+from agent.deviceplugins.kubelet.backend import PluginError
+from agent.deviceplugins.kubelet.feed import AdvertisedDevice, DeviceFeed
+from agent.deviceplugins.slots.backends import ConfigurationBackend, InstanceBackend
+from agent.deviceplugins.slots.ledger import SlotLedger
+from agent.deviceplugins.slots.rules import SlotRef
+from agent.discovery.node_devices import NodeDevice
 from agent.metrics import AgentMetrics
-from agent.node_devices import NodeDevice
-from agent.slots.backends import ConfigurationBackend, InstanceBackend
-from agent.slots.ledger import SlotLedger
-from agent.slots.rules import SlotRef
 from crds.instance import Instance, InstanceSpec, SlotUsage
 from discovery_handlers.contract import HEALTHY, Device, Health
 

@@ -15,7 +15,7 @@ from lightkube import AsyncClient
 from lightkube.models.core_v1 import PodSpec
 from lightkube.resources.core_v1 import Pod
 
-from agent.slots.compat.demand import (
+from agent.deviceplugins.crossnode.demand import (
     BOUND,
     TARGETED,
     PendingPods,
@@ -23,7 +23,7 @@ from agent.slots.compat.demand import (
     instance_needs,
     pinned_node,
 )
-from agent.slots.rules import instance_devices, reservation_plan, split_wanted
+from agent.deviceplugins.slots.rules import instance_devices, reservation_plan, split_wanted
 from crds.instance import Instance
 from crds.pinning import format_pinned_demand, parse_pinned_demand
 from tests.harness.slot_instances import NAME, slot_instance

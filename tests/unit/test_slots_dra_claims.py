@@ -2,15 +2,15 @@
 
 A device served both ways (device plugins and DRA) is allocated by two allocators: the kubelets
 through the agents' plugins and the kube-scheduler through ResourceSlices. These tests hold the
-pure rules (``agent.slots.rules``, "DRA claims") to what a user counts: how many slots the
-kubelets are offered, which ones, and which claims a node may still write.
+pure rules (``agent.deviceplugins.slots.rules``, "DRA claims") to what a user counts: how many slots
+the kubelets are offered, which ones, and which claims a node may still write.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.slots.rules import (
+from agent.deviceplugins.slots.rules import (
     Verdict,
     claims_withheld,
     configuration_devices,

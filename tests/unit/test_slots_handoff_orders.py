@@ -9,10 +9,10 @@ slot 1 is held by a running pod on node-b, whose pinned pod ``waiting-b`` asks f
   has room (else ``p`` stays Pending for now);
 - *allocatable updated*: the kubelets' node status reaches the API (what each advertises now);
 - *reservation moved*: node-a's agent runs a pass, then node-b's (``instance_needs`` and
-  ``move_for`` as ``agent.slots.reservations`` calls them; a slot is given away through the
-  gate of ``agent.slots.compat.handoff``: the Node's count lowered, then, unless a consistent read
-  shows a pod bound here and not started, no longer advertised and released; a reserved one is
-  advertised);
+  ``move_for`` as ``agent.deviceplugins.slots.reservations`` calls them; a slot is given away
+  through the gate of ``agent.deviceplugins.crossnode.handoff``: the Node's count lowered, then,
+  unless a consistent read shows a pod bound here and not started, no longer advertised and
+  released; a reserved one is advertised);
 - *watch event delivered*: node-a's agent's pod watch delivers ``p`` as it is now.
 
 Then everything left settles (watches delivered, the kubelets admit what was bound to them,
@@ -32,18 +32,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
-from agent.slots.compat.demand import BOUND, TARGETED, PendingPods, instance_needs
-from agent.slots.reservations import move_for
-from agent.slots.rules import (
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
+
+from agent.deviceplugins.crossnode.demand import BOUND, TARGETED, PendingPods, instance_needs
+from agent.deviceplugins.slots.reservations import move_for
+from agent.deviceplugins.slots.rules import (
     Verdict,
     instance_devices,
     judge_claim,
     slot_ids,
     usage_of,
 )
-from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
-
 from crds.instance import Instance, SlotUsage
 from crds.naming import instance_resource_name
 from crds.pinning import format_pinned_demand
@@ -141,8 +141,8 @@ class _World:
         if plan is None:
             return
         if plan.release:
-            # The give-away gate (agent.slots.compat.handoff): the Node's count lowered first (the
-            # scheduler reads it at once), then a consistent read of the pods bound here.
+            # The give-away gate (agent.deviceplugins.crossnode.handoff): the Node's count lowered
+            # first (the scheduler reads it at once), then a consistent read of the pods bound here.
             before = self.allocatable[node]
             self.allocatable[node] = len(self.healthy(node) - set(plan.release))
             if any(q.node == node and q.phase == "Pending" for q in self.pods):
@@ -247,7 +247,7 @@ def test_a_pod_pinned_here_is_never_refused_in_any_order(labelled: bool) -> None
     node-a's want, bound it holds node-a's reservations, one event between. Unlabelled, the
     controller's count holds it until it starts, less what node-a's bound stream already
     holds: wanted until the agent sees it bound, held from then on
-    (``agent.slots.compat.demand``)."""
+    (``agent.deviceplugins.crossnode.demand``)."""
     for order in ORDERS:
         world = _run(order, _Pod("p", pinned=A, labelled=labelled))
         assert not world.p.refused, f"p refused after {order}"
@@ -277,10 +277,10 @@ def test_an_unpinned_pod_is_never_refused_in_any_order() -> None:
 
 
 def test_a_scheduler_acting_on_a_count_older_than_the_lowering_is_the_limit() -> None:
-    """What no agent can see (``agent.slots.rules``, "Giving a slot away"): a scheduler that
-    binds ``p`` on its cache of node-a's count from before the lowering, after node-a's read
-    of the pods bound to it. Here the scheduler's cache never catches up before its binding:
-    ``p`` is refused exactly when the binding comes after the give-away (12 of 24 orders),
+    """What no agent can see (``agent.deviceplugins.slots.rules``, "Giving a slot away"): a
+    scheduler that binds ``p`` on its cache of node-a's count from before the lowering, after
+    node-a's read of the pods bound to it. Here the scheduler's cache never catches up before its
+    binding: ``p`` is refused exactly when the binding comes after the give-away (12 of 24 orders),
     recovered by the controller (controller/state/admission.py); never a slot held twice."""
     refused = set()
     for order in ORDERS:

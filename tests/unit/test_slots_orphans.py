@@ -1,5 +1,5 @@
-"""Which held slot the orphan freer frees, over tables (agent.slots.orphans); the I/O around
-it (pod-resources, the ledger) is tests/integration/test_slot_reuse.py's."""
+"""Which held slot the orphan freer frees, over tables (agent.deviceplugins.slots.orphans); the I/O
+around it (pod-resources, the ledger) is tests/integration/test_slot_reuse.py's."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent.podresources import PodDevices
-from agent.slots.orphans import (
+from agent.deviceplugins.kubelet.podresources import PodDevices
+from agent.deviceplugins.slots.orphans import (
     HeldSlot,
     Judgement,
     Verdict,

@@ -1,14 +1,15 @@
 """What a pass writes of this node's reservations, and when the loop runs: pure decisions,
-over tables (agent.slots.reservations, agent.slots.schedule, agent.slots.rules)."""
+over tables (agent.deviceplugins.slots.reservations, agent.deviceplugins.slots.schedule,
+agent.deviceplugins.slots.rules)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.slots import schedule
-from agent.slots.freeing import SWEEP_AWAITED_SECONDS
-from agent.slots.reservations import held_here, move_for, without_release
-from agent.slots.rules import ReservationPlan, served_by_plugins
+from agent.deviceplugins.slots import schedule
+from agent.deviceplugins.slots.freeing import SWEEP_AWAITED_SECONDS
+from agent.deviceplugins.slots.reservations import held_here, move_for, without_release
+from agent.deviceplugins.slots.rules import ReservationPlan, served_by_plugins
 from crds.configuration import Allocator
 from crds.instance import SlotUsage
 from tests.harness.slot_instances import NAME, slot_instance

@@ -22,14 +22,14 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   value: {{ .Values.dra.pluginsDir | quote }}
 - name: DRA_REGISTRY_DIR
   value: {{ .Values.dra.registryDir | quote }}
-# The liveness Lease the controller watches (agent/liveness.py).
+# The liveness Lease the controller watches (agent/kube/liveness.py).
 - name: LIVENESS_LEASE_NAMESPACE
   value: {{ .Release.Namespace | quote }}
 {{- end }}
 {{- end }}
 
 {{- define "edgeplug.agentKubeletEnv" -}}
-# This node's pods and claims are read as the kubelet (agent/node_reads.py); empty: with the
+# This node's pods and claims are read as the kubelet (agent/kube/node_reads.py); empty: with the
 # agent's token (deploy/token-reads).
 - name: KUBELET_CLIENT_CERT
   value: {{ include "edgeplug.kubeletClientCert" . | quote }}
@@ -38,7 +38,7 @@ DaemonSets: ResourceSlices and the kubelet's DRA plugin (docs/dra.md). */}}
   value: {{ printf "%s/%s" .Values.agent.kubeletCertDir .Values.agent.kubeletClientKey | quote }}
 {{- end }}
 # The Secrets and ConfigMaps Configurations name are read as this node's own account
-# (agent/node_account.py), in the release namespace's -nodes namespace.
+# (agent/kube/node_account.py), in the release namespace's -nodes namespace.
 - name: NODE_ACCOUNTS_NAMESPACE
   value: {{ printf "%s-nodes" .Release.Namespace | quote }}
 {{- end }}
