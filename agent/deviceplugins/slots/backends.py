@@ -5,183 +5,44 @@ answer with slots. An Instance plugin's device ids are slot ids; a Configuration
 virtual ids mapped onto a free slot of one of its Instances at ``Allocate`` and recorded as
 ``C:<virtual id>:<node>``. A slot reserved for this node is answered at once and recorded
 after (the fast path); every other claim is a conditioned write through the Instance's
-``SlotLedger`` first. Every refusal is a ``PluginError`` naming the slot or id. Why this is
-safe: docs/slots.md (C6-C8, C14).
+``SlotLedger`` first (``claiming``); the orderings of ``GetPreferredAllocation`` are
+``preferences``'. Every refusal is a ``PluginError`` naming the slot or id. Why this is safe:
+docs/slots.md (C6-C8, C14).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
 
 import grpc
 
 from agent.deviceplugins.kubelet.backend import PluginError
 from agent.deviceplugins.kubelet.feed import DeviceFeed
-from agent.deviceplugins.slots.ledger import (
-    InstanceGone,
-    SlotLedger,
-    SlotUnavailable,
-    TooManyConflicts,
+from agent.deviceplugins.slots.claiming import (
+    FAILED,
+    Counted,
+    SlotWorld,
+    claim,
+    counted,
+    prepare,
+    promise,
+    usable_device,
 )
-from agent.deviceplugins.slots.rules import (
-    SlotRef,
-    Verdict,
-    available_slots,
-    held_virtual_ids,
-    judge_claim,
-    slot_ids,
-)
+from agent.deviceplugins.slots.preferences import configuration_preference, instance_preference
+from agent.deviceplugins.slots.rules import SlotRef, available_slots, held_virtual_ids, slot_ids
 from agent.deviceplugins.volcano_allocation import Pin, PinRefused, VolcanoPins
 from agent.discovery.container_devices import ContainerAllocation, container_allocation
 from agent.discovery.node_devices import NodeDevice
-from agent.metrics import AgentMetrics
 from crds.instance import Instance, SlotUsage, SlotUsageKind
-from discovery_handlers.contract import (
-    PreparingHandler,
-    RankingHandler,
-)
+from discovery_handlers.contract import RankingHandler
 
 log = logging.getLogger(__name__)
 
-FAILED = grpc.StatusCode.FAILED_PRECONDITION
 #: The ``kind`` label of the allocation metrics: an Instance's own resource, or the
 #: Configuration's (virtual ids mapped onto any of its Instances).
 KIND_INSTANCE = "instance"
 KIND_CONFIGURATION = "configuration"
-
-
-class SlotWorld(Protocol):
-    """What backends need of the service that runs them."""
-
-    node: str
-    metrics: AgentMetrics
-
-    def ledger(self, namespace: str, instance: str) -> SlotLedger: ...
-
-    def instance(self, namespace: str, instance: str) -> Instance | None: ...
-
-    def remember(self, instance: Instance) -> None: ...
-
-    def device(self, namespace: str, instance: str) -> NodeDevice | None: ...
-
-    def configuration_instances(self, namespace: str, configuration: str) -> list[Instance]: ...
-
-    def slots_changed(self, refs: Iterable[SlotRef]) -> None: ...
-
-    @property
-    def answers_before_recording(self) -> bool:
-        """Whether the fast path may run: pod-resources is there to reconcile after a crash,
-        and it has been asked once since this agent started."""
-        ...
-
-    def record_later(self, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> None:
-        """Record ``wanted`` (already in the ledger's ``promised``) right after answering."""
-        ...
-
-
-@dataclass(frozen=True)
-class Counted:
-    """What a backend's allocations and slot conflicts are counted under (bounded labels)."""
-
-    namespace: str
-    configuration: str
-    kind: str
-
-    def labels(self, world: SlotWorld) -> tuple[str, str, str, str]:
-        return (self.namespace, self.configuration, world.node, self.kind)
-
-
-def _usable_device(world: SlotWorld, namespace: str, instance: str) -> NodeDevice:
-    device = world.device(namespace, instance)
-    if device is None:
-        raise PluginError(FAILED, f"Instance {namespace}/{instance} is not served on this node")
-    if not device.healthy:
-        raise PluginError(
-            FAILED,
-            f"Instance {namespace}/{instance} is unhealthy on this node: {device.health.reason}",
-        )
-    return device
-
-
-async def _claim(
-    world: SlotWorld, counted: Counted, namespace: str, instance: str,
-    wanted: dict[str, SlotUsage],
-) -> None:
-    """Claim ``wanted`` on one Instance under its lock; refusals become ``PluginError``."""
-    ledger = world.ledger(namespace, instance)
-    try:
-        async with ledger.lock:
-            claimed = await ledger.claim(wanted, known=world.instance(namespace, instance))
-            # The next Allocate judges on this copy rather than on one the watch has not
-            # caught up with yet (which would cost a 409 and a re-read).
-            world.remember(claimed)
-    except SlotUnavailable as error:
-        world.metrics.slot_conflicts.labels(*counted.labels(world)).inc()
-        raise PluginError(FAILED, f"cannot claim {error}") from error
-    except TooManyConflicts as error:
-        world.metrics.slot_conflicts.labels(*counted.labels(world)).inc()
-        raise PluginError(grpc.StatusCode.UNAVAILABLE, str(error)) from error
-    except InstanceGone as error:
-        raise PluginError(FAILED, str(error)) from error
-    world.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
-
-
-def _promise(world: SlotWorld, namespace: str, instance: str, wanted: dict[str, SlotUsage]) -> bool:
-    """The fast path: promise ``wanted`` at once when every slot is ours to give, and have it
-    recorded right after; False leaves the claim to the conditioned write.
-
-    Ours to give: in the newest state this agent knows, this node is listed and each slot is
-    free and reserved for it, or already carries ``wanted``'s usage, or is promised with it;
-    and no release of its reservation, and no free of it, is in flight. docs/slots.md (C6, C7)
-    says why nobody else can change such a slot, and what happens if the agent dies before
-    recording. No ``await`` between judging and promising: nothing else runs in between.
-    """
-    if not world.answers_before_recording:
-        return False
-    ledger = world.ledger(namespace, instance)
-    view = ledger.current(world.instance(namespace, instance))
-    if view is None or world.node not in view.spec.nodes:
-        return False
-    to_record: dict[str, SlotUsage] = {}
-    for slot, usage in wanted.items():
-        if slot in ledger.releasing or slot in ledger.freeing:
-            return False
-        promise = ledger.promised.get(slot)
-        if promise is not None:
-            if promise != usage:
-                return False
-            continue
-        if judge_claim(view, slot, usage) not in (Verdict.CLAIM, Verdict.HELD_ALREADY):
-            return False
-        # Held already is promised too: the recording confirms it on a fresh read (in the
-        # background), in case someone outside freed it meanwhile.
-        to_record[slot] = usage
-    if to_record:
-        ledger.promised.update(to_record)
-        world.record_later(namespace, instance, to_record)
-    # A new pod holds these now: the orphan sweep gives it time to show in pod-resources.
-    world.slots_changed(SlotRef(namespace, instance, slot) for slot in wanted)
-    return True
-
-
-async def _counted(
-    world: SlotWorld, counted: Counted, allocation: Awaitable[list[ContainerAllocation]]
-) -> list[ContainerAllocation]:
-    """Await an allocation, counting it by outcome in the allocations metric and timing it."""
-    started = time.perf_counter()
-    try:
-        answers = await allocation
-    except PluginError:
-        world.metrics.allocations.labels(*counted.labels(world), "refused").inc()
-        world.metrics.allocate_duration.labels("refused").observe(time.perf_counter() - started)
-        raise
-    world.metrics.allocations.labels(*counted.labels(world), "ok").inc()
-    world.metrics.allocate_duration.labels("ok").observe(time.perf_counter() - started)
-    return answers
 
 
 class InstanceBackend:
@@ -196,11 +57,11 @@ class InstanceBackend:
         self._counted = Counted(namespace, configuration, KIND_INSTANCE)
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
-        return await _counted(self._world, self._counted, self._allocate(requests))
+        return await counted(self._world, self._counted, self._allocate(requests))
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         world, ns, name = self._world, self._namespace, self._instance
-        device = _usable_device(world, ns, name)
+        device = usable_device(world, ns, name)
         instance = world.instance(ns, name)
         known = set(slot_ids(instance)) if instance else set()
         wanted = [slot for ids in requests for slot in ids]
@@ -211,9 +72,9 @@ class InstanceBackend:
                     f"unknown device id {slot!r}: not a slot of Instance {ns}/{name}",
                 )
         mine = SlotUsage.by_node(world.node)
-        claim = dict.fromkeys(wanted, mine)
-        if not _promise(world, ns, name, claim):
-            await _claim(world, self._counted, ns, name, claim)
+        usages = dict.fromkeys(wanted, mine)
+        if not promise(world, ns, name, usages):
+            await claim(world, self._counted, ns, name, usages)
         return [container_allocation([device]) for _ in requests]
 
     async def preferred_allocation(
@@ -224,27 +85,10 @@ class InstanceBackend:
         if instance is not None:
             mine = SlotUsage.by_node(self._world.node).format()
             held = {s for s, u in instance.spec.device_usage.items() if u == mine}
-        ordered = [*must_include]
-        ordered += [s for s in available if s in held and s not in ordered]
-        ordered += [s for s in available if s not in ordered]
-        return ordered[: max(size, len(must_include))]
+        return instance_preference(available, must_include, size, held)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
-        await _prepare([_usable_device(self._world, self._namespace, self._instance)])
-
-
-async def _prepare(devices: Sequence[NodeDevice]) -> None:
-    """The handler's ``prepare`` for a container's devices; a failure names the Instances."""
-    first = devices[0] if devices else None
-    if first is None or not isinstance(first.handler, PreparingHandler):
-        return
-    names = ", ".join(f"{d.namespace}/{d.instance}" for d in devices)
-    try:
-        await first.handler.prepare(first.details, [d.device for d in devices])
-    except Exception as error:
-        raise PluginError(
-            grpc.StatusCode.INTERNAL, f"preparing Instance {names} failed: {error}"
-        ) from error
+        await prepare([usable_device(self._world, self._namespace, self._instance)])
 
 
 class ConfigurationBackend:
@@ -276,7 +120,7 @@ class ConfigurationBackend:
         return self._world.configuration_instances(self._namespace, self._configuration)
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> Sequence[ContainerAllocation]:
-        return await _counted(self._world, self._counted, self._allocate(requests))
+        return await counted(self._world, self._counted, self._allocate(requests))
 
     async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         known = self._feed.ids()
@@ -305,7 +149,7 @@ class ConfigurationBackend:
                 for vid in ids:
                     ref = await self._place(vid, {r.instance for r, _ in claimed})
                     claimed.append((ref, SlotUsage.by_configuration(vid, self._world.node)))
-                    devices.append(_usable_device(self._world, ref.namespace, ref.instance))
+                    devices.append(usable_device(self._world, ref.namespace, ref.instance))
                 answers.append(container_allocation(devices))
         except PluginError:
             await self._roll_back(claimed)
@@ -349,8 +193,8 @@ class ConfigurationBackend:
             if slot is None:
                 raise PluginError(FAILED, f"{pin.owner}: {chip} is not free on this node "
                                           "(another pod holds it)")
-            if not _promise(world, self._namespace, name, {slot: usage}):
-                await _claim(world, self._counted, self._namespace, name, {slot: usage})
+            if not promise(world, self._namespace, name, {slot: usage}):
+                await claim(world, self._counted, self._namespace, name, {slot: usage})
             claimed.append((SlotRef(self._namespace, name, slot), usage))
             devices.append(device)
         return devices
@@ -365,10 +209,10 @@ class ConfigurationBackend:
             # new hand-out with the very same usage value. It is promised or claimed again
             # like any other (the hand-out count moves), so an orphan freer holding evidence
             # from before it cannot free it (docs/slots.md, C8).
-            if _promise(world, ref.namespace, ref.instance, {ref.slot: usage}):
+            if promise(world, ref.namespace, ref.instance, {ref.slot: usage}):
                 return ref
             try:
-                await _claim(world, self._counted, ref.namespace, ref.instance,
+                await claim(world, self._counted, ref.namespace, ref.instance,
                              {ref.slot: usage})
                 return ref
             except PluginError:
@@ -385,7 +229,7 @@ class ConfigurationBackend:
         last: PluginError | None = None
         for ref in candidates:
             try:
-                await _claim(world, self._counted, ref.namespace, ref.instance, {ref.slot: usage})
+                await claim(world, self._counted, ref.namespace, ref.instance, {ref.slot: usage})
                 return ref
             except PluginError as error:
                 last = error
@@ -460,14 +304,7 @@ class ConfigurationBackend:
         planned = self._plan(unmapped[: wanted - len(must_include)], must_include=must_include)
         if planned is not None:
             return [*must_include, *planned][:wanted]
-        ordered = [*must_include]
-        seen = {held[v].instance for v in ordered if v in held}
-        # Held ids first, on distinct Instances first; then ids still unmapped.
-        held_here = [v for v in available if v in held and v not in ordered]
-        held_here.sort(key=lambda v: held[v].instance in seen)
-        ordered += held_here
-        ordered += [v for v in available if v not in ordered]
-        return ordered[: max(size, len(must_include))]
+        return configuration_preference(available, must_include, size, held)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         # A slot the fast path promised shows in the Instance only once recorded, which may
@@ -485,5 +322,5 @@ class ConfigurationBackend:
             ref = held.get(vid)
             if ref is None:
                 raise PluginError(FAILED, f"virtual device {vid!r} holds no slot on this node")
-            devices.append(_usable_device(self._world, ref.namespace, ref.instance))
-        await _prepare(devices)
+            devices.append(usable_device(self._world, ref.namespace, ref.instance))
+        await prepare(devices)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agent.deviceplugins.slots.backends import SlotWorld
+from agent.deviceplugins.slots.claiming import SlotWorld
 from agent.deviceplugins.slots.ledger import InstanceGone, SlotUnavailable
 from agent.deviceplugins.slots.rules import SlotRef
 from agent.kube import watching

@@ -1,4 +1,4 @@
-"""What the device plugins' backends (``agent.deviceplugins.slots.backends.SlotWorld``) and the
+"""What the device plugins' backends (``agent.deviceplugins.slots.claiming.SlotWorld``) and the
 compatibility mode's cross-node protocol (``agent.deviceplugins.crossnode.coordinator.PluginWorld``)
 may read and do: each Instance's ledger and newest copy, the node's devices, the running plugins'
 feeds, and a reconcile pass asked for; and whether a plugin of this node serves an Instance at all.
