@@ -29,13 +29,12 @@ from controller.engine.dispatch import Engine
 from controller.engine.handlers import register
 from controller.engine.peering import CLUSTER
 from controller.grants.agent_access import AGENT_ACCOUNT, AgentAccess
-from controller.kube.client import MAX_WRITES_IN_FLIGHT, Kube, make_client
+from controller.kube.client import Kube, make_client
 from controller.kube.rest import Rest
 from controller.metrics import ControllerMetrics, count_by_node
 from controller.naming import FINALIZER
-from controller.settings import ControllerSettings
+from controller.settings import ControllerSettings, PeeringSettings, own_namespace
 from controller.webhook.server import WebhookServer
-from controller.webhook.settings import own_namespace
 
 __all__ = ["FINALIZER", "kopf_settings", "main", "run"]
 
@@ -44,32 +43,30 @@ log = logging.getLogger("controller")
 #: kopf logs every handled watch event at INFO; the controller logs what it does itself.
 KOPF_OBJECT_LOG_LEVEL: Final = logging.WARNING
 REPORTING_COMPONENT: Final = "edgeplug-controller"
-#: kopf's retry delays for its API requests (peering keep-alive, its own watches): its first
-#: steps, then this many seconds forever; short, so a returning API server is seen quickly.
-KOPF_FIRST_BACKOFFS_S: Final = (0.5, 1.0, 2.0)
-KOPF_BACKOFF_MAX_S: Final = 3.0
-#: Waits between attempts to create the peering object while the API is unreachable.
-PEERING_SETUP_RETRY_S: Final = 2.0
 
 
 class RetryForever:
     """Delays for kopf's API retries that never run out (iterable again for every request)."""
 
+    def __init__(self, peering: PeeringSettings) -> None:
+        self.first_s = peering.kopf_first_backoffs_s
+        self.max_s = peering.kopf_backoff_max_s
+
     def __iter__(self) -> Iterator[float]:
-        return itertools.chain(KOPF_FIRST_BACKOFFS_S, itertools.repeat(KOPF_BACKOFF_MAX_S))
+        return itertools.chain(self.first_s, itertools.repeat(self.max_s))
 
 
 def kopf_settings(settings: ControllerSettings) -> kopf.OperatorSettings:
     config = kopf.OperatorSettings()
     config.persistence.finalizer = FINALIZER
-    config.networking.error_backoffs = RetryForever()
+    config.networking.error_backoffs = RetryForever(settings.peering)
     config.posting.enabled = False  # the controller posts its Events itself
     config.posting.reporting_component = REPORTING_COMPONENT
     config.posting.reporting_instance = os.environ.get("HOSTNAME", REPORTING_COMPONENT)
-    if settings.peering_name is not None:
-        config.peering.name = settings.peering_name
-        config.peering.priority = settings.priority
-        config.peering.lifetime = settings.peering_lifetime_s
+    if settings.peering.name is not None:
+        config.peering.name = settings.peering.name
+        config.peering.priority = settings.peering.priority
+        config.peering.lifetime = settings.peering.lifetime_s
         config.peering.mandatory = True
         config.peering.clusterwide = settings.clusterwide
     else:
@@ -91,21 +88,21 @@ def cluster_config(kubeconfig: Path | None) -> SingleConfig:
 
 def _active_anywhere(engine: Engine, settings: ControllerSettings) -> bool:
     """Whether this replica acts anywhere it serves (``edgeplug_controller_active``)."""
-    if settings.clusterwide or settings.peering_name is None:
+    if settings.clusterwide or settings.peering.name is None:
         return engine.gate.active(CLUSTER)
     return any(engine.gate.active(ns) for ns in settings.namespaces)
 
 
 async def _ensure_peering(kube: Kube, settings: ControllerSettings) -> None:
-    assert settings.peering_name is not None
+    assert settings.peering.name is not None
     for namespace in settings.namespaces or (None,):
         while True:
             try:
-                await kube.ensure_peering(namespace, settings.peering_name)
+                await kube.ensure_peering(namespace, settings.peering.name)
                 break
             except Exception as error:  # the API is not there yet: wait for it, never give up
                 log.warning("peering object not created yet (%s); retrying", error)
-                await asyncio.sleep(PEERING_SETUP_RETRY_S)
+                await asyncio.sleep(settings.peering.setup_retry_s)
 
 
 async def run(
@@ -117,18 +114,19 @@ async def run(
     """Runs the controller until ``stop_flag`` is set (or forever)."""
     config = cluster_config(settings.kubeconfig)
     client = make_client(settings.kubeconfig)
-    http = Rest(config, connections=0)  # the watches: one long-lived connection each
-    rest = Rest(config, connections=MAX_WRITES_IN_FLIGHT)
+    # The watches: one long-lived connection each; the writes: a warm pool of that many.
+    http = Rest(config, connections=0, settings=settings.api)
+    rest = Rest(config, connections=settings.api.writes_in_flight, settings=settings.api)
     kube = Kube(client, rest)
     tasks: list[asyncio.Task[Any]] = []
     try:
-        if settings.peering_name is not None:
+        if settings.peering.name is not None:
             await _ensure_peering(kube, settings)
         identity = f"{os.environ.get('HOSTNAME', REPORTING_COMPONENT)}/{uuid.uuid4().hex[:12]}"
         events = EventPoster(kube.post_event, component=REPORTING_COMPONENT)
         metrics = ControllerMetrics()
-        if settings.metrics_port is not None:
-            metrics.serve(settings.metrics_port, settings.metrics_address)
+        if settings.metrics.port is not None:
+            metrics.serve(settings.metrics.port, settings.metrics.address)
         reconciler = Reconciler(kube=kube, settings=settings, events=events, metrics=metrics)
         engine = Engine(http=http, reconciler=reconciler, settings=settings, identity=identity)
         registry = kopf.OperatorRegistry()
@@ -145,7 +143,7 @@ async def run(
         log.info(
             "edgeplug controller starting: %s, priority %d",
             "cluster-wide" if settings.clusterwide else f"namespaces {settings.namespaces}",
-            settings.priority,
+            settings.peering.priority,
         )
         engine_task = asyncio.create_task(engine.run(), name="engine")
         kopf_task = asyncio.create_task(kopf.operator(
@@ -153,7 +151,7 @@ async def run(
             settings=kopf_settings(settings),
             clusterwide=settings.clusterwide,
             namespaces=settings.namespaces,
-            standalone=settings.peering_name is None,
+            standalone=settings.peering.name is None,
             identity=cast(Any, identity),
             stop_flag=stop_flag,
             ready_flag=ready_flag,
@@ -163,6 +161,7 @@ async def run(
             active=lambda: _active_anywhere(engine, settings),
             node_instances=lambda: count_by_node(
                 (n.name for n in engine.cache.nodes()), engine.cache.instances_on),
+            interval_s=settings.metrics.refresh_interval_s,
         ), name="metrics"))
         if settings.webhook.enabled:
             webhook = WebhookServer(settings.webhook, client)
@@ -172,28 +171,32 @@ async def run(
         # devices of a new Configuration.
         agent_account = (own_namespace(), AGENT_ACCOUNT)  # installed beside the controller
         ours.append(asyncio.create_task(AgentAccess(
-            client, account=agent_account, node_accounts=f"{own_namespace()}-nodes").run(),
+            client, account=agent_account, node_accounts=f"{own_namespace()}-nodes",
+            settings=settings.grants).run(),
             name="agent-access"))
-        if settings.dra:
+        if settings.dra.enabled:
             from controller.dra.agent_gone_taints import AgentGoneTaints
             from controller.dra.agent_liveness import AgentLiveness
             from controller.dra.device_classes import DeviceClasses
             from controller.dra.dra_usage import DraUsage
 
             classes = DeviceClasses(client, namespaces=settings.namespaces,
-                                    extended_resources=settings.dra_extended_resources)
+                                    extended_resources=settings.dra.extended_resources,
+                                    settings=settings.dra)
             engine.pinned.leave_out(classes.scheduler_resources)
             ours.append(asyncio.create_task(classes.run(), name="dra"))
             # A node whose agent is gone stops being offered: its shared pools' selectors drop
             # it, its local pools are tainted NoSchedule.
-            gone_taints = AgentGoneTaints(client, http)
+            gone_taints = AgentGoneTaints(client, http, settings=settings.dra)
             ours.append(asyncio.create_task(gone_taints.run(), name="agent-gone-taints"))
             ours.append(asyncio.create_task(AgentLiveness(
-                http, namespace=own_namespace(), grace_s=settings.agent_grace_s,
-                listeners=(classes.pools.set_gone_nodes, gone_taints.set_gone)).run(),
+                http, namespace=own_namespace(), grace_s=settings.dra.agent_grace_s,
+                listeners=(classes.pools.set_gone_nodes, gone_taints.set_gone),
+                forbidden_retry_s=settings.dra.liveness_forbidden_retry_s).run(),
                 name="agent-liveness"))
             ours.append(asyncio.create_task(
-                DraUsage(http=http, kube=kube, namespaces=settings.namespaces).run(),
+                DraUsage(http=http, kube=kube, namespaces=settings.namespaces,
+                         settings=settings.dra).run(),
                 name="dra-usage"))
         tasks += [*ours, kopf_task]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

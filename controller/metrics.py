@@ -15,8 +15,6 @@ from typing import Any
 import httpx2 as httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-#: Seconds between refreshes of the gauges read from the cluster cache (``refresh_forever``).
-REFRESH_INTERVAL_S = 5.0
 HTTP_TOO_MANY_REQUESTS = 429
 HTTP_SERVER_ERROR = 500
 
@@ -138,7 +136,7 @@ class ControllerMetrics:
 
     async def refresh_forever(
         self, *, active: Callable[[], bool], node_instances: Callable[[], Mapping[str, int]],
-        interval_s: float = REFRESH_INTERVAL_S,
+        interval_s: float,
     ) -> None:
         """Refresh the gauges read from the controller's state, on its own loop, until
         cancelled (the scrape runs in another thread and must not walk the cache)."""

@@ -1,24 +1,24 @@
-"""Command-line options declared on a settings dataclass's fields: one declaration per setting.
+"""Settings declared once, on the fields of grouped dataclasses: their doc, default and flag.
 
-Why this exists: a setting declared as a field, again as an ``add_argument`` call and a third
-time where the parsed arguments are copied into the dataclass drifts (a default changed in one
-place). Here a field carries ``option(...)`` as its metadata: its flag, its help and any other
-``add_argument`` keywords. ``add_options`` adds one argument per such field, with the field's
-default as the argument's (so ``%(default)s`` in a help shows it), and ``option_values`` reads
-the parsed arguments back by field name. A setting whose command line is more than one plain
-flag says so on its field: ``extra`` flags added right after its own (``--standalone`` beside
-``--peering-name``) and a ``finish`` that turns the parsed value, with the other arguments, into
-the setting.
+A field carries ``option(...)`` (a command-line flag: its help, ``add_argument``'s other
+keywords) or ``tuning(...)`` (no flag: a value only code and tests set) as its metadata; a field
+holding another settings dataclass is a group. ``add_options`` adds one argument per flagged
+field of the tree, with the field's default as the argument's (so ``%(default)s`` in a help
+shows it), ``settings_from`` builds the tree back from the parsed arguments, and
+``reference`` renders every field, flag or not, as the table docs/controller-settings.md holds.
+A setting whose command line is more than one plain flag says so on its field: ``extra`` flags
+added right after its own (``--standalone`` beside ``--peering-name``) and a ``finish`` that
+turns the parsed value, with the other arguments, into the setting.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, Final
 
-_OPTION: Final = "command_line_option"
+_SETTING: Final = "setting"
 
 #: (the parsed value of the field's own flag, every parsed argument) -> the setting.
 Finish = Callable[[Any, argparse.Namespace], Any]
@@ -26,7 +26,7 @@ Finish = Callable[[Any, argparse.Namespace], Any]
 
 @dataclass(frozen=True)
 class Option:
-    """A field's command-line form: its flag, its help, ``add_argument``'s other keywords."""
+    """A field's doc and, unless ``flag`` is empty, its command-line form."""
 
     flag: str
     help: str
@@ -37,31 +37,78 @@ class Option:
 
 def option(flag: str, help: str, *, extra: tuple[tuple[str, Mapping[str, Any]], ...] = (),
            finish: Finish | None = None, **keywords: Any) -> dict[str, Any]:
-    """A field's metadata: the option it is read from (``keywords`` go to ``add_argument``;
+    """A field's metadata: the flag it is read from (``keywords`` go to ``add_argument``;
     a ``default`` among them replaces the field's for argparse)."""
-    return {_OPTION: Option(flag, help, keywords, extra, finish)}
+    return {_SETTING: Option(flag, help, keywords, extra, finish)}
 
 
-def _options(cls: type[Any]) -> list[tuple[str, Any, Option]]:
-    """(field name, field default or None, option) of every field declared with ``option``."""
-    return [(f.name, None if f.default is MISSING else f.default, f.metadata[_OPTION])
-            for f in fields(cls) if _OPTION in f.metadata]
+def tuning(help: str) -> dict[str, Any]:
+    """A field's metadata: a documented setting with no flag (code and tests set it)."""
+    return {_SETTING: Option("", help, {})}
+
+
+def _default(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return None
+
+
+def _is_group(f: Field[Any]) -> bool:
+    return _SETTING not in f.metadata and f.default_factory is not MISSING and is_dataclass(
+        f.default_factory)
+
+
+def walk(cls: type[Any], prefix: str = "") -> Iterator[tuple[str, Field[Any], Option]]:
+    """(dotted path, field, option) of every setting of the tree under ``cls``, in order."""
+    for f in fields(cls):
+        if _is_group(f):
+            yield from walk(f.default_factory, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+        elif _SETTING in f.metadata:
+            yield f"{prefix}{f.name}", f, f.metadata[_SETTING]
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
-    """Add to ``parser`` an argument per field of ``cls`` declared with ``option``, in field
-    order, each storing under its field's name."""
-    for name, default, declared in _options(cls):
-        keywords = {"default": default, **declared.keywords}
-        parser.add_argument(declared.flag, dest=name, help=declared.help, **keywords)
+    """Add to ``parser`` an argument per flagged setting of the tree under ``cls``, in field
+    order, each storing under its dotted path."""
+    for path, f, declared in walk(cls):
+        if not declared.flag:
+            continue
+        keywords = {"default": _default(f), **declared.keywords}
+        parser.add_argument(declared.flag, dest=path, help=declared.help, **keywords)
         for flag, extra in declared.extra:
             parser.add_argument(flag, **extra)
 
 
-def option_values(cls: type[Any], args: argparse.Namespace) -> dict[str, Any]:
-    """The fields of ``cls`` declared with ``option``, by name, as ``args`` gives them."""
-    values = {}
-    for name, _, declared in _options(cls):
-        value = getattr(args, name)
-        values[name] = declared.finish(value, args) if declared.finish else value
-    return values
+def settings_from(cls: type[Any], args: argparse.Namespace, prefix: str = "") -> Any:
+    """The tree under ``cls``: flagged settings as ``args`` gives them, the rest defaults."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if _is_group(f):
+            values[f.name] = settings_from(f.default_factory, args,  # type: ignore[arg-type]
+                                           f"{prefix}{f.name}.")
+        elif _SETTING in f.metadata and f.metadata[_SETTING].flag:
+            declared = f.metadata[_SETTING]
+            value = getattr(args, f"{prefix}{f.name}")
+            values[f.name] = declared.finish(value, args) if declared.finish else value
+    return cls(**values)
+
+
+def flags(cls: type[Any]) -> set[str]:
+    """Every flag the tree under ``cls`` declares, extras included."""
+    found = set()
+    for _, _, declared in walk(cls):
+        if declared.flag:
+            found.add(declared.flag)
+            found.update(flag for flag, _ in declared.extra)
+    return found
+
+
+def reference(cls: type[Any]) -> str:
+    """A Markdown table of every setting of the tree under ``cls``: path, flag, default, doc."""
+    rows = ["| setting | flag | default | what it is |", "| --- | --- | --- | --- |"]
+    for path, f, declared in walk(cls):
+        default = "(computed)" if f.default is MISSING else repr(f.default)
+        flag = " ".join(f"`{x}`" for x in (declared.flag, *(e for e, _ in declared.extra)) if x)
+        text = declared.help.replace(" (default: %(default)s)", "").replace("|", "\\|")
+        rows.append(f"| `{path}` | {flag or '-'} | `{default}` | {text} |")
+    return "\n".join(rows) + "\n"

@@ -25,6 +25,7 @@ from controller.brokers.plans import (
 )
 from controller.kube.client import Kube, Refused
 from controller.metrics import ControllerMetrics
+from controller.settings import BrokerSettings
 from controller.state.records import ConfigurationRecord
 from controller.state.view import EventSink
 from crds.configuration import Configuration
@@ -32,12 +33,6 @@ from crds.instance import Instance
 
 log = logging.getLogger(__name__)
 
-#: After the API server refused a broker, creations for that Configuration generation are
-#: retried this often at most (the refusal is in its status; a spec change retries at once).
-REFUSAL_RETRY_S: Final = 30.0
-#: An object this replica created is not created again for this long while the watch has not
-#: shown it yet (saves a 409 per broker when a resync overtakes the watch during a burst).
-RECENT_CREATE_S: Final = 5.0
 RECENT_CREATE_PRUNE_AT: Final = 4096
 
 _RESTART_REASONS: Final = (REASON_FAILED, REASON_FINISHED, REASON_PENDING)
@@ -48,13 +43,14 @@ class BrokerWrites:
 
     def __init__(
         self, *, kube: Kube, events: EventSink, metrics: ControllerMetrics,
-        admissions: AdmissionReporter,
+        admissions: AdmissionReporter, settings: BrokerSettings,
     ) -> None:
+        self.settings = settings
         self.kube = kube
         self.events = events
         self.metrics = metrics
         self.admissions = admissions
-        self.routine_events = EventBatcher(events)
+        self.routine_events = EventBatcher(events, window_s=settings.event_window_s)
         self.restarts: dict[tuple[str, str], int] = {}
         #: Rejections at admission of each broker (namespace, pod) since it was last Ready.
         self.rejections: dict[tuple[str, str], int] = {}
@@ -96,11 +92,14 @@ class BrokerWrites:
         """False while this replica created ``name`` moments ago (the watch lags behind)."""
         now = time.monotonic()
         key = (kind, namespace, name)
-        if now - self._recent_creates.get(key, -RECENT_CREATE_S) < RECENT_CREATE_S:
+        # Not created again while the watch has not shown it yet (saves a 409 per broker when
+        # a resync overtakes the watch during a burst).
+        recent_s = self.settings.recent_create_s
+        if now - self._recent_creates.get(key, -recent_s) < recent_s:
             return False
         if len(self._recent_creates) >= RECENT_CREATE_PRUNE_AT:
             self._recent_creates = {
-                k: t for k, t in self._recent_creates.items() if now - t < RECENT_CREATE_S
+                k: t for k, t in self._recent_creates.items() if now - t < recent_s
             }
         self._recent_creates[key] = now
         return True
@@ -139,7 +138,8 @@ class BrokerWrites:
         if refusal is None or refusal[0] != cfg.generation:
             return False
         refused_at = self._refused_at.get(key)
-        return refused_at is not None and time.monotonic() - refused_at < REFUSAL_RETRY_S
+        retry_s = self.settings.refusal_retry_s
+        return refused_at is not None and time.monotonic() - refused_at < retry_s
 
     def _refused(self, config: ConfigurationRecord, *, kind: str, name: str, message: str) -> None:
         cfg = config.configuration

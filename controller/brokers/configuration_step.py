@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime
-from typing import Final
 
 from controller import naming
 from controller.brokers import render, services, status
@@ -24,8 +23,6 @@ from controller.state.view import ClusterView
 
 log = logging.getLogger(__name__)
 
-#: Status is recomputed at most this often per Configuration after broker events.
-STATUS_DEBOUNCE_S: Final = 1.0
 
 #: (namespace, Configuration) → Instance → the nodes of its spec.nodes that the
 #: Configuration's nodeSelector does not select (no broker there; in its status).
@@ -104,7 +101,7 @@ class ConfigurationStep:
         cfg = config.configuration
         counts = self._counts(view, config)
         self.metrics.set_brokers(namespace, name, counts.desired, counts.ready)
-        problems = render.validate_broker_spec(cfg, device_classes=self.settings.dra)
+        problems = render.validate_broker_spec(cfg, device_classes=self.settings.dra.enabled)
         svc = services.render_configuration_service(configuration=cfg)
         wanted = svc is not None and counts.desired > 0 and not problems
         desired = {svc["metadata"]["name"]: svc} if svc is not None and wanted else {}
@@ -130,7 +127,7 @@ class ConfigurationStep:
             now=_now(),
             unselected=self.unselected.get((namespace, name), {}),
         )
-        if not self.settings.dra:
+        if not self.settings.dra.enabled:
             # No DeviceClasses, so nothing maps extended resources: the device plugins allocate
             # the devices, and the status says so (with --dra, DeviceClasses writes it).
             asked = cfg.spec.allocator
@@ -164,7 +161,7 @@ class ConfigurationStep:
 
         async def later() -> None:
             try:
-                await asyncio.sleep(STATUS_DEBOUNCE_S)
+                await asyncio.sleep(self.settings.brokers.status_debounce_s)
                 # One status write in flight per Configuration: while the API server is slow,
                 # writes queue behind each other instead of piling up (each one is stale).
                 async with self._status_locks.setdefault(key, asyncio.Lock()):

@@ -17,8 +17,6 @@ from controller.state.view import EventSink
 
 log = logging.getLogger(__name__)
 
-#: Routine Events of one Configuration are gathered for this long.
-DEFAULT_EVENT_WINDOW_S: Final = 1.0
 #: How many object names one gathered Event lists before "and N more".
 NAMES_SHOWN: Final = 5
 #: The API server refuses an Event message longer than this.
@@ -47,7 +45,7 @@ def summary(verb: str, kind: str, names: list[str], detail: str) -> str:
 class EventBatcher:
     """Gathers routine Events per (Configuration, reason) and posts them through ``sink``."""
 
-    def __init__(self, sink: EventSink, *, window_s: float = DEFAULT_EVENT_WINDOW_S) -> None:
+    def __init__(self, sink: EventSink, *, window_s: float) -> None:
         self._sink = sink
         self._window_s = window_s
         self._pending: dict[tuple[str, str, str, str], _Pending] = {}

@@ -19,12 +19,6 @@ from crds.instance import SlotUsage
 
 log = logging.getLogger(__name__)
 
-#: How long a node may be NotReady (or Unknown) before the controller frees its slots.
-DEFAULT_NODE_NOT_READY_GRACE_S: Final = 300.0
-#: How long a node named in an Instance may be absent from the controller's view before it counts
-#: as deleted (covers the moment between an agent's first Instance and the Node reaching the
-#: controller's watch; a Node deletion event acts at once).
-NODE_MISSING_GRACE_S: Final = 10.0
 #: Optimistic-concurrency attempts before giving up until the next resync.
 RELEASE_ATTEMPTS: Final = 5
 
@@ -76,7 +70,11 @@ async def remove_node_from_instance(kube: Kube, namespace: str, name: str, node:
 class NodeJanitor:
     """Decides when a node counts as gone and removes it from the Instances that name it."""
 
-    def __init__(self, *, kube: Kube, not_ready_grace_s: float) -> None:
+    def __init__(self, *, kube: Kube, not_ready_grace_s: float, missing_grace_s: float) -> None:
+        #: A node named in an Instance but absent from the view counts as deleted after
+        #: ``missing_grace_s`` (an agent's first Instance may precede the Node in the watch);
+        #: a Node deletion event acts at once.
+        self.missing_grace_s = missing_grace_s
         self.kube = kube
         self.not_ready_grace_s = not_ready_grace_s
         self.missing_since: dict[str, datetime] = {}
@@ -109,7 +107,7 @@ class NodeJanitor:
         health = view.node(node)
         if health is None:
             since = self.missing_since.setdefault(node, now)
-            return NODE_MISSING_GRACE_S - (now - since).total_seconds()
+            return self.missing_grace_s - (now - since).total_seconds()
         self.missing_since.pop(node, None)
         if health.ready or health.since is None:
             return None

@@ -16,13 +16,6 @@ from controller import naming
 from controller.state import admission
 from controller.state.records import ObservedPod
 
-#: How long a broker pod may stay Pending before it is recreated (it may be waiting for a slot
-#: another pod holds, so this is long; the controller's settings can change it).
-DEFAULT_PENDING_GRACE_S: Final = 300.0
-#: First delay before a failed or finished broker is recreated; it doubles per recreation.
-DEFAULT_RESTART_BACKOFF_BASE_S: Final = 1.0
-#: The longest delay before a failed broker is recreated.
-DEFAULT_RESTART_BACKOFF_MAX_S: Final = 300.0
 #: Rejections at admission of one broker in a row that are recreated at once (see above).
 ADMISSION_IMMEDIATE_MAX: Final = 5
 
@@ -37,9 +30,11 @@ REASON_NOT_WANTED: Final = "NotWanted"
 
 @dataclass(frozen=True, kw_only=True)
 class BrokerPolicy:
-    pending_grace_s: float = DEFAULT_PENDING_GRACE_S
-    restart_backoff_base_s: float = DEFAULT_RESTART_BACKOFF_BASE_S
-    restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S
+    """The timings a plan decides by (``controller.settings.BrokerSettings`` declares them)."""
+
+    pending_grace_s: float
+    restart_backoff_base_s: float
+    restart_backoff_max_s: float
 
     def backoff_s(self, restarts: int) -> float:
         """Delay before recreating a broker that has been recreated ``restarts`` times."""

@@ -17,9 +17,9 @@ from typing import Any, Final
 from controller import naming
 from controller.brokers import broker_claims, nodes, render, services
 from controller.brokers.admission_report import AdmissionReporter
-from controller.brokers.broker_writes import REFUSAL_RETRY_S, BrokerWrites
+from controller.brokers.broker_writes import BrokerWrites
 from controller.brokers.configuration_step import ConfigurationStep, Unselected
-from controller.brokers.plans import Deletion, Plan, plan_objects, plan_pods
+from controller.brokers.plans import BrokerPolicy, Deletion, Plan, plan_objects, plan_pods
 from controller.kube.client import Kube
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerSettings
@@ -50,15 +50,19 @@ class Reconciler:
     ) -> None:
         self.kube = kube
         self.settings = settings
-        self.policy = settings.policy
+        timing = settings.brokers
+        self.policy = BrokerPolicy(pending_grace_s=timing.pending_grace_s,
+                                   restart_backoff_base_s=timing.restart_backoff_base_s,
+                                   restart_backoff_max_s=timing.restart_backoff_max_s)
         self.events = events
         self.metrics = metrics or ControllerMetrics()
         self.admissions = AdmissionReporter(kube=kube, metrics=self.metrics)
         self.writes = BrokerWrites(kube=kube, events=events, metrics=self.metrics,
-                                   admissions=self.admissions)
+                                   admissions=self.admissions, settings=timing)
         self.restarts = self.writes.restarts
         self.rejections = self.writes.rejections
-        self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=settings.node_not_ready_grace_s)
+        self.nodes = nodes.NodeJanitor(kube=kube, not_ready_grace_s=timing.node_not_ready_grace_s,
+                                       missing_grace_s=timing.node_missing_grace_s)
         self._identities: dict[tuple[str, int, str, str, str, str, int], tuple[str, str]] = {}
         self.unselected: Unselected = {}
         self.configurations = ConfigurationStep(writes=self.writes, settings=settings,
@@ -118,7 +122,7 @@ class Reconciler:
         (left over from a Configuration deleted while the controller was down)."""
         inst = record.instance
         age = (_now() - record.created_at).total_seconds() if record.created_at else 0.0
-        grace = self.settings.orphan_instance_grace_s
+        grace = self.settings.brokers.orphan_instance_grace_s
         if age < grace:
             return grace - age
         if await self.kube.delete_instance(inst.namespace, inst.name):
@@ -199,11 +203,11 @@ class Reconciler:
         await self.writes.apply(config, inst.namespace, job_plan, kind="Job")
         await self.writes.apply(config, inst.namespace, svc_plan, kind="Service")
         if plan.create and self.writes.recently_refused(cfg):
-            plan.wait(REFUSAL_RETRY_S)
+            plan.wait(self.settings.brokers.refusal_retry_s)
         return plan.retry_after_s
 
     def _broker_problems(self, cfg: Configuration) -> list[str]:
-        return render.validate_broker_spec(cfg, device_classes=self.settings.dra)
+        return render.validate_broker_spec(cfg, device_classes=self.settings.dra.enabled)
 
     @staticmethod
     def _selected(view: ClusterView, cfg: Configuration, node: str) -> bool:

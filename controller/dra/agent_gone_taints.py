@@ -27,6 +27,7 @@ from lightkube.types import PatchType
 
 from controller.dra.agent_liveness import taint_value
 from controller.kube.rest import Rest
+from controller.settings import DraSettings
 from crds import agent_liveness, dra, dra_slices
 from crds.resources import ResourceSliceResource
 
@@ -36,7 +37,6 @@ FIELD_MANAGER: Final = "edgeplug-controller/agent-gone"
 #: The API versions tried, newest first.
 VERSIONS: Final = ("v1", "v1beta2")
 PLURAL: Final = "devicetaintrules"
-RETRY_S: Final = 1.0
 HTTP_OK: Final = 200
 HTTP_NOT_FOUND: Final = 404
 #: The label naming the node (``crds.dra_slices.node_label``) a rule was made for.
@@ -70,7 +70,9 @@ class AgentGoneTaints:
     """Keeps one DeviceTaintRule per local pool of every node in the set ``set_gone`` was
     last given, and none else of its own; ``run`` until cancelled."""
 
-    def __init__(self, client: AsyncClient, http: Rest) -> None:
+    def __init__(self, client: AsyncClient, http: Rest, *,
+                 settings: DraSettings | None = None) -> None:
+        self._retry_s = (settings or DraSettings()).gone_taints_retry_s
         self._client = client
         self._http = http
         self._gone: frozenset[str] = frozenset()
@@ -104,7 +106,7 @@ class AgentGoneTaints:
                 break
             except Exception as error:  # API away: wait it out
                 log.warning("agent-gone taints: API discovery failed (%s); retrying", error)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._retry_s)
         if self.version is None:
             log.warning("the API server serves no DeviceTaintRule (DRADeviceTaints): a node "
                         "whose agent is gone keeps its local devices offered to the "
@@ -128,7 +130,7 @@ class AgentGoneTaints:
                     log.warning("agent-gone taints: pass failed (%s); retrying", error)
                 failing = str(error)
                 self._wake.set()
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._retry_s)
 
     async def _adopt(self) -> None:
         async for obj in self._client.list(

@@ -28,17 +28,13 @@ import msgspec
 
 from controller.kube.rest import ApiFailure, Rest, status_message
 from controller.kube.watching import Kind, Watcher
+from controller.settings import DraSettings
 from crds import agent_liveness, dra_slices
 
 log = logging.getLogger(__name__)
 
 HTTP_OK: Final = 200
 HTTP_FORBIDDEN: Final = 403
-#: How often a controller refused the Leases asks again.
-FORBIDDEN_RETRY_S: Final = 30.0
-#: Seconds a Lease may go unrenewed before its node's agent is taken for gone (at least the
-#: Lease's own ``leaseDurationSeconds``: three of the agent's renewals, 2 s apart by default).
-DEFAULT_AGENT_GRACE_S: Final = 6.0
 #: A taint value says which node's agent is gone (label value rules: at most 63 characters).
 _TAINT_VALUE_MAX: Final = 63
 
@@ -109,7 +105,11 @@ class AgentLiveness:
     never gone."""
 
     def __init__(self, http: Rest, *, namespace: str, grace_s: float,
-                 listeners: Sequence[Callable[[frozenset[str]], None]]) -> None:
+                 listeners: Sequence[Callable[[frozenset[str]], None]],
+                 forbidden_retry_s: float = DraSettings.liveness_forbidden_retry_s) -> None:
+        """``grace_s``: how long a Lease may go unrenewed before its node's agent is taken
+        for gone (at least the Lease's own ``leaseDurationSeconds``)."""
+        self._forbidden_retry_s = forbidden_retry_s
         self._http = http
         self._grace_s = grace_s
         self._listeners = tuple(listeners)
@@ -179,7 +179,7 @@ class AgentLiveness:
                 log.warning("the controller may not list Leases at %s (apply this release's "
                             "deploy/dra): no node is taken for gone until it may", self._path)
                 said = True
-            await asyncio.sleep(FORBIDDEN_RETRY_S)
+            await asyncio.sleep(self._forbidden_retry_s)
 
     async def _time(self) -> None:
         await self._watcher.synced.wait()

@@ -44,6 +44,7 @@ from controller.dra.instance_classes import (
     object_key,
 )
 from controller.kube.watching import follow_forever
+from controller.settings import DraSettings
 from controller.shared_pools import SharedPools
 from crds import dra, dra_features
 from crds.configuration import Allocator, asked_allocator, eviction_grace
@@ -53,8 +54,6 @@ from crds.resources import ConfigurationResource
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER: Final = "edgeplug-controller/device-classes"
-#: Wait before listing again after the Configuration watch broke.
-RETRY_S: Final = 5.0
 HTTP_NOT_FOUND: Final = 404
 #: The class a dry-run apply asks the API server about (never stored).
 PROBE_CLASS: Final = "edgeplug-probe.edgeplug.io"
@@ -67,9 +66,10 @@ class DeviceClasses:
     each Configuration's ``status.allocator`` equal to what the cluster serves."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
-                 extended_resources: bool = False) -> None:
+                 extended_resources: bool = False, settings: DraSettings | None = None) -> None:
         """``extended_resources``: every class maps its Configuration's configuration-level
         resource (by default only those whose devices the scheduler allocates do)."""
+        self._settings = settings or DraSettings()
         self._client = client
         self._namespaces = frozenset(namespaces)
         self._extended = extended_resources
@@ -82,7 +82,8 @@ class DeviceClasses:
         self._missing: shared_allocation.Missing | None = None
         self.features = dra_features.FeatureReport(log)
         self.pools = SharedPools(client, namespaces=self._namespaces)
-        self.instances = InstanceClasses(client, namespaces=self._namespaces, pools=self.pools)
+        self.instances = InstanceClasses(client, namespaces=self._namespaces, pools=self.pools,
+                                         settings=self._settings)
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -98,8 +99,9 @@ class DeviceClasses:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.instances.run(), name="instance-classes")
             tasks.create_task(self.pools.run(), name="shared-pools")
-            tasks.create_task(follow_forever(self._follow, what="device classes",
-                                             retry_s=RETRY_S), name="device-classes")
+            tasks.create_task(follow_forever(
+                self._follow, what="device classes", retry_s=self._settings.classes_retry_s),
+                name="device-classes")
 
     def _decision(self, data: dict[str, Any]) -> shared_allocation.Decision:
         return shared_allocation.decide(asked_allocator(data.get("spec") or {}),

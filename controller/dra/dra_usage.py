@@ -18,6 +18,7 @@ import msgspec
 from controller.kube.client import Kube
 from controller.kube.rest import Rest
 from controller.kube.watching import Kind, Watcher, namespaced_path
+from controller.settings import DraSettings
 from crds import dra
 from crds.api import GROUP, INSTANCE_PLURAL, VERSION
 from crds.instance import STATUS_CLAIMS, STATUS_SERVED_BY
@@ -25,10 +26,6 @@ from crds.naming import instance_resource_name
 
 log = logging.getLogger(__name__)
 
-#: A pass waits this long after the change that woke it, so a burst is summed up once.
-PASS_DELAY_S: Final = 0.5
-#: Status writes of one pass in flight at once.
-WRITES_IN_FLIGHT: Final = 16
 _RESOURCE_PREFIX: Final = f"{GROUP}/"
 _DRA_PREFIX: Final = "/apis/resource.k8s.io/v1"
 
@@ -228,10 +225,12 @@ def desired_fields(
 class DraUsage:
     """Keeps ``status.servedBy`` and ``status.claims`` of the served namespaces' Instances."""
 
-    def __init__(self, *, http: Rest, kube: Kube, namespaces: Iterable[str] = ()) -> None:
+    def __init__(self, *, http: Rest, kube: Kube, namespaces: Iterable[str] = (),
+                 settings: DraSettings | None = None) -> None:
+        self._settings = settings or DraSettings()
         self._kube = kube
         self._wake = asyncio.Event()
-        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        self._gate = asyncio.Semaphore(self._settings.usage_writes_in_flight)
         #: What this controller last wrote to each Instance (its own write's event wakes nothing).
         self._wrote: dict[_Key, tuple[str, int]] = {}
         self.writes = 0
@@ -282,7 +281,7 @@ class DraUsage:
                 await watcher.synced.wait()
             while True:
                 await self._wake.wait()
-                await asyncio.sleep(PASS_DELAY_S)
+                await asyncio.sleep(self._settings.usage_pass_delay_s)
                 self._wake.clear()
                 await self._pass()
         finally:

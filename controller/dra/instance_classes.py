@@ -27,6 +27,7 @@ from lightkube.types import PatchType
 
 from controller.dra.shared_allocation import put_mode
 from controller.kube.watching import follow_forever
+from controller.settings import DraSettings
 from controller.shared_pools import SharedPools
 from crds import dra
 from crds.configuration import Allocator
@@ -39,12 +40,6 @@ DeviceClassResource = create_global_resource(
     "resource.k8s.io", "v1", "DeviceClass", "deviceclasses"
 )
 FIELD_MANAGER: Final = "edgeplug-controller/instance-classes"
-RETRY_S: Final = 5.0
-#: A sync waits this long after the change that woke it, so a burst is written at once.
-PASS_DELAY_S: Final = 0.05
-#: Class applies and deletes in flight at once (one at a time leaves the API server idle
-#: between round trips).
-WRITES_IN_FLIGHT: Final = 16
 HTTP_NOT_FOUND: Final = 404
 
 _Key = tuple[str, str]
@@ -57,12 +52,14 @@ class InstanceClasses:
     Work follows what changed: a watch event marks its Instance only when the
     Configuration it belongs to (or its being there at all) changed, a mode change marks that
     Configuration's Instances, and a sync looks only at the marked ones (every one after a
-    (re)list), ``WRITES_IN_FLIGHT`` API calls at a time."""
+    (re)list), ``instance_classes_writes_in_flight`` API calls at a time (one at a time would
+    leave the API server idle between round trips)."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
-                 pools: SharedPools | None = None) -> None:
+                 pools: SharedPools | None = None, settings: DraSettings | None = None) -> None:
         """``pools``: fed every shared Instance this watch sees and every mode ``set_mode`` is
         told (the shared devices' slices)."""
+        self._settings = settings or DraSettings()
         self._client = client
         self._pools = pools
         self._namespaces = frozenset(namespaces)
@@ -78,7 +75,7 @@ class InstanceClasses:
         self._everything = True
         self._changed = asyncio.Event()
         self._listed = False
-        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        self._gate = asyncio.Semaphore(self._settings.instance_classes_writes_in_flight)
         self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
 
     def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
@@ -127,8 +124,9 @@ class InstanceClasses:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(follow_forever(self._follow, what="instance classes",
-                                             retry_s=RETRY_S), name="watch-instances")
+            tasks.create_task(follow_forever(
+                self._follow, what="instance classes",
+                retry_s=self._settings.instance_classes_retry_s), name="watch-instances")
             tasks.create_task(self._keep(), name="keep-instance-classes")
 
     async def _follow(self) -> None:
@@ -172,7 +170,7 @@ class InstanceClasses:
             if not self._listed:
                 self._changed.clear()
                 continue
-            await asyncio.sleep(PASS_DELAY_S)
+            await asyncio.sleep(self._settings.instance_classes_pass_delay_s)
             self._changed.clear()
             try:
                 if not swept:
@@ -181,7 +179,7 @@ class InstanceClasses:
                 await self._sync()
             except ApiError as error:
                 log.warning("instance classes: %s; retrying", error)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._settings.instance_classes_retry_s)
                 self._changed.set()
 
     def _taken(self) -> set[_Key]:

@@ -112,10 +112,13 @@ class Engine:
         self.reconciler = reconciler
         self.settings = settings
         self.cache = ClusterState()
-        self.queue: WorkQueue[WorkKey] = WorkQueue()
+        self.queue: WorkQueue[WorkKey] = WorkQueue(
+            retry_first_s=settings.engine.queue_retry_first_s,
+            retry_max_s=settings.engine.queue_retry_max_s)
         self.gate = ActiveGate(
-            identity=identity, priority=settings.priority, clusterwide=settings.clusterwide,
-            standalone=settings.peering_name is None, on_active=self._became_active,
+            identity=identity, priority=settings.peering.priority,
+            clusterwide=settings.clusterwide, standalone=settings.peering.name is None,
+            on_active=self._became_active, expiry_margin_s=settings.peering.expiry_margin_s,
         )
         self.watchers: list[Watcher[Any, Any]] = []
         self._deleted_in: dict[Key, str] = {}  # Instance gone → its Configuration
@@ -170,13 +173,13 @@ class Engine:
                 path=namespaced_path("/api/v1", "pods", ns), key=_namespaced,
                 field_selector=_FAILED_POD_FIELDS,
             ), self._on_rejected_pod)
-            if self.settings.peering_name is not None:
+            if self.settings.peering.name is not None:
                 plural = "kopfpeerings" if ns is not None else "clusterkopfpeerings"
                 self._watch(Kind(
                     name=f"peering@{ns or '*'}", decode=decode.peering,
                     path=namespaced_path("/apis/kopf.dev/v1", plural, ns),
                     key=functools.partial(_peering_key, ns or CLUSTER),
-                    field_selector=f"metadata.name={self.settings.peering_name}",
+                    field_selector=f"metadata.name={self.settings.peering.name}",
                 ), self._on_peering)
         self._watch(Kind(
             name="nodes", decode=decode.node, path="/api/v1/nodes", key=_node_key,
@@ -224,7 +227,7 @@ class Engine:
         elif old is None and new.phase == "Pending" and new.created_at is not None:
             # A new broker: look again when it would have been Pending too long.
             age = (datetime.now(UTC) - new.created_at).total_seconds()
-            self.queue.add_after(work, self.settings.pending_grace_s - age)
+            self.queue.add_after(work, self.settings.brokers.pending_grace_s - age)
         if (old is None or new is None or old.ready != new.ready
                 or old.deleting != new.deleting) and self.gate.active(namespace):
             self.reconciler.status_soon(self.cache, namespace, pod.configuration)
@@ -345,7 +348,7 @@ class Engine:
 
     async def _resync(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.resync_interval_s)
+            await asyncio.sleep(self.settings.engine.resync_interval_s)
             self.enqueue_all()
 
     async def run(self) -> None:

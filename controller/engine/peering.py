@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from controller.settings import PeeringSettings
+
 log = logging.getLogger(__name__)
 
 #: kopf's default lifetime of a peer entry when the entry does not say.
 DEFAULT_PEER_LIFETIME_S: Final = 60
-#: A re-evaluation at a peer's expiry runs this much later (clock granularity).
-EXPIRY_MARGIN_S: Final = 0.05
 #: The key for a ClusterKopfPeering (cluster-wide controller).
 CLUSTER: Final = ""
 
@@ -80,9 +80,10 @@ class ActiveGate:
 
     def __init__(
         self, *, identity: str, priority: int, clusterwide: bool, standalone: bool,
-        on_active: Callable[[str], None],
+        on_active: Callable[[str], None], expiry_margin_s: float = PeeringSettings.expiry_margin_s,
     ) -> None:
         self.identity = identity
+        self.expiry_margin_s = expiry_margin_s
         self.priority = priority
         self.clusterwide = clusterwide
         self.standalone = standalone
@@ -118,7 +119,7 @@ class ActiveGate:
         if blockers:
             expiries = [d for d in blockers.values() if d is not None]
             if expiries:
-                delay = (min(expiries) - now).total_seconds() + EXPIRY_MARGIN_S
+                delay = (min(expiries) - now).total_seconds() + self.expiry_margin_s
                 loop = asyncio.get_running_loop()
                 self._timers[key] = loop.call_later(max(delay, 0.0), self._evaluate, key)
         was = self._active.get(key, False)

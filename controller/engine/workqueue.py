@@ -10,21 +10,24 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Final, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from controller.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
-#: A key whose reconcile failed is retried after this long, doubling per consecutive failure.
-RETRY_FIRST_S: Final = 0.5
-RETRY_MAX_S: Final = 30.0
 
 
 class WorkQueue(Generic[K]):
     """Deduplicating work queue with delayed adds and per-key retry backoff."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, retry_first_s: float = EngineSettings.queue_retry_first_s,
+                 retry_max_s: float = EngineSettings.queue_retry_max_s) -> None:
+        #: A key whose reconcile failed runs again after this long, doubling per failure.
+        self.retry_first_s = retry_first_s
+        self.retry_max_s = retry_max_s
         self._order: collections.deque[K] = collections.deque()
         self._waiting: set[K] = set()
         self._busy: set[K] = set()
@@ -73,7 +76,7 @@ class WorkQueue(Generic[K]):
         """Adds ``key`` again after its backoff; returns the delay."""
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        delay = float(min(RETRY_FIRST_S * 2 ** min(failures - 1, 16), RETRY_MAX_S))
+        delay = float(min(self.retry_first_s * 2 ** min(failures - 1, 16), self.retry_max_s))
         self.add_after(key, delay)
         return delay
 

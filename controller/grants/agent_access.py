@@ -17,6 +17,7 @@ from lightkube import AsyncClient
 
 from controller.grants import agent_roles, offer_grants
 from controller.kube.watching import follow_forever
+from controller.settings import GrantsSettings
 from crds.configuration import Configuration, ValueSourceKind
 from crds.resources import ConfigurationResource
 from crds.selectors import LabelSelector
@@ -30,11 +31,6 @@ AGENT_ACCOUNT = "edgeplug-agent"
 OFFERS_FIELD_MANAGER = "edgeplug-controller/offer-grants"
 #: The account of node N in the node-accounts namespace (agent/node_account.py).
 NODE_ACCOUNT_PREFIX = "node-"
-#: Wait before watching again after a watch broke.
-RETRY_S = 5.0
-#: A burst of changes (a fleet's Nodes listed at start) is written once, this long after its
-#: first change.
-COALESCE_S = 0.05
 #: Verbs the agent needs on each referenced object: read it, and watch it by name.
 VERBS = ("get", "watch")
 _RESOURCES = {ValueSourceKind.SECRET: "secrets", ValueSourceKind.CONFIG_MAP: "configmaps"}
@@ -117,7 +113,9 @@ class AgentAccess:
 
     def __init__(self, client: AsyncClient, *,
                  account: tuple[str, str] = (AGENT_NAMESPACE, AGENT_ACCOUNT),
-                 node_accounts: str = f"{AGENT_NAMESPACE}-nodes") -> None:
+                 node_accounts: str = f"{AGENT_NAMESPACE}-nodes",
+                 settings: GrantsSettings | None = None) -> None:
+        self._settings = settings or GrantsSettings()
         self._client = client
         self._account = account
         self._node_accounts = node_accounts
@@ -134,10 +132,10 @@ class AgentAccess:
     async def run(self) -> None:
         """Forever: follow Configurations and Nodes, and write what changed."""
         await asyncio.gather(
-            follow_forever(self._follow, what="agent access", retry_s=RETRY_S),
+            follow_forever(self._follow, what="agent access", retry_s=self._settings.retry_s),
             follow_forever(lambda: agent_roles.follow_node_labels(
                 self._client, self._nodes, self._changed.set),
-                what="agent access (nodes)", retry_s=RETRY_S),
+                what="agent access (nodes)", retry_s=self._settings.retry_s),
             self._write_forever(),
         )
 
@@ -158,7 +156,7 @@ class AgentAccess:
     async def _write_forever(self) -> None:
         while True:
             await self._changed.wait()
-            await asyncio.sleep(COALESCE_S)
+            await asyncio.sleep(self._settings.coalesce_s)
             self._changed.clear()
             if not self._listed:
                 continue
@@ -167,7 +165,7 @@ class AgentAccess:
                 self._full = False
             except Exception as error:  # the API server away: keep serving, retry
                 log.warning("agent access: write failed (%s); retrying", error)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._settings.retry_s)
                 self._full = True
                 self._changed.set()
 

@@ -32,10 +32,6 @@ HTTP_BAD_REQUEST: Final = 400
 HTTP_NOT_FOUND: Final = 404
 HTTP_CONFLICT: Final = 409
 HTTP_INVALID: Final = 422
-#: Writes in flight at once. kopf runs a handler per object concurrently; at 10,000 Instances
-#: unbounded writes overflow the HTTP client's keep-alive pool and every extra connection costs
-#: a TLS handshake. This many keeps the pool warm (httpx keeps 20 connections alive).
-MAX_WRITES_IN_FLIGHT: Final = 20
 
 KopfPeeringResource = create_namespaced_resource("kopf.dev", "v1", "KopfPeering", "kopfpeerings")
 ClusterKopfPeeringResource = create_global_resource(
@@ -106,7 +102,9 @@ class Kube:
     def __init__(self, client: AsyncClient, rest: Rest) -> None:
         self.client = client
         self.rest = rest
-        self._writes = asyncio.Semaphore(MAX_WRITES_IN_FLIGHT)
+        # Bounded: unbounded writes at 10,000 Instances would overflow the keep-alive pool,
+        # and every extra connection costs a TLS handshake.
+        self._writes = asyncio.Semaphore(rest.settings.writes_in_flight)
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         meta = obj["metadata"]

@@ -19,12 +19,11 @@ from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 
 from controller.metrics import PROCESS
+from controller.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
 HTTP_UNAUTHORIZED: Final = 401
-#: Seconds one request may take in all (the API server answers a create in milliseconds).
-REQUEST_TIMEOUT_S: Final = 30.0
 #: The longest line a watch stream may send (one object); aiohttp's default is 64 KiB.
 DEFAULT_LINE_LIMIT: Final = 2**22
 
@@ -61,8 +60,11 @@ class Rest:
     """JSON requests to the API server of ``config``, through one pooled aiohttp session."""
 
     def __init__(
-        self, config: SingleConfig, *, connections: int, line_limit: int = DEFAULT_LINE_LIMIT
+        self, config: SingleConfig, *, connections: int, line_limit: int = DEFAULT_LINE_LIMIT,
+        settings: ApiSettings | None = None,
     ) -> None:
+        #: The API settings (timeouts, watches' timings) of every caller of this client.
+        self.settings = settings or ApiSettings()
         self._config = config
         self._server = config.cluster.server.rstrip("/")
         assert config.user is not None, "a kubeconfig context without a user"
@@ -76,7 +78,7 @@ class Rest:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._connections, ssl=self._ssl),
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
                 read_bufsize=self._line_limit,
             )
         return self._session

@@ -27,22 +27,13 @@ import msgspec
 
 from controller.kube.rest import ApiFailure, Rest, status_message
 from controller.metrics import PROCESS
+from controller.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
 #: Objects per list page (the API server's own default page for clients is 500).
 LIST_PAGE_SIZE: Final = 500
-#: Seconds the API server keeps one watch request open (jitter added, so watches do not all
-#: reconnect together); a quiet watch then resumes from its last bookmark.
-WATCH_TIMEOUT_S: Final = 300
-WATCH_TIMEOUT_JITTER_S: Final = 60
-#: Client-side read timeout beyond the server's own watch timeout (a stuck connection ends).
-READ_MARGIN_S: Final = 30.0
 HTTP_OK: Final = 200
-#: Backoff between failed attempts (connection refused during an outage, 5xx): doubles from
-#: the first to the last, and stays there: short enough to notice a returning server quickly.
-RETRY_FIRST_S: Final = 0.25
-RETRY_MAX_S: Final = 2.0
 HTTP_GONE: Final = 410
 
 R = TypeVar("R")
@@ -102,9 +93,11 @@ async def follow_forever(
         await asyncio.sleep(retry_s)
 
 
-def retry_delay(failures: int) -> float:
-    """Seconds to wait after ``failures`` consecutive failed attempts (1, 2, ...)."""
-    return float(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(max(failures - 1, 0), 10)))
+def retry_delay(failures: int, settings: ApiSettings) -> float:
+    """Seconds to wait after ``failures`` consecutive failed attempts (1, 2, ...): doubling, and
+    short enough at most to notice a returning server quickly."""
+    return float(min(settings.watch_retry_max_s,
+                     settings.watch_retry_first_s * 2 ** min(max(failures - 1, 0), 10)))
 
 
 @dataclass(frozen=True)
@@ -170,7 +163,7 @@ class Watcher(Generic[K, R]):
             except Exception as error:  # an outage, a 5xx, a garbage reply: retry, never die
                 failures += 1
                 PROCESS.watch_restarts.labels(self.kind.name).inc()
-                delay = retry_delay(failures)
+                delay = retry_delay(failures, self.http.settings)
                 log.warning("%s: %s: %s; retrying in %.2gs", self.kind.name,
                             type(error).__name__, error, delay)
                 await asyncio.sleep(delay)
@@ -210,13 +203,17 @@ class Watcher(Generic[K, R]):
                 self._notify(key, before, None)
 
     async def _watch(self) -> None:
-        timeout_s = WATCH_TIMEOUT_S + random.randint(0, WATCH_TIMEOUT_JITTER_S)
+        # The API server keeps one watch open this long (jittered, so watches do not all
+        # reconnect together); a quiet watch then resumes from its last bookmark.
+        timing = self.http.settings
+        timeout_s = timing.watch_timeout_s + random.randint(0, timing.watch_timeout_jitter_s)
         params = self._params(
             watch="1", allowWatchBookmarks="true", resourceVersion=self.version,
             timeoutSeconds=str(timeout_s),
         )
+        read_timeout_s = timeout_s + timing.watch_read_margin_s
         async with self.http.stream(self.kind.path, params=params,
-                                    read_timeout_s=timeout_s + READ_MARGIN_S) as (code, body):
+                                    read_timeout_s=read_timeout_s) as (code, body):
             if code == HTTP_GONE:
                 raise Gone()
             if code != HTTP_OK:

@@ -1,3 +1,3 @@
 """The Configuration admission webhook every controller replica serves: its HTTPS server
-(``server``), its own CA and serving certificate (``certs``), the review of one Configuration
-(``review``) and its flags (``settings``)."""
+(``server``), its own CA and serving certificate (``certs``) and the review of one Configuration
+(``review``); its settings are ``controller.settings.WebhookSettings``."""

@@ -31,17 +31,14 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
 
+from controller.settings import WebhookSettings
 from controller.webhook.certs import Names, TlsState, expiry, plan
 from controller.webhook.review import HTTP_BAD_REQUEST, review
-from controller.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 
 VALIDATE_PATH: Final = "/validate"
 HEALTH_PATH: Final = "/healthz"
-#: Pause before trying again after the Secret or the webhook configuration could not be written
-#: (API down, a conflict with another replica, the configuration not installed yet).
-RETRY_S: Final = 5.0
 #: Threads judging reviews; parsing is short CPU work, a few threads keep bursts flowing.
 REVIEW_WORKERS: Final = 2
 #: The largest review body read (the API server caps objects at about 1.5 MiB).
@@ -171,7 +168,8 @@ class CertificateKeeper:
             except Exception as error:
                 log.warning("webhook certificates not refreshed (%s); retrying", error)
                 done = False
-            await asyncio.sleep(self.settings.cert_check_interval_s if done else RETRY_S)
+            settings = self.settings
+            await asyncio.sleep(settings.cert_check_interval_s if done else settings.retry_s)
 
     def close(self) -> None:
         self._files.cleanup()
@@ -211,7 +209,7 @@ class WebhookServer:
                 break
             except Exception as error:
                 log.warning("webhook certificate not ready (%s); retrying", error)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self.settings.retry_s)
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(VALIDATE_PATH, self._validate)
         app.router.add_get(HEALTH_PATH, self._health)

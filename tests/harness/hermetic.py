@@ -38,7 +38,7 @@ from typing import Final
 from asyncinotify import Event, Inotify, Mask, Watch
 
 from agent.settings import ENVIRONMENT, AgentSettings, SettingsError
-from controller.webhook.settings import DEFAULT_NAMESPACE
+from controller.settings import DEFAULT_NAMESPACE
 
 _PROBE_NODE: Final = "hermetic-probe"
 _PROBE_PATH: Final = Path("/edgeplug-hermetic-probe")

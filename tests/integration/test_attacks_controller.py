@@ -57,9 +57,9 @@ from controller.grants.agent_access import ROLE_NAME, AgentAccess
 from controller.kube.client import Kube
 from controller.kube.rest import Rest
 from controller.main import REPORTING_COMPONENT
+from controller.settings import WebhookSettings
 from controller.webhook.certs import plan
 from controller.webhook.server import CertificateKeeper
-from controller.webhook.settings import WebhookSettings
 from crds import dra
 from tests.harness import dra as h
 from tests.harness.agent_process import debug_echo_configuration, eventually, new_node

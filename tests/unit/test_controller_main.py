@@ -10,14 +10,15 @@ import pytest
 
 from controller.engine.handlers import register
 from controller.main import FINALIZER, kopf_settings
-from controller.settings import DEFAULT_PEERING_LIFETIME_S, ControllerSettings
+from controller.settings import ControllerSettings, PeeringSettings
 
 #: kopf heart-beats every second only for lifetimes up to this (``lifetime - 5..10`` beyond).
 KOPF_ONE_SECOND_HEARTBEAT_MAX_S = 6
 
 
 def test_peering_is_mandatory_with_this_replicas_priority() -> None:
-    settings = ControllerSettings(namespaces=("a",), priority=42, peering_lifetime_s=7)
+    settings = ControllerSettings(namespaces=("a",),
+                                  peering=PeeringSettings(priority=42, lifetime_s=7))
     config = kopf_settings(settings)
     assert config.peering.name == "edgeplug-controller"
     assert config.peering.priority == 42
@@ -37,17 +38,17 @@ def test_api_retries_never_run_out() -> None:
 
 
 def test_default_failover_gap_is_a_few_seconds() -> None:
-    assert DEFAULT_PEERING_LIFETIME_S <= KOPF_ONE_SECOND_HEARTBEAT_MAX_S
-    assert kopf_settings(ControllerSettings()).peering.lifetime == DEFAULT_PEERING_LIFETIME_S
+    assert PeeringSettings.lifetime_s <= KOPF_ONE_SECOND_HEARTBEAT_MAX_S
+    assert kopf_settings(ControllerSettings()).peering.lifetime == PeeringSettings.lifetime_s
 
 
 def test_cluster_wide_and_standalone() -> None:
     assert kopf_settings(ControllerSettings()).peering.clusterwide
-    assert kopf_settings(ControllerSettings(peering_name=None)).peering.standalone
+    assert kopf_settings(ControllerSettings(peering=PeeringSettings(name=None))).peering.standalone
 
 
 def test_replicas_draw_different_priorities() -> None:
-    priorities = {ControllerSettings().priority for _ in range(20)}
+    priorities = {ControllerSettings().peering.priority for _ in range(20)}
     assert len(priorities) > 1, "equal priorities would pause every replica"
 
 

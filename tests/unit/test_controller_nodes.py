@@ -71,11 +71,11 @@ def test_settings_from_args() -> None:
     ])
     assert settings.namespaces == ("x", "y")
     assert not settings.clusterwide
-    assert settings.resync_interval_s == 2
-    assert settings.peering_name is None
-    assert settings.node_not_ready_grace_s == 30
-    assert settings.priority == 7
+    assert settings.engine.resync_interval_s == 2
+    assert settings.peering.name is None
+    assert settings.brokers.node_not_ready_grace_s == 30
+    assert settings.peering.priority == 7
     defaults = ControllerSettings.from_args([])
     assert defaults.clusterwide
-    assert defaults.peering_name == "edgeplug-controller"
-    assert defaults.priority >= 1
+    assert defaults.peering.name == "edgeplug-controller"
+    assert defaults.peering.priority >= 1

@@ -214,7 +214,7 @@ def test_controller_runs_two_replicas_apart_with_peering_resources_installed() -
         deployment["spec"]["selector"]["matchLabels"]
     )
     # The controller peers by default (cluster-wide: ClusterKopfPeering); the CRDs it needs:
-    assert ControllerSettings(namespaces=()).peering_name is not None
+    assert ControllerSettings(namespaces=()).peering.name is not None
     crds = {doc["spec"]["names"]["kind"] for doc in _documents(PEERING_CRDS)}
     assert crds == {"KopfPeering", "ClusterKopfPeering"}
     # Cluster-wide (no --namespace), serving the webhook on the port the Service targets.
