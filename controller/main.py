@@ -1,11 +1,8 @@
 """Wiring only: settings → API clients → reconciler → engine, beside kopf (peering).
 
-Why this exists: ``edgeplug-controller`` (and ``python -m controller.main``) starts here. All
-behaviour lives in the modules it wires; this file decides nothing but how they are connected
-and how kopf is configured: peering for high availability, and API retries that never give up,
-so an API outage of any length is ridden out (kopf's default retries end after about a minute,
-and a failed peering keep-alive ends the operator).
-"""
+``edgeplug-controller`` starts here; every part gets its group of ``controller.settings``. kopf is
+configured for peering and for API retries that never give up (kopf's default ones end after
+about a minute, and a failed peering keep-alive would end the operator)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Settings declared once, on the fields of grouped dataclasses: their doc, default and flag.
 
-A field carries ``option(...)`` (a command-line flag: its help, ``add_argument``'s other
-keywords) or ``tuning(...)`` (no flag: a value only code and tests set) as its metadata; a field
-holding another settings dataclass is a group. ``add_options`` adds one argument per flagged
-field of the tree, with the field's default as the argument's (so ``%(default)s`` in a help
-shows it), ``settings_from`` builds the tree back from the parsed arguments, and
-``reference`` renders every field, flag or not, as the table docs/controller-settings.md holds.
-A setting whose command line is more than one plain flag says so on its field: ``extra`` flags
-added right after its own (``--standalone`` beside ``--peering-name``) and a ``finish`` that
-turns the parsed value, with the other arguments, into the setting.
+A field's metadata is ``option(...)`` (a flag, its help; ``extra`` flags and a ``finish`` for a
+setting that is more than one plain flag) or ``tuning(...)`` (documented, no flag); a field
+holding a settings dataclass is a group. ``add_options`` makes the flags, ``settings_from`` the
+tree from the parsed arguments, ``reference`` the table of docs/controller-settings.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The local pools of nodes whose agent is gone, tainted so the scheduler stops choosing them.
 
-A node's local pools are its agent's slices (bound to the node); the controller may not write
-them, and a dead agent cannot. So for each local pool of a node whose agent is gone
-(``controller.dra.agent_liveness``) the controller keeps a DeviceTaintRule selecting the pool by
-driver and name, with the taint ``edgeplug.io/agent-gone=<node>:NoSchedule``: no new claim is
-allocated its devices, claims allocated before keep them (never ``NoExecute``). The rule is
-deleted when the agent is back. The pools are read once per loss (one list of the node's
-slices by label); the rules are labelled with the node, adopted by label at start.
-
-DeviceTaintRule is served in ``resource.k8s.io/v1`` from v1.37 (``v1beta2`` where a v1.36
-cluster enables it); where neither is served (v1.35 by default) this says so once and does
-nothing: only the shared pools drop the node then.
-"""
+``AgentGoneTaints`` keeps one DeviceTaintRule ``edgeplug.io/agent-gone=<node>:NoSchedule`` per
+local pool of each node ``set_gone`` names, deleted when the agent is back; where the API server
+serves no DeviceTaintRule it says so once and does nothing. Why: docs/architecture.md, "The
+controller's DRA side"."""
 
 from __future__ import annotations
 

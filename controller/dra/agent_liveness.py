@@ -1,18 +1,9 @@
 """Which nodes' agents are gone: their liveness Lease not renewed within a grace (``--dra``).
 
-Each agent with DRA on renews ``edgeplug-agent-<node>`` in the install's namespace
-(``agent.liveness``). The controller watches those Leases (one record watch; a renewal is one
-event) and times each on its own clock from when it saw the renewal change, so clocks of nodes
-and controller need not agree. A node whose Lease has not changed for ``max(grace, the Lease's
-leaseDurationSeconds)`` is confirmed by one list of the Leases before it is taken for gone (a
-lagging watch is not a dead agent); when that list fails (this controller cannot reach the API
-server), every Lease's grace starts again from the first list that succeeds, so neither a
-controller that was cut off nor agents that could not renew during an API outage are taken
-for gone. A node without a Lease (an agent of an earlier release, DRA off, a deleted Lease) is
-never gone. Whoever listens gets the whole set each time it changes: the shared
-pools drop gone nodes from their selectors (``without_gone``), and
-``controller.dra.agent_gone_taints`` taints their local pools.
-"""
+``AgentLiveness.run`` watches the agents' Leases and tells its listeners the whole set of gone
+nodes each time it changes (the shared pools drop them, ``agent_gone_taints`` taints their local
+pools). How a loss is confirmed and why an outage takes no agent for gone: docs/architecture.md,
+"The controller's DRA side"."""
 
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
-"""One DRA DeviceClass per Configuration, kept while it exists (``--dra``).
+"""One DRA DeviceClass per Configuration, kept while it exists (``--dra``), and the allocator
+each Configuration gets from what the API server keeps of it.
 
-Why this exists: a ResourceClaim names a DeviceClass, and the agents' ResourceSlices tell
-Configurations apart only by attributes (one driver, ``edgeplug.io``; see ``crds.dra``). So for
-each Configuration the controller keeps a class ``<configuration>.<namespace>.edgeplug.io``
-whose CEL selector picks that Configuration's devices, and a claim asks for
-``deviceClassName: cam.default.edgeplug.io`` plus any selector on the device's attributes.
-With ``--dra-extended-resources`` each class also maps the Configuration's configuration-level
-resource (``extendedResourceName``), so an unchanged pod asking for ``edgeplug.io/cam`` is
-served through DRA on nodes where no device plugin advertises it.
-
-A DeviceClass is cluster-scoped and cannot be owned by a namespaced Configuration (the garbage
-collector ignores such a reference), so the controller deletes it itself: when the
-Configuration's deletion is watched, and at every (re)list for classes it labelled whose
-Configuration is gone (deleted while no controller ran). A controller serving some namespaces
-only touches classes of those namespaces. Every write is an idempotent server-side apply, so
-two replicas writing at once agree. A cluster whose API server drops ``extendedResourceName``
-(DRAExtendedResource off, as on 1.35) is reported once (``crds.dra_features``).
-
-The class write is also how the controller learns whether the cluster can allocate devices
-through the scheduler: each Configuration's ``status.allocator`` and ``Allocator``
-condition follow from it (``controller.dra.shared_allocation``), the Instances of those served by
-DRA get a class each (``controller.dra.instance_classes``), and their shared Instances a
-ResourceSlice each (``controller.shared_pools``).
-"""
+``DeviceClasses.run`` keeps the classes, each Configuration's ``status.allocator`` and, through
+``instance_classes`` and ``controller.shared_pools``, the per-Instance classes and shared pools.
+Why classes are deleted by the controller and how the write decides the allocator:
+docs/architecture.md, "The controller's DRA side"."""
 
 from __future__ import annotations
 

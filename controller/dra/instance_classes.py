@@ -1,18 +1,7 @@
-"""One DeviceClass per Instance whose Configuration the scheduler allocates (DRA mode).
-
-Akri-style brokers and pods ask for one device by its Instance's resource,
-``edgeplug.io/<instance>``, in ``resources.limits``. When the scheduler allocates a
-Configuration's devices, no device plugin advertises that name, so a class selecting only that
-Instance's device maps it (``extendedResourceName``) and the scheduler serves such a pod from the
-device's ResourceSlice: a local device's from its node's pool, a shared one's from its own pool,
-counting its ``slots`` capacity once across every node that sees it.
-
-These classes are cluster-scoped and cannot be owned by the namespaced Instance: the controller
-deletes a class with its Instance, when its Configuration stops being allocated through DRA,
-and at every (re)list for classes whose Instance went while no controller ran. Writes are
-idempotent server-side applies. The same watch feeds ``controller.shared_pools`` (the shared
-devices' ResourceSlices).
-"""
+"""One DeviceClass per Instance whose Configuration the scheduler allocates (DRA mode), mapping
+``edgeplug.io/<instance>`` so an Akri-style broker asking for it is served from the device's
+slice; deleted with its Instance, when the Configuration leaves DRA, and at (re)list for
+Instances gone meanwhile. The same watch feeds ``controller.shared_pools``."""
 
 from __future__ import annotations
 

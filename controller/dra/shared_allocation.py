@@ -1,15 +1,9 @@
 """Which allocator serves a Configuration's devices, and the status that says so.
 
-Every device has one allocator, local and shared alike (docs/slots.md): the scheduler (DRA:
-ResourceSlices with a consumable ``slots`` capacity, and DeviceClasses mapping
-``edgeplug.io/<name>`` so unchanged pods are served from them) or the kubelets through the
-agents' device plugins (the compatibility mode, for clusters without extended-resource mapping
-and Configurations that ask for it with ``spec.allocator: devicePlugin``). The controller
-decides, because it writes the DeviceClasses and so sees whether the API server keeps
-``extendedResourceName``; it writes the choice to ``status.allocator`` (and, for agents of the
-previous release, ``status.sharedDeviceAllocation``) with the ``Allocator`` condition, and every
-agent follows it.
-"""
+``decide`` chooses the scheduler (DRA) or the kubelets (device plugins) from what the
+Configuration asks and what the API server keeps; ``status_patch`` and ``condition`` write the
+choice to ``status.allocator`` (and ``status.sharedDeviceAllocation`` for agents of the previous
+release), which every agent follows (docs/slots.md: one allocator per device)."""
 
 from __future__ import annotations
 

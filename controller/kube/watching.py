@@ -1,18 +1,8 @@
 """List-then-watch of one kind of object into a store of small records: the controller's eyes.
 
-Why this exists: at ten thousand Instances and their brokers, the controller sees tens of
-thousands of watch events, and most change nothing it cares about (the scheduler rewriting a
-pod's status, a kubelet's heartbeat on its Node). kopf gives every event its per-object worker,
-handler invocation and logging, which cost milliseconds of CPU each; here an event is one
-``msgspec`` decode of only the fields a record keeps (the rest of the JSON is skipped in C) and
-one comparison with the stored record, and ``on_change`` is called only when the record changed.
-
-A watcher lists in pages, then watches from the list's ``resourceVersion`` with bookmarks (so a
-quiet watch stays resumable), resumes after a dropped connection from the last version it saw,
-and relists when the API server answers 410 Gone, reporting what appeared, changed and vanished
-meanwhile. It never gives up: an API outage of any length ends in a relist once the server is
-back, with a bounded backoff between attempts.
-"""
+A ``Watcher`` lists in pages, watches from the list's version with bookmarks, resumes after a
+dropped connection, relists on 410 Gone and never gives up; ``on_change`` is called only when a
+record changed. Why not kopf's per-object handling: docs/architecture.md, "Design choices"."""
 
 from __future__ import annotations
 

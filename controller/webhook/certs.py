@@ -1,13 +1,7 @@
 """The webhook's own certificate authority and serving certificate: made, checked and rotated.
 
-Why this exists: the API server calls the webhook over TLS only, trusting the ``caBundle`` of
-the ValidatingWebhookConfiguration. Rather than asking the cluster admin for cert-manager, the
-controller makes a small CA and a serving certificate for its Service's names, and renews both
-well before they expire. Rotation never breaks a call: a renewed CA is added to the bundle beside
-the old one, which stays trusted until it expires, so a replica still serving a certificate of
-the old CA is trusted while it catches up. Pure functions over PEM bytes, no I/O (``now`` is a
-parameter), so the rotation rules are unit-tested at any date.
-"""
+Pure functions over PEM bytes, no I/O (``now`` is a parameter): ``plan`` says what to make or
+renew, keeping an old CA in the bundle until it expires so rotation never breaks a call."""
 
 from __future__ import annotations
 

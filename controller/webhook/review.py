@@ -1,17 +1,8 @@
 """One AdmissionReview in, one answer out: a Configuration's handler parses its discoveryDetails.
 
-Why this exists: a bad udev rule or a misspelt handler name used to be found only when an agent
-ran the Configuration (a condition and an Event, seconds later, on some node); here the API
-server refuses it at ``kubectl apply`` with the handler's own message naming the field. This is
-the webhook's pure logic, no I/O: the HTTPS server (``webhook.py``) hands it the decoded review.
-
-Discovery properties read from Secrets or ConfigMaps (``valueFrom``) are not resolved here: the
-webhook does not read Secrets (it would need every Secret in the cluster, and an admission
-check must not wait on more API calls). Only literal values reach ``parse_details``. When the
-parser's complaint names a property that comes from a Secret or a ConfigMap, the check is
-deferred to the agent (which reads the property, checks again and reports on the
-Configuration): the object is admitted with a warning saying so.
-"""
+Pure, no I/O: ``review`` admits, refuses with the handler's message, or admits with a warning
+when the complaint names a property only the agent can read (a Secret or ConfigMap value);
+docs/architecture.md, "The admission webhook"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """The controller's validating admission webhook: an HTTPS server, the keeper of its certificates.
 
-Why this exists: the API server refuses a Configuration with bad ``discoveryDetails`` at apply
-only if something answers its AdmissionReview. Every controller replica serves it (the active
-one and the standby alike: the Service balances between them), from the same certificate, which
-the replicas share through a Secret. The keeper makes that Secret when it is missing, renews the
-certificates long before they expire (``webhook_certs``), reloads the server's TLS context when
-the Secret changed (a replica picks up another's rotation), and keeps the
-ValidatingWebhookConfiguration's ``caBundle`` equal to the CAs the Secret holds. Reviews are
-judged by ``webhook_review`` on a small thread pool, so a slow parse never stalls the
-controller's event loop.
-"""
+``WebhookServer.run`` serves reviews (``review``) on a small thread pool; ``CertificateKeeper``
+makes and renews the Secret the replicas share (``certs``), reloads TLS when it changed and
+keeps the webhook configuration's ``caBundle`` current. docs/architecture.md, "The admission
+webhook"."""
 
 from __future__ import annotations
 

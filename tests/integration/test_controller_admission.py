@@ -1,4 +1,4 @@
-"""Pods the kubelet rejected at admission (issue 21): brokers recreated at once and counted,
+"""Pods the kubelet rejected at admission: brokers recreated at once and counted,
 users' pods reported once in an Event on the Instance or Configuration they asked for.
 
 Real API server, scheduler and controller-manager, and the real controller as a process. No

@@ -1,4 +1,4 @@
-"""Rejections made by the kubelet's own device manager end without a human (issue 21, item 3).
+"""Rejections made by the kubelet's own device manager end without a human.
 
 The companion of test_controller_admission.py, where the test writes the kubelet's rejection
 itself: here nothing stands in for it. One node runs the kubelet's real device manager and pod

@@ -1,4 +1,4 @@
-"""Pods rejected at admission (issue 21): which are, which resource is blamed, what the
+"""Pods rejected at admission: which are, which resource is blamed, what the
 controller plans for a rejected broker, and what it keeps of a user's rejected pod."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = BrokerPolicy(pending_grace_s=60, restart_backoff_base_s=2, restart_backoff_max_s=10)
 
 # Messages as the kubelet writes them (``Pod was rejected: `` + the admit handler's message);
-# the first two are from issue 21's logs.
+# the first two are from a real cluster's logs.
 NO_DEVICES = ("Pod was rejected: Allocate failed due to requested number of devices unavailable"
               " for edgeplug.io/storm. Requested: 1, Available: 0, which is unexpected")
 UNHEALTHY = ("Pod was rejected: Allocate failed due to no healthy devices present; cannot"
