@@ -64,14 +64,28 @@ def walk(cls: type[Any], prefix: str = "") -> Iterator[tuple[str, Field[Any], Op
 
 def add_options(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
     """Add to ``parser`` an argument per flagged setting of the tree under ``cls``, in field
-    order, each storing under its dotted path."""
-    for path, f, declared in walk(cls):
-        if not declared.flag:
+    order, each storing under its dotted path; a group's flags under its docstring's title."""
+    _add(parser, cls, "")
+
+
+def _add(parser: argparse.ArgumentParser, cls: type[Any], prefix: str,
+         into: argparse._ActionsContainer | None = None) -> None:
+    target = into or parser
+    for f in fields(cls):
+        if _is_group(f):
+            group: type[Any] = f.default_factory  # type: ignore[assignment]
+            about = (group.__doc__ or "").strip().replace("``", "")
+            _add(parser, group, f"{prefix}{f.name}.",
+                 parser.add_argument_group(f"{prefix}{f.name}", about))
+            continue
+        declared = f.metadata.get(_SETTING)
+        if declared is None or not declared.flag:
             continue
         keywords = {"default": _default(f), **declared.keywords}
-        parser.add_argument(declared.flag, dest=path, help=declared.help, **keywords)
+        target.add_argument(declared.flag, dest=f"{prefix}{f.name}", help=declared.help,
+                            **keywords)
         for flag, extra in declared.extra:
-            parser.add_argument(flag, **extra)
+            target.add_argument(flag, **extra)
 
 
 def settings_from(cls: type[Any], args: argparse.Namespace, prefix: str = "") -> Any:
