@@ -20,13 +20,12 @@ from agent.device_plugin_seam import serve_when_wanted
 from agent.discovery.cdi_specs import CdiSpecs
 from agent.discovery.configuration_watch import ConfigurationWatch, FatalStartError
 from agent.discovery.node_devices import NodeDeviceTable
-from agent.discovery.runs import RESYNC_INTERVAL
 from agent.kube.client import counted_client, load_config
 from agent.kube.liveness import LivenessLease
 from agent.kube.node_account import NodeAccount
 from agent.kube.node_reads import node_reads
 from agent.metrics import AgentMetrics
-from agent.settings import AgentSettings, SettingsError, help_text
+from agent.settings import AgentSettings, SettingsError, help_text, in_use
 
 log = logging.getLogger("agent")
 
@@ -56,9 +55,15 @@ async def run_agent(
     *,
     devices: NodeDeviceTable | None = None,
     metrics: AgentMetrics | None = None,
-    resync_interval: float = RESYNC_INTERVAL,
 ) -> None:
-    """Run the whole agent until cancelled. Instances are left in place on the way out."""
+    """Run the whole agent until cancelled. Instances are left in place on the way out. What it
+    starts runs with ``settings`` in use (``agent.settings.current``)."""
+    with in_use(settings):
+        await _run_agent(settings, devices=devices, metrics=metrics)
+
+
+async def _run_agent(settings: AgentSettings, *, devices: NodeDeviceTable | None,
+                     metrics: AgentMetrics | None) -> None:
     devices = devices if devices is not None else NodeDeviceTable()
     metrics = metrics if metrics is not None else AgentMetrics()
     metrics.info.labels(settings.node_name).set(1)
@@ -71,7 +76,7 @@ async def run_agent(
                           node=settings.node_name) if settings.node_accounts_namespace else None
     watch = ConfigurationWatch(
         client=client, node_name=settings.node_name, namespace=settings.namespace,
-        devices=devices, metrics=metrics, resync_interval=resync_interval,
+        devices=devices, metrics=metrics,
         cdi=CdiSpecs(settings.cdi_spec_dir), reads=account.client if account else None,
         reads_ready=account.ready if account else None,
     )
@@ -88,7 +93,8 @@ async def run_agent(
         from agent.discovery.akri_registration import HandlerRegistration
 
         registration = HandlerRegistration(
-            directory=settings.discovery_handlers_dir, grace=settings.external_handler_grace,
+            directory=settings.discovery_handlers_dir,
+            grace=settings.discovery.external_handler_grace_s,
             metrics=metrics,
         )
         parts.insert(0, registration.run())  # first: it routes handler look-ups before runs
@@ -128,7 +134,7 @@ async def run_agent(
         # The controller stops offering this node's devices once this stops being renewed.
         parts.append(LivenessLease(client, node=settings.node_name,
                                    namespace=settings.liveness_namespace,
-                                   renew_s=settings.liveness_renew_s).run())
+                                   renew_s=settings.liveness.renew_s).run())
     log.info("agent starting", extra={"node": settings.node_name})
     try:
         async with asyncio.TaskGroup() as group:

@@ -1,27 +1,44 @@
-"""The agent's settings, read once from the environment a DaemonSet gives it.
+"""The agent's settings: one tree of grouped frozen dataclasses, declared once.
 
-Why this exists: ``main`` is wiring only; tests and the demo build ``AgentSettings`` directly
-and run the agent in-process, with short timings where a real node uses long ones.
-
-Each setting is declared once, as a field of ``AgentSettings`` whose metadata is its
-``EnvironmentVariable``: the variable's name, its default as ``edgeplug-agent --help`` shows it,
-its meaning, and how its value is read. ``from_env``, ``ENVIRONMENT`` and ``help_text`` are
-derived from those fields. A field's own default is what a test or the demo gets when it builds
-``AgentSettings`` without naming the setting; where that differs from the environment's default
-(CDI specs, handler registration: off in-process, on in a DaemonSet) the field says so.
+Every setting is a field here with its default and what it means where it stands: the
+environment a DaemonSet gives the agent sets the ones whose metadata names a variable
+(``agent.environment``; ``from_env``, ``ENVIRONMENT`` and ``--help`` are made from those), and
+every interval, timeout, retry delay and grace period is a field of a group (discovery,
+publishing, the API, DRA, liveness, device plugins, slots, the cross-node protocol), set only by
+code. ``run_agent`` puts its tree in use for everything it starts (``current``); tests that
+shorten a wait build a tree with ``dataclasses.replace``. A field's own default is what a test or
+the demo gets when it builds ``AgentSettings`` without naming it; where that differs from the
+environment's default (CDI specs, handler registration: off in-process, on in a DaemonSet) the
+field says so. docs/agent-settings.md lists the tree (``python -m agent.settings``).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import contextvars
 import os
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-T = TypeVar("T")
+from agent.environment import (
+    SettingsError,
+    doc_of,
+    is_read_from_environment,
+    optional,
+    or_default,
+    path_unless_empty,
+    positive,
+    required,
+    switch,
+    tuning,
+    variable_of,
+)
+
+__all__ = ["ENVIRONMENT", "AgentSettings", "SettingsError", "current", "help_text", "in_use",
+           "variable_of"]
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -29,108 +46,164 @@ DEFAULT_METRICS_ADDRESS = "0.0.0.0"  # Prometheus scrapes the pod IP; tests bind
 DEFAULT_CDI_SPEC_DIR = Path("/var/run/cdi")
 #: Akri's discovery-handlers directory: its handler DaemonSets register there.
 DEFAULT_DISCOVERY_HANDLERS_DIR = Path("/var/lib/akri")
-#: Seconds an out-of-process handler may stay unreachable before its name is free again.
 DEFAULT_EXTERNAL_HANDLER_GRACE = 300.0
 #: The kubelet's DRA plugin directories (used only with DRA=on).
 DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_DRA_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 #: Where a kubelet that rotates its client certificate keeps the current one (key included).
 DEFAULT_KUBELET_CLIENT_CERT = Path("/var/lib/kubelet/pki/kubelet-client-current.pem")
-#: How often the liveness Lease is renewed (with DRA on); the Lease says it lasts three times
-#: as long, and the controller's grace is at least that.
 DEFAULT_LIVENESS_RENEW_S = 2.0
 HELP_WIDTH = 96
-_VARIABLE: Final = "environment_variable"
 
 
-class SettingsError(ValueError):
-    """The environment lacks or garbles a setting; the message names the variable."""
+@dataclass(frozen=True, kw_only=True)
+class DiscoverySettings:
+    """Discovery runs: restarts, resyncs, out-of-process handlers, Volcano's device info."""
+
+    restart_backoff_base_s: float = field(default=1.0, metadata=tuning(
+        "seconds before the first restart of a failed discovery; doubles per failure in a row"))
+    restart_backoff_max_s: float = field(default=60.0, metadata=tuning(
+        "the longest wait before restarting a failed discovery"))
+    resync_interval_s: float = field(default=600.0, metadata=tuning(
+        "seconds between a run's re-reads of its Configuration's properties and Instances, the "
+        "net under missed events"))
+    relist_interval_s: float = field(default=300.0, metadata=tuning(
+        "seconds between full lists of Configurations that catch deletions a watch missed"))
+    external_handler_grace_s: float = field(
+        default=DEFAULT_EXTERNAL_HANDLER_GRACE, metadata=or_default(
+            "EXTERNAL_HANDLER_GRACE_SECONDS", DEFAULT_EXTERNAL_HANDLER_GRACE,
+            "how long a registered handler may stay unreachable before its registration is "
+            "dropped (a built-in of its name serves again)", float, what="a number",
+            shown=f"{DEFAULT_EXTERNAL_HANDLER_GRACE:g}"))
+    volcano_refresh_s: float = field(default=300.0, metadata=tuning(
+        "seconds between rewrites of Volcano's device-info ConfigMap with a new UpdateTime, as "
+        "Huawei's plugin does, when nothing changed"))
+    volcano_retry_s: float = field(default=5.0, metadata=tuning(
+        "seconds before a failed write of Volcano's device-info ConfigMap is tried again"))
 
 
-#: How a variable's value becomes its setting: (the variable's name, its value or None when
-#: unset) -> the setting. Raises SettingsError naming the variable.
-Reader = Callable[[str, str | None], Any]
+@dataclass(frozen=True, kw_only=True)
+class PublishingSettings:
+    """Instances written from device lists."""
+
+    serve_batch_s: float = field(default=0.25, metadata=tuning(
+        "the shortest batch of newly written devices handed to the node's device table at once "
+        "(one CDI write each)"))
+    deleted_memory_s: float = field(default=60.0, metadata=tuning(
+        "seconds a deletion of an Instance of this node is remembered, to tell it from a label "
+        "that went"))
 
 
-@dataclass(frozen=True)
-class EnvironmentVariable:
-    """One variable the agent reads: its name, its default as ``--help`` shows it, its meaning."""
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """The API server: watches, the wait for the right to offer, the node's own account."""
 
-    name: str
-    default: str
-    meaning: str
-    reader: Reader = field(repr=False, compare=False)
-
-    def read(self, env: Mapping[str, str]) -> Any:
-        return self.reader(self.name, env.get(self.name))
-
-
-def _variable(name: str, default: str, meaning: str, reader: Reader) -> dict[str, Any]:
-    """A field's metadata: the variable it is read from."""
-    return {_VARIABLE: EnvironmentVariable(name, default, meaning, reader)}
-
-
-def _converted(name: str, raw: str, convert: Callable[[str], T], what: str) -> T:
-    try:
-        return convert(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name} must be {what}: {exc}") from exc
+    watch_retry_base_s: float = field(default=0.5, metadata=tuning(
+        "first wait before reopening a failed watch; doubles on each failure"))
+    watch_retry_max_s: float = field(default=2.0, metadata=tuning(
+        "the longest wait before reopening a failed watch: a returning API server is seen "
+        "this soon"))
+    offer_first_wait_s: float = field(default=0.1, metadata=tuning(
+        "the first wait between two questions whether the node may offer a Configuration; "
+        "doubles up to offer_max_wait_s"))
+    offer_max_wait_s: float = field(default=5.0, metadata=tuning(
+        "the longest wait between two such questions"))
+    offer_warn_after_s: float = field(default=30.0, metadata=tuning(
+        "seconds of waiting for that right before a warning is logged"))
+    node_token_s: int = field(default=3600, metadata=tuning(
+        "seconds the node's own account's tokens are asked to last"))
+    node_account_retry_s: float = field(default=10.0, metadata=tuning(
+        "seconds before a failed creation of the node's account or token is tried again"))
 
 
-def _positive(raw: str) -> float:
-    value = float(raw)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{raw!r} is not a finite number above 0")
-    return value
+@dataclass(frozen=True, kw_only=True)
+class DraSettings:
+    """The DRA driver: the node's ResourceSlices and the kubelet plugin."""
+
+    publish_retry_s: float = field(default=1.0, metadata=tuning(
+        "seconds before a failed pass over the node's ResourceSlices runs again"))
+    min_pass_interval_s: float = field(default=0.5, metadata=tuning(
+        "the shortest time between two passes that write, in a burst of changes"))
+    quiet_s: float = field(default=0.1, metadata=tuning(
+        "a change this long after the last pass that wrote is written at once, not paced"))
+    resync_s: float = field(default=300.0, metadata=tuning(
+        "seconds between relists of the node's ResourceSlices, the net under missed events"))
+    plugin_stop_grace_s: float = field(default=0.5, metadata=tuning(
+        "seconds the kubelet plugin's gRPC server is given to finish its calls when stopping"))
 
 
-def required(name: str, meaning: str) -> dict[str, Any]:
-    """Unset or blank: refused. Surrounding blanks are dropped."""
-    def read(var: str, raw: str | None) -> str:
-        value = (raw or "").strip()
-        if not value:
-            raise SettingsError(f"{var} is required ({meaning}); see edgeplug-agent --help")
-        return value
-    return _variable(name, "(required)", meaning, read)
+@dataclass(frozen=True, kw_only=True)
+class LivenessSettings:
+    """The node's liveness Lease (with DRA on)."""
+
+    renew_s: float = field(default=DEFAULT_LIVENESS_RENEW_S, metadata=or_default(
+        "LIVENESS_RENEW_SECONDS", DEFAULT_LIVENESS_RENEW_S,
+        "seconds between renewals of the liveness Lease", positive,
+        what="a number above 0", shown=f"{DEFAULT_LIVENESS_RENEW_S:g}"))
 
 
-def or_default(name: str, default: T, meaning: str, convert: Callable[[str], T], *,
-               what: str = "", shown: str | None = None) -> dict[str, Any]:
-    """Unset or empty: ``default``; else ``convert`` of the value (``what`` it must be)."""
-    def read(var: str, raw: str | None) -> T:
-        return _converted(var, raw, convert, what) if raw else default
-    return _variable(name, str(default) if shown is None else shown, meaning, read)
+@dataclass(frozen=True, kw_only=True)
+class DevicePluginSettings:
+    """The kubelet's device-plugin and pod-resources APIs: serving, registering, listing."""
+
+    register_timeout_s: float = field(default=5.0, metadata=tuning(
+        "seconds one registration with the kubelet may take"))
+    register_retry_s: float = field(default=1.0, metadata=tuning(
+        "seconds before a failed registration is tried again"))
+    kubelet_watch_interval_s: float = field(default=0.1, metadata=tuning(
+        "seconds between looks at the kubelet's socket where inotify cannot watch its directory"))
+    watch_retry_s: float = field(default=10.0, metadata=tuning(
+        "seconds before inotify is tried again on the kubelet's directory"))
+    safety_check_s: float = field(default=60.0, metadata=tuning(
+        "seconds between checks that every plugin is registered, the net under a missed restart "
+        "of the kubelet"))
+    hung_up_s: float = field(default=1.0, metadata=tuning(
+        "seconds after the kubelet hung up on a plugin's ListAndWatch before it registers again"))
+    pod_resources_timeout_s: float = field(default=5.0, metadata=tuning(
+        "seconds one pod-resources List may take"))
+    stop_grace_s: float = field(default=0.5, metadata=tuning(
+        "seconds a plugin's gRPC server is given to finish its calls when stopping"))
 
 
-def optional(name: str, unset: str, meaning: str, convert: Callable[[str], T], *,
-             what: str = "") -> dict[str, Any]:
-    """Unset or empty: None (``unset`` says what that means in ``--help``)."""
-    def read(var: str, raw: str | None) -> T | None:
-        return _converted(var, raw, convert, what) if raw else None
-    return _variable(name, unset, meaning, read)
+@dataclass(frozen=True, kw_only=True)
+class SlotSettings:
+    """Slots of the device-plugin allocator: passes, sweeps, freeing, recording, display."""
+
+    resync_s: float = field(default=300.0, metadata=tuning(
+        "seconds between reconcile passes when nothing changed, the net under missed events"))
+    retry_s: float = field(default=1.0, metadata=tuning(
+        "seconds before a pass that failed in part runs again"))
+    sweep_s: float = field(default=1.0, metadata=tuning(
+        "seconds between sweeps of pod-resources while this node holds a slot (the kubelet never "
+        "says that a pod has gone)"))
+    sweep_awaited_s: float = field(default=0.25, metadata=tuning(
+        "seconds between those sweeps while another node's pods wait for a slot this node holds"))
+    orphan_grace_s: float = field(default=5.0, metadata=tuning(
+        "seconds every pod-resources List since a hand-out must have missed a slot's pod before "
+        "the slot is freed"))
+    gather_s: float = field(default=0.05, metadata=tuning(
+        "seconds promised slots are gathered into one recording write"))
+    display_delay_s: float = field(default=0.5, metadata=tuning(
+        "seconds after a change before an Instance's display fields (status.used, status.nodes) "
+        "are written"))
 
 
-def path_unless_empty(name: str, default: Path, meaning: str) -> dict[str, Any]:
-    """Unset: ``default``; empty: None (the feature off); else the path given."""
-    def read(var: str, raw: str | None) -> Path | None:
-        value = str(default) if raw is None else raw
-        return Path(value) if value else None
-    return _variable(name, str(default), meaning, read)
+@dataclass(frozen=True, kw_only=True)
+class CrossNodeSettings:
+    """The compatibility mode's cross-node protocol: giving a shared device's slot away."""
 
-
-def switch(name: str, default: bool, meaning: str) -> dict[str, Any]:
-    """``on``/``off`` (any case); only the word opposite to ``default`` changes it."""
-    opposite = "off" if default else "on"
-
-    def read(var: str, raw: str | None) -> bool:
-        return (not default) if (raw or "").lower() == opposite else default
-    return _variable(name, "on" if default else "off", meaning, read)
+    withdrawn_within_s: float = field(default=5.0, metadata=tuning(
+        "seconds the Node's lowered count may take to show before a give-away is given up"))
+    first_poll_s: float = field(default=0.005, metadata=tuning(
+        "the first wait between reads of the Node's count; doubles up to max_poll_s"))
+    max_poll_s: float = field(default=0.1, metadata=tuning(
+        "the longest wait between those reads"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class AgentSettings:
-    """Everything the agent needs to start, each field read from the variable its metadata
-    names (``from_env``), in the order ``--help`` lists them."""
+    """Everything the agent needs to start: the settings read from the environment (in the
+    order ``--help`` lists them), then the groups of timings."""
 
     node_name: str = field(metadata=required(
         "NODE_NAME", "this node's name; the DaemonSet sets it from spec.nodeName"))
@@ -165,12 +238,6 @@ class AgentSettings:
         "DISCOVERY_HANDLERS_DIRECTORY", DEFAULT_DISCOVERY_HANDLERS_DIR,
         "where Akri's out-of-process discovery handlers register (agent-registration.sock); "
         "empty: no registration service"))
-    external_handler_grace: float = field(
-        default=DEFAULT_EXTERNAL_HANDLER_GRACE, metadata=or_default(
-            "EXTERNAL_HANDLER_GRACE_SECONDS", DEFAULT_EXTERNAL_HANDLER_GRACE,
-            "how long a registered handler may stay unreachable before its registration is "
-            "dropped (a built-in of its name serves again)", float, what="a number",
-            shown=f"{DEFAULT_EXTERNAL_HANDLER_GRACE:g}"))
     serve_dra: bool = field(default=False, metadata=switch(
         "DRA", False, "on: also publish this node's devices as DRA ResourceSlices "
         "(resource.k8s.io/v1, driver edgeplug.io; docs/dra.md)"))
@@ -209,26 +276,52 @@ class AgentSettings:
         "with DRA=on: the namespace of this node's liveness Lease, edgeplug-agent-<node> "
         "(the install's; the controller stops offering the node's devices when it is not "
         "renewed: docs/dra.md); unset: no Lease", str))
-    liveness_renew_s: float = field(default=DEFAULT_LIVENESS_RENEW_S, metadata=or_default(
-        "LIVENESS_RENEW_SECONDS", DEFAULT_LIVENESS_RENEW_S,
-        "seconds between renewals of the liveness Lease", _positive,
-        what="a number above 0", shown=f"{DEFAULT_LIVENESS_RENEW_S:g}"))
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    publishing: PublishingSettings = field(default_factory=PublishingSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    dra: DraSettings = field(default_factory=DraSettings)
+    liveness: LivenessSettings = field(default_factory=LivenessSettings)
+    device_plugins: DevicePluginSettings = field(default_factory=DevicePluginSettings)
+    slots: SlotSettings = field(default_factory=SlotSettings)
+    cross_node: CrossNodeSettings = field(default_factory=CrossNodeSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
         """Read the variables ``ENVIRONMENT`` lists."""
         env = os.environ if env is None else env
-        return cls(**{f.name: variable_of(f).read(env) for f in fields(cls)})
+        read: AgentSettings = _read(cls, env)
+        return read
 
 
-def variable_of(setting: Field[Any]) -> EnvironmentVariable:
-    """The variable an ``AgentSettings`` field is read from."""
-    found: EnvironmentVariable = setting.metadata[_VARIABLE]
-    return found
+def _read(kind: Any, env: Mapping[str, str]) -> Any:
+    given: dict[str, Any] = {}
+    for f in fields(kind):
+        if is_read_from_environment(f):
+            given[f.name] = variable_of(f).read(env)
+        elif kind is AgentSettings and f.name in _GROUPS:
+            given[f.name] = _read(_GROUPS[f.name], env)
+    return kind(**given)
+
+
+#: The groups of ``AgentSettings``, by field name.
+_GROUPS: Final[dict[str, type]] = {
+    "discovery": DiscoverySettings, "publishing": PublishingSettings, "api": ApiSettings,
+    "dra": DraSettings, "liveness": LivenessSettings, "device_plugins": DevicePluginSettings,
+    "slots": SlotSettings, "cross_node": CrossNodeSettings,
+}
+
+
+def leaves(kind: type = AgentSettings, prefix: str = "") -> Iterator[tuple[str, Field[Any]]]:
+    """Every setting of the tree, as (dotted path, field), in declaration order."""
+    for f in fields(kind):
+        if f.name in _GROUPS and kind is AgentSettings:
+            yield from leaves(_GROUPS[f.name], f"{f.name}.")
+        else:
+            yield prefix + f.name, f
 
 
 #: Every variable the agent reads, in the order ``--help`` lists them.
-ENVIRONMENT: Final = tuple(variable_of(f) for f in fields(AgentSettings))
+ENVIRONMENT: Final = tuple(variable_of(f) for _, f in leaves() if is_read_from_environment(f))
 
 
 def help_text() -> str:
@@ -249,3 +342,40 @@ def help_text() -> str:
         lines.append(f"  {var.name:<{width}}  {wrapped[0]}")
         lines.extend(indent + line for line in wrapped[1:])
     return "\n".join(lines)
+
+
+_IN_USE: Final[contextvars.ContextVar[AgentSettings]] = contextvars.ContextVar("agent_settings")
+_DEFAULT: Final = AgentSettings(node_name="")
+
+
+def current() -> AgentSettings:
+    """The tree in use where this runs: the one ``run_agent`` (or ``in_use``) put there, which
+    every task it starts inherits; the defaults elsewhere."""
+    return _IN_USE.get(_DEFAULT)
+
+
+@contextlib.contextmanager
+def in_use(settings: AgentSettings) -> Iterator[AgentSettings]:
+    """Put ``settings`` in use for what runs inside (and the tasks it starts)."""
+    token = _IN_USE.set(settings)
+    try:
+        yield settings
+    finally:
+        _IN_USE.reset(token)
+
+
+def reference() -> str:
+    """The table of docs/agent-settings.md: every setting, its variable, default and meaning."""
+    rows = ["| setting | variable | default | what it is |", "| --- | --- | --- | --- |"]
+    for path, f in leaves():
+        if is_read_from_environment(f):
+            variable = variable_of(f)
+            name, default = f"`{variable.name}`", variable.default
+        else:
+            name, default = "-", repr(f.default)
+        rows.append(f"| `{path}` | {name} | `{default}` | {doc_of(f)} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # the table of docs/agent-settings.md
+    print(reference(), end="")

@@ -23,10 +23,11 @@ from agent.discovery.properties import (
     Reference,
     ReferenceWatch,
 )
-from agent.discovery.runs import RESYNC_INTERVAL, DiscoveryRun, RunKey
+from agent.discovery.runs import DiscoveryRun, RunKey
 from agent.kube import node_instances, offer_wait, watching
 from agent.kube.client import ConfigurationResource, as_dict, is_not_found
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds.configuration import (
     Configuration,
     allocator_of,
@@ -36,7 +37,6 @@ from crds.configuration import (
 
 log = logging.getLogger(__name__)
 
-RELIST_INTERVAL = 300.0  # seconds between full lists that catch deletions a watch missed
 HTTP_UNAUTHORIZED = 401
 
 
@@ -55,8 +55,6 @@ class ConfigurationWatch:
         namespace: str | None,
         devices: NodeDeviceTable,
         metrics: AgentMetrics,
-        resync_interval: float = RESYNC_INTERVAL,
-        relist_interval: float = RELIST_INTERVAL,
         cdi: CdiSpecs | None = None,
         reads: AsyncClient | None = None,
         reads_ready: asyncio.Event | None = None,
@@ -69,8 +67,6 @@ class ConfigurationWatch:
         self._namespace = namespace
         self._devices = devices
         self._metrics = metrics
-        self._resync_interval = resync_interval
-        self._relist_interval = relist_interval
         self._cdi = cdi if cdi is not None else CdiSpecs(None)
         self._labels = NodeLabels(client=client, node_name=node_name)
         self._references = ReferenceWatch(client=reads or client, ready=reads_ready,
@@ -192,7 +188,6 @@ class ConfigurationWatch:
         run = DiscoveryRun(
             client=self._client, node_name=self._node, configuration=cfg,
             publisher=publisher, references=self._references, metrics=self._metrics,
-            resync_interval=self._resync_interval,
         )
         self._runs[run.key] = run
         self._in_background(self._start_once_granted(run), f"grant-{cfg.name}")
@@ -235,7 +230,7 @@ class ConfigurationWatch:
     async def _relist(self) -> None:
         """Catch deletions a broken watch missed: forget Configurations no longer listed."""
         while True:
-            await asyncio.sleep(self._relist_interval)
+            await asyncio.sleep(current().discovery.relist_interval_s)
             before = dict(self._configurations)
             try:
                 listed = await self._list_configurations()

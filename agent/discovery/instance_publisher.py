@@ -25,6 +25,7 @@ from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.discovery.node_labels import NodeLabels
 from agent.kube import node_instances, watching
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds.configuration import Configuration
 from crds.instance import Instance
 from crds.naming import (
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 
 #: Instance writes a publish (or a withdrawal) has in flight at once (the controller's too).
 WRITES_IN_FLIGHT = 16
-#: Seconds a publish gathers reported devices before one CDI write hands them to the table.
-SERVE_BATCH_S = 0.25
 #: ... and until they are at least this share of the devices served (each CDI write renders
 #: every device served: batches of a fixed size made the writes quadratic in the devices).
 SERVE_BATCH_SHARE = 0.25
@@ -215,12 +214,12 @@ class InstancePublisher:
 
     async def _serve_ready(self, *, now: bool = False) -> None:
         """Put the devices whose first verdict is written in the table, after one CDI write
-        for all of them: a batch at least ``SERVE_BATCH_S`` long and ``SERVE_BATCH_SHARE`` of
-        the devices served (``now``: at once)."""
+        for all of them: a batch at least ``settings.publishing.serve_batch_s`` long and
+        ``SERVE_BATCH_SHARE`` of the devices served (``now``: at once)."""
         loop = asyncio.get_running_loop()
         if not self._ready:
             return
-        if not now and (loop.time() - self._batch_started < SERVE_BATCH_S
+        if not now and (loop.time() - self._batch_started < current().publishing.serve_batch_s
                         or len(self._ready) < SERVE_BATCH_SHARE * len(self._served)):
             return
         ready, self._ready = self._ready, []

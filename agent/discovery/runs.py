@@ -33,6 +33,7 @@ from agent.discovery.properties import (
 )
 from agent.kube import watching
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds.api import CONFIGURATION_KIND
 from crds.configuration import Configuration
 from discovery_handlers.contract import (
@@ -49,13 +50,7 @@ from discovery_handlers.registry import BrokenHandler, UnknownHandler, load_hand
 
 log = logging.getLogger(__name__)
 
-RESTART_BACKOFF_BASE = 1.0  # seconds before the first restart of a failed discovery
-RESTART_BACKOFF_MAX = 60.0
 MAX_CONSECUTIVE_FAILURES = 8
-#: Seconds between re-applies of every visible device's Instance: a safety net (it heals an
-#: Instance deleted behind the agent's back) costing one write per device, so it runs rarely;
-#: changes are published as they happen.
-RESYNC_INTERVAL = 600.0
 #: Secret values shorter than this are not searched for in device properties (a one-letter
 #: password would match everywhere and drop honest properties).
 MIN_GUARDED_SECRET_LENGTH = 4
@@ -78,7 +73,6 @@ class DiscoveryRun:
         publisher: InstancePublisher,
         references: ReferenceWatch,
         metrics: AgentMetrics,
-        resync_interval: float = RESYNC_INTERVAL,
     ) -> None:
         self.configuration = configuration
         self.publisher = publisher
@@ -88,7 +82,6 @@ class DiscoveryRun:
         self._node = node_name
         self._references = references
         self._metrics = metrics
-        self._resync_interval = resync_interval
         self._reporter = ConfigurationReporter(
             client=client, node_name=node_name, configuration=configuration
         )
@@ -196,7 +189,9 @@ class DiscoveryRun:
                 REASON_DISCOVERY_FAILED, f"gave up after {failures} consecutive failures: {exc}"
             )
             return False
-        delay = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_BASE * 2 ** (failures - 1))
+        timings = current().discovery
+        delay = min(timings.restart_backoff_max_s,
+                    timings.restart_backoff_base_s * 2 ** (failures - 1))
         log.warning("discovery failed (%s); retrying in %.1fs", exc, delay, extra=extra)
         await self._problem(
             REASON_DISCOVERY_FAILED, f"{exc} (attempt {failures}, retrying)"
@@ -320,13 +315,14 @@ class DiscoveryRun:
         return clean
 
     async def _resync_forever(self) -> None:
-        """Re-publish every ``resync_interval`` (heals Instances deleted behind our back and
-        re-derives every join and leave), and soon after a failed publish, with backoff."""
+        """Re-publish every ``settings.discovery.resync_interval_s`` (heals Instances deleted behind
+        our back and re-derives every join and leave), and soon after a failed publish, with
+        backoff."""
         failures = 0
         while True:
             if failures == 0:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._resync_interval):
+                    async with asyncio.timeout(current().discovery.resync_interval_s):
                         await self._publish_failed.wait()
                 failures = 1 if self._publish_failed.is_set() else 0
             if failures:

@@ -7,8 +7,8 @@ from the ``ascend`` chips of this node's device table whose Configuration keeps
 ``huaweiMetadata`` on. A chip any pod holds (a slot of its Instance in use) is left out of the
 free list; the Instances' usage comes from a watch of this node's Instances. The ConfigMap is
 written (server-side apply) when its content changes and, as Huawei's plugin does, at least
-every ``REFRESH_SECONDS`` with a new ``UpdateTime``; it is never deleted (nor is Huawei's). The
-right to write it, in ``kube-system`` and under this node's name only, is
+every ``settings.discovery.volcano_refresh_s`` with a new ``UpdateTime``; it is never deleted (nor
+is Huawei's). The right to write it, in ``kube-system`` and under this node's name only, is
 ``deploy/ascend/agent-device-info.yaml``. With it goes the Node annotation ``baseDeviceInfos``
 (every chip, whatever its health), from which Volcano counts the node's chips in its default
 mode; ``deploy/manifests/agent-node-policy.yaml`` lets the agent set that one annotation on its
@@ -32,14 +32,11 @@ from lightkube.types import PatchType
 from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.kube import node_instances
 from agent.kube.client import field_manager
+from agent.settings import current
 from discovery_handlers.ascend import device_info
 
 log = logging.getLogger(__name__)
 
-#: Huawei's plugin rewrites an unchanged ConfigMap this often (its ``UpdateTime`` moves on).
-REFRESH_SECONDS = 300.0
-#: After a failed write, the next try comes this soon.
-RETRY_SECONDS = 5.0
 HANDLER = "ascend"
 
 _Key = tuple[str, str]
@@ -55,12 +52,10 @@ class DeviceInfoWriter:
     change."""
 
     def __init__(self, *, client: AsyncClient, node: str, devices: NodeDeviceTable,
-                 refresh_seconds: float = REFRESH_SECONDS,
                  clock: Callable[[], float] = time.time) -> None:
         self._client = client
         self._node = node
         self._devices = devices
-        self._refresh = refresh_seconds
         self._clock = clock
         self._held: dict[_Key, bool] = {}
         self._wake = asyncio.Event()
@@ -121,7 +116,7 @@ class DeviceInfoWriter:
     async def _write_loop(self) -> None:
         last_write = 0.0
         while True:
-            timeout = max(0.0, last_write + self._refresh - self._clock())
+            timeout = max(0.0, last_write + current().discovery.volcano_refresh_s - self._clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout if self._written else None)
             self._wake.clear()
@@ -129,13 +124,14 @@ class DeviceInfoWriter:
             if lists is None:
                 continue
             done = await self._annotate_node()
-            if lists != self._written or self._clock() - last_write >= self._refresh:
+            refresh = current().discovery.volcano_refresh_s
+            if lists != self._written or self._clock() - last_write >= refresh:
                 if await self.write(lists):
                     last_write = self._clock()
                 else:
                     done = False
             if not done:
-                await asyncio.sleep(RETRY_SECONDS)
+                await asyncio.sleep(current().discovery.volcano_retry_s)
                 self._wake.set()
 
     async def _annotate_node(self) -> bool:

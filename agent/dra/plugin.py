@@ -56,6 +56,7 @@ from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds import dra
 from discovery_handlers.contract import PreparingHandler
 
@@ -69,8 +70,6 @@ PLUGIN_TYPE: Final = "DRAPlugin"
 SUPPORTED_VERSIONS: Final = ("v1.DRAPlugin", *health.SERVICES)
 SERVICE_SOCKET: Final = "dra.sock"
 CHECKPOINT_FILE: Final = "claims.json"
-#: In-flight calls get this long to finish when the plugin stops.
-STOP_GRACE_SECONDS: Final = 0.5
 
 
 def registration_socket(registry_dir: Path) -> Path:
@@ -355,7 +354,7 @@ class DraKubeletPlugin:
                     await writer
             self.health.stop()  # the kubelet reads the stream's end, not an error
             for server, path in reversed(servers):
-                await server.stop(STOP_GRACE_SECONDS)
+                await server.stop(current().dra.plugin_stop_grace_s)
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 

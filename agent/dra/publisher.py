@@ -49,6 +49,7 @@ from agent.discovery.node_devices import NodeDeviceTable
 from agent.dra import slices
 from agent.kube import node_instances, watching
 from agent.kube.client import as_dict, field_manager
+from agent.settings import current
 from crds import dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
 from crds.dra_slices import Written, adopt, content_key
@@ -58,22 +59,9 @@ from crds.resources import ResourceSliceResource as ResourceSliceResource
 log = logging.getLogger(__name__)
 
 
-#: After a pass that failed in part (an API error), the next one comes this soon.
-RETRY_SECONDS: Final = 1.0
-#: In a burst of Instance changes (a Configuration with 200 devices appearing: a change comes
-#: within ``QUIET_S`` of the end of the last pass that wrote, or while it runs) a pass starts at
-#: least this long after the last one that wrote, so the burst is written as a few pool
-#: rewrites, not one per Instance.
-MIN_PASS_INTERVAL: Final = 0.5
-#: A change that comes this long after the last writing pass ended is no burst: it is written at
-#: once (pacing every change by ``MIN_PASS_INTERVAL`` would hold each one back by what was left
-#: of the interval).
-QUIET_S: Final = 0.1
 #: API writes of one pass in flight at once (pools are independent; one pool's slices are
 #: written in order, its stale ones deleted after).
 WRITES_IN_FLIGHT: Final = 8
-#: Instances are listed afresh this often, as a net under missed watch deletions.
-RESYNC_SECONDS: Final = 300.0
 
 
 class DraPublisher:
@@ -222,7 +210,7 @@ class DraPublisher:
         return key not in served and key in self._seen
 
     async def _list_instances(self) -> None:
-        """Relist (at start, after the watch started over, every ``RESYNC_SECONDS``). An
+        """Relist (at start, after the watch started over, every ``settings.dra.resync_s``). An
         Instance the watch delivered while the list was in flight stays as the watch has it
         (the list's answer may be older; the watch brings every later change): the answer
         replacing everything dropped an Instance created meanwhile, whose pool then waited for
@@ -276,14 +264,14 @@ class DraPublisher:
         self._relist.set()
         while True:
             try:
-                async with asyncio.timeout(RESYNC_SECONDS):
+                async with asyncio.timeout(current().dra.resync_s):
                     await self._dirty.wait()
             except TimeoutError:
                 self._relist.set()
             loop = asyncio.get_running_loop()
-            if loop.time() - self._last_write_end < QUIET_S:  # a burst
+            if loop.time() - self._last_write_end < current().dra.quiet_s:  # a burst
                 await asyncio.sleep(
-                    max(0.0, self._last_write + MIN_PASS_INTERVAL - loop.time()))
+                    max(0.0, self._last_write + current().dra.min_pass_interval_s - loop.time()))
             self._dirty.clear()
             started, writes = loop.time(), self.writes
             try:
@@ -296,7 +284,7 @@ class DraPublisher:
                     self._last_write, self._last_write_end = started, loop.time()
             except Exception as error:  # API error or API away: the pass is retried
                 log.warning("ResourceSlice pass failed (%s); retrying", watching.describe(error))
-                await asyncio.sleep(RETRY_SECONDS)
+                await asyncio.sleep(current().dra.publish_retry_s)
                 self._dirty.set()
 
     def _offered(self) -> list[Instance]:

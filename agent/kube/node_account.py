@@ -20,16 +20,13 @@ from lightkube.config.models import User
 from lightkube.resources.core_v1 import Node, ServiceAccount
 
 from agent.kube.client import counted_client, is_conflict, with_user
+from agent.settings import current
 
 log = logging.getLogger(__name__)
 
 #: The account of node N: ``node-<N>`` (a node name longer than 248 characters has none).
 ACCOUNT_PREFIX: Final = "node-"
-#: The token's life; it is renewed at ``RENEW_AT`` of it (the policy allows at most this).
-TOKEN_SECONDS: Final = 3600
 RENEW_AT: Final = 0.75
-#: After a failed renewal, the next attempt comes this soon.
-RETRY_S: Final = 10.0
 
 
 class NodeAccountUnavailable(Exception):
@@ -84,19 +81,19 @@ class NodeAccount:
                 message = error.status.message if isinstance(error, ApiError) else str(error)
                 log.error("this node's account for Secret reads is unavailable (%s); Secrets"
                           " and ConfigMaps Configurations name cannot be read; retrying in"
-                          " %.0f s", message, RETRY_S)
-                await asyncio.sleep(RETRY_S)
+                          " %.0f s", message, current().api.node_account_retry_s)
+                await asyncio.sleep(current().api.node_account_retry_s)
         await self._renew_forever()
 
     async def _renew_forever(self) -> None:
         while True:
             left = (self._expires - datetime.now(UTC)).total_seconds()
-            await asyncio.sleep(max(left - TOKEN_SECONDS * (1 - RENEW_AT), 0.0))
+            await asyncio.sleep(max(left - current().api.node_token_s * (1 - RENEW_AT), 0.0))
             try:
                 await self._renew()
             except Exception as error:  # the API server away: the token has a quarter left
                 log.warning("renewing this node's account token failed (%s); retrying", error)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(current().api.node_account_retry_s)
 
     async def close(self) -> None:
         await self.client.close()
@@ -108,7 +105,7 @@ class NodeAccount:
             raise NodeAccountUnavailable(f"node {self._node} has no uid")
         request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                    "metadata": {"name": self._account, "namespace": self._namespace},
-                   "spec": {"expirationSeconds": TOKEN_SECONDS,
+                   "spec": {"expirationSeconds": current().api.node_token_s,
                             "boundObjectRef": {"apiVersion": "v1", "kind": "Node",
                                                "name": self._node, "uid": self._node_uid}}}
         answer = await self._own.create(

@@ -26,6 +26,7 @@ from agent.kube.client import (
     is_forbidden,
     is_not_found,
 )
+from agent.settings import current
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ MAX_PREFIX = 253
 MAX_NODE_IN_LABEL = MAX_PREFIX - len(LABEL_DOMAIN) - 1
 #: Instances one page of ``label_unlabelled``'s list holds.
 MIGRATION_PAGE = 250
-#: Seconds a deletion this process made stays known to its watches (``deleted_here``).
-DELETED_MEMORY_S = 60.0
 
 _deleted: dict[str, float] = {}  # uid → when this process deleted it, oldest first
 
@@ -49,7 +48,7 @@ def deleted_here(uid: str) -> None:
     """This process deleted the Instance ``uid``: a watch takes its ``DELETED`` for a deletion
     without reading it (a withdrawal of 1,000 Instances read each one again)."""
     now = time.monotonic()
-    while _deleted and now - next(iter(_deleted.values())) > DELETED_MEMORY_S:
+    while _deleted and now - next(iter(_deleted.values())) > current().publishing.deleted_memory_s:
         del _deleted[next(iter(_deleted))]
     _deleted.pop(uid, None)
     _deleted[uid] = now

@@ -9,20 +9,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 
+from agent.settings import current
 from crds.offers import EVERY_NODE, OFFER_GROUP, OFFER_RESOURCE, OFFER_VERB, offer_name
 
 log = logging.getLogger(__name__)
 
-#: The first wait between two questions; it doubles up to ``MAX_WAIT_S``.
-FIRST_WAIT_S: Final = 0.1
-MAX_WAIT_S: Final = 5.0
-#: Waiting this long is worth a warning (the controller down, or not selecting this node).
-WARN_AFTER_S: Final = 30.0
 
 
 async def may_offer(client: AsyncClient, namespace: str, configuration: str, node: str) -> bool:
@@ -42,20 +38,20 @@ async def wait_until_granted(client: AsyncClient, namespace: str, configuration:
                              node: str) -> None:
     """Return once ``node`` may offer the Configuration's devices (at once, mostly)."""
     started = time.monotonic()
-    wait, warned = FIRST_WAIT_S, False
+    wait, warned = current().api.offer_first_wait_s, False
     while True:
         try:
             if await may_offer(client, namespace, configuration, node):
-                if wait > FIRST_WAIT_S:
+                if wait > current().api.offer_first_wait_s:
                     log.info("offer of %s/%s granted after %.1f s", namespace, configuration,
                              time.monotonic() - started)
                 return
         except ApiError as error:  # the API server away: ask again
             log.debug("access review failed: %s", error.status.message)
-        if not warned and time.monotonic() - started > WARN_AFTER_S:
+        if not warned and time.monotonic() - started > current().api.offer_warn_after_s:
             log.warning("node %s may not offer the devices of %s/%s yet (the controller grants"
                         " it for a Configuration whose nodeSelector selects the node);"
                         " discovery starts once it does", node, namespace, configuration)
             warned = True
         await asyncio.sleep(wait)
-        wait = min(wait * 2, MAX_WAIT_S)
+        wait = min(wait * 2, current().api.offer_max_wait_s)

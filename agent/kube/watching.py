@@ -17,14 +17,10 @@ from lightkube import ApiError, AsyncClient
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from agent.metrics import PROCESS
+from agent.settings import current
 
 log = logging.getLogger(__name__)
 
-RETRY_BASE_S = 0.5  # first wait before reopening a failed watch; doubles on each failure
-#: The longest wait between attempts. Short, so an agent is back within a few seconds of the
-#: API server's return; the jitter below spreads a fleet's reconnects over that time instead
-#: of landing them all at once.
-RETRY_MAX_S = 2.0
 RETRY_JITTER_LOW = 0.5  # each wait is drawn from [ceiling * this, ceiling]
 HTTP_GONE = 410  # the watch's resourceVersion is too old: it restarts from the current state
 HTTP_TOO_MANY_REQUESTS = 429
@@ -34,7 +30,9 @@ _K = TypeVar("_K")
 
 def retry_delay(failures: int) -> float:
     """Seconds to wait after ``failures`` consecutive failures (1, 2, ...)."""
-    ceiling = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(max(failures - 1, 0), 10))
+    api = current().api
+    doubled = api.watch_retry_base_s * 2 ** min(max(failures - 1, 0), 10)
+    ceiling = min(api.watch_retry_max_s, doubled)
     return float(ceiling * random.uniform(RETRY_JITTER_LOW, 1.0))
 
 

@@ -33,9 +33,10 @@ from typing import Any
 from lightkube import AsyncClient
 
 from agent.dra import slices
-from agent.dra.publisher import MIN_PASS_INTERVAL, ResourceSliceResource
+from agent.dra.publisher import ResourceSliceResource
 from agent.kube import watching
 from agent.kube.client import InstanceResource, as_dict
+from agent.settings import DraSettings
 from controller.dra.device_classes import DeviceClasses
 from crds.naming import instance_name
 from tests.bench.bench_agent_memory import INSTANCES, TARGET_MIB, _read_memory, _ready
@@ -79,8 +80,8 @@ async def _latency(plane: ControlPlane, kube: AsyncClient, ns: str, tmp: Path) -
             await harness.eventually(lambda: devices(2), what="two devices", deadline=DEADLINE_S)
             for flip in range(FLIPS * 2):
                 # Pacing, not a wait: each change comes after a quiet spell, as one device
-                # going does (a burst is batched, MIN_PASS_INTERVAL).
-                await asyncio.sleep(MIN_PASS_INTERVAL)
+                # going does (a burst is batched, settings.dra.min_pass_interval_s).
+                await asyncio.sleep(DraSettings().min_pass_interval_s)
                 gone = flip % 2 == 0
                 mark = len(instance_events), len(slice_events)
                 offline.write_text("d1\n" if gone else "")

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
                         help="print each outage run's convergence step by step")
     parser.add_argument("--agent-retry-max", type=float, default=None, metavar="S",
                         help="experiment: cap the agents' retry backoff at S seconds "
-                             "(agent.kube.watching.RETRY_MAX_S) in the outage part")
+                             "(settings.api.watch_retry_max_s) in the outage part")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="keep the outage part's process logs in this directory")
     args = parser.parse_args(argv)

@@ -21,16 +21,15 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, cast
 from unittest import mock
 
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 
-from agent.deviceplugins.slots import freeing, schedule
-from agent.deviceplugins.slots.freeing import ORPHAN_GRACE_SECONDS
 from agent.kube.client import InstanceResource, as_dict
+from agent.settings import SlotSettings, current, in_use
 from tests.bench.stats import summary
 from tests.harness import agent_nodes
 from tests.harness.agent_nodes import (
@@ -61,8 +60,8 @@ SPEED_OBJECTS: Final = 200
 SPEED_CONCURRENCY: Final = 8
 #: The waiting pod has been Pending at least this long before the holder's pod is deleted
 #: (the scheduler's first backoff, 1 s, has run out, as for a pod that waits), and the deleted
-#: pod has run at least the agent's ``ORPHAN_GRACE_SECONDS`` (a broker runs for minutes; a pod
-#: deleted sooner waits for its claim to be that old, see docs/benchmarks.md); plus a random
+#: pod has run at least the agent's ``settings.slots.orphan_grace_s`` (a broker runs for minutes; a
+#: pod deleted sooner waits for its claim to be that old, see docs/benchmarks.md); plus a random
 #: part up to ``SETTLE_SPREAD_S`` so the delete does not fall in step with the holder's sweep.
 SETTLE_S: Final = 1.0
 SETTLE_SPREAD_S: Final = 1.0
@@ -185,7 +184,7 @@ async def _hand_off(
 
     await wait_until(demanded, what=f"status.demand of {waiter.name}")
     old = next(pod for pod, (node, _) in held.items() if node == holder.name)
-    settle = max(SETTLE_S, held[old][1] + ORPHAN_GRACE_SECONDS - time.monotonic())
+    settle = max(SETTLE_S, held[old][1] + SlotSettings().orphan_grace_s - time.monotonic())
     await asyncio.sleep(settle + rng.uniform(0.0, SETTLE_SPREAD_S))
     slot = holder.emulator.allocations(ns, old)[0].device_ids[0]
     timeline = Timeline(slot=slot, holder=holder.name, waiter=waiter.name, pod=new,
@@ -299,15 +298,18 @@ def report(label: str, result: Result, out: Callable[[str], Any] = print) -> Non
 
 
 def main(runs: int, *, compare: bool = True, seed: int = 13) -> None:
-    """The hand-off as built (sweep every ``SWEEP_AWAITED_SECONDS`` while a pod waits) and,
-    with ``compare``, with the holder sweeping only every ``SWEEP_SECONDS`` as before."""
-    configs = [("awaited sweep", freeing.SWEEP_AWAITED_SECONDS)]
+    """The hand-off as built (sweep every ``settings.slots.sweep_awaited_s`` while a pod waits)
+    and, with ``compare``, with the holder sweeping only every ``settings.slots.sweep_s`` as
+    before."""
+    slots = SlotSettings()
+    configs = [("awaited sweep", slots.sweep_awaited_s)]
     if compare:
-        configs.append(("1 s sweep only", schedule.SWEEP_SECONDS))
+        configs.append(("1 s sweep only", slots.sweep_s))
     for label, every in configs:
         # The agents free orphans after the product's grace, not the tests' short one.
-        with mock.patch.object(schedule, "SWEEP_AWAITED_SECONDS", every), \
-                mock.patch.object(agent_nodes, "TEST_ORPHAN_GRACE_S", ORPHAN_GRACE_SECONDS), \
+        tree = replace(current(), slots=replace(slots, sweep_awaited_s=every))
+        with in_use(tree), \
+                mock.patch.object(agent_nodes, "TEST_ORPHAN_GRACE_S", slots.orphan_grace_s), \
                 ControlPlane() as plane:
             result = asyncio.run(measure(plane, runs, seed=seed))
         report(label, result)

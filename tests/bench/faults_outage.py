@@ -103,15 +103,22 @@ class _Cluster:
 
 def _agent_env(workdir: Path, retry_max_s: float | None) -> dict[str, str]:
     """The agents' extra environment: with ``retry_max_s``, an experiment: the agent's retry
-    backoff capped there instead of ``agent.kube.watching.RETRY_MAX_S`` (a ``sitecustomize`` sets
-    it as the interpreter starts), to show what that cap costs after an outage."""
+    backoff capped there instead of ``settings.api.watch_retry_max_s`` (a ``sitecustomize`` puts it
+    in the tree the agent reads as the interpreter starts), to show what that cap costs after an
+    outage."""
     if retry_max_s is None:
         return {}
     patch = workdir / "retry-patch"
     patch.mkdir(exist_ok=True)
     (patch / "sitecustomize.py").write_text(
-        "import agent.kube.watching\n"
-        f"agent.kube.watching.RETRY_MAX_S = {float(retry_max_s)!r}\n")
+        "import dataclasses\n"
+        "import agent.settings as s\n"
+        "_read = s.AgentSettings.from_env.__func__\n"
+        "def _capped(cls, env=None):\n"
+        "    read = _read(cls, env)\n"
+        "    return dataclasses.replace(read, api=dataclasses.replace(\n"
+        f"        read.api, watch_retry_max_s={float(retry_max_s)!r}))\n"
+        "s.AgentSettings.from_env = classmethod(_capped)\n")
     return {"PYTHONPATH": str(patch)}
 
 

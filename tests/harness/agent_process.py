@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from agent.discovery.configuration_watch import ConfigurationWatch
 from agent.discovery.node_devices import NodeDeviceTable
 from agent.kube.client import InstanceResource, as_dict
 from agent.metrics import AgentMetrics
+from agent.settings import current, in_use
 from tests.harness import hermetic
 from tests.harness.aio_process import ChildProcess
 from tests.harness.controlplane import ControlPlane
@@ -154,12 +155,13 @@ async def agent_in_process(
     client = api_client(cp)
     devices = NodeDeviceTable()
     metrics = AgentMetrics()
-    watch = ConfigurationWatch(
-        client=client, node_name=node_name, namespace=namespace, devices=devices,
-        metrics=metrics, resync_interval=resync_interval,
-    )
-    agent = InProcessAgent(watch, devices, metrics, client)
-    task = asyncio.create_task(watch.run(), name=f"agent-{node_name}")
+    tree = current()
+    with in_use(replace(tree, discovery=replace(tree.discovery,
+                                                resync_interval_s=resync_interval))):
+        watch = ConfigurationWatch(client=client, node_name=node_name, namespace=namespace,
+                                   devices=devices, metrics=metrics)
+        agent = InProcessAgent(watch, devices, metrics, client)
+        task = asyncio.create_task(watch.run(), name=f"agent-{node_name}")
     agent.tasks.append(task)
     try:
         yield agent

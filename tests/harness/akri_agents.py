@@ -22,7 +22,7 @@ from agent.discovery.node_devices import NodeDeviceTable
 from agent.kube.client import ConfigurationResource, as_dict
 from agent.main import run_agent
 from agent.metrics import AgentMetrics
-from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings
+from agent.settings import DEFAULT_PLUGIN_DIR, AgentSettings, DiscoverySettings
 from tests.harness import agent_process as harness
 from tests.harness import hermetic
 from tests.harness.aio_process import task_running
@@ -60,7 +60,7 @@ async def akri_agent(
     settings = AgentSettings(
         node_name=node, kubeconfig=cp.kubeconfig, namespace=namespace,
         serve_device_plugins=plugin_dir is not None, discovery_handlers_dir=directory,
-        external_handler_grace=grace, pod_resources_socket=None,
+        discovery=DiscoverySettings(external_handler_grace_s=grace), pod_resources_socket=None,
         plugin_dir=plugin_dir if plugin_dir is not None else DEFAULT_PLUGIN_DIR,
     )
     hermetic.refuse_host_paths(settings, what=f"the agent of {node}")

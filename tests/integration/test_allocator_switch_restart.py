@@ -17,7 +17,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
-from agent.deviceplugins.slots.freeing import ORPHAN_GRACE_SECONDS
+from agent.settings import SlotSettings
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
@@ -34,7 +34,7 @@ RESOURCE = "edgeplug.io/sw"
 LISTS = 'edgeplug_pod_resources_lists_total{outcome="ok"}'
 #: The freer sweeps every second while it holds a slot: this many answered Lists outlast the
 #: grace (the slot would be freed by then if the freer read it as nobody's).
-SWEEPS = int(ORPHAN_GRACE_SECONDS) + 4
+SWEEPS = int(SlotSettings().orphan_grace_s) + 4
 WITHIN_S = 60.0
 
 

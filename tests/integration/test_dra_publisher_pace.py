@@ -9,8 +9,9 @@ and ``remove``), so what the publisher is told is exactly what the agent tells i
 - New pools' generations are looked up a batch at a time, not one list per pool.
 - An Instance the watch delivers while a relist is in flight is kept, and one it deletes
   meanwhile is not brought back by the list's older answer.
-- A change after a quiet spell (``QUIET_S``) is written at once, not what is left of
-  ``MIN_PASS_INTERVAL`` after the last write later; changes in a burst are still paced.
+- A change after a quiet spell (``settings.dra.quiet_s``) is written at once, not what is left
+  of ``settings.dra.min_pass_interval_s`` after the last write later; changes in a burst are
+  still paced.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from lightkube import AsyncClient, KubeConfig
 from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.dra import publisher as publisher_module
 from agent.dra import slices
-from agent.dra.publisher import MIN_PASS_INTERVAL, QUIET_S, DraPublisher
+from agent.dra.publisher import DraPublisher
 from agent.kube.client import InstanceResource
+from agent.settings import DraSettings
 from crds import pool_slices
 from crds.configuration import Allocator
 from discovery_handlers.contract import Device
@@ -275,7 +277,7 @@ async def test_a_change_after_a_quiet_spell_is_written_at_once_and_bursts_are_pa
                                       shared=False))
         # The scenario's quiet spell (a device going a moment after another came), not a wait
         # for anything.
-        await asyncio.sleep(2 * QUIET_S)
+        await asyncio.sleep(2 * DraSettings().quiet_s)
         served = await written_after(_instance(kube, ns, table, "quiet-1", "q1", nodes=[NODE],
                                                shared=False))
         # A burst: each device is served the moment the write before it is answered.
@@ -288,6 +290,7 @@ async def test_a_change_after_a_quiet_spell_is_written_at_once_and_bursts_are_pa
     # The second change came after a quiet spell: its pass starts at once (one list of its
     # pool's generation, then the apply), not when what is left of the interval has passed
     # (about 0.3 s here).
-    assert written[1] - served < MIN_PASS_INTERVAL / 4, (served, written)
-    # In the burst each pass came MIN_PASS_INTERVAL after the one before it.
-    assert written[-1] - written[2] >= (BURST - 1) * MIN_PASS_INTERVAL * 0.9, written
+    assert written[1] - served < DraSettings().min_pass_interval_s / 4, (served, written)
+    # In the burst each pass came settings.dra.min_pass_interval_s after the one before it.
+    paced = DraSettings().min_pass_interval_s
+    assert written[-1] - written[2] >= (BURST - 1) * paced * 0.9, written

@@ -4,12 +4,12 @@ Two nodes (the kubelet's own device manager, or the emulator under ``EDGEPLUG_KU
 share one Instance of capacity 2, both slots held by pods on node a; a pod pinned to node b
 waits Pending. When one of a's pods is deleted, a's agent must notice at its next sweep that the
 pod has left pod-resources, free the slot, and give the reservation back, so b's pod gets it.
-The holder sweeps every ``SWEEP_SECONDS`` while it holds a slot, and every
-``SWEEP_AWAITED_SECONDS`` while another node's pods wait for it
-(``agent.deviceplugins.slots.freeing``). Here ``SWEEP_SECONDS`` is an hour: the hand-off can only
-happen through the awaited sweep (nothing else wakes a's agent after the delete), so without it b's
-pod would wait for the hour. (How fast the hand-off is goes in ``tests/bench/bench_faults.py``,
-never in a test.)
+The holder sweeps every ``settings.slots.sweep_s`` while it holds a slot, and every
+``settings.slots.sweep_awaited_s`` while another node's pods wait for it
+(``agent.deviceplugins.slots.freeing``). Here ``settings.slots.sweep_s`` is an hour: the hand-off
+can only happen through the awaited sweep (nothing else wakes a's agent after the delete), so
+without it b's pod would wait for the hour. (How fast the hand-off is goes in
+``tests/bench/bench_faults.py``, never in a test.)
 
 A pod that ends moments after its claim hands its slot on as quickly: once a sweep has seen the
 slot held by the live pod, the pod's end frees it at the next sweep, whatever the claim's age.
@@ -19,13 +19,14 @@ The orphan grace (an hour here) is only for slots no sweep saw held, or claimed 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from agent.deviceplugins.kubelet.podresources import PodResourcesClient
-from agent.deviceplugins.slots import schedule
+from agent.settings import SlotSettings, current, in_use
 from tests.harness.agent_nodes import (
     StartNode,
     create_instance,
@@ -47,11 +48,10 @@ async def test_a_slot_another_node_waits_for_is_freed_by_the_awaited_sweep(
     kube: AsyncClient,
     pod_namespace: str,
     start_node: StartNode,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(schedule, "SWEEP_SECONDS", HOUR_S)
     ns = pod_namespace
-    a, b = await start_node(), await start_node()
+    with in_use(replace(current(), slots=SlotSettings(sweep_s=HOUR_S))):
+        a, b = await start_node(), await start_node()
     name, resource = await share_instance(
         kube, ns, configuration="handoff", digest="a0a0a0", nodes=(a, b), capacity=2
     )

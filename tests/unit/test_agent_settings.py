@@ -1,7 +1,8 @@
 """The agent's settings: one declaration each, and the names and defaults users were told.
 
-Why this exists: every variable is declared once, as an ``AgentSettings`` field's metadata
-(agent/settings.py), and ``from_env`` is derived from those fields. The README, docs/ and the
+Why this exists: every setting is declared once, as a field of the ``AgentSettings`` tree
+(agent/settings.py), a variable in its metadata where the environment sets it; ``from_env`` and
+docs/agent-settings.md are derived from those fields. The README, docs/ and the
 DaemonSets (plain manifests, the NPU one, the Helm chart's templates) restate some of those
 names and defaults; these tests read them from those files, so a rename or a changed default on
 either side fails here, not on a node.
@@ -10,17 +11,28 @@ either side fails here, not on a node.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import Field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from agent.settings import ENVIRONMENT, AgentSettings, SettingsError, variable_of
+from agent.environment import doc_of, is_read_from_environment
+from agent.settings import (
+    ENVIRONMENT,
+    AgentSettings,
+    SettingsError,
+    leaves,
+    reference,
+    variable_of,
+)
 from tests.harness.controlplane import REPO_ROOT
 
 VARIABLES = {v.name: v for v in ENVIRONMENT}
+#: The settings the environment sets, as (dotted path, field).
+READ: list[tuple[str, Field[Any]]] = [(p, f) for p, f in leaves() if is_read_from_environment(f)]
+DOCS_PAGE = REPO_ROOT / "docs" / "agent-settings.md"
 DOCS = [REPO_ROOT / "README.md", REPO_ROOT / "deploy" / "README.md",
         *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 DAEMONSETS = [REPO_ROOT / "deploy" / "manifests" / "agent-daemonset.yaml",
@@ -45,8 +57,15 @@ TEMPLATE_VALUE = re.compile(
     r'\{\{ (?:printf "(?P<format>[^"]*)" )?(?P<refs>(?:\.Values\.[\w.]+ ?)+)\| quote \}\}')
 
 
+def _get(settings: AgentSettings, path: str) -> Any:
+    found: Any = settings
+    for name in path.split("."):
+        found = getattr(found, name)
+    return found
+
+
 def test_every_setting_is_read_from_one_variable_of_its_own() -> None:
-    settings = fields(AgentSettings)
+    settings = [f for _, f in READ]
     names = [variable_of(f).name for f in settings]
     assert len(set(names)) == len(names) == len(settings)
     assert [v.name for v in ENVIRONMENT] == names
@@ -57,18 +76,18 @@ def test_every_setting_is_read_from_one_variable_of_its_own() -> None:
 
 def test_the_environments_defaults_are_the_ones_help_shows() -> None:
     read = AgentSettings.from_env({"NODE_NAME": "n1"})
-    shown = {f.name: variable_of(f).default for f in fields(AgentSettings)}
-    for f in fields(AgentSettings):
-        value = getattr(read, f.name)
-        if f.name == "node_name":
+    shown = {path: variable_of(f).default for path, f in READ}
+    for path, _ in READ:
+        value = _get(read, path)
+        if path == "node_name":
             continue
         if value is None:
-            assert shown[f.name].startswith("("), f"{f.name}: unset reads as {shown[f.name]}"
+            assert shown[path].startswith("("), f"{path}: unset reads as {shown[path]}"
         elif isinstance(value, bool):
-            assert shown[f.name] == ("on" if value else "off"), f.name
+            assert shown[path] == ("on" if value else "off"), path
         else:
             text = f"{value:g}" if isinstance(value, float) else str(value)
-            assert text == shown[f.name], f.name
+            assert text == shown[path], path
 
 
 @pytest.mark.parametrize(("env", "message"), [
@@ -87,11 +106,22 @@ def test_a_garbled_setting_is_refused_naming_its_variable(env: dict[str, str],
 def test_empty_turns_a_path_off_or_keeps_the_default_as_its_meaning_says() -> None:
     empty = AgentSettings.from_env({"NODE_NAME": "n", **{name: "" for name in VARIABLES
                                                        if name != "NODE_NAME"}})
-    for f in fields(AgentSettings):
+    for path, f in READ:
         variable = variable_of(f)
         if "empty: " in variable.meaning:
-            assert getattr(empty, f.name) is None, variable.name
+            assert _get(empty, path) is None, variable.name
     assert empty.plugin_dir == AgentSettings.from_env({"NODE_NAME": "n"}).plugin_dir
+
+
+def test_every_setting_says_what_it_is() -> None:
+    for path, f in leaves():
+        assert doc_of(f), path
+
+
+def test_the_docs_page_lists_the_tree() -> None:
+    assert reference() in DOCS_PAGE.read_text(), (
+        "docs/agent-settings.md differs from the tree: its table is the output of"
+        " `python -m agent.settings`")
 
 
 def _documented_defaults() -> list[tuple[Path, str, str]]:

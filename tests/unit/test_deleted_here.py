@@ -1,6 +1,7 @@
 """A watch takes an Instance this process deleted for gone without reading it again
 (``agent.kube.node_instances.deleted_here``), and still reads every other ``DELETED`` (a label that
-went is not a deletion), and a deletion remembered longer than ``DELETED_MEMORY_S`` ago."""
+went is not a deletion), and a deletion remembered longer than
+``settings.publishing.deleted_memory_s`` ago."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from agent.kube import node_instances, watching
+from agent.settings import PublishingSettings
 
 
 class _Instance:
@@ -54,7 +56,7 @@ async def test_an_instance_deleted_here_is_gone_unread_and_others_are_read(
 async def test_a_deletion_is_forgotten_after_the_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_instances, "_deleted", {
-        "old": time.monotonic() - node_instances.DELETED_MEMORY_S - 1})
+        "old": time.monotonic() - PublishingSettings().deleted_memory_s - 1})
     node_instances.deleted_here("new")  # the old one is pruned here
     assert list(node_instances._deleted) == ["new"]
     got, read = await _events(["old", "new"], monkeypatch)

@@ -7,15 +7,18 @@ from __future__ import annotations
 import pytest
 
 from agent.deviceplugins.slots import schedule
-from agent.deviceplugins.slots.freeing import SWEEP_AWAITED_SECONDS
 from agent.deviceplugins.slots.reservations import held_here, move_for, without_release
 from agent.deviceplugins.slots.rules import ReservationPlan, served_by_plugins
+from agent.settings import SlotSettings
 from crds.configuration import Allocator
 from crds.instance import SlotUsage
 from tests.harness.slot_instances import NAME, slot_instance
 
 A, B = "node-a", "node-b"
 S0, S1 = f"{NAME}-0", f"{NAME}-1"
+
+#: The slot timings the loop uses by default.
+SLOTS = SlotSettings()
 
 
 @pytest.mark.parametrize(("what", "instance", "wanted", "reserve_only", "expected"), [
@@ -80,11 +83,11 @@ def test_which_instances_device_plugins_serve(nodes: tuple[str, ...], present: b
 
 @pytest.mark.parametrize(("state", "awaited", "expected"), [
     (schedule.PassSchedule(), False, 300.0),  # at rest: the resync only
-    (schedule.PassSchedule(retry=True, holding=True), False, schedule.RETRY_SECONDS),
-    (schedule.PassSchedule(holding=True), False, schedule.SWEEP_SECONDS),
-    (schedule.PassSchedule(holding=True), True, SWEEP_AWAITED_SECONDS),
+    (schedule.PassSchedule(retry=True, holding=True), False, SLOTS.retry_s),
+    (schedule.PassSchedule(holding=True), False, SLOTS.sweep_s),
+    (schedule.PassSchedule(holding=True), True, SLOTS.sweep_awaited_s),
     (schedule.PassSchedule(sweep_owed=True, last_sweep=99.9), False,
-     pytest.approx(SWEEP_AWAITED_SECONDS - 0.1)),
+     pytest.approx(SLOTS.sweep_awaited_s - 0.1)),
     (schedule.PassSchedule(sweep_owed=True, last_sweep=0.0), False, 0.0),
 ])
 def test_how_long_the_loop_sleeps(state: schedule.PassSchedule, awaited: bool,
@@ -95,9 +98,9 @@ def test_how_long_the_loop_sleeps(state: schedule.PassSchedule, awaited: bool,
 def test_a_pass_right_after_a_sweep_leaves_its_own_to_the_loop() -> None:
     plan = schedule.PassSchedule()
     plan.swept(10.0, holding=True)
-    assert not plan.sweep_after_pass(10.0 + SWEEP_AWAITED_SECONDS / 2, can_sweep=True)
+    assert not plan.sweep_after_pass(10.0 + SLOTS.sweep_awaited_s / 2, can_sweep=True)
     assert plan.sweep_owed
-    assert plan.sweep_after_pass(10.0 + SWEEP_AWAITED_SECONDS, can_sweep=True)
+    assert plan.sweep_after_pass(10.0 + SLOTS.sweep_awaited_s, can_sweep=True)
     without_pod_resources = schedule.PassSchedule(last_sweep=10.0)
     assert not without_pod_resources.sweep_after_pass(10.0, can_sweep=False)
     assert not without_pod_resources.sweep_owed

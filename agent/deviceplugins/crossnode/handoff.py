@@ -30,6 +30,7 @@ from agent.deviceplugins.kubelet.podresources import PodResourcesClient
 from agent.deviceplugins.slots.bound_pods import pods_bound_here
 from agent.kube.client import as_dict, is_conflict, is_forbidden
 from agent.kube.node_reads import NodeReads
+from agent.settings import current
 from crds.pinning import extended_requests
 
 log = logging.getLogger(__name__)
@@ -37,12 +38,6 @@ log = logging.getLogger(__name__)
 #: The domain of every resource this project's plugins serve.
 DEVICE_DOMAIN = "edgeplug.io/"
 
-#: How long the kubelet may take to take in a withdrawal (its device manager's ListAndWatch
-#: stream); past it, the slots are kept and advertised again, and a later pass tries again.
-WITHDRAWN_WITHIN_S = 5.0
-#: Polling the kubelet's allocatable devices while it takes the withdrawal in.
-FIRST_POLL_S = 0.005
-MAX_POLL_S = 0.1
 #: Re-read-and-retry rounds after a 409 (the kubelet writes node status concurrently).
 MAX_CONFLICTS = 5
 
@@ -208,14 +203,14 @@ class HandoffGate:
         """After the caller stopped advertising the ``withdrawn`` device ids: whether the
         slots may now be released. The kubelet must have taken the withdrawal in (its
         pod-resources ``GetAllocatableResources`` no longer lists them, within
-        ``WITHDRAWN_WITHIN_S``): from then on every node status it computes has the lower
-        count. A status it computed before and wrote after the lowering put the old count back
-        (the scheduler may have bound a pod here on it): the count is lowered again and the
+        ``settings.cross_node.withdrawn_within_s``): from then on every node status it computes has
+        the lower count. A status it computed before and wrote after the lowering put the old count
+        back (the scheduler may have bound a pod here on it): the count is lowered again and the
         pods bound here are read once more; one that awaits admission keeps the slots (the
         caller advertises them again, so that the kubelet admits it with one)."""
         if self._pod_resources is not None and not await self._kubelet_took_in(withdrawn):
             log.info("the kubelet has not taken in the withdrawal of %s within %.0f s; "
-                     "keeping the slots", dict(withdrawn), WITHDRAWN_WITHIN_S)
+                     "keeping the slots", dict(withdrawn), current().cross_node.withdrawn_within_s)
             self.retry = True
             return False
         awaiting = await self._lowered_then_awaiting(after)
@@ -230,8 +225,8 @@ class HandoffGate:
     async def _kubelet_took_in(self, withdrawn: Mapping[str, frozenset[str]]) -> bool:
         assert self._pod_resources is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + WITHDRAWN_WITHIN_S
-        pause = FIRST_POLL_S
+        deadline = loop.time() + current().cross_node.withdrawn_within_s
+        pause = current().cross_node.first_poll_s
         while True:
             try:
                 healthy = await self._pod_resources.allocatable()
@@ -248,7 +243,7 @@ class HandoffGate:
             if loop.time() + pause > deadline:
                 return False
             await asyncio.sleep(pause)  # polling the kubelet's state, with a deadline
-            pause = min(2 * pause, MAX_POLL_S)
+            pause = min(2 * pause, current().cross_node.max_poll_s)
 
     async def keep_down(self, advertised: Mapping[str, int]) -> None:
         """Lower the Node's count of a resource again where it shows more than this node

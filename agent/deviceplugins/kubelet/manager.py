@@ -14,14 +14,15 @@ disconnects a client by resource name when an older client's stream ends, so a p
 registers again (an agent restarted) while the kubelet is still handling the old stream's end
 is dropped right after registering, and its resource stays unhealthy for good. A plugin whose
 last ListAndWatch stream the kubelet ended registers again unless the kubelet opens a new stream
-within ``HUNG_UP_SECONDS``: long after the kubelet is done with the old client, so the new
-registration cannot meet the same fate.
+within ``settings.device_plugins.hung_up_s``: long after the kubelet is done with the old client, so
+the new registration cannot meet the same fate.
 
 Nothing runs while nothing changes, however many plugins there are: the only timers are a
-registration retry after ``REGISTER_RETRY_SECONDS`` (only while one failed; the kubelet may
-simply be down), the hang-up check (only after a hang-up), a safety check every
-``SAFETY_CHECK_SECONDS``, and, where inotify cannot watch the directory, the old poll every
-``KUBELET_WATCH_INTERVAL_SECONDS`` (inotify is tried again every ``WATCH_RETRY_SECONDS``).
+registration retry after ``settings.device_plugins.register_retry_s`` (only while one failed; the
+kubelet may simply be down), the hang-up check (only after a hang-up), a safety check every
+``settings.device_plugins.safety_check_s``, and, where inotify cannot watch the directory, the old
+poll every ``settings.device_plugins.kubelet_watch_interval_s`` (inotify is tried again every
+``settings.device_plugins.watch_retry_s``).
 """
 
 from __future__ import annotations
@@ -44,20 +45,10 @@ from agent.deviceplugins.kubelet.registration import (
 )
 from agent.deviceplugins.kubelet.server import PluginServer
 from agent.metrics import AgentMetrics
+from agent.settings import current
 
 log = logging.getLogger(__name__)
 
-#: How often kubelet.sock and the plugin sockets are checked when inotify is not available.
-KUBELET_WATCH_INTERVAL_SECONDS = 0.1
-#: Wait after a failed registration before trying that plugin again.
-REGISTER_RETRY_SECONDS = 1.0
-#: Check the sockets this often even without an event (a safety net, costs one stat a plugin).
-SAFETY_CHECK_SECONDS = 60.0
-#: While polling, how often to try to set up the inotify watch again.
-WATCH_RETRY_SECONDS = 10.0
-#: The kubelet ended a plugin's last ListAndWatch stream and opened none since, this long:
-#: the plugin registers again.
-HUNG_UP_SECONDS = 1.0
 
 _Identity = tuple[int, int]
 
@@ -91,12 +82,10 @@ class PluginManager:
         *,
         plugin_dir: Path,
         metrics: AgentMetrics,
-        watch_interval: float = KUBELET_WATCH_INTERVAL_SECONDS,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET_NAME
         self._metrics = metrics
-        self._watch_interval = watch_interval
         self._plugins: dict[str, _Plugin] = {}
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -151,7 +140,7 @@ class PluginManager:
         try:
             while True:
                 if not watch.alive and time.monotonic() >= next_watch_try:
-                    next_watch_try = time.monotonic() + WATCH_RETRY_SECONDS
+                    next_watch_try = time.monotonic() + current().device_plugins.watch_retry_s
                     await watch.start()
                 try:
                     await self.reconcile()
@@ -172,10 +161,11 @@ class PluginManager:
     def _next_check(self, *, polling: bool) -> float:
         """Seconds until a check is due without an event: a retry, the safety net, or a poll."""
         if polling:
-            return self._watch_interval
+            return current().device_plugins.kubelet_watch_interval_s
         if self._retry_due is None:
-            return SAFETY_CHECK_SECONDS
-        return max(0.0, min(self._retry_due - time.monotonic(), SAFETY_CHECK_SECONDS))
+            return current().device_plugins.safety_check_s
+        return max(0.0, min(self._retry_due - time.monotonic(),
+                            current().device_plugins.safety_check_s))
 
     def _hung_up(self, resource_name: str) -> None:
         plugin = self._plugins.get(resource_name)
@@ -205,13 +195,13 @@ class PluginManager:
                 if plugin.hung_up_at is not None:
                     if plugin.server.streams or plugin.registered_with is None:
                         plugin.hung_up_at = None  # called back, or registering anyway
-                    elif time.monotonic() >= plugin.hung_up_at + HUNG_UP_SECONDS:
+                    elif time.monotonic() >= plugin.hung_up_at + current().device_plugins.hung_up_s:
                         log.info("the kubelet hung up on the plugin and did not call back: "
                                  "registering again", extra={"resource": resource})
                         plugin.hung_up_at = None
                         plugin.registered_with = None
                     else:
-                        self._due(plugin.hung_up_at + HUNG_UP_SECONDS)
+                        self._due(plugin.hung_up_at + current().device_plugins.hung_up_s)
                 if kubelet is None or plugin.registered_with == kubelet:
                     continue
                 if time.monotonic() >= plugin.retry_after:
@@ -238,11 +228,12 @@ class PluginManager:
                 pre_start_required=spec.pre_start_required,
             )
         except RegistrationFailed as error:
-            plugin.retry_after = time.monotonic() + REGISTER_RETRY_SECONDS
+            plugin.retry_after = time.monotonic() + current().device_plugins.register_retry_s
             self._changed.set()  # the run loop then times its retry
             plugin.failures += 1
             log.log(logging.WARNING if plugin.failures == 1 else logging.DEBUG,
-                    "registration failed; will retry every %.0f s", REGISTER_RETRY_SECONDS,
+                    "registration failed; will retry every %.0f s",
+                    current().device_plugins.register_retry_s,
                     extra={"resource": spec.resource_name, "error": str(error)})
             return
         if plugin.failures:

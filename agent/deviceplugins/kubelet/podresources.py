@@ -19,9 +19,7 @@ from grpc import aio
 
 from agent.kubeletapi import podresources_v1_pb2 as pb
 from agent.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-
-#: Longest a List call may take.
-LIST_TIMEOUT_SECONDS = 5.0
+from agent.settings import current
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,8 @@ class PodResourcesClient:
 
     async def pods(self) -> list[PodDevices]:
         """The pods holding devices (of any resource), as one ``List`` answers."""
-        response = await self._stub.List(pb.ListPodResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
+        response = await self._stub.List(
+            pb.ListPodResourcesRequest(), timeout=current().device_plugins.pod_resources_timeout_s)
         pods = [
             PodDevices(pod.namespace, pod.name, tuple(
                 (devices.resource_name, tuple(devices.device_ids))
@@ -104,7 +103,8 @@ class PodResourcesClient:
         """Resource name → the device ids the kubelet's device manager holds healthy now
         (``GetAllocatableResources``): what it would admit a pod with."""
         response = await self._stub.GetAllocatableResources(
-            pb.AllocatableResourcesRequest(), timeout=LIST_TIMEOUT_SECONDS)
+            pb.AllocatableResourcesRequest(),
+            timeout=current().device_plugins.pod_resources_timeout_s)
         return _by_resource((d.resource_name, d.device_ids) for d in response.devices)
 
     async def devices_in_use(self) -> dict[str, frozenset[str]]:

@@ -14,12 +14,11 @@ from grpc import aio
 
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from agent.settings import current
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET_NAME = "kubelet.sock"
 
-#: Longest a Register call may take before we give up and retry on the next watch tick.
-REGISTER_TIMEOUT_SECONDS = 5.0
 
 
 class RegistrationFailed(Exception):
@@ -45,7 +44,7 @@ async def register(
     try:
         async with aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
             await pb_grpc.RegistrationStub(channel).Register(
-                request, timeout=REGISTER_TIMEOUT_SECONDS
+                request, timeout=current().device_plugins.register_timeout_s
             )
     except grpc.RpcError as error:
         code = error.code() if isinstance(error, aio.AioRpcError) else None

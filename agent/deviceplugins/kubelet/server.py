@@ -27,12 +27,10 @@ from agent.deviceplugins.kubelet.cancelling import cancellation_kept
 from agent.deviceplugins.kubelet.feed import AdvertisedDevice
 from agent.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from agent.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from agent.settings import current
 
 log = logging.getLogger(__name__)
 
-#: How long in-flight unary calls (an Allocate mid-claim) get to finish when a plugin stops.
-#: ListAndWatch streams are ended first, so a stop takes milliseconds, not the whole grace.
-STOP_GRACE_SECONDS = 0.5
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -252,7 +250,7 @@ class PluginServer:
         # grpc.aio's stop can swallow a cancellation (agent.deviceplugins.kubelet.cancelling).
         with cancellation_kept():
             if server is not None:
-                await server.stop(STOP_GRACE_SECONDS)
+                await server.stop(current().device_plugins.stop_grace_s)
             if self._inode is not None and self.socket_intact():
                 with contextlib.suppress(FileNotFoundError):
                     self.socket_path.unlink()

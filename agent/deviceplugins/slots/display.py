@@ -2,7 +2,7 @@
 
 ``kubectl get instances`` prints how many slots are held and, with ``-o wide``, the sorted nodes
 that see the device. Nothing decides on them, so they follow ``deviceUsage`` and ``nodes``
-lazily: ``WRITE_DELAY_SECONDS`` after a change first made them stale, one write per stale
+lazily: ``settings.slots.display_delay_s`` after a change first made them stale, one write per stale
 Instance, conditioned on the object they were computed from (a lost race is left to the next
 change or resync), so they neither load the API server nor conflict with claims.
 """
@@ -16,12 +16,11 @@ from typing import Any
 
 from agent.deviceplugins.slots.ledger import SlotLedger
 from agent.kube import watching
+from agent.settings import current
 from crds.instance import Instance
 
 log = logging.getLogger(__name__)
 
-#: The display fields are written this long after a claim or free first made them stale.
-WRITE_DELAY_SECONDS = 0.5
 
 _Key = tuple[str, str]  # (namespace, Instance name)
 
@@ -64,7 +63,7 @@ class DisplayFields:
             await asyncio.gather(self._writer, return_exceptions=True)
 
     async def _write_later(self) -> None:
-        await asyncio.sleep(WRITE_DELAY_SECONDS)
+        await asyncio.sleep(current().slots.display_delay_s)
         for key, instance in list(self._served()):
             if self._seen.get(key) != shown(instance):
                 try:

@@ -3,9 +3,9 @@
 The kubelet never tells a device plugin that a pod has gone, so ``OrphanFreer.sweep`` asks
 pod-resources ``List`` which device ids live pods hold and frees, through the slot's ledger, a
 held slot no longer listed: at once if a ``List`` showed it held since its latest hand-out,
-else once every ``List`` since that hand-out has missed it for ``ORPHAN_GRACE_SECONDS`` (sooner
-on per-pod evidence, ``unaccounted_pods``, while another node waits for it). It never frees a
-slot promised or handed out again since the ``List`` it judged on (the ledger's hand-out count),
+else once every ``List`` since that hand-out has missed it for ``settings.slots.orphan_grace_s``
+(sooner on per-pod evidence, ``unaccounted_pods``, while another node waits for it). It never frees
+a slot promised or handed out again since the ``List`` it judged on (the ledger's hand-out count),
 nor on an answer from a kubelet that restarted (its socket's identity), nor, past the grace,
 while a pod bound here that asks for the slot's resource is not listed at all
 (``unlisted_pods``). The same ``List`` records slots live pods hold that ``deviceUsage`` shows
@@ -38,22 +38,18 @@ from agent.deviceplugins.slots.orphans import (
     unlisted_pods,
 )
 from agent.deviceplugins.slots.rules import SlotRef, is_held_by, listed_demand, slot_ids, usage_of
+from agent.settings import current
 from crds.instance import Instance, SlotUsage
 from crds.naming import instance_resource_name
 
-__all__ = ["ORPHAN_GRACE_SECONDS", "SWEEP_AWAITED_SECONDS", "OrphanFreer", "unaccounted_pods",
-           "unlisted_pods"]
+__all__ = [
+    "OrphanFreer",
+    "unaccounted_pods",
+    "unlisted_pods",
+]
 
 log = logging.getLogger(__name__)
 
-#: How long a held slot must have no live pod before it is freed.
-ORPHAN_GRACE_SECONDS = 5.0
-#: While another node's pinned pods wait for an Instance of which this node holds a slot, the
-#: sweep comes this often instead of every ``SWEEP_SECONDS``
-#: (``agent.deviceplugins.slots.service``): the slot a deleted pod leaves reaches the waiting node a
-#: fraction of a second later. It costs four pod-resources ``List`` calls a second, only while some
-#: other node waits.
-SWEEP_AWAITED_SECONDS = 0.25
 
 _Key = tuple[str, str, str, str]  # namespace, instance, slot, usage value
 _V = TypeVar("_V")
@@ -71,7 +67,7 @@ class OrphanFreer:
         client: PodResourcesClient,
         node: str,
         ledger: Callable[[str, str], SlotLedger],
-        grace: float = ORPHAN_GRACE_SECONDS,
+        grace: float | None = None,
         on_listed: Callable[[bool], None] = lambda ok: None,
         clock: Callable[[], float] = time.monotonic,
         bound_pods: BoundPods | None = None,
@@ -86,7 +82,7 @@ class OrphanFreer:
         self._on_listed = on_listed
         self._node = node
         self._ledger = ledger
-        self._grace = grace
+        self._grace = current().slots.orphan_grace_s if grace is None else grace
         #: Slot (with its usage) → when the first ``List`` asked since the slot's latest
         #: hand-out missed it, and the hand-out count that ``List`` was asked at.
         self._orphan_since: dict[_Key, tuple[float, int]] = {}
@@ -97,7 +93,7 @@ class OrphanFreer:
         #: the memories above rest on; None while they hold nothing.
         self._kubelet: tuple[int, int] | None = None
         #: At the last sweep another node waited for a slot of an Instance this node holds
-        #: one of: the next sweep is due after ``SWEEP_AWAITED_SECONDS``.
+        #: one of: the next sweep is due after ``settings.slots.sweep_awaited_s``.
         self.awaited = False
         #: Slots kept past their grace for pods the kubelet does not list (told once each).
         self._kept: set[_Key] = set()

@@ -1,9 +1,9 @@
 """Recording what the ``Allocate`` fast path promised: one writer per Instance, batched.
 
 ``PromiseRecorder`` runs one task per Instance that writes what is promised in one conditioned
-claim: the first promise at once, then at most once per ``GATHER_SECONDS``, each write taking
-everything promised since the last, so a burst of Allocates (a Deployment scaled up) costs a few
-writes and passes rather than one each (``tests/bench/bench_agent.py``). The wait delays the
+claim: the first promise at once, then at most once per ``settings.slots.gather_s``, each write
+taking everything promised since the last, so a burst of Allocates (a Deployment scaled up) costs a
+few writes and passes rather than one each (``tests/bench/bench_agent.py``). The wait delays the
 record, never the answer. A failed write is retried with the watches' backoff for as long as it
 takes; a promise is dropped only once recorded or when the Instance is gone. Why an unrecorded
 promise is safe, across an agent crash too: docs/slots.md (C6, C7).
@@ -18,13 +18,11 @@ from agent.deviceplugins.slots.claiming import SlotWorld
 from agent.deviceplugins.slots.ledger import InstanceGone, SlotUnavailable
 from agent.deviceplugins.slots.rules import SlotRef
 from agent.kube import watching
+from agent.settings import current
 from crds.instance import SlotUsage
 
 log = logging.getLogger(__name__)
 
-#: While promises on one Instance keep coming, they are written at most this often, each write
-#: taking all promised since the last.
-GATHER_SECONDS = 0.05
 
 _Key = tuple[str, str]
 
@@ -32,9 +30,8 @@ _Key = tuple[str, str]
 class PromiseRecorder:
     """Records promised slots, one task per Instance while it has some."""
 
-    def __init__(self, *, world: SlotWorld, gather: float = GATHER_SECONDS) -> None:
+    def __init__(self, *, world: SlotWorld) -> None:
         self._world = world
-        self._gather = gather
         #: Per Instance: slots promised and not yet recorded, and the task recording them.
         self._unrecorded: dict[_Key, dict[str, SlotUsage]] = {}
         self._recorders: dict[_Key, asyncio.Task[None]] = {}
@@ -77,7 +74,7 @@ class PromiseRecorder:
             pending = self._unrecorded.get(key)
             if not pending:
                 break
-            next_write = loop.time() + self._gather
+            next_write = loop.time() + current().slots.gather_s
             batch = dict(pending)
             done = True
             try:

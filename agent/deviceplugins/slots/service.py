@@ -1,7 +1,7 @@
 """The agent's device-plugin side: Instances in, kubelet plugins and slot bookkeeping out.
 
 ``serve_device_plugins`` is ``agent.main``'s one entry point. ``DevicePluginService`` wires the
-parts and runs the loop: on every change (and every ``RESYNC_SECONDS`` as a safety net) a
+parts and runs the loop: on every change (and every ``settings.slots.resync_s`` as a safety net) a
 reconcile pass serves one plugin per Instance this node serves and one per Configuration
 (``agent.deviceplugins.slots.plugins``), moves reservations
 (``agent.deviceplugins.slots.reservations``), frees slots of vanished pods
@@ -34,18 +34,19 @@ from agent.deviceplugins.separated_devices import SeparatedDeviceEvictor
 from agent.deviceplugins.slots.backends import ConfigurationBackend, InstanceBackend
 from agent.deviceplugins.slots.bound_pods import BoundPodsReader
 from agent.deviceplugins.slots.display import DisplayFields
-from agent.deviceplugins.slots.freeing import ORPHAN_GRACE_SECONDS, OrphanFreer
+from agent.deviceplugins.slots.freeing import OrphanFreer
 from agent.deviceplugins.slots.instance_cache import InstanceCache, InstanceWatch, Key, key_of
 from agent.deviceplugins.slots.ledger import SlotLedger
 from agent.deviceplugins.slots.plugins import PluginRegistry, socket_name
 from agent.deviceplugins.slots.reservations import PASS_YIELD_EVERY, ReservationMover, unserved
 from agent.deviceplugins.slots.rules import slot_counts
-from agent.deviceplugins.slots.schedule import RESYNC_SECONDS, PassSchedule
+from agent.deviceplugins.slots.schedule import PassSchedule
 from agent.deviceplugins.slots.world import NodeSlots
 from agent.deviceplugins.volcano_allocation import VolcanoPins
 from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.kube.node_reads import NodeReads
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds.instance import Instance
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class DevicePluginService:
         pod_resources_socket: Path | None,
         devices: NodeDeviceTable,
         metrics: AgentMetrics,
-        orphan_grace: float = ORPHAN_GRACE_SECONDS,
+        orphan_grace: float | None = None,
         dra: bool = False,
         reads: NodeReads | None = None,
     ) -> None:
@@ -196,7 +197,7 @@ class DevicePluginService:
 
     async def _reconcile_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        resync_at = loop.time() + RESYNC_SECONDS
+        resync_at = loop.time() + current().slots.resync_s
         while True:
             awaited = self._freer is not None and self._freer.awaited
             idle = self.schedule.idle_seconds(loop.time(), resync_at - loop.time(),
@@ -211,7 +212,7 @@ class DevicePluginService:
             self.schedule.retry = False
             try:
                 if full:
-                    resync_at = loop.time() + RESYNC_SECONDS
+                    resync_at = loop.time() + current().slots.resync_s
                     await self.reconcile()
                 else:  # only the sweep was due
                     await self._sweep()
@@ -347,7 +348,7 @@ async def serve_device_plugins(
     pod_resources_socket: Path | None,
     devices: NodeDeviceTable,
     metrics: AgentMetrics,
-    orphan_grace: float = ORPHAN_GRACE_SECONDS,
+    orphan_grace: float | None = None,
     dra: bool = False,
     reads: NodeReads | None = None,
 ) -> None:
