@@ -1,13 +1,14 @@
-"""What one shared Instance's pool is built from (``controller.shared_pools`` keeps one per
-Instance): its inputs as the watch delivered them (``pool_inputs``), and the plan made from them
-(``SharedDevice``): the pool's name, the slice content and its key, and the content once the
-Configuration's eviction grace is over. Pure, no I/O.
+"""What shared devices' pools are built from (``controller.shared_pools`` keeps one
+``SharedDevice`` per Instance): an Instance's inputs as the watch delivered them
+(``pool_inputs``), the plan of its device (its pool's name, its content and key, and the content
+once the Configuration's eviction grace is over), the pool it is published in (``pool_of``) and
+a pool's content from its devices' (``assemble``). Pure, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from crds import dra_slices
@@ -41,6 +42,36 @@ def wanted_pools(instances: Iterable[Instance],
         else:
             pools[device.pool] = device.plan
     return pools, frozenset(held)
+
+
+def pool_of(key: _Key, device: SharedDevice, *, adopted: Mapping[tuple[str, str], str],
+            per_device_nodes: bool) -> str:
+    """The pool a shared device is published in: the pool of its own an earlier release put it
+    in (``adopted``, by namespace and device name), else its ``shared_pool`` where devices name
+    their own nodes, else a pool of its own."""
+    own = adopted.get((key[0], dra_slices.device_name(key[1])))
+    if own is not None:
+        return own
+    if per_device_nodes:
+        return device.pool
+    return dra_slices.single_device_pool(key[0], device.configuration, key[1])
+
+
+def assemble(pool: str, plans: list[dra_slices.PoolPlan], held: list[str],
+             written: Mapping[str, Mapping[str, Any]], *, pooled: bool
+             ) -> tuple[dra_slices.PoolPlan | None, bool]:
+    """What ``pool`` is to hold, from its wanted devices' own plans (``SharedDevice.plan``) and
+    the names of those ``held`` (no node's verdict known): None when nothing (withdraw it), and
+    whether it is held as written. A pool of its own (not ``pooled``) whose device is held
+    stays as written; in a pool of many, a held device keeps its entry as ``written``."""
+    if not pooled:
+        if plans:
+            return replace(plans[0], name=pool), False
+        return None, bool(held)
+    kept = [written[name] for name in held if name in written]
+    if not plans and not kept:
+        return None, False
+    return dra_slices.pooled_plan(pool, plans, kept), False
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Final
 
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from controller.dra.agent_liveness import without_gone
-from controller.pool_inputs import SharedDevice, pool_inputs
 from controller.dra.shared_allocation import put_mode
+from controller.pool_inputs import SharedDevice, assemble, pool_inputs, pool_of
 from crds import dra, dra_features, dra_slices, pool_slices
 from crds.configuration import Allocator
 from crds.instance import Instance
@@ -43,6 +43,10 @@ PASS_DELAY_S: Final = 0.05
 #: and one call at a time leaves the API server idle between round trips. One pool's own calls
 #: stay in order (apply, then delete the stale).
 WRITES_IN_FLIGHT: Final = 16
+
+#: The pool and node of the dry-run slice that asks whether per-device node selection is kept.
+PROBE_POOL: Final = dra_slices.shared_pool("kube-system", "edgeplug-probe", "probe")
+PROBE_NODE: Final = "edgeplug-probe"
 
 _Key = tuple[str, str]
 
@@ -69,7 +73,6 @@ class SharedPools:
         self._namespaces = frozenset(namespaces)
         self._devices: dict[_Key, SharedDevice] = {}
         self._inputs: dict[_Key, tuple[Any, Any, Any]] = {}  # pool_inputs of each device kept
-        self._by_pool: dict[str, _Key] = {}
         self._by_configuration: dict[_Key, set[_Key]] = {}
         self._modes: dict[_Key, Allocator] = {}
         self._written: dict[str, dra_slices.Written] = {}
@@ -93,6 +96,16 @@ class SharedPools:
         self._grace_timer: asyncio.TimerHandle | None = None
         #: Nodes whose agent is gone (``controller.agent_liveness``): left out of selectors.
         self._gone: frozenset[str] = frozenset()
+        #: Whether the API server keeps per-device node selection (None: not asked yet): pools
+        #: of many devices, else a pool per device (``controller.pool_inputs.pool_of``).
+        self.per_device_nodes: bool | None = None
+        self._pool_of: dict[_Key, str] = {}  # the pool each kept device is published in
+        self._members: dict[str, set[_Key]] = {}  # pool → the devices kept in it
+        #: pool → device name → the device as last written (a held device stays so)
+        self._entries: dict[str, dict[str, Mapping[str, Any]]] = {}
+        #: (namespace, device name) → the pool of its own an earlier release published it in,
+        #: kept for the process's life: claims allocated from it name it.
+        self._adopted: dict[tuple[str, str], str] = {}
 
     # -- input ------------------------------------------------------------------------------
 
@@ -103,26 +116,37 @@ class SharedPools:
         self._dirty.update(pools)
         self._wake.set()
 
-    def _forget(self, key: _Key) -> SharedDevice | None:
+    def _forget(self, key: _Key) -> str | None:
+        """Drop a kept device; the pool it was in (None: it was not kept)."""
         device = self._devices.pop(key, None)
         self._inputs.pop(key, None)
-        if device is not None:
-            self._by_pool.pop(device.pool, None)
-            keys = self._by_configuration.get((key[0], device.configuration))
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._by_configuration[(key[0], device.configuration)]
-        return device
+        if device is None:
+            return None
+        pool = self._pool_of.pop(key)
+        members = self._members[pool]
+        members.discard(key)
+        if not members:
+            del self._members[pool]
+        keys = self._by_configuration.get((key[0], device.configuration))
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_configuration[(key[0], device.configuration)]
+        return pool
 
-    def _keep(self, key: _Key, device: SharedDevice) -> None:
+    def _keep(self, key: _Key, device: SharedDevice) -> str:
+        """Keep a device; the pool it is in."""
         if device.evicting is None:
             self._unhealthy_since.pop(key, None)
         else:
             self._unhealthy_since.setdefault(key, time.monotonic())
         self._devices[key] = device
-        self._by_pool[device.pool] = key
+        pool = pool_of(key, device, adopted=self._adopted,
+                       per_device_nodes=self.per_device_nodes is not False)
+        self._pool_of[key] = pool
+        self._members.setdefault(pool, set()).add(key)
         self._by_configuration.setdefault((key[0], device.configuration), set()).add(key)
+        return pool
 
     def listed(self, instances: Iterable[Mapping[str, Any]]) -> None:
         """Every Instance, as a (re)list found them: every pool is looked at next pass."""
@@ -152,24 +176,22 @@ class SharedPools:
             gone = self._forget(key)
             self._unhealthy_since.pop(key, None)
             if gone is not None:
-                self._mark(gone.pool)
+                self._mark(gone)
             return
         device = SharedDevice.of(instance)
-        before = self._devices.get(key)
-        if before == device:
+        if self._devices.get(key) == device:
             self._inputs[key] = inputs
             return
-        if before is not None:
-            self._forget(key)
-        self._keep(key, device)
+        before = self._forget(key)
+        pool = self._keep(key, device)
         self._inputs[key] = inputs
-        self._mark(device.pool, *([before.pool] if before is not None else []))
+        self._mark(pool, *([before] if before is not None else []))
 
     def set_mode(self, configuration: _Key, mode: Allocator | None) -> None:
         """The allocator of ``configuration``'s shared devices (``None``: it is gone)."""
         if put_mode(self._modes, configuration, mode):
             keys = self._by_configuration.get(configuration, ())
-            self._mark(*(self._devices[k].pool for k in keys))
+            self._mark(*(self._pool_of[k] for k in keys))
 
     def set_eviction_grace(self, configuration: _Key, grace: int | None) -> None:
         """``configuration``'s ``spec.unhealthyDevices.evictAfterSeconds`` (None: absent, or
@@ -181,7 +203,7 @@ class SharedPools:
         else:
             self._graces[configuration] = grace
         keys = self._by_configuration.get(configuration, ())
-        self._mark(*(self._devices[k].pool for k in keys))
+        self._mark(*(self._pool_of[k] for k in keys))
 
     def _plan(self, key: _Key, device: SharedDevice
               ) -> tuple[dra_slices.PoolPlan | None, str | None]:
@@ -207,7 +229,7 @@ class SharedPools:
             grace = self._graces.get((key[0], device.configuration)) if device else None
             if device is None or grace is None or since + grace <= now:
                 continue
-            due.append(device.pool)
+            due.append(self._pool_of[key])
             nearest = since + grace if nearest is None else min(nearest, since + grace)
         if nearest is not None:
             self._grace_timer = asyncio.get_running_loop().call_later(
@@ -222,7 +244,7 @@ class SharedPools:
         """The nodes whose agent is gone now: the pools listing a node that left or joined
         the set are marked."""
         changed, self._gone = gone ^ self._gone, gone
-        self._mark(*(d.pool for d in self._devices.values()
+        self._mark(*(self._pool_of[k] for k, d in self._devices.items()
                      if d.plan is not None and changed.intersection(d.plan.nodes)))
 
     def _without_gone(self, plan: dra_slices.PoolPlan | None, key: str | None
@@ -277,39 +299,86 @@ class SharedPools:
                 self._passing = False
 
     async def _adopt(self) -> None:
-        """Learn the pools an earlier controller wrote, so none is rewritten needlessly and
-        generations keep growing."""
+        """Learn whether the API server keeps per-device node selection, and the pools an
+        earlier controller wrote, so none is rewritten needlessly, generations keep growing and
+        a device published in a pool of its own stays there."""
+        if self.per_device_nodes is None:
+            self.per_device_nodes = await self._keeps_per_device_nodes()
         by_pool: dict[str, list[dict[str, Any]]] = {}
+        # Every slice of the driver bound to no node: this controller's, and a shared pool an
+        # agent of an older release published (taken over: rewritten as the controller's).
         async for obj in self._client.list(
-                ResourceSliceResource,
-                labels={dra.LABEL_MANAGED_BY: dra_slices.CONTROLLER_MANAGED_BY}):
+                ResourceSliceResource, fields={"spec.driver": dra.DRIVER, "spec.nodeName": ""}):
             body = _as_dict(obj)
-            if body["spec"].get("driver") == dra.DRIVER and self._serves(_namespace_of(body)):
-                by_pool.setdefault(str(body["spec"]["pool"]["name"]), []).append(body)
+            pool = str(body["spec"]["pool"]["name"])
+            if body["spec"].get("driver") == dra.DRIVER and not body["spec"].get("nodeName") \
+                    and dra_slices.is_shared_pool(pool) and self._serves(_namespace_of(body)):
+                by_pool.setdefault(pool, []).append(body)
         for pool, found in by_pool.items():
             written, stale = dra_slices.adopt(found)
             await self._delete(stale)
             self._written[pool] = written
+            current = [s for s in found if s["metadata"]["name"] in written.names]
+            self._entries[pool] = {str(d["name"]): dra_slices.as_written(d)
+                                   for s in current for d in s["spec"].get("devices") or ()}
+            if not any(s["spec"].get("perDeviceNodeSelection") for s in current):
+                namespace = _namespace_of(current[0])
+                self._adopted.update({(namespace, name): pool for name in self._entries[pool]})
+        for key in list(self._devices):  # kept before the pools were known: placed again
+            device, inputs = self._devices[key], self._inputs[key]
+            self._forget(key)
+            self._keep(key, device)
+            self._inputs[key] = inputs
         self._everything = True
+
+    async def _keeps_per_device_nodes(self) -> bool:
+        """Whether the API server keeps ``perDeviceNodeSelection`` (DRAPartitionableDevices),
+        asked by a dry-run write of a pool of one device."""
+        plan = dra_slices.pooled_plan(PROBE_POOL, [dra_slices.PoolPlan(
+            name=PROBE_POOL, nodes=(PROBE_NODE,), devices=({"name": "probe"},))])
+        body = dra_slices.slice_bodies(plan, generation=1,
+                                       publisher=dra_slices.CONTROLLER_PUBLISHER)[0]
+        try:
+            stored = await self._client.patch(
+                ResourceSliceResource, body["metadata"]["name"], body, dry_run=True,
+                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
+        except ApiError as error:
+            if error.status.code != 422:
+                raise
+            kept = False
+        else:
+            kept = bool(_as_dict(stored)["spec"].get("perDeviceNodeSelection"))
+        if not kept:
+            log.warning("shared pools: the API server does not keep per-device node selection "
+                        "(%s off): each shared device gets a pool and a slice of its own",
+                        dra_features.PARTITIONABLE_DEVICES)
+        return kept
 
     def _taken(self) -> set[str]:
         """The pools this pass looks at, taken from the marks."""
         if self._everything:
             self._everything = False
             self._dirty.clear()
-            return set(self._by_pool) | set(self._written)
+            return set(self._members) | set(self._written)
         taken, self._dirty = self._dirty, set()
         return taken
 
-    def _wanted(self, pool: str) -> tuple[_Key, SharedDevice] | None:
-        """The device of ``pool`` (and its Instance) if it is to be published or held (its
-        Configuration is allocated through DRA), else None."""
-        key = self._by_pool.get(pool)
-        device = self._devices.get(key) if key is not None else None
-        if device is None or key is None or \
-                self._modes.get((key[0], device.configuration)) != Allocator.DRA:
-            return None
-        return key, device
+    def _pool_plan(self, pool: str) -> tuple[dra_slices.PoolPlan | None, bool]:
+        """What ``pool`` is to hold now (None: nothing, withdraw it), and whether it is held
+        as written (a pool of its own whose device's health is not known yet)."""
+        plans: list[dra_slices.PoolPlan] = []
+        held: list[str] = []
+        for key in self._members.get(pool, ()):
+            device = self._devices[key]
+            if self._modes.get((key[0], device.configuration)) != Allocator.DRA:
+                continue
+            plan, _ = self._without_gone(*self._plan(key, device))
+            if plan is None:
+                held.append(dra_slices.device_name(key[1]))
+            else:
+                plans.append(plan)
+        own = self.per_device_nodes is False or pool in self._adopted.values()
+        return assemble(pool, plans, held, self._entries.get(pool, {}), pooled=not own)
 
     async def reconcile(self) -> None:
         """One pass: publish every marked pool that changed, withdraw those no longer wanted
@@ -319,14 +388,13 @@ class SharedPools:
         changed: list[tuple[dra_slices.PoolPlan, str]] = []  # (plan, its content key)
         gone: list[str] = []
         for pool in sorted(pools):
-            wanted = self._wanted(pool)
-            if wanted is None:
-                if pool in self._written:
+            plan, held = self._pool_plan(pool)
+            if plan is None:
+                if pool in self._written and not held:
                     gone.append(pool)
                 continue
-            plan, key = self._without_gone(*self._plan(*wanted))
-            if plan is not None and key is not None and (
-                    (w := self._written.get(pool)) is None or w.key != key):
+            key = dra_slices.content_key(plan)
+            if (w := self._written.get(pool)) is None or w.key != key:
                 changed.append((plan, key))
         self._time_graces()
         try:
@@ -386,6 +454,7 @@ class SharedPools:
         await self._delete(sorted(stale - set(names)))
         self._written[plan.name] = dra_slices.Written(
             generation=generation, names=names, key=key)
+        self._entries[plan.name] = {str(d["name"]): d for d in plan.devices}
         log.info("ResourceSlice pool published", extra={
             "pool": plan.name, "generation": generation, "nodes": list(plan.nodes),
             "tainted": any("taints" in d for d in plan.devices)})
@@ -394,6 +463,7 @@ class SharedPools:
         names = {str(s["metadata"]["name"]) for s in listed} | set(self._written[pool].names)
         await self._delete(sorted(names))
         self._written.pop(pool, None)
+        self._entries.pop(pool, None)
         log.info("ResourceSlice pool withdrawn", extra={"pool": pool})
 
     async def _delete(self, names: Iterable[str]) -> None:

@@ -9,9 +9,14 @@ Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``)
 - A local device belongs to ``<namespace>/<configuration>/node/<node>``, its slices bound to the
   node (``nodeName``); the name ends in the node's name even when digested, since the agents'
   slice policy ties a local pool to the node whose token writes it by that suffix.
-- A shared device has a pool of its own, ``<namespace>/<configuration>/shared/<instance>``, one
-  slice whose ``nodeSelector`` lists (by ``kubernetes.io/hostname``) every node of the Instance
-  whose agent found it healthy, tainted ``edgeplug.io/unhealthy`` when none does.
+- A shared device belongs to one of ``SHARED_POOL_BUCKETS`` pools of its Configuration,
+  ``<namespace>/<configuration>/shared/bucket-<nn>``, fixed for life by a digest of its Instance's
+  name (``shared_pool``); each device of the pool carries its own ``nodeSelector`` listing (by
+  ``kubernetes.io/hostname``) every node of the Instance whose agent found it healthy
+  (``perDeviceNodeSelection``), and is tainted ``edgeplug.io/unhealthy`` when none does. Where
+  the API server does not serve per-device node selection (v1.35), and for a device an earlier
+  release published so, the device has a pool of its own (``single_device_pool``) whose slice's
+  ``nodeSelector`` lists them.
 - Unhealthy devices stay published with a ``NoSchedule`` taint ``edgeplug.io/unhealthy`` whose
   value is the reason (made a label value); ``NoExecute`` (``evict``) once unhealthy longer
   than their Configuration's ``spec.unhealthyDevices.evictAfterSeconds``, which the
@@ -52,6 +57,10 @@ MAX_DEVICES_PER_SLICE: Final = 128
 MAX_DEVICES_WITH_TAINTS: Final = 64
 MAX_DEVICE_NAME: Final = 63
 MAX_POOL_NAME: Final = 253
+#: The pools a Configuration's shared devices are spread over (``shared_pool``): few enough
+#: slices for the scheduler to walk, few enough devices a pool for a rewrite to stay small
+#: (docs/dra.md, "What is published").
+SHARED_POOL_BUCKETS: Final = 64
 #: The Node label a shared pool's selector matches (well-known, set by the kubelet).
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 #: The taint an unhealthy device carries (DRADeviceTaints: beta, on by default in v1.36).
@@ -100,6 +109,16 @@ def local_pool(namespace: str, configuration: str, node: str) -> str:
 
 
 def shared_pool(namespace: str, configuration: str, instance: str) -> str:
+    """The pool of a shared device where devices carry their own node selector:
+    ``<namespace>/<configuration>/shared/bucket-<nn>``, ``nn`` fixed by the Instance's name, so
+    the device keeps its identity (driver, pool, device) for life, whichever nodes see it."""
+    bucket = int(dra.digest(instance), 16) % SHARED_POOL_BUCKETS
+    return _pool_name(namespace, configuration, "shared", f"bucket-{bucket:02d}")
+
+
+def single_device_pool(namespace: str, configuration: str, instance: str) -> str:
+    """``<namespace>/<configuration>/shared/<instance>``: a shared device's pool of its own,
+    where the API server serves no per-device node selection (or an earlier release wrote it)."""
     return _pool_name(namespace, configuration, "shared", instance)
 
 
@@ -127,6 +146,9 @@ class PoolPlan:
     left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: the pool's counter sets (``sharedCounters``), when its devices are partitions
     counter_sets: tuple[Mapping[str, Any], ...] = ()
+    #: each device names its nodes (``nodeSelector`` on the device, ``perDeviceNodeSelection``);
+    #: ``nodes`` is then their union
+    per_device_nodes: bool = False
 
 
 def parse_counters(text: str) -> dict[str, dict[str, str]] | None:
@@ -220,7 +242,8 @@ def device(instance: Instance, *, shared: bool, unhealthy: str | None, evict: bo
 
 
 def shared_plan(instance: Instance, *, evict: bool = False) -> PoolPlan | None:
-    """The pool of one shared Instance's device, or None while no node's health of it is known.
+    """One shared Instance's device in a pool of its own (``single_device_pool``; ``pooled_plan``
+    puts it in its ``shared_pool``), or None while no node's health of it is known.
 
     A node's verdict is known once its agent has written it (``Instance.reported``, or an
     entry in ``status.unhealthy``): the selector lists the nodes known healthy, never one whose
@@ -238,10 +261,43 @@ def shared_plan(instance: Instance, *, evict: bool = False) -> PoolPlan | None:
         reason = next((instance.unhealthy[n] for n in known if n in instance.unhealthy),
                       UNHEALTHY_EVERYWHERE)
     body, left = device(instance, shared=True, unhealthy=reason, evict=evict)
-    return PoolPlan(name=shared_pool(instance.namespace, instance.spec.configuration_name,
-                                     instance.name),
+    return PoolPlan(name=single_device_pool(instance.namespace,
+                                            instance.spec.configuration_name, instance.name),
                     nodes=healthy or tuple(nodes), devices=(body,),
                     left_out={instance.name: left} if left else {})
+
+
+def hostname_selector(nodes: Iterable[str]) -> dict[str, Any]:
+    """A node selector naming ``nodes`` by their hostname label. One term only: the API refuses
+    more at slice level and the scheduler refuses more per device; a node-name (matchFields)
+    requirement holds one value. The kubelet sets the label to the node name (docs/dra.md says
+    where that does not hold)."""
+    return {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": HOSTNAME_LABEL, "operator": "In", "values": list(nodes)}]}]}
+
+
+def selector_nodes(selector: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The nodes a ``hostname_selector`` names (none for another selector)."""
+    terms = (selector or {}).get("nodeSelectorTerms") or [{}]
+    return tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
+
+
+def pooled_plan(pool: str, plans: Iterable[PoolPlan],
+                kept: Iterable[Mapping[str, Any]] = ()) -> PoolPlan:
+    """One pool of shared devices, each naming its own nodes: the devices of ``plans`` (one
+    device's pool each, ``shared_plan``) with their plan's nodes as their selector, and
+    ``kept``: devices as written before (with their selector), held as they are."""
+    devices: dict[str, Mapping[str, Any]] = {str(d["name"]): d for d in kept}
+    left: dict[str, tuple[str, ...]] = {}
+    for plan in plans:
+        for device in plan.devices:
+            devices[str(device["name"])] = {**device,
+                                            "nodeSelector": hostname_selector(plan.nodes)}
+        left.update(plan.left_out)
+    ordered = tuple(devices[name] for name in sorted(devices))
+    nodes = sorted({n for d in ordered for n in selector_nodes(d.get("nodeSelector"))})
+    return PoolPlan(name=pool, nodes=tuple(nodes), devices=ordered, left_out=left,
+                    per_device_nodes=True)
 
 
 def unhealthy_everywhere(instance: Instance) -> bool:
@@ -274,7 +330,8 @@ def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str
     slice at all: the caller deletes what was there). ``publisher``: the agent's node (its
     slices carry ``LABEL_NODE``), or ``CONTROLLER_PUBLISHER``."""
     limit = (MAX_DEVICES_WITH_TAINTS
-             if any("taints" in d or "consumesCounters" in d for d in plan.devices)
+             if plan.per_device_nodes
+             or any("taints" in d or "consumesCounters" in d for d in plan.devices)
              else MAX_DEVICES_PER_SLICE)
     chunks: list[tuple[Mapping[str, Any], ...]] = [
         plan.devices[i:i + limit] for i in range(0, len(plan.devices), limit)]
@@ -296,13 +353,10 @@ def slice_bodies(plan: PoolPlan, *, generation: int, publisher: str
             spec["sharedCounters"] = [dict(c) for c in plan.counter_sets]
         if plan.node_name:
             spec["nodeName"] = plan.node_name
+        elif plan.per_device_nodes:
+            spec["perDeviceNodeSelection"] = True
         else:
-            # One term only: the API refuses more at slice level and the scheduler refuses
-            # more per device; a node-name (matchFields) requirement holds one value. So the
-            # nodes are named by their hostname label, which the kubelet sets to the node name
-            # (docs/dra.md says where that does not hold).
-            spec["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": HOSTNAME_LABEL, "operator": "In", "values": list(plan.nodes)}]}]}
+            spec["nodeSelector"] = hostname_selector(plan.nodes)
         result.append({
             "apiVersion": dra.API_VERSION,
             "kind": "ResourceSlice",
@@ -327,6 +381,8 @@ class Written:
 
 def content_key(plan: PoolPlan) -> str:
     parts: list[Any] = [plan.node_name, list(plan.nodes), list(plan.devices)]
+    if plan.per_device_nodes:
+        parts.append("per-device nodes")
     if plan.counter_sets:
         parts.append(list(plan.counter_sets))
     return json.dumps(parts, sort_keys=True)
@@ -338,7 +394,7 @@ def _index(name: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def _as_written(body: Mapping[str, Any]) -> dict[str, Any]:
+def as_written(body: Mapping[str, Any]) -> dict[str, Any]:
     """A listed device as a publisher writes it: the API server stamps ``timeAdded`` on taints."""
     result = dict(body)
     if "taints" in result:
@@ -352,12 +408,14 @@ def key_of_slices(found: Iterable[Mapping[str, Any]]) -> tuple[str, str, int]:
     Slice names end in their index, which restores the device order."""
     ordered = sorted(found, key=lambda s: _index(str(s["metadata"]["name"])))
     spec0 = ordered[0]["spec"]
-    terms = (spec0.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}]
-    nodes = tuple(v for e in terms[0].get("matchExpressions", []) for v in e["values"])
-    devices = tuple(_as_written(d) for s in ordered for d in s["spec"].get("devices", []))
+    devices = tuple(as_written(d) for s in ordered for d in s["spec"].get("devices", []))
+    per_device = bool(spec0.get("perDeviceNodeSelection"))
+    nodes = (tuple(sorted({n for d in devices for n in selector_nodes(d.get("nodeSelector"))}))
+             if per_device else selector_nodes(spec0.get("nodeSelector")))
     sets = tuple(c for s in ordered for c in s["spec"].get("sharedCounters") or [])
     plan = PoolPlan(name=spec0["pool"]["name"], node_name=spec0.get("nodeName") or "",
-                    nodes=nodes, devices=devices, counter_sets=sets)
+                    nodes=nodes, devices=devices, counter_sets=sets,
+                    per_device_nodes=per_device)
     return plan.name, content_key(plan), int(spec0["pool"]["generation"])
 
 

@@ -79,7 +79,9 @@ def find_device(devices: Iterable[NodeDevice], node: str, wanted: AllocatedDevic
             continue
         pools = (slices.local_pool(candidate.namespace, candidate.configuration, node),
                  slices.shared_pool(candidate.namespace, candidate.configuration,
-                                    candidate.instance))
+                                    candidate.instance),
+                 slices.single_device_pool(candidate.namespace, candidate.configuration,
+                                           candidate.instance))
         if wanted.pool in pools:
             return candidate
     return None

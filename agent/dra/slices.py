@@ -42,6 +42,7 @@ from crds.dra_slices import local_pool as local_pool
 from crds.dra_slices import node_label as node_label
 from crds.dra_slices import pool_label as pool_label
 from crds.dra_slices import shared_pool as shared_pool
+from crds.dra_slices import single_device_pool as single_device_pool
 from crds.dra_slices import slice_bodies as slice_bodies
 from crds.dra_slices import slice_name as slice_name
 from crds.dra_slices import taint_value as taint_value

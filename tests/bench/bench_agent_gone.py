@@ -20,7 +20,6 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from lightkube import KubeConfig
 from lightkube.types import PatchType
@@ -44,14 +43,6 @@ GRACE_S = 3.0
 RENEW_S = 0.5
 POLL_S = 0.02
 LEASES = "edgeplug-system"
-
-
-def _selector(found: list[dict[str, Any]]) -> list[str] | None:
-    if not found:
-        return None
-    newest = max(found, key=lambda s: s["spec"]["pool"]["generation"])
-    (term,) = newest["spec"]["nodeSelector"]["nodeSelectorTerms"]
-    return sorted(term["matchExpressions"][0]["values"])
 
 
 async def _timed(change: Callable[[], Awaitable[None] | None],
@@ -104,7 +95,8 @@ async def _measure(cp: ControlPlane) -> dict[str, list[float]]:
 
             def on(*nodes: str) -> Callable[[], Awaitable[bool]]:
                 async def check() -> bool:
-                    return _selector(await h.pool_slices(kube, pool)) == sorted(nodes)
+                    return h.device_nodes(await h.pool_slices(kube, pool),
+                                          slices.device_name(camera)) == sorted(nodes)
                 return check
 
             await harness.eventually(on(node_a, node_b), what="offered on both", deadline=60)

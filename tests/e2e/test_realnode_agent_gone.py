@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from agent.dra.slices import shared_pool
+from agent.dra.slices import device_name, shared_pool
 from crds import agent_liveness
 from crds.naming import configuration_resource_name, instance_name
 from tests.e2e.test_realnode_akri_dra import pod_env
@@ -49,14 +49,6 @@ LEASES = "edgeplug-system"
 #: The issue's outage: the agent is away this long.
 DEAD_S = 15.0
 DEADLINE_S = 90.0
-
-
-def _selector(pool_slices: list[dict[str, Any]]) -> list[str] | None:
-    if not pool_slices:
-        return None
-    newest = max(pool_slices, key=lambda s: s["spec"]["pool"]["generation"])
-    (term,) = newest["spec"]["nodeSelector"]["nodeSelectorTerms"]
-    return sorted(term["matchExpressions"][0]["values"])
 
 
 def _checked(plane: ControlPlane, ns: str, app: str, gone: str) -> list[dict[str, Any]]:
@@ -91,10 +83,12 @@ async def test_a_killed_agents_node_gets_no_pod_and_waiting_pods_get_the_other_n
         ctl.start()
         h.apply(plane, ns, debug_echo_configuration("cam", descriptions=["cam"], shared=True,
                                                     capacity=2))
-        pool = shared_pool(ns, "cam", instance_name("cam", "cam", shared=True, node=alive))
+        camera = instance_name("cam", "cam", shared=True, node=alive)
+        pool = shared_pool(ns, "cam", camera)
 
         async def selector_is(nodes: list[str]) -> bool:
-            return _selector(await h.pool_slices(kube, pool)) == sorted(nodes)
+            return h.device_nodes(await h.pool_slices(kube, pool),
+                                  device_name(camera)) == sorted(nodes)
 
         await eventually(lambda: selector_is([alive, gone]), what="the device on both nodes",
                          deadline=DEADLINE_S)

@@ -53,7 +53,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from agent.dra.slices import shared_pool
+from agent.dra.slices import device_name, shared_pool
 from controller.naming import LABEL_CONFIGURATION
 from crds import dra
 from crds.naming import configuration_resource_name, instance_name, instance_resource_name
@@ -426,8 +426,7 @@ async def test_a_shared_devices_capacity_is_counted_once_across_two_real_nodes(
                     found = await h.pool_slices(kube, pool)
                     if len(found) != 1:
                         return None
-                    (term,) = found[0]["spec"]["nodeSelector"]["nodeSelectorTerms"]
-                    return found if sorted(term["matchExpressions"][0]["values"]) == both \
+                    return found if h.device_nodes(found, device_name(inst)) == both \
                         else None
 
                 await eventually(published_for_both, deadline=30,

@@ -93,17 +93,13 @@ def _agent(cp: ControlPlane, node: str, ns: str, tmp: Path, plugin_dir: Path
                                       "CDI_SPEC_DIR": str(tmp / node / "cdi")})
 
 
-async def _published(client: AsyncClient, pool: str, nodes: list[str]
+async def _published(client: AsyncClient, pool: str, device: str, nodes: list[str]
                      ) -> dict[str, Any] | None:
-    """The device of the pool's one slice once the slice is usable on every node."""
+    """The device in its pool's one slice once it is usable on every node."""
     found = await h.pool_slices(client, pool)
-    if len(found) != 1:
+    if len(found) != 1 or h.device_nodes(found, device) != nodes:
         return None
-    (term,) = found[0]["spec"]["nodeSelector"]["nodeSelectorTerms"]
-    if sorted(term["matchExpressions"][0]["values"]) != nodes:
-        return None
-    (device,) = found[0]["spec"]["devices"]
-    return dict(device)
+    return dict(h.pool_devices(found)[device])
 
 
 async def _chosen(client: AsyncClient, ns: str, cfg: str) -> str | None:
@@ -277,7 +273,8 @@ async def test_a_shared_device_is_never_allocated_past_its_capacity_through_faul
                                     what="the controller's choice") == "dra"
             assert await eventually(lambda: _mapped(client, ns, cfg), deadline=SETUP_S,
                                     what="the Configuration's DeviceClass") == resource
-            published = await eventually(lambda: _published(client, pool, nodes),
+            device = slices.device_name(instance)
+            published = await eventually(lambda: _published(client, pool, device, nodes),
                                          deadline=SETUP_S, what=f"{pool} usable on all nodes")
             assert published["capacity"]["slots"]["value"] == str(CAPACITY)
             async with ClaimRecorder(client, ns, slices.device_name(instance),
@@ -293,7 +290,7 @@ async def test_a_shared_device_is_never_allocated_past_its_capacity_through_faul
                 assert recorder.relists >= 3, "the API server restart broke not every watch"
                 _report(churn, load)
             assert await _chosen(client, ns, cfg) == "dra"
-            after = await eventually(lambda: _published(client, pool, nodes),
+            after = await eventually(lambda: _published(client, pool, device, nodes),
                                      deadline=SETUP_S, what=f"{pool} still usable on all")
             assert after["capacity"]["slots"]["value"] == str(CAPACITY)
         except AssertionError as error:

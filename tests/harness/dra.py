@@ -29,7 +29,7 @@ from agent.kube.client import as_dict
 from agent.kubeletapi import dra_v1_pb2 as pb
 from controller.dra.device_classes import DeviceClasses
 from controller.dra.instance_classes import DeviceClassResource
-from crds import dra
+from crds import dra, dra_slices
 from tests.harness import agent_process, echo_handlers
 from tests.harness.controlplane import ControlPlane
 from tests.harness.kubelet_node import NodeReporter
@@ -153,6 +153,28 @@ def pool_devices(slices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any
     newest = max(s["spec"]["pool"]["generation"] for s in slices)
     return {d["name"]: d for s in slices if s["spec"]["pool"]["generation"] == newest
             for d in s["spec"].get("devices", [])}
+
+
+def device_nodes(slices: Iterable[Mapping[str, Any]], device: str) -> list[str] | None:
+    """The nodes a shared device can be allocated on, over its pool's newest generation: its
+    own selector's (``perDeviceNodeSelection``) or its slice's, sorted; None: not in the pool."""
+    slices = list(slices)
+    newest = _newest(slices)
+    for body in slices:
+        spec = body["spec"]
+        listed = next((d for d in spec.get("devices") or () if d["name"] == device), None)
+        if listed is None or body not in newest:
+            continue
+        selector = listed["nodeSelector"] if spec.get("perDeviceNodeSelection") \
+            else spec["nodeSelector"]
+        return sorted(dra_slices.selector_nodes(selector))
+    return None
+
+
+def _newest(slices: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    slices = list(slices)
+    newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+    return [s for s in slices if s["spec"]["pool"]["generation"] == newest]
 
 
 def claim_template(name: str, device_class_name: str, cel: str | None = None) -> dict[str, Any]:

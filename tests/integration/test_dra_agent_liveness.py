@@ -46,14 +46,6 @@ SYSTEM_NAMESPACE = "edgeplug-system"
 RuleV1 = "devicetaintrules.resource.k8s.io"
 
 
-def _selector_nodes(pool_slices: list[dict[str, Any]]) -> list[str] | None:
-    if not pool_slices:
-        return None
-    newest = max(pool_slices, key=lambda s: s["spec"]["pool"]["generation"])
-    terms = newest["spec"]["nodeSelector"]["nodeSelectorTerms"]
-    return sorted(v for e in terms[0]["matchExpressions"] for v in e["values"])
-
-
 def _rules_on(cp: ControlPlane, node: str) -> list[dict[str, Any]]:
     found = json.loads(cp.kubectl("get", RuleV1, "-l", f"edgeplug.io/node={node}",
                                   "-o", "json").stdout)
@@ -110,7 +102,8 @@ async def test_an_agent_gone_stops_its_node_being_offered_until_it_is_back(
             harness.apply(cp, ns, usb)
 
             async def camera_on(nodes: list[str]) -> bool:
-                return _selector_nodes(await h.pool_slices(kube, camera_pool)) == sorted(nodes)
+                return h.device_nodes(await h.pool_slices(kube, camera_pool),
+                                      slices.device_name(camera)) == sorted(nodes)
 
             await harness.eventually(lambda: camera_on([node_a, node_b]),
                                      what="the camera offered on both nodes",

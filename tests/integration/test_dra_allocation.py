@@ -85,8 +85,7 @@ async def test_a_shared_device_of_capacity_two_seen_by_two_nodes_takes_two_claim
             found = await h.pool_slices(kube, pool)
             if len(found) != 1:
                 return None
-            (term,) = found[0]["spec"]["nodeSelector"]["nodeSelectorTerms"]
-            nodes = term["matchExpressions"][0]["values"]
+            nodes = h.device_nodes(found, slices.device_name(name))
             return found if nodes == [node_a, node_b] else None
 
         # One slice, by the controller (no node's agent), usable on both.

@@ -196,8 +196,8 @@ async def test_a_claim_from_the_controllers_shared_pool_is_prepared_on_the_chose
                 h.dra_agents(control_plane, nodes, ns) as agents):
         async def published() -> list[dict[str, Any]] | None:
             found = await h.pool_slices(kube, pool)
-            return found if len(found) == 1 and found[0]["spec"]["nodeSelector"][
-                "nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == nodes else None
+            return found if len(found) == 1 and h.device_nodes(
+                found, slices.device_name(cam)) == nodes else None
 
         (body,) = await harness.eventually(published, what=f"{pool} for both nodes")
         assert body["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"

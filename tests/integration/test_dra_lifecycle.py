@@ -129,8 +129,8 @@ async def test_a_shared_devices_selector_follows_health_and_a_node_leaving_keeps
             if len(found) != 1:
                 return None
             (body,) = found
-            (term,) = body["spec"]["nodeSelector"]["nodeSelectorTerms"]
-            return body if term["matchExpressions"][0]["values"] == list(nodes) else None
+            return body if h.device_nodes(found, slices.device_name(name)) == list(nodes) \
+                else None
 
         first = await harness.eventually(lambda: selecting(node_a, node_b), deadline=30.0,
                                          what=f"{pool} published for both nodes")
@@ -182,7 +182,7 @@ async def test_a_shared_pool_an_agent_published_before_is_taken_over_by_the_cont
     harness.apply(control_plane, namespace, harness.debug_echo_configuration(
         "upgrade", descriptions=["cam"], capacity=2))
     name = instance_name("upgrade", "cam", shared=True, node=node)
-    pool = slices.shared_pool(namespace, "upgrade", name)
+    pool = slices.single_device_pool(namespace, "upgrade", name)  # an older release's
     old: dict[str, Any] = {"apiVersion": dra.API_VERSION, "kind": "ResourceSlice",
            "metadata": {"name": slices.slice_name(pool, 0, node),
                         "labels": {slices.LABEL_POOL: slices.pool_label(pool),
@@ -193,19 +193,31 @@ async def test_a_shared_pool_an_agent_published_before_is_taken_over_by_the_cont
                     "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
                         {"key": "kubernetes.io/hostname", "operator": "In",
                          "values": [node]}]}]},
-                    "devices": [{"name": slices.device_name(name)}]}}
+                    "devices": [{"name": slices.device_name(name), "attributes": {
+                        "namespace": {"string": namespace},
+                        "configuration": {"string": "upgrade"}}}]}}
     await kube.create(ResourceSliceResource.from_dict(old))
-    async with (h.ready_nodes(kube, [node]), h.device_classes(kube, namespace),
-                h.dra_agents(control_plane, [node], namespace)):
-        async def taken_over() -> dict[str, Any] | None:
-            found = await h.pool_slices(kube, pool)
-            return found[0] if len(found) == 1 and found[0]["metadata"]["name"] != \
-                old["metadata"]["name"] else None
 
-        body = await harness.eventually(taken_over, deadline=30.0,
-                                        what=f"{pool}: the controller's slice alone")
-        assert body["spec"]["pool"]["generation"] == 8
-        assert body["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"
+    async def reported() -> bool:  # the agent's first verdict: the pool has its device
+        found = (await harness.instances(kube, namespace)).get(name) or {}
+        return bool((found.get("status") or {}).get("reported"))
+
+    async def taken_over() -> dict[str, Any] | None:
+        found = await h.pool_slices(kube, pool)
+        return found[0] if len(found) == 1 and found[0]["metadata"]["name"] != \
+            old["metadata"]["name"] else None
+
+    async with h.ready_nodes(kube, [node]), h.dra_agents(control_plane, [node], namespace):
+        # As in an upgrade, the device's Instance is there when the controller starts.
+        await harness.eventually(reported, what=f"Instance {name} reported")
+        async with h.device_classes(kube, namespace):
+            body = await harness.eventually(taken_over, deadline=30.0,
+                                            what=f"{pool}: the controller's slice alone")
+            assert body["spec"]["pool"]["generation"] == 8
+            assert body["metadata"]["labels"][dra.LABEL_MANAGED_BY] == "edgeplug-controller"
+            # It stays in the pool claims allocated before name, and is offered there alone.
+            assert await h.pool_slices(
+                kube, slices.shared_pool(namespace, "upgrade", name)) == []
 
 
 async def test_a_slice_deleted_by_someone_else_is_published_again(

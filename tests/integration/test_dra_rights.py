@@ -72,9 +72,16 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
         cp.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
 
 
+def _by_hostname(nodes: list[str], key: str = "kubernetes.io/hostname") -> dict[str, Any]:
+    return {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": key, "operator": "In", "values": nodes}]}]}
+
+
 def _slice(name: str, *, label_node: str, node_name: str | None = None,
-           selector_nodes: list[str] | None = None, driver: str = "edgeplug.io"
-           ) -> dict[str, Any]:
+           selector_nodes: list[str] | None = None, driver: str = "edgeplug.io",
+           devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A slice bound to ``node_name``, or selecting ``selector_nodes``, or (``devices``) each
+    device placing itself (``perDeviceNodeSelection``)."""
     # Pools named as agent/dra/slices.py names them: a node's own, or a shared device's.
     pool = f"ns/{name}/node/{node_name}" if node_name is not None else f"ns/c/shared/{name}"
     spec: dict[str, Any] = {"driver": driver, "pool": {"name": pool, "generation": 1,
@@ -82,9 +89,11 @@ def _slice(name: str, *, label_node: str, node_name: str | None = None,
                             "devices": []}  # where it sits is tried, not what it offers
     if node_name is not None:
         spec["nodeName"] = node_name
+    elif devices is not None:
+        spec["perDeviceNodeSelection"] = True
+        spec["devices"] = devices
     else:
-        spec["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "kubernetes.io/hostname", "operator": "In", "values": selector_nodes}]}]}
+        spec["nodeSelector"] = _by_hostname(selector_nodes or [])
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": name, "labels": {"edgeplug.io/node": label_node}},
             "spec": spec}
@@ -156,6 +165,9 @@ def test_the_agent_writes_only_its_own_nodes_slices(control_plane: ControlPlane,
                                         node_name=w.node_b),
         "a set without its node": _slice(f"r3-{suffix}", label_node=w.node_a,
                                           selector_nodes=[w.node_b]),
+        "a pool of devices each naming nodes": _slice(
+            f"r5-{suffix}", label_node=w.node_a,
+            devices=[{"name": "d0", "nodeSelector": _by_hostname([w.node_a])}]),
         "another driver": _slice(f"r4-{suffix}", label_node=w.node_a, node_name=w.node_a,
                                  driver="gpu.example.com"),
     }
@@ -225,6 +237,15 @@ def test_the_controller_writes_only_shared_pools_of_the_driver(control_plane: Co
                                              driver="gpu.example.com")),
         "not labelled as the controller's": _slice(f"cr3-{suffix}", label_node=w.node_a,
                                                    selector_nodes=[w.node_a]),
+        "a device bound to one node": controllers(_slice(
+            f"cr4-{suffix}", label_node="", devices=[
+                {"name": "d0", "nodeSelector": _by_hostname([w.node_a])},
+                {"name": "d1", "nodeName": w.node_b}])),
+        "a device on every node": controllers(_slice(
+            f"cr5-{suffix}", label_node="", devices=[{"name": "d0", "allNodes": True}])),
+        "a device selecting nodes by another label": controllers(_slice(
+            f"cr6-{suffix}", label_node="",
+            devices=[{"name": "d0", "nodeSelector": _by_hostname(["x"], key="zone")}])),
     }
     for what, body in refused.items():
         while True:  # the policy is loaded asynchronously: the first refusal waits for it
@@ -235,6 +256,10 @@ def test_the_controller_writes_only_shared_pools_of_the_driver(control_plane: Co
             time.sleep(0.2)  # polling a condition with a deadline, not a synchronisation sleep
         assert not ok, f"{what}: allowed"
         assert DENIED in err, f"{what}: {err}"
-    assert _as(cp, w.controller, "create", body=shared) == (True, "")
-    assert _as(cp, w.controller, "delete", "resourceslice", shared["metadata"]["name"]) == (
-        True, "")
+    pooled = controllers(_slice(f"cp-{suffix}", label_node="", devices=[
+        {"name": "d0", "nodeSelector": _by_hostname([w.node_a])},
+        {"name": "d1", "nodeSelector": _by_hostname([w.node_a, w.node_b])}]))
+    for body in (shared, pooled):
+        assert _as(cp, w.controller, "create", body=body) == (True, "")
+        assert _as(cp, w.controller, "delete", "resourceslice", body["metadata"]["name"]) == (
+            True, "")

@@ -310,3 +310,38 @@ def test_a_shared_device_is_evicting_only_when_unhealthy_on_every_node() -> None
     assert plan.nodes == ("n1",)
     assert "taints" not in plan.devices[0]
     assert not dra_slices.unhealthy_everywhere(instance("cam-abcdef", shared=True))
+
+
+def test_shared_devices_share_a_pool_fixed_by_name_each_naming_its_nodes() -> None:
+    names = [f"cam-{i:06x}" for i in range(1000)]
+    pools = {dra_slices.shared_pool("ns", "cam", n) for n in names}
+    assert len(pools) == dra_slices.SHARED_POOL_BUCKETS, "1,000 devices fill every pool"
+    assert all(dra_slices.is_shared_pool(p) for p in pools)
+    assert dra_slices.shared_pool("ns", "cam", names[7]) == dra_slices.shared_pool(
+        "ns", "cam", names[7]), "a device's pool never moves"
+    first = instance("cam-000001", nodes=("n1", "n2"), shared=True, capacity=2,
+                     reported=("n1", "n2"))
+    second = instance("cam-000002", nodes=("n2", "n3"), shared=True, capacity=2,
+                      reported=("n3",))
+    own = [dra_slices.shared_plan(first), dra_slices.shared_plan(second)]
+    assert None not in own
+    plan = dra_slices.pooled_plan("ns/cam/shared/bucket-00", [p for p in own if p])
+    (body,) = dra_slices.slice_bodies(plan, generation=1,
+                                      publisher=dra_slices.CONTROLLER_PUBLISHER)
+    assert body["spec"]["perDeviceNodeSelection"] is True
+    assert "nodeSelector" not in body["spec"]
+    assert "nodeName" not in body["spec"]
+    selectors = {d["name"]: dra_slices.selector_nodes(d["nodeSelector"])
+                 for d in body["spec"]["devices"]}
+    assert selectors == {"cam-000001": ("n1", "n2"), "cam-000002": ("n3",)}
+    # What a restarted controller reads back from the slice is what it would write.
+    assert dra_slices.key_of_slices([body])[1] == dra_slices.content_key(plan)
+
+
+def test_a_pool_of_devices_naming_their_nodes_is_split_at_64() -> None:
+    plans = [dra_slices.PoolPlan(name=f"own-{i}", nodes=("n1",), devices=({"name": f"d{i}"},))
+             for i in range(100)]
+    bodies = dra_slices.slice_bodies(dra_slices.pooled_plan("ns/cam/shared/bucket-01", plans),
+                                     generation=2, publisher=dra_slices.CONTROLLER_PUBLISHER)
+    assert [len(b["spec"]["devices"]) for b in bodies] == [64, 36]
+    assert {b["spec"]["pool"]["resourceSliceCount"] for b in bodies} == {2}

@@ -32,7 +32,7 @@ def test_only_shared_devices_of_configurations_the_scheduler_allocates() -> None
                  _instance("cam-000005", "cam", reported=())]
     pools, held = wanted_pools(instances, {("ns", "cam"): DRA, ("ns", "old"): PLUGINS})
     assert list(pools) == [dra_slices.shared_pool("ns", "cam", "cam-000001")]
-    assert pools["ns/cam/shared/cam-000001"].nodes == ("n1",)
+    assert pools[dra_slices.shared_pool("ns", "cam", "cam-000001")].nodes == ("n1",)
     # Wanted, but no node's verdict known yet: held, not withdrawn.
     assert held == {dra_slices.shared_pool("ns", "cam", "cam-000005")}
 
@@ -96,19 +96,75 @@ async def test_a_write_that_changes_nothing_a_pool_is_built_from_marks_nothing()
 
 async def test_a_pass_rewrites_only_the_pools_whose_inputs_changed() -> None:
     pools, client = await _pools_of(50)
+    every_pool = {dra_slices.shared_pool("ns", "cam", f"cam-{i:06x}") for i in range(50)}
+    assert len(client.applied) == len(every_pool) < 50  # devices share pools
     client.applied.clear()
     pools.put(("ns", "cam-000007"), _object("cam-000007", reported=("n1", "n2")))
     assert pools._wake.is_set()
     await pools.reconcile()
     assert client.applied == [dra_slices.shared_pool("ns", "cam", "cam-000007")]
-    pools.put(("ns", "cam-000008"), None)
+    # A device alone in its pool: the pool goes.
+    alone = next(n for n in (f"cam-{i:06x}" for i in range(50))
+                 if sum(dra_slices.shared_pool("ns", "cam", f"cam-{i:06x}")
+                        == dra_slices.shared_pool("ns", "cam", n) for i in range(50)) == 1)
+    pools.put(("ns", alone), None)
     await pools.reconcile()
     assert client.applied == [dra_slices.shared_pool("ns", "cam", "cam-000007")]
     assert len(client.deleted) == 1
     # A mode change looks at that Configuration's pools: every one withdrawn.
     pools.set_mode(("ns", "cam"), PLUGINS)
     await pools.reconcile()
-    assert len(client.deleted) == 50
+    assert len(client.deleted) == len(every_pool)
+
+
+async def test_without_per_device_node_selection_each_device_has_a_pool_of_its_own() -> None:
+    client = _Client()
+    pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
+    pools.per_device_nodes = False  # what the dry-run write found on an API server without it
+    names = [f"cam-{i:06x}" for i in range(5)]
+    pools.listed([_object(n) for n in names])
+    pools.set_mode(("ns", "cam"), DRA)
+    pools.modes_listed()
+    await pools.reconcile()
+    assert sorted(client.applied) == sorted(
+        dra_slices.single_device_pool("ns", "cam", n) for n in names)
+
+
+class _ListingClient(_Client):
+    """Lists the slices it is given (what an earlier controller wrote)."""
+
+    def __init__(self, slices: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.slices = slices
+
+    def list(self, *_: object, **__: object) -> AsyncIterator[dict[str, Any]]:
+        async def listed() -> AsyncIterator[dict[str, Any]]:
+            for item in self.slices:
+                yield item
+        return listed()
+
+
+async def test_a_device_an_earlier_release_gave_a_pool_of_its_own_stays_in_it() -> None:
+    old = Instance.from_object(_object("cam-000003"))
+    own = dra_slices.shared_plan(old)
+    assert own is not None
+    client = _ListingClient(dra_slices.slice_bodies(
+        own, generation=4, publisher=dra_slices.CONTROLLER_PUBLISHER))
+    pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
+    pools.per_device_nodes = True
+    pools.listed([_object(f"cam-{i:06x}") for i in range(5)])
+    pools.set_mode(("ns", "cam"), DRA)
+    pools.modes_listed()
+    await pools._adopt()
+    await pools.reconcile()
+    assert own.name == dra_slices.single_device_pool("ns", "cam", "cam-000003")
+    assert own.name not in client.applied, "unchanged: not rewritten"
+    assert set(client.applied) == {dra_slices.shared_pool("ns", "cam", f"cam-{i:06x}")
+                                   for i in (0, 1, 2, 4)}
+    # Its health changes: rewritten in the same pool, claims allocated from it still count.
+    pools.put(("ns", "cam-000003"), _object("cam-000003", reported=("n1", "n2")))
+    await pools.reconcile()
+    assert client.applied[-1] == own.name
 
 
 # -- eviction of pods holding a device unhealthy everywhere (issue 50) -------------------------
