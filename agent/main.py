@@ -1,6 +1,6 @@
 """``edgeplug-agent``: wiring only. Settings in, metrics, configuration watch and device plugins up.
 
-Why this exists: the DaemonSet runs ``edgeplug-agent``; tests and the demo run the same agent
+The DaemonSet runs ``edgeplug-agent``; tests and the demo run the same agent
 in-process with ``run_agent(settings)`` or as a subprocess with ``python -m agent.main`` (the
 restart test SIGKILLs it). All logic lives in the modules wired here.
 """
@@ -170,13 +170,11 @@ def settle_heap(settings: AgentSettings) -> None:
     """Import what the agent will run, then move every object so far out of the collector's
     sight (``gc.freeze``).
 
-    Module code, classes and constants (about 40,000 tracked objects) live as long as the
-    process, yet every full collection walked all of them: one such pass took 12 to 28 ms on the
-    event loop, and an ``Allocate`` arriving during it waited that long. Frozen, they are never
-    examined again; the collector only walks what the agent allocated since (a few thousand
-    objects), so its passes stay around a millisecond. Objects that die are still freed by
-    reference counting; only cycles among the frozen ones would stay, and module-level objects
-    never die.
+    Module code, classes and constants live as long as the process, yet every full collection
+    walked all of them, on the event loop, and an ``Allocate`` arriving meanwhile waited for it.
+    Frozen, they are never examined again; the collector walks only what the agent allocated
+    since. Objects that die are still freed by reference counting; only cycles among the frozen
+    ones would stay, and module-level objects never die.
     """
     if settings.serve_device_plugins and not settings.serve_dra:
         import agent.deviceplugins.slots.service  # noqa: F401  (run_agent imports it; here before freezing)

@@ -1,22 +1,11 @@
 """Annotations on the pods that hold this node's devices, for handlers that give them.
 
-Why this exists: Volcano's Ascend scheduling and MindCluster read what Huawei's device plugin
-writes on a pod that got NPUs (which chips: ``huawei.com/Ascend910``, ``huawei.com/AscendReal``;
-for HCCL rank tables: ``ascend.kubectl.kubernetes.io/ascend-910-configuration``), not what
-edgeplug records in Instances. A device plugin never learns which pod its ``Allocate`` served,
-so, as Huawei's plugin does, the agent reads the kubelet's pod-resources ``List`` (the one the
-slot sweep asks, ``PodResourcesClient.on_pods``), maps each pod's device ids back to the devices
-(an Instance plugin's ids are its slots; a configuration plugin's virtual ids are found in the
-Instances' ``deviceUsage``), asks the devices' handler (``AnnotatingHandler``) and merges the
-answer into the pod's annotations.
-
-Rights: the agent may patch pods, and ``deploy/manifests/agent-pod-policy.yaml`` confines that
-to pods bound to its own node and to ``ANNOTATION_KEYS`` (set, never removed). The pod's uid and
-its node's address (which the 910 annotation carries) come from the pod itself, read through an
-empty merge patch that the same policy confines, so the agent holds no ``get`` on every pod.
-Each pod is read and written once per set of devices it holds; a pod whose devices cannot all be
-mapped yet (a claim not recorded yet) or whose node address the kubelet has not reported yet is
-tried again at the next ``List`` (every second while this node holds a slot).
+From the kubelet's pod-resources ``List`` (the slot sweep's), each pod's device ids are mapped
+back to devices (``devices_of``), their handler (``AnnotatingHandler``) is asked, and its answer
+merged into the pod's annotations, only the keys ``ANNOTATION_KEYS`` names (the agent's pod
+policy allows no other). The pod is read through an empty merge patch, so the agent needs no
+``get`` on pods. Each pod once per set of devices; what cannot be mapped yet is tried again at
+the next ``List``. Why Volcano and MindCluster need them: docs/handlers/ascend.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Moves the pods off devices their handler separated, for devices the kubelet allocates.
 
-Why this exists: a device plugin can only tell the kubelet a device is Unhealthy, and the
-kubelet evicts nobody for that; the pods holding it keep running against it. Some faults
-need the pod elsewhere: an Ascend chip at Huawei's ``SeparateNPU`` level is broken, and
-Huawei's stack (Volcano's rescheduling) restarts the job on other chips. A handler says so
-through its device's health (``moves_pods`` true: ``discovery_handlers.ascend.faults``). The
-agent then evicts each pod holding such a device (the Eviction API: PodDisruptionBudgets are
-honoured, the pod's grace period is kept), and the pod's controller (a Job, a Deployment)
-makes a new one, which the scheduler places and the kubelet gives healthy devices. A bare pod
-is evicted too: nothing brings it back, as with a node drain.
-
-Which pods hold what comes from the kubelet's pod-resources ``List`` the slot sweep makes
-(``PodResourcesClient.on_pods``), mapped to devices as the pod annotator maps them. The
-evictions are made as the kubelet where its certificate is given (``NodeReads``): the Node
-authorizer grants a node ``create`` on ``pods/eviction`` and NodeRestriction lets it evict only
-pods bound to itself, so the agent's token needs no right of its own; without the certificate
-the evictions go with the agent's token, which the shipped manifests do not grant (one warning,
-then retried at each ``List``). Each pod is evicted once per set of devices it holds; a refusal
-(a budget not allowing it now) is tried again at the next ``List``.
+A device plugin can only say Unhealthy, and the kubelet evicts nobody for that. For a device whose
+health says ``moves_pods`` (an Ascend chip at ``SeparateNPU``), ``SeparatedDeviceEvictor`` evicts
+each pod holding it (the Eviction API: budgets and grace periods kept), from the pod-resources
+``List`` of the slot sweep, as the kubelet where its certificate is given (``NodeReads``). Each
+pod once per set of devices; a refusal is tried again at the next ``List``.
+docs/handlers/ascend.md, "Health".
 """
 
 from __future__ import annotations

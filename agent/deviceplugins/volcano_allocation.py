@@ -1,21 +1,11 @@
 """Allocate honours the chips Volcano chose for the pod being admitted (Huawei's "volcano mode").
 
-Why this exists: Volcano's Ascend plugin picks a node's chips itself and writes them on the pod
-before binding it: ``huawei.com/Ascend910: Ascend910-2,Ascend910-3`` and ``predicate-time``
-(nanoseconds). A device plugin's ``Allocate`` is not told which pod it serves, so Huawei's
-plugin takes, among the pods bound to its node that wait for their chips, the one with the
-oldest ``predicate-time`` whose chip count is the request's, and hands out the chips it names
-instead of the kubelet's ids. ``VolcanoPins`` does the same for a Configuration's
-configuration-level resource when its chips are ``ascend`` ones with ``huaweiMetadata`` on: it
-answers ``ConfigurationBackend`` with the Instances of the named chips (``Pin``), and the
-backend claims their slots or refuses, naming the chips and why (held by another pod,
-unhealthy, not on this node).
-
-The pods are listed as the kubelet where its certificate is given (``NodeReads``, the list the
-orphan freer makes). A pod is served once: it is remembered here, and a pod that already holds
-devices in the kubelet's pod-resources is skipped, which covers an agent restart. Huawei's
-plugin instead marks the pod by rewriting its ``predicate-time`` to the largest unsigned value;
-edgeplug writes no such annotation (no new right on pods is needed).
+``VolcanoPins`` finds, among the pods bound here that wait for their chips, the one with the
+oldest ``predicate-time`` asking as many chips as the request, and answers
+``ConfigurationBackend`` with the Instances of the chips it names (``Pin``); the backend claims
+their slots or refuses, naming the chips and why. A pod is served once (remembered here, and
+skipped once it holds devices in pod-resources). docs/handlers/ascend.md, "Allocate gives the
+chips Volcano chose".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What this node can serve right now: the in-process hand-off from discovery to device plugins.
 
-Why this exists: an Instance in the API server carries a device's properties, but not the
+An Instance in the API server carries a device's properties, but not the
 node-specific parts a kubelet needs at ``Allocate`` time (host mounts, device nodes, the
 handler's hooks), and a shared Instance lists many nodes. Discovery runs put what *this* node
 sees here, as one record that holds the handler's ``Device`` itself, so a field added to the

@@ -1,18 +1,11 @@
 """Keeps Huawei's device-info ConfigMap for Volcano, ``kube-system/mindx-dl-deviceinfo-<node>``.
 
-Why this exists: Volcano's Ascend plugin places NPU jobs by chip from that ConfigMap, which
-Huawei's device plugin writes; on edgeplug's nodes the agent writes it instead
-(``VOLCANO_DEVICE_INFO=on``), in Huawei's format (``discovery_handlers.ascend.device_info``),
-from the ``ascend`` chips of this node's device table whose Configuration keeps
-``huaweiMetadata`` on. A chip any pod holds (a slot of its Instance in use) is left out of the
-free list; the Instances' usage comes from a watch of this node's Instances. The ConfigMap is
-written (server-side apply) when its content changes and, as Huawei's plugin does, at least
-every ``settings.discovery.volcano_refresh_s`` with a new ``UpdateTime``; it is never deleted (nor
-is Huawei's). The right to write it, in ``kube-system`` and under this node's name only, is
-``deploy/ascend/agent-device-info.yaml``. With it goes the Node annotation ``baseDeviceInfos``
-(every chip, whatever its health), from which Volcano counts the node's chips in its default
-mode; ``deploy/manifests/agent-node-policy.yaml`` lets the agent set that one annotation on its
-own Node.
+With ``VOLCANO_DEVICE_INFO=on``, ``DeviceInfoWriter`` writes it in Huawei's format
+(``discovery_handlers.ascend.device_info``) from this node's ``ascend`` chips whose
+Configuration keeps ``huaweiMetadata`` on, a chip any pod holds left out of the free list, and
+the Node annotation ``baseDeviceInfos``; on each change and at least every
+``settings.discovery.volcano_refresh_s``; never deleted. docs/handlers/ascend.md, "Volcano's
+view of the chips"; its rights: ``deploy/ascend/agent-device-info.yaml``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
-"""What a prepared claim says of its devices: ResourceClaim ``status.devices`` (KEP-4817, GA in
-v1.37), written by the agent for the claims it prepares.
+"""What a prepared claim says of its devices: ResourceClaim ``status.devices``, for the claims this
+agent prepares.
 
-Why this exists: a user reading a claim should see what the pod got, not only a device name:
-per allocated device of ours a ``Ready`` condition following the device's health on this node,
-its properties as ``data`` (the same ones the container's environment and the Instance carry,
-which never hold a Secret's value: discovery drops such a property before a device reaches the
-table), and for a network device (an ONVIF camera, an OPC-UA server whose URL names an IP) its
-address as ``networkData``.
-
-Writes: a server-side apply of the claim's ``status`` subresource with the agent's own token
-(field manager ``edgeplug-agent-<node>``; ``status.devices`` is a list-map keyed by driver,
-pool and device, so other drivers' entries are left alone). It needs ``patch`` on
-``resourceclaims/status`` and, where the API server checks it (granular status
-authorization, beta in v1.36), ``associated-node:patch`` on ``resourceclaims/driver`` named
-``edgeplug.io``; without them the first refusal is logged once and prepare goes on as before.
-Writes never delay a prepare: a worker sends them, the latest per claim, and follows the
-device table, rewriting a claim whose device's health changed. The claims recorded before an
-agent restart are followed again from its start, each written once its devices are served
-again (never ``Unknown`` over what it said before the restart).
+``ClaimStatus`` writes, per device of ours, a ``Ready`` condition following its health on this
+node, its properties as ``data`` and a network device's address as ``networkData``, by
+server-side apply of the claim's status (field manager ``edgeplug-agent-<node>``). A worker sends
+the writes, never delaying a prepare, and rewrites a claim when a device's health changes; a
+refused write is logged once. docs/dra.md, "What a prepared claim says: ``status.devices``".
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """The agent as a DRA kubelet plugin: registration in ``plugins_registry`` and the ``dra/v1``
-``DRAPlugin`` service, both over Unix sockets.
+``DRAPlugin`` service (with ``agent.dra.health``'s services) over Unix sockets.
 
-Why this exists: once the scheduler allocated a claim one of this node's devices, the kubelet's
-DRA manager asks the driver named in the allocation (``edgeplug.io``) to prepare it before the
-pod's containers start, and to unprepare it when the pod is gone. The kubelet finds the driver
-through its plugin watcher: a socket in ``/var/lib/kubelet/plugins_registry`` serving
-``pluginregistration.Registration``, whose ``GetInfo`` names the driver, the service socket
-(``/var/lib/kubelet/plugins/edgeplug.io/dra.sock``) and the versions ``v1.DRAPlugin`` and the
-health services ``agent.dra.health`` serves on the same socket (``v1.DRAResourceHealth``,
-``v1alpha1.DRAResourceHealth``: the devices' health, shown in the pods holding them).
-
-Prepare, per claim: read the claim (its allocation is in its status; as the kubelet where its
-certificate is given, ``agent.kube.node_reads``), find each allocated
-device among those this node serves (``agent.dra.claims``), run the handler's ``prepare``
-hook, have the handler make what a device needs on the node (``agent.dra.claim_devices``: a
-vNPU, say; the CDI spec gives what it made), write the claim's CDI spec, record the claim with
-its spec and what was made, and answer the CDI ids (the
-claim's ``status.devices`` then says what it got: ``agent.dra.claim_status``). A
-claim already recorded answers from the record (the kubelet calls again after its own restart,
-and after ours), once its spec is in the CDI directory as recorded: written again if not. A
-reboot empties that directory (``/var/run/cdi`` is a tmpfs) and keeps the record (on disk), so
-before the plugin registers every recorded claim's spec is written again where it is missing
-or differs, and each handler is told what it made. Unprepare undoes what was made, then
-removes the spec and the record; an unknown claim is already unprepared. A failure of one
-claim is reported in that claim's ``error`` and leaves the others alone; a refused prepare
-leaves nothing made, no spec and no record.
-Each claim's prepare is timed into ``edgeplug_dra_prepare_duration_seconds`` (by outcome).
+``NodePrepareResources``, per claim: read the claim (``agent.kube.node_reads``), find its devices
+(``agent.dra.claims``), run the handler's ``prepare`` and ``agent.dra.claim_devices``, write the
+claim's CDI spec and record, answer the CDI ids (``agent.dra.claim_status`` then fills
+``status.devices``); a recorded claim answers from its record. ``NodeUnprepareResources`` undoes
+it. One claim's failure is that claim's ``error``; a refused prepare leaves nothing behind.
+Before registering, recorded claims' specs are written again where missing (a reboot).
+docs/dra.md, "The kubelet plugin".
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
-"""Keep this node's ResourceSlices in step with the local devices it serves.
+"""Keeps this node's ResourceSlices in step with the local devices it serves.
 
-Why this exists: DRA's scheduler allocates only what ResourceSlices list. The agent already
-writes every fact a slice needs into Instances (properties, capacity, the node, the device
-table's health), so this part watches Instances, asks ``agent.dra.slices`` which local pools
-this node should publish, and writes the difference. Shared devices' pools are the
-controller's (``controller.shared_pools``): the agent publishes, adopts and withdraws only
-slices bound to its node (``spec.nodeName``), and leaves a shared pool's slice an older agent
-wrote to the controller, whose higher generation replaces it (the agents' slice policy refuses
-them any other slice).
-
-Health: this node's verdict on each device comes from the agent's device table
-(``NodeDeviceTable``, put before the Instance's status is written), and a pool waits until the
-table holds every device of it on this node (``slices.plan_node``): an Instance is created
-before its status says it is unhealthy, and a pool published in between would offer an
-unhealthy device to claims (and a pool of 70 with a tainted one would be one slice, not the 64
-the API allows). A change in the table wakes the publisher as an Instance change does.
-
-How a pool is rewritten: when a pool's devices change, every slice of it is applied (server-side
-apply, field manager ``edgeplug-agent-<node>``) with the pool's generation one higher, then the
-slices it no longer needs are deleted. The scheduler reads only the slices of a pool's highest
-generation and only when all ``resourceSliceCount`` of them are there, so it sees the old pool
-or the new one, never a mixture. A pool this process has not written yet first has its slices
-listed by label, so the generation only grows. An unchanged pool is never written: a restart
-that finds its slices as it left them writes nothing. A slice of ours that somebody else
-deletes (the kubelet, at its start, wipes slices of drivers not registered in time) is written
-again. Fields the API server drops (consumable capacity, taints: gates off, as on 1.35) are
-reported once (``crds.dra_features``).
-
-Eviction: a Configuration with ``spec.unhealthyDevices.evictAfterSeconds`` (the device table
-holds it, from the agent's Configuration watch) has a device of this node that stays unhealthy
-that long tainted ``NoExecute`` instead of ``NoSchedule``; the kube-controller-manager's device
-taint eviction controller then evicts the pods holding it. The grace is timed from when this
-process first saw the device unhealthy (an agent restart starts it again); a timer wakes the
-pass at the end of the nearest grace.
+``DraPublisher`` watches this node's Instances and the device table, asks ``agent.dra.slices``
+which local pools to publish, and writes the difference: a changed pool is applied one
+generation up, then its unneeded slices deleted; an unchanged pool is never written; a slice of
+ours deleted by somebody else is written again; a device unhealthy past its Configuration's
+eviction grace is tainted ``NoExecute``. Shared pools are the controller's. Why and how:
+docs/dra.md, "What is published" and "Unhealthy devices: keep their pods, or move them".
 """
 
 from __future__ import annotations

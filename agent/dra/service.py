@@ -1,7 +1,7 @@
 """The agent's DRA side, one entry point for ``agent.main``: ResourceSlices and, where the
 kubelet's plugin directories are given, the DRA kubelet plugin.
 
-Why this exists: ``main`` is wiring only, and with ``DRA=on`` it starts exactly this; nothing
+``main`` is wiring only, and with ``DRA=on`` it starts exactly this; nothing
 under ``agent.dra`` is imported otherwise (an agent without DRA pays none of its memory).
 """
 

@@ -1,26 +1,11 @@
 """Instances in, this node's local pools out: what the agent publishes for DRA. Pure, no I/O.
 
-The publisher (``agent.dra.publisher``) only diffs and writes; what the scheduler sees of this
-node's devices is decided here, over plain data, and unit-tested over tables. The slice bodies
-themselves (pool and device names, attributes, capacity, taints, splitting) are
-``crds.dra_slices``, which the controller shares.
-
-An agent publishes only the pools bound to its own node (``spec.nodeName``): one per
-Configuration with local devices here, ``<namespace>/<configuration>/node/<node>``. A shared
-device's pool is the controller's (``controller.shared_pools``); the agents' slice policy
-refuses them any slice not bound to their node.
-
-Health: this node's verdict on each device is the agent's own (its device table), not the
-Instance's status, which is written after the Instance and lags it: a pool holding a device
-this node does not serve yet is held, neither published nor withdrawn, so no device is ever
-published healthy before its health is known (``plan_node``). A present but unhealthy device
-stays published, tainted ``edgeplug.io/unhealthy`` (``NoSchedule``, or ``NoExecute`` for the
-devices the publisher says are past their Configuration's eviction grace); one that is gone is
-withdrawn.
-
-Partitions (``crds.dra_slices``: devices consuming a counter set) are published with their
-pool's counter sets, or left out when ``partitions`` is false (a cluster that drops the
-counters: overlapping partitions must not be offered).
+``plan_node`` gives one pool per Configuration with local devices here
+(``<namespace>/<configuration>/node/<node>``), bound to this node; a pool holding a device the
+device table does not serve yet is held back, so nothing is published healthy before its health
+is known; a present but unhealthy device stays, tainted; partitions are left out where the
+cluster drops counter sets. Slice bodies are ``crds.dra_slices``'s, shared with the controller,
+which publishes the shared devices' pools. docs/dra.md, "What is published".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The seam between the generic plugin lifecycle and device logic.
 
-Why this exists: serving a socket, registering with the kubelet and streaming ``ListAndWatch``
+Serving a socket, registering with the kubelet and streaming ``ListAndWatch``
 are the same for every plugin; which devices exist, whether they are healthy and what
 ``Allocate`` hands out are not. A ``PluginBackend`` answers the device questions in plain Python
 types, a ``DeviceFeed`` carries the advertised list (deduplicated, so the kubelet only hears

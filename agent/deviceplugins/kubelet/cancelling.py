@@ -1,12 +1,12 @@
 """Keeping a task's cancellation when a library call swallows it.
 
-Why this exists: on Python 3.11 ``asyncio.wait_for`` returns the inner result instead of raising
+On Python 3.11 ``asyncio.wait_for`` returns the inner result instead of raising
 when a cancellation lands just as the inner future completes, and grpc.aio's
 ``Server.stop(grace)`` waits for its shutdown through ``wait_for``. A task cancelled while it
 stopped a plugin's server then carried on as if never cancelled: the device-plugin service's
-reconcile loop went back to sleep and the service never stopped (seen as a test teardown that
-waited 30 s in vain, about 1 run in 15). A cancellation requested while a call runs shows in
-``Task.cancelling()`` even when the call swallowed it; ``cancellation_kept`` raises it again.
+reconcile loop went back to sleep and the service never stopped. A cancellation requested while a
+call runs shows in ``Task.cancelling()`` even when the call swallowed it; ``cancellation_kept``
+raises it again.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wake-ups when entries of the kubelet's device-plugin directory appear, vanish or move.
 
-Why this exists: a kubelet restart shows itself only in that directory (it deletes every plugin
+A kubelet restart shows itself only in that directory (it deletes every plugin
 socket and creates a new ``kubelet.sock``). Polling the sockets costs a ``stat`` per plugin per
 tick, all day, on a node where nothing changes; inotify (through ``asyncinotify``: small, pure
 Python over the kernel API, asyncio-native, typed) makes the manager sleep until the directory

@@ -1,6 +1,6 @@
 """What a plugin advertises: device ids with their health, and the feed ``ListAndWatch`` streams.
 
-Why this exists: the slot rules compute advertised lists and must stay free of gRPC; the plugin
+The slot rules compute advertised lists and must stay free of gRPC; the plugin
 lifecycle streams them. This module is the grpc-free meeting point of the two.
 """
 

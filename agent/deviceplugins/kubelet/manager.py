@@ -1,28 +1,12 @@
 """Many plugins, one kubelet: serving, registering, and surviving kubelet restarts.
 
-Why this exists: when the kubelet restarts it deletes every plugin socket in its directory and
-creates a fresh ``kubelet.sock``; a plugin that does not notice is silently gone from the node
-(Akri's agent never re-registers). The manager sleeps until inotify reports a change of the
-plugin directory's entries (``dirwatch``), then compares the identity (inode, ctime) of
-``kubelet.sock`` and of each plugin's own socket with what it knows: a plugin whose socket
-vanished is served again, and every plugin not yet registered with the current kubelet is
-registered again, concurrently, so a restart is repaired within one event plus one registration
-round trip.
-
-The kubelet may also hang up on a plugin while its ``kubelet.sock`` stays: its plugin server
-disconnects a client by resource name when an older client's stream ends, so a plugin that
-registers again (an agent restarted) while the kubelet is still handling the old stream's end
-is dropped right after registering, and its resource stays unhealthy for good. A plugin whose
-last ListAndWatch stream the kubelet ended registers again unless the kubelet opens a new stream
-within ``settings.device_plugins.hung_up_s``: long after the kubelet is done with the old client, so
-the new registration cannot meet the same fate.
-
-Nothing runs while nothing changes, however many plugins there are: the only timers are a
-registration retry after ``settings.device_plugins.register_retry_s`` (only while one failed; the
-kubelet may simply be down), the hang-up check (only after a hang-up), a safety check every
-``settings.device_plugins.safety_check_s``, and, where inotify cannot watch the directory, the old
-poll every ``settings.device_plugins.kubelet_watch_interval_s`` (inotify is tried again every
-``settings.device_plugins.watch_retry_s``).
+``PluginManager`` serves each plugin's socket and registers it with the kubelet; it sleeps until
+inotify reports a change in the plugin directory (``dirwatch``), then serves again a plugin whose
+socket vanished and registers again every plugin the current ``kubelet.sock`` has not seen (a
+kubelet restart deletes the sockets). A plugin whose last ListAndWatch stream the kubelet ended
+registers again unless a new stream opens within ``settings.device_plugins.hung_up_s``. Its
+timers (retry, safety check, polling where inotify is missing) are ``settings.device_plugins``'s.
+Why each of these: docs/architecture.md, "The kubelets' allocator".
 """
 
 from __future__ import annotations

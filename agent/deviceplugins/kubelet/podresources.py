@@ -1,6 +1,6 @@
 """The kubelet's pod-resources API: which device ids live pods hold right now.
 
-Why this exists: a slot recorded in ``deviceUsage`` stays held until someone frees it, and the
+A slot recorded in ``deviceUsage`` stays held until someone frees it, and the
 kubelet never tells a device plugin that a pod went away. Its pod-resources ``List`` (a Unix
 socket, normally ``/var/lib/kubelet/pod-resources/kubelet.sock``) is the authoritative answer;
 this module is the one narrow seam to it.

@@ -1,6 +1,6 @@
 """Registering one plugin with the kubelet over ``kubelet.sock``.
 
-Why this exists: registration is the only call the plugin makes *to* the kubelet; keeping it in
+Registration is the only call the plugin makes *to* the kubelet; keeping it in
 one function gives one place for the API version, the timeout and the error translation
 (a ``RegistrationFailed`` names the resource and the kubelet's status).
 """

@@ -1,6 +1,6 @@
 """One device plugin's gRPC server on its Unix socket.
 
-Why this exists: the kubelet dials each plugin on a socket in its plugin directory and calls the
+The kubelet dials each plugin on a socket in its plugin directory and calls the
 ``DevicePlugin`` service. This module translates between that wire API and a ``PluginBackend``
 (plain Python types, ``PluginError`` for refusals) and owns the socket file: it is created on
 ``start`` (replacing a stale one) and removed on ``stop``.
