@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from crds import dra_slices
+from crds import dra_slices, written_slices
 from crds.configuration import Allocator
 from crds.instance import STATUS_REPORTED, Instance
 
@@ -97,6 +97,6 @@ class SharedDevice:
         return cls(configuration=instance.spec.configuration_name,
                    pool=dra_slices.shared_pool(instance.namespace,
                                                instance.spec.configuration_name, instance.name),
-                   plan=plan, key=dra_slices.content_key(plan) if plan is not None else None,
+                   plan=plan, key=written_slices.content_key(plan) if plan is not None else None,
                    evicting=evicting,
-                   evicting_key=dra_slices.content_key(evicting) if evicting else None)
+                   evicting_key=written_slices.content_key(evicting) if evicting else None)

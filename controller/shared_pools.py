@@ -1,67 +1,43 @@
-"""The ResourceSlices of shared devices the scheduler allocates: one pool each, kept by the
-controller (``--dra``); docs/dra.md ("What is published", "Unhealthy devices") says what and why.
+"""The ResourceSlices of shared devices the scheduler allocates, kept by the controller
+(``--dra``); docs/dra.md ("What is published", "Unhealthy devices") says what and why.
 
-For every shared Instance of a served namespace whose Configuration is allocated by DRA (the mode
-``controller.device_classes`` decides), the pool ``controller.pool_inputs.SharedDevice`` plans,
-server-side applied one generation above any publisher's (the controller's own slices adopted
-by label at start, a pool not written yet listed first); held while no node's verdict is known;
-withdrawn when its Instance goes or its Configuration leaves ``dra``. Nothing is written before
-the Instances (``controller.instance_classes``' watch) and the modes were listed once.
+Every shared Instance of a served namespace whose Configuration is allocated by DRA (the mode
+``controller.dra.device_classes`` decides) is published in its pool (``pool_inputs.pool_of``:
+one of its Configuration's ``SHARED_POOL_BUCKETS``, each device naming its own nodes; or a pool
+of its own), held while no node's verdict is known, withdrawn when its Instance goes or its
+Configuration leaves ``dra``. Nothing is written before the Instances and the modes were listed
+once; ``controller.pool_writer`` makes the API calls.
 
 Work follows what changed: an Instance event whose pool inputs or plan equal those kept marks
-nothing; a pass looks only at the marked pools (all after a (re)list), ``WRITES_IN_FLIGHT``
-calls at a time. A device unhealthy on every node for its Configuration's ``evictAfterSeconds``
-(timed from when this controller first saw it so) is tainted ``NoExecute``."""
+nothing; a pass looks only at the marked pools (all after a (re)list). A device unhealthy on
+every node for its Configuration's ``evictAfterSeconds`` (timed from when this controller first
+saw it so) is tainted ``NoExecute``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from lightkube import ApiError, AsyncClient
-from lightkube.types import PatchType
+from lightkube import AsyncClient
 
 from controller.dra.agent_liveness import without_gone
 from controller.dra.shared_allocation import put_mode
 from controller.pool_inputs import SharedDevice, assemble, pool_inputs, pool_of
-from crds import dra, dra_features, dra_slices, pool_slices
+from controller.pool_writer import PoolWriter
+from crds import dra_features, dra_slices, written_slices
 from crds.configuration import Allocator
 from crds.instance import Instance
-from crds.resources import ResourceSliceResource
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
 #: After a pass that failed (an API error), the next one comes this soon.
 RETRY_S: Final = 1.0
 #: A pass waits this long after the change that woke it, so a burst is written once.
 PASS_DELAY_S: Final = 0.05
-#: API calls (applies, deletes, lists) of one pass in flight at once: pools are independent,
-#: and one call at a time leaves the API server idle between round trips. One pool's own calls
-#: stay in order (apply, then delete the stale).
-WRITES_IN_FLIGHT: Final = 16
-
-#: The pool and node of the dry-run slice that asks whether per-device node selection is kept.
-PROBE_POOL: Final = dra_slices.shared_pool("kube-system", "edgeplug-probe", "probe")
-PROBE_NODE: Final = "edgeplug-probe"
-
 _Key = tuple[str, str]
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    return obj if isinstance(obj, dict) else dict(obj.to_dict())
-
-
-def _namespace_of(body: Mapping[str, Any]) -> str:
-    """The namespace a listed slice's devices name (``crds.dra`` attribute ``namespace``)."""
-    for device in body["spec"].get("devices") or ():
-        value = ((device.get("attributes") or {}).get(dra.ATTR_NAMESPACE) or {}).get("string")
-        if value:
-            return str(value)
-    return ""
 
 
 class SharedPools:
@@ -69,13 +45,12 @@ class SharedPools:
     Fed by ``listed``/``put`` (Instances) and ``set_mode``/``modes_listed`` (Configurations)."""
 
     def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
-        self._client = client
+        self._writer = PoolWriter(client)
         self._namespaces = frozenset(namespaces)
         self._devices: dict[_Key, SharedDevice] = {}
         self._inputs: dict[_Key, tuple[Any, Any, Any]] = {}  # pool_inputs of each device kept
         self._by_configuration: dict[_Key, set[_Key]] = {}
         self._modes: dict[_Key, Allocator] = {}
-        self._written: dict[str, dra_slices.Written] = {}
         #: Pools to look at in the next pass; ``_everything``: every pool known (a (re)list).
         self._dirty: set[str] = set()
         self._everything = True
@@ -83,9 +58,6 @@ class SharedPools:
         self._modes_listed = False
         self._wake = asyncio.Event()
         self._passing = False  # a pass is running
-        self._gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        self.features = dra_features.FeatureReport(log)
-        self.writes = 0  # API writes (applies and deletes), for tests and benchmarks
         self.passes = 0  # passes done, for tests and benchmarks
         self.examined = 0  # pools the passes looked at, for tests and benchmarks
         self._failing = ""  # the error the last pass failed with
@@ -101,8 +73,6 @@ class SharedPools:
         self.per_device_nodes: bool | None = None
         self._pool_of: dict[_Key, str] = {}  # the pool each kept device is published in
         self._members: dict[str, set[_Key]] = {}  # pool → the devices kept in it
-        #: pool → device name → the device as last written (a held device stays so)
-        self._entries: dict[str, dict[str, Mapping[str, Any]]] = {}
         #: (namespace, device name) → the pool of its own an earlier release published it in,
         #: kept for the process's life: claims allocated from it name it.
         self._adopted: dict[tuple[str, str], str] = {}
@@ -252,7 +222,7 @@ class SharedPools:
         if plan is None or not self._gone.intersection(plan.nodes):
             return plan, key
         live = without_gone(plan, self._gone)
-        return live, dra_slices.content_key(live)
+        return live, written_slices.content_key(live)
 
     def modes(self) -> list[_Key]:
         """The Configurations whose mode is known now."""
@@ -300,66 +270,24 @@ class SharedPools:
 
     async def _adopt(self) -> None:
         """Learn whether the API server keeps per-device node selection, and the pools an
-        earlier controller wrote, so none is rewritten needlessly, generations keep growing and
-        a device published in a pool of its own stays there."""
+        earlier controller wrote (``controller.pool_writer``); devices kept before are placed
+        again, a device published in a pool of its own staying there."""
         if self.per_device_nodes is None:
-            self.per_device_nodes = await self._keeps_per_device_nodes()
-        by_pool: dict[str, list[dict[str, Any]]] = {}
-        # Every slice of the driver bound to no node: this controller's, and a shared pool an
-        # agent of an older release published (taken over: rewritten as the controller's).
-        async for obj in self._client.list(
-                ResourceSliceResource, fields={"spec.driver": dra.DRIVER, "spec.nodeName": ""}):
-            body = _as_dict(obj)
-            pool = str(body["spec"]["pool"]["name"])
-            if body["spec"].get("driver") == dra.DRIVER and not body["spec"].get("nodeName") \
-                    and dra_slices.is_shared_pool(pool) and self._serves(_namespace_of(body)):
-                by_pool.setdefault(pool, []).append(body)
-        for pool, found in by_pool.items():
-            written, stale = dra_slices.adopt(found)
-            await self._delete(stale)
-            self._written[pool] = written
-            current = [s for s in found if s["metadata"]["name"] in written.names]
-            self._entries[pool] = {str(d["name"]): dra_slices.as_written(d)
-                                   for s in current for d in s["spec"].get("devices") or ()}
-            if not any(s["spec"].get("perDeviceNodeSelection") for s in current):
-                namespace = _namespace_of(current[0])
-                self._adopted.update({(namespace, name): pool for name in self._entries[pool]})
-        for key in list(self._devices):  # kept before the pools were known: placed again
+            self.per_device_nodes = await self._writer.keeps_per_device_nodes()
+        self._adopted.update(await self._writer.adopt(self._serves))
+        for key in list(self._devices):
             device, inputs = self._devices[key], self._inputs[key]
             self._forget(key)
             self._keep(key, device)
             self._inputs[key] = inputs
         self._everything = True
 
-    async def _keeps_per_device_nodes(self) -> bool:
-        """Whether the API server keeps ``perDeviceNodeSelection`` (DRAPartitionableDevices),
-        asked by a dry-run write of a pool of one device."""
-        plan = dra_slices.pooled_plan(PROBE_POOL, [dra_slices.PoolPlan(
-            name=PROBE_POOL, nodes=(PROBE_NODE,), devices=({"name": "probe"},))])
-        body = dra_slices.slice_bodies(plan, generation=1,
-                                       publisher=dra_slices.CONTROLLER_PUBLISHER)[0]
-        try:
-            stored = await self._client.patch(
-                ResourceSliceResource, body["metadata"]["name"], body, dry_run=True,
-                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
-        except ApiError as error:
-            if error.status.code != 422:
-                raise
-            kept = False
-        else:
-            kept = bool(_as_dict(stored)["spec"].get("perDeviceNodeSelection"))
-        if not kept:
-            log.warning("shared pools: the API server does not keep per-device node selection "
-                        "(%s off): each shared device gets a pool and a slice of its own",
-                        dra_features.PARTITIONABLE_DEVICES)
-        return kept
-
     def _taken(self) -> set[str]:
         """The pools this pass looks at, taken from the marks."""
         if self._everything:
             self._everything = False
             self._dirty.clear()
-            return set(self._members) | set(self._written)
+            return set(self._members) | set(self._writer.written)
         taken, self._dirty = self._dirty, set()
         return taken
 
@@ -378,7 +306,7 @@ class SharedPools:
             else:
                 plans.append(plan)
         own = self.per_device_nodes is False or pool in self._adopted.values()
-        return assemble(pool, plans, held, self._entries.get(pool, {}), pooled=not own)
+        return assemble(pool, plans, held, self._writer.entries.get(pool, {}), pooled=not own)
 
     async def reconcile(self) -> None:
         """One pass: publish every marked pool that changed, withdraw those no longer wanted
@@ -390,21 +318,21 @@ class SharedPools:
         for pool in sorted(pools):
             plan, held = self._pool_plan(pool)
             if plan is None:
-                if pool in self._written and not held:
+                if pool in self._writer.written and not held:
                     gone.append(pool)
                 continue
-            key = dra_slices.content_key(plan)
-            if (w := self._written.get(pool)) is None or w.key != key:
+            key = written_slices.content_key(plan)
+            if (w := self._writer.written.get(pool)) is None or w.key != key:
                 changed.append((plan, key))
         self._time_graces()
         try:
-            others = await self._listed([p.name for p, _ in changed
-                                         if p.name not in self._written])
-            listed = await self._listed(gone)
+            others = await self._writer.listed([p.name for p, _ in changed
+                                                if p.name not in self._writer.written])
+            listed = await self._writer.listed(gone)
             results = await asyncio.gather(
-                *(self._publish(plan, key, others.get(plan.name, []))
+                *(self._writer.publish(plan, key, others.get(plan.name, []))
                   for plan, key in changed),
-                *(self._withdraw(pool, listed.get(pool, [])) for pool in gone),
+                *(self._writer.withdraw(pool, listed.get(pool, [])) for pool in gone),
                 return_exceptions=True)
         except BaseException:
             self._dirty |= pools
@@ -416,55 +344,12 @@ class SharedPools:
             self._dirty.update(pool for pool, _ in failed)
             raise failed[0][1]
 
-    async def _gated(self, call: Awaitable[Any]) -> Any:
-        async with self._gate:
-            return await call
+    @property
+    def writes(self) -> int:
+        """API writes (applies and deletes) so far, for tests and benchmarks."""
+        return self._writer.writes
 
-    async def _listed(self, pools: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """Every slice of the driver's of each pool (any publisher's, any generation); the
-        lists (``pool_slices.POOLS_PER_LIST`` pools each) in flight at once, gated."""
-        chunk = pool_slices.POOLS_PER_LIST
-        found = await asyncio.gather(*(
-            pool_slices.slices_by_pool(self._client, pools[i:i + chunk], gate=self._gate)
-            for i in range(0, len(pools), chunk)))
-        return {pool: mine for listed in found for pool, slices in listed.items()
-                if (mine := [s for s in slices if s["spec"].get("driver") == dra.DRIVER])}
-
-    async def _publish(self, plan: dra_slices.PoolPlan, key: str,
-                       others: list[dict[str, Any]]) -> None:
-        """Write the pool (``key``: its content key) one generation above any of its slices,
-        then delete the rest (this controller's older slices, an agent's from before the
-        upgrade)."""
-        before = self._written.get(plan.name)
-        newest = max([dra_slices.generation(s) for s in others]
-                     + [before.generation if before is not None else 0])
-        generation = newest + 1
-        bodies = dra_slices.slice_bodies(plan, generation=generation,
-                                         publisher=dra_slices.CONTROLLER_PUBLISHER)
-        for body in bodies:
-            stored = await self._gated(self._client.patch(
-                ResourceSliceResource, body["metadata"]["name"], body,
-                patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True))
-            self.writes += 1
-            self.features.note(dra_features.dropped_by_slice(body, _as_dict(stored)),
-                               what=f"ResourceSlice {body['metadata']['name']}")
-        names = tuple(b["metadata"]["name"] for b in bodies)
-        stale = {str(s["metadata"]["name"]) for s in others} | set(
-            before.names if before is not None else ())
-        await self._delete(sorted(stale - set(names)))
-        self._written[plan.name] = dra_slices.Written(
-            generation=generation, names=names, key=key)
-        self._entries[plan.name] = {str(d["name"]): d for d in plan.devices}
-        log.info("ResourceSlice pool published", extra={
-            "pool": plan.name, "generation": generation, "nodes": list(plan.nodes),
-            "tainted": any("taints" in d for d in plan.devices)})
-
-    async def _withdraw(self, pool: str, listed: list[dict[str, Any]]) -> None:
-        names = {str(s["metadata"]["name"]) for s in listed} | set(self._written[pool].names)
-        await self._delete(sorted(names))
-        self._written.pop(pool, None)
-        self._entries.pop(pool, None)
-        log.info("ResourceSlice pool withdrawn", extra={"pool": pool})
-
-    async def _delete(self, names: Iterable[str]) -> None:
-        self.writes += await pool_slices.delete_slices(self._client, names, gate=self._gate)
+    @property
+    def features(self) -> dra_features.FeatureReport:
+        """The DRA features the API server dropped from the slices written."""
+        return self._writer.features

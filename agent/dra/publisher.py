@@ -23,11 +23,11 @@ from agent.dra import slices
 from agent.kube import node_instances, watching
 from agent.kube.client import as_dict, field_manager
 from agent.settings import current
-from crds import dra_features, dra_slices, pool_slices
+from crds import dra_features, pool_slices, written_slices
 from crds.configuration import Allocator
-from crds.dra_slices import Written, adopt, content_key
 from crds.instance import Instance
 from crds.resources import ResourceSliceResource as ResourceSliceResource
+from crds.written_slices import Written, adopt, content_key
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +350,7 @@ class DraPublisher:
         """The newest generation the API server holds of each pool (any publisher's; absent:
         none)."""
         listed = await pool_slices.slices_by_pool(self._client, pools, gate=self._gate)
-        return {pool: max(dra_slices.generation(s) for s in found)
+        return {pool: max(written_slices.generation(s) for s in found)
                 for pool, found in listed.items()}
 
     async def _delete(self, names: Iterable[str]) -> None:

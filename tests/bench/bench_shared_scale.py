@@ -115,8 +115,10 @@ def _trackers(client: AsyncClient, ns: str, seen: Tracker) -> list[asyncio.Task[
         if kind == "DELETED":
             seen.slices.pop(name, None)
         else:
-            seen.slices[name] = (pool, len(body["spec"].get("devices") or ()))
-            seen.sliced.setdefault(pool, time.monotonic())
+            devices = body["spec"].get("devices") or ()
+            seen.slices[name] = (pool, len(devices))
+            for device in devices:
+                seen.sliced.setdefault(str(device["name"]), time.monotonic())
         seen.events["slices"] += 1
         seen.last_event = time.monotonic()
         seen.changed.set()
@@ -240,11 +242,11 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
     cpu_after = _cpu(pids)
     instances = [n for n in seen.reported if n.startswith(f"{cfg}-")]
     reported = max(seen.reported[n] for n in instances)
-    lags = [seen.sliced[f"{prefix}{n}"] - seen.reported[n] for n in instances
-            if f"{prefix}{n}" in seen.sliced]
+    lags = [seen.sliced[dra_slices.device_name(n)] - seen.reported[n] for n in instances
+            if dra_slices.device_name(n) in seen.sliced]
     for n in instances:  # a later run's Configuration of the same name starts afresh
         seen.reported.pop(n, None)
-        seen.sliced.pop(f"{prefix}{n}", None)
+        seen.sliced.pop(dra_slices.device_name(n), None)
     events = {k: seen.events[k] - events_before[k] for k in seen.events}
     binds: list[float] = []
     floor: list[float] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from controller.dra.agent_gone_taints import local_pools, rule_body, rule_name
 from controller.dra.agent_liveness import decode_lease, without_gone
-from crds import agent_liveness, dra_slices
+from crds import agent_liveness, dra_slices, written_slices
 
 DEVICE = {"name": "cams-0a0b0c", "attributes": {}}
 
@@ -33,7 +33,7 @@ def test_every_node_gone_keeps_the_selector_and_taints_the_device_noschedule() -
     assert [t["key"] for t in both.devices[0]["taints"]] == [
         "edgeplug.io/unhealthy", "edgeplug.io/agent-gone"]
     assert "taints" not in DEVICE  # the plan kept is not changed
-    assert dra_slices.content_key(plan) != dra_slices.content_key(_plan("a", "b"))
+    assert written_slices.content_key(plan) != written_slices.content_key(_plan("a", "b"))
 
 
 def test_lease_names_and_the_node_they_stand_for() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pytest
 
 from agent.dra import slices
-from crds import dra_features, dra_slices
+from crds import dra_features, dra_slices, written_slices
 from crds.instance import Instance, InstanceSpec
 from discovery_handlers.ascend.chips import Chip
 from discovery_handlers.ascend.vnpu_partitions import partition_devices, quantity_mib
@@ -68,8 +68,8 @@ def test_a_pool_of_partitions_carries_their_counter_set_in_a_slice_of_its_own() 
         ["devices"], ["sharedCounters"]]
     assert {b["spec"]["pool"]["resourceSliceCount"] for b in bodies} == {2}
     assert all(b["spec"]["nodeName"] == "n1" for b in bodies)
-    name, key, generation = dra_slices.key_of_slices(bodies)
-    assert (name, key, generation) == (pool.name, dra_slices.content_key(pool), 1), \
+    name, key, generation = written_slices.key_of_slices(bodies)
+    assert (name, key, generation) == (pool.name, written_slices.content_key(pool), 1), \
         "read back, the pool is unchanged: no rewrite"
 
 

@@ -15,7 +15,7 @@ import pytest
 from agent.dra import slices
 from agent.settings import AgentSettings
 from cli import discover
-from crds import dra, dra_slices
+from crds import dra, dra_slices, written_slices
 from crds.instance import Instance, InstanceSpec
 from discovery_handlers.contract import Device
 
@@ -335,7 +335,7 @@ def test_shared_devices_share_a_pool_fixed_by_name_each_naming_its_nodes() -> No
                  for d in body["spec"]["devices"]}
     assert selectors == {"cam-000001": ("n1", "n2"), "cam-000002": ("n3",)}
     # What a restarted controller reads back from the slice is what it would write.
-    assert dra_slices.key_of_slices([body])[1] == dra_slices.content_key(plan)
+    assert written_slices.key_of_slices([body])[1] == written_slices.content_key(plan)
 
 
 def test_a_pool_of_devices_naming_their_nodes_is_split_at_64() -> None:
