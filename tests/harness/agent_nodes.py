@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -27,6 +27,7 @@ from agent.discovery.node_devices import NodeDevice, NodeDeviceTable
 from agent.kube.client import InstanceResource, as_dict
 from agent.kube.node_instances import LABEL_VALUE, serves_label
 from agent.metrics import AgentMetrics
+from agent.settings import current, in_use
 from crds.instance import Instance
 from crds.naming import LABEL_TARGET_NODE, target_node_label
 from discovery_handlers.contract import Device, DeviceSpec, Mount
@@ -41,6 +42,13 @@ STOP_WAIT_S = 30.0
 
 MOUNT = Mount(container_path="/var/run/cam", host_path="/run/cam", read_only=True)
 DEVICE = DeviceSpec(container_path="/dev/cam0", host_path="/dev/video0", permissions="rw")
+
+
+async def serving_with(orphan_grace: float, serving: Coroutine[Any, Any, None]) -> None:
+    """Run ``serving`` (a node's device plugins) with the settings in use but its orphan grace."""
+    tree = current()
+    with in_use(replace(tree, slots=replace(tree.slots, orphan_grace_s=orphan_grace))):
+        await serving
 
 
 #: Which kubelet stand-in runs the agent nodes: "devicenode" (the kubelet's own device
@@ -137,15 +145,14 @@ class AgentNodes:
         table, metrics = NodeDeviceTable(), AgentMetrics()
 
         def serve() -> Coroutine[Any, Any, None]:
-            return serve_device_plugins(
+            return serving_with(orphan_grace, serve_device_plugins(
                 client=self.kube,
                 node_name=emulator.node_name,
                 plugin_dir=plugin_dir,
                 pod_resources_socket=pod_resources_dir / "kubelet.sock",
                 devices=table,
                 metrics=metrics,
-                orphan_grace=orphan_grace,
-            )
+            ))
 
         node = AgentNode(emulator=emulator, table=table, metrics=metrics,
                          task=asyncio.create_task(serve()), serve=serve)

@@ -38,6 +38,7 @@ from tests.harness.agent_nodes import (
     kubelet_class,
     pinned_pod,
     read_instance,
+    serving_with,
     share_instance,
 )
 from tests.harness.agent_process import debug_echo_configuration
@@ -94,11 +95,11 @@ async def token_node(
             kubelet_certificate(cp, emulator.node_name, tmp_path)), key=None)
         table, metrics = NodeDeviceTable(), AgentMetrics()
         def serve() -> Coroutine[Any, Any, None]:
-            return serve_device_plugins(
+            return serving_with(TEST_ORPHAN_GRACE_S, serve_device_plugins(
                 client=client, node_name=emulator.node_name, plugin_dir=plugin_dir,
                 pod_resources_socket=resources_dir / "kubelet.sock", devices=table,
-                metrics=metrics, orphan_grace=TEST_ORPHAN_GRACE_S, reads=reads,
-            )
+                metrics=metrics, reads=reads,
+            ))
 
         node = AgentNode(emulator=emulator, table=table, metrics=metrics,
                          task=asyncio.create_task(serve()), serve=serve)

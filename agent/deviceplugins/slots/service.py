@@ -69,7 +69,6 @@ class DevicePluginService:
         pod_resources_socket: Path | None,
         devices: NodeDeviceTable,
         metrics: AgentMetrics,
-        orphan_grace: float | None = None,
         dra: bool = False,
         reads: NodeReads | None = None,
     ) -> None:
@@ -124,7 +123,6 @@ class DevicePluginService:
         self._freer = self.slots.freer = (
             OrphanFreer(
                 client=self._pod_resources, node=node_name, ledger=self.slots.ledger,
-                grace=orphan_grace,
                 bound_pods=BoundPodsReader(reads=self._reads, node=node_name),
                 on_listed=lambda ok: metrics.pod_resources_lists.labels(
                     outcome="ok" if ok else "error").inc(),
@@ -361,7 +359,6 @@ async def serve_device_plugins(
         pod_resources_socket=pod_resources_socket,
         devices=devices,
         metrics=metrics,
-        orphan_grace=orphan_grace,
         dra=dra,
         reads=reads,
     )
