@@ -1,4 +1,4 @@
-"""On the real node, issue 46's acceptance: a local device has one allocator, the scheduler.
+"""On the real node: a local device has one allocator, the scheduler.
 
 The agent runs beside the kubelet with ``DRA=on`` and the controller with ``--dra``, as the DRA
 default runs them; the API server (v1.37.2) maps extended resources, so the controller says
@@ -13,8 +13,8 @@ its claim, ``status.extendedResourceClaimStatus``), the other names a ResourceCl
 the Configuration's DeviceClass selecting the device (``crds.dra.instance_selector``). Both go
 through the scheduler, so one runs and the other stays Pending (``Unschedulable``, no
 ``nodeName``) until the first is deleted; then it runs with the device, and is deleted in
-turn. Before issue 46 the device was offered both ways at once, its plugin to the kubelet and
-its slice to the scheduler, and each could hand out its one slot.
+turn. A device offered both ways at once (its plugin to the kubelet and its slice to the
+scheduler) could be handed out twice, once by each.
 
 What each container got is read from inside it: ``kubectl logs`` of a busybox printing its env
 (``DEBUG_ECHO_DESCRIPTION``, from the claim's CDI spec). At every look the test counts the

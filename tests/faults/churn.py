@@ -1,6 +1,6 @@
 """Pods created and deleted without pause while a fault runs, as users' workloads would.
 
-Why this exists: the kubelet-restart storm and the agent kills must happen while pods are being
+The kubelet-restart storm and the agent kills must happen while pods are being
 admitted, not between admissions. ``PodChurn`` keeps creating a pod pinned to a node, waits
 until it runs, deletes it and starts the next, until told to stop; a pod that never runs within
 the deadline fails the scenario with its last status.

@@ -1,6 +1,6 @@
 """A small cluster for the fault suite: real nodes, real agents, real controllers, one namespace.
 
-Why this exists: every fault scenario needs the same cast, each part a real process that the
+Every fault scenario needs the same cast, each part a real process that the
 test can kill: the kubelet's own device manager per node (``DeviceNode``, restartable), the
 agent as ``python -m agent.main`` beside it (discovery and device plugins, SIGKILLable), the
 controller as one or two peering replicas, and debugEcho Configurations whose devices come and

@@ -1,6 +1,6 @@
 """Fixtures of the fault suite: a namespace where pods may run, and a fault cluster in it.
 
-Why this exists: every scenario starts nodes, agents and controllers of its own and must stop
+Every scenario starts nodes, agents and controllers of its own and must stop
 them all, whatever the outcome; the cluster is built here once. Scenarios that stop the API
 server or etcd build theirs on a control plane of their own (test_api_outage.py).
 """

@@ -1,7 +1,7 @@
 """A loaded machine for the fault suite: one busy process per core while a scenario runs.
 
-Why this exists: the slot guarantees must hold on a node whose cores are busy with brokers
-(video pipelines, PLC pollers), not only on an idle test machine; issue 21's admission race
+The slot guarantees must hold on a node whose cores are busy with brokers
+(video pipelines, PLC pollers), not only on an idle test machine; an admission race once
 showed only under load. ``CpuHog`` starts one spinning process per core at the default
 priority (nice 0, as a broker would run), each ending by itself after ``HOG_LIMIT_S`` so a test
 killed hard cannot leave them behind, and stops them all when the scenario ends.

@@ -1,6 +1,6 @@
 """One recorder of the invariants every fault must keep, checked on every event while it runs.
 
-Why this exists: a fault that breaks an invariant for two seconds and then heals would pass a
+A fault that breaks an invariant for two seconds and then heals would pass a
 test that looks only at the end. ``InvariantRecorder`` is fed by real watches on the API server
 (Instances and Pods of the test's namespace, each re-listed and re-watched after any error, so
 an API outage loses nothing but time) and by the kubelets' own records (``DeviceNode``'s records

@@ -1,6 +1,6 @@
 """Pods taking turns on a device's slots: delete a running one, wait for a waiting one to run.
 
-Why this exists: the race and the unlabelled-pinned-pods scenarios both create more pinned pods
+The race and the unlabelled-pinned-pods scenarios both create more pinned pods
 than a shared device has slots and then, one deletion at a time, require that every slot is in
 use again (a waiting pod took the one freed last) and never more than the slots, until every
 pod has run. ``take_turns`` is that loop, once; it returns each hand-off's time (deletion →

@@ -41,8 +41,8 @@ and at every settled turn: the holders' claims allocated the device their contai
 device given to more claims than its capacity, no ``edgeplug.io/`` resource in the Node's
 allocatable (no device plugin advertises them). Run quiet and with both cores busy (``load``).
 
-Why: before issue 46 a local device was offered to the kubelet's device manager and to the
-scheduler at once, and each handed out its last slot (both containers with the device, or the
+Why: a local device offered to the kubelet's device manager and to the scheduler at once
+would be handed out by each (both containers with the device, or the
 device-plugin pod refused at admission). With the agent made to serve these devices through its
 device plugins too, this test fails: two pods refused at admission (the switch guard leaves the
 claims' slots Unhealthy), or, with that guard off as well, a device of capacity 2 in three

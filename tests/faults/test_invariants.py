@@ -1,6 +1,6 @@
 """The fault suite's recorder flags what it must, and only that: each rule over small states.
 
-Why this exists: a recorder that never flags anything would make every fault scenario pass.
+A recorder that never flags anything would make every fault scenario pass.
 These cases feed it states in the kubelet's records format (``DeviceNode``'s records file,
 tests/harness/kubebin/devicenode_records.go) and the API's Instance and Pod shapes, without a
 cluster, and check each violation is reported, and that a legitimate state is not.
@@ -136,7 +136,7 @@ def test_the_recorder_flags_a_pod_failed_at_admission(tmp_path: Path) -> None:
 def test_containers_beyond_capacity_are_flagged_by_what_they_got_not_by_device_usage(
     tmp_path: Path,
 ) -> None:
-    """Issue 21's double hand-out: two pods on the Configuration resource and one on the
+    """A double hand-out: two pods on the Configuration resource and one on the
     Instance's, for a device of capacity 2, while ``deviceUsage`` (the freed record) shows
     nothing wrong. Only the containers' environments tell which Instance served them."""
     def pod(name: str, ids: dict[str, list[str]], envs: dict[str, str]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Users' pods pinned to nodes, with no edgeplug label, get the slots other nodes free.
 
-Issue 21's third case: two nodes see one shared device of capacity 2 (one slot reserved for
+Pods pinned by hostname alone: two nodes see one shared device of capacity 2 (one slot reserved for
 each); six pods pinned by a ``kubernetes.io/hostname`` nodeSelector, three per node, and none
 labelled ``edgeplug.io/target-node``. As running pods are deleted the waiting ones must take the
 freed slots, whichever node freed them. Before the controller counted pinned pods on the Node

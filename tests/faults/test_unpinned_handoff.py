@@ -1,6 +1,6 @@
 """Unpinned pods scheduled onto a node at the moment its agent gives its reserved slot away.
 
-Issue 21, second case, in the shape a user meets it: a pod that is not pinned to a node (no
+A slot hand-off in the shape a user meets it: a pod that is not pinned to a node (no
 ``nodeName``, ``nodeSelector`` or hostname affinity, no ``edgeplug.io/target-node`` label) asks
 for a shared device's Instance resource. The scheduler may bind it to node a on an allocatable
 that still counts the slot a's agent is handing to node b, whose pinned pods want it; a's

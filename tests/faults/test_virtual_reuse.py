@@ -1,6 +1,6 @@
 """Configuration-level device ids re-used under churn, kubelet restarts and agent kills.
 
-Issue 21's first trace: a pod on the Configuration resource (``edgeplug.io/reuse``) leaves,
+A virtual id handed on at once: a pod on the Configuration resource (``edgeplug.io/reuse``) leaves,
 the kubelet hands its virtual id to the next pod at once, and the agent maps it onto the slot
 the id still holds. An orphan sweep whose pod-resources ``List`` was asked just before that
 ``Allocate`` then freed the slot (same ``deviceUsage`` value as the departed pod's), and the

@@ -1,6 +1,6 @@
 """Emulated nodes running the agent's device-plugin side, and the Instances they serve.
 
-Why this exists: the device-plugin service tests and the slot-demand tests both start nodes
+The device-plugin service tests and the slot-demand tests both start nodes
 (the kubelet's own device manager as ``DeviceNode``, or the Python ``NodeEmulator`` when
 ``EDGEPLUG_KUBELET=emulator``, plus ``serve_device_plugins`` as ``agent.main`` runs it), create
 Instances in the API server and feed the nodes' device tables. The parts live here once; the

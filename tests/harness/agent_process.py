@@ -1,6 +1,6 @@
 """Run the edgeplug agent for tests and the demo: in-process, or as a subprocess to SIGKILL.
 
-Why this exists: the agent's integration tests and the demo all need the same few things: a
+The agent's integration tests and the demo all need the same few things: a
 Node object for the agent to label, Configurations built from a few parameters, the agent
 running (as a task, or as ``python -m agent.main`` for the restart test), and a way to wait on
 the API server until a condition holds, failing with a message that says what was expected.

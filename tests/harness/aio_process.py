@@ -1,6 +1,6 @@
 """Stop a subprocess the one way the harness does: SIGTERM, a grace, then SIGKILL.
 
-Why this exists: the harness's long-lived helper processes (the kubelet's device manager in
+The harness's long-lived helper processes (the kubelet's device manager in
 ``DeviceNode``, the grpc-go test plugin, the agent and handlers as processes, simulators in
 network namespaces) must each be given the chance to exit cleanly (the device manager writes
 its checkpoint, a plugin closes its socket) and never left behind when they do not; one

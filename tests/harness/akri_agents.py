@@ -2,7 +2,7 @@
 their tests share (tests/integration/test_akri_handlers.py, test_akri_rust_handler.py, the e2e
 and the bench).
 
-Why this exists: every test of the Akri protocol starts the agent as ``run_agent`` wires it with
+Every test of the Akri protocol starts the agent as ``run_agent`` wires it with
 a discovery-handlers directory, runs the Go handler against it, and waits for Instances, node
 devices and conditions; those parts live here once.
 """

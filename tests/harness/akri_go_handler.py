@@ -1,6 +1,6 @@
 """Build and run the Go discovery handler written to Akri's protocol (``akri_handler/``).
 
-Why this exists: an Akri user's handler is another process in another language, speaking Akri's
+An Akri user's handler is another process in another language, speaking Akri's
 ``v0`` gRPC API. The test handler is compiled from its own copy of the ``.proto`` (protoc from
 grpcio-tools with the Go plugins built from their modules, the module proxy supplying them) and
 cached in ``~/.cache/edgeplug`` keyed by its sources, like the control plane. ``GoHandler``

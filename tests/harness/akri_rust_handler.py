@@ -1,6 +1,6 @@
 """Build and run the Rust discovery handler written to Akri's protocol (``akri_rust_handler/``).
 
-Why this exists: Akri's own handlers are Rust programs serving gRPC with upstream tonic, whose
+Akri's own handlers are Rust programs serving gRPC with upstream tonic, whose
 HTTP/2 layer (h2) checks each request's ``:authority`` as RFC 9113 asks; grpc-go's server (the
 Go test handler) and Python's ``h2`` accept any value there. This handler is the stack the agent
 has to satisfy. It is built by cargo from crates.io (pinned by its ``Cargo.lock``), its ``.proto``

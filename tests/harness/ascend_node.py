@@ -1,6 +1,6 @@
 """An emulated Ascend node for tests: a host tree, Huawei's DCMI library ABI and ``npu-smi info``.
 
-Why this exists: no Ascend NPU can be here, so the tests build what the ``ascend`` handler reads
+No Ascend NPU can be here, so the tests build what the ``ascend`` handler reads
 on a real node, with the real formats: device nodes under ``<root>/dev`` (``davinci<N>`` and the
 shared ``davinci_manager``, ``devmm_svm``, ``hisi_hdc``), the driver directory, a DCMI library
 compiled by the test from ``tests/harness/ascend_dcmi/fake_dcmi.c`` (the real C signatures and

@@ -1,7 +1,7 @@
 """The set-up every end-to-end broker test shares: one emulated node, the controller as a process,
 the agent (in this process or as its own), and the wait for a broker pod to be Running.
 
-Why this exists: the e2e broker tests (debugEcho, ONVIF, OPC UA, udev, Akri handlers) each
+The e2e broker tests (debugEcho, ONVIF, OPC UA, udev, Akri handlers) each
 started and stopped the same three parts in the same order, and each polled for its broker the
 same way; a change to that set-up (a flag, a teardown step, what is printed on failure) is made
 here once.

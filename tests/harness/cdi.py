@@ -1,6 +1,6 @@
 """Resolve CDI device names as a CDI-enabled container runtime does, for tests and the emulator.
 
-Why this exists: the agent writes CDI spec files and returns CDI names from ``Allocate``;
+The agent writes CDI spec files and returns CDI names from ``Allocate``;
 containerd and CRI-O resolve those names through the CDI project's Go module and fail container
 creation when one does not resolve. ``tests/harness/cditool`` is a small Go program over that
 same module (built once through the Go module proxy and cached beside the control plane); this

@@ -1,6 +1,6 @@
 """A real local Kubernetes control plane: etcd, apiserver, scheduler, controller-manager.
 
-Why this exists: every integration test, every end-to-end test and the demo need a real API
+Every integration test, every end-to-end test and the demo need a real API
 server (CRD validation, server-side apply, watches, the scheduler's binding, the garbage
 collector's cascades) and no hand-written fake of it. ``ControlPlane`` starts the four servers
 on loopback with free ports in a private directory, waits until each is ready, writes an admin

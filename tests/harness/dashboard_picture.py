@@ -1,6 +1,6 @@
 """``python -m tests.harness.dashboard_picture OUT.svg``: the dashboard as a real run draws it.
 
-Why this exists: docs/operations.md shows deploy/monitoring/dashboard.json with data, and no
+Docs/operations.md shows deploy/monitoring/dashboard.json with data, and no
 Grafana runs here. This runs tests/integration/test_prometheus.py's scenario
 (tests/harness/monitoring_scenario.py: a real control plane, the kubelet's own device manager,
 the agent and the controller as processes, Debian's Prometheus scraping both every second)

@@ -1,6 +1,6 @@
 """Draws a Grafana dashboard's panels as one SVG picture, from series already fetched.
 
-Why this exists: docs/operations.md shows the dashboard (deploy/monitoring/dashboard.json) as it
+Docs/operations.md shows the dashboard (deploy/monitoring/dashboard.json) as it
 looked in a real run, and no Grafana or browser runs here. This module is the pure part: given
 the dashboard's JSON and, per panel title, the series its queries returned (label and points),
 it lays the panels out on Grafana's grid (24 columns, ``gridPos`` in grid units), writes each

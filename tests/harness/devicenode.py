@@ -1,6 +1,6 @@
 """A node whose device side is the kubelet's own device manager, behind NodeEmulator's interface.
 
-Why this exists: the Python node emulator is our reading of the kubelet; ``DeviceNode`` runs the
+The Python node emulator is our reading of the kubelet; ``DeviceNode`` runs the
 kubelet's real device manager, pod-resources server and admission (the ``devicenode`` command
 of the multi-call binary, see tests/harness/kubebin/devicenode.go) for one node, in a mount
 namespace of its own so that its fixed ``/var/lib/kubelet/device-plugins/`` is the given plugin

@@ -1,6 +1,6 @@
 """A device plugin on another gRPC stack (grpc-go), run for tests of the kubelet stand-ins.
 
-Why this exists: a kubelet stand-in speaks as the kubelet does only if plugins built on other
+A kubelet stand-in speaks as the kubelet does only if plugins built on other
 gRPC stacks work through it. The ``testplugin`` command of the multi-call binary
 (tests/harness/kubebin/testplugin.go) is such a plugin: it refuses calls whose HTTP/2
 ``:authority`` is not a plain host (as tonic/h2 plugins such as Akri's do), prints each

@@ -1,6 +1,6 @@
 """debugEcho extended, in tests only, so the agent's side of every handler hook can be exercised.
 
-Why this exists: the real handlers (udev, ONVIF, OPC-UA, Ascend) each use some of the contract's
+The real handlers (udev, ONVIF, OPC-UA, Ascend) each use some of the contract's
 hooks; the agent's handling of them (health, composed environments, ranking, prepare, blocking
 work off the loop) is tested once, here, with a handler whose devices a test controls through a
 JSON state file. It stands for any handler, not for a real device. Details (YAML)::

@@ -1,7 +1,7 @@
 """A large fleet written by a bare client, a churn of writes on it, and per-process readings.
 
-Why this exists: an agent runs on every node of a cluster that may hold thousands of nodes, so
-its cost must be measured in such a cluster (issue 34): ``create_fleet`` writes Nodes, one
+An agent runs on every node of a cluster that may hold thousands of nodes, so
+its cost must be measured in such a cluster: ``create_fleet`` writes Nodes, one
 Configuration per group of nodes (selecting only nodes labelled ``FOREIGN_LABEL``, so no agent
 under test runs their discovery) and local Instances on those nodes, as agents there would have
 published them; ``Churn`` then merge-patches those Instances at a fixed rate (a slot taken or

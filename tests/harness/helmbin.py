@@ -1,6 +1,6 @@
 """Find or build the Helm binary the chart tests run.
 
-Why this exists: the chart in deploy/helm/edgeplug is tested with the real Helm (lint, template,
+The chart in deploy/helm/edgeplug is tested with the real Helm (lint, template,
 install, upgrade, uninstall against the local control plane), and Helm is not packaged by Debian
 or PyPI. ``tests/harness/helmbin`` is a Go module that pins ``helm.sh/helm/v3`` as a tool; this
 module builds Helm's own ``cmd/helm`` from it through the Go module proxy, with the version

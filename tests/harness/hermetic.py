@@ -1,6 +1,6 @@
 """Keep every process the suite starts off this machine's own kubelet, CDI and Akri directories.
 
-Why this exists: the agent's defaults are a node's paths (``/var/lib/kubelet/device-plugins``,
+The agent's defaults are a node's paths (``/var/lib/kubelet/device-plugins``,
 ``/var/run/cdi``, ``/var/lib/akri``, ...). An agent a test starts with one of them left at its
 default shares it with whatever else runs on the machine: test_helm's agent once served its
 handler registration in the host's ``/var/lib/akri``, where another process had registered a

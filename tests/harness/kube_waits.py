@@ -1,6 +1,6 @@
 """Waits on the real API server: poll a condition with a deadline, fail saying what was expected.
 
-Why this exists: the device-plugin, slot-demand and node-emulator tests all wait for the same
+The device-plugin, slot-demand and node-emulator tests all wait for the same
 things (a node's allocatable count, a pod's state, the namespace's default ServiceAccount);
 one implementation of each keeps their deadlines and failure messages alike.
 """

@@ -1,6 +1,6 @@
 """Find or build the Kubernetes control-plane binaries the tests and the demo run.
 
-Why this exists: edgeplug is tested against a real etcd, kube-apiserver, kube-scheduler and
+Edgeplug is tested against a real etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager (and nodes whose device side is the kubelet's own device manager, the
 ``devicenode`` command), and this machine has no release binaries of them. We build one
 multi-call Go program (``tests/harness/kubebin``) from Kubernetes' and etcd's Go modules,

@@ -1,6 +1,6 @@
 """The emulated runtime's part in container creation: resolve CDI names as containerd/CRI-O do.
 
-Why this exists: the kubelet hands the CDI names a plugin's Allocate returned to the container
+The kubelet hands the CDI names a plugin's Allocate returned to the container
 runtime, and a CDI-enabled runtime resolves them from the spec files in its spec directories at
 container creation; a name it cannot resolve fails the container. The emulator does the same
 through ``tests/harness/cdi.py`` (the CDI project's own Go module) for the spec directories it is

@@ -1,6 +1,6 @@
 """The emulated kubelet's device manager: kubelet.sock, plugin endpoints and their devices.
 
-Why this exists: device plugins only ever talk to a kubelet, and we cannot run one here. This
+Device plugins only ever talk to a kubelet, and we cannot run one here. This
 module plays the kubelet's device-manager part over the real ``deviceplugin/v1beta1`` gRPC API:
 it serves ``Registration`` on ``<plugin_dir>/kubelet.sock``, dials each registered plugin back
 on its own socket, keeps the ``ListAndWatch`` stream open and remembers the devices it reports,

@@ -1,6 +1,6 @@
 """The emulated kubelet's Node object: registration, heartbeat Lease, status with device counts.
 
-Why this exists: the scheduler places pods only on a Node that is Ready, untainted and has the
+The scheduler places pods only on a Node that is Ready, untainted and has the
 requested resources in ``status.allocatable``; the real kube-controller-manager marks a Node
 NotReady (and taints it) when its kubelet stops renewing its Lease in ``kube-node-lease`` or its
 Ready condition. ``NodeReporter`` creates or adopts the Node, renews the Lease often enough,

@@ -1,6 +1,6 @@
 """The emulated kubelet's pod-resources API (podresources/v1) on a Unix socket.
 
-Why this exists: node agents ask the kubelet which devices its live pods hold (the kubelet serves
+Node agents ask the kubelet which devices its live pods hold (the kubelet serves
 ``PodResourcesLister`` on ``/var/lib/kubelet/pod-resources/kubelet.sock``) to reconcile their
 slot bookkeeping after a restart. This serves the same API from the emulator's records.
 """

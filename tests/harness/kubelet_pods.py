@@ -1,6 +1,6 @@
 """The emulated kubelet's pod side: watch the node's pods, admit them with devices, report them.
 
-Why this exists: a pod that asks for an extended resource only gets its device after the kubelet
+A pod that asks for an extended resource only gets its device after the kubelet
 admits it: picks free healthy device ids, asks the plugin (GetPreferredAllocation when offered,
 Allocate) for each container, then starts the containers in order (PreStartContainer when asked,
 CDI names resolved by the runtime), or rejects the pod with

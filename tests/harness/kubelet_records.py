@@ -1,6 +1,6 @@
 """Plain records the emulated kubelet keeps and hands to tests.
 
-Why this exists: the node emulator's parts (device manager, pod admission, pod-resources server)
+The node emulator's parts (device manager, pod admission, pod-resources server)
 and the tests that read the emulator's state share these few immutable records; keeping them in
 one small module lets every part import them without importing each other.
 """

@@ -1,6 +1,6 @@
 """One read of a process's Prometheus ``/metrics`` on loopback, as series → value.
 
-Why this exists: the DRA tests and the allocation-mode benchmark read the agent's own
+The DRA tests and the allocation-mode benchmark read the agent's own
 histograms (prepare, Allocate) the same way; one reader keeps them alike.
 """
 

@@ -1,7 +1,7 @@
 """The monitoring scenario: a real agent and controller, scraped by a real Prometheus, taken
 through the stages every alert and dashboard panel needs.
 
-Why this exists: tests/integration/test_prometheus.py checks the alerts and the dashboard's
+Tests/integration/test_prometheus.py checks the alerts and the dashboard's
 queries against what the processes export, and tests/harness/dashboard_picture.py draws the
 dashboard from the same run; both take this one scenario through its stages in order:
 

@@ -1,6 +1,6 @@
 """A kubelet stand-in for tests and the demo: one emulated node against a real API server.
 
-Why this exists: the real kubelet needs a container runtime, which this machine lacks, yet
+The real kubelet needs a container runtime, which this machine lacks, yet
 edgeplug's device plugins must be exercised by the kubelet's real gRPC API and its pods placed by
 the real scheduler. ``NodeEmulator`` is the one public face of the ``kubelet_*`` modules:
 

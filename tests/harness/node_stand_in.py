@@ -1,7 +1,7 @@
 """What both kubelet stand-ins are made of: the node's name, API server, plugin folder, optional
 pod-resources socket, labels and CDI folders.
 
-Why this exists: ``NodeEmulator`` (Python) and ``DeviceNode`` (the kubelet's own device manager)
+``NodeEmulator`` (Python) and ``DeviceNode`` (the kubelet's own device manager)
 take the same constructor, since a test may get either (``NodeEmulator`` hands its arguments on
 to a ``DeviceNode`` when ``EDGEPLUG_KUBELET=devicenode``); this class keeps that one signature,
 and what it stores, in one place. A stand-in builds its own parts in ``_build``.

@@ -1,6 +1,6 @@
 """The real agent inside the ONVIF test network, still talking to the real API server.
 
-Why this exists: to show Instances following cameras' Hello and Bye, the agent must run where
+To show Instances following cameras' Hello and Bye, the agent must run where
 the multicast is: in the test's handler namespace. The API server listens on the host's
 loopback, which a namespace cannot reach, and giving the namespace a route to the host would
 let the agent's Probes out onto the host's interfaces. So the API connection crosses through a

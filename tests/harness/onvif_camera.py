@@ -1,6 +1,6 @@
 """A process of simulated ONVIF cameras: WS-Discovery target service plus SOAP services.
 
-Why this exists: it stands in for real IP cameras on a real network. Its WS-Discovery side
+It stands in for real IP cameras on a real network. Its WS-Discovery side
 answers Probes (multicast on ``239.255.255.250:3702`` and ``[ff02::c]:3702``, or unicast on
 any port) with one ProbeMatches per camera, and sends Hello and Bye to the multicast groups as
 cameras appear and leave. Its SOAP side is ``onvif_camera_soap``. ``hostile`` adds answers a

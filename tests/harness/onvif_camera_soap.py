@@ -1,6 +1,6 @@
 """Simulated ONVIF cameras' SOAP side: device and media services over HTTP/1.1, with digest auth.
 
-Why this exists: no camera can be plugged into CI. This stands in for a real ONVIF Profile S
+No camera can be plugged into CI. This stands in for a real ONVIF Profile S
 camera's device service (``GetSystemDateAndTime``, ``GetDeviceInformation``,
 ``GetNetworkInterfaces``, ``GetCapabilities``) and media service (``GetProfiles``,
 ``GetStreamUri``), speaking SOAP 1.2 as cameras do and checking WS-Security UsernameToken

@@ -1,6 +1,6 @@
 """The ONVIF benchmark's floor: what the simulated cameras take to answer a bare client.
 
-Why this exists: the handler's time to a complete list of 200 cameras means little on a shared
+The handler's time to a complete list of 200 cameras means little on a shared
 machine without the time the simulator itself needs to answer the same questions. This process
 (run in the handler's namespace, ``python -m tests.harness.onvif_floor CONFIG.json`` with
 ``{"cameras": N, "within_s": S}``) sends one WS-Discovery Probe to the IPv4 group from the

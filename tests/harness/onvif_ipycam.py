@@ -1,6 +1,6 @@
 """IPyCam, a third-party ONVIF camera from PyPI, run unmodified in a test network namespace.
 
-Why this exists: our own simulator (``onvif_camera``) can only agree with our own reading of
+Our own simulator (``onvif_camera``) can only agree with our own reading of
 ONVIF. IPyCam (``pip install ipycam``, MIT, by Oliver Hamilton; not written by this project)
 is a pure-Python virtual IP camera: a WS-Discovery target service, ONVIF device and media
 services over HTTP with WS-Security UsernameToken authentication, and MJPEG/RTSP streams of

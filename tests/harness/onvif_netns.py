@@ -1,6 +1,6 @@
 """A private network of network namespaces for ONVIF tests: real multicast, nothing leaves.
 
-Why this exists: WS-Discovery is multicast, and loopback does not show whether Probes, Hellos
+WS-Discovery is multicast, and loopback does not show whether Probes, Hellos
 and Byes really cross a link. This builds, from namespaces of its own making:
 
 - ``<p>-br``: a bridge ``br0`` (the LAN segment 10.77.1.0/24, fd77:1::/64);

@@ -1,6 +1,6 @@
 """An HTTP server on loopback that answers ONVIF SOAP requests with recorded camera replies.
 
-Why this exists: the corpus under ``tests/data/onvif/soap`` holds the shapes real cameras'
+The corpus under ``tests/data/onvif/soap`` holds the shapes real cameras'
 replies take (reconstructed from public sources, see its README). This server plays them back
 to the handler's real SOAP client: each request's operation (the first element of its SOAP
 Body) names the file ``<Operation>.xml``; the camera's address in a reply

@@ -1,6 +1,6 @@
 """Run the ONVIF handler's discovery for several Configurations and print every device list.
 
-Why this exists: multicast discovery must run inside the test's own network namespace, which
+Multicast discovery must run inside the test's own network namespace, which
 means another process (``ip netns exec``). This is that process: it parses each named
 Configuration's details and properties with the real handler, runs ``discover`` for all of them
 at once, and prints one JSON line per yielded list (``config``, ``t`` on the system-wide

@@ -1,6 +1,6 @@
 """A test broker: what an OPC-UA broker container does with the environment Allocate gave it.
 
-Why this exists: the node emulator stands in for the kubelet and runs no containers, so the
+The node emulator stands in for the kubelet and runs no containers, so the
 end-to-end test runs this as a process with the environment the emulator recorded from the
 agent's Allocate. Like Akri's OPC-UA monitoring broker it connects to ``OPCUA_DISCOVERY_URL``
 and reads the node ``ns=<NAMESPACE_INDEX>;s=<IDENTIFIER>`` (both from the Configuration's

@@ -1,6 +1,6 @@
 """A farm of OPC-UA servers in its own process, for the opcua benchmark.
 
-Why this exists: the benchmark measures the handler (or the agent) in one process against many
+The benchmark measures the handler (or the agent) in one process against many
 servers in another, so neither steals the other's event loop. The farm runs, on loopback:
 
 - ``lds``: a real asyncua discovery server holding ``--servers`` registrations: the ``--real``

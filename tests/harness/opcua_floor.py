@@ -1,6 +1,6 @@
 """The OPC-UA benchmark's floor: what the server farm takes to answer a bare asyncua client.
 
-Why this exists: the handler's time to its first complete, checked list of 500 servers means
+The handler's time to its first complete, checked list of 500 servers means
 little on a shared machine without the time the servers themselves need to answer. In a fresh
 process (asyncua imported before the clock starts, as in ``opcua_runner``) this asks the
 discovery server ``FindServers`` once, then every server it names (discovery servers left out,

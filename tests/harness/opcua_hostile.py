@@ -1,6 +1,6 @@
 """Hostile OPC-UA peers on loopback: the ways a network peer can misbehave toward the handler.
 
-Why this exists: every reply from the network is hostile until parsed, and one bad peer must
+Every reply from the network is hostile until parsed, and one bad peer must
 cost the handler a bounded time and memory and nothing else. These are real TCP servers doing
 what broken or malicious OPC-UA endpoints do (no simulator of a real server is involved):
 

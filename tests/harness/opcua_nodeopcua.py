@@ -1,6 +1,6 @@
 """Real node-opcua servers on loopback, each its own Node.js process, and node-opcua's install.
 
-Why this exists: node-opcua is the OPC-UA stack of Node-RED's OPC-UA nodes and of many gateways,
+Node-opcua is the OPC-UA stack of Node-RED's OPC-UA nodes and of many gateways,
 and it refuses an untrusted client certificate differently from asyncua and open62541: with a
 ServiceFault inside the secured OpenSecureChannel reply, which asyncua cannot read. The opcua
 handler's tests run against it beside asyncua and open62541.

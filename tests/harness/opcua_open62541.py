@@ -1,6 +1,6 @@
 """Real open62541 servers and Local Discovery Servers on loopback, each in its own process.
 
-Why this exists: the opcua handler was written and first tested against asyncua servers; a
+The opcua handler was written and first tested against asyncua servers; a
 user's PLCs and gateways run other stacks, most often open62541 (the C stack many vendors
 embed). The PyPI package ``o6`` wraps open62541 with a server and an LDS, so the handler's
 integration tests run against both. Each open62541 server runs as its own process

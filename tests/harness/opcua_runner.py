@@ -1,6 +1,6 @@
 """Run the opcua handler once in a fresh process and print, as JSON, what its first list cost.
 
-Why this exists: the benchmark measures the handler's time to its first complete list and the
+The benchmark measures the handler's time to its first complete list and the
 memory of a process doing nothing else; importing the benchmark itself (lightkube, the agent)
 would blur the memory figure. Usage: ``python -m tests.harness.opcua_runner URL TIMEOUT_S
 INTERVAL_S STEADY_S``. asyncua is imported before the clock starts; its cost is printed apart.

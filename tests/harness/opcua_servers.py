@@ -1,6 +1,6 @@
 """Real asyncua servers and discovery servers on loopback for the opcua handler's tests.
 
-Why this exists: the handler's tests, end-to-end test, CLI test and benchmark all need the same
+The handler's tests, end-to-end test, CLI test and benchmark all need the same
 real parts: an asyncua discovery server, asyncua servers that register with it (or not), that
 can be stopped and restarted on the same port, put in a state other than Running, or accept only
 ``Basic256Sha256`` SignAndEncrypt with a client certificate they trust; and plain

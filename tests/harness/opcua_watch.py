@@ -1,6 +1,6 @@
 """Follow a handler's ``discover`` stream in a test: keep the latest list, wait for a condition.
 
-Why this exists: the opcua tests and benchmark all run ``discover`` in the background and wait,
+The opcua tests and benchmark all run ``discover`` in the background and wait,
 with a deadline and a message saying what was expected, until the latest list has some shape
 (a server present, gone, unhealthy). Waiting polls the latest list; nothing sleeps in place of
 synchronisation.

@@ -1,6 +1,6 @@
 """Certificates and keys for a local control plane.
 
-Why this exists: kube-apiserver needs a serving certificate and service-account signing keys,
+Kube-apiserver needs a serving certificate and service-account signing keys,
 and the clients we test with should verify the server rather than skip TLS checks. A throwaway
 CA made per run gives both without touching anything outside the run's directory.
 """

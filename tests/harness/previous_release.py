@@ -1,7 +1,7 @@
 """The previous release's agent and controller, to run beside this tree's (version skew,
 rollouts).
 
-Why this exists: a fleet upgrade runs two versions side by side for as long as the agents'
+A fleet upgrade runs two versions side by side for as long as the agents'
 DaemonSet takes to roll. The previous release is the newest commit of this repository's history
 before ``PREVIOUS_RELEASE_BEFORE`` (``EDGEPLUG_PREVIOUS_RELEASE``, any git revision, chooses
 another). Its product packages (``agent``, ``controller``, ``crds``, ``discovery_handlers``) are

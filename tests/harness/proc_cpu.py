@@ -1,6 +1,6 @@
 """A process's CPU time in nanoseconds, thread by thread, for the benchmarks' CPU figures.
 
-Why this exists: ``/proc/<pid>/stat``'s utime and stime count 10 ms clock ticks, so an idle
+``/proc/<pid>/stat``'s utime and stime count 10 ms clock ticks, so an idle
 agent that spends a few milliseconds a minute reads 0, 0.03 or 0.06 s per minute over a 20 s
 window by chance of where the ticks fall, and a target such as "idle CPU ≤ 0.04 s per minute"
 cannot be judged. The scheduler's own count in ``/proc/<pid>/task/<tid>/schedstat`` is in

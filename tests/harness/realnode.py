@@ -1,6 +1,6 @@
 """One real Kubernetes node for the tests: the kubelet itself, containerd 2, runc and CNI.
 
-Why this exists: ``devicenode`` runs only the kubelet's device manager; everything else a node
+``devicenode`` runs only the kubelet's device manager; everything else a node
 does (pod admission as a whole, CDI resolution by the runtime, device nodes and env inside a
 real container, pod status and logs from a runtime) needs the real thing. ``RealNode`` starts it
 on this machine, as root, without touching the host's node paths:

@@ -1,6 +1,6 @@
 """Brokers on the real node: fixtures, the agent beside the kubelet, a Configuration deployed.
 
-Why this exists: every real-node test (tests/e2e/test_realnode_*.py) needs the same few things:
+Every real-node test (tests/e2e/test_realnode_*.py) needs the same few things:
 a control plane with the Node authorizer, one started ``RealNode``, the agent as a process in
 the node's mount namespace with its default paths, the controller, and a broker that is a
 busybox shell proving from inside the container what it got (its env, ``/dev``, a device's

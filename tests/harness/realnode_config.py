@@ -1,6 +1,6 @@
 """The files a real node starts from: its credentials, kubelet and containerd configs, CNI.
 
-Why this exists: tests/harness/realnode.py runs the real kubelet and containerd, and each reads
+Tests/harness/realnode.py runs the real kubelet and containerd, and each reads
 files a cluster's node installer would write. They are written here, one function per file, so
 the node's lifecycle code stays short and each setting sits beside the reason for it. Paths
 under ``/var/lib/kubelet``, ``/run/containerd``, ``/var/run/cdi``, ``/etc/cdi``, ``/var/log`` and

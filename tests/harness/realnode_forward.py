@@ -1,6 +1,6 @@
 """Forward a TCP port from the real node's network namespace to the host's loopback.
 
-Why this exists: the harness API server listens on the host's 127.0.0.1 only, and the real
+The harness API server listens on the host's 127.0.0.1 only, and the real
 node's pods, host-network ones included, live in the node's own network namespace
 (tests/harness/realnode.py). A pod that talks to the API server (the agent as the DaemonSet
 from deploy/) reaches it through this forwarder: a process that opens its listening socket

@@ -1,6 +1,6 @@
 """OCI image archives for the real node, made locally: the pause image and a busybox image.
 
-Why this exists: the real node's containerd runs images, and a test may not reach a registry.
+The real node's containerd runs images, and a test may not reach a registry.
 Both images are built here from files already on the machine: ``pause`` (the static binary
 built with the kubelet, see tests/harness/realnodebin/pause) and Debian's static busybox
 (package busybox-static) with a link per applet. Each archive is a plain OCI image layout in a

@@ -1,6 +1,6 @@
 """Find or build the binaries of the tests' real node: kubelet, containerd 2, its shim, ctr, CNI.
 
-Why this exists: the real-node tests (tests/harness/realnode.py) run the kubelet itself with
+The real-node tests (tests/harness/realnode.py) run the kubelet itself with
 containerd 2 and runc, and this machine has no release binaries of them. The kubelet is built
 from ``k8s.io/kubernetes`` at the control plane's pin through a module of its own
 (``tests/harness/realnodebin``: Kubernetes needs replace directives, so ``go install

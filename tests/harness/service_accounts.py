@@ -3,7 +3,7 @@ kubeconfig of its own, optionally bound to a pod on a node as a DaemonSet pod's 
 a node's kubelet client certificate, which the agent beside that kubelet reads its node's pods
 and claims with (``kubelet_certificate``).
 
-Why this exists: tests that prove RBAC (tests/integration/test_rbac.py), and any test that wants
+Tests that prove RBAC (tests/integration/test_rbac.py), and any test that wants
 a part to run as it does in a cluster, need the part's own token rather than the admin's.
 """
 

@@ -1,6 +1,6 @@
 """In-memory ``Instance`` views for the pure slot-rule tests.
 
-Why this exists: tests/unit/test_slots.py and tests/unit/test_slots_demand.py both judge the
+Tests/unit/test_slots.py and tests/unit/test_slots_demand.py both judge the
 slot rules against a shared Instance of two nodes; one builder keeps their Instances alike.
 """
 

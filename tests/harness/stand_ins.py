@@ -1,6 +1,6 @@
 """The kubelet stand-ins' set-up, written once for the tests that hold them to the kubelet.
 
-Why this exists: tests/integration/test_devicenode_parity.py runs each of its tests against
+Tests/integration/test_devicenode_parity.py runs each of its tests against
 both stand-ins (the Python ``NodeEmulator`` and ``DeviceNode``, the kubelet's own device
 manager), and test_devicenode.py the DeviceNode-only ones. Both need the same set-up: short
 temporary directories (a Unix socket path must fit in 108 bytes) for the plugin sockets and for

@@ -1,6 +1,6 @@
 """Join two byte streams both ways: the relays the harness runs between network namespaces.
 
-Why this exists: the ONVIF agent's API relay (``onvif_agent_netns``) and the real node's API
+The ONVIF agent's API relay (``onvif_agent_netns``) and the real node's API
 forwarder (``realnode_forward``) both copy bytes between a client connection and the one they
 open for it, each direction until its end; one copy of that loop serves both.
 """

@@ -1,6 +1,6 @@
 """A tiny but real device plugin, used only to test the node emulator.
 
-Why this exists: the emulator must be shown to speak the kubelet's side of
+The emulator must be shown to speak the kubelet's side of
 ``deviceplugin/v1beta1`` correctly without depending on edgeplug's own plugins (which it exists
 to test). ``TestPlugin`` serves the DevicePlugin service on a socket in the plugin directory,
 registers on ``kubelet.sock``, streams a device list the test controls, answers Allocate with

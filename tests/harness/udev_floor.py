@@ -1,6 +1,6 @@
 """The udev benchmark's floor: a bare pyudev enumeration of the same umockdev tree.
 
-Why this exists: the handler's first enumeration of 1,000 devices under five rules means little
+The handler's first enumeration of 1,000 devices under five rules means little
 on a shared machine without the time libudev itself takes to list that tree. Started like
 ``udev_runner`` (under the bed's preload library and ``UMOCKDEV_DIR``), this process lists every
 device once with pyudev and reads each one's properties (what any rule needs to be checked),

@@ -1,7 +1,7 @@
 """udev's own rule engine as the oracle: which devices does systemd-udev match for each rule,
 and which does ``edgeplug discover`` list?
 
-Why this exists: the handler claims to match "as udev matches"; this asks udev. ``oracle()``
+The handler claims to match "as udev matches"; this asks udev. ``oracle()``
 starts this module in a private mount and network namespace (``unshare --mount --net``), where
 it mounts tmpfs over /run, /dev and udev's rules directories and a fresh sysfs (showing the
 namespace's own links: ``lo`` up, a veth pair ``v0`` up without carrier and ``v1`` down, whose

@@ -1,6 +1,6 @@
 """The rules the udev oracle test runs through udev's engine and through ``edgeplug discover``.
 
-Why this exists: agreement with udev is only as good as the rules tried. The corpus is every
+Agreement with udev is only as good as the rules tried. The corpus is every
 rule example in docs/handlers/udev.md and in crds/examples/udev*.yaml (read from those files, so
 a new example joins by itself), Akri's documented examples (its udev discovery handler page and
 the rules its tests parse, test/example.rules, copied as facts: the rule strings), and the

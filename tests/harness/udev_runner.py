@@ -1,6 +1,6 @@
 """Run the udev handler's discovery in this process and print each device list as JSON.
 
-Why this exists: under umockdev the handler must run in a process started with the bed's
+Under umockdev the handler must run in a process started with the bed's
 preload library and ``UMOCKDEV_DIR``, so tests start this module as that process
 (``python -m tests.harness.udev_runner DETAILS_YAML``) and read its lines:
 ``{"t": monotonic seconds, "devices": [...], "reopens": n, "full_scans": n}``. A line

@@ -1,6 +1,6 @@
 """Drive the umockdev test bed (``udev_testbed_helper.py``) from the project's Python.
 
-Why this exists: tests and the benchmark plug and unplug emulated USB radios while the handler
+Tests and the benchmark plug and unplug emulated USB radios while the handler
 or the agent runs in another process under umockdev's preload library; this class starts the
 helper with Debian's python3, hands out the environment those processes need, and turns each
 operation into one request/reply with a deadline.

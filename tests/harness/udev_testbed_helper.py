@@ -1,6 +1,6 @@
 """umockdev test bed, driven over stdin/stdout: emulated USB serial devices that come and go.
 
-Why this exists: hot-plug needs devices that appear and vanish with real uevents, and no USB
+Hot-plug needs devices that appear and vanish with real uevents, and no USB
 hardware exists here. umockdev (Debian's ``umockdev``, ``gir1.2-umockdev-1.0``) emulates sysfs,
 /dev and the uevent sockets for every process that runs under its preload library with the same
 ``UMOCKDEV_DIR``; the handler under test reads it through the real libudev and pyudev. The

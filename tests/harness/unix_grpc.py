@@ -1,6 +1,6 @@
 """A ``grpc.aio`` server on a Unix socket, started and stopped as the kubelet's servers are.
 
-Why this exists: the kubelet stand-ins (device-manager registration, pod-resources, the
+The kubelet stand-ins (device-manager registration, pod-resources, the
 lifecycle tests' registrar) and the test device plugin each serve gRPC on a socket file; the
 steps to bring one up (make the directory, clear a stale socket, bind, start) and to stop it
 live here once.

@@ -1,7 +1,7 @@
 """Fixtures the integration tests share: a lightkube client, a pod-ready namespace, agent nodes,
 the controller as a process, and the choice of kubelet stand-in.
 
-Why this exists: the device-plugin, slot-demand, slot-ledger and node-emulator tests all need a
+The device-plugin, slot-demand, slot-ledger and node-emulator tests all need a
 client on the real control plane, and the pod-running ones a namespace whose default
 ServiceAccount exists (pods are refused before it does); the ONVIF tests a namespaced camera
 network and processes stopped after the test. Defined once here rather than per file.

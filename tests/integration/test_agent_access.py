@@ -1,6 +1,6 @@
 """The controller's agent-access Roles let the agent read exactly the referenced Secrets.
 
-Why this exists: controller/grants/agent_access.py is what would let the agent's ClusterRole drop
+Controller/grants/agent_access.py is what would let the agent's ClusterRole drop
 its cluster-wide Secret and ConfigMap reads (deploy/README.md, "What a node's agent can do"). Here
 it runs against the real API server, granting two nodes' own accounts (agent/kube/node_account.py:
 ``node-<node>`` in a node-accounts namespace of the test's own, with no other grant, so that

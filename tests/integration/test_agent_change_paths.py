@@ -1,6 +1,6 @@
-"""The agent's change paths do no API work in a row that they can do at once (issue 36).
+"""The agent's change paths do no API work in a row that they can do at once.
 
-Each finding of issue 36's profile, against the real API server: a withdrawal stopped serving
+Each finding of a profile of those paths, against the real API server: a withdrawal stopped serving
 its Instances one API round trip apart each (a deleted Configuration's plugins went one by one);
 a publish wrote its Instances one at a time; a reservation move read the Instance before every
 conditioned write although the pass had just decided from a copy of it. The client's calls are

@@ -142,8 +142,8 @@ async def test_a_new_devices_first_listandwatch_already_offers_its_slots(
     control_plane: ControlPlane, namespace: str, plugin_dir: Path
 ) -> None:
     """The slots reserved for this node are written before the device's plugin starts, so
-    the kubelet's first ListAndWatch response offers them (issue 36: before, the first
-    offered none and a second pass, after the reservation's watch event, offered them)."""
+    the kubelet's first ListAndWatch response offers them (otherwise the first
+    would offer none and a second pass, after the reservation's watch event, offered them)."""
     async with _agent_node(control_plane, namespace, plugin_dir, python_kubelet=True) as node:
         assert isinstance(node.emulator, PythonNodeEmulator)
         name = instance_name("first", "f0", shared=False, node=node.name)

@@ -1,7 +1,7 @@
 """A node's agent token reaches no further than its own node's part of each Instance, and its
 own node's pods.
 
-Why this exists: RBAC lets the agent create, patch and delete every Instance (it cannot say
+RBAC lets the agent create, patch and delete every Instance (it cannot say
 "only this node's entries"); deploy/manifests/agent-instance-policy.yaml narrows that with a
 ValidatingAdmissionPolicy keyed on the node name the API server binds into a DaemonSet pod's
 token. A stolen node token must not free another node's slot, remove another node, delete its

@@ -1,6 +1,6 @@
 """Slots still move between nodes when each agent holds only its own node's rights.
 
-Why this exists: the Instance admission policy (deploy/manifests/agent-instance-policy.yaml)
+The Instance admission policy (deploy/manifests/agent-instance-policy.yaml)
 lets an agent write only its own node's slots, reservations and demand. Moving a slot to the
 node whose pinned pods wait takes writes by both nodes' agents: the waiting node publishes its
 demand, the idle node gives its reservation back, the waiting node reserves and claims it, and

@@ -1,6 +1,6 @@
 """The Ascend node profile (deploy/ascend, the chart's ``ascend.enabled``) reaches the driver.
 
-Why this exists: on a real NPU node the agent must load DCMI and see the driver directory, or
+On a real NPU node the agent must load DCMI and see the driver directory, or
 discovery falls back to the device nodes (every chip healthy forever, pods without the driver
 mount). Here the profile's own mounts and environment, read from the manifest, are applied to
 the handler: in a private mount namespace the emulated host's driver directory, DCMI directory

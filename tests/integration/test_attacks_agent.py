@@ -1,7 +1,7 @@
 """A stolen node agent token, tried as an attacker would: every write that would reach past its
 own node is refused by the API server, and the writes the agent really makes still pass.
 
-Why this exists: issue 32. With deploy/manifests and deploy/dra applied as a user applies them
+What a node's agent may not do. With deploy/manifests and deploy/dra applied as a user applies them
 (the agent's RBAC and admission policies, unchanged files) and the agent's ServiceAccount token
 bound to a pod on node A (the node name in ``authentication.kubernetes.io/node-name``, as its
 DaemonSet pod's token has it), each attempt below is a real request to the real API server:
@@ -829,7 +829,7 @@ def test_a_resourceslice_pool_belongs_to_the_node_that_writes_it(
 
 def test_a_shared_devices_pool_is_no_agents_to_write(control_plane: ControlPlane,
                                                      world: World) -> None:
-    """The controller publishes shared devices' pools (controller/shared_pools.py): a node's
+    """The controller publishes shared devices' pools (controller/dra/shared_pools.py): a node's
     token can neither publish a newer generation of one that lists itself (the scheduler would
     read only it), nor rewrite or delete the controller's slice."""
     cp, w = control_plane, world
@@ -898,7 +898,7 @@ def _offered(namespace: str, configuration: str, instance: str) -> dict[str, Any
 
 def test_a_node_offers_only_what_a_configuration_selects_it_for(
         control_plane: ControlPlane, world: World, tmp_path: Path) -> None:
-    """Issue 47: node A publishes, in its own local pool, a device carrying the attributes of a
+    """Node A publishes, in its own local pool, a device carrying the attributes of a
     Configuration whose nodeSelector selects only node B: that Configuration's DeviceClass
     would match it and the scheduler would place B's tenant's pod on A. Refused at write, with
     A's agent token and with A's kubelet certificate; so is joining or creating that
@@ -997,7 +997,7 @@ def _token_request(bound: dict[str, str] | None, seconds: int = 3600) -> dict[st
 
 async def test_a_node_reads_only_the_secrets_of_configurations_selecting_it(
         control_plane: ControlPlane, world: World, tmp_path: Path) -> None:
-    """Issue 47: every agent runs as one ServiceAccount, so a grant to it hands every camera
+    """Every agent runs as one ServiceAccount, so a grant to it hands every camera
     password any Configuration names to every node. Each node reads as its own account
     (agent/kube/node_account.py, with node A's agent token): node A reads the Secret of a
     Configuration selecting A, not the one of a Configuration selecting only B (another
@@ -1090,7 +1090,7 @@ def _device_status(driver: str, pool: str, device: str) -> dict[str, Any]:
 
 def test_claim_status_only_its_drivers_entries_of_claims_on_its_node(
         control_plane: ControlPlane, world: World) -> None:
-    """Issue 50's claim status (agent/dra/claim_status.py) gives the agent patch on every
+    """The claim status (agent/dra/claim_status.py) gives the agent patch on every
     claim's status. Node A's token tries: its driver's entry on a claim allocated on node B;
     on a claim on A, another driver's entry, the pods reserving the claim; an unallocated
     claim allocated to itself. Each is refused, by the API server where it guards claims'
@@ -1157,7 +1157,7 @@ def _local_slice(namespace: str, node: str, devices: list[dict[str, Any]]) -> di
 async def test_a_device_without_edgeplugs_attributes_breaks_no_class(
         control_plane: ControlPlane, world: World, pod_namespace: str, kube: AsyncClient,
         tmp_path: Path) -> None:
-    """Issue 47: the scheduler evaluates a claim's class on every device of every pool a
+    """The scheduler evaluates a claim's class on every device of every pool a
     candidate node reaches, and a CEL error there (not a false) fails the pod's scheduling on
     every node. Node A's own token may not publish, in its own local pool, a device without
     edgeplug's attributes or one whose attributes have the wrong types (a version, an int, a

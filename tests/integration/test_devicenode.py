@@ -1,6 +1,6 @@
 """The harness against the kubelet's own device manager: slots, Allocate, restarts.
 
-Why this exists: the Python node emulator is our reading of the kubelet; ``DeviceNode`` runs
+The Python node emulator is our reading of the kubelet; ``DeviceNode`` runs
 the kubelet's real device manager (pkg/kubelet/cm/devicemanager), its admission and its
 pod-resources server. These tests show what only it has: it admits and fails pods as the
 kubelet does, keeps allocations across a kubelet restart from its checkpoint without repeating

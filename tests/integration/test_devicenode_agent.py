@@ -1,10 +1,10 @@
 """The agent's slots across a restart of the real kubelet device manager.
 
-Why this exists: issue 15 asks that a kubelet restart with running pods holding slots be shown
-against the kubelet's own device manager (``DeviceNode``): allocations survive from its
-checkpoint, Allocate is not called again for the running pod, and the agent's ``deviceUsage``
-stays what it was, while the agent re-registers every plugin. Real parts: the control plane,
-the kubelet's device manager in its own mount namespace, the agent's device-plugin service.
+A kubelet restart with running pods holding slots, shown against the kubelet's own device
+manager (``DeviceNode``): allocations survive from its checkpoint, Allocate is not called again for
+the running pod, and the agent's ``deviceUsage`` stays what it was, while the agent re-registers
+every plugin. Real parts: the control plane, the kubelet's device manager in its own mount
+namespace, the agent's device-plugin service.
 
 Also against that device manager: its plugin server hangs up on a freshly registered plugin
 when an older client of the same resource ends afterwards (it disconnects by name), and the

@@ -1,6 +1,6 @@
 """The kubelet stand-ins speak to device plugins as the real kubelet does.
 
-Why this exists: every agent test trusts a kubelet stand-in, so where the Python emulator once
+Every agent test trusts a kubelet stand-in, so where the Python emulator once
 differed from the kubelet's device manager (``pkg/kubelet/cm/devicemanager``) a test here pins
 the kubelet's behaviour: the HTTP/2 ``:authority`` of plugin calls (the kubelet dials with
 ``localhost``; the emulator used to send the socket path, which tonic/h2 plugins refuse), the

@@ -1,4 +1,4 @@
-"""A prepared claim says what it got (issue 50): after the agent's kubelet plugin prepares a
+"""A prepared claim says what it got: after the agent's kubelet plugin prepares a
 real, scheduler-allocated claim, the claim's ``status.devices`` holds, for its device, a
 ``Ready`` condition following the device's health, its properties as ``data`` (never a
 Secret's value) and, for a device with an address, ``networkData``, written with the agent's

@@ -1,4 +1,4 @@
-"""A device that stays unhealthy moves its pods (issue 50), on the real control plane: the
+"""A device that stays unhealthy moves its pods, on the real control plane: the
 agent taints it ``NoExecute`` after its Configuration's ``spec.unhealthyDevices`` grace, the
 kube-controller-manager's device taint eviction controller deletes the pod holding it, the
 Deployment's ReplicaSet makes another and the scheduler gives that one the healthy device.

@@ -1,4 +1,4 @@
-"""How soon and how often the DRA publisher writes (issue 36, the DRA mode of agent_changes).
+"""How soon and how often the DRA publisher writes (the DRA mode of the agent_changes benchmark).
 
 Real parts: the API server (Instances, ResourceSlices); the publisher and the agent's device
 table run in-process, the table filled as the discovery side fills it (``NodeDeviceTable.put``

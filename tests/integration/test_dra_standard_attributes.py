@@ -1,4 +1,4 @@
-"""The standard attributes reach the scheduler (issue 50): Ascend NPUs found through the DCMI
+"""The standard attributes reach the scheduler: Ascend NPUs found through the DCMI
 stand-in, on a host tree whose sysfs places their PCI bus ids below a root complex with NUMA
 nodes, are published with ``resource.kubernetes.io/pcieRoot`` and ``numaNode``, and a claim
 selecting by NUMA node is allocated the chip on it (real API server and scheduler)."""

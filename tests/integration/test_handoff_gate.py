@@ -1,5 +1,5 @@
 """The give-away gate on the real API server: the Node's count goes down before a slot is given
-away, and comes back if a pod bound here may still be admitted with it (issue 21).
+away, and comes back if a pod bound here may still be admitted with it.
 
 Real parts: kube-apiserver and etcd; the Node's status written as a kubelet writes it (its
 device resources in capacity and allocatable). What a user would check is what the scheduler

@@ -1,6 +1,6 @@
 """The Helm chart, with the real Helm, against the real API server.
 
-Why this exists: a chart is templates, and templates break in ways only rendering and applying
+A chart is templates, and templates break in ways only rendering and applying
 show (an indentation, a value that renders to the wrong type, a field the API server refuses).
 Helm v3.22 is built from its Go module (tests/harness/helmbin.py). Here the chart is linted,
 rendered with its default and with non-default values and applied with

@@ -1,6 +1,6 @@
 """The agent and controller images, built for real and run from their unpacked roots.
 
-Why this exists: a Dockerfile nobody builds rots, and there is no container engine or registry
+A Dockerfile nobody builds rots, and there is no container engine or registry
 here. ``deploy/images/build-oci.sh`` (``make images``) builds both images without a daemon,
 from the same inputs as the Dockerfiles, as OCI image archives. This test takes each archive as
 a user's runtime would (the OCI layout's tag, its manifest and layers, the image config turned

@@ -2,7 +2,7 @@
 pods bound to A and reads the claim of a pod bound to A, and is refused B's pods and B's claim;
 the agent's own token may do neither; a rotated certificate is used from the next read on.
 
-Why this exists: issue 32 ("no cluster-wide reads an agent does not need"). The harness API
+No cluster-wide reads an agent does not need. The harness API
 server runs the Node authorizer and NodeRestriction, as every real cluster does. The agent runs
 as its process with deploy/manifests' and deploy/dra's rights through its pod-bound token, plus
 node A's kubelet client certificate (signed by the cluster CA, ``system:node:A`` in

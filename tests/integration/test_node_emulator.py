@@ -1,6 +1,6 @@
 """The node emulator behaves as a kubelet towards device plugins, the scheduler and the API.
 
-Why this exists: every agent test trusts the emulator to stand in for the real kubelet, so the
+Every agent test trusts the emulator to stand in for the real kubelet, so the
 emulator is itself tested against real parts: the real control plane (API server, scheduler,
 controller-manager), a real gRPC device plugin over Unix sockets (tests/harness/testplugin.py),
 and the real pod-resources API. Waits poll the API or the emulator with a deadline.

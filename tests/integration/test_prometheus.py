@@ -2,7 +2,7 @@
 scenario runs; the alert expressions and the dashboard's queries are evaluated through its HTTP
 API.
 
-Why this exists: a metric's help text and an alert's PromQL are claims; this checks them against
+A metric's help text and an alert's PromQL are claims; this checks them against
 what the processes really export. The scenario (tests/harness/monitoring_scenario.py) runs the
 agent with its device plugins on the kubelet's own device manager (``DeviceNode``). The quiet
 phase (healthy devices, one pod on an NPU slot, no broker asked for) must fire no alert; then a

@@ -1,11 +1,11 @@
-"""A Configuration of many shared devices is published at the API server's pace (issue 48).
+"""A Configuration of many shared devices is published at the API server's pace.
 
 Against the real API server, one node's ``InstancePublisher`` publishes a list of shared
 devices new to it, its client's calls recorded in order: the collision names are read in one
 list (not a GET per device) from ``LIST_FROM`` new devices on, and by a GET each below; each
 device costs its create, its apply and its first verdict (``status.reported``), and the first
-verdicts do not wait for the last Instance; a device reaches the table only after its verdict
-(issue 36's order). A device another node publishes under its collision name is joined there.
+verdicts do not wait for the last Instance; a device reaches the table only after its verdict.
+A device another node publishes under its collision name is joined there.
 Withdrawn, an Instance the node alone is listed on costs a read and a delete, and this
 process's watches take its deletion unread.
 """

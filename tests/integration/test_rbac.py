@@ -1,6 +1,6 @@
 """The RBAC in deploy/manifests is enough for the real agent and controller, and no more.
 
-Why this exists: a ClusterRole that misses one verb shows up only in a cluster, as a 403 in a
+A ClusterRole that misses one verb shows up only in a cluster, as a 403 in a
 log. Here the manifests are applied to the real API server (RBAC authorization on), a token is
 minted for each ServiceAccount through the TokenRequest API, and the real agent and the real
 controller run with nothing but that token: Instances appear, the node is labelled, a pod gets a

@@ -1,6 +1,6 @@
 """No Secret value reaches a status, an Event, a log line or an Instance.
 
-Why this exists: discovery properties read from Secrets reach the handlers, and a handler's
+Discovery properties read from Secrets reach the handlers, and a handler's
 complaint about its input goes to the Configuration's status, an Event and the agent's log. One
 ONVIF path quoted a value from a Secret there (a username written where a property name was
 expected, ``username_ref``). Here recognisable values are planted in a real Secret, the agent's

@@ -6,7 +6,7 @@ pod that held it has left. The agent maps it onto the slot the id still holds in
 pod-resources ``List`` taken just before that ``Allocate`` (the new pod not listed yet) looks
 exactly like "its pod ended". Before the hand-out count (agent/deviceplugins/slots/rules.py,
 "hand-outs"), the orphan freer freed the slot a few milliseconds after handing it out, and the
-Instance plugin then gave the same slot to a second pod (issue 21's first trace).
+Instance plugin then gave the same slot to a second pod.
 
 Real parts: the API server (the Instance and its conditioned writes), the agent's own
 configuration backend, ledger and orphan freer, and a pod-resources server over a real gRPC Unix
@@ -324,7 +324,7 @@ async def test_a_slot_another_node_awaits_is_freed_once_every_pod_here_is_accoun
     kube: AsyncClient, namespace: str,
     pod_resources: tuple[GatedPodResources, Path],
 ) -> None:
-    """Issue 21's third case: a pod that lived less than a sweep interval left a slot no
+    """A pod that lived less than a sweep interval left a slot no
     ``List`` ever showed held, while node-b's pod waited for it. With per-pod evidence (the
     pods bound here, read after the ``List``) the slot goes at the first sweep that accounts
     for every pod here asking for the resource, not one orphan grace later; while a pod bound
@@ -369,7 +369,7 @@ async def test_a_slot_another_node_awaits_is_freed_once_every_pod_here_is_accoun
 async def test_a_restarted_kubelet_frees_no_slot_of_a_pod_it_has_not_admitted_again(
     kube: AsyncClient, namespace: str, tmp_path: Path,
 ) -> None:
-    """Issue 33: a restarted kubelet serves pod-resources before it has re-admitted the pods it
+    """A restarted kubelet serves pod-resources before it has re-admitted the pods it
     still runs, and lists none of them until then. On a loaded machine that took the harness's
     kubelet longer than the orphan grace, and the freer freed the slot of a running pod (the
     configuration-level id it held was then offered again). A slot past its grace stays while a
@@ -424,7 +424,7 @@ async def test_a_restarted_kubelet_frees_no_slot_of_a_pod_it_has_not_admitted_ag
 async def test_a_list_the_old_kubelet_answered_as_the_new_one_started_frees_nothing(
     kube: AsyncClient, namespace: str, tmp_path: Path,
 ) -> None:
-    """Issue 33: the first ``List`` after a pod's ``Allocate`` was asked of the old kubelet,
+    """The first ``List`` after a pod's ``Allocate`` was asked of the old kubelet,
     which listed the pod; by the time the agent read the socket's identity again, the kubelet
     had restarted. The freer took that answer as the new kubelet's, so the new one's next
     answer, which leaves out every pod it has not admitted again yet, read as the pod's end:

@@ -1,4 +1,4 @@
-"""A withdrawn Configuration's CDI spec is written once, not once per device (issue 36).
+"""A withdrawn Configuration's CDI spec is written once, not once per device.
 
 Real parts: the API server (Configuration, Instances) and the agent's ``InstancePublisher``
 with its CDI specs in a temporary directory. Before, every device leaving the node rewrote the

@@ -1,7 +1,7 @@
 """What the controller grants the agent to read, from Configurations
 (controller/grants/agent_access.py).
 
-Why this exists: a wrong Role here is either an agent that cannot start discovery or one that
+A wrong Role here is either an agent that cannot start discovery or one that
 reads Secrets nobody named; the second is silent, so the tables below pin the rules down.
 """
 

@@ -1,6 +1,6 @@
 """The agent's settings: one declaration each, and the names and defaults users were told.
 
-Why this exists: every setting is declared once, as a field of the ``AgentSettings`` tree
+Every setting is declared once, as a field of the ``AgentSettings`` tree
 (agent/settings.py), a variable in its metadata where the environment sets it; ``from_env`` and
 docs/agent-settings.md are derived from those fields. The README, docs/ and the
 DaemonSets (plain manifests, the NPU one, the Helm chart's templates) restate some of those

@@ -2,7 +2,7 @@
 ``.ci/apt/*.txt``: nothing asked of apt when all are installed, the missing ones installed as
 root or through ``sudo -n``, and otherwise one message naming them and the command to run.
 
-Why this exists: ``make test`` on a fresh machine relies on this step, and a CI machine that has
+``make test`` on a fresh machine relies on this step, and a CI machine that has
 every package never exercises its other branches. The script runs for real against this
 machine's dpkg database, from a copy of the repository layout holding a list of our own; the
 ``apt-get`` (and, for the sudo branch, ``sudo``) it finds on ``PATH`` are stand-ins that record

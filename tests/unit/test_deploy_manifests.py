@@ -1,7 +1,7 @@
 """deploy/ agrees with the code: the DaemonSet gives the agent the settings it reads, the images
 start the console scripts pyproject declares, the Helm chart serves the same files.
 
-Why this exists: manifests are copies of facts the code owns (environment names, paths, ports);
+Manifests are copies of facts the code owns (environment names, paths, ports);
 these tests read the facts from the code (``AgentSettings.from_env``, its defaults, pyproject)
 so a rename on either side fails here, not on a node. The RBAC itself is tested against the
 real API server in tests/integration/test_rbac.py.

@@ -1,6 +1,6 @@
 """The fleet benchmark's readings of a process (tests/harness/fleet.py) on real sockets.
 
-Why this exists: ``bench_fleet`` reports the bytes each agent received from the API server
+``bench_fleet`` reports the bytes each agent received from the API server
 from ``ss``'s per-socket counters and its CPU and memory from ``/proc``; a change in either
 format would silently read as 0. These read this test's own process.
 """

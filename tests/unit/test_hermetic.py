@@ -1,6 +1,6 @@
 """The harness's hermeticity: what it refuses and what its guard sees (tests/harness/hermetic.py).
 
-Why this exists: test_helm's agent once used this machine's /var/lib/akri (the chart's
+Test_helm's agent once used this machine's /var/lib/akri (the chart's
 default, left as it was) and restored another process's handler registration from it. These
 tests pin the parts that keep that from happening again: every path setting of the agent is
 known to the harness, the chart's own environment is refused as it is and accepted once moved

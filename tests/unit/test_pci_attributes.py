@@ -1,4 +1,4 @@
-"""The standard DRA attributes ``resource.kubernetes.io/pcieRoot`` and ``numaNode`` (issue 50):
+"""The standard DRA attributes ``resource.kubernetes.io/pcieRoot`` and ``numaNode``:
 read from this machine's own sysfs and from trees laid out as the kernel lays them out, carried
 by the udev and Ascend handlers' properties, published typed in a slice."""
 

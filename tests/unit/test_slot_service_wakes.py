@@ -2,7 +2,7 @@
 
 A pass walks every Instance the node serves; at 200 devices each display write
 (``status.used``, ``status.nodes``) used to bring one back as a watch event that woke a pass
-deciding nothing new (issue 36's idle CPU). The echo must be kept (its resourceVersion is what
+deciding nothing new (idle CPU). The echo must be kept (its resourceVersion is what
 the next conditioned write needs) without waking; every change a pass decides from must wake.
 """
 

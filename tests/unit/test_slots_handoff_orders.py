@@ -1,4 +1,4 @@
-"""The reservation hand-off under every order of the four events that race it (issue 21).
+"""The reservation hand-off under every order of the four events that race it.
 
 A shared Instance of two slots seen by node-a and node-b. Slot 0 is free and reserved for node-a;
 slot 1 is held by a running pod on node-b, whose pinned pod ``waiting-b`` asks for a slot
