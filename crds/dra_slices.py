@@ -2,7 +2,7 @@
 
 Both publishers build their slices here: an agent its node's local pools
 (``agent.dra.slices.plan_node``), the controller (``--dra``) every shared device's pool
-(``controller.shared_pools``, from ``shared_plan``). docs/dra.md says what is published and why.
+(``controller.dra.shared_pools``, from ``shared_plan``). docs/dra.md says what is published and why.
 
 Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``):
 

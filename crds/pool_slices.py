@@ -1,6 +1,6 @@
 """The API reads and deletes both ResourceSlice publishers make by pool: an agent for its
 node's local pools (``agent.dra.publisher``), the controller for shared ones
-(``controller.shared_pools``).
+(``controller.dra.shared_pools``).
 
 ``slices_by_pool`` lists every slice of some pools, ``POOLS_PER_LIST`` pools a list (one set-based
 selector on the pool label; one list per pool was a round trip before each new pool's write);

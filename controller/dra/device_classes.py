@@ -2,7 +2,7 @@
 each Configuration gets from what the API server keeps of it.
 
 ``DeviceClasses.run`` keeps the classes, each Configuration's ``status.allocator`` and, through
-``instance_classes`` and ``controller.shared_pools``, the per-Instance classes and shared pools.
+``instance_classes`` and ``controller.dra.shared_pools``, the per-Instance classes and shared pools.
 Why classes are deleted by the controller and how the write decides the allocator:
 docs/architecture.md, "The controller's DRA side"."""
 
@@ -25,9 +25,9 @@ from controller.dra.instance_classes import (
     delete_class,
     object_key,
 )
+from controller.dra.shared_pools import SharedPools
 from controller.kube.watching import follow_forever
 from controller.settings import DraSettings
-from controller.shared_pools import SharedPools
 from crds import dra, dra_features
 from crds.configuration import Allocator, asked_allocator, eviction_grace
 from crds.naming import configuration_resource_name
@@ -63,7 +63,7 @@ class DeviceClasses:
         #: the probe at every (re)list.
         self._missing: shared_allocation.Missing | None = None
         self.features = dra_features.FeatureReport(log)
-        self.pools = SharedPools(client, namespaces=self._namespaces)
+        self.pools = SharedPools(client, namespaces=self._namespaces, settings=self._settings)
         self.instances = InstanceClasses(client, namespaces=self._namespaces, pools=self.pools,
                                          settings=self._settings)
 

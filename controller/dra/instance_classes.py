@@ -1,7 +1,7 @@
 """One DeviceClass per Instance whose Configuration the scheduler allocates (DRA mode), mapping
 ``edgeplug.io/<instance>`` so an Akri-style broker asking for it is served from the device's
 slice; deleted with its Instance, when the Configuration leaves DRA, and at (re)list for
-Instances gone meanwhile. The same watch feeds ``controller.shared_pools``."""
+Instances gone meanwhile. The same watch feeds ``controller.dra.shared_pools``."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
 from controller.dra.shared_allocation import put_mode
+from controller.dra.shared_pools import SharedPools
 from controller.kube.watching import follow_forever
 from controller.settings import DraSettings
-from controller.shared_pools import SharedPools
 from crds import dra
 from crds.configuration import Allocator
 from crds.naming import instance_resource_name

@@ -51,7 +51,7 @@ from lightkube.resources.core_v1 import Pod
 from agent.kube import watching
 from agent.kube.client import as_dict
 from controller.dra.instance_classes import DeviceClassResource
-from controller.shared_pools import SharedPools
+from controller.dra.shared_pools import SharedPools
 from crds import dra, dra_slices
 from crds.configuration import Allocator
 from crds.resources import InstanceResource, ResourceSliceResource

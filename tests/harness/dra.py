@@ -6,7 +6,7 @@ pod's claim from a ResourceClaimTemplate). The scheduler places a pod only on a 
 so the nodes here are ``NodeReporter`` Nodes with a heartbeat and no kubelet: a pod is bound
 (``spec.nodeName``) once its claim is allocated, and nothing runs it. The agents run in-process:
 discovery (``ConfigurationWatch``) plus ``DraPublisher``; the controller's ``DeviceClasses``
-(with the shared devices' pools, ``controller.shared_pools``) runs in-process too, unless a
+(with the shared devices' pools, ``controller.dra.shared_pools``) runs in-process too, unless a
 test runs the controller process with ``--dra``.
 """
 

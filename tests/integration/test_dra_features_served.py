@@ -21,7 +21,7 @@ from agent.dra import slices
 from agent.dra.publisher import ResourceSliceResource
 from agent.kube.client import as_dict
 from controller.dra.instance_classes import DeviceClassResource
-from controller.shared_pools import SharedPools
+from controller.dra.shared_pools import SharedPools
 from crds import dra, dra_features, dra_slices
 from crds.configuration import Allocator
 from tests.harness import agent_process as harness

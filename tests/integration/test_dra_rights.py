@@ -137,7 +137,7 @@ def test_the_tokens_hold_the_rights_the_code_uses(control_plane: ControlPlane,
     assert not world.agent_a.can(cp, "create", "deviceclasses.resource.k8s.io")
     for verb in ("list", "watch", "create", "patch", "delete"):
         assert world.controller.can(cp, verb, "deviceclasses.resource.k8s.io"), verb
-    # Shared devices' pools (controller/shared_pools.py); servedBy (controller/dra/dra_usage.py).
+    # Shared devices' pools (controller/dra/shared_pools.py); servedBy (dra/dra_usage.py).
     for verb in ("list", "watch", "create", "patch", "delete"):
         assert world.controller.can(cp, verb, "resourceslices.resource.k8s.io"), verb
     # Brokers' claim templates; servedBy and claims of Instances (controller/dra/dra_usage.py).

@@ -1,5 +1,5 @@
-"""Which shared pools the controller publishes (``controller.pool_inputs.wanted_pools``), and
-which Instance changes make ``controller.shared_pools`` look at a pool again."""
+"""Which shared pools the controller publishes (``controller.dra.pool_inputs.wanted_pools``), and
+which Instance changes make ``controller.dra.shared_pools`` look at a pool again."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, cast
 import pytest
 from lightkube import AsyncClient
 
-from controller.pool_inputs import wanted_pools
-from controller.shared_pools import SharedPools
+from controller.dra.pool_inputs import wanted_pools
+from controller.dra.shared_pools import SharedPools
 from crds import dra_slices
 from crds.configuration import Allocator
 from crds.instance import Instance, InstanceSpec

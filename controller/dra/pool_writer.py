@@ -1,8 +1,8 @@
-"""The API side of the shared devices' pools (``controller.shared_pools`` decides what each
+"""The API side of the shared devices' pools (``controller.dra.shared_pools`` decides what each
 holds): asks whether the API server keeps per-device node selection, adopts what an earlier
 controller (or an older release's agent) wrote, lists a pool's slices, writes a pool one
 generation above every slice of it and deletes the rest, withdraws a pool. It remembers what it
-wrote (``written``, and each device as written, ``entries``), ``WRITES_IN_FLIGHT`` calls at once.
+wrote (``written``, and each device as written, ``entries``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ from crds.resources import ResourceSliceResource
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
-#: API calls (applies, deletes, lists) in flight at once: pools are independent, and one call at
-#: a time leaves the API server idle between round trips. One pool's own calls stay in order
-#: (apply, then delete the stale).
-WRITES_IN_FLIGHT: Final = 16
 #: The pool and node of the dry-run slice that asks whether per-device node selection is kept.
 PROBE_POOL: Final = dra_slices.shared_pool("kube-system", "edgeplug-probe", "probe")
 PROBE_NODE: Final = "edgeplug-probe"
@@ -47,7 +43,9 @@ class PoolWriter:
     """Writes and deletes the controller's slices of shared pools; ``writes`` counts the calls
     that changed something (for tests and benchmarks)."""
 
-    def __init__(self, client: AsyncClient, *, in_flight: int = WRITES_IN_FLIGHT) -> None:
+    def __init__(self, client: AsyncClient, *, in_flight: int) -> None:
+        """``in_flight``: API calls at once (pools are independent; one pool's own calls stay
+        in order: apply, then delete the stale)."""
         self._client = client
         self._gate = asyncio.Semaphore(in_flight)
         self.features = dra_features.FeatureReport(log)

@@ -1,4 +1,4 @@
-"""What shared devices' pools are built from (``controller.shared_pools`` keeps one
+"""What shared devices' pools are built from (``controller.dra.shared_pools`` keeps one
 ``SharedDevice`` per Instance): an Instance's inputs as the watch delivered them
 (``pool_inputs``), the plan of its device (its pool's name, its content and key, and the content
 once the Configuration's eviction grace is over), the pool it is published in (``pool_of``) and

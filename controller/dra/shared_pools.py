@@ -6,7 +6,7 @@ Every shared Instance of a served namespace whose Configuration is allocated by 
 one of its Configuration's ``SHARED_POOL_BUCKETS``, each device naming its own nodes; or a pool
 of its own), held while no node's verdict is known, withdrawn when its Instance goes or its
 Configuration leaves ``dra``. Nothing is written before the Instances and the modes were listed
-once; ``controller.pool_writer`` makes the API calls.
+once; ``controller.dra.pool_writer`` makes the API calls.
 
 Work follows what changed: an Instance event whose pool inputs or plan equal those kept marks
 nothing; a pass looks only at the marked pools (all after a (re)list). A device unhealthy on
@@ -19,24 +19,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from lightkube import AsyncClient
 
 from controller.dra.agent_liveness import without_gone
+from controller.dra.pool_inputs import SharedDevice, assemble, pool_inputs, pool_of
+from controller.dra.pool_writer import PoolWriter
 from controller.dra.shared_allocation import put_mode
-from controller.pool_inputs import SharedDevice, assemble, pool_inputs, pool_of
-from controller.pool_writer import PoolWriter
+from controller.settings import DraSettings
 from crds import dra_features, dra_slices, written_slices
 from crds.configuration import Allocator
 from crds.instance import Instance
 
 log = logging.getLogger(__name__)
 
-#: After a pass that failed (an API error), the next one comes this soon.
-RETRY_S: Final = 1.0
-#: A pass waits this long after the change that woke it, so a burst is written once.
-PASS_DELAY_S: Final = 0.05
 _Key = tuple[str, str]
 
 
@@ -44,8 +41,10 @@ class SharedPools:
     """Publishes the pools of shared devices allocated by DRA; ``run`` until cancelled.
     Fed by ``listed``/``put`` (Instances) and ``set_mode``/``modes_listed`` (Configurations)."""
 
-    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = ()) -> None:
-        self._writer = PoolWriter(client)
+    def __init__(self, client: AsyncClient, *, namespaces: Iterable[str] = (),
+                 settings: DraSettings | None = None) -> None:
+        self._settings = settings or DraSettings()
+        self._writer = PoolWriter(client, in_flight=self._settings.shared_pools_writes_in_flight)
         self._namespaces = frozenset(namespaces)
         self._devices: dict[_Key, SharedDevice] = {}
         self._inputs: dict[_Key, tuple[Any, Any, Any]] = {}  # pool_inputs of each device kept
@@ -69,7 +68,7 @@ class SharedPools:
         #: Nodes whose agent is gone (``controller.agent_liveness``): left out of selectors.
         self._gone: frozenset[str] = frozenset()
         #: Whether the API server keeps per-device node selection (None: not asked yet): pools
-        #: of many devices, else a pool per device (``controller.pool_inputs.pool_of``).
+        #: of many devices, else a pool per device (``controller.dra.pool_inputs.pool_of``).
         self.per_device_nodes: bool | None = None
         self._pool_of: dict[_Key, str] = {}  # the pool each kept device is published in
         self._members: dict[str, set[_Key]] = {}  # pool → the devices kept in it
@@ -245,13 +244,13 @@ class SharedPools:
             except Exception as error:  # API away or refusing: wait it out
                 failures += 1
                 log.warning("shared pools: slices not listed yet (%s); retrying", error)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._settings.shared_pools_retry_s)
         while True:
             await self._wake.wait()
             if not (self._instances_listed and self._modes_listed):
                 self._wake.clear()
                 continue
-            await asyncio.sleep(PASS_DELAY_S)
+            await asyncio.sleep(self._settings.shared_pools_pass_delay_s)
             self._passing = True
             self._wake.clear()
             try:
@@ -261,16 +260,16 @@ class SharedPools:
                 # Said once per cause (a right missing: deploy/dra not reapplied), not per retry.
                 if str(error) != self._failing:
                     log.warning("shared pools: pass failed (%s); retrying every %.0f s",
-                                error, RETRY_S)
+                                error, self._settings.shared_pools_retry_s)
                 self._failing = str(error)
                 self._wake.set()
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._settings.shared_pools_retry_s)
             finally:
                 self._passing = False
 
     async def _adopt(self) -> None:
         """Learn whether the API server keeps per-device node selection, and the pools an
-        earlier controller wrote (``controller.pool_writer``); devices kept before are placed
+        earlier controller wrote (``controller.dra.pool_writer``); devices kept before are placed
         again, a device published in a pool of its own staying there."""
         if self.per_device_nodes is None:
             self.per_device_nodes = await self._writer.keeps_per_device_nodes()
