@@ -1,13 +1,12 @@
 """``bench_allocators``' node: one agent, its emulated kubelet and a controller per allocator,
 and what the scheduler can see of their devices.
 
-Why this exists: the scheduler's view is the one that counts for "a device can be scheduled"
-(issue 46): a device is schedulable once it is in a ResourceSlice (``dra``) or in the Node's
-allocatable (``devicePlugin``), and a pod asking for it is bound. This wraps
-``bench_agent_setup.bench_node`` (the agent as ``python -m agent.main`` with DRA on, as the
-chart runs it, beside the node emulator) with the controller process (``--dra``) of its
-namespace and the watches of ``bench_shared_scale`` (pods bound, the controller's slices and
-classes) plus one on the agents' own slices.
+The scheduler's view is the one that counts for "a device can be scheduled": a device is schedulable
+once it is in a ResourceSlice (``dra``) or in the Node's allocatable (``devicePlugin``), and a pod
+asking for it is bound. This wraps ``bench_agent_setup.bench_node`` (the agent as
+``python -m agent.main`` with DRA on, as the chart runs it, beside the node emulator) with the
+controller process (``--dra``) of its namespace and the watches of ``bench_shared_scale`` (pods
+bound, the controller's slices and classes) plus one on the agents' own slices.
 """
 
 from __future__ import annotations

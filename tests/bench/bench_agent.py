@@ -1,6 +1,6 @@
 """The agent's speed: device → Instance → allocatable, kubelet restart, Allocate round trip.
 
-Why this exists: issue 3's targets (≤ 0.5 s median to allocatable, ≤ 1 s re-registration,
+The agent's targets (≤ 0.5 s median to allocatable, ≤ 1 s re-registration,
 Allocate p99 ≤ 5 ms, ≤ 79 MiB resident) are met in benchmarks, never in pass/fail tests. This
 module runs all of them against a real control plane, the node emulator (in this process) as the
 kubelet and the agent as ``python -m agent.main`` (its own process, as on a node), prints

@@ -1,7 +1,7 @@
 """The agent at rest: CPU seconds per minute and resident memory while nothing changes.
 
-Why this exists: an agent runs on every node, small gateways included, and should cost nothing
-while no device, Configuration or pod changes (issue 14: ≤ 0.05 CPU s per 60 s with 2 and with
+An agent runs on every node, small gateways included, and should cost nothing
+while no device, Configuration or pod changes (targets: ≤ 0.05 CPU s per 60 s with 2 and with
 200 devices; ≤ 45 MiB resident with one Configuration, ≤ 64 MiB with 200 devices). This runs
 ``python -m agent.main`` against the real API server and the node emulator (kubelet.sock and
 pod-resources), serving a debugEcho Configuration that watches an availability file (so the

@@ -1,7 +1,7 @@
 """The agent's resident memory with 200 Instances and their plugins, and what dominates it.
 
-Why this exists: the agent runs on every node, small gateways included, and issue 3 sets it
-Akri's own limit (79 MiB); issue 14 lowers it to 64 MiB. ``run`` starts ``python -m agent.main``
+The agent runs on every node, small gateways included; its target is 64 MiB, below Akri's
+own limit (79 MiB). ``run`` starts ``python -m agent.main``
 against the real API server and the node emulator, grows a debugEcho Configuration from 1 to
 200 devices (capacity 1), waits until 200 Instances exist and 200 Instance plugins plus the
 configuration-level one are registered, then reads VmRSS/VmHWM from ``/proc/<pid>/status``; it
@@ -35,8 +35,8 @@ INSTANCES = 200
 MEMORY_READS = 5
 MEMORY_READ_INTERVAL_S = 1.0
 READY_DEADLINE_S = 180.0
-#: Issue 14's targets: with one Configuration (one device), with 200 devices (issue 3's was
-#: Akri's limit, 79 MiB), and per Instance with its plugin.
+#: The targets: with one Configuration (one device), with 200 devices (Akri's limit is
+#: 79 MiB), and per Instance with its plugin.
 TARGET_ONE_MIB = 45
 TARGET_MIB = 64
 TARGET_PER_INSTANCE_KIB = 85

@@ -1,6 +1,6 @@
 """An Akri handler's device → allocatable, beside the same device through the built-in debugEcho.
 
-Why this exists: issue 26 asks what the out-of-process path costs. One node (the agent as
+What the out-of-process path costs. One node (the agent as
 ``python -m agent.main`` with device plugins, the emulated kubelet, the real control plane)
 runs both: a Configuration naming ``akriEcho`` (the Go handler of tests/harness/akri_handler,
 registered over the agent's socket, one gRPC ``Discover`` stream per Configuration) and one

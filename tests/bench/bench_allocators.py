@@ -1,7 +1,7 @@
-"""``python -m tests.bench allocators``: each allocator of issue 46 (``spec.allocator: dra`` and
+"""``python -m tests.bench allocators``: each allocator (``spec.allocator: dra`` and
 ``devicePlugin``) measured the same way in one run, every figure beside a floor of that run.
 
-Why this exists: issue 46 makes the scheduler (DRA) the one allocator of every device by
+The scheduler (DRA) is the one allocator of every device by
 default and keeps the kubelets' device plugins as a compatibility package the default path
 never imports; what each costs must be measured, never asserted. Per run and allocator, a
 fresh agent (``python -m agent.main``, DRA on) beside the node emulator and a controller

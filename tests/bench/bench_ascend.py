@@ -1,8 +1,8 @@
 """The ascend handler's cost and speed on an emulated 16-chip node.
 
-Why this exists: issue 11 asks for the discovery pass and the CPU of one health poll on a
-16-chip node, and for how long a faulted chip takes to show Unhealthy (target: within the poll
-interval + 0.2 s), and (issue 23) how long a DCMI call that never returns takes to show its
+The discovery pass and the CPU of one health poll on a
+16-chip node, how long a faulted chip takes to show Unhealthy (target: within the poll
+interval + 0.2 s), and how long a DCMI call that never returns takes to show its
 card's chips Unhealthy (target: within the poll and the DCMI timeout) and what ``prepare``
 costs meanwhile. Timings are never pass/fail, so they are measured here. The node is
 tests/harness/ascend_node.py's (the DCMI stand-in compiled and loaded through ctypes, and the

@@ -1,6 +1,6 @@
 """How long a separated Ascend chip takes to move its pod: fault → the workload's new pod Running.
 
-Why this exists: issue 51 asks to measure chip fault → pod moved. A real control plane (its
+Chip fault → pod moved, measured. A real control plane (its
 scheduler and controller-manager: the Deployment and Job controllers), the kubelet's own device
 manager and pod-resources (``DeviceNode``) and the agent in this process with the DCMI stand-in
 (Huawei's C ABI) for four chips, ``healthPollSeconds: 1``. Each run: the workload's one pod

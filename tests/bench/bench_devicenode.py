@@ -1,7 +1,7 @@
 """What the kubelet's own device manager costs the harness: start, kubelet restart, admission.
 
-Why this exists: issue 15 moves the tests from the Python node emulator to ``DeviceNode`` (the
-kubelet's device manager in the ``devicenode`` command) and asks what that costs: the harness's
+What running the tests against ``DeviceNode`` (the kubelet's device manager in the
+``devicenode`` command) rather than the Python node emulator costs: the harness's
 start (control plane plus one node), a kubelet restart until a plugin's devices are allocatable
 again, and one pod from creation to Running. Both stand-ins are measured in the same run, with
 a fixed pure-Python loop as the machine's speed beside the figures. Nothing is asserted.

@@ -1,4 +1,4 @@
-"""Faults, timed (issue 13, "Measure"): a slot's hand-off, an API server outage, a failover.
+"""Faults, timed: a slot's hand-off, an API server outage, a failover.
 
 Why this exists: how fast the system recovers from a fault is a target met in a benchmark,
 never a pass/fail test. Three parts, each on a control plane of its own:

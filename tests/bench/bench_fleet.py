@@ -1,14 +1,13 @@
 """Two agents in a fleet of thousands of nodes: what other nodes' Instances cost each of them.
 
-Why this exists: an agent runs on every node, and issue 34 asks that its cost follow its node,
-not the cluster. This starts a real control plane and two ``python -m agent.main`` processes
-(as the DaemonSet runs them: every namespace, device plugins on, metrics served), each on an
-emulated node with its own debugEcho Configuration of a few local devices. It reads each
-agent's CPU seconds per minute (the scheduler's nanoseconds, thread by thread:
-``ProcessReading``), resident memory (``/proc``) and bytes received from the API server
-(``ss``) at rest in that cluster (the floor: only their own Instances), then writes a fleet
-with a bare client (Nodes, Configurations selecting only those Nodes, local Instances on
-them; the time each takes is printed), reads them at rest again, then under a churn of merge
+An agent runs on every node, and its cost should follow its node, not the cluster. This starts a
+real control plane and two ``python -m agent.main`` processes (as the DaemonSet runs them: every
+namespace, device plugins on, metrics served), each on an emulated node with its own debugEcho
+Configuration of a few local devices. It reads each agent's CPU seconds per minute (the scheduler's
+nanoseconds, thread by thread: ``ProcessReading``), resident memory (``/proc``) and bytes received
+from the API server (``ss``) at rest in that cluster (the floor: only their own Instances), then
+writes a fleet with a bare client (Nodes, Configurations selecting only those Nodes, local Instances
+on them; the time each takes is printed), reads them at rest again, then under a churn of merge
 patches to those foreign Instances at a fixed rate (``tests/harness/fleet.py``). Beside them:
 the API server's and etcd's CPU, the controller's (cluster-wide, ``--standalone``) CPU and
 memory, and the watch events and bytes the API server sent per Instance write (its own

@@ -1,6 +1,6 @@
 """The ONVIF handler's speed and memory with 200 simulated cameras on a namespaced network.
 
-Why this exists: issue 9 sets two targets, met here and never in pass/fail tests:
+The ONVIF handler's two targets, met here and never in pass/fail tests:
 
 1. 200 cameras: time from the start of discovery to the complete device list (target
    ``discoveryTimeoutSeconds`` + 2 s; every camera is probed, checked and described over SOAP),

@@ -1,7 +1,7 @@
 """The opcua handler's speed and memory: 500 servers behind one discovery server, and the time
 from a server starting to its Instance on a real API server.
 
-Why this exists: issue 10 sets targets that are met here, never in pass/fail tests:
+The OPC UA handler's targets, met here, never in pass/fail tests:
 
 1. 500 servers registered to one discovery server: time from the start of discovery to the
    complete device list (every server asked for, and checked: connect, session, read

@@ -1,7 +1,7 @@
 """What a real node costs beside ``devicenode``: start, kubelet restart, a pod to Running.
 
-Why this exists: issue 24 puts broker tests on a real node (the kubelet itself, containerd 2,
-runc, CNI: tests/harness/realnode.py) and keeps ``devicenode`` for scale; this says what each
+The broker tests run on a real node (the kubelet itself, containerd 2,
+runc, CNI: tests/harness/realnode.py), and ``devicenode`` stays for scale; this says what each
 costs, measured the same way in one run (bench_devicenode's three figures): a node's start
 (real node: until the Node is Ready, images imported), a kubelet restart until a test plugin's
 devices are allocatable again, and a pod bound to the node from creation to Running (real node:

@@ -1,14 +1,13 @@
 """``python -m tests.bench shared_modes``: a shared device in each allocation mode on the real
 node (kubelet, containerd, runc): the DRA default against the device-plugin compatibility mode.
 
-Why this exists: issue 31 asks what the one-allocator default costs beside the protocol it
-replaces, measured the same way in one run. Per mode and run, a fresh namespace and a shared
-debugEcho device of capacity 2 with a broker: Configuration applied → broker Running; a pod
-asking for ``edgeplug.io/<configuration>: 1`` → Running (the second slot); a third pod waits;
-the second is deleted → the waiting pod Running (the hand-off, on one node here: the
-cross-node figures are tests/faults'); the agent's own Allocate or prepare time from its
-``/metrics``; its RSS and idle CPU. The floor: a plain busybox pod (no device) created → Running
-on the same node, in the same run. Medians over the runs; nothing is asserted.
+What the one-allocator default costs beside the protocol it replaces, measured the same way in one
+run. Per mode and run, a fresh namespace and a shared debugEcho device of capacity 2 with a broker:
+Configuration applied → broker Running; a pod asking for ``edgeplug.io/<configuration>: 1`` →
+Running (the second slot); a third pod waits; the second is deleted → the waiting pod Running (the
+hand-off, on one node here: the cross-node figures are tests/faults'); the agent's own Allocate or
+prepare time from its ``/metrics``; its RSS and idle CPU. The floor: a plain busybox pod (no device)
+created → Running on the same node, in the same run. Medians over the runs; nothing is asserted.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m tests.bench slot_code``: the product lines of each allocation mode's slot code.
 
-Why this exists: issue 31 asks how much code each way of allocating a shared device costs.
+How much code each way of allocating a shared device costs.
 A product line is a line of Python that is not blank, not a comment and not part of a
 docstring (read with ``ast``, so a docstring's length does not count). Counted per mode:
 the DRA default (the agent's slices, claims and kubelet plugin, the controller's classes and

@@ -1,6 +1,6 @@
 """udev handler figures: hot-plug → Instance → allocatable, enumeration of 1,000 devices, idle CPU.
 
-Why this exists: issue 8's targets (hot-plug → Instance in ≤ 300 ms median where Akri
+The udev handler's targets (hot-plug → Instance in ≤ 300 ms median where Akri
 re-enumerates every 10 s; enumeration and memory at 1,000 devices; ~0 CPU while idle, since
 nothing polls) are met here, never in pass/fail tests. Devices come from the umockdev test bed
 (tests/harness/udev_testbed_helper.py); the agent runs as ``python -m agent.main`` under

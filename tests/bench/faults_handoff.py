@@ -1,4 +1,4 @@
-"""Cross-node slot hand-off after a pod is deleted, timed step by step (issue 13, "Measure").
+"""Cross-node slot hand-off after a pod is deleted, timed step by step.
 
 Why this exists: a shared slot held by a pod on node A must reach a pod pinned to node B, which
 waits Pending, within a second of A's pod being deleted. Two nodes run the kubelet's own device

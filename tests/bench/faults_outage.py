@@ -1,6 +1,6 @@
 """An API server outage of N seconds, devices coming and going in it: time to converge after.
 
-Why this exists: issue 13 asks how long after the API server returns from an outage the cluster
+How long after the API server returns from an outage the cluster
 matches the devices again, from the agent's side (target: 5 s). Everything is real and its own
 process: a control plane of our own, two nodes each run by the kubelet's device manager
 (``tests/harness/devicenode.py``) with the agent beside it (``python -m agent.main``, discovery
