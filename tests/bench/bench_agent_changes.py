@@ -475,7 +475,7 @@ async def _bench(plane: ControlPlane, mode: str, opts: dict[str, Any]) -> dict[s
             dra = SliceState() if mode == DRA else None
             watch = (asyncio.create_task(dra.follow(node.client, node.name))
                      if dra is not None else None)
-            # The shared devices' pools are the controller's (controller.shared_pools).
+            # The shared devices' pools are the controller's (controller.dra.shared_pools).
             pools = (asyncio.create_task(DeviceClasses(
                 node.client, namespaces=[node.namespace]).run()) if dra is not None else None)
             try:

@@ -119,7 +119,7 @@ async def _two_hundred(plane: ControlPlane, kube: AsyncClient, ns: str, *, share
     node = harness.new_node(plane)
     names = [f"dev{i:03d}" for i in range(DEVICES)]
     conf = "many-shared" if shared else "many-local"
-    # Shared devices' pools are the controller's (controller.shared_pools), run in-process.
+    # Shared devices' pools are the controller's (controller.dra.shared_pools), run in-process.
     classes = DeviceClasses(kube, namespaces=[ns])
     keeper = asyncio.create_task(classes.run()) if shared else None
     try:
