@@ -1,7 +1,9 @@
-"""One DeviceClass per Instance whose Configuration the scheduler allocates (DRA mode), mapping
-``edgeplug.io/<instance>`` so an Akri-style broker asking for it is served from the device's
-slice; deleted with its Instance, when the Configuration leaves DRA, and at (re)list for
-Instances gone meanwhile. The same watch feeds ``controller.dra.shared_pools``."""
+"""A DeviceClass mapping ``edgeplug.io/<instance>`` for each Instance whose Configuration the
+scheduler allocates (DRA mode) once a pod waiting to be scheduled asks for that resource (an
+Akri-style broker or workload): the scheduler then serves it from the device's slice, retrying
+the pod when the class appears. Kept for the Instance's life; deleted with it, when the
+Configuration leaves DRA, and at (re)list for Instances gone meanwhile. The Instance watch also
+feeds ``controller.dra.shared_pools``. Why on demand: docs/dra.md, "Extended resources"."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any, Final, cast
 
 from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from controller.dra.shared_allocation import put_mode
@@ -19,6 +22,7 @@ from controller.dra.shared_pools import SharedPools
 from controller.kube.watching import follow_forever
 from controller.settings import DraSettings
 from crds import dra
+from crds.api import GROUP
 from crds.configuration import Allocator
 from crds.naming import instance_resource_name
 from crds.resources import InstanceResource
@@ -30,13 +34,16 @@ DeviceClassResource = create_global_resource(
 )
 FIELD_MANAGER: Final = "edgeplug-controller/instance-classes"
 HTTP_NOT_FOUND: Final = 404
+#: Where a pod asks for extended resources.
+_RESOURCE_SECTIONS: Final = ("limits", "requests")
 
 _Key = tuple[str, str]
 
 
 class InstanceClasses:
     """Keeps a class for every Instance (of ``namespaces``; empty: all) whose Configuration's
-    mode, as ``set_mode`` last said, is DRA.
+    mode, as ``set_mode`` last said, is DRA, and whose resource a pod not yet scheduled asked
+    for (or whose class was there at start).
 
     Work follows what changed: a watch event marks its Instance only when the
     Configuration it belongs to (or its being there at all) changed, a mode change marks that
@@ -58,7 +65,9 @@ class InstanceClasses:
         #: (namespace, configuration) → its Instances seen.
         self._by_configuration: dict[_Key, set[_Key]] = {}
         self._written: set[_Key] = set()
-        self._resources: frozenset[str] | None = None  # resources() of ``_written``, cached
+        self._resources: frozenset[str] | None = None  # resources(), cached
+        #: (namespace, extended resource) a pod waiting to be scheduled asked for.
+        self._asked: set[tuple[str, str]] = set()
         #: Instances to look at in the next sync; ``_everything``: all of them (a (re)list).
         self._marked: set[_Key] = set()
         self._everything = True
@@ -73,21 +82,46 @@ class InstanceClasses:
             self._pools.set_mode(configuration, mode)
         if put_mode(self._modes, configuration, mode):
             self._marked |= self._by_configuration.get(configuration, set())
+            self._resources = None
             self._changed.set()
 
     def resources(self) -> frozenset[str]:
-        """The Instances' own resources the classes kept now map."""
+        """The Instances' own resources the scheduler allocates: those of every Instance in
+        DRA mode, its class made yet or not."""
         if self._resources is None:
             self._resources = frozenset(instance_resource_name(key[1])
-                                        for key in self._written)
+                                        for key in self._instances if self._through_dra(key))
         return self._resources
 
-    def _wants(self, key: _Key) -> bool:
+    def _through_dra(self, key: _Key) -> bool:
         cfg = self._instances.get(key)
         return cfg is not None and self._modes.get((key[0], cfg)) == Allocator.DRA
 
-    def _wanted(self) -> set[_Key]:
-        return {key for key in self._instances if self._wants(key)}
+    def _wants(self, key: _Key) -> bool:
+        return self._through_dra(key) and (key[0], instance_resource_name(key[1])) in self._asked
+
+    def asked(self, pod: dict[str, Any]) -> None:
+        """A pod not scheduled yet: the Instances whose own resource it asks for get a class
+        (once their Configuration is in DRA mode)."""
+        key = object_key(pod)
+        if not self._serves(key[0]):
+            return
+        spec = pod.get("spec") or {}
+        for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+            resources = container.get("resources") or {}
+            for section in _RESOURCE_SECTIONS:
+                for name in resources.get(section) or {}:
+                    if str(name).startswith(f"{GROUP}/"):
+                        self._ask((key[0], str(name)))
+
+    def _ask(self, resource: tuple[str, str]) -> None:
+        if resource in self._asked:
+            return
+        self._asked.add(resource)
+        instance = (resource[0], resource[1].removeprefix(f"{GROUP}/"))
+        if instance in self._instances:
+            self._marked.add(instance)
+            self._changed.set()
 
     def _serves(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
@@ -105,10 +139,12 @@ class InstanceClasses:
                 self._by_configuration.pop((key[0], before), None)
         if configuration is None:
             del self._instances[key]
+            self._asked.discard((key[0], instance_resource_name(key[1])))
         else:
             self._instances[key] = configuration
             self._by_configuration.setdefault((key[0], configuration), set()).add(key)
         self._marked.add(key)
+        self._resources = None
         self._changed.set()
 
     async def run(self) -> None:
@@ -116,7 +152,19 @@ class InstanceClasses:
             tasks.create_task(follow_forever(
                 self._follow, what="instance classes",
                 retry_s=self._settings.instance_classes_retry_s), name="watch-instances")
+            tasks.create_task(follow_forever(
+                self._follow_pods, what="pods waiting to be scheduled",
+                retry_s=self._settings.instance_classes_retry_s), name="watch-waiting-pods")
             tasks.create_task(self._keep(), name="keep-instance-classes")
+
+    async def _follow_pods(self) -> None:
+        """Pods bound to no node yet (a field selector: few, and gone once bound)."""
+        async for obj in self._client.list(Pod, namespace="*", fields={"spec.nodeName": ""}):
+            self.asked(as_dict(obj))
+        async for op, obj in self._client.watch(Pod, namespace="*",
+                                                fields={"spec.nodeName": ""}):
+            if op != "DELETED":
+                self.asked(as_dict(obj))
 
     async def _follow(self) -> None:
         listed: dict[_Key, str] = {}
@@ -202,20 +250,19 @@ class InstanceClasses:
                                      force=True)
         self.writes += 1
         self._written.add(key)
-        self._resources = None
         log.info("DeviceClass %s kept for Instance %s/%s", body["metadata"]["name"], *key)
 
     async def _sweep(self) -> None:
         """Delete classes of Instances that are gone or no longer allocated through DRA."""
-        wanted = self._wanted()
+        wanted = {key for key in self._instances if self._through_dra(key)}
         async for obj in self._client.list(DeviceClassResource,
                                            labels={dra.LABEL_MANAGED_BY: dra.CLASS_MANAGER}):
             annotations = (as_dict(obj).get("metadata") or {}).get("annotations") or {}
             namespace, _, name = annotations.get(dra.ANNOTATION_INSTANCE, "").partition("/")
             if namespace and self._serves(namespace):
-                if (namespace, name) in wanted:
+                if (namespace, name) in wanted:  # made on demand before: kept for its life
                     self._written.add((namespace, name))
-                    self._resources = None
+                    self._asked.add((namespace, instance_resource_name(name)))
                 else:
                     await self._delete((namespace, name))
 
@@ -224,7 +271,6 @@ class InstanceClasses:
         async with self._gate:
             deleted = await delete_class(self._client, name)
         self._written.discard(key)
-        self._resources = None
         if deleted:
             self.writes += 1
             log.info("DeviceClass %s deleted (Instance %s/%s)", name, *key)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -54,6 +53,7 @@ from controller.dra.instance_classes import DeviceClassResource
 from controller.dra.shared_pools import SharedPools
 from crds import dra, dra_slices
 from crds.configuration import Allocator
+from crds.naming import instance_resource_name
 from crds.resources import InstanceResource, ResourceSliceResource
 from tests.bench.stats import machine_speed_line
 from tests.harness import agent_process as harness
@@ -217,6 +217,7 @@ class Run:
     events: dict[str, int]
     binds: list[float]
     floor: list[float]
+    by_name: list[float]
     #: Applied → the agent's last health verdict; each device's verdict → its slice.
     reported: float = 0.0
     lags: list[float] = field(default_factory=list)
@@ -236,8 +237,9 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
     started = time.monotonic()
     harness.apply(plane, ns, body)
     published = await _until(
-        seen, lambda: seen.devices(prefix) == size and seen.class_count(owner) == size + 1,
-        what=f"{size} devices in slices and {size + 1} classes", deadline=PUBLISH_DEADLINE_S)
+        seen, lambda: seen.devices(prefix) == size and seen.class_count(owner) == 1,
+        what=f"{size} devices in slices and the Configuration's class",
+        deadline=PUBLISH_DEADLINE_S)
     last = await _quiet(seen, deadline=PUBLISH_DEADLINE_S)
     cpu_after = _cpu(pids)
     instances = [n for n in seen.reported if n.startswith(f"{cfg}-")]
@@ -253,8 +255,12 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
     for i in range(PODS):  # interleaved: a slow spell of the machine hits both
         floor.append(await _bind(client, ns, seen, f"{cfg}-plain-{i}", None))
         binds.append(await _bind(client, ns, seen, f"{cfg}-dev-{i}", f"edgeplug.io/{cfg}"))
+    by_name: list[float] = []  # the first pod asking for each: its class made on demand
+    for i, instance in enumerate(sorted(instances)[:PODS]):
+        by_name.append(await _bind(client, ns, seen, f"{cfg}-name-{i}",
+                                   instance_resource_name(instance)))
     for i in range(PODS):
-        for pod in (f"{cfg}-plain-{i}", f"{cfg}-dev-{i}"):
+        for pod in (f"{cfg}-plain-{i}", f"{cfg}-dev-{i}", f"{cfg}-name-{i}"):
             with contextlib.suppress(ApiError):
                 await client.delete(Pod, pod, namespace=ns, grace_period=0)
     removed = time.monotonic()
@@ -265,57 +271,9 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
                teardown=gone - removed,
                cpu={name: cpu_seconds_between(cpu_before[name], cpu_after[name])
                     for name in pids},
-               events=events, binds=binds, floor=floor, reported=reported - started,
+               events=events, binds=binds, floor=floor, by_name=by_name,
+               reported=reported - started,
                lags=lags)
-
-
-async def _classes_cost(client: AsyncClient, plane: ControlPlane, ns: str, seen: Tracker,
-                        pids: dict[str, int], controller: subprocess.Popen[bytes],
-                        size: int) -> None:
-    """What the per-Instance DeviceClasses cost the scheduler: ``size`` devices published,
-    ``PODS`` pods asking ``edgeplug.io/<configuration>`` and plain ones bound with the classes
-    there, then the controller stopped (its slices stay) and the per-Instance classes deleted,
-    and the same again. Their cost to the API server: the CPU of their applies and their
-    bytes."""
-    cfg = f"cost{size}"
-    harness.apply(plane, ns, harness.debug_echo_configuration(
-        cfg, descriptions=[f"d{i}" for i in range(size)], shared=True, capacity=CAPACITY))
-    owner = f"{ns}/{cfg}"
-    await _until(seen, lambda: seen.devices(f"{owner}/shared/") == size
-                 and seen.class_count(owner) == size + 1, what="published",
-                 deadline=PUBLISH_DEADLINE_S)
-    await _quiet(seen, deadline=PUBLISH_DEADLINE_S)
-    listed = [as_dict(o) async for o in client.list(
-        DeviceClassResource, labels={dra.LABEL_MANAGED_BY: dra.CLASS_MANAGER})]
-    per_instance = [c for c in listed
-                    if dra.ANNOTATION_INSTANCE in (c["metadata"].get("annotations") or {})]
-    size_bytes = sum(len(json.dumps(c)) for c in per_instance)
-    figures: dict[str, tuple[list[float], list[float]]] = {}
-    for phase in ("with", "without"):
-        if phase == "without":
-            controller.terminate()
-            controller.wait(30)
-            before = thread_cpu_ns(pids["kube-apiserver"])
-            for body in per_instance:
-                with contextlib.suppress(ApiError):
-                    await client.delete(DeviceClassResource, body["metadata"]["name"])
-            print(f"  deleting {len(per_instance)} per-Instance classes: API server CPU "
-                  f"{cpu_seconds_between(before, thread_cpu_ns(pids['kube-apiserver'])):.2f} s",
-                  flush=True)
-        binds: list[float] = []
-        floor: list[float] = []
-        for i in range(PODS):
-            floor.append(await _bind(client, ns, seen, f"{cfg}-{phase}-plain-{i}", None))
-            binds.append(await _bind(client, ns, seen, f"{cfg}-{phase}-dev-{i}",
-                                     f"edgeplug.io/{cfg}"))
-        figures[phase] = (binds, floor)
-    print(f"  per-Instance classes at N={size}: {len(per_instance)} objects, "
-          f"{size_bytes / 1024:.0f} KiB as JSON", flush=True)
-    for phase, (binds, floor) in figures.items():
-        print(f"  {phase} them: a pod asking edgeplug.io/{cfg} bound in median "
-              f"{statistics.median(binds) * 1000:.0f} ms (max {max(binds) * 1000:.0f}), "
-              f"plain pod {statistics.median(floor) * 1000:.0f} ms: "
-              f"{statistics.median(binds) / statistics.median(floor):.1f}x", flush=True)
 
 
 class _NoApi:
@@ -472,10 +430,6 @@ async def _bench(args: argparse.Namespace, tmp: Path) -> list[Run]:
                             run = await _profiled(args, client, plane, ns, seen, pids, size,
                                                   index, tree)
                             runs.append(run)
-                if args.classes_cost:
-                    assert controllers.process is not None
-                    await _classes_cost(client, plane, ns, seen, pids, controllers.process,
-                                        max(args.sizes))
         finally:
             controllers.stop()
             agent.stop()
@@ -504,7 +458,9 @@ async def _profiled(args: argparse.Namespace, client: AsyncClient, plane: Contro
           f"{statistics.median(run.lags):.2f} s, max {max(run.lags):.2f}), "
           f"settled {run.settled:.1f} s, controller CPU {run.cpu['controller']:.2f} s, bind "
           f"median {statistics.median(run.binds) * 1000:.0f} ms (floor "
-          f"{statistics.median(run.floor) * 1000:.0f} ms), events {run.events}, teardown "
+          f"{statistics.median(run.floor) * 1000:.0f} ms; by an Instance's name, its class "
+          f"made then: {statistics.median(run.by_name) * 1000:.0f} ms), events {run.events}, "
+          f"teardown "
           f"{run.teardown:.1f} s", flush=True)
     return run
 
@@ -514,13 +470,14 @@ def _report(runs: list[Run]) -> None:
           "apply to settled")
     print(f"  {'controller':>12} {'N':>5} {'published':>10} {'agent':>7} {'lag':>6} "
           f"{'settled':>8} {'bind':>8} "
-          f"{'floor':>8} {'ratio':>6} {'ctl CPU':>8} {'ms/dev':>7} {'agent':>7} "
+          f"{'floor':>8} {'ratio':>6} {'by name':>8} {'ctl CPU':>8} {'ms/dev':>7} {'agent':>7} "
           f"{'apiserver':>9} {'sched':>7} {'slice/class/inst events':>24}")
     for size in sorted({r.size for r in runs}):
         for tree in sorted({r.tree for r in runs}):
             of = [r for r in runs if r.size == size and r.tree == tree]
             binds = statistics.median(b for r in of for b in r.binds)
             floor = statistics.median(f for r in of for f in r.floor)
+            by_name = statistics.median(b for r in of for b in r.by_name)
 
             def med(get: Callable[[Run], float], runs_of: list[Run] = of) -> float:
                 return statistics.median(get(r) for r in runs_of)
@@ -532,7 +489,8 @@ def _report(runs: list[Run]) -> None:
             print(f"  {tree[-12:]:>12} {size:>5} {med(lambda r: r.published):>9.1f}s"
                   f" {med(lambda r: r.reported):>6.1f}s {lag:>5.2f}s"
                   f" {med(lambda r: r.settled):>7.1f}s {binds * 1000:>6.0f}ms"
-                  f" {floor * 1000:>6.0f}ms {binds / floor:>5.1f}x {ctl:>7.2f}s"
+                  f" {floor * 1000:>6.0f}ms {binds / floor:>5.1f}x {by_name * 1000:>6.0f}ms"
+                  f" {ctl:>7.2f}s"
                   f" {ctl / size * 1000:>7.2f} {med(lambda r: r.cpu['agent']):>6.2f}s"
                   f" {med(lambda r: r.cpu.get('kube-apiserver', 0.0)):>8.2f}s"
                   f" {med(lambda r: r.cpu.get('kube-scheduler', 0.0)):>6.2f}s {events:>24}")
@@ -551,9 +509,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--pass-cost", type=int, default=10_000, metavar="N",
                         help="the controller's CPU per pass at N devices without an API "
                         "server (this checkout's code; 0: skip)")
-    parser.add_argument("--classes-cost", action="store_true",
-                        help="after the runs: pods bound with and without the per-Instance "
-                        "DeviceClasses (largest N; the controller is stopped for the second)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a directory for py-spy's record of the controller (largest N)")
     args = parser.parse_args(argv)

@@ -183,7 +183,8 @@ async def _allocated(kube: AsyncClient, ns: str, pod: str, device: str) -> None:
 async def _the_dra_default(plane: ControlPlane, node: RealNode, kube: AsyncClient, ns: str,
                            device: str, agent_log: str) -> None:
     """The device offered the scheduler's way only: allocator dra, the agent's DRA plugin
-    registered, the device in the node's pool, both names mapped, no device plugin's."""
+    registered, the device in the node's pool, its Configuration's name mapped, no device
+    plugin's."""
     await until(lambda: allocator(plane, ns, CONFIGURATION) == "dra",
                 what="status.allocator: dra", within=WITHIN_S)
     await until(lambda: REGISTERED in node.log_tail(agent_log, 1000),
@@ -194,11 +195,11 @@ async def _the_dra_default(plane: ControlPlane, node: RealNode, kube: AsyncClien
         return device in h.pool_devices(await h.pool_slices(kube, pool))
 
     await harness_wait(published, what=f"{device} in the node's pool {pool}", within=WITHIN_S)
-    mapped = {dra.device_class_name(ns, CONFIGURATION): f"edgeplug.io/{CONFIGURATION}",
-              dra.instance_class_name(ns, device): instance_resource_name(device)}
-    for name, resource in mapped.items():
-        await until(functools.partial(_maps, plane, name, resource),
-                    what=f"{name} mapping {resource}", within=WITHIN_S)
+    name = dra.device_class_name(ns, CONFIGURATION)
+    await until(functools.partial(_maps, plane, name, f"edgeplug.io/{CONFIGURATION}"),
+                what=f"{name} mapping edgeplug.io/{CONFIGURATION}", within=WITHIN_S)
+    # The Instance's own name is mapped once a pod asks for it (the rounds' pods do).
+    assert not _maps(plane, dra.instance_class_name(ns, device), instance_resource_name(device))
     assert advertised(plane, node) == set(), "no device plugin advertises the device"
 
 
@@ -282,3 +283,5 @@ async def test_a_local_device_has_one_allocator_on_the_real_node(
             assert allocations(node, agent_log, resource) == 0, \
                 f"no device plugin allocated {resource}"
         assert advertised(plane, node) == set(), "no device plugin advertises the device"
+        assert _maps(plane, dra.instance_class_name(ns, device), instance_resource_name(device)), \
+            "the by-name pods' resource mapped once they asked"

@@ -125,9 +125,14 @@ async def device_classes(client: AsyncClient, namespace: str, *,
 
 async def device_class(client: AsyncClient, namespace: str, configuration: str
                        ) -> dict[str, Any] | None:
+    """The Configuration's DeviceClass; None while there is none."""
+    return await device_class_named(client, dra.device_class_name(namespace, configuration))
+
+
+async def device_class_named(client: AsyncClient, name: str) -> dict[str, Any] | None:
+    """The DeviceClass ``name``; None while there is none."""
     try:
-        obj = await client.get(DeviceClassResource,
-                               dra.device_class_name(namespace, configuration))
+        obj = await client.get(DeviceClassResource, name)
     except ApiError as error:
         if error.status.code == 404:
             return None

@@ -15,7 +15,7 @@ from lightkube import AsyncClient
 
 from agent.dra import slices
 from crds import dra
-from crds.naming import instance_name
+from crds.naming import instance_name, instance_resource_name
 from tests.harness import agent_process as harness
 from tests.harness import dra as h
 from tests.harness import echo_handlers
@@ -214,3 +214,32 @@ async def test_an_unhealthy_device_is_tainted_and_allocated_only_once_healthy(
             assert [r["device"] for r in got.results] == [b]
     finally:
         handler.release()
+
+
+async def test_a_pod_asking_for_a_device_by_its_instance_name_gets_a_class_made_for_it(
+    control_plane: ControlPlane, pod_namespace: str, kube: AsyncClient
+) -> None:
+    """No class maps ``edgeplug.io/<instance>`` until a pod asks for it; then one is made and the
+    scheduler, retrying the pod on the class's arrival, binds it with that device."""
+    ns = pod_namespace
+    node = harness.new_node(control_plane)
+    name = instance_name("byname", "cam", shared=True, node=node)
+    pool = slices.shared_pool(ns, "byname", name)
+    async with (h.ready_nodes(kube, [node]), h.device_classes(kube, ns),
+                h.dra_agents(control_plane, [node], ns)):
+        harness.apply(control_plane, ns, harness.debug_echo_configuration(
+            "byname", descriptions=["cam"], shared=True, capacity=1))
+
+        async def published() -> bool:
+            return h.device_nodes(await h.pool_slices(kube, pool),
+                                  slices.device_name(name)) == [node]
+
+        await harness.eventually(published, what=f"{name} published on {node}")
+        await harness.eventually(lambda: h.device_class(kube, ns, "byname"),
+                                 what="the Configuration's class")
+        assert await h.device_class_named(kube, dra.instance_class_name(ns, name)) is None
+        h.apply(control_plane, ns, h.extended_resource_pod("byname", instance_resource_name(name)))
+        claim = await harness.eventually(lambda: h.pod_claim(kube, ns, "byname"),
+                                         what="the pod bound with its device",
+                                         deadline=SCHEDULE_DEADLINE)
+        assert (claim.node, [r["device"] for r in claim.results]) == (node, [name])

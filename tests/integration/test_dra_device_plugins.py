@@ -95,16 +95,15 @@ async def _allocatable(kube: AsyncClient, node: str) -> dict[str, str]:
 async def _one_allocator(cp: ControlPlane, kube: AsyncClient, ns: str, node: DeviceNode,
                          name: str) -> None:
     resource, config_resource = instance_resource_name(name), "edgeplug.io/dual"
-    # The scheduler's: the device in this node's pool, both names mapped by classes.
+    # The scheduler's: the device in this node's pool, its Configuration's name mapped.
     device = await harness.eventually(lambda: _device(kube, ns, node.node_name, name),
                                       what=f"{name} in a ResourceSlice")
     assert "taints" not in device
     config_class = await harness.eventually(lambda: h.device_class(kube, ns, "dual"),
                                             what="the Configuration's DeviceClass")
     assert config_class["spec"]["extendedResourceName"] == config_resource
-    instance_class = await harness.eventually(
-        lambda: _class(kube, dra.instance_class_name(ns, name)), what="the Instance's class")
-    assert instance_class["spec"]["extendedResourceName"] == resource
+    assert await _class(kube, dra.instance_class_name(ns, name)) is None, \
+        "the Instance's own name mapped before any pod asked for it"
     # ... and no device plugin's: the kubelet was offered neither resource.
     assert await _allocatable(kube, node.node_name) == {}
     assert node.healthy_device_ids(resource) == node.healthy_device_ids(config_resource) == []
@@ -120,6 +119,10 @@ async def _one_allocator(cp: ControlPlane, kube: AsyncClient, ns: str, node: Dev
     assert (got.node, [r["device"] for r in got.results]) == (node.node_name, [name])
     h.apply(cp, ns, h.extended_resource_pod("waiter", resource),
             h.extended_resource_pod("any", config_resource))
+    # A pod asking for the Instance's own name: its class is made, mapping it.
+    instance_class = await harness.eventually(
+        lambda: _class(kube, dra.instance_class_name(ns, name)), what="the Instance's class")
+    assert instance_class["spec"]["extendedResourceName"] == resource
     for pod in ("waiter", "any"):
         await harness.eventually(functools.partial(h.unschedulable, kube, ns, pod),
                                  what=f"{pod} Unschedulable", deadline=SCHEDULE_DEADLINE)

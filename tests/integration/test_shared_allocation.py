@@ -62,6 +62,23 @@ async def _instance_class(kube: AsyncClient, namespace: str, instance: str
         raise
 
 
+async def _asked_for(control_plane: ControlPlane, kube: AsyncClient, namespace: str,
+                     configuration: str, instance: str, *, also: str | None = None
+                     ) -> dict[str, Any]:
+    """The Instance's own DeviceClass, made once a pod waiting to be scheduled asks for
+    ``edgeplug.io/<instance>`` (and for ``also``'s), and not before."""
+    await harness.eventually(lambda: _mapped(kube, namespace, configuration),
+                             what=f"{configuration}'s class mapping")
+    assert await _instance_class(kube, namespace, instance) is None, "made before any pod asked"
+    resources = {"limits": {instance_resource_name(n): "1"
+                            for n in (instance, also) if n is not None}}
+    pod = h.extended_resource_pod(f"asks-{instance}", instance_resource_name(instance))
+    pod["spec"]["containers"][0]["resources"] = resources
+    h.apply(control_plane, namespace, pod)
+    return await harness.eventually(lambda: _instance_class(kube, namespace, instance),
+                                    what=f"{instance}'s DeviceClass, once a pod asked")
+
+
 async def _mapped(kube: AsyncClient, namespace: str, configuration: str) -> str | None:
     body = await h.device_class(kube, namespace, configuration)
     return None if body is None else body["spec"].get("extendedResourceName")
@@ -81,8 +98,7 @@ async def test_a_configuration_that_does_not_choose_gets_what_the_cluster_serves
         if served:
             assert (mode, condition["status"], condition["reason"]) == (
                 "dra", "True", "ServedByScheduler")
-            body = await harness.eventually(lambda: _instance_class(kube, namespace, cam),
-                                            what="the shared Instance's DeviceClass")
+            body = await _asked_for(control_plane, kube, namespace, "cams", cam)
             assert body["spec"]["extendedResourceName"] == f"edgeplug.io/{cam}"
             assert dra.instance_selector(cam) in body["spec"]["selectors"][0]["cel"][
                 "expression"]
@@ -153,8 +169,7 @@ async def test_asking_for_dra_where_it_is_missing_is_reported_and_served_compati
             lambda: _allocation(kube, namespace, "asks"), what="the controller's choice")
         if served:
             assert (mode, condition["status"]) == ("dra", "True")
-            await harness.eventually(lambda: _instance_class(kube, namespace, cam),
-                                     what="the shared Instance's DeviceClass")
+            await _asked_for(control_plane, kube, namespace, "asks", cam)
             # Pinned back: the class goes, the device plugins serve it again.
             cfg["spec"]["sharedDeviceAllocation"] = "devicePlugin"
             harness.apply(control_plane, namespace, cfg)
@@ -200,8 +215,7 @@ async def test_a_local_devices_resources_are_mapped_only_where_the_scheduler_all
             return
         assert await harness.eventually(lambda: _mapped(kube, namespace, "usb"),
                                         what="usb's class mapping") == "edgeplug.io/usb"
-        body = await harness.eventually(lambda: _instance_class(kube, namespace, usb),
-                                        what=f"{usb}'s class")
+        body = await _asked_for(control_plane, kube, namespace, "usb", usb, also=old)
         assert body["spec"]["extendedResourceName"] == instance_resource_name(usb)
         assert await _instance_class(kube, namespace, old) is None
 
