@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from crds import dra_slices
 from tests.harness.controlplane import REPO_ROOT
 
 DEMO_TIMEOUT_S = 240
@@ -22,10 +23,11 @@ def test_demo_shows_a_pod_getting_a_shared_device_through_the_scheduler() -> Non
     assert "{}" not in out
     # The Configuration's devices are allocated by the scheduler ...
     assert "debugEcho   2          2           2         2       DiscoveryDetailsValid   dra" in out
-    # ... both simulated devices became Instances with their Akri-compatible names, each a
+    # ... both simulated devices became Instances with their Akri-compatible names, each in a
     # shared pool the scheduler allocates from ...
     assert "debug-echo-8120fe   debug-echo   true" in out
-    assert "default/debug-echo/shared/debug-echo-a19705" in out
+    for instance in ("debug-echo-8120fe", "debug-echo-a19705"):
+        assert dra_slices.shared_pool("default", "debug-echo", instance) in out
     # ... broker pods run with the device's env from their claim's CDI device ...
     assert "debug-echo-8120fe-demo-node-pod   1/1     Running" in out
     assert "debug-echo-a19705-demo-node-pod/debug-echo-broker: {'DEBUG_ECHO_DESCRIPTION': 'foo1'" \
