@@ -130,6 +130,11 @@ class DraSettings:
         "seconds between relists of the node's ResourceSlices, the net under missed events"))
     plugin_stop_grace_s: float = field(default=0.5, metadata=tuning(
         "seconds the kubelet plugin's gRPC server is given to finish its calls when stopping"))
+    health_refresh_s: float = field(default=20.0, metadata=tuning(
+        "seconds between resends of an unchanged device-health list to the kubelet (KEP-4680)"))
+    health_timeout_s: int = field(default=60, metadata=tuning(
+        "seconds the kubelet takes a device-health report as current "
+        "(health_check_timeout_seconds; three refreshes)"))
 
 
 @dataclass(frozen=True, kw_only=True)

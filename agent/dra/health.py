@@ -1,27 +1,8 @@
 """The kubelet's DRA resource-health service (KEP-4680): this node's verdict on every device its
-DRA plugin serves, streamed to the kubelet, which shows it in the pods holding the device.
-
-Why this exists: a claimed device that fails while its pod runs is tainted in its ResourceSlice
-(no new claim gets it), but the pod holding it sees nothing. The kubelet's DRA manager opens
-``NodeWatchResources`` on a plugin that lists a ``DRAResourceHealth`` service among the
-versions it registered (``SERVICES``; a v1.35 kubelet with the ``ResourceHealthStatus`` gate on
-opens ``v1alpha1`` on every plugin) and writes what it is told into each container's
-``status.allocatedResourcesStatus`` (``claim:<name>``: Healthy, Unhealthy or Unknown, with the
-reason under the ``ResourceHealthStatusMessage`` gate).
-
-What is sent: every device of this node's device table (``NodeDeviceTable``), the one the
-ResourceSlice taints come from (``agent.dra.publisher``), under the pool and device name its
-slice publishes (``agent.dra.slices``): Healthy, or Unhealthy with ``Health.reason``. A device
-that leaves the table is sent once as Unknown, then left out. Each message is the whole list,
-as the API asks.
-
-When: at once when the stream opens, then whenever the table changes a device's verdict (the
-table wakes its readers; nothing is polled). The kubelet ages a report out after
-``health_check_timeout_seconds`` (Unknown from then on), so an unchanged list is sent again every
-``REFRESH_SECONDS``, well inside ``TIMEOUT_SECONDS``: the kubelet then knows the agent is still
-there and still of the same mind, which a stream alone would not tell it when the agent's loop
-is stuck. When the plugin stops, its streams end cleanly first (``HealthStreams.stop``): the
-kubelet reads the stream's end, not an error, and calls again once a plugin registers.
+DRA plugin serves (Healthy, Unhealthy with a reason, Unknown once gone), the same one that taints
+it in its slice, streamed to the kubelet at once, on every change and again every
+``dra.health_refresh_s``. Asked ``NodeWatchResources`` in ``v1`` and ``v1alpha1`` (``SERVICES``);
+``HealthStreams.stop`` ends the open streams cleanly. docs/dra.md, "Health in the pod".
 """
 
 from __future__ import annotations
@@ -40,15 +21,12 @@ from agent.kubeletapi import dra_health_v1_pb2 as v1
 from agent.kubeletapi import dra_health_v1_pb2_grpc as v1_grpc
 from agent.kubeletapi import dra_health_v1alpha1_pb2 as v1alpha1
 from agent.kubeletapi import dra_health_v1alpha1_pb2_grpc as v1alpha1_grpc
+from agent.settings import current
 
 log = logging.getLogger(__name__)
 
 #: The health services this plugin serves, as its registration lists them (newest first).
 SERVICES: Final = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
-#: An unchanged list is sent again this often.
-REFRESH_SECONDS: Final = 20.0
-#: How long the kubelet takes a report as current (three refreshes).
-TIMEOUT_SECONDS: Final = 60
 #: The API's longest message; the kubelet cuts longer ones.
 MAX_MESSAGE: Final = 1024
 GONE_MESSAGE: Final = "no longer served on this node"
@@ -97,12 +75,14 @@ class HealthReports:
     def __init__(self, *, node_name: str, devices: NodeDeviceTable,
                  stopping: asyncio.Event | None = None,
                  clock: Callable[[], float] = time.time,
-                 refresh: float = REFRESH_SECONDS) -> None:
+                 refresh: float | None = None) -> None:
+        """``refresh``: seconds between resends of an unchanged list (default: the settings
+        tree's ``dra.health_refresh_s``)."""
         self._node = node_name
         self._devices = devices
         self._stopping = stopping if stopping is not None else asyncio.Event()
         self._clock = clock
-        self._refresh = refresh
+        self._refresh = refresh if refresh is not None else current().dra.health_refresh_s
 
     async def watch(self) -> AsyncGenerator[list[DeviceReport]]:
         sent: dict[tuple[str, str], DeviceReport] = {}
@@ -191,7 +171,7 @@ class HealthV1(v1_grpc.DRAResourceHealthServicer):
             yield v1.NodeWatchResourcesResponse(devices=[v1.DeviceHealth(
                 device=v1.DeviceIdentifier(pool_name=r.pool, device_name=r.device),
                 health=v1.HealthStatus.ValueType(r.status.value), last_updated_time=r.since,
-                health_check_timeout_seconds=TIMEOUT_SECONDS, message=r.message,
+                health_check_timeout_seconds=current().dra.health_timeout_s, message=r.message,
             ) for r in reports])
 
 
@@ -208,6 +188,7 @@ class HealthV1Alpha1(v1alpha1_grpc.DRAResourceHealthServicer):
             yield v1alpha1.NodeWatchResourcesResponse(devices=[v1alpha1.DeviceHealth(
                 device=v1alpha1.DeviceIdentifier(pool_name=r.pool, device_name=r.device),
                 health=v1alpha1.HealthStatus.ValueType(r.status.value),
-                last_updated_time=r.since, health_check_timeout_seconds=TIMEOUT_SECONDS,
+                last_updated_time=r.since,
+                health_check_timeout_seconds=current().dra.health_timeout_s,
                 message=r.message,
             ) for r in reports])

@@ -26,7 +26,7 @@ from prometheus_client import start_http_server
 
 from agent.discovery.node_devices import NodeDeviceTable
 from agent.dra import claims as cl
-from agent.dra import health, slices
+from agent.dra import slices
 from agent.dra.plugin import ClaimPreparer, DraKubeletPlugin
 from agent.kube.client import as_dict
 from agent.kube.node_reads import NodeReads
@@ -39,6 +39,7 @@ from agent.kubeletapi import dra_v1_pb2_grpc as pb_grpc
 from agent.kubeletapi import pluginregistration_v1_pb2 as reg_pb
 from agent.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds import dra
 from crds.naming import instance_name
 from tests.harness import agent_process as harness
@@ -259,7 +260,7 @@ async def test_the_health_stream_follows_a_device_through_failure_and_recovery(
                          (d.health, d.message, d.health_check_timeout_seconds)
                          for d in a.devices} for a in (new, old)]
 
-            timeout = health.TIMEOUT_SECONDS
+            timeout = current().dra.health_timeout_s
             assert await both() == [{key: (1, "", timeout)}] * 2, "Healthy at once"
             offline.write_text("lamp\n")
             gone = await both()
