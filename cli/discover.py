@@ -1,17 +1,9 @@
 """``edgeplug discover -f configuration.yaml``: what the agent would publish, found on this machine.
 
-Why this exists: before applying a Configuration a user wants to know what it finds: does the
-udev rule match the radio, does the camera filter keep the right cameras? This runs the named
-handler here, with no cluster, and prints each device as the agent would publish it: device id,
-Instance name (two devices of the list whose Akri names are alike named as the agent names them,
-``crds.naming.plan_names``), CDI name, properties (the Configuration's ``brokerProperties``
-merged; any value carrying a Secret's value masked), device nodes, mounts, health and the DRA
-attributes the device would carry with DRA on (``crds.dra.attributes``). ``--watch`` prints every
-change. Bad ``discoveryDetails`` exit with status 2 and the handler's message naming the field.
-
-Discovery properties read from Secrets or ConfigMaps (``valueFrom``) cannot be read without a
-cluster: give them with ``--property NAME=VALUE`` (a ``secretKeyRef`` one is handed to the
-handler as a Secret, as the agent does); an optional one not given is left out.
+Runs the Configuration's handler here, with no cluster, and prints each device as the agent
+would publish it (``--watch``: every change); ``--property NAME=VALUE`` gives the discovery
+properties a cluster would read from Secrets or ConfigMaps. Bad ``discoveryDetails`` exit with
+status 2 and the handler's message. docs/handlers.md says what is printed.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The names DRA (resource.k8s.io/v1) shares between the agent and the controller.
-
-Why this exists: the agent publishes ResourceSlices whose devices carry attributes, and the
-controller writes one DeviceClass per Configuration whose CEL selector names those attributes;
-both sides must agree on the driver name, the attribute names and the DeviceClass name, so they
-are fixed here once (``crds`` is the package both may import).
-
-One driver, ``edgeplug.io``, for every Configuration: a driver name is what a kubelet plugin
-registers under and what every ResourceSlice and allocation result names, and one agent serves
-all Configurations of its node through one plugin socket. Configurations are told apart by the
-``namespace`` and ``configuration`` attributes and by their DeviceClass, not by driver.
+"""The names DRA (resource.k8s.io/v1) shares between the agent and the controller: the one driver
+``edgeplug.io``, the attributes its devices carry and the DeviceClass names whose CEL selectors
+read them (docs/dra.md, "What is published").
 """
 
 from __future__ import annotations

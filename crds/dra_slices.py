@@ -1,39 +1,10 @@
 """ResourceSlice bodies of edgeplug's pools, for the agent and the controller alike. Pure, no I/O.
 
-Both publishers build their slices here: an agent its node's local pools
-(``agent.dra.slices.plan_node``), the controller (``--dra``) every shared device's pool
-(``controller.dra.shared_pools``, from ``shared_plan``). docs/dra.md says what is published and why.
-
-Pools (``spec.pool.name``, one driver ``edgeplug.io`` for all, see ``crds.dra``):
-
-- A local device belongs to ``<namespace>/<configuration>/node/<node>``, its slices bound to the
-  node (``nodeName``); the name ends in the node's name even when digested, since the agents'
-  slice policy ties a local pool to the node whose token writes it by that suffix.
-- A shared device belongs to one of ``SHARED_POOL_BUCKETS`` pools of its Configuration,
-  ``<namespace>/<configuration>/shared/bucket-<nn>``, fixed for life by a digest of its Instance's
-  name (``shared_pool``); each device of the pool carries its own ``nodeSelector`` listing (by
-  ``kubernetes.io/hostname``) every node of the Instance whose agent found it healthy
-  (``perDeviceNodeSelection``), and is tainted ``edgeplug.io/unhealthy`` when none does. Where
-  the API server does not serve per-device node selection (v1.35), and for a device an earlier
-  release published so, the device has a pool of its own (``single_device_pool``) whose slice's
-  ``nodeSelector`` lists them.
-- Unhealthy devices stay published with a ``NoSchedule`` taint ``edgeplug.io/unhealthy`` whose
-  value is the reason (made a label value); ``NoExecute`` (``evict``) once unhealthy longer
-  than their Configuration's ``spec.unhealthyDevices.evictAfterSeconds``, which the
-  publishers time: the device taint eviction controller then evicts the pods holding it.
-
-Shared devices, and local ones of capacity above 1: ``allowMultipleAllocations: true`` and a
-consumable capacity ``slots`` (the Instance's ``capacity`` less the slots device plugins hold,
-``deviceUsage``); a device whose every slot they hold is tainted
-``edgeplug.io/held=device-plugins:NoSchedule``.
-
-Partitions of one device (KEP-4815, partitionable devices): a handler marks each partition
-with the properties ``DRA_COUNTER_SET`` (the counter set, one per whole device: ``davinci0``),
-``DRA_CONSUMES_COUNTERS`` (what the partition takes: ``aicore=4,memory=4Gi``) and
-``DRA_SHARED_COUNTERS`` (what the whole has: ``aicore=32,memory=32Gi``). Its device then
-``consumesCounters`` from that set, and the pool gets one more slice holding the sets
-(``sharedCounters``; the API takes a slice of devices or of counters, not both), so the
-scheduler never allocates partitions that together exceed the whole.
+An agent builds its node's local pools here (``agent.dra.slices.plan_node``), the controller
+(``--dra``) the shared devices' pools (``controller.dra.shared_pools``, from ``shared_plan`` and
+``pooled_plan``): pool and slice names, each device with its attributes, node selector, taints
+(unhealthy, evicting, held by device plugins), ``slots`` capacity and, for partitions of one
+device, the counters they consume. docs/dra.md, "What is published", says what and why.
 """
 
 from __future__ import annotations

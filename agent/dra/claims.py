@@ -1,23 +1,8 @@
-"""Prepared claims: which of this node's devices a claim was allocated, the CDI spec that gives
-them to its containers, and the on-disk record that makes prepare and unprepare idempotent
-across agent restarts.
-
-Why this exists: the kubelet's DRA manager calls ``NodePrepareResources`` with only a claim's
-namespace, name and uid; the allocation (driver, pool, device per request) is in the claim's
-status, written by the scheduler. This module maps an allocation result back to the
-``NodeDevice`` it names (device name and pool as ``agent.dra.slices`` published them) and
-writes one CDI spec per claim (``edgeplug.io_claim-<uid>.json``, kind ``edgeplug.io/claim``):
-one CDI device per allocated device, named ``<uid>-<index>``, with what ``Allocate`` would give
-a container for it (device nodes, mounts, environment). For a handler that composes the
-environment of several devices (``ComposingHandler``) the composed environment of all the
-claim's devices goes in the spec-wide edits and none in the devices', so one device's value
-never overrides the composed one.
-
-The record (``Checkpoint``) is one JSON file on disk, rewritten atomically after every change,
-holding each claim's CDI ids and its whole spec: a claim prepared before a restart answers
-with the same CDI ids even if its device has since gone, its spec is written again where a
-reboot emptied the CDI directory (a tmpfs under ``/run``), and unprepare after a restart
-still removes the spec and undoes what a handler made for its devices (their records).
+"""Prepared claims: which of this node's devices a claim was allocated (the allocation in its
+status mapped back to the ``NodeDevice`` its pool and device name publish), the CDI spec per
+claim that gives them to its containers (``edgeplug.io_claim-<uid>.json``), and the on-disk
+record (``Checkpoint``) that keeps prepare and unprepare idempotent across restarts and reboots.
+docs/dra.md, "Prepared claims survive restarts and reboots".
 """
 
 from __future__ import annotations
