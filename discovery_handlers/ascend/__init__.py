@@ -1,12 +1,8 @@
-"""``ascend``: Huawei Ascend NPUs as schedulable local devices, the way Huawei's plugin shows them.
-
-Why this exists: pods written for Huawei's Ascend device plugin (``huawei.com/Ascend910: 2``,
-``ASCEND_VISIBLE_DEVICES``) should run unchanged on edgeplug, with Akri's brokers on top. The
-package is split as every handler is: ``handler`` (the contract adapter), ``details``,
-``chips``, ``npu_smi``, ``devices`` and ``faults`` with its default table ``fault_table`` (pure
-logic, no I/O), ``dcmi`` (the thin ctypes wrapper over Huawei's DCMI library), ``dcmi_lanes``
-(every DCMI call on a thread of its card, with a timeout) and ``sources`` (one discovery pass
-with its fallbacks). Importing this package does not load the DCMI library.
+"""``ascend``: Huawei Ascend NPUs as schedulable local devices, the way Huawei's plugin shows them,
+so pods written for it run unchanged (docs/handlers/ascend.md). ``handler`` is the contract
+adapter; ``details``, ``chips``, ``npu_smi``, ``devices``, ``faults`` and ``fault_table`` are
+pure logic; ``dcmi`` wraps Huawei's DCMI library, ``dcmi_lanes`` bounds its calls, ``sources``
+runs one discovery pass. Importing this package does not load the DCMI library.
 """
 
 from discovery_handlers.ascend.handler import AscendHandler

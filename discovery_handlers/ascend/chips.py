@@ -1,19 +1,7 @@
-"""What the ``ascend`` handler knows of one NPU chip, whichever source told it, and what it means.
-
-Why this exists: three sources (the DCMI library, ``npu-smi info``, the device nodes alone) see
-different amounts of a chip. They all produce ``Chip`` records, and the rules that turn a record
-into a model name, a resource family and a health live here once, with no I/O, so they are
-unit-tested over tables.
-
-A 910 chip's RoCE network health (``dcmi_get_device_network_health``) is judged here as
-Huawei's plugin judges it: the detection results ``DCMI_RDFX_DETECT_OK`` (0) and
-``DCMI_RDFX_DETECT_INIT`` (6, the check is still starting) are healthy, every other result is
-not. Like Huawei's plugin, which keeps such a chip in the kubelet's healthy list and publishes it
-apart (the ``NetworkUnhealthy`` list of its device-info ConfigMap, read by Volcano), a chip whose
-network is down stays allocatable: a single-chip or single-node job does not need the link.
-
-Health is judged elsewhere (``faults``: DCMI error codes classified as Huawei's plugin does);
-``npu-smi info`` shows only a word per chip (OK, Warning, Alarm, Critical), read here.
+"""What the ``ascend`` handler knows of one NPU chip, whichever source told it (DCMI, ``npu-smi
+info``, the device nodes alone), and what it means: the rules that turn a ``Chip`` record into
+a model name, a resource family, ``npu-smi``'s health word and a 910 chip's RoCE network health,
+with no I/O. Fault codes are judged in ``faults``.
 """
 
 from __future__ import annotations

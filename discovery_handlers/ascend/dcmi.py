@@ -1,39 +1,8 @@
-"""A thin ctypes wrapper over Huawei's DCMI library (``libdcmi.so``), with its real C signatures.
-
-Why this exists: DCMI is how Huawei's own device plugin and ``npu-smi`` see the chips. This is
-the one place that touches the C ABI; it translates return codes into Python errors at the edge
-and hands back ``Chip`` records with the raw health (level and error codes; ``faults`` judges
-them). Every call here blocks and may never return (DCMI can hang after a card drops):
-``dcmi_lanes`` runs them on threads of their own, with a timeout. The functions used
-(``dcmi_interface_api.h``)::
-
-    int dcmi_init(void);
-    int dcmi_get_card_list(int *card_num, int *card_list, int list_len);
-    int dcmi_get_device_num_in_card(int card_id, int *device_num);
-    int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id);
-    int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid);
-    int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
-    int dcmi_get_device_health(int card_id, int device_id, unsigned int *health);
-    int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
-                                     unsigned int *error_code_list, unsigned int list_len);
-    int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);
-    int dcmi_get_device_memory_info_v3(int card_id, int device_id,
-                                       struct dcmi_get_memory_info_stru *memory_info);
-    int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *);
-    int dcmi_get_device_ip(int card_id, int device_id, enum dcmi_port_type input_type,
-                           int port_id, struct dcmi_ip_addr *ip, struct dcmi_ip_addr *mask);
-    int dcmi_get_device_network_health(int card_id, int device_id,
-                                       enum dcmi_rdfx_detect_result *result);
-
-and ``dcmi_get_device_info`` for each chip's vNPUs, ``dcmi_create_vdevice`` and
-``dcmi_set_destroy_vdevice`` to make and remove one (``vnpu_dcmi``). The IP and network
-calls are asked only of 910-family chips: the RoCE port's address (port type
-``DCMI_ROCE_PORT``, port 0, IPv4 first then IPv6 as Huawei's plugin asks; a link-local IPv6
-address is none), which HCCL rank tables carry (``huawei.ascend_910_configuration``), and the
-RoCE link check's result (``chips.network_health`` judges it). A chip that does not support the
-check (``DCMI_ERR_CODE_NOT_SUPPORT`` on some 910B boards) has no network health.
-
-0 is success; failures are negative (``DCMI_ERR_CODE_*``, -8001 and below).
+"""A thin ctypes wrapper over Huawei's DCMI library (``libdcmi.so``), with its real C signatures
+(``_SIGNATURES``), the one place that touches that C ABI. Asked for a card list and a card's
+chips, it hands back ``Chip`` records with the raw health (level and error codes; ``faults``
+judges them) and turns DCMI's return codes (0 success, ``DCMI_ERR_CODE_*`` -8001 and below)
+into ``DcmiError``. Every call blocks and may never return: ``dcmi_lanes`` runs them.
 """
 
 from __future__ import annotations
@@ -120,6 +89,26 @@ DCMI_IPADDR_TYPE_V4 = 0
 DCMI_IPADDR_TYPE_V6 = 1
 DCMI_ROCE_PORT = 1  # enum dcmi_port_type
 
+# The functions used, as dcmi_interface_api.h declares them:
+#     int dcmi_init(void);
+#     int dcmi_get_card_list(int *card_num, int *card_list, int list_len);
+#     int dcmi_get_device_num_in_card(int card_id, int *device_num);
+#     int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id);
+#     int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid);
+#     int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
+#     int dcmi_get_device_health(int card_id, int device_id, unsigned int *health);
+#     int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
+#                                      unsigned int *error_code_list, unsigned int list_len);
+#     int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);
+#     int dcmi_get_device_memory_info_v3(int card_id, int device_id,
+#                                        struct dcmi_get_memory_info_stru *memory_info);
+#     int dcmi_get_device_pcie_info_v2(int card_id, int device_id, struct dcmi_pcie_info_all *);
+#     int dcmi_get_device_ip(int card_id, int device_id, enum dcmi_port_type input_type,
+#                            int port_id, struct dcmi_ip_addr *ip, struct dcmi_ip_addr *mask);
+#     int dcmi_get_device_network_health(int card_id, int device_id,
+#                                        enum dcmi_rdfx_detect_result *result);
+# and the vNPU calls of ``vnpu_dcmi``. The IP and network calls are asked only of 910-family
+# chips (docs/handlers/ascend.md, "Network (RoCE link) health of 910 chips").
 _SIGNATURES: dict[str, list[Any]] = {
     "dcmi_init": [],
     "dcmi_get_card_list": [_c_int_p, _c_int_p, ctypes.c_int],

@@ -1,22 +1,9 @@
-"""Every DCMI call bounded: the library runs on threads of its own, one per card, with a timeout.
-
-Why this exists: DCMI can block for good after a card drops off the bus (Huawei's plugin wraps
-its calls in timeouts for this reason). A call that never returns must not stall the next
-health poll, the other cards, or ``PreStartContainer``. So:
-
-- the library-wide calls (``dcmi_init``, ``dcmi_get_card_list``) run on one lane, and each
-  card's chips are read on that card's own lane; a lane is one daemon thread doing one call at
-  a time, so a hung call holds one thread, never the handlers' shared pool;
-- a pass gives every lane ``timeout`` seconds (the cards in parallel); a card that has not
-  answered by then, or whose lane is still inside an earlier call, gives its chips as last
-  seen, marked unhealthy with the function it is stuck in and for how long;
-- the next pass does not call a stuck card again (its lane is busy): it answers at once, and
-  reads the card again as soon as the stuck call returns;
-- a stuck card-list call falls back to the cards last listed; a stuck ``dcmi_init`` makes the
-  pass fail over to the next source (``npu-smi``).
-
-Passes over one library are serialised (a poll and a ``prepare`` may overlap), so a lane is
-busy only when a call really is stuck. A pass takes at most about twice ``timeout``.
+"""Every DCMI call bounded: the library runs on threads of its own, one for the library-wide calls
+and one per card, and a pass gives every lane ``timeout`` seconds. A card that has not answered
+by then keeps its chips as last seen, marked unhealthy, and is not called again until its stuck
+call returns; a stuck card list falls back to the cards last listed, a stuck ``dcmi_init``
+fails the pass over to ``npu-smi``. Passes over one library are serialised; one takes at most
+about twice ``timeout``. docs/handlers/ascend.md, "A DCMI call that never returns".
 """
 
 from __future__ import annotations

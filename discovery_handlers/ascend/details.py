@@ -1,33 +1,8 @@
-"""The ``ascend`` handler's ``discoveryDetails``, parsed and checked without the vendor library.
-
-Why this exists: the admission webhook and ``edgeplug discover`` parse details on machines with
-no Ascend driver, so this module imports nothing of DCMI. Every bad value is refused with
-``InvalidDetails`` naming the field. Fields (all optional)::
-
-    hostRoot: /host                  # where this agent sees the host's filesystem (default /)
-    libraryPath: /usr/local/dcmi/libdcmi.so   # DCMI library, under hostRoot; default: the
-                                     # dynamic loader's search path for libdcmi.so
-    npuSmiPath: /usr/local/bin/npu-smi        # under hostRoot; default: the first of
-                                     # /usr/local/bin/npu-smi (servers) and
-                                     # /usr/local/sbin/npu-smi (Atlas 200/500) there
-    driverPath: /usr/local/Ascend/driver      # host directory mounted read-only (the default)
-    mountDriver: true                # false: no driver mount (the container brings its own)
-    sources: [dcmi, npu-smi, devices]         # which sources to try, in this order (default)
-    chipNames: [Ascend910]           # keep only chips of these families or models (default all)
-    healthPollSeconds: 5             # 1..1800, Huawei's plugin polls every 5 s
-    dcmiTimeoutSeconds: 3            # 0.1..60: a DCMI call that has not answered by then marks
-                                     # its card's chips unhealthy
-    runtimeOptions: [NODRV]          # ASCEND_RUNTIME_OPTIONS for Ascend's container runtime
-    huaweiMetadata: true             # false: none of the Node labels and pod annotations
-                                     # Huawei's plugin writes (Volcano, MindCluster read them)
-    vnpuType: Ascend910-4c           # serve the static vNPUs of this type (Huawei's resource
-                                     # name less huawei.com/) instead of whole chips
-    vnpuPartitions: [Ascend910-4c]   # offer each chip to DRA as partitions of these types
-                                     # (shared counters: the scheduler splits the chip)
-
-One discovery property is read: ``FAULT_CODE_JSON``, a ``faultCode.json`` in Huawei's format
-that replaces the default fault table (typically ``valueFrom.configMapKeyRef`` naming the
-``faultCode.json`` key of a ConfigMap such as Huawei's ``mindx-dl-fault-config``).
+"""The ``ascend`` handler's ``discoveryDetails`` and its one discovery property
+(``FAULT_CODE_JSON``), parsed and checked without the vendor library: the admission webhook and
+``edgeplug discover`` parse them on machines with no Ascend driver, so nothing of DCMI is
+imported. A bad value is refused with ``InvalidDetails`` naming the field.
+docs/handlers/ascend.md, "``discoveryDetails``", lists the fields.
 """
 
 from __future__ import annotations

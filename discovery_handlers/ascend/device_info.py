@@ -1,33 +1,10 @@
-"""Huawei's device-info ConfigMap for Volcano, ``mindx-dl-deviceinfo-<node>``, from our chips.
+"""Huawei's device-info ConfigMap for Volcano, ``mindx-dl-deviceinfo-<node>``, and the Node
+annotation ``baseDeviceInfos``, from our chips.
 
-Why this exists: Volcano's Ascend plugin (``ascend-for-volcano``) places NPU jobs by chip from
-the ConfigMap Huawei's device plugin keeps for each node in ``kube-system``; this module computes
-its data from the handler's devices, with no I/O (the agent writes it:
-``agent.discovery.volcano_device_info``). Facts restated from Huawei's plugin (Ascend/mind-cluster,
-``component/ascend-device-plugin``), not copied:
-
-- data keys: ``DeviceInfoCfg`` (below), ``ManuallySeparateNPU`` (chips an admin separated by
-  hand, comma-separated; empty here), ``UpgradeFaultReason`` (JSON object of chip name to
-  escalation reasons; ``{}`` here), ``Description`` (free text); label ``mx-consumer-cim=true``
-  (Volcano's informer selects on it).
-- ``DeviceInfoCfg`` is Go's ``encoding/json`` of ``{"DeviceInfo": {"DeviceList": {...},
-  "UpdateTime": <unix s>}, "SuperPodID": -1, "ServerIndex": -1, "CheckCode": <hex>}``: fields
-  in that order, map keys sorted, no spaces, ``<``, ``>``, ``&`` escaped as ``\\u003c``...
-  ``CheckCode`` is the SHA-256, in hex, of the same encoding of ``DeviceInfo`` alone.
-- ``DeviceList`` for the 910 family: ``huawei.com/Ascend910`` (healthy chips no pod holds),
-  ``-Unhealthy``, ``-NetworkUnhealthy``, ``-Recovering`` (chips being reset; none here): chip
-  names ``Ascend910-<phy>``, sorted as strings, comma-joined; ``-Fault``: a JSON list, one entry
-  per chip with error codes or unhealthy (``fault_type`` ``CardUnhealthy``), and one per chip
-  whose RoCE link is down (``CardNetworkUnhealthy``), each with ``npu_name``, the level three
-  times (``large_model_fault_level``, ``fault_level``, ``fault_handling``), ``fault_code``
-  (upper-case hex without ``0x``, comma-joined) and ``fault_time_and_level_map`` (code to
-  ``{"fault_time": <unix ms first seen>, "fault_level": <its level>}``). 310P and 310 have no
-  network key and no ``-Recovering``; 310's fault list is under ``huawei.com/Ascend310P-Fault``,
-  as Huawei's plugin writes it.
-- Node annotation ``baseDeviceInfos``: Go's encoding of a map of chip name to
-  ``{"IP": <RoCE address or "">, "SuperDeviceID": 0}``, every whole chip of the node, healthy
-  or not; Volcano's Ascend plugin counts the node's chips from it when it keeps the free list
-  itself (``self-maintain-available-card``, its default).
+Volcano's Ascend plugin places NPU jobs by chip from what Huawei's device plugin keeps there;
+this computes the same data, byte for byte as Go encodes it, from the handler's devices, with
+no I/O (the agent writes it: ``agent.discovery.volcano_device_info``). docs/handlers/ascend.md,
+"Volcano's view of the chips", gives the format.
 """
 
 from __future__ import annotations

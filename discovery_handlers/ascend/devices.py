@@ -1,27 +1,7 @@
 """From chips to what a container gets: device ids, device nodes, the driver mount, properties,
-the environment for several chips at once, and which chips go together.
-
-Why this exists: this is the part of the handler that makes a pod written for Huawei's device
-plugin run unchanged, and it has no I/O, so it is unit-tested over tables.
-
-- Device id ``davinci<phy id>``: the physical id is what the kernel names ``/dev/davinci<N>``
-  after and what Huawei's plugin puts in ``ASCEND_VISIBLE_DEVICES``; every source sees it, so
-  the id (and the Instance name) stays the same when discovery falls back from DCMI to
-  ``npu-smi`` or to the device nodes. The Instance name adds the node name (local devices).
-- Device nodes: ``/dev/davinci<N>`` plus the shared ``/dev/davinci_manager`` (the one Huawei's
-  plugin requires) and, where the host has them, ``/dev/devmm_svm``, ``/dev/hisi_hdc`` and
-  ``/dev/dvpp_cmdlist`` (Huawei's plugin adds these the same way); the driver directory
-  read-only.
-- ``compose``: ``ASCEND_VISIBLE_DEVICES`` lists the physical ids in allocation order, comma
-  separated, as Huawei's plugin sets it; ``ASCEND_RUNTIME_OPTIONS`` always, empty unless the
-  details ask for options (Huawei's plugin sets it so); and every property the chips agree on
-  (one chip: all of its properties). ``ASCEND_DEVICE_ID`` is never set: CANN reads it as the
-  logical device index inside the container, counted from 0, which no per-chip value is.
-- ``rank``: chips of one card first (they share the card's links), best-fitting card first.
-- vNPUs (``vnpu_device``), as Huawei's plugin serves them: device id ``vdavinci<vNPU id>``,
-  the host's ``/dev/vdavinci<id>`` given as ``/dev/davinci<id>`` in the container, the same
-  shared nodes and driver mount, ``ASCEND_VISIBLE_DEVICES`` the vNPU ids and
-  ``ASCEND_RUNTIME_OPTIONS`` ``VIRTUAL`` (then any ``runtimeOptions``).
+the environment for several chips at once (``compose``), which chips go together (``rank``),
+and the same for vNPUs (``vnpu_device``), as Huawei's plugin gives them, so a pod written for
+it runs unchanged. No I/O. docs/handlers/ascend.md, "What a container gets".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""The default fault table: which handling level each DCMI error code has.
-
-Why this exists: it is the table Huawei's Ascend device plugin ships as ``faultCode.json``
-(Ascend/mind-cluster, ``component/ascend-device-plugin/build/faultCode.json`` at commit
-22bb3d98), restated as data: the codes of each level, sorted, as integers. A user replaces it
-with their own ``faultCode.json`` (see ``faults``). Generated; do not edit by hand.
+"""The default fault table: which handling level each DCMI error code has, as the table Huawei's
+Ascend device plugin ships as ``faultCode.json`` (Ascend/mind-cluster,
+``component/ascend-device-plugin/build/faultCode.json``; the version: docs/handlers/ascend.md,
+"Health"), restated as data: the codes of each level, sorted, as integers. A user replaces it
+with their own ``faultCode.json`` (``faults``). Generated; do not edit by hand.
 """
 
 from __future__ import annotations

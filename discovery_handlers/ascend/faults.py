@@ -1,38 +1,11 @@
 """Huawei's fault semantics for Ascend chips: DCMI error codes → handling level → health.
 
-Why this exists: a chip is handed out or held back the way Huawei's own device plugin decides,
-so a pod moved from Huawei's plugin to edgeplug sees the same chips pulled. Huawei's plugin does
-not judge a chip by DCMI's health level (0..3); it reads the chip's current error codes
-(``dcmi_get_device_errorcode_v2``) and looks each up in its fault table (``faultCode.json``),
-which gives every code one handling level. From least to most serious:
-
-- ``NotHandleFault``: no effect on the job; nothing to do.
-- ``SubHealthFault``: degraded; the job's own policy decides.
-- ``RestartRequest``: the current request failed; re-run it.
-- ``RestartBusiness``: the job failed; re-run the job.
-- ``FreeRestartNPU``: the chip must be reset once it is idle.
-- ``RestartNPU``: the chip must be reset now.
-- ``PreSeparateNPU``: keep the running job, schedule nothing new on the chip.
-- ``SeparateNPU``: the chip is broken; isolate it.
-
-The chip's level is the first of ``SeparateNPU``, ``PreSeparateNPU``, ``RestartNPU``,
-``FreeRestartNPU``, ``RestartBusiness``, ``RestartRequest``, ``SubHealthFault``,
-``NotHandleFault`` that holds any of its codes (Huawei's order); when none holds any, the codes
-are unknown and the level is ``SeparateNPU``, as Huawei's plugin does for a polled code it has
-no severity for. A chip is usable at ``NotHandleFault`` and ``SubHealthFault`` (and with no
-code at all); at every other level it is advertised Unhealthy. Huawei's plugin keeps a chip at
-``FreeRestartNPU`` or ``PreSeparateNPU`` Healthy while a job runs on it; here the kubelet never
-takes a chip from a running pod for being Unhealthy, so holding it back only stops new
-allocations, which is what those levels ask for.
-
-Not restated: Huawei's escalation by frequency and duration (``faultCustomization.json``), its
-fault-event subscription, network (RoCE) faults, hot reset. The default table is Huawei's
-(``fault_table``); a user replaces it with their own ``faultCode.json`` (same format, same
-keys), as Huawei's plugin lets them through the ``mindx-dl-fault-config`` ConfigMap.
-
-What edgeplug does at each level is ``ACTIONS`` (docs/handlers/ascend.md, "Faults by level"):
-a chip's health carries its level and codes (``ChipFaults``), which the agent reads to move the
-pods off a separated chip and to write Huawei's device-info ConfigMap for Volcano.
+A chip is judged as Huawei's own device plugin judges it, so a pod moved from Huawei's plugin to
+edgeplug sees the same chips pulled: each current error code's level from the fault table (the
+default ``fault_table``, or a user's ``faultCode.json``), the chip's level the most serious of
+them (unknown codes: ``SeparateNPU``), usable at ``NotHandleFault`` and ``SubHealthFault``.
+``ACTIONS`` says what edgeplug does at each level; a chip's health carries its level and codes
+(``ChipFaults``). docs/handlers/ascend.md, "Health" and "Faults by level".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The ``ascend`` handler's contract adapter: parse details, poll the chips, serve the hooks.
+"""The ``ascend`` handler's contract adapter (v2): parse details, poll the chips, serve the hooks.
 
-Why this exists: it is the face the agent sees (contract v2). ``discover`` runs one pass at once
-and again every ``healthPollSeconds`` (Huawei's plugin polls every 5 s), and yields the device
-list whenever a chip appears, goes, changes or changes health, so a faulted chip turns
-Unhealthy on the node within one poll and comes back when the fault clears. The passes block,
-so they run on the handlers' thread pool (``run_blocking``). The status of the last pass (the
-source used, what could not be read) is logged when it changes and kept per details for
-``status``.
+``discover`` runs one pass at once and again every ``healthPollSeconds`` on the handlers' thread
+pool, and yields the device list whenever a chip appears, goes or changes (health included).
+The last pass's status (the source used, what could not be read) is logged when it changes and
+kept per details for ``status``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The Node labels and pod annotations Huawei's Ascend device plugin writes, from our chips.
 
-Why this exists: Volcano's Ascend scheduling and MindCluster (ascend-operator's rank table,
-clusterd's fault recovery) read what Huawei's plugin (Ascend/mind-cluster,
-``component/ascend-device-plugin``) writes on Nodes and pods, not our ``edgeplug.io/``
-copies. This module computes the same keys and values from the handler's devices, with no
-I/O; the agent writes them (``agent.discovery.node_labels``,
-``agent.deviceplugins.pod_annotations``), and its admission policies let through exactly the keys
-named here (``LABEL_KEYS``, ``ANNOTATION_KEYS``).
-
-Facts restated from Huawei's plugin (their code, not copied):
-
-- Node labels: ``accelerator`` = ``huawei-Ascend910`` (910, 910B, 910A3), ``huawei-Ascend310P``
-  or ``huawei-Ascend310``; ``node.kubernetes.io/npu.chip.name`` = DCMI's chip name
-  (``910B3``); ``servertype`` = ``<card type>-<AI cores per chip>`` (``Ascend910B-20``), where
-  the card type is told from the chip name (``910B<n>``: ``Ascend910B``, ``910_93<n>``:
-  ``Ascend910A3``, other ``910``: ``Ascend910``, ``310P``: ``Ascend310P``, ``310B``:
-  ``Ascend310B``, ``310``: ``Ascend310``); ``mind-cluster/npu-chip-memory`` = the chip's HBM in
-  GiB with ``G`` (``64G``) on 910-family chips. A value the chips do not agree on, or no
-  source could read, is not written (Huawei's plugin reads it from one chip).
-- Pod annotations, for a pod holding chips ``Ascend910-<phy>``, sorted as strings and joined
-  with commas: ``huawei.com/AscendReal`` (the plugin's record of the real chips, which clusterd
-  reads), ``huawei.com/<family>`` (``huawei.com/Ascend910``, the key Volcano writes its choice
-  under and Huawei's plugin counts busy chips from), and on 910-family chips
-  ``ascend.kubectl.kubernetes.io/ascend-910-configuration``: JSON with ``pod_name``,
-  ``server_id`` (the pod's uid), ``host_ip`` and ``server_ip`` (the node's address),
-  ``super_pod_id`` and ``rack_id`` (``-2``: not a super pod, Huawei's value when DCMI tells
-  none), ``server_index`` (``"-2"``), and ``devices``: ``{"device_id": "<phy>", "device_ip":
-  "<RoCE address>"}`` sorted by physical id; ``-1`` where the address is unknown (no DCMI,
-  no RoCE port), as Huawei's plugin writes when it cannot read it.
+Volcano's Ascend scheduling and MindCluster read those keys, not our ``edgeplug.io/`` copies.
+This computes the same keys and values from the handler's devices, with no I/O; the agent
+writes them (``agent.discovery.node_labels``, ``agent.deviceplugins.pod_annotations``), and its
+admission policies let through exactly the keys named here (``LABEL_KEYS``,
+``ANNOTATION_KEYS``). docs/handlers/ascend.md, "Volcano and MindCluster", lists them.
 """
 
 from __future__ import annotations

@@ -1,45 +1,8 @@
-"""Reading ``npu-smi info``: the table Huawei's management tool prints, as ``Chip`` records.
-
-Why this exists: where the DCMI library cannot be loaded (an agent image without it, a driver
-whose library the agent cannot read), ``npu-smi info`` still tells which chips the node has,
-their model, memory and health. The table is for people, so it is parsed defensively: a row
-that does not read is skipped and named; output without the table is an error.
-
-The table (npu-smi 23.x to 25.x) has two header rows and two rows per chip (shown here with
-the right-hand cell cut short)::
-
-    | NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-...
-    | Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)
-    +===========================+===============+=================================================
-    | 0     910B3               | OK            | 96.8        32                0    / 0
-    | 0                         | 0000:C1:00.0  | 0           0    / 0          3372 / 65536
-
-followed by a process table (``| NPU  Chip | Process id | ...``), which is not read. Some
-products add a column to the second header row: ``Chip  Device`` (the logic id, Atlas 300I
-Duo) or ``Chip  Phy-ID``.
-
-NPU ids are not chip ids: they are card numbers, need not start at 0 and may skip (an Atlas
-300I Duo node shows NPU 1, 2 and 7). Which ``/dev/davinci<N>`` a row is comes from the tool's
-own mapping tables, joined on (NPU id, chip id):
-
-- ``npu-smi info -m``: one row per chip, ``NPU ID  Chip ID  Chip Logic ID  Chip Name``, on
-  some products with ``Chip Phy-ID`` before the name; a card's MCU is listed with logic id
-  ``-`` and is not a chip. ``parse_npu_smi_map`` reads it.
-- ``npu-smi info -t phyid-remap -p <phy id>``: which NPU id and chip id a physical id is
-  (``Chip Phy-ID : 0``, ``NPU ID : 0``, ``Chip ID : 0``); ``parse_phyid_remap`` reads it.
-
-A chip's vNPUs come from ``npu-smi info -t info-vnpu -i <NPU id> -c <chip id>``: a box with
-the chip's free/total resources, ``Total number of vnpu: <n>`` and a row per vNPU::
-
-    |  Vnpu ID  |  Vgroup ID     |  Container ID  |  Status  |  Template Name       |
-    |  100      |  0             |  000000000000  |  0       |  vir10_3c_16g        |
-
-(``This device does not support querying info-vnpu.`` on chips that cannot be split);
-``parse_info_vnpu`` reads it, taking each vNPU's AI cores and memory from its template name.
-
-``assign_ids`` applies them: the ``Phy-ID`` column, else the remap answers, else the logic id
-(said in the pass's problems, since then the physical id is assumed), else, with no mapping
-at all, the table's own id column or the NPU id (said too).
+"""Reading Huawei's ``npu-smi`` tool, the ``ascend`` handler's second source where DCMI cannot be
+loaded: ``npu-smi info`` as ``Chip`` records, its mapping tables (``info -m``, ``info -t
+phyid-remap``) for each chip's physical id, and ``info -t info-vnpu`` for a chip's vNPUs. The
+tables are for people, so they are read defensively: a row that does not read is skipped and
+named; output without the table is an error. docs/handlers/ascend.md, "Sources, and the status".
 """
 
 from __future__ import annotations
@@ -88,7 +51,12 @@ class MapRow:
 
 def parse_npu_smi_map(text: str) -> dict[tuple[int, int], MapRow]:
     """``npu-smi info -m`` as (NPU id, chip id) → row; MCU rows (logic id ``-``) are left out.
-    Raise ``NpuSmiError`` when the output has no mapping table."""
+    Raise ``NpuSmiError`` when the output has no mapping table.
+
+    One row per chip, ``NPU ID  Chip ID  Chip Logic ID  Chip Name``, on some products with
+    ``Chip Phy-ID`` before the name; a card's MCU is listed with logic id ``-``. NPU ids are
+    card numbers, not chip ids: they need not start at 0 and may skip (an Atlas 300I Duo node
+    shows NPU 1, 2 and 7)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > MAX_ROWS:
         raise NpuSmiError(f"{len(lines)} lines: not npu-smi info -m output")
@@ -119,7 +87,15 @@ def parse_npu_smi_map(text: str) -> dict[tuple[int, int], MapRow]:
 def parse_info_vnpu(text: str) -> tuple[VNpu, ...]:
     """``npu-smi info -t info-vnpu -i <npu> -c <chip>`` as the chip's vNPUs (() when the chip
     cannot be split). Raise ``NpuSmiError`` when the output is neither, or its rows do not add
-    up to the total it prints."""
+    up to the total it prints.
+
+    The output is a box with the chip's free/total resources, ``Total number of vnpu: <n>`` and
+    a row per vNPU, each vNPU's AI cores and memory taken from its template name::
+
+        |  Vnpu ID  |  Vgroup ID     |  Container ID  |  Status  |  Template Name       |
+        |  100      |  0             |  000000000000  |  0       |  vir10_3c_16g        |
+
+    or ``This device does not support querying info-vnpu.`` on chips that cannot be split."""
     lines = text.splitlines()[:MAX_ROWS]
     total = next((m for line in lines if (m := _VNPU_TOTAL.search(line))), None)
     if total is None:
@@ -145,7 +121,7 @@ def parse_info_vnpu(text: str) -> tuple[VNpu, ...]:
 
 def parse_phyid_remap(text: str) -> tuple[int, int, int] | None:
     """``npu-smi info -t phyid-remap -p <phy>`` as (phy id, NPU id, chip id); None when the
-    output does not say all three."""
+    output does not say all three (``Chip Phy-ID : 0``, ``NPU ID : 0``, ``Chip ID : 0``)."""
     fields: dict[str, int] = {}
     for line in text.splitlines()[:64]:
         match = _REMAP_LINE.match(line)
@@ -161,8 +137,10 @@ def assign_ids(
     chips: tuple[Chip, ...], mapping: dict[tuple[int, int], MapRow] | None,
     remap: dict[tuple[int, int], int], problems: list[str],
 ) -> tuple[Chip, ...]:
-    """The chips of ``npu-smi info`` with their physical and logic ids from the mapping tables
-    (see the module docstring); ``problems`` gets a line for every id that was assumed."""
+    """The chips of ``npu-smi info`` with their physical and logic ids from the mapping tables,
+    joined on (NPU id, chip id): the ``Phy-ID`` column, else the remap answers, else the logic
+    id, else, with no mapping at all, the table's own id column or the NPU id. ``problems``
+    gets a line for every id that was assumed."""
     out = []
     assumed: list[str] = []
     for chip in chips:
@@ -206,7 +184,20 @@ class _Row:
 
 
 def parse_npu_smi_info(text: str) -> NpuSmiTable:
-    """Parse the output of ``npu-smi info``; raise ``NpuSmiError`` when there is no table."""
+    """Parse the output of ``npu-smi info``; raise ``NpuSmiError`` when there is no table.
+
+    The table (npu-smi 23.x to 25.x) has two header rows and two rows per chip (shown with the
+    right-hand cell cut short)::
+
+        | NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-...
+        | Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)
+        +===========================+===============+=============================================
+        | 0     910B3               | OK            | 96.8        32                0    / 0
+        | 0                         | 0000:C1:00.0  | 0           0    / 0          3372 / 65536
+
+    followed by a process table (``| NPU  Chip | Process id | ...``), which is not read. Some
+    products add a column to the second header row: ``Chip  Device`` (the logic id, Atlas 300I
+    Duo) or ``Chip  Phy-ID``."""
     rows = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
     if len(rows) > MAX_ROWS:
         raise NpuSmiError(f"{len(rows)} table rows: not npu-smi info output")

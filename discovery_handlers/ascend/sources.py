@@ -1,14 +1,9 @@
 """One discovery pass over a node's NPUs: DCMI first, then ``npu-smi info``, then the device nodes.
 
-Why this exists: a node's Ascend software can be partly missing or broken (no DCMI library in
-the agent's image, a driver that answers errors, an ``npu-smi`` that prints something else).
 Each pass tries the sources the details allow, in order, and keeps the first that lists chips;
-``ScanStatus`` says which one it used and everything it could not read, so a user sees why the
-node advertises what it does. A chip an admin split into vNPUs is served as its vNPUs by a
-Configuration whose details name their type (``vnpuType``) and left out of the others, as
-Huawei's plugin does; the status notes such chips. The pass blocks (ctypes, a subprocess,
-``stat``): the handler runs it through ``contract.run_blocking``. Nothing here raises on bad
-input from the node.
+``ScanStatus`` says which one it used and everything it could not read. Chips split into vNPUs
+are served by the Configuration naming their type (``vnpuType``) and left out of the others.
+The pass blocks (ctypes, a subprocess, ``stat``) and never raises on bad input from the node.
 """
 
 from __future__ import annotations
