@@ -134,7 +134,8 @@ async def run(
         async def stop_ours(**_: Any) -> None:
             # On a stop signal kopf gives every task started after it 5 s to end by itself
             # before cancelling it; the engine's watches and workers never end by themselves,
-            # so a SIGTERM took 5 s. They are ours to stop, and are stopped here at once.
+            # so a SIGTERM waited out those 5 s. They are ours to stop, and are stopped here at
+            # once.
             await _stop(ours)
 
         log.info(

@@ -2,10 +2,10 @@
 # Install the Debian packages the tests need (every .ci/apt/*.txt), missing ones only; given
 # list names (`aptdeps.sh venv`), only those lists' (.ci/apt/venv.txt): what `make demo` needs.
 #
-# Why this exists: `make test` and `make demo` promise to work on a fresh machine, and some of
-# what the suite drives only comes from Debian (umockdev's test bed, mmdebstrap and umoci for
-# the images, iproute2 for network namespaces, a C compiler, python3-venv for the venv itself).
-# The Makefile's install step runs this before anything else. Each .ci/apt/<topic>.txt lists
+# `make test` and `make demo` promise to work on a fresh machine, and some of what the suite
+# drives only comes from Debian (umockdev's test bed, mmdebstrap and umoci for the images,
+# iproute2 for network namespaces, a C compiler, python3-venv for the venv itself). The
+# Makefile's install step runs this before anything else. Each .ci/apt/<topic>.txt lists
 # packages, one or more a line, `#` starting a comment; this reads them all when it runs, so a
 # handler that adds a file is covered without touching this script.
 #

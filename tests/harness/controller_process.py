@@ -1,9 +1,9 @@
 """Run the edgeplug controller for tests as a real subprocess, and build its test objects.
 
-Why this exists: the controller's integration tests, end-to-end tests and benchmarks need the
-real ``python -m controller.main`` (so it can be SIGKILLed and restarted, or run as two replicas),
-Configurations and Instances built from a few parameters, and a way to wait on the API server
-until a condition holds, failing with a message that says what was expected.
+For the controller's integration tests, end-to-end tests and benchmarks: the real ``python -m
+controller.main`` (so it can be SIGKILLed and restarted, or run as two replicas), Configurations
+and Instances built from a few parameters, and a way to wait on the API server until a condition
+holds, failing with a message that says what was expected.
 """
 
 from __future__ import annotations

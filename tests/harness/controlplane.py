@@ -40,8 +40,8 @@ READY_TIMEOUT_S = 120.0
 READY_POLL_S = 0.1
 #: How long a server gets to exit on SIGTERM before SIGKILL when a test stops it or the whole
 #: plane goes. An API server stopped within seconds of its start has stopped listening at once
-#: but then waits out any timeout on its start-up hooks (15 s measured), which only lengthened
-#: every outage and teardown; its clients see the same connection errors either way.
+#: but then waits out any timeout on its start-up hooks, which only lengthened every outage and
+#: teardown; its clients see the same connection errors either way.
 STOP_GRACE_S = 3.0
 SERVICE_CIDR = "10.96.0.0/16"  # bookkeeping only: nothing ever routes to it
 

@@ -1,9 +1,9 @@
 """DRA on the harness: Ready nodes, agents that publish ResourceSlices, DeviceClasses, claims.
 
-Why this exists: the DRA tests drive the real kube-scheduler (its DynamicResources plugin, on by
-default in v1.36) and the real kube-controller-manager (its resourceclaim controller makes a
-pod's claim from a ResourceClaimTemplate). The scheduler places a pod only on a Ready Node,
-so the nodes here are ``NodeReporter`` Nodes with a heartbeat and no kubelet: a pod is bound
+The DRA tests drive the real kube-scheduler (its DynamicResources plugin, on by default in
+v1.36) and the real kube-controller-manager (its resourceclaim controller makes a pod's claim
+from a ResourceClaimTemplate). The scheduler places a pod only on a Ready Node, so the nodes
+here are ``NodeReporter`` Nodes with a heartbeat and no kubelet: a pod is bound
 (``spec.nodeName``) once its claim is allocated, and nothing runs it. The agents run in-process:
 discovery (``ConfigurationWatch``) plus ``DraPublisher``; the controller's ``DeviceClasses``
 (with the shared devices' pools, ``controller.dra.shared_pools``) runs in-process too, unless a

@@ -1,10 +1,10 @@
 """The controller's admission webhook on a test control plane: configuration aimed at loopback.
 
-Why this exists: the webhook integration test and its benchmark both need the shipped
-ValidatingWebhookConfiguration (deploy/manifests/controller-webhook.yaml) with its
-``clientConfig`` pointed at ``https://127.0.0.1:<port>/validate`` (the API server runs on this
-machine; in a cluster it is the Service) and scoped to one namespace (the control plane is shared
-by a whole test session), and a controller process serving it.
+For the webhook integration test and its benchmark: the shipped ValidatingWebhookConfiguration
+(deploy/manifests/controller-webhook.yaml) with its ``clientConfig`` pointed at
+``https://127.0.0.1:<port>/validate`` (the API server runs on this machine; in a cluster it is
+the Service) and scoped to one namespace (the control plane is shared by a whole test session),
+and a controller process serving it.
 """
 
 from __future__ import annotations

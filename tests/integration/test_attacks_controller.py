@@ -1,18 +1,18 @@
 """A stolen controller token, tried as an attacker would: each attempt refused by the API server.
 
-Why this exists: the controller's ServiceAccount token lives in one Deployment, and whoever
-steals it holds whatever the controller holds. Here deploy/manifests (RBAC, the controller's
-admission policies, the Configuration policies) are applied to the real API server, a token is
-minted for the controller's own ServiceAccount, and with nothing but that token the attacks of
-issue 32 are tried: read Secrets, hand its rights to another account, grant the agent more than
-named Secrets or a kube-system Secret, widen its webhook, change its own RBAC, mint tokens
-through a Secret, re-image a Configuration's brokers, run privileged, host-path or
-other-account pods, and (as a user who may write Configurations in one namespace) ask the
-controller for a privileged broker or another namespace's Secret. Each is refused by the API
-server, with the policy's message where a policy refuses it. Beside each, the write the
-controller really makes (its own code, on the same token) still succeeds: the agent's
-named-Secret Role, its webhook's TLS Secret and caBundle, a Configuration's finalizers, a broker
-pod, Job and Service. deploy/README.md, "What the controller can do", says the same.
+The controller's ServiceAccount token lives in one Deployment, and whoever steals it holds
+whatever the controller holds. Here deploy/manifests (RBAC, the controller's admission policies,
+the Configuration policies) are applied to the real API server, a token is minted for the
+controller's own ServiceAccount, and with nothing but that token these attacks are tried: read
+Secrets, hand its rights to another account, grant the agent more than named Secrets or a
+kube-system Secret, widen its webhook, change its own RBAC, mint tokens through a Secret,
+re-image a Configuration's brokers, run privileged, host-path or other-account pods, and (as a
+user who may write Configurations in one namespace) ask the controller for a privileged broker
+or another namespace's Secret. Each is refused by the API server, with the policy's message
+where a policy refuses it. Beside each, the write the controller really makes (its own code, on
+the same token) still succeeds: the agent's named-Secret Role, its webhook's TLS Secret and
+caBundle, a Configuration's finalizers, a broker pod, Job and Service. deploy/README.md, "What
+the controller can do", says the same.
 
 The Configuration policies bind to every namespace in a cluster; on this control plane, shared
 by the whole test session, their bindings are copies scoped to namespaces this module labels
@@ -497,7 +497,7 @@ OFFER_WIDENINGS: dict[str, list[dict[str, Any]]] = {
 def test_controllers_offer_role_grants_nothing_but_named_offers(
     installed: ControlPlane, ctl: Client, namespace: str, widening: str
 ) -> None:
-    """Issue 47: the Role controller/grants/offer_grants.py keeps names which nodes may offer which
+    """The Role controller/grants/offer_grants.py keeps names which nodes may offer which
     Configuration's devices; written with RBAC's escalate, it may say nothing else, in any
     namespace, and bind nobody but the agent."""
     offers = "edgeplug-agent-offers"
@@ -667,7 +667,7 @@ POD_ATTACKS: dict[str, tuple[dict[str, Any], str]] = {
                        "containers": [_container()]}, "only Pod Security's safe sysctls"),
     "SELinux spc_t": ({"containers": [_container(securityContext={
         "seLinuxOptions": {"type": "spc_t"}})]}, "SELinux type only"),
-    # Issue 47: what a broker never needs.
+    # What a broker never needs.
     "another workload's claim": ({"resourceClaims": [{"name": "gpu",
                                                       "resourceClaimName": "their-gpu"}],
                                   "containers": [_container()]},
@@ -914,7 +914,7 @@ async def test_controller_still_makes_brokers_services_and_finalizers(
 
 
 
-# -- issue 47: Nodes, DRA objects, Events ----------------------------------------------------
+# -- Nodes, DRA objects, Events --------------------------------------------------------------
 
 
 DRA_MANIFESTS = REPO_ROOT / "deploy" / "dra"
@@ -1087,7 +1087,7 @@ def test_controller_token_posts_events_only_about_its_own_objects(
     event(lambda e: None)(False)
 
 
-# -- issue 47: where the controller runs -----------------------------------------------------
+# -- where the controller runs ---------------------------------------------------------------
 
 
 CONTROLLER_NODE_LABEL = "node-restriction.kubernetes.io/edgeplug-controller"
@@ -1107,11 +1107,10 @@ def _placement_pod(namespace: str, name: str) -> dict[str, Any]:
 async def test_the_controllers_placement_fails_closed(
     installed: ControlPlane, pod_namespace: str, kube: AsyncClient, tmp_path: Path
 ) -> None:
-    """Issue 47: a node not labelled as an edge node got a controller replica, and its kubelet
-    could then mint the controller's token. The shipped placement requires a label only an admin
-    can set: on a cluster of unlabelled Ready nodes the replica stays Pending; a node's own
-    kubelet cannot give itself the label (NodeRestriction); labelled by the admin, the node
-    gets the replica."""
+    """A controller replica on a node not meant for it would let that node's kubelet mint the
+    controller's token, so the shipped placement requires a label only an admin can set: on a
+    cluster of unlabelled Ready nodes the replica stays Pending; a node's own kubelet cannot give
+    itself the label (NodeRestriction); labelled by the admin, the node gets the replica."""
     cp, ns = installed, pod_namespace
     nodes = sorted([new_node(cp), new_node(cp)])
     async with h.ready_nodes(kube, nodes):

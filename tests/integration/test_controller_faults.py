@@ -10,8 +10,7 @@ from tests.harness import controller_process as h
 from tests.harness.controlplane import ControlPlane
 
 POLL_S = 0.2
-#: The default peering lifetime (5 s) plus a margin for a loaded machine; with the old default
-#: (30 s) the standby took 23.5 s.
+#: The default peering lifetime (5 s) plus a margin for a loaded machine.
 FAILOVER_DEADLINE_S = 12.0
 PRIORITY_ACTIVE, PRIORITY_STANDBY = 200, 100
 #: FAST_ARGS without their short peering lifetime: the failover test runs the defaults.

@@ -2,9 +2,9 @@
 
 A kubelet that restarts serves pod-resources again before it has re-admitted the pods its
 runtime still runs (their devices kept from its checkpoint, without ``Allocate``): its first
-``List`` answers leave those pods out. Before the rule in agent/deviceplugins/slots/rules.py ("a
-restarted kubelet"), the orphan freer took that for "their pods ended" and freed at once every slot
-a ``List`` had shown held: the fault tests saw a broker's slot freed 70 ms after a kubelet restart
+``List`` answers leave those pods out. Without the rule in agent/deviceplugins/slots/rules.py
+("a restarted kubelet"), the orphan freer would take that for "their pods ended" and free at
+once every slot a ``List`` had shown held: a broker's slot freed right after a kubelet restart
 and a configuration-level id then mapped onto it (one slot recorded for two live pods), and a
 held slot freed for good (the configuration plugin advertising one device too many).
 

@@ -110,7 +110,7 @@ def test_plug_and_unplug_a_usb_serial_radio(bed: UmockdevBed) -> None:
             "UDEV_VENDOR_ID": "0403",
             "UDEV_PRODUCT_ID": "6001",
             "UDEV_SERIAL": "A50285BI",
-            # Where the xHCI controller it hangs off sits (issue 50: the standard attributes).
+            # Where the xHCI controller it hangs off sits (the standard attributes).
             "UDEV_PCIE_ROOT": "pci0000:00",
             "UDEV_NUMA_NODE": "0",
         }

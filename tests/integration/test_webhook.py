@@ -1,11 +1,11 @@
 """discoveryDetails refused at ``kubectl apply``: the real kube-apiserver calls the controller's
 webhook over TLS on loopback.
 
-Why this exists: the webhook is only worth something if the API server actually calls it, trusts
-the certificate the controller made, and shows the user the handler's message naming the field.
-So the controller runs as its own process (``--webhook``), the ValidatingWebhookConfiguration is
-the shipped one aimed at loopback (``tests.harness.webhook_setup``), and every check goes through
-the real ``kubectl``. The controller fills the ``caBundle`` itself.
+Checked: the API server calls the webhook, trusts the certificate the controller made, and shows
+the user the handler's message naming the field. The controller runs as its own process
+(``--webhook``), the ValidatingWebhookConfiguration is the shipped one aimed at loopback
+(``tests.harness.webhook_setup``), and every check goes through the real ``kubectl``. The
+controller fills the ``caBundle`` itself.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 The data below (five chips: free, held, separated with an unknown code, network-down with a
 NotHandleFault code, unhealthy without codes) was checked with Huawei's device plugin's package
-(tests/harness/huawei_device_info: its ``NodeDeviceInfoCache`` and ``DeviceFault`` decode it with
-no unknown field, its ``MakeDataHash`` gives the ``CheckCode`` written, and its ``json.Marshal``
-gives back the very bytes), Ascend/mind-cluster at commit 22bb3d98; the Node annotation's
-bytes decode into its ``NpuBaseInfo`` map and re-encode the same. The digests and strings pin
-those bytes.
+(tests/harness/huawei_device_info: its ``NodeDeviceInfoCache`` and ``DeviceFault`` decode it
+with no unknown field, its ``MakeDataHash`` gives the ``CheckCode`` written, and its
+``json.Marshal`` gives back the very bytes; which version: docs/handlers/ascend.md, "Volcano's
+view of the chips"); the Node annotation's bytes decode into its ``NpuBaseInfo`` map and
+re-encode the same. The digests and strings pin those bytes.
 """
 
 from __future__ import annotations

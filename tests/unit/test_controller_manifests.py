@@ -1,12 +1,12 @@
 """The controller's rights and policies as written: what the files must keep saying.
 
-Why this exists: the controller's RBAC and its admission policies are facts spread over several
-files (deploy/manifests/controller-rbac.yaml, controller-policy.yaml, configuration-policy.yaml,
-the controller's Deployment and the Helm chart's copies). What they do is shown against the real
-API server in tests/integration/test_attacks_controller.py; here, without a cluster, that they
-stay consistent: the broker pod policy says the same for Configurations and for the controller's
-own pods, the ClusterRole holds no Secret rule and no RBAC right beyond its one Role name, and
-the chart installs the same files and placement.
+The controller's RBAC and its admission policies are facts spread over several files
+(deploy/manifests/controller-rbac.yaml, controller-policy.yaml, configuration-policy.yaml, the
+controller's Deployment and the Helm chart's copies). What they do is shown against the real API
+server in tests/integration/test_attacks_controller.py; here, without a cluster, that they stay
+consistent: the broker pod policy says the same for Configurations and for the controller's own
+pods, the ClusterRole holds no Secret rule and no RBAC right beyond its one Role name, and the
+chart installs the same files and placement.
 """
 
 from __future__ import annotations

@@ -163,9 +163,9 @@ def test_a_pool_with_a_tainted_device_is_split_at_64() -> None:
 
 
 def test_a_pool_is_held_until_this_node_knows_the_health_of_each_of_its_devices() -> None:
-    """Issue 33: the Instances of a discovery pass are all written before the first status
-    says a device is unhealthy; the pool must not be published in between as though every
-    device were healthy (70 devices, one slice, no taint)."""
+    """The Instances of a discovery pass are all written before the first status says a
+    device is unhealthy; the pool must not be published in between as though every device
+    were healthy (70 devices, one slice, no taint)."""
     devices = [instance(f"cam-{i:06x}") for i in range(70)]  # no status written yet
     served: dict[tuple[str, str], str | None] = {("ns", d.name): None for d in devices[1:]}
     held = slices.plan_node("n1", devices, served)
@@ -281,7 +281,7 @@ def test_an_agent_without_dra_imports_none_of_it() -> None:
 
 
 def test_a_device_past_its_eviction_grace_is_tainted_no_execute() -> None:
-    """Issue 50: NoSchedule while unhealthy; NoExecute for the devices the publisher says are
+    """NoSchedule while unhealthy; NoExecute for the devices the publisher says are
     past their Configuration's ``unhealthyDevices.evictAfterSeconds``; healthy ones never."""
     sick, fine = instance("cam-000001"), instance("cam-000002")
     served: dict[tuple[str, str], str | None] = {("ns", "cam-000001"): "fault",

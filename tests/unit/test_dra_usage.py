@@ -105,7 +105,7 @@ def test_a_claim_deallocated_then_deleted_stops_counting() -> None:
 def test_no_write_before_a_device_is_served_and_none_woken_by_its_own() -> None:
     fresh = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by=None,
                             claims=None)
-    # Unwritten and served by nothing: written once it is served, not before (issue 48).
+    # Unwritten and served by nothing: written once it is served, not before.
     assert u.unwritten_reads_so(fresh, ("", 0))
     assert not u.unwritten_reads_so(fresh, ("dra", 0))
     written = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by="dra",

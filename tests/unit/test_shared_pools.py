@@ -37,7 +37,7 @@ def test_only_shared_devices_of_configurations_the_scheduler_allocates() -> None
     assert held == {dra_slices.shared_pool("ns", "cam", "cam-000005")}
 
 
-# -- work follows what changed (issue 48) ------------------------------------------------------
+# -- work follows what changed -----------------------------------------------------------------
 
 
 class _Client:
@@ -167,7 +167,7 @@ async def test_a_device_an_earlier_release_gave_a_pool_of_its_own_stays_in_it() 
     assert client.applied[-1] == own.name
 
 
-# -- eviction of pods holding a device unhealthy everywhere (issue 50) -------------------------
+# -- eviction of pods holding a device unhealthy everywhere ------------------------------------
 
 
 class _BodyClient(_Client):

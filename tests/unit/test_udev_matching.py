@@ -1,8 +1,9 @@
 """udev matching semantics over tables: globs, alternatives, absent values, trailing
-whitespace, plural keys on one parent, odd bytes, and each divergence udev's own engine showed
-(issue 22) as a named case. Devices are plain records (``Rec``) with the fields libudev gives
-(an attribute that cannot be read is absent, as libudev reports it); the pure matcher is what
-is under test. tests/integration/test_udev_oracle.py checks the same against udevadm."""
+whitespace, plural keys on one parent, odd bytes, and each case where udev's own engine answers
+other than a plain reading of the rule would, named. Devices are plain records (``Rec``) with
+the fields libudev gives (an attribute that cannot be read is absent, as libudev reports it);
+the pure matcher is what is under test. tests/integration/test_udev_oracle.py checks the same
+against udevadm."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ ZERO = Rec("/devices/virtual/mem/zero", "zero", "mem")
 ODD = Rec("/devices/virtual/odd/t\\x", "t\\x", "odd", attrs={"name": "café\n".encode()})
 CAFE = Rec(ODD.devpath + "/c", "c", "odd", parent=ODD)
 
-# Issue 22's divergences from udev, each a named case: (id, rule, device, udev's answer).
+# Where udev's own engine answers other than a plain reading of its rules would, each a named
+# case: (id, rule, device, udev's answer).
 DIVERGENCES = [
     ("unreadable-attr-ne-is-false", 'SUBSYSTEM=="net", ATTR{carrier}!="0"', LINK_DOWN, False),
     ("unreadable-attr-ne-up-link", 'SUBSYSTEM=="net", ATTR{carrier}!="0"', LINK_UP, True),
@@ -153,5 +155,5 @@ DIVERGENCES = [
 
 @pytest.mark.parametrize(("rule", "device", "expected"), [d[1:] for d in DIVERGENCES],
                          ids=[d[0] for d in DIVERGENCES])
-def test_issue22_divergence_now_matches_as_udev(rule: str, device: Rec, expected: bool) -> None:
+def test_a_known_divergence_matches_as_udev(rule: str, device: Rec, expected: bool) -> None:
     assert matches(parse_rule(rule), device) is expected

@@ -53,7 +53,7 @@ ACCEPTED = [
     ('ATTR{serial}=="A\\*B"', [("ATTR", "serial", "==", "A\\*B")]),
     ('KERNEL=="vidéo"', [("KERNEL", None, "==", "vidéo")]),
     ('ATTRS{power/control}=="auto"', [("ATTRS", "power/control", "==", "auto")]),
-    # udev's line syntax (issue 22): spaces around the operator, commas optional or repeated
+    # udev's line syntax: spaces around the operator, commas optional or repeated
     ('KERNEL == "random"', [("KERNEL", None, "==", "random")]),
     ('ATTR{x} != "y"', [("ATTR", "x", "!=", "y")]),
     ('KERNEL=="a" KERNEL=="b"', [("KERNEL", None, "==", "a"), ("KERNEL", None, "==", "b")]),

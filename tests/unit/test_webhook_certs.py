@@ -1,9 +1,9 @@
 """The webhook's certificate rules at any date: made, kept, renewed before expiry, CA rotated
 with the old one still trusted.
 
-Why this exists: rotation happens months apart in a real cluster; these tests move ``now``
-instead of waiting, and check each certificate the way a TLS client would (issuer signature,
-names, validity window).
+Rotation happens months apart in a real cluster; these tests move ``now`` instead of waiting,
+and check each certificate the way a TLS client would (issuer signature, names, validity
+window).
 """
 
 from __future__ import annotations

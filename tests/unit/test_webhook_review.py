@@ -1,9 +1,9 @@
 """The webhook's answers, over tables: refused with the field named, admitted, warned; never a
 crash on a malformed review.
 
-Why this exists: the integration test proves the API server calls the webhook and shows its
-message; the corner cases (odd review bodies, a handler that throws, the unknown-handler switch,
-properties from Secrets) are cheaper and clearer checked here, on ``review`` itself.
+The integration test checks that the API server calls the webhook and shows its message; the
+corner cases (odd review bodies, a handler that throws, the unknown-handler switch, properties
+from Secrets) are cheaper and clearer checked here, on ``review`` itself.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 /*
  * A stand-in for Huawei's DCMI library (libdcmi.so) on a machine without Ascend NPUs.
  *
- * Why this exists: the ascend handler loads DCMI through ctypes; to test that path for real, the
- * tests build this file with the C compiler into a shared library that exports the functions
- * the handler calls, with the signatures, struct layouts and return codes of Huawei's
- * dcmi_interface_api.h (0 on success, DCMI_ERR_CODE_* below -8000 on failure). Written for
- * these tests; no Huawei code is in it.
+ * The ascend handler loads DCMI through ctypes; to test that path for real, the tests build this
+ * file with the C compiler into a shared library that exports the functions the handler calls,
+ * with the signatures, struct layouts and return codes of Huawei's dcmi_interface_api.h (0 on
+ * success, DCMI_ERR_CODE_* below -8000 on failure). Written for these tests; no Huawei code is
+ * in it.
  *
  * Its state comes from the text file named by ASCEND_DCMI_STATE, read again on every call, so a
  * test faults a chip while the handler runs. vNPUs made through dcmi_create_vdevice go to
