@@ -1,6 +1,6 @@
 """``python -m tests.bench`` (or ``make bench``): run every benchmark and print its figures.
 
-Why this exists: speed and memory targets are met in benchmarks, never in pass/fail tests. Each
+Speed and memory targets are met in benchmarks, never in pass/fail tests. Each
 ``tests/bench/bench_*.py`` module has a ``main(argv)`` that prints medians over several runs;
 this runner finds them so one command runs them all (``python -m tests.bench NAME`` runs one).
 """

@@ -1,16 +1,15 @@
-"""The agent's change paths (issue 36): each change to what the scheduler is offered, beside a
-floor measured in the same run and the figures last recorded, in both allocation modes.
+"""The agent's change paths: each change to what the scheduler is offered, beside a floor
+measured in the same run and the figures last recorded, in both allocation modes.
 
-Why this exists: issue 36 found every change-to-allocatable path slower than two weeks before
-and asked for a guard a reader can run; issue 31 added a second allocator for shared devices,
-whose user-visible result is a ResourceSlice rather than a Node's allocatable. One node (the
-agent as ``python -m agent.main`` with device plugins and pod-resources, the emulated kubelet,
-the real control plane) goes through, per run and mode: a Configuration of 2 shared debugEcho
+A guard a reader can run against change-to-allocatable paths growing slower, in both allocators:
+the device plugins' result is a Node's allocatable, DRA's a ResourceSlice. One node (the agent
+as ``python -m agent.main`` with device plugins and pod-resources, the emulated kubelet, the
+real control plane) goes through, per run and mode: a Configuration of 2 shared debugEcho
 devices created, one device offline, back online, the Configuration deleted; and once, 200
 devices in one Configuration applied and deleted. Idle CPU of the agent at 2 and 200 devices is
 sampled over ``--idle-window`` seconds, beside its floor over the same windows: a bare process
-serving one idle gRPC server (``grpc_idle_floor``: grpcio's own threads, which any device
-plugin pays).
+serving one idle gRPC server (``grpc_idle_floor``: grpcio's own threads, which any device plugin
+pays).
 
 - **devicePlugin** (the agent without DRA, its device plugins serve the shared devices): each
   change is timed to the Node watch event that shows the count (both Instances' resources 1;

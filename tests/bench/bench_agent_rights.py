@@ -1,11 +1,11 @@
 """What the agent's Instance admission policy costs each slot write.
 
-Why this exists: every claim, free and reservation the agent writes passes through the CEL
-rules of deploy/manifests/agent-instance-policy.yaml (maps of up to 1,024 slots). This times a
-JSON merge patch of one ``deviceUsage`` slot, as the agent's ledger writes it, with the agent's
-own node-bound token, first with the policy bound and then with its binding removed, on an
-Instance of ``SLOTS`` slots, and prints the medians of several rounds next to a fixed loop's
-duration showing the machine's speed. Nothing is asserted.
+Every claim, free and reservation the agent writes passes through the CEL rules of
+deploy/manifests/agent-instance-policy.yaml (maps of up to 1,024 slots). This times a JSON merge
+patch of one ``deviceUsage`` slot, as the agent's ledger writes it, with the agent's own
+node-bound token, first with the policy bound and then with its binding removed, on an Instance
+of ``SLOTS`` slots, and prints the medians of several rounds next to a fixed loop's duration
+showing the machine's speed. Nothing is asserted.
 """
 
 from __future__ import annotations

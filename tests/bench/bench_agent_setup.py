@@ -1,12 +1,12 @@
 """What the agent benchmarks share: a control plane, an emulated node, the agent as a process,
 and watches that timestamp API events as they arrive.
 
-Why this exists: ``bench_agent`` (latencies) and ``bench_agent_memory`` (resident memory) both
-need the real API server, the node emulator as the kubelet and ``python -m agent.main`` running
-beside them; and latency figures must not be quantised by a poll interval, so state changes are
-timed on receipt of watch events, with waiters checked inside the event handler itself.
-Its ``main`` only points at ``bench_agent``, which runs every agent benchmark (so a full
-``python -m tests.bench`` does not run them twice).
+``bench_agent`` (latencies) and ``bench_agent_memory`` (resident memory) both need the real API
+server, the node emulator as the kubelet and ``python -m agent.main`` running beside them; and
+latency figures must not be quantised by a poll interval, so state changes are timed on receipt
+of watch events, with waiters checked inside the event handler itself. Its ``main`` only points
+at ``bench_agent``, which runs every agent benchmark (so a full ``python -m tests.bench`` does
+not run them twice).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The controller's speed: Instance → broker latency, scale, steady state, outages, failover.
 
-Why this exists: the controller's targets (issues 4, 13 and 16) are met in benchmarks, never in
-pass/fail tests. Everything runs the real controller (``python -m controller.main``, its own
-process) against a real control plane and times API watch events seen by this process:
+The controller's speed targets are met in benchmarks, never in pass/fail tests. Everything runs
+the real controller (``python -m controller.main``, its own process) against a real control
+plane and times API watch events seen by this process:
 
 - latency: Instance created → broker pod created, Instance deleted → broker pod deleted;
 - scale, two cases: *realistic* (emulated nodes that heart-beat and advertise each Instance's

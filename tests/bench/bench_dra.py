@@ -1,8 +1,7 @@
 """DRA's figures: Instance → ResourceSlice updated, 200 devices in slices, agent memory with
 DRA on.
 
-Why this exists: issue 25 asks for them, and timings are never pass/fail. Against the real
-control plane:
+Timings are never pass/fail. Against the real control plane:
 
 1. Instance → slice: a debugEcho device goes offline and comes back (its availability file),
    20 times; two watches in this process stamp the Instance's deletion/creation and the slice

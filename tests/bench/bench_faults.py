@@ -1,7 +1,7 @@
 """Faults, timed: a slot's hand-off, an API server outage, a failover.
 
-Why this exists: how fast the system recovers from a fault is a target met in a benchmark,
-never a pass/fail test. Three parts, each on a control plane of its own:
+How fast the system recovers from a fault is a target met in a benchmark, never a pass/fail
+test. Three parts, each on a control plane of its own:
 
 - ``handoff`` (``tests/bench/faults_handoff.py``): a pod holding a shared slot on one node is
   deleted while a pod pinned to another node waits for it; the time until that pod is Running,

@@ -1,20 +1,18 @@
-"""``python -m tests.bench shared_scale``: N shared devices through the scheduler (issue 48).
+"""``python -m tests.bench shared_scale``: N shared devices through the scheduler.
 
-Why this exists: issue 48 measured, with a probe of its own, that publishing shared devices
-for the scheduler grew worse than linearly with their number (1,000 cameras took a minute).
-This is that measurement, repeatable: a real control plane (API server, scheduler,
-controller-manager), one Ready Node without a kubelet (``NodeReporter``), one agent process
-with ``DRA=on`` (slices, no kubelet plugin) and the controller process with ``--dra``, all in
-one namespace. Per N and run, one Configuration with N shared debugEcho devices of capacity 2
-is applied, and:
+How the cost of publishing shared devices for the scheduler grows with their number, and what a
+pod's scheduling then costs: a real control plane (API server, scheduler, controller-manager),
+one Ready Node without a kubelet (``NodeReporter``), one agent process with ``DRA=on`` (slices,
+no kubelet plugin) and the controller process with ``--dra``, all in one namespace. Per N and
+run, one Configuration with N shared debugEcho devices of capacity 2 is applied, and:
 
-- published: Configuration applied → every device in the controller's slices and every
-  DeviceClass present (the Configuration's and one per Instance), from watches in this
-  process;
+- published: Configuration applied → every device in the controller's slices and the
+  Configuration's DeviceClass present, from watches in this process;
 - settled: → the last slice, DeviceClass or Instance event before ``QUIET_S`` without one
   (writes that trickle on after the devices are published);
 - bind: a pod asking ``edgeplug.io/<configuration>: 1`` created → bound (``spec.nodeName``),
-  beside a plain pod's create → bound, interleaved, ``PODS`` of each (the floor);
+  beside a plain pod's create → bound, interleaved, ``PODS`` of each (the floor); and a pod
+  asking for an Instance by name, its DeviceClass made on that demand;
 - CPU of the controller, the agent, the API server and the scheduler from the apply to the
   settle, and the controller's per device;
 - the events each kind saw (the writes behind them).

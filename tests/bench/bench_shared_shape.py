@@ -1,11 +1,11 @@
 """``python -m tests.bench shared_shape``: what the shape of shared devices' slices costs.
 
-Why this exists: the controller publishes a pool and a slice per shared device; a shape with
-fewer, larger objects (shared devices of the same node set in pools of up to 128 devices, one
-slice each) is the alternative to choose between by figures. No agent or controller runs: a
-bare client writes the slices as the controller would (``crds.dra_slices`` bodies, 16 calls in
-flight, each rewrite of a pool one generation up) on a real control plane (API server,
-scheduler, controller-manager) with one Ready Node. Per N, run and shape:
+The shapes to choose between by figures: a pool and a slice per shared device, or fewer, larger
+objects (shared devices of the same node set in pools of up to 128 devices, one slice each). No
+agent or controller runs: a bare client writes the slices as the controller would
+(``crds.dra_slices`` bodies, 16 calls in flight, each rewrite of a pool one generation up) on a
+real control plane (API server, scheduler, controller-manager) with one Ready Node. Per N, run
+and shape:
 
 The pooled shapes: devices in pools of up to 128 (one slice each, one node selector for the
 slice), or of up to 64 with a node selector per device (``perDeviceNodeSelection``, so a device

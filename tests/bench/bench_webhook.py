@@ -1,8 +1,8 @@
 """Admission latency of the controller's webhook (target: median ≤ 20 ms).
 
-Why this exists: every ``kubectl apply`` of a Configuration waits for the webhook, so its cost
-is measured, never asserted. On a real control plane with the controller serving the webhook
-over TLS on loopback, two figures, each over several runs:
+Every ``kubectl apply`` of a Configuration waits for the webhook, so its cost is measured, never
+asserted. On a real control plane with the controller serving the webhook over TLS on loopback,
+two figures, each over several runs:
 
 - the webhook alone: an AdmissionReview POSTed over a kept-alive HTTPS connection (as the API
   server sends it), good and bad details of every built-in handler in turn;

@@ -1,10 +1,10 @@
 """``python -m tests.bench write_cost``: the API server's CPU for each way of writing the objects
 the controller keeps for shared devices (a ResourceSlice, a per-Instance DeviceClass).
 
-Why this exists: at a thousand shared devices the API server's CPU sets the pace of publishing,
-and the controller writes every slice and class by server-side apply; whether a plain create
-(new object) or update (rewrite) costs less decides whether changing the verbs is worth their
-rights. On a real API server, per round (alternated order) and kind, ``COUNT`` objects written
+At a thousand shared devices the API server's CPU sets the pace of publishing, and the
+controller writes every slice and class by server-side apply; whether a plain create (new
+object) or update (rewrite) costs less decides whether changing the verbs is worth their rights.
+On a real API server, per round (alternated order) and kind, ``COUNT`` objects written
 ``IN_FLIGHT`` at once: created by apply and by create, rewritten by apply and by update (PUT,
 without a resourceVersion), deleted; the API server's thread CPU over each batch, per object.
 Nothing is asserted.

@@ -1,14 +1,14 @@
 """Kubelets for the controller's scale benchmark: emulated nodes on which brokers really run.
 
-Why this exists: a real cluster's brokers are scheduled, admitted and Running, and its nodes
-heart-beat; a benchmark whose brokers all stay unschedulable (no node offers their devices)
-measures a cluster nobody runs. This module, run as its own process
-(``python -m tests.bench.controller_cluster``), keeps N emulated Nodes alive through the test
-harness's ``NodeReporter`` (Node status and Lease heartbeats, as a kubelet does), each advertising
-one ``edgeplug.io/<instance>`` device per Instance the benchmark will place on it, so the real
-scheduler binds each broker to its node; and it stands in for those kubelets' pod admission by
-reporting every bound broker Running and Ready (as a kubelet does once its containers started).
-No device plugin is called: the controller never sees Allocate, only the pods' statuses.
+A real cluster's brokers are scheduled, admitted and Running, and its nodes heart-beat; a
+benchmark whose brokers all stay unschedulable (no node offers their devices) measures a cluster
+nobody runs. This module, run as its own process (``python -m tests.bench.controller_cluster``),
+keeps N emulated Nodes alive through the test harness's ``NodeReporter`` (Node status and Lease
+heartbeats, as a kubelet does), each advertising one ``edgeplug.io/<instance>`` device per
+Instance the benchmark will place on it, so the real scheduler binds each broker to its node;
+and it stands in for those kubelets' pod admission by reporting every bound broker Running and
+Ready (as a kubelet does once its containers started). No device plugin is called: the
+controller never sees Allocate, only the pods' statuses.
 
 It runs apart from the benchmark so its API writes do not delay the benchmark's own watch
 timestamps; it prints ``ready`` once every Node is up.

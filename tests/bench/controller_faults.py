@@ -1,10 +1,10 @@
 """The controller's faults, timed: an API server outage, and the active replica killed.
 
-Why this exists: issue 13 asks how long after an outage of N seconds the controller has
-converged, and how long after the active replica dies its standby acts. Both are timed here
-from the user's side: the moment the API server is ready again (or the active replica was
-killed), a new Instance is created, and the time until its broker pod exists is the figure.
-Each part runs its own control plane and the real controller processes, with peering on.
+How long after an outage of N seconds the controller has converged, and how long after the
+active replica dies its standby acts. Both are timed here from the user's side: the moment the
+API server is ready again (or the active replica was killed), a new Instance is created, and the
+time until its broker pod exists is the figure. Each part runs its own control plane and the
+real controller processes, with peering on.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The floor of the controller's scale run: the same pinned pods, created by a bare client.
 
-Why this exists: "last broker N s after the last Instance" on a shared 2-core machine is mostly
-the API server's, the scheduler's and the emulated kubelets' work. This run gives that work
-alone: the same control plane, the same emulated nodes (``controller_cluster``: heart-beats, one
-device per pod advertised, every bound pod reported Running) and the same broker pods, rendered
-by the controller's own ``render_broker_pod`` for the same Configuration, Instance names and
-nodes, created by this process (as many at once as the scale run creates Instances) with no
-controller and no agent. Its figure, "last pod Running after the last create", is the floor of
-the scale run's "last broker after the last Instance" (created, and Running).
+"last broker N s after the last Instance" on a shared 2-core machine is mostly the API server's,
+the scheduler's and the emulated kubelets' work. This run gives that work alone: the same
+control plane, the same emulated nodes (``controller_cluster``: heart-beats, one device per pod
+advertised, every bound pod reported Running) and the same broker pods, rendered by the
+controller's own ``render_broker_pod`` for the same Configuration, Instance names and nodes,
+created by this process (as many at once as the scale run creates Instances) with no controller
+and no agent. Its figure, "last pod Running after the last create", is the floor of the scale
+run's "last broker after the last Instance" (created, and Running).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What the controller benchmarks read: broker pods from a watch, and the controller's process.
 
-Why this exists: the scale, outage and failover benchmarks time the same things (when a broker
-pod appeared or vanished, seen through a watch, never by listing ten thousand pods every
-second) and read the controller process the same way (CPU seconds and resident memory from
-``/proc``, API requests and writes from its log, where every request it sends is one line).
+The scale, outage and failover benchmarks time the same things (when a broker pod appeared or
+vanished, seen through a watch, never by listing ten thousand pods every second) and read the
+controller process the same way (CPU seconds and resident memory from ``/proc``, API requests
+and writes from its log, where every request it sends is one line).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Cross-node slot hand-off after a pod is deleted, timed step by step.
 
-Why this exists: a shared slot held by a pod on node A must reach a pod pinned to node B, which
-waits Pending, within a second of A's pod being deleted. Two nodes run the kubelet's own device
-manager (``tests/harness/devicenode.py``) and the agent's device-plugin side, through
+A shared slot held by a pod on node A must reach a pod pinned to node B, which waits Pending,
+within a second of A's pod being deleted. Two nodes run the kubelet's own device manager
+(``tests/harness/devicenode.py``) and the agent's device-plugin side, through
 ``tests/harness/agent_nodes.py``; the real scheduler places the pods. Each run deletes the pod
 holding a slot on one node while a pod pinned to the other waits, and times, from the delete:
-the slot freed in ``deviceUsage`` (the holder's sweep), its reservation given back (the
-holder's release), reserved for the waiting node (its agent's write), the waiting pod bound
-(the scheduler), the slot claimed in ``deviceUsage`` by the waiting node, and the pod Running.
-The slot then moves the other way in the next run. Every time is taken from watch events as
-this process receives them.
+the slot freed in ``deviceUsage`` (the holder's sweep), its reservation given back (the holder's
+release), reserved for the waiting node (its agent's write), the waiting pod bound (the
+scheduler), the slot claimed in ``deviceUsage`` by the waiting node, and the pod Running. The
+slot then moves the other way in the next run. Every time is taken from watch events as this
+process receives them.
 """
 
 from __future__ import annotations

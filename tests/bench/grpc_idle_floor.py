@@ -1,9 +1,8 @@
 """The idle benchmarks' CPU floor: a bare Python process serving one idle gRPC server.
 
-Why this exists: an agent that serves even one kubelet device plugin runs grpcio, whose core
-keeps threads of its own (a global timer, the event engine's pool and its lifeguard) that wake
-on their own timers whether or not a call comes. On this machine they alone cost a few
-hundredths of a second of CPU per minute, in the range of the agent's idle target. An idle
+An agent that serves even one kubelet device plugin runs grpcio, whose core keeps threads of its
+own (a global timer, the event engine's pool and its lifeguard) that wake on their own timers
+whether or not a call comes. Their CPU alone is in the range of the agent's idle target. An idle
 figure means something only beside what grpcio costs on the same machine at the same moment:
 this process, started beside the agent and read over the same window, is that floor.
 """

@@ -1,10 +1,9 @@
 """When each Instance of a namespace appeared on the API server, as a watch saw it.
 
-Why this exists: the ONVIF and OPC-UA benchmarks time "a device appears → its Instance exists
-on the API server" the same way: a watch, opened before the clock starts, records the moment it
-first sees each Instance (and forgets one when it is deleted), and the benchmark waits on that
-record with a deadline. One implementation keeps those figures comparable and their scaffolding
-in one place.
+The ONVIF and OPC-UA benchmarks time "a device appears → its Instance exists on the API server"
+the same way: a watch, opened before the clock starts, records the moment it first sees each
+Instance (and forgets one when it is deleted), and the benchmark waits on that record with a
+deadline. One implementation keeps those figures comparable and their scaffolding in one place.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Summarise a ``py-spy record --format raw`` profile: the functions with the most samples.
 
-Why this exists: docs/benchmarks.md ("Where the agent's time goes") quotes where the agent
-spends its CPU on each change path; ``python -m tests.bench.profile_summary FILE [TOP]
-[--under SUBSTRING]`` prints, for the samples whose stack holds SUBSTRING (all without it), the
-share of samples each function is on the stack of (inclusive) and at the top of (self), with the
-milliseconds that share is at the sampling rate (``--rate``, 250 Hz in bench_agent_changes).
+docs/benchmarks.md ("Where the agent's time goes") quotes where the agent spends its CPU on each
+change path; ``python -m tests.bench.profile_summary FILE [TOP] [--under SUBSTRING]`` prints,
+for the samples whose stack holds SUBSTRING (all without it), the share of samples each function
+is on the stack of (inclusive) and at the top of (self), with the milliseconds that share is at
+the sampling rate (``--rate``, 250 Hz in bench_agent_changes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Summaries for benchmark samples, written with a noisy 2-core machine in mind.
 
-Why this exists: every benchmark reports the same way (median, p95, p99, spread over several
-runs), so figures in README.md can be compared run to run.
+Every benchmark reports the same way (median, p95, p99, spread over several runs), so figures in
+README.md can be compared run to run.
 """
 
 from __future__ import annotations
