@@ -8,9 +8,9 @@ Timings are never pass/fail. Against the real control plane:
    that follows, and the difference is printed (both watches ride the same API server, so
    their delivery delays cancel out).
 2. 200 devices: one Configuration grows to 200 local devices (one pool, 128 + 72 per slice) and
-   another has 200 shared devices (a pool each, the controller's ``DeviceClasses`` in-process
-   publishing them): time from the Configuration applied to every device in slices, the
-   slices' size (JSON bytes), and the publisher's API writes.
+   another has 200 shared devices (in its shared pools, the controller's ``DeviceClasses``
+   in-process publishing them): time from the Configuration applied to every device in slices,
+   the slices' size (JSON bytes), and the publisher's API writes.
 3. Memory: ``python -m agent.main`` as the DaemonSet runs it, with 200 Instances and their
    plugins, DRA off and DRA on (slices and the kubelet plugin), VmRSS as ``bench_agent_memory``
    reads it.
