@@ -92,6 +92,10 @@ class PublishingSettings:
     deleted_memory_s: float = field(default=60.0, metadata=tuning(
         "seconds a deletion of an Instance of this node is remembered, to tell it from a label "
         "that went"))
+    writes_in_flight: int = field(default=64, metadata=tuning(
+        "Instance writes (creates, applies, first verdicts) in flight at once: each device's "
+        "calls go in order, devices at once; the API server's round trips, not its CPU, bound "
+        "fewer"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,10 +38,9 @@ from discovery_handlers.contract import Device, DiscoveryHandler, Health, Labell
 
 log = logging.getLogger(__name__)
 
-#: Instance writes a publish (or a withdrawal) has in flight at once (the controller's too).
-WRITES_IN_FLIGHT = 16
-#: ... and until they are at least this share of the devices served (each CDI write renders
-#: every device served: batches of a fixed size made the writes quadratic in the devices).
+#: Newly written devices are handed to the table in batches of at least
+#: ``publishing.serve_batch_s`` and at least this share of the devices served (each CDI write
+#: renders every device served: batches of a fixed size made the writes quadratic).
 SERVE_BATCH_SHARE = 0.25
 _T = TypeVar("_T")
 OFFLINE_REASON = "not seen by discovery; kept for offlineGracePeriodSeconds"
@@ -317,7 +316,7 @@ class InstancePublisher:
         # ones whose write failed before.
         first = {name: served for name, served in self._served.items()
                  if self._health.first_verdict_due(name, shared=served.shared)}
-        # Each report and warning handles its own errors; up to WRITES_IN_FLIGHT at once (a
+        # Each report and warning handles its own errors; up to writes_in_flight at once (a
         # shared device's first verdict is always a write: 200 in a row held 200 devices).
         await _bounded([self._report_health(name, served) for name, served in first.items()])
         for served in self._served.values():
@@ -359,9 +358,9 @@ class InstancePublisher:
 
 
 async def _bounded(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:
-    """Await ``calls``, at most ``WRITES_IN_FLIGHT`` at a time; each one's result or exception,
-    in order (every call runs to its end, as the loop they replace let each one before)."""
-    gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+    """Await ``calls``, at most ``publishing.writes_in_flight`` at a time; each one's result or
+    exception, in order (every call runs to its end)."""
+    gate = asyncio.Semaphore(current().publishing.writes_in_flight)
 
     async def one(call: Coroutine[Any, Any, _T]) -> _T:
         async with gate:

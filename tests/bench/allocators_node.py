@@ -24,7 +24,7 @@ from typing import Any, Final, cast
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Pod
 
-from agent.discovery.instance_publisher import WRITES_IN_FLIGHT
+from agent.settings import current
 from crds import dra, dra_slices
 from crds.resources import ResourceSliceResource
 from tests.bench.bench_agent_setup import BenchNode, bench_node, daemonset_env
@@ -188,9 +188,10 @@ def _offline(path: Path, names: list[str]) -> None:
 
 async def writes_floor(an: AllocatorNode, size: int, label: str) -> float:
     """The floor of ``many``: ``size`` ConfigMaps created by a bare client, as many in flight
-    as the agent writes Instances (``WRITES_IN_FLIGHT``): one write a device, where the agent
-    and the controller make several (an Instance, its status, a slice or a plugin). Seconds."""
-    gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+    as the agent writes Instances (``publishing.writes_in_flight``): one write a device, where
+    the agent and the controller make several (an Instance, its status, a slice, a plugin).
+    Seconds."""
+    gate = asyncio.Semaphore(current().publishing.writes_in_flight)
 
     async def one(i: int) -> None:
         async with gate:

@@ -250,15 +250,19 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
     events = {k: seen.events[k] - events_before[k] for k in seen.events}
     binds: list[float] = []
     floor: list[float] = []
-    for i in range(PODS):  # interleaved: a slow spell of the machine hits both
-        floor.append(await _bind(client, ns, seen, f"{cfg}-plain-{i}", None))
-        binds.append(await _bind(client, ns, seen, f"{cfg}-dev-{i}", f"edgeplug.io/{cfg}"))
     by_name: list[float] = []  # the first pod asking for each: its class made on demand
+    # Each kind interleaved with plain pods, so a slow spell of the machine hits both; by name
+    # first, one a device, while every device has a free slot.
     for i, instance in enumerate(sorted(instances)[:PODS]):
+        floor.append(await _bind(client, ns, seen, f"{cfg}-plain-{i}", None))
         by_name.append(await _bind(client, ns, seen, f"{cfg}-name-{i}",
                                    instance_resource_name(instance)))
     for i in range(PODS):
-        for pod in (f"{cfg}-plain-{i}", f"{cfg}-dev-{i}", f"{cfg}-name-{i}"):
+        floor.append(await _bind(client, ns, seen, f"{cfg}-plain-{PODS + i}", None))
+        binds.append(await _bind(client, ns, seen, f"{cfg}-dev-{i}", f"edgeplug.io/{cfg}"))
+    for i in range(PODS):
+        for pod in (f"{cfg}-plain-{i}", f"{cfg}-plain-{PODS + i}", f"{cfg}-dev-{i}",
+                    f"{cfg}-name-{i}"):
             with contextlib.suppress(ApiError):
                 await client.delete(Pod, pod, namespace=ns, grace_period=0)
     removed = time.monotonic()
