@@ -65,7 +65,7 @@ class SharedPools:
         #: Instance → when this controller first saw it unhealthy on every node (monotonic).
         self._unhealthy_since: dict[_Key, float] = {}
         self._grace_timer: asyncio.TimerHandle | None = None
-        #: Nodes whose agent is gone (``controller.agent_liveness``): left out of selectors.
+        #: Nodes whose agent is gone (``controller.dra.agent_liveness``): left out of selectors.
         self._gone: frozenset[str] = frozenset()
         #: Whether the API server keeps per-device node selection (None: not asked yet): pools
         #: of many devices, else a pool per device (``controller.dra.pool_inputs.pool_of``).
