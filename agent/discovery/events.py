@@ -78,7 +78,9 @@ class ConfigurationReporter:
         self._configuration = configuration
         self._last: _Verdict | None = None
         self._since = datetime.now(UTC)
-        self._warned: tuple[str, ...] | None = None  # None: not written by this run yet
+        #: What the API server holds of this run's warnings; None: not known (none written yet,
+        #: or a write not answered)
+        self._warned: tuple[str, ...] | None = None
         self._warned_since = self._since
 
     async def ok(self, message: str) -> None:
@@ -98,6 +100,9 @@ class ConfigurationReporter:
             return
         if current and not self._warned:
             self._warned_since = datetime.now(UTC)
+        # Unknown until the API server answers: a write cancelled in flight (the run stopped)
+        # may have landed, so the next call writes whatever it has.
+        self._warned = None
         conditions = []
         if current:
             message = f"node {self._node}: " + "; ".join(current)

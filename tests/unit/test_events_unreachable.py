@@ -1,4 +1,5 @@
-"""A discovery run's report never ends the run when the API server cannot be reached.
+"""A discovery run's report never ends the run when the API server cannot be reached, and
+never takes a write it did not see answered for one not made.
 
 Found at the end of a fresh-machine run: a run reporting invalid details met a dropped
 connection (httpx's ReadError), the error escaped the reporter, and the run ended with it. Here
@@ -8,6 +9,8 @@ server restarts): the report is logged and the call returns.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import socket
 
@@ -48,3 +51,54 @@ async def test_a_problem_reported_while_the_api_server_is_away_is_logged_not_rai
     assert len(failures) == 1, failures
     assert "factory/cam" in failures[0]
     assert "ConnectError" in failures[0]
+
+
+async def test_warnings_whose_write_was_cancelled_in_flight_are_withdrawn_all_the_same() -> None:
+    """A run stopped while its warnings' write was in flight (the API server may have applied
+    it) still withdraws them: the reporter does not take an unanswered write for one not made.
+    The server here answers every request but the warnings' write, which it holds."""
+    bodies: list[dict[str, object]] = []
+    held = asyncio.Event()
+    answer = b'{"apiVersion": "edgeplug.io/v1alpha1", "kind": "Configuration"}'
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            body = json.loads(await reader.readexactly(length))
+            bodies.append(body)
+            if body.get("status"):
+                held.set()
+                await asyncio.Event().wait()  # never answered
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = AsyncClient(KubeConfig.from_dict({
+        "clusters": [{"name": "slow", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "agent", "user": {"token": "t"}}],
+        "contexts": [{"name": "slow", "context": {"cluster": "slow", "user": "agent"}}],
+        "current-context": "slow",
+    }))
+    configuration = Configuration.from_object({
+        "metadata": {"name": "npus", "namespace": "farm", "uid": "u1", "generation": 1},
+        "spec": {"discoveryHandler": {"name": "debugEcho", "discoveryDetails": "x"}},
+    })
+    reporter = ConfigurationReporter(client=client, node_name="node-a",
+                                     configuration=configuration)
+    try:
+        await reporter.warnings([])  # the run's first call: nothing to warn of, written once
+        writing = asyncio.create_task(reporter.warnings(["health unknown"]))
+        await held.wait()  # the warnings' write has reached the server
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        await reporter.warnings([])  # the run stops: its warnings are over
+    finally:
+        await client.close()
+        server.close()
+    assert len(bodies) == 3, "the withdrawal was never written"
+    assert (bodies[0]["status"], bodies[2]["status"]) == ({}, {})
+    assert "health unknown" in json.dumps(bodies[1]["status"])
