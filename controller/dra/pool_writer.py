@@ -66,16 +66,20 @@ class PoolWriter:
                 ResourceSliceResource, body["metadata"]["name"], body, dry_run=True,
                 patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True)
         except ApiError as error:
-            if error.status.code != 422:  # 422: dropped, then refused as placing nowhere
+            # 422: dropped, then refused as placing nowhere; 403: an earlier release's slice
+            # policy (deploy/dra not reapplied yet) refuses per-device selectors.
+            if error.status.code not in (403, 422):
                 raise
-            kept = False
+            why = str(error.status.message)
         else:
-            kept = bool(as_dict(stored)["spec"].get("perDeviceNodeSelection"))
-        if not kept:
-            log.warning("shared pools: the API server does not keep per-device node selection "
-                        "(%s off): each shared device gets a pool and a slice of its own",
-                        dra_features.PARTITIONABLE_DEVICES)
-        return kept
+            if as_dict(stored)["spec"].get("perDeviceNodeSelection"):
+                return True
+            why = "the field was dropped"
+        log.warning("shared pools: the API server keeps no slice whose devices name their own "
+                    "nodes (%s; %s off, or an earlier release's deploy/dra): each shared device "
+                    "gets a pool and a slice of its own until the controller restarts", why,
+                    dra_features.PARTITIONABLE_DEVICES)
+        return False
 
     async def adopt(self, serves: Callable[[str], bool]) -> dict[tuple[str, str], str]:
         """Learn the pools written before (every slice of the driver bound to no node, in a
