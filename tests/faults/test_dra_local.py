@@ -512,7 +512,8 @@ class Faults:
 async def _setup(judge: Judge, plane: ControlPlane, node: RealNode, agent_log: str,
                  devices: Mapping[str, str]) -> None:
     """Both Configurations served the scheduler's way only: allocator dra, the DRA plugin
-    registered, every device in the node's pools, every name mapped, no device plugin's."""
+    registered, every device in the node's pools, each Configuration's name mapped, no device
+    plugin's."""
     ns, kube = judge.namespace, judge.kube
 
     def chosen() -> bool:
@@ -533,7 +534,8 @@ async def _setup(judge: Judge, plane: ControlPlane, node: RealNode, agent_log: s
             return False
         classes = json.loads(plane.kubectl("get", "deviceclasses", "-o", "json").stdout)
         mapped = {c["spec"].get("extendedResourceName") for c in classes["items"]}
-        wanted = {w.what for w in _wants(node.node_name) if w.how == "limits"}
+        # An Instance's own name is mapped once a pod asks for it (the churn's pods do).
+        wanted = {configuration_resource_name(cfg, None) for cfg in CONFIGURATIONS}
         return wanted <= mapped
 
     try:

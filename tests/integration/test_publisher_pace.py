@@ -24,6 +24,7 @@ from agent.discovery.node_labels import NodeLabels
 from agent.kube import node_instances
 from agent.kube.client import ConfigurationResource, InstanceResource, as_dict
 from agent.metrics import AgentMetrics
+from agent.settings import current
 from crds.configuration import Configuration
 from crds.instance import STATUS_REPORTED
 from crds.naming import collision_instance_name, device_digest, instance_name, slot_id
@@ -34,8 +35,9 @@ from tests.harness.controlplane import ControlPlane
 
 CFG = "pace"
 CAPACITY = 2
-#: Devices of the list that takes the one list (more than ``LIST_FROM``, fewer than 16 x 3).
-MANY = LIST_FROM * 3
+#: Devices of the list that takes the one list: more than ``LIST_FROM``, and more than the
+#: writes the publisher has in flight, so that a verdict can go ahead of a later device's create.
+MANY = current().publishing.writes_in_flight + LIST_FROM
 
 Call = tuple[str, str]  # (what: get, list, create, apply, status, ...; the Instance name)
 
