@@ -24,7 +24,8 @@ POOLS_PER_LIST: Final = 40
 HTTP_NOT_FOUND: Final = 404
 
 
-def _as_dict(obj: Any) -> dict[str, Any]:
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A listed or returned slice as a dict (lightkube gives generic resources)."""
     return obj if isinstance(obj, dict) else cast(dict[str, Any], obj.to_dict())
 
 
@@ -39,7 +40,7 @@ async def slices_by_pool(client: AsyncClient, pools: list[str], *,
         async with gate or contextlib.nullcontext():
             async for obj in client.list(ResourceSliceResource,
                                          labels={dra_slices.LABEL_POOL: operators.in_(labels)}):
-                body = _as_dict(obj)
+                body = as_dict(obj)
                 pool = str(body["spec"]["pool"]["name"])
                 if pool in wanted:
                     found.setdefault(pool, []).append(body)

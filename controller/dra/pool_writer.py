@@ -16,6 +16,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from crds import dra, dra_features, dra_slices, pool_slices, written_slices
+from crds.pool_slices import as_dict
 from crds.resources import ResourceSliceResource
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,6 @@ FIELD_MANAGER: Final = "edgeplug-controller/shared-pools"
 PROBE_POOL: Final = dra_slices.shared_pool("kube-system", "edgeplug-probe", "probe")
 PROBE_NODE: Final = "edgeplug-probe"
 
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return obj if isinstance(obj, dict) else dict(obj.to_dict())
 
 
 def namespace_of(body: Mapping[str, Any]) -> str:

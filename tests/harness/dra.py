@@ -152,12 +152,7 @@ async def pool_slices(client: AsyncClient, pool: str) -> list[dict[str, Any]]:
 
 def pool_devices(slices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Device name → device, over a pool's newest generation."""
-    slices = list(slices)
-    if not slices:
-        return {}
-    newest = max(s["spec"]["pool"]["generation"] for s in slices)
-    return {d["name"]: d for s in slices if s["spec"]["pool"]["generation"] == newest
-            for d in s["spec"].get("devices", [])}
+    return {d["name"]: d for s in _newest(slices) for d in s["spec"].get("devices", [])}
 
 
 def device_nodes(slices: Iterable[Mapping[str, Any]], device: str) -> list[str] | None:
