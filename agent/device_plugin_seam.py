@@ -19,7 +19,6 @@ from lightkube import AsyncClient
 
 from agent.discovery.node_devices import NodeDeviceTable
 from agent.kube import node_instances, watching
-from crds.configuration import Allocator
 from crds.instance import Instance, SlotUsage
 
 log = logging.getLogger(__name__)
@@ -27,11 +26,8 @@ log = logging.getLogger(__name__)
 
 def wants_device_plugins(devices: NodeDeviceTable, *, dra: bool) -> bool:
     """Whether a device this node serves is the kubelets' to allocate."""
-    for device in devices.snapshot().values():
-        allocator = devices.allocator(device.namespace, device.configuration)
-        if allocator == Allocator.DEVICE_PLUGIN or (allocator is None and not dra):
-            return True
-    return False
+    return any(devices.device_plugins_allocate(d.namespace, d.configuration, dra=dra)
+               for d in devices.snapshot().values())
 
 
 def holds_slots(node: str, instances: Iterable[Instance]) -> bool:

@@ -213,22 +213,21 @@ def device(instance: Instance, *, shared: bool, unhealthy: str | None, evict: bo
 
 def shared_plan(instance: Instance, *, evict: bool = False) -> PoolPlan | None:
     """One shared Instance's device in a pool of its own (``single_device_pool``; ``pooled_plan``
-    puts it in its ``shared_pool``), or None while no node's health of it is known.
+    puts it in its ``shared_pool``), or None while no node lists it.
 
-    A node's verdict is known once its agent has written it (``Instance.reported``, or an
-    entry in ``status.unhealthy``): the selector lists the nodes known healthy, never one whose
-    agent has not said yet, so the device is never offered on a node before its health there
-    is known. No node healthy: every node listed, the device tainted with a node's reason
-    (``NoExecute`` with ``evict``).
+    An agent lists its node in ``spec.nodes`` only once its verdict is on the Instance (an
+    unhealthy device's mark in ``status.unhealthy`` is written first): the selector names the
+    listed nodes not marked unhealthy, so the device is never offered on a node before its
+    health there is known. No node healthy: every node listed, the device tainted with a
+    node's reason (``NoExecute`` with ``evict``).
     """
     nodes = sorted(set(instance.spec.nodes))
-    known = [n for n in nodes if n in instance.reported or n in instance.unhealthy]
-    if not known:
+    if not nodes:
         return None
-    healthy = tuple(n for n in known if n not in instance.unhealthy)
+    healthy = tuple(n for n in nodes if n not in instance.unhealthy)
     reason = None
     if not healthy:
-        reason = next((instance.unhealthy[n] for n in known if n in instance.unhealthy),
+        reason = next((instance.unhealthy[n] for n in nodes if n in instance.unhealthy),
                       UNHEALTHY_EVERYWHERE)
     body, left = device(instance, shared=True, unhealthy=reason, evict=evict)
     return PoolPlan(name=single_device_pool(instance.namespace,
@@ -271,10 +270,10 @@ def pooled_plan(pool: str, plans: Iterable[PoolPlan],
 
 
 def unhealthy_everywhere(instance: Instance) -> bool:
-    """Whether a shared device's pool is tainted unhealthy (``shared_plan``): some node's
-    verdict is known and none is healthy."""
-    known = [n for n in instance.spec.nodes if n in instance.reported or n in instance.unhealthy]
-    return bool(known) and all(n in instance.unhealthy for n in known)
+    """Whether a shared device's pool is tainted unhealthy (``shared_plan``): some node is
+    listed and every listed node marks it unhealthy."""
+    nodes = instance.spec.nodes
+    return bool(nodes) and all(n in instance.unhealthy for n in nodes)
 
 
 def slice_name(pool: str, index: int, publisher: str) -> str:

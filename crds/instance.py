@@ -40,9 +40,13 @@ CONFIGURATION_USAGE_PREFIX: Final = "C:"
 #: read by the agents (``Instance.claims``).
 STATUS_SERVED_BY: Final = "servedBy"
 STATUS_CLAIMS: Final = "claims"
-#: ``status.reported.<node>``: true once that node's agent has written its health verdict.
+#: ``status.reported.<node>``: true once that node's agent has written its health verdict; a
+#: controller of the previous release offers a shared device only on such nodes (the agent
+#: writes it where one chose the Configuration's allocator).
 STATUS_REPORTED: Final = "reported"
 CONTROLLER_STATUS_FIELDS: Final = (STATUS_SERVED_BY, STATUS_CLAIMS)
+#: Status fields only the previous release reads (kept in the schema for a rollout's skew).
+PREVIOUS_RELEASE_STATUS_FIELDS: Final = (STATUS_REPORTED,)
 
 
 class SlotUsageKind(enum.Enum):
@@ -169,8 +173,6 @@ class Instance:
     reservations: Mapping[str, str] = field(default_factory=dict)
     demand: Mapping[str, int] = field(default_factory=dict)
     unhealthy: Mapping[str, str] = field(default_factory=dict)
-    #: ``status.reported``: nodes whose agent has written its health verdict (shared devices).
-    reported: frozenset[str] = frozenset()
     #: ``status.claims``: ResourceClaims allocated this device (the controller's count).
     claims: int = 0
 
@@ -190,8 +192,6 @@ class Instance:
             },
             demand={str(k): int(v) for k, v in (status.get("demand") or {}).items() if v},
             unhealthy={str(k): str(v) for k, v in (status.get("unhealthy") or {}).items()},
-            reported=frozenset(str(k) for k, v in (status.get(STATUS_REPORTED) or {}).items()
-                               if v),
             claims=int(status.get(STATUS_CLAIMS) or 0),  # schema: integer >= 0
         )
 
@@ -216,13 +216,11 @@ class Instance:
 
     def status_to_object(self) -> dict[str, Any]:
         """The ``status`` this Instance should carry: reservations, demand, the nodes that find
-        the device unhealthy (and why) and those that said, the used-slot count and the sorted
-        node list."""
+        the device unhealthy (and why), the used-slot count and the sorted node list."""
         return {
             "reservations": dict(self.reservations),
             "demand": dict(self.demand),
             "unhealthy": dict(self.unhealthy),
-            STATUS_REPORTED: dict.fromkeys(sorted(self.reported), True),
             "used": self.spec.used,
             "nodes": self.spec.nodes_shown,
         }

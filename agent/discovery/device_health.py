@@ -1,13 +1,16 @@
 """Tell users when a device this node serves is present but unhealthy, and when it recovers.
 
-``HealthReporter.report`` writes ``status.unhealthy.<node>`` (and a shared device's first verdict
-with ``status.reported.<node>``) and one Event per change; ``unreport`` takes the mark back before
-the node leaves (docs/architecture.md, "The agent's discovery modules").
+``HealthReporter.report`` writes ``status.unhealthy.<node>`` where it differs from what the
+stored Instance says (``seed``: every write's reply), and one Event per change. For a controller
+of the previous release it also writes a shared device's first verdict with
+``status.reported.<node>``, and ``unreport`` takes that mark back before the node leaves
+(docs/architecture.md, "The agent's discovery modules").
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -29,21 +32,32 @@ REASON_WARNING = "DeviceWarning"
 class HealthReporter:
     """Health verdicts of one Configuration's Instances on this node, reported on change."""
 
-    def __init__(self, *, client: AsyncClient, node_name: str, namespace: str) -> None:
+    def __init__(self, *, client: AsyncClient, node_name: str, namespace: str,
+                 marks_reported: Callable[[], bool] = lambda: False) -> None:
         self._client = client
         self._node = node_name
         self._namespace = namespace
+        #: Whether a controller of the previous release reads ``status.reported`` marks.
+        self._marks_reported = marks_reported
         self._reported: dict[str, Health] = {}
+        self._marked: set[str] = set()  # shared Instances with this node's reported mark
         self._warned: dict[str, str] = {}
 
     def forget(self, instance: str) -> None:
         self._reported.pop(instance, None)
+        self._marked.discard(instance)
         self._warned.pop(instance, None)
 
+    def seed(self, instance: str, stored: Mapping[str, Any]) -> None:
+        """Take this node's verdict on ``instance`` from the stored object (a write's reply):
+        a mark in ``status.unhealthy``, else healthy."""
+        reason = ((stored.get("status") or {}).get("unhealthy") or {}).get(self._node)
+        self._reported[instance] = Health.unhealthy(str(reason)) if reason else HEALTHY
+
     def first_verdict_due(self, instance: str, *, shared: bool) -> bool:
-        """Whether ``report`` will write this shared device's first verdict (its
-        ``status.reported`` mark): nothing was written for it yet."""
-        return shared and instance not in self._reported
+        """Whether ``report`` will write this shared device's first verdict with its
+        ``status.reported`` mark (a controller of the previous release waits for it)."""
+        return shared and self._marks_reported() and instance not in self._marked
 
     async def warn(self, instance: str, warning: str) -> None:
         """One Warning Event each time a device's warning changes to a new one."""
@@ -61,26 +75,28 @@ class HealthReporter:
                 return
         self._warned[instance] = warning
 
-    async def report(self, instance: str, health: Health, *, shared: bool = False) -> None:
-        """Write ``health`` for ``instance`` if it differs from what was last written (for a
-        shared device, also the first time, with this node's ``status.reported`` mark)."""
-        last = self._reported.get(instance)
-        if last is None and not shared:
-            last = HEALTHY  # absent from status.unhealthy is healthy
-        if last == health:
-            return
+    async def report(self, instance: str, health: Health, *, shared: bool = False) -> bool:
+        """Write ``health`` for ``instance`` if it differs from the stored verdict (absent from
+        ``status.unhealthy`` is healthy; ``first_verdict_due``: also the first time); whether
+        the API server holds it now."""
+        first = self.first_verdict_due(instance, shared=shared)
+        last = self._reported.get(instance, HEALTHY)
+        if last == health and not first:
+            return True
         status: dict[str, Any] = {
             "unhealthy": {self._node: None if health.healthy else health.reason}}
-        if shared:
+        if first:
             status[STATUS_REPORTED] = {self._node: True}
         try:
             written = await self._client.patch(
                 InstanceResource.Status, instance, {"status": status}, namespace=self._namespace,
                 patch_type=PatchType.MERGE, field_manager=field_manager(self._node),
             )
-            if last is None and health.healthy:  # a first verdict, not a change: no Event
+            if first:
+                self._marked.add(instance)
+            if last == health:  # a first verdict, not a change: no Event
                 self._reported[instance] = health
-                return
+                return True
             uid = str(getattr(written.metadata, "uid", "") or "")
             if health.healthy:
                 message = f"device healthy again on node {self._node}"
@@ -93,25 +109,29 @@ class HealthReporter:
                 message=message, warning=not health.healthy,
             )
         except ApiError as error:
-            if is_not_found(error):
-                return
-            log.warning("could not report health of Instance %s: %s", instance, error)
-            return
+            if not is_not_found(error):
+                log.warning("could not report health of Instance %s: %s", instance, error)
+            return False
         except Exception as error:  # connection errors: the next publish or resync retries
             log.warning("could not report health of Instance %s: %s", instance, error)
-            return
+            return False
         self._reported[instance] = health
         log.log(
             logging.INFO if health.healthy else logging.WARNING,
             "device %s", "healthy" if health.healthy else f"unhealthy: {health.reason}",
             extra={"instance": f"{self._namespace}/{instance}", "node": self._node},
         )
+        return True
 
     async def unreport(self, instance: str) -> None:
-        """Take this node's ``status.reported`` mark off a shared Instance it is leaving: a
-        node that joins again counts for its slice only once it has said again. Raises on API
-        errors but a missing Instance (the leave is retried)."""
+        """Take this node's ``status.reported`` mark off a shared Instance it is leaving, where
+        a controller of the previous release reads it: a node that joins again counts for its
+        slice there only once it has said again. Raises on API errors but a missing Instance
+        (the leave is retried)."""
+        marked = instance in self._marked or self._marks_reported()
         self.forget(instance)
+        if not marked:
+            return
         try:
             await self._client.patch(
                 InstanceResource.Status, instance,

@@ -67,16 +67,21 @@ class InstancePublisher:
         self._labels = labels
         self._metrics = metrics
         self._own = Ownership(cfg=configuration, node=node_name)
-        self._writes = InstanceWrites(client=client, ownership=self._own)
+        key = (configuration.namespace, configuration.name)
+        self._health = HealthReporter(
+            client=client, node_name=node_name, namespace=configuration.namespace,
+            marks_reported=lambda: devices.decided_by_previous_controller(*key),
+        )
+        self._writes = InstanceWrites(
+            client=client, ownership=self._own, health=self._health,
+            with_slots=lambda: devices.device_plugins_allocate(*key, dra=current().serve_dra),
+        )
         self._placer = NamePlacer(client=client, ownership=self._own, writes=self._writes,
                                   leave=self._leave_either)
         self._grace: dict[str, asyncio.Task[None]] = {}
         self._last: tuple[DiscoveryHandler, Any, Sequence[Device], bool] | None = None
         self._served: dict[str, NodeDevice] = {}  # what this node serves, CDI name included
         self._cdi = cdi if cdi is not None else CdiSpecs(None)
-        self._health = HealthReporter(
-            client=client, node_name=node_name, namespace=configuration.namespace
-        )
         self._lock = asyncio.Lock()
         #: Devices of the running publish whose first verdict is written, not yet in the table.
         self._ready: list[NodeDevice] = []
@@ -196,8 +201,9 @@ class InstancePublisher:
         self, group: Sequence[Wanted], handler: DiscoveryHandler, details: Any, *,
         shared: bool, records: Mapping[str, str] | None,
     ) -> list[tuple[Wanted, str | None]]:
-        """Place one Akri name's devices, record each as this node's, write each new shared
-        device's first verdict at once and hand it to the table with the next batch."""
+        """Place one Akri name's devices, record each as this node's and hand each new shared
+        one to the table with the next batch (after its first verdict where a controller of the
+        previous release waits for it)."""
         placed = await self._placer.place_group(group, shared=shared, records=records)
         for wanted, name in placed:
             if name is None:
@@ -205,8 +211,9 @@ class InstancePublisher:
             self._own.take(name, wanted.digest, shared=shared)
             served = self._node_device(name, handler, details, wanted.device, shared=shared)
             self._served[name] = served
-            if self._health.first_verdict_due(name, shared=shared):
-                await self._report_health(name, served)
+            if shared:
+                if self._health.first_verdict_due(name, shared=shared):
+                    await self._report_health(name, served)
                 self._ready.append(served)
         await self._serve_ready()
         return placed
@@ -305,19 +312,18 @@ class InstancePublisher:
 
     async def _serve(self) -> None:
         """Spec on disk first, then the table (CDI names only if the spec was written), then
-        each device's health reported where it changed; a shared device's first verdict is
-        written before the table hears of it."""
+        each device's health reported where it differs from the stored verdict; a shared
+        device's first verdict, where one is written, before the table hears of it."""
         self._ready = []  # the table gets every device below
         with_cdi = self._write_cdi()
-        # A new shared device's first verdict (status.reported) is a status write the slot
-        # service's first reservation write would otherwise race, and lose (a 409 and a
-        # re-read): the table, which starts that service's pass, comes after it.
-        # ``_place_and_report`` wrote those of the devices this pass placed; these are the
-        # ones whose write failed before.
+        # A new shared device's first verdict (status.reported, for a controller of the
+        # previous release) is a status write the slot service's first reservation write would
+        # otherwise race, and lose (a 409 and a re-read): the table, which starts that
+        # service's pass, comes after it. ``_place_and_report`` wrote those of the devices
+        # this pass placed; these are the ones whose write failed before.
         first = {name: served for name, served in self._served.items()
                  if self._health.first_verdict_due(name, shared=served.shared)}
-        # Each report and warning handles its own errors; up to writes_in_flight at once (a
-        # shared device's first verdict is always a write: 200 in a row held 200 devices).
+        # Each report and warning handles its own errors; up to writes_in_flight at once.
         await _bounded([self._report_health(name, served) for name, served in first.items()])
         for served in self._served.values():
             await self._table.put(served if with_cdi else replace(served, cdi_name=""))

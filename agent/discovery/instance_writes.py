@@ -1,17 +1,19 @@
-"""The API writes of one Configuration's Instances on this node: the applied body, the create
-that wins a name, the merge patch that adds missing slots, the conditional leave of a shared
-Instance and the delete; and who holds a name this node may not write. How these writes keep
-every slot safe while several agents write one Instance: docs/architecture.md, "How an
-Instance is written"."""
+"""The API writes of one Configuration's Instances on this node: the applied body (which also
+creates a shared Instance its Configuration's device plugins do not serve), the create that wins
+a name, the merge patch that adds missing slots, the conditional leave of a shared Instance and
+the delete; and who holds a name this node may not write. How these writes keep every slot safe
+while several agents write one Instance: docs/architecture.md, "How an Instance is written"."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
+from agent.discovery.device_health import HealthReporter
 from agent.discovery.instance_ownership import Holder, Ownership, Wanted, log_extra, properties
 from agent.kube import node_instances
 from agent.kube.client import InstanceResource, as_dict, field_manager, is_conflict, is_not_found
@@ -28,28 +30,44 @@ class LeaveFailed(Exception):
     """A conditioned leave lost every race; the caller tries again later."""
 
 
+class VerdictNotWritten(Exception):
+    """An unhealthy shared device's mark could not be written before its node is listed; the
+    pass fails and is retried."""
+
+
 class InstanceWrites:
     """Writes one Configuration's Instances as this node, remembering the last body applied
     to each so an unchanged one is not applied again."""
 
-    def __init__(self, *, client: AsyncClient, ownership: Ownership) -> None:
+    def __init__(self, *, client: AsyncClient, ownership: Ownership, health: HealthReporter,
+                 with_slots: Callable[[], bool]) -> None:
         self._client = client
         self._own = ownership
         self._cfg = ownership.cfg
         self._node = ownership.node
+        self._health = health
+        #: Whether the Configuration's devices are served by device plugins now, whose slots
+        #: ``deviceUsage`` lists (a slot missing there is free to every reader).
+        self._with_slots = with_slots
         self._manager = field_manager(ownership.node)
-        self._applied: dict[str, dict[str, Any]] = {}  # last body applied per Instance
+        #: The last body applied per Instance, and whether its slots were written with it.
+        self._applied: dict[str, tuple[dict[str, Any], bool]] = {}
+        #: Shared Instances applied without this node, their unhealthy mark still to write.
+        self._unlisted: set[str] = set()
 
     def forget(self, name: str) -> None:
         """Apply ``name`` again at its next ``ensure``."""
         self._applied.pop(name, None)
+        self._unlisted.discard(name)
 
     def forget_all(self) -> None:
         self._applied.clear()
 
-    def body(self, name: str, wanted: Wanted, *, shared: bool) -> dict[str, Any]:
+    def body(self, name: str, wanted: Wanted, *, shared: bool,
+             listed: bool = True) -> dict[str, Any]:
+        """The applied Instance; ``listed``: with this node in ``nodes``."""
         cfg = self._cfg
-        return {
+        body: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": INSTANCE_KIND,
             "metadata": {
@@ -68,6 +86,9 @@ class InstanceWrites:
                 "deviceDigest": wanted.digest,
             },
         }
+        if not listed:
+            del body["spec"]["nodes"]
+        return body
 
     async def read(self, name: str) -> dict[str, Any] | None:
         """The API server's Instance ``name``; None where there is none."""
@@ -81,14 +102,47 @@ class InstanceWrites:
 
     async def ensure(self, name: str, wanted: Wanted, *, shared: bool) -> Holder | None:
         """Create or apply ``name`` for ``wanted``; who holds it instead when it is not this
-        device's to write, else None."""
+        device's to write, else None.
+
+        A shared Instance is made by the apply itself where no device plugin serves its
+        Configuration (one write: no slot map to create), and this node is listed in it only
+        once its verdict is on it: a healthy device's is the listing itself, an unhealthy one's
+        mark is written first (the controller offers a shared device on every listed node not
+        marked unhealthy)."""
         body = self.body(name, wanted, shared=shared)
-        if self._applied.get(name) == body:
+        slots = self._with_slots()
+        if self._applied.get(name) == (body, slots):
             return None
-        if name not in self._own.owned:
-            holder = await self._create(name, body, wanted.digest, shared=shared)
+        fresh = name not in self._own.owned
+        if fresh and (slots or not shared):
+            holder = await self._create(name, body, wanted.digest, shared=shared, slots=slots)
             if holder is not None:
                 return holder
+        elif fresh:
+            self._own.owned[name] = shared  # owned from before the request: see _create
+        if shared and (fresh or name in self._unlisted) and not wanted.device.health.healthy:
+            unlisted = self.body(name, wanted, shared=shared, listed=False)
+            holder = await self._apply(name, unlisted, wanted.digest, shared=shared,
+                                       fresh=fresh)
+            if holder is not None:
+                return holder
+            self._unlisted.add(name)
+            if not await self._health.report(name, wanted.device.health, shared=True):
+                raise VerdictNotWritten(f"Instance {name}: the unhealthy mark was not written")
+            fresh = False
+        holder = await self._apply(name, body, wanted.digest, shared=shared, fresh=fresh)
+        if holder is not None:
+            return holder
+        self._unlisted.discard(name)
+        self._applied[name] = (body, slots)
+        return None
+
+    async def _apply(self, name: str, body: dict[str, Any], digest: str, *, shared: bool,
+                     fresh: bool) -> Holder | None:
+        """Apply ``body`` (making ``name`` where it is not yet), tell the health reporter what
+        the stored Instance says of this node and add the slots it lacks where device plugins
+        serve it; who holds ``name`` where the API server refused it as another's, else None.
+        ``fresh``: not this node's before this write."""
         try:
             applied = await self._client.patch(
                 InstanceResource, name, body, namespace=self._cfg.namespace,
@@ -96,17 +150,23 @@ class InstanceWrites:
             )
         except ApiError as exc:
             if exc.status.code != HTTP_UNPROCESSABLE:
+                if fresh:
+                    self._own.owned.pop(name, None)
                 raise
-            holder = await self.holder(name, wanted.digest, shared=shared)
-            if holder is None or not holder.digest:
+            holder = await self.holder(name, digest, shared=shared)
+            if holder is None or not (holder.digest or fresh):
                 raise  # refused for another reason
+            if fresh:
+                self._own.owned.pop(name, None)
             return holder
-        await self._fill_slots(as_dict(applied))
-        self._applied[name] = body
+        stored = as_dict(applied)
+        self._health.seed(name, stored)
+        if self._with_slots():
+            await self._fill_slots(stored)
         return None
 
     async def _create(self, name: str, body: dict[str, Any], digest: str, *,
-                      shared: bool) -> Holder | None:
+                      shared: bool, slots: bool) -> Holder | None:
         """Create ``name``, owned from before the request is sent: a run stopped while the
         create (or the apply after it) is in flight must still withdraw what the API server may
         have made, or a Node relabelled right after a device appeared keeps its Instance.
@@ -115,7 +175,8 @@ class InstanceWrites:
         # through its apply); a local one names this node from the start, since the agents'
         # Instance policy lets a node create a local Instance only for itself.
         spec = {k: v for k, v in body["spec"].items() if k != "nodes" or not shared}
-        spec["deviceUsage"] = {slot_id(name, i): "" for i in range(self._cfg.spec.capacity)}
+        if slots:
+            spec["deviceUsage"] = {slot_id(name, i): "" for i in range(self._cfg.spec.capacity)}
         # Likewise the label of a shared one: created by this manager, the label would stay
         # after the apply that leaves drops it.
         metadata = {k: v for k, v in body["metadata"].items() if k != "labels" or not shared}

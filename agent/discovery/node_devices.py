@@ -119,6 +119,18 @@ class NodeDeviceTable:
             return Allocator.DEVICE_PLUGIN
         return chosen
 
+    def device_plugins_allocate(self, namespace: str, configuration: str, *, dra: bool) -> bool:
+        """Whether the kubelets' device plugins allocate the Configuration's devices on this
+        node: it says so, or it says nothing yet and the agent serves no DRA."""
+        allocator = self.allocator(namespace, configuration)
+        return allocator == Allocator.DEVICE_PLUGIN or (allocator is None and not dra)
+
+    def decided_by_previous_controller(self, namespace: str, configuration: str) -> bool:
+        """Whether a controller of the previous release chose the Configuration's allocator
+        (it offers a shared device on a node only once that node's ``status.reported`` mark
+        is written)."""
+        return (namespace, configuration) in self._shared_only
+
     async def set_allocator(self, namespace: str, configuration: str,
                             allocator: Allocator | None, *, shared_only: bool = False) -> None:
         """Record the Configuration's allocator (``None``: undecided, or it is gone);

@@ -13,23 +13,22 @@ from typing import Any
 
 from crds import dra_slices, written_slices
 from crds.configuration import Allocator
-from crds.instance import STATUS_REPORTED, Instance
+from crds.instance import Instance
 
 _Key = tuple[str, str]
 
 
-def pool_inputs(data: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+def pool_inputs(data: Mapping[str, Any]) -> tuple[Any, Any]:
     """Everything of an Instance's object its pool is built from (``SharedDevice.of``) but its
     name and namespace: equal inputs make an equal pool."""
-    status = data.get("status") or {}
-    return data.get("spec"), status.get(STATUS_REPORTED), status.get("unhealthy")
+    return data.get("spec"), (data.get("status") or {}).get("unhealthy")
 
 
 def wanted_pools(instances: Iterable[Instance],
                  modes: Mapping[_Key, Allocator]
                  ) -> tuple[dict[str, dra_slices.PoolPlan], frozenset[str]]:
     """The pools to publish for ``instances`` (shared ones whose Configuration's mode is DRA),
-    and the pools held: wanted, but with no node's health known yet."""
+    and the pools held: wanted, but with no node listed yet."""
     pools: dict[str, dra_slices.PoolPlan] = {}
     held: set[str] = set()
     for inst in instances:
@@ -61,7 +60,7 @@ def assemble(pool: str, plans: list[dra_slices.PoolPlan], held: list[str],
              written: Mapping[str, Mapping[str, Any]], *, pooled: bool
              ) -> tuple[dra_slices.PoolPlan | None, bool]:
     """What ``pool`` is to hold, from its wanted devices' own plans (``SharedDevice.plan``) and
-    the names of those ``held`` (no node's verdict known): None when nothing (withdraw it), and
+    the names of those ``held`` (no node listed): None when nothing (withdraw it), and
     whether it is held as written. A pool of its own (not ``pooled``) whose device is held
     stays as written; in a pool of many, a held device keeps its entry as ``written``."""
     if not pooled:

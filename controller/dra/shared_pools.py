@@ -4,7 +4,7 @@
 Every shared Instance of a served namespace whose Configuration is allocated by DRA (the mode
 ``controller.dra.device_classes`` decides) is published in its pool (``pool_inputs.pool_of``:
 one of its Configuration's ``SHARED_POOL_BUCKETS``, each device naming its own nodes; or a pool
-of its own), held while no node's verdict is known, withdrawn when its Instance goes or its
+of its own), held while no node is listed, withdrawn when its Instance goes or its
 Configuration leaves ``dra``. Nothing is written before the Instances and the modes were listed
 once; ``controller.dra.pool_writer`` makes the API calls.
 
@@ -47,7 +47,7 @@ class SharedPools:
         self._writer = PoolWriter(client, in_flight=self._settings.shared_pools_writes_in_flight)
         self._namespaces = frozenset(namespaces)
         self._devices: dict[_Key, SharedDevice] = {}
-        self._inputs: dict[_Key, tuple[Any, Any, Any]] = {}  # pool_inputs of each device kept
+        self._inputs: dict[_Key, tuple[Any, Any]] = {}  # pool_inputs of each device kept
         self._by_configuration: dict[_Key, set[_Key]] = {}
         self._modes: dict[_Key, Allocator] = {}
         #: Pools to look at in the next pass; ``_everything``: every pool known (a (re)list).

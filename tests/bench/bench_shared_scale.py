@@ -84,9 +84,10 @@ class Tracker:
                                                             "instances": 0})
     last_event: float = 0.0
     bound: dict[str, float] = field(default_factory=dict)  # pod → when first seen bound
-    #: Instance → when first seen with an agent's health verdict (``status.reported``), and
-    #: pool → when its slice was first seen: the controller's share is the difference.
-    reported: dict[str, float] = field(default_factory=dict)
+    #: Instance → when first seen listing a node (an agent's verdict: it lists its node once
+    #: the device's health there is on the Instance), and pool → when its slice was first
+    #: seen: the controller's share is the difference.
+    listed: dict[str, float] = field(default_factory=dict)
     sliced: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     runs: int = 0  # runs started: each Configuration (and its pods) named afresh
@@ -134,8 +135,8 @@ def _trackers(client: AsyncClient, ns: str, seen: Tracker) -> list[asyncio.Task[
         seen.changed.set()
 
     def on_instance(kind: str, body: dict[str, Any]) -> None:
-        if kind != "DELETED" and (body.get("status") or {}).get("reported"):
-            seen.reported.setdefault(body["metadata"]["name"], time.monotonic())
+        if kind != "DELETED" and (body.get("spec") or {}).get("nodes"):
+            seen.listed.setdefault(body["metadata"]["name"], time.monotonic())
         seen.events["instances"] += 1
         seen.last_event = time.monotonic()
         seen.changed.set()
@@ -240,12 +241,12 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
         deadline=PUBLISH_DEADLINE_S)
     last = await _quiet(seen, deadline=PUBLISH_DEADLINE_S)
     cpu_after = _cpu(pids)
-    instances = [n for n in seen.reported if n.startswith(f"{cfg}-")]
-    reported = max(seen.reported[n] for n in instances)
-    lags = [seen.sliced[dra_slices.device_name(n)] - seen.reported[n] for n in instances
+    instances = [n for n in seen.listed if n.startswith(f"{cfg}-")]
+    reported = max(seen.listed[n] for n in instances)
+    lags = [seen.sliced[dra_slices.device_name(n)] - seen.listed[n] for n in instances
             if dra_slices.device_name(n) in seen.sliced]
     for n in instances:  # a later run's Configuration of the same name starts afresh
-        seen.reported.pop(n, None)
+        seen.listed.pop(n, None)
         seen.sliced.pop(dra_slices.device_name(n), None)
     events = {k: seen.events[k] - events_before[k] for k in seen.events}
     binds: list[float] = []
@@ -304,7 +305,7 @@ def _instance_body(i: int, *, version: int = 1, nodes: tuple[str, ...] = ("n1",)
             "spec": {"configurationName": "cam", "shared": True, "nodes": list(nodes),
                      "capacity": CAPACITY,
                      "brokerProperties": {"DEBUG_ECHO_DESCRIPTION": f"d{i}"}},
-            "status": {"reported": dict.fromkeys(nodes, True)}}
+            "status": {}}
 
 
 async def _pass_cost(size: int) -> None:

@@ -136,7 +136,7 @@ async def test_the_controller_pools_shared_devices_as_the_api_server_serves_it(
     pools.listed([{"metadata": {"name": cam, "namespace": namespace},
                    "spec": {"configurationName": "cam", "shared": True, "nodes": ["n1", "n2"],
                             "capacity": 2},
-                   "status": {"reported": {"n1": True}}} for cam in cams])
+                   "status": {"unhealthy": {"n2": "gone"}}} for cam in cams])
     pools.set_mode((namespace, "cam"), Allocator.DRA)
     pools.modes_listed()
     pool_of = {cam: (slices.shared_pool if served else slices.single_device_pool)(

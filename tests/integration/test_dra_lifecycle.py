@@ -198,9 +198,9 @@ async def test_a_shared_pool_an_agent_published_before_is_taken_over_by_the_cont
                         "configuration": {"string": "upgrade"}}}]}}
     await kube.create(ResourceSliceResource.from_dict(old))
 
-    async def reported() -> bool:  # the agent's first verdict: the pool has its device
+    async def listed() -> bool:  # the agent's verdict (its node listed): the pool has its device
         found = (await harness.instances(kube, namespace)).get(name) or {}
-        return bool((found.get("status") or {}).get("reported"))
+        return node in ((found.get("spec") or {}).get("nodes") or [])
 
     async def taken_over() -> dict[str, Any] | None:
         found = await h.pool_slices(kube, pool)
@@ -209,7 +209,7 @@ async def test_a_shared_pool_an_agent_published_before_is_taken_over_by_the_cont
 
     async with h.ready_nodes(kube, [node]), h.dra_agents(control_plane, [node], namespace):
         # As in an upgrade, the device's Instance is there when the controller starts.
-        await harness.eventually(reported, what=f"Instance {name} reported")
+        await harness.eventually(listed, what=f"Instance {name} listing {node}")
         async with h.device_classes(kube, namespace):
             body = await harness.eventually(taken_over, deadline=30.0,
                                             what=f"{pool}: the controller's slice alone")

@@ -2,10 +2,12 @@
 
 Against the real API server, one node's ``InstancePublisher`` publishes a list of shared
 devices new to it, its client's calls recorded in order: the collision names are read in one
-list (not a GET per device) from ``LIST_FROM`` new devices on, and by a GET each below; each
-device costs its create, its apply and its first verdict (``status.reported``), and the first
-verdicts do not wait for the last Instance; a device reaches the table only after its verdict.
-A device another node publishes under its collision name is joined there.
+list (not a GET per device) from ``LIST_FROM`` new devices on, and by a GET each below. What a
+device costs depends on who allocates it: where the scheduler does, one apply (it makes the
+Instance, no slot map, and listing the node is its healthy verdict); where device plugins do, its
+create (with the slots) and its apply; where a controller of the previous release chose, also its
+first verdict (``status.reported``), which goes ahead of later Instances and before the device
+reaches the table. A device another node publishes under its collision name is joined there.
 Withdrawn, an Instance the node alone is listed on costs a read and a delete, and this
 process's watches take its deletion unread.
 """
@@ -25,10 +27,10 @@ from agent.kube import node_instances
 from agent.kube.client import ConfigurationResource, InstanceResource, as_dict
 from agent.metrics import AgentMetrics
 from agent.settings import current
-from crds.configuration import Configuration
+from crds.configuration import Allocator, Configuration
 from crds.instance import STATUS_REPORTED
 from crds.naming import collision_instance_name, device_digest, instance_name, slot_id
-from discovery_handlers.contract import Device
+from discovery_handlers.contract import Device, Health
 from discovery_handlers.registry import load_handler
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
@@ -122,10 +124,17 @@ async def _other_node_holds(client: AsyncClient, namespace: str, device: str,
     return name
 
 
+#: Who allocates the Configuration's devices: the table's allocator, and whether a controller of
+#: the previous release chose it.
+ALLOCATORS = {"dra": (Allocator.DRA, False), "devicePlugin": (Allocator.DEVICE_PLUGIN, False),
+              "previous-controller": (Allocator.DRA, True)}
+
+
+@pytest.mark.parametrize("allocator", list(ALLOCATORS))
 @pytest.mark.parametrize("size", [3, MANY], ids=["few", "many"])
-async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
+async def test_new_shared_devices_cost_the_writes_their_allocator_needs(
         control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch,
-        size: int) -> None:
+        size: int, allocator: str) -> None:
     node = harness.new_node(control_plane)
     devices = [f"p{i}" for i in range(size)]
     harness.apply(control_plane, namespace, harness.debug_echo_configuration(
@@ -135,6 +144,9 @@ async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
         joined = await _other_node_holds(client, namespace, devices[0], "elsewhere")
         calls: list[Call] = []
         table = _OrderedTable(calls)
+        chosen, previous = ALLOCATORS[allocator]
+        await table.set_allocator(namespace, CFG, chosen, shared_only=previous)
+        scheduler, marks = chosen == Allocator.DRA and not previous, previous
         publisher = await _publisher(client, namespace, node, table)
         _record(client, calls, monkeypatch)
         await publisher.publish(
@@ -150,7 +162,10 @@ async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
         for name in names.values():
             spec, status = found[name]["spec"], found[name].get("status") or {}
             assert node in spec["nodes"], name
-            assert (status.get(STATUS_REPORTED) or {}).get(node) is True, name
+            assert (status.get(STATUS_REPORTED) or {}).get(node) is (True if marks else None), \
+                name
+            if scheduler and name != joined:
+                assert "deviceUsage" not in spec, f"{name}: no slot map where no plugin serves"
         assert sorted(found[joined]["spec"]["nodes"]) == sorted(["elsewhere", node])
         assert instance_name(CFG, devices[0], shared=True, node=node) not in found
 
@@ -159,26 +174,31 @@ async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
 
         lists = count("list")
         gets = [n for w, n in calls if w == "get"]
+        # Where device plugins serve it, the joined name's create answered 409 and a read.
+        joined_read = [] if scheduler else [joined]
         if size >= LIST_FROM:
             assert lists == 1, calls  # the collision names, all at once
-            assert gets == [joined], "only the joined name's create answered 409 and a read"
+            assert gets == joined_read, gets
         else:
             assert lists == 0, calls
-            assert len(gets) == size + 1, gets  # each collision name, and the joined one's
+            assert len(gets) == size + len(joined_read), gets  # each collision name
         for name in names.values():
             assert count("apply", name) == 1, name
-            assert count("status", name) == 1, name
+            assert count("status", name) == (1 if marks else 0), name
             assert count("merge", name) == 0, f"{name}: slots were created with it"
-            assert count("create", name) == 1, name  # the joined one's answered 409
-        assert table.unreported == [], "each device reaches the table after its verdict"
+            if not previous:  # there, the scheduler allocates once the table has shared ones
+                assert count("create", name) == (0 if scheduler else 1), name
+        if marks:
+            assert table.unreported == [], "each device reaches the table after its verdict"
         assert set(table.snapshot()) == {(namespace, n) for n in names.values()}
-        if size >= LIST_FROM:
+        if size >= LIST_FROM and marks:
             writes = [w for w, _n in calls if w in ("create", "status")]
             last_create = len(writes) - 1 - writes[::-1].index("create")
             assert writes.index("status") < last_create, "verdicts wait for no other Instance"
 
         # Withdrawn: an Instance this node alone is listed on is read and deleted (no mark
-        # taken back, no leave first); the one shared with another node is left.
+        # taken back, no leave first); the one shared with another node is left (its mark
+        # taken back where the previous controller reads it).
         calls.clear()
         _record(client, calls, monkeypatch)
         await publisher.withdraw()
@@ -192,6 +212,35 @@ async def test_new_shared_devices_cost_three_writes_each_and_verdicts_go_ahead(
                 assert [w for w, n in calls if n == name] == ["get", "delete"], name
                 # This process's watches take its DELETED for a deletion, unread.
                 assert found[name]["metadata"]["uid"] in node_instances._deleted, name
+    finally:
+        await client.close()
+        await observer.close()
+
+
+async def test_an_unhealthy_shared_device_is_marked_before_its_node_is_listed(
+        control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller offers a shared device on every listed node not marked unhealthy: a
+    device found unhealthy is applied without this node, marked, then listed."""
+    node = harness.new_node(control_plane)
+    harness.apply(control_plane, namespace, harness.debug_echo_configuration(
+        CFG, descriptions=["sick"], capacity=CAPACITY))
+    client, observer = harness.api_client(control_plane), harness.api_client(control_plane)
+    try:
+        calls: list[Call] = []
+        table = _OrderedTable(calls)
+        await table.set_allocator(namespace, CFG, Allocator.DRA)
+        publisher = await _publisher(client, namespace, node, table)
+        _record(client, calls, monkeypatch)
+        await publisher.publish(
+            load_handler("debugEcho"), None,
+            [Device(id="sick", properties={"DEBUG_ECHO_DESCRIPTION": "sick"},
+                    health=Health.unhealthy("lens cap on"))], shared=True)
+        monkeypatch.undo()
+        name = instance_name(CFG, "sick", shared=True, node=node)
+        assert [w for w, n in calls if n == name] == ["apply", "status", "apply"]
+        found = (await harness.instances(observer, namespace))[name]
+        assert found["spec"]["nodes"] == [node]
+        assert found["status"]["unhealthy"] == {node: "lens cap on"}
     finally:
         await client.close()
         await observer.close()

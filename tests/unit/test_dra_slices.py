@@ -7,7 +7,6 @@ import io
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,14 @@ from discovery_handlers.contract import Device
 def instance(name: str, *, nodes: tuple[str, ...] = ("n1",), shared: bool = False,
              capacity: int = 1, props: Mapping[str, str] | None = None,
              unhealthy: Mapping[str, str] | None = None, namespace: str = "ns",
-             held: int = 0, reported: tuple[str, ...] = ()) -> Instance:
+             held: int = 0) -> Instance:
     usage = {f"{name}-{i}": ("n9" if i < held else "") for i in range(capacity)}
     return Instance(
         name=name, namespace=namespace,
         spec=InstanceSpec(configuration_name="cam", capacity=capacity, shared=shared,
                           nodes=nodes, broker_properties=dict(props or {}),
                           device_usage=usage),
-        unhealthy=dict(unhealthy or {}), reported=frozenset(reported),
+        unhealthy=dict(unhealthy or {}),
     )
 
 
@@ -83,13 +82,13 @@ def test_local_devices_one_pool_per_configuration_bound_to_the_node() -> None:
 
 
 def test_shared_device_one_pool_selecting_the_nodes_known_healthy() -> None:
-    shared = instance("cam-abcdef", nodes=("n2", "n1", "n3", "n4"), shared=True, capacity=2,
-                      unhealthy={"n3": "not seen"}, reported=("n1", "n2"))
+    shared = instance("cam-abcdef", nodes=("n2", "n1", "n3"), shared=True, capacity=2,
+                      unhealthy={"n3": "not seen"})
     for node in ("n1", "n2", "n3"):  # no agent publishes it: the controller does
         assert slices.plan_node(node, [shared]).pools == {}
     pool = dra_slices.shared_plan(shared)
     assert pool is not None
-    assert pool.nodes == ("n1", "n2"), "n3 unhealthy, n4 has not said yet"
+    assert pool.nodes == ("n1", "n2"), "n3 unhealthy"
     (device,) = pool.devices
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"][dra.CAPACITY_SLOTS]["value"] == "2"
@@ -107,12 +106,12 @@ def test_shared_device_one_pool_selecting_the_nodes_known_healthy() -> None:
     assert "nodeName" not in body["spec"]
 
 
-def test_shared_device_held_until_a_node_has_said() -> None:
-    """No node's verdict known (the Instance is written before its status): no pool."""
-    fresh = instance("cam-abcdef", nodes=("n1", "n2"), shared=True)
+def test_shared_device_held_until_a_node_is_listed() -> None:
+    """No node listed (an agent marks an unhealthy device before it lists its node): no pool;
+    a node listed is its verdict."""
+    fresh = instance("cam-abcdef", nodes=(), shared=True)
     assert dra_slices.shared_plan(fresh) is None
-    one = dra_slices.shared_plan(instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
-                                          reported=("n2",)))
+    one = dra_slices.shared_plan(instance("cam-abcdef", nodes=("n2",), shared=True))
     assert one is not None
     assert one.nodes == ("n2",)
 
@@ -120,18 +119,18 @@ def test_shared_device_held_until_a_node_has_said() -> None:
 def test_shared_device_unhealthy_everywhere_is_tainted_for_every_node() -> None:
     shared = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
                       unhealthy={"n1": "not seen; kept for offlineGracePeriodSeconds",
-                                 "n2": "gone"}, reported=("n1", "n2"))
+                                 "n2": "gone"})
     pool = dra_slices.shared_plan(shared)
     assert pool is not None
     assert pool.nodes == ("n1", "n2")
     (device,) = pool.devices
     assert device["taints"][0]["value"] == "not-seen--kept-for-offlineGracePeriodSeconds"
-    # Unhealthy where it was heard, silent elsewhere: tainted, every node listed.
+    # Unhealthy on one node: offered on the other alone, untainted.
     half = dra_slices.shared_plan(instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
                                            unhealthy={"n2": "gone"}))
     assert half is not None
-    assert half.nodes == ("n1", "n2")
-    assert half.devices[0]["taints"][0]["value"] == "gone"
+    assert half.nodes == ("n1",)
+    assert "taints" not in half.devices[0]
 
 
 @pytest.mark.parametrize(("reason", "value"), [
@@ -237,7 +236,7 @@ def test_discover_prints_the_attributes_a_device_would_carry() -> None:
 
 def _only_device(inst: Instance) -> dict[str, object]:
     if inst.spec.shared:
-        shared = dra_slices.shared_plan(replace(inst, reported=frozenset(inst.spec.nodes)))
+        shared = dra_slices.shared_plan(inst)
         assert shared is not None
         (device,) = shared.devices
         return dict(device)
@@ -297,13 +296,13 @@ def test_a_device_past_its_eviction_grace_is_tainted_no_execute() -> None:
 
 def test_a_shared_device_is_evicting_only_when_unhealthy_on_every_node() -> None:
     everywhere = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
-                          unhealthy={"n1": "gone", "n2": "gone"}, reported=("n1", "n2"))
+                          unhealthy={"n1": "gone", "n2": "gone"})
     assert dra_slices.unhealthy_everywhere(everywhere)
     plan = dra_slices.shared_plan(everywhere, evict=True)
     assert plan is not None
     assert plan.devices[0]["taints"][0]["effect"] == "NoExecute"
     somewhere = instance("cam-abcdef", nodes=("n1", "n2"), shared=True,
-                         unhealthy={"n2": "gone"}, reported=("n1", "n2"))
+                         unhealthy={"n2": "gone"})
     assert not dra_slices.unhealthy_everywhere(somewhere)
     plan = dra_slices.shared_plan(somewhere, evict=True)
     assert plan is not None
@@ -319,10 +318,9 @@ def test_shared_devices_share_a_pool_fixed_by_name_each_naming_its_nodes() -> No
     assert all(dra_slices.is_shared_pool(p) for p in pools)
     assert dra_slices.shared_pool("ns", "cam", names[7]) == dra_slices.shared_pool(
         "ns", "cam", names[7]), "a device's pool never moves"
-    first = instance("cam-000001", nodes=("n1", "n2"), shared=True, capacity=2,
-                     reported=("n1", "n2"))
+    first = instance("cam-000001", nodes=("n1", "n2"), shared=True, capacity=2)
     second = instance("cam-000002", nodes=("n2", "n3"), shared=True, capacity=2,
-                      reported=("n3",))
+                      unhealthy={"n2": "gone"})
     own = [dra_slices.shared_plan(first), dra_slices.shared_plan(second)]
     assert None not in own
     plan = dra_slices.pooled_plan("ns/cam/shared/bucket-00", [p for p in own if p])

@@ -19,21 +19,21 @@ DRA, PLUGINS = Allocator.DRA, Allocator.DEVICE_PLUGIN
 
 
 def _instance(name: str, configuration: str, *, shared: bool = True,
-              reported: tuple[str, ...] = ("n1",)) -> Instance:
+              nodes: tuple[str, ...] = ("n1", "n2")) -> Instance:
     return Instance(name=name, namespace="ns",
                     spec=InstanceSpec(configuration_name=configuration, shared=shared,
-                                      nodes=("n1", "n2")),
-                    reported=frozenset(reported))
+                                      nodes=nodes),
+                    unhealthy={"n2": "gone"})
 
 
 def test_only_shared_devices_of_configurations_the_scheduler_allocates() -> None:
     instances = [_instance("cam-000001", "cam"), _instance("cam-000002", "cam", shared=False),
                  _instance("old-000003", "old"), _instance("new-000004", "new"),
-                 _instance("cam-000005", "cam", reported=())]
+                 _instance("cam-000005", "cam", nodes=())]
     pools, held = wanted_pools(instances, {("ns", "cam"): DRA, ("ns", "old"): PLUGINS})
     assert list(pools) == [dra_slices.shared_pool("ns", "cam", "cam-000001")]
     assert pools[dra_slices.shared_pool("ns", "cam", "cam-000001")].nodes == ("n1",)
-    # Wanted, but no node's verdict known yet: held, not withdrawn.
+    # Wanted, but no node listed (an unhealthy device's mark goes first): held, not withdrawn.
     assert held == {dra_slices.shared_pool("ns", "cam", "cam-000005")}
 
 
@@ -63,13 +63,13 @@ class _Client:
         return nothing()
 
 
-def _object(name: str, *, reported: tuple[str, ...] = ("n1",), version: str = "1",
+def _object(name: str, *, version: str = "1",
             status: dict[str, Any] | None = None, nodes: tuple[str, ...] = ("n1", "n2"),
             ) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version},
             "spec": {"configurationName": "cam", "shared": True, "nodes": list(nodes),
                      "capacity": 2},
-            "status": {"reported": dict.fromkeys(reported, True), **(status or {})}}
+            "status": {"unhealthy": {"n2": "gone"}, **(status or {})}}
 
 
 async def _pools_of(count: int) -> tuple[SharedPools, _Client]:
@@ -99,7 +99,7 @@ async def test_a_pass_rewrites_only_the_pools_whose_inputs_changed() -> None:
     every_pool = {dra_slices.shared_pool("ns", "cam", f"cam-{i:06x}") for i in range(50)}
     assert len(client.applied) == len(every_pool) < 50  # devices share pools
     client.applied.clear()
-    pools.put(("ns", "cam-000007"), _object("cam-000007", reported=("n1", "n2")))
+    pools.put(("ns", "cam-000007"), _object("cam-000007", status={"unhealthy": {}}))
     assert pools._wake.is_set()
     await pools.reconcile()
     assert client.applied == [dra_slices.shared_pool("ns", "cam", "cam-000007")]
@@ -162,7 +162,7 @@ async def test_a_device_an_earlier_release_gave_a_pool_of_its_own_stays_in_it() 
     assert set(client.applied) == {dra_slices.shared_pool("ns", "cam", f"cam-{i:06x}")
                                    for i in (0, 1, 2, 4)}
     # Its health changes: rewritten in the same pool, claims allocated from it still count.
-    pools.put(("ns", "cam-000003"), _object("cam-000003", reported=("n1", "n2")))
+    pools.put(("ns", "cam-000003"), _object("cam-000003", status={"unhealthy": {}}))
     await pools.reconcile()
     assert client.applied[-1] == own.name
 
@@ -195,17 +195,17 @@ SICK = {"unhealthy": {"n1": "gone", "n2": "gone"}}
 async def test_a_device_unhealthy_everywhere_evicts_after_the_configurations_grace() -> None:
     client = _BodyClient()
     pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
-    pools.listed([_object("cam-000001", reported=("n1", "n2"))])
+    pools.listed([_object("cam-000001", status={"unhealthy": {}})])
     pools.set_mode(("ns", "cam"), DRA)
     pools.set_eviction_grace(("ns", "cam"), 0)
     pools.modes_listed()
     await pools.reconcile()
-    pools.put(("ns", "cam-000001"), _object("cam-000001", reported=("n1", "n2"), status=SICK))
+    pools.put(("ns", "cam-000001"), _object("cam-000001", status=SICK))
     await pools.reconcile()
     # Healthy somewhere: no taint; unhealthy everywhere with a grace of 0: NoExecute at once.
     assert _effects(client) == [None, "NoExecute"]
     # Recovery takes the taint away.
-    pools.put(("ns", "cam-000001"), _object("cam-000001", reported=("n1", "n2")))
+    pools.put(("ns", "cam-000001"), _object("cam-000001", status={"unhealthy": {}}))
     await pools.reconcile()
     assert _effects(client) == [None, "NoExecute", None]
 
@@ -213,7 +213,7 @@ async def test_a_device_unhealthy_everywhere_evicts_after_the_configurations_gra
 async def test_without_the_field_or_within_the_grace_the_taint_is_no_schedule() -> None:
     client = _BodyClient()
     pools = SharedPools(cast(AsyncClient, client), namespaces=["ns"])
-    pools.listed([_object("cam-000001", reported=("n1", "n2"), status=SICK)])
+    pools.listed([_object("cam-000001", status=SICK)])
     pools.set_mode(("ns", "cam"), DRA)
     pools.modes_listed()
     await pools.reconcile()
@@ -251,9 +251,11 @@ WHAT_CHANGED: list[tuple[str, dict[str, Any] | None, bool]] = [
     ("the controller's servedBy and claims", _changed(status={"servedBy": "dra", "claims": 2}),
      False),
     ("status.used as the agent writes it", _changed(status={"used": 0}), False),
-    ("a node joins, no verdict of its yet", _changed(spec={"nodes": ["n1", "n2", "n3"]}), False),
+    ("a previous release's agent's reported mark",
+     _changed(status={"reported": {"n1": True, "n2": True}}), False),
     ("a free slot's record", _changed(spec={"deviceUsage": {"cam-000001-0": ""}}), False),
-    ("a node's first verdict", _changed(status={"reported": {"n1": True, "n2": True}}), True),
+    ("a node joins (its verdict the listing)", _changed(spec={"nodes": ["n1", "n2", "n3"]}),
+     True),
     ("a node finds it unhealthy", _changed(status={"unhealthy": {"n1": "gone"}}), True),
     ("a slot held by a device plugin",
      _changed(spec={"deviceUsage": {"cam-000001-0": "n1"}}), True),
