@@ -11,13 +11,16 @@ run, one Configuration with N shared debugEcho devices of capacity 2 is applied,
 - settled: → the last slice, DeviceClass or Instance event before ``QUIET_S`` without one
   (writes that trickle on after the devices are published);
 - bind: a pod asking ``edgeplug.io/<configuration>: 1`` created → bound (``spec.nodeName``),
-  beside a plain pod's create → bound, interleaved, ``PODS`` of each (the floor); and a pod
-  asking for an Instance by name, its DeviceClass made on that demand;
+  beside a plain pod's create → bound, interleaved, ``PODS`` of each (the floor), and a pod
+  asking ``edgeplug.io/dra-floor: 1``, a Configuration of one device applied before the runs
+  (the DRA floor: the scheduler's own writes for a pod asking an extended resource DRA serves,
+  a claim's create, update and status and the pod's status, with one device to choose from);
+  and a pod asking for an Instance by name, its DeviceClass made on that demand;
 - CPU of the controller, the agent, the API server and the scheduler from the apply to the
   settle, and the controller's per device;
 - the events each kind saw (the writes behind them).
 
-Then the Configuration is deleted and the run waits for its slices and classes to go.
+Then the Configuration is deleted and the run waits for its slices, classes and Instances to go.
 ``--controller-tree DIR`` runs the controller from another checkout (a ``git worktree`` of an
 earlier commit: the before figures; the agent always runs from this one). ``--profile DIR``
 records the controller with py-spy over the largest N's first run. Nothing is asserted.
@@ -72,6 +75,8 @@ QUIET_S: Final = 3.0
 PUBLISH_DEADLINE_S: Final = 600.0
 BIND_DEADLINE_S: Final = 60.0
 PROCESSES: Final = ("controller", "agent", "kube-apiserver", "kube-scheduler")
+#: The Configuration of one device whose pods are the DRA floor.
+DRA_FLOOR: Final = "dra-floor"
 
 
 @dataclass
@@ -90,6 +95,9 @@ class Tracker:
     listed: dict[str, float] = field(default_factory=dict)
     sliced: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Instance events by the write behind them (``_writer``).
+    writers: dict[str, int] = field(default_factory=dict)
+    entries: dict[str, dict[str, str]] = field(default_factory=dict)  # Instance → _entries
     runs: int = 0  # runs started: each Configuration (and its pods) named afresh
 
     def devices(self, prefix: str) -> int:
@@ -137,6 +145,15 @@ def _trackers(client: AsyncClient, ns: str, seen: Tracker) -> list[asyncio.Task[
     def on_instance(kind: str, body: dict[str, Any]) -> None:
         if kind != "DELETED" and (body.get("spec") or {}).get("nodes"):
             seen.listed.setdefault(body["metadata"]["name"], time.monotonic())
+        name = body["metadata"]["name"]
+        if kind == "DELETED":
+            seen.entries.pop(name, None)
+            seen.changed.set()  # a teardown waits for them
+        else:
+            after = _entries(body)
+            writer = _writer(seen.entries.get(name, {}), after)
+            seen.entries[name] = after
+            seen.writers[writer] = seen.writers.get(writer, 0) + 1
         seen.events["instances"] += 1
         seen.last_event = time.monotonic()
         seen.changed.set()
@@ -183,6 +200,23 @@ async def _quiet(seen: Tracker, *, deadline: float) -> float:
     return seen.last_event
 
 
+def _entries(body: dict[str, Any]) -> dict[str, str]:
+    """An Instance's managedFields entries: ``manager-operation[/subresource]`` → their time
+    and fields."""
+    found: dict[str, str] = {}
+    for entry in (body.get("metadata") or {}).get("managedFields") or []:
+        manager = str(entry.get("manager") or "?").removeprefix("edgeplug-").split("-")[0]
+        sub = f"/{entry['subresource']}" if entry.get("subresource") else ""
+        key = f"{manager}-{str(entry.get('operation') or '?').lower()}{sub}"
+        found[key] = f"{entry.get('time')}{entry.get('fieldsV1')}"
+    return found
+
+
+def _writer(before: dict[str, str], after: dict[str, str]) -> str:
+    """Who made an Instance event: the managedFields entries it changed (``?``: none seen)."""
+    return ",".join(sorted(k for k, v in after.items() if before.get(k) != v)) or "?"
+
+
 def _pod(name: str, resource: str | None) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "c", "image": "registry.example/none:1"}
     if resource:
@@ -217,6 +251,7 @@ class Run:
     binds: list[float]
     floor: list[float]
     by_name: list[float]
+    dra_floor: list[float]
     #: Applied → the agent's last health verdict; each device's verdict → its slice.
     reported: float = 0.0
     lags: list[float] = field(default_factory=list)
@@ -232,6 +267,7 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
     prefix = f"{ns}/{cfg}/shared/"
     owner = f"{ns}/{cfg}"
     events_before = dict(seen.events)
+    seen.writers.clear()
     cpu_before = _cpu(pids)
     started = time.monotonic()
     harness.apply(plane, ns, body)
@@ -258,23 +294,30 @@ async def _one_run(client: AsyncClient, plane: ControlPlane, ns: str, seen: Trac
         floor.append(await _bind(client, ns, seen, f"{cfg}-plain-{i}", None))
         by_name.append(await _bind(client, ns, seen, f"{cfg}-name-{i}",
                                    instance_resource_name(instance)))
+    dra_floor: list[float] = []
     for i in range(PODS):
         floor.append(await _bind(client, ns, seen, f"{cfg}-plain-{PODS + i}", None))
         binds.append(await _bind(client, ns, seen, f"{cfg}-dev-{i}", f"edgeplug.io/{cfg}"))
+        dra_floor.append(await _bind(client, ns, seen, f"{cfg}-drafloor-{i}",
+                                     f"edgeplug.io/{DRA_FLOOR}"))
     for i in range(PODS):
         for pod in (f"{cfg}-plain-{i}", f"{cfg}-plain-{PODS + i}", f"{cfg}-dev-{i}",
-                    f"{cfg}-name-{i}"):
+                    f"{cfg}-name-{i}", f"{cfg}-drafloor-{i}"):
             with contextlib.suppress(ApiError):
                 await client.delete(Pod, pod, namespace=ns, grace_period=0)
     removed = time.monotonic()
     plane.kubectl("delete", "configuration", cfg, "-n", ns, "--wait=false")
-    gone = await _until(seen, lambda: seen.devices(prefix) == 0 and seen.class_count(owner) == 0,
-                        what=f"{cfg}'s slices and classes gone", deadline=PUBLISH_DEADLINE_S)
+    # Its Instances too (the garbage collector's deletes): the next run starts on an idle API
+    # server.
+    gone = await _until(seen, lambda: seen.devices(prefix) == 0 and seen.class_count(owner) == 0
+                        and not any(n.startswith(f"{cfg}-") for n in seen.entries),
+                        what=f"{cfg}'s slices, classes and Instances gone",
+                        deadline=PUBLISH_DEADLINE_S)
     return Run(size=size, published=published - started, settled=last - started,
                teardown=gone - removed,
                cpu={name: cpu_seconds_between(cpu_before[name], cpu_after[name])
                     for name in pids},
-               events=events, binds=binds, floor=floor, by_name=by_name,
+               events=events, binds=binds, floor=floor, by_name=by_name, dra_floor=dra_floor,
                reported=reported - started,
                lags=lags)
 
@@ -419,6 +462,8 @@ async def _bench(args: argparse.Namespace, tmp: Path) -> list[Run]:
             async with h.ready_nodes(client, [node]):
                 agent.start()
                 assert agent.process is not None
+                harness.apply(plane, ns, harness.debug_echo_configuration(
+                    DRA_FLOOR, descriptions=["floor"], shared=True, capacity=PODS))
                 servers = {k: v for k, v in plane.pids().items() if k in PROCESSES}
                 for size in args.sizes:
                     for index in range(1, args.runs + 1):
@@ -462,8 +507,9 @@ async def _profiled(args: argparse.Namespace, client: AsyncClient, plane: Contro
           f"settled {run.settled:.1f} s, controller CPU {run.cpu['controller']:.2f} s, bind "
           f"median {statistics.median(run.binds) * 1000:.0f} ms (floor "
           f"{statistics.median(run.floor) * 1000:.0f} ms; by an Instance's name, its class "
-          f"made then: {statistics.median(run.by_name) * 1000:.0f} ms), events {run.events}, "
-          f"teardown "
+          f"made then: {statistics.median(run.by_name) * 1000:.0f} ms; DRA floor "
+          f"{statistics.median(run.dra_floor) * 1000:.0f} ms), events {run.events}, "
+          f"Instance events by writer {dict(sorted(seen.writers.items()))}, teardown "
           f"{run.teardown:.1f} s", flush=True)
     return run
 
@@ -473,7 +519,8 @@ def _report(runs: list[Run]) -> None:
           "apply to settled")
     print(f"  {'controller':>12} {'N':>5} {'published':>10} {'agent':>7} {'lag':>6} "
           f"{'settled':>8} {'bind':>8} "
-          f"{'floor':>8} {'ratio':>6} {'by name':>8} {'ctl CPU':>8} {'ms/dev':>7} {'agent':>7} "
+          f"{'floor':>8} {'ratio':>6} {'DRA floor':>9} {'ratio':>6} {'by name':>8} {'ctl CPU':>8} "
+          f"{'ms/dev':>7} {'agent':>7} "
           f"{'apiserver':>9} {'sched':>7} {'slice/class/inst events':>24}")
     for size in sorted({r.size for r in runs}):
         for tree in sorted({r.tree for r in runs}):
@@ -481,6 +528,7 @@ def _report(runs: list[Run]) -> None:
             binds = statistics.median(b for r in of for b in r.binds)
             floor = statistics.median(f for r in of for f in r.floor)
             by_name = statistics.median(b for r in of for b in r.by_name)
+            dra_floor = statistics.median(b for r in of for b in r.dra_floor)
 
             def med(get: Callable[[Run], float], runs_of: list[Run] = of) -> float:
                 return statistics.median(get(r) for r in runs_of)
@@ -492,7 +540,8 @@ def _report(runs: list[Run]) -> None:
             print(f"  {tree[-12:]:>12} {size:>5} {med(lambda r: r.published):>9.1f}s"
                   f" {med(lambda r: r.reported):>6.1f}s {lag:>5.2f}s"
                   f" {med(lambda r: r.settled):>7.1f}s {binds * 1000:>6.0f}ms"
-                  f" {floor * 1000:>6.0f}ms {binds / floor:>5.1f}x {by_name * 1000:>6.0f}ms"
+                  f" {floor * 1000:>6.0f}ms {binds / floor:>5.1f}x {dra_floor * 1000:>7.0f}ms"
+                  f" {binds / dra_floor:>5.1f}x {by_name * 1000:>6.0f}ms"
                   f" {ctl:>7.2f}s"
                   f" {ctl / size * 1000:>7.2f} {med(lambda r: r.cpu['agent']):>6.2f}s"
                   f" {med(lambda r: r.cpu.get('kube-apiserver', 0.0)):>8.2f}s"
