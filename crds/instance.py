@@ -40,6 +40,9 @@ CONFIGURATION_USAGE_PREFIX: Final = "C:"
 #: read by the agents (``Instance.claims``).
 STATUS_SERVED_BY: Final = "servedBy"
 STATUS_CLAIMS: Final = "claims"
+#: ``status.nodes``: the sorted nodes, for display (the device plugins' display writer, and the
+#: controller with ``--dra``, write it alike).
+STATUS_NODES: Final = "nodes"
 #: ``status.reported.<node>``: true once that node's agent has written its health verdict; a
 #: controller of the previous release offers a shared device only on such nodes (the agent
 #: writes it where one chose the Configuration's allocator).

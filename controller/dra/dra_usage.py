@@ -1,4 +1,6 @@
-"""``status.servedBy`` and ``status.claims`` of Instances: how a device is offered, who holds it.
+"""``status.servedBy``, ``status.claims`` and ``status.nodes`` of Instances: how a device is
+offered, who holds it, which nodes see it (the device plugins' display writer shows the nodes of
+the Instances they serve; under DRA nothing else would).
 
 ``DraUsage.run`` follows Nodes, the driver's ResourceSlices, ResourceClaims and Instances and
 patches the fields that differ; ``desired_fields`` computes them. How and why: docs/dra.md,
@@ -21,7 +23,7 @@ from controller.kube.watching import Kind, Watcher, namespaced_path
 from controller.settings import DraSettings
 from crds import dra
 from crds.api import GROUP, INSTANCE_PLURAL, VERSION
-from crds.instance import STATUS_CLAIMS, STATUS_SERVED_BY
+from crds.instance import STATUS_CLAIMS, STATUS_NODES, STATUS_SERVED_BY
 from crds.naming import instance_resource_name
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ _DRA_PREFIX: Final = "/apis/resource.k8s.io/v1"
 
 _Key = tuple[str, str]  # (namespace, name)
 _DeviceId = tuple[str, str]  # (pool, device)
+#: (servedBy, claims, nodes) as an Instance's status shows them.
+Fields = tuple[str, int, str]
 
 
 # -- records ------------------------------------------------------------------------------
@@ -43,6 +47,11 @@ class InstanceUsage:
     nodes: tuple[str, ...]
     served_by: str | None  # as last written (None: never)
     claims: int | None
+    shown_nodes: str | None = None  # status.nodes as last written
+
+    @property
+    def written(self) -> tuple[str | None, int | None, str | None]:
+        return self.served_by, self.claims, self.shown_nodes
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class _InstanceSpec(msgspec.Struct):
 class _InstanceStatus(msgspec.Struct):
     servedBy: str | None = None
     claims: int | None = None
+    nodes: str | None = None
 
 
 class _Instance(msgspec.Struct):
@@ -153,7 +163,8 @@ def decode_instance(raw: bytes) -> tuple[InstanceUsage, str]:
     obj = _decode_instance(raw)
     return InstanceUsage(namespace=obj.metadata.namespace, name=obj.metadata.name,
                          nodes=tuple(sorted(obj.spec.nodes)), served_by=obj.status.servedBy,
-                         claims=obj.status.claims), obj.metadata.resourceVersion
+                         claims=obj.status.claims, shown_nodes=obj.status.nodes), \
+        obj.metadata.resourceVersion
 
 
 def decode_slice(raw: bytes) -> tuple[PublishedSlice | None, str]:
@@ -192,18 +203,18 @@ def decode_node(raw: bytes) -> tuple[AdvertisingNode, str]:
 # -- what the fields should read --------------------------------------------------------------
 
 
-def unwritten_reads_so(inst: InstanceUsage, fields: tuple[str, int]) -> bool:
+def unwritten_reads_so(inst: InstanceUsage, fields: Fields) -> bool:
     """Whether ``inst``'s fields were never written and ``fields`` would read as they do now
     (nothing serves it, no claim holds it): writing them is left to when it is served."""
-    return inst.served_by is None and inst.claims is None and fields == (
+    return inst.served_by is None and inst.claims is None and fields[:2] == (
         dra.served_by(device_plugin=False, dra=False), 0)
 
 
 def desired_fields(
     instances: Iterable[InstanceUsage], *, slices: Iterable[PublishedSlice],
     claims: Iterable[AllocatedClaim], nodes: dict[str, AdvertisingNode],
-) -> dict[_Key, tuple[str, int]]:
-    """(servedBy, claims) of every Instance."""
+) -> dict[_Key, Fields]:
+    """(servedBy, claims, nodes) of every Instance."""
     owner: dict[_DeviceId, _Key] = {}
     for published in slices:
         owner.update(published.devices)
@@ -212,18 +223,19 @@ def desired_fields(
     for claim in claims:
         for key in {owner[d] for d in claim.devices if d in owner}:
             held[key] = held.get(key, 0) + 1
-    result: dict[_Key, tuple[str, int]] = {}
+    result: dict[_Key, Fields] = {}
     for inst in instances:
         key = (inst.namespace, inst.name)
         resource = instance_resource_name(inst.name)
         plugin = any(resource in nodes[n].resources for n in inst.nodes if n in nodes)
         result[key] = (dra.served_by(device_plugin=plugin, dra=key in published_keys),
-                       held.get(key, 0))
+                       held.get(key, 0), ",".join(inst.nodes))
     return result
 
 
 class DraUsage:
-    """Keeps ``status.servedBy`` and ``status.claims`` of the served namespaces' Instances."""
+    """Keeps ``status.servedBy``, ``status.claims`` and ``status.nodes`` of the served
+    namespaces' Instances."""
 
     def __init__(self, *, http: Rest, kube: Kube, namespaces: Iterable[str] = (),
                  settings: DraSettings | None = None) -> None:
@@ -232,7 +244,7 @@ class DraUsage:
         self._wake = asyncio.Event()
         self._gate = asyncio.Semaphore(self._settings.usage_writes_in_flight)
         #: What this controller last wrote to each Instance (its own write's event wakes nothing).
-        self._wrote: dict[_Key, tuple[str, int]] = {}
+        self._wrote: dict[_Key, Fields] = {}
         self.writes = 0
         scopes: list[str | None] = list(namespaces) or [None]
         crd_prefix = f"/apis/{GROUP}/{VERSION}"
@@ -265,11 +277,11 @@ class DraUsage:
 
     def _instance_changed(self, key: _Key, old: InstanceUsage | None,
                           new: InstanceUsage | None) -> None:
-        """Wakes a pass unless only the two fields changed, to what this controller wrote."""
+        """Wakes a pass unless only the fields changed, to what this controller wrote."""
         if new is None:
             self._wrote.pop(key, None)
         elif old is not None and old.nodes == new.nodes and \
-                self._wrote.get(key) == (new.served_by, new.claims):
+                self._wrote.get(key) == new.written:
             return
         self._wake.set()
 
@@ -295,10 +307,10 @@ class DraUsage:
                                 claims=self._claims.store.values(), nodes=self._nodes.store)
         stale = [(inst, wanted[(inst.namespace, inst.name)]) for inst in instances]
         await asyncio.gather(*(self._write(inst, fields) for inst, fields in stale
-                               if (inst.served_by, inst.claims) != fields
+                               if inst.written != fields
                                and not unwritten_reads_so(inst, fields)))
 
-    async def _write(self, inst: InstanceUsage, fields: tuple[str, int]) -> None:
+    async def _write(self, inst: InstanceUsage, fields: Fields) -> None:
         key = (inst.namespace, inst.name)
         try:
             async with self._gate:
@@ -306,9 +318,10 @@ class DraUsage:
                 self._wrote[key] = fields
                 await self._kube.patch_instance_status(
                     inst.namespace, inst.name, {STATUS_SERVED_BY: fields[0],
-                                                STATUS_CLAIMS: fields[1]})
+                                                STATUS_CLAIMS: fields[1],
+                                                STATUS_NODES: fields[2]})
             self.writes += 1
         except Exception as error:  # display only: the next change writes it again
             self._wrote.pop(key, None)
-            log.info("status.servedBy/claims of Instance %s/%s not written: %s",
+            log.info("status.servedBy/claims/nodes of Instance %s/%s not written: %s",
                      inst.namespace, inst.name, error)

@@ -238,13 +238,14 @@ async def test_a_dra_configurations_broker_gets_its_device_through_a_claim(
         spec = node.host_path("/var/run/cdi") / f"edgeplug.io_claim-{claim['metadata']['uid']}.json"
         assert spec.is_file(), "the claim's CDI spec in the node's /var/run/cdi"
 
-        def shown() -> tuple[str, str] | None:
+        def shown() -> list[str] | None:
             out = plane.kubectl("get", "instance", lamp, "-n", ns, "-o",
-                                "custom-columns=CLAIMS:.status.claims,SERVED:.status.servedBy",
-                                "--no-headers").stdout.split()
-            return (out[0], out[1]) if out == ["1", dra.SERVED_BY_DRA] else None
+                                "custom-columns=CLAIMS:.status.claims,SERVED:.status.servedBy,"
+                                "NODES:.status.nodes", "--no-headers").stdout.split()
+            return out if out == ["1", dra.SERVED_BY_DRA, node.node_name] else None
 
-        await until(shown, what="the Instance showing 1 claim, served by DRA only", within=30)
+        await until(shown, what="the Instance showing 1 claim, served by DRA only, its node",
+                    within=30)
         assert container_id(pod(plane, broker)) == container
 
         # The figure to compare with: a device-plugin Configuration's broker, same agent,

@@ -52,7 +52,7 @@ def test_decoders_keep_only_what_the_fields_need() -> None:
     assert (inst.nodes, inst.served_by, inst.claims) == (("n1", "n2"), None, 1)
 
 
-def test_served_by_and_claims_per_instance() -> None:
+def test_served_by_claims_and_nodes_per_instance() -> None:
     def inst(name: str, *nodes: str) -> u.InstanceUsage:
         return u.InstanceUsage(namespace="ns", name=name, nodes=nodes, served_by=None,
                                claims=None)
@@ -69,10 +69,11 @@ def test_served_by_and_claims_per_instance() -> None:
     ]
     nodes = {"n1": u.AdvertisingNode(name="n1", resources=frozenset({"edgeplug.io/cam-a"})),
              "n2": u.AdvertisingNode(name="n2", resources=frozenset({"edgeplug.io/cam-c"}))}
-    wanted = u.desired_fields([inst("cam-a", "n1"), inst("cam-b", "n1"), inst("cam-c", "n2"),
-                               inst("cam-d", "n9")], slices=slices, claims=claims, nodes=nodes)
-    assert wanted == {("ns", "cam-a"): ("both", 2), ("ns", "cam-b"): ("dra", 1),
-                      ("ns", "cam-c"): ("device-plugin", 0), ("ns", "cam-d"): ("", 0)}
+    wanted = u.desired_fields([inst("cam-a", "n1"), inst("cam-b", "n1", "n3"),
+                               inst("cam-c", "n2"), inst("cam-d", "n9")],
+                              slices=slices, claims=claims, nodes=nodes)
+    assert wanted == {("ns", "cam-a"): ("both", 2, "n1"), ("ns", "cam-b"): ("dra", 1, "n1,n3"),
+                      ("ns", "cam-c"): ("device-plugin", 0, "n2"), ("ns", "cam-d"): ("", 0, "n9")}
 
 
 def test_a_claim_deallocated_then_deleted_stops_counting() -> None:
@@ -106,16 +107,16 @@ def test_no_write_before_a_device_is_served_and_none_woken_by_its_own() -> None:
     fresh = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by=None,
                             claims=None)
     # Unwritten and served by nothing: written once it is served, not before.
-    assert u.unwritten_reads_so(fresh, ("", 0))
-    assert not u.unwritten_reads_so(fresh, ("dra", 0))
+    assert u.unwritten_reads_so(fresh, ("", 0, "n1"))
+    assert not u.unwritten_reads_so(fresh, ("dra", 0, "n1"))
     written = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1",), served_by="dra",
-                              claims=0)
-    assert not u.unwritten_reads_so(written, ("", 0))  # taken back: written
+                              claims=0, shown_nodes="n1")
+    assert not u.unwritten_reads_so(written, ("", 0, "n1"))  # taken back: written
     usage = u.DraUsage(http=cast(Rest, None), kube=cast(Kube, None))
-    usage._wrote[("ns", "cam-a")] = ("dra", 0)
+    usage._wrote[("ns", "cam-a")] = ("dra", 0, "n1")
     usage._instance_changed(("ns", "cam-a"), fresh, written)  # its own write comes back
     assert not usage._wake.is_set()
     moved = u.InstanceUsage(namespace="ns", name="cam-a", nodes=("n1", "n2"), served_by="dra",
-                            claims=0)
+                            claims=0, shown_nodes="n1")
     usage._instance_changed(("ns", "cam-a"), written, moved)
     assert usage._wake.is_set()
