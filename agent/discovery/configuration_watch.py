@@ -104,9 +104,12 @@ class ConfigurationWatch:
                         self._configurations.pop(key, None)
                     else:
                         self._configurations[key] = cfg
+                    plugins_before = self._device_plugins_allocate(key)
                     await self._devices.set_allocator(
                         *key, None if op == "DELETED" else allocator_of(body),
                         shared_only=op != "DELETED" and decided_for_shared_devices_only(body))
+                    if not plugins_before and self._device_plugins_allocate(key):
+                        self._fill_slots(key)
                     await self._devices.set_eviction_grace(
                         *key, None if op == "DELETED" else eviction_grace(body.get("spec") or {}))
                     await self._reconcile(key)
@@ -204,6 +207,26 @@ class ConfigurationWatch:
             extra={"configuration": f"{cfg.namespace}/{cfg.name}", "node": self._node},
         )
         run.start()
+
+    def _device_plugins_allocate(self, key: tuple[str, str]) -> bool:
+        return self._devices.device_plugins_allocate(*key, dra=current().serve_dra)
+
+    def _fill_slots(self, key: tuple[str, str]) -> None:
+        """Device plugins allocate the Configuration's devices now: its run applies its
+        Instances again, which adds the ``deviceUsage`` slots those made for the scheduler
+        lack (a missing slot reads free meanwhile)."""
+        run = self._runs.get(key)
+        if run is None:
+            return
+
+        async def resync() -> None:
+            try:
+                await run.publisher.resync()
+            except Exception as exc:  # the run's own resync tries again
+                log.warning("re-applying the Instances of %s/%s failed: %s", *key,
+                            watching.describe(exc))
+
+        self._in_background(resync(), f"slots-{key[1]}")
 
     def _in_background(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         async def guarded() -> None:

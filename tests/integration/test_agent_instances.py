@@ -7,6 +7,7 @@ name (a Node object the test creates).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from agent.discovery.node_labels import OWNED_ANNOTATION
+from agent.settings import current, in_use
 from crds.naming import cdi_name, instance_digest, instance_name, slot_id
 from tests.harness import agent_process as harness
 from tests.harness.controlplane import ControlPlane
@@ -286,3 +288,43 @@ async def test_stale_labels_pruned_at_start_are_only_those_recorded_as_the_agent
     assert labels["zone"] == "a"
     assert await _record(client, node) is None
     await client.close()
+
+
+async def test_slots_are_added_once_device_plugins_take_a_configuration_over(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """An Instance made while the scheduler allocated its Configuration has no slot map; the
+    controller's choice turning to device plugins adds every slot, free, without a resync."""
+    node = harness.new_node(control_plane)
+    cfg = harness.debug_echo_configuration("echo-switch", descriptions=["cam"], capacity=2)
+    harness.apply(control_plane, namespace, cfg)
+
+    def choose(allocator: str) -> None:
+        control_plane.kubectl("patch", "configurations.edgeplug.io", "echo-switch", "-n",
+                              namespace, "--subresource=status", "--type=merge", "-p",
+                              json.dumps({"status": {"allocator": allocator}}))
+
+    choose("dra")
+    client = harness.api_client(control_plane)
+    name = instance_name("echo-switch", "cam", shared=True, node=node)
+
+    async def spec() -> dict[str, Any] | None:
+        found = (await harness.instances(client, namespace)).get(name)
+        return found["spec"] if found and node in found["spec"].get("nodes", []) else None
+
+    tree = current()
+    try:
+        with in_use(replace(tree, serve_dra=True)):
+            async with harness.agent_in_process(control_plane, node_name=node,
+                                                namespace=namespace, resync_interval=3600):
+                listed = await harness.eventually(spec, what=f"Instance {name} listing {node}")
+                assert "deviceUsage" not in listed, "no slot map where the scheduler allocates"
+                choose("devicePlugin")
+
+                async def slots() -> dict[str, str] | None:
+                    return ((await spec()) or {}).get("deviceUsage") or None
+
+                assert await harness.eventually(slots, what="its slots") == {
+                    slot_id(name, 0): "", slot_id(name, 1): ""}
+    finally:
+        await client.close()
