@@ -8,7 +8,7 @@ the state lives", and docs/architecture.md, "The parts and who writes what".
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -50,6 +50,11 @@ STATUS_REPORTED: Final = "reported"
 CONTROLLER_STATUS_FIELDS: Final = (STATUS_SERVED_BY, STATUS_CLAIMS)
 #: Status fields only the previous release reads (kept in the schema for a rollout's skew).
 PREVIOUS_RELEASE_STATUS_FIELDS: Final = (STATUS_REPORTED,)
+
+
+def shown_nodes(nodes: Iterable[str]) -> str:
+    """``status.nodes`` for ``nodes``: sorted, comma-separated (every writer of it alike)."""
+    return ",".join(sorted(nodes))
 
 
 class SlotUsageKind(enum.Enum):
@@ -163,7 +168,7 @@ class InstanceSpec:
     @property
     def nodes_shown(self) -> str:
         """``nodes`` as ``kubectl get instances -o wide`` shows them (``status.nodes``)."""
-        return ",".join(sorted(self.nodes))
+        return shown_nodes(self.nodes)
 
 
 @dataclass(frozen=True)

@@ -123,14 +123,15 @@ class InstanceWrites:
         if shared and (fresh or name in self._unlisted) and not wanted.device.health.healthy:
             unlisted = self.body(name, wanted, shared=shared, listed=False)
             holder = await self._apply(name, unlisted, wanted.digest, shared=shared,
-                                       fresh=fresh)
+                                       fresh=fresh, slots=slots)
             if holder is not None:
                 return holder
             self._unlisted.add(name)
             if not await self._health.report(name, wanted.device.health, shared=True):
                 raise VerdictNotWritten(f"Instance {name}: the unhealthy mark was not written")
             fresh = False
-        holder = await self._apply(name, body, wanted.digest, shared=shared, fresh=fresh)
+        holder = await self._apply(name, body, wanted.digest, shared=shared, fresh=fresh,
+                                   slots=slots)
         if holder is not None:
             return holder
         self._unlisted.discard(name)
@@ -138,11 +139,12 @@ class InstanceWrites:
         return None
 
     async def _apply(self, name: str, body: dict[str, Any], digest: str, *, shared: bool,
-                     fresh: bool) -> Holder | None:
+                     fresh: bool, slots: bool) -> Holder | None:
         """Apply ``body`` (making ``name`` where it is not yet), tell the health reporter what
         the stored Instance says of this node and add the slots it lacks where device plugins
         serve it; who holds ``name`` where the API server refused it as another's, else None.
-        ``fresh``: not this node's before this write."""
+        ``fresh``: not this node's before this write; ``slots``: device plugins serve it (as
+        ``ensure`` read once, so the body it records matches what was written)."""
         try:
             applied = await self._client.patch(
                 InstanceResource, name, body, namespace=self._cfg.namespace,
@@ -161,7 +163,7 @@ class InstanceWrites:
             return holder
         stored = as_dict(applied)
         self._health.seed(name, stored)
-        if self._with_slots():
+        if slots:
             await self._fill_slots(stored)
         return None
 

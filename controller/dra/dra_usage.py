@@ -23,7 +23,7 @@ from controller.kube.watching import Kind, Watcher, namespaced_path
 from controller.settings import DraSettings
 from crds import dra
 from crds.api import GROUP, INSTANCE_PLURAL, VERSION
-from crds.instance import STATUS_CLAIMS, STATUS_NODES, STATUS_SERVED_BY
+from crds.instance import STATUS_CLAIMS, STATUS_NODES, STATUS_SERVED_BY, shown_nodes
 from crds.naming import instance_resource_name
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def desired_fields(
         resource = instance_resource_name(inst.name)
         plugin = any(resource in nodes[n].resources for n in inst.nodes if n in nodes)
         result[key] = (dra.served_by(device_plugin=plugin, dra=key in published_keys),
-                       held.get(key, 0), ",".join(inst.nodes))
+                       held.get(key, 0), shown_nodes(inst.nodes))
     return result
 
 
